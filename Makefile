@@ -1,0 +1,41 @@
+# Two commands for a fresh Debian 12 machine: `make run` and `make test`.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+DEMO := $(BUILD)/demo-model
+
+.PHONY: setup build run test bench asan clean format
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# The demo checkpoint (real vocabulary, random weights) is made once and cached.
+$(DEMO)/config.json: | build
+	@$(BUILD)/tools/k3_synth --preset demo --out $(DEMO)
+
+run: build $(DEMO)/config.json
+	@echo "== kimi_k3 on the demo checkpoint (random weights: the ids are noise, the path is real)"
+	@$(BUILD)/apps/kimi_k3 $(DEMO) --ids 163584,1,2,3,4,5 --ngen 16
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	@$(MAKE) --no-print-directory asan
+
+# Parsers and kernels again under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan: setup
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test
+	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -R '^(Safetensors|Snapshot|Kernels|Mxfp4|Config)'
+
+bench: build
+	@$(BUILD)/bench/k3_bench decode $(DEMO) --tokens 16
+
+format:
+	@clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	@rm -rf $(BUILD) $(BUILD)-asan

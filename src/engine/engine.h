@@ -1,0 +1,72 @@
+// engine/engine.h — the narrow interface to running Kimi K3: an Engine (loaded weights,
+// read-only, shareable) and Sessions (one sequence's state each) with prefill and step.
+// Thread-safety: an Engine may be used by several Sessions, one thread per Session.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/snapshot.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "options/options.h"
+
+namespace k3 {
+
+class Engine {
+ public:
+  // Opens the snapshot at `model_dir` and loads the resident weights. Throws k3::Error.
+  Engine(const std::string& model_dir, const LoadOptions& load);
+
+  const K3Config& config() const { return config_; }
+  const Model& model() const { return *model_; }
+  const Snapshot& snapshot() const { return *snapshot_; }
+  double load_seconds() const { return load_seconds_; }
+
+ private:
+  std::unique_ptr<Snapshot> snapshot_;
+  K3Config config_;
+  std::unique_ptr<Model> model_;
+  double load_seconds_ = 0;
+};
+
+// Optional observers of a prefill (validation hooks).
+struct PrefillHooks {
+  ForwardObserver* observer = nullptr;   // per-layer tensors of every position
+  std::vector<float>* all_logits = nullptr;  // receives [T][vocab] logits of every position
+};
+
+class Session {
+ public:
+  // A fresh sequence that can hold `capacity` positions.
+  Session(const Engine& engine, int64_t capacity);
+
+  // Replaces the embedding of absolute positions [0, rows) by `x0` ([rows][hidden]); a position
+  // past the table is an error (K3_X0).
+  void set_input_rows(std::vector<float> x0);
+
+  // Feeds `ids` in order and returns the logits of the last one ([vocab]; empty when the
+  // snapshot has no head). Throws k3::Error (context full, bad id); the state is then undefined:
+  // call reset().
+  std::vector<float> prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
+  // Feeds one token and returns its logits.
+  std::vector<float> step(int64_t id);
+
+  int64_t position() const { return state_.position; }
+  int64_t capacity() const { return state_.capacity; }
+  const std::vector<int64_t>& tokens() const { return tokens_; }
+  void reset();
+
+ private:
+  void feed(int64_t id, float* final_hidden, ForwardObserver* observer);
+
+  const Engine& engine_;
+  ModelState state_;
+  std::vector<int64_t> tokens_;
+  std::vector<float> x0_;  // [rows][hidden], optional
+};
+
+}  // namespace k3

@@ -1,0 +1,64 @@
+#include "engine/trace.h"
+
+#include <cstring>
+
+#include "io/safetensors_writer.h"
+#include "util/error.h"
+
+namespace k3 {
+namespace {
+
+const char* site_name(ForwardObserver::Site site) {
+  switch (site) {
+    case ForwardObserver::Site::kAttnIn: return "attn_in";
+    case ForwardObserver::Site::kAttnOut: return "attn_out";
+    case ForwardObserver::Site::kMlpIn: return "mlp_in";
+    case ForwardObserver::Site::kMlpOut: return "mlp_out";
+    case ForwardObserver::Site::kLayerOut: return "layer_out";
+    case ForwardObserver::Site::kFinalHidden: return "final_hidden";
+  }
+  return "?";
+}
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& v) {
+  std::vector<uint8_t> out(v.size() * sizeof(T));
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+void TraceRecorder::on_tensor(int64_t layer, Site site, const float* data) {
+  const std::string name =
+      layer < 0 ? site_name(site) : "layer." + std::to_string(layer) + "." + site_name(site);
+  auto& rows = rows_[name];
+  rows.insert(rows.end(), data, data + hidden_);
+}
+
+void TraceRecorder::on_routing(int64_t layer, const RoutingResult& routing) {
+  const std::string base = "layer." + std::to_string(layer) + ".";
+  auto& ids = ids_[base + "topk_ids"];
+  ids.insert(ids.end(), routing.ids.begin(), routing.ids.end());
+  auto& w = weights_[base + "topk_weights"];
+  w.insert(w.end(), routing.weights.begin(), routing.weights.end());
+}
+
+void TraceRecorder::write(const std::string& path, const std::vector<int64_t>& prompt_ids,
+                          const std::vector<float>& logits, int64_t vocab_size) const {
+  const int64_t T = static_cast<int64_t>(prompt_ids.size());
+  SafetensorsWriter writer;
+  writer.add_bytes("prompt_ids", DType::kI64, {T}, as_bytes(prompt_ids));
+  if (!logits.empty()) writer.add_bytes("logits", DType::kF32, {T, vocab_size}, as_bytes(logits));
+  for (const auto& [name, rows] : rows_) {
+    if (static_cast<int64_t>(rows.size()) != T * hidden_)
+      throw Error(path + ": trace tensor " + name + " has " + std::to_string(rows.size() / static_cast<size_t>(hidden_)) +
+                  " rows, expected " + std::to_string(T));
+    writer.add_bytes(name, DType::kF32, {T, hidden_}, as_bytes(rows));
+  }
+  for (const auto& [name, ids] : ids_) writer.add_bytes(name, DType::kI64, {T, top_k_}, as_bytes(ids));
+  for (const auto& [name, w] : weights_) writer.add_bytes(name, DType::kF32, {T, top_k_}, as_bytes(w));
+  writer.write(path);
+}
+
+}  // namespace k3

@@ -1,0 +1,76 @@
+#include "experts/expert_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace k3 {
+
+void ExpertStore::add(int64_t layer, int64_t expert, const ExpertTensors& tensors) {
+  const uint64_t want[6] = {geometry_.gate_packed_bytes(), geometry_.gate_scale_bytes(),
+                            geometry_.down_packed_bytes(), geometry_.down_scale_bytes(),
+                            geometry_.gate_packed_bytes(), geometry_.gate_scale_bytes()};
+  Entry e{tensors, true};
+  for (int i = 0; i < 6; ++i) {
+    const LocatedTensor& t = tensors[static_cast<size_t>(i)];
+    if (t.info == nullptr)
+      throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) + ": tensor missing");
+    if (t.info->nbytes != want[i])
+      throw Error(t.shard->path() + ": tensor " + t.info->name + " holds " + std::to_string(t.info->nbytes) +
+                  " bytes, expected " + std::to_string(want[i]) + " for this expert geometry");
+    if (i > 0) {
+      const LocatedTensor& prev = tensors[static_cast<size_t>(i - 1)];
+      if (t.shard != prev.shard || t.info->file_offset != prev.info->file_offset + prev.info->nbytes)
+        e.contiguous = false;
+    }
+  }
+  entries_[{layer, expert}] = e;
+}
+
+const ExpertStore::Entry& ExpertStore::entry(int64_t layer, int64_t expert) const {
+  const auto it = entries_.find({layer, expert});
+  if (it == entries_.end())
+    throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) + " is not registered");
+  return it->second;
+}
+
+bool ExpertStore::contiguous(int64_t layer, int64_t expert) const { return entry(layer, expert).contiguous; }
+
+ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const {
+  const Entry& e = entry(layer, expert);
+  buffer.resize(geometry_.expert_bytes());
+  const std::string what = "expert " + std::to_string(expert) + " of layer " + std::to_string(layer);
+  uint8_t* parts[6];
+  uint64_t offset = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    parts[i] = buffer.data() + offset;
+    offset += e.tensors[i].info->nbytes;
+  }
+  if (e.contiguous) {
+    const LocatedTensor& first = e.tensors[0];
+    first.shard->file().read_exact(buffer.data(), buffer.size(), first.info->file_offset, what);
+  } else {
+    for (size_t i = 0; i < 6; ++i) {
+      const LocatedTensor& t = e.tensors[i];
+      t.shard->file().read_exact(parts[i], t.info->nbytes, t.info->file_offset, what + " (" + t.info->name + ")");
+    }
+  }
+  for (size_t i : {size_t{1}, size_t{3}, size_t{5}}) {
+    const uint8_t* s = parts[i];
+    const uint64_t n = e.tensors[i].info->nbytes;
+    if (std::find(s, s + n, uint8_t{255}) != s + n)
+      throw Error(e.tensors[i].shard->path() + ": tensor " + e.tensors[i].info->name +
+                  " holds exponent byte 255 (NaN in MXFP4); " + what + " is unusable");
+  }
+  ExpertView v;
+  v.gate_packed = parts[0];
+  v.gate_scale = parts[1];
+  v.down_packed = parts[2];
+  v.down_scale = parts[3];
+  v.up_packed = parts[4];
+  v.up_scale = parts[5];
+  return v;
+}
+
+}  // namespace k3

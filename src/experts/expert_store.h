@@ -1,0 +1,75 @@
+// experts/expert_store.h — where each routed expert's bytes live, and reading them.
+// Owns: per (layer, expert) the six MXFP4 tensors' locations taken from the shard headers (never
+// computed from the id), the contiguity check (one read per expert, six otherwise), byte counts
+// checked against the geometry, exponent-byte validation. Does not own: caching or background
+// I/O (later: ExpertCache / ExpertLoader) or the tensor names (model/tensor_names).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/snapshot.h"
+
+namespace k3 {
+
+// Shapes of one routed expert (all MXFP4, group 32).
+struct ExpertGeometry {
+  int64_t hidden = 0;        // routed_expert_hidden_size: input of gate/up, output of down
+  int64_t intermediate = 0;  // moe_intermediate_size: output of gate/up, input of down
+  uint64_t gate_packed_bytes() const { return uint64_t(intermediate) * uint64_t(hidden) / 2; }
+  uint64_t gate_scale_bytes() const { return uint64_t(intermediate) * uint64_t(hidden) / 32; }
+  uint64_t down_packed_bytes() const { return uint64_t(hidden) * uint64_t(intermediate) / 2; }
+  uint64_t down_scale_bytes() const { return uint64_t(hidden) * uint64_t(intermediate) / 32; }
+  uint64_t expert_bytes() const {
+    return 2 * (gate_packed_bytes() + gate_scale_bytes()) + down_packed_bytes() + down_scale_bytes();
+  }
+};
+
+// Pointers into an expert's bytes. gate = w1, up = w3: packed [intermediate][hidden/2], scale
+// [intermediate][hidden/32]; down = w2: packed [hidden][intermediate/2], scale
+// [hidden][intermediate/32].
+struct ExpertView {
+  const uint8_t* gate_packed = nullptr;
+  const uint8_t* gate_scale = nullptr;
+  const uint8_t* down_packed = nullptr;
+  const uint8_t* down_scale = nullptr;
+  const uint8_t* up_packed = nullptr;
+  const uint8_t* up_scale = nullptr;
+};
+
+// The six tensors of one expert in on-disk name order: w1 packed, w1 scale, w2 packed, w2 scale,
+// w3 packed, w3 scale.
+using ExpertTensors = std::array<LocatedTensor, 6>;
+
+class ExpertStore {
+ public:
+  explicit ExpertStore(ExpertGeometry geometry) : geometry_(geometry) {}
+
+  const ExpertGeometry& geometry() const { return geometry_; }
+
+  // Registers an expert. Throws k3::Error when a tensor's byte count disagrees with the geometry.
+  void add(int64_t layer, int64_t expert, const ExpertTensors& tensors);
+
+  // True when the expert's six tensors are back to back in one file (one read).
+  bool contiguous(int64_t layer, int64_t expert) const;
+
+  // Reads the expert into `buffer` (resized to expert_bytes()) and returns views into it.
+  // Throws k3::Error naming the file, layer and expert on a read error or an exponent byte of
+  // 255 (NaN in OCP MXFP4). Thread-safe for distinct buffers.
+  ExpertView read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const;
+
+ private:
+  struct Entry {
+    ExpertTensors tensors;
+    bool contiguous = false;
+  };
+  const Entry& entry(int64_t layer, int64_t expert) const;
+
+  ExpertGeometry geometry_;
+  std::map<std::pair<int64_t, int64_t>, Entry> entries_;
+};
+
+}  // namespace k3

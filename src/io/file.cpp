@@ -1,0 +1,123 @@
+#include "io/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace k3 {
+namespace {
+
+class PosixFile : public File {
+ public:
+  PosixFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
+  ~PosixFile() override { ::close(fd_); }
+  const std::string& path() const override { return path_; }
+  uint64_t size() const override { return size_; }
+
+  void read_exact(void* dst, uint64_t length, uint64_t offset,
+                  const std::string& what) const override {
+    auto* out = static_cast<uint8_t*>(dst);
+    uint64_t done = 0;
+    while (done < length) {
+      const uint64_t piece = std::min(length - done, kMaxReadPiece);
+      const ssize_t got = ::pread(fd_, out + done, piece, static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        throw Error(path_ + ": read of " + what + " failed at offset " +
+                    std::to_string(offset + done) + ": " + std::strerror(errno));
+      }
+      if (got == 0) {
+        throw Error(path_ + ": short read of " + what + ": wanted " + std::to_string(length) +
+                    " bytes at offset " + std::to_string(offset) + ", got " +
+                    std::to_string(done) + " (file truncated?)");
+      }
+      done += static_cast<uint64_t>(got);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t size_;
+};
+
+}  // namespace
+
+std::unique_ptr<File> open_posix_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(path + ": cannot stat: " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path + ": not a regular file");
+  }
+  return std::make_unique<PosixFile>(path, fd, static_cast<uint64_t>(st.st_size));
+}
+
+void MemFile::read_exact(void* dst, uint64_t length, uint64_t offset,
+                         const std::string& what) const {
+  if (fail_at_ >= 0 && static_cast<uint64_t>(fail_at_) >= offset &&
+      static_cast<uint64_t>(fail_at_) < offset + length) {
+    throw Error(path_ + ": read of " + what + " failed at offset " + std::to_string(fail_at_) +
+                ": Input/output error");
+  }
+  if (offset > bytes_.size() || length > bytes_.size() - offset) {
+    throw Error(path_ + ": short read of " + what + ": wanted " + std::to_string(length) +
+                " bytes at offset " + std::to_string(offset) + ", file has " +
+                std::to_string(bytes_.size()));
+  }
+  std::memcpy(dst, bytes_.data() + offset, length);
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error(path + ": read failed");
+  return ss.str();
+}
+
+void write_file_atomic(const std::string& path, const void* bytes, size_t length) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
+  const auto* p = static_cast<const uint8_t*>(bytes);
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::write(fd, p + done, std::min<size_t>(length - done, kMaxReadPiece));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error(tmp + ": write failed: " + std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int sync_rc = ::fsync(fd);
+  const int close_rc = ::close(fd);
+  if (sync_rc != 0 || close_rc != 0) {
+    ::unlink(tmp.c_str());
+    throw Error(tmp + ": flush failed: " + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(path + ": rename failed: " + std::strerror(err));
+  }
+}
+
+}  // namespace k3

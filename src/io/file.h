@@ -1,0 +1,55 @@
+// io/file.h — random-access read-only files (after leveldb's Env).
+// Owns: the File interface, the POSIX implementation (pread in pieces of at most 1 GiB, EINTR
+// retried, short reads reported) and an in-memory fake for tests. Does not own: caching, O_DIRECT
+// buffers or background reads (those live in experts/).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace k3 {
+
+class File {
+ public:
+  virtual ~File() = default;
+  virtual const std::string& path() const = 0;
+  virtual uint64_t size() const = 0;
+  // Reads exactly `length` bytes at `offset` into `dst`. Throws k3::Error naming the file and
+  // `what` (usually a tensor name) on a short read or an I/O error. Thread-safe.
+  virtual void read_exact(void* dst, uint64_t length, uint64_t offset,
+                          const std::string& what) const = 0;
+};
+
+// Largest single pread request; larger reads are split (Linux returns short reads past 2 GiB).
+inline constexpr uint64_t kMaxReadPiece = uint64_t{1} << 30;
+
+// Opens `path` read-only. Throws k3::Error when it cannot be opened.
+std::unique_ptr<File> open_posix_file(const std::string& path);
+
+// A file held in memory (tests, fakes). `fail_at` >= 0 makes every read touching that byte fail
+// like EIO.
+class MemFile : public File {
+ public:
+  MemFile(std::string path, std::vector<uint8_t> bytes, int64_t fail_at = -1)
+      : path_(std::move(path)), bytes_(std::move(bytes)), fail_at_(fail_at) {}
+  const std::string& path() const override { return path_; }
+  uint64_t size() const override { return bytes_.size(); }
+  void read_exact(void* dst, uint64_t length, uint64_t offset,
+                  const std::string& what) const override;
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> bytes_;
+  int64_t fail_at_;
+};
+
+// Reads a whole (small) file into a string. Throws k3::Error naming the path.
+std::string read_text_file(const std::string& path);
+
+// Writes `bytes` to `path` atomically: a temp file beside it, fsync, then rename.
+void write_file_atomic(const std::string& path, const void* bytes, size_t length);
+
+}  // namespace k3

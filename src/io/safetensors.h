@@ -1,0 +1,64 @@
+// io/safetensors.h — one safetensors shard: header parsing with full validation.
+// Owns: dtype table, TensorInfo, header validation (length cap, JSON, dtype, shape x size,
+// ranges inside the data region, no overlaps). Does not own: lookup across shards (snapshot.h)
+// or widening to f32 (kernels/convert.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/file.h"
+
+namespace k3 {
+
+enum class DType { kBF16, kF16, kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2, kF8E8M0 };
+
+// Bytes per element.
+size_t dtype_size(DType dtype);
+// Canonical safetensors name ("BF16", "F8_E4M3", ...).
+const char* dtype_name(DType dtype);
+// Parses a safetensors dtype name; returns false for an unknown name.
+bool parse_dtype(const std::string& name, DType* out);
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t file_offset = 0;  // absolute byte offset of the first byte in the shard file
+  uint64_t nbytes = 0;
+  uint64_t numel() const;
+};
+
+// Header JSON larger than this is refused (the real shard 93 header is ~0.8 MB).
+inline constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
+
+// Parses and validates a header. `header_json` is the N bytes after the 8-byte length;
+// `file_size` is the shard size. Tensors are returned in data-offset order. Throws k3::Error
+// naming `path` and the offending tensor.
+std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
+                                                 uint64_t file_size, const std::string& path);
+
+// An open shard: its file and its validated tensor table.
+class SafetensorsShard {
+ public:
+  // Reads and validates the header of `file`. Throws k3::Error.
+  explicit SafetensorsShard(std::unique_ptr<File> file);
+
+  const std::string& path() const { return file_->path(); }
+  const File& file() const { return *file_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // nullptr when the shard has no tensor of that name.
+  const TensorInfo* find(const std::string& name) const;
+  // Reads the raw bytes of `info` (which must belong to this shard) into `dst`.
+  void read(const TensorInfo& info, void* dst) const;
+
+ private:
+  std::unique_ptr<File> file_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> by_name_;
+};
+
+}  // namespace k3

@@ -1,0 +1,112 @@
+#include "io/snapshot.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "util/error.h"
+
+namespace k3 {
+namespace fs = std::filesystem;
+
+bool is_vision_tensor(const std::string& name) {
+  return name.rfind("vision_tower", 0) == 0 || name.rfind("mm_projector", 0) == 0;
+}
+
+Snapshot::Snapshot(const std::string& dir) : dir_(dir) {
+  if (!fs::is_directory(dir)) throw Error(dir + ": not a model directory");
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  try {
+    config_root_ = nlohmann::json::parse(read_text_file(config_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(config_path + ": not valid JSON: " + e.what());
+  }
+  if (!config_root_.is_object()) throw Error(config_path + ": not a JSON object");
+
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(read_text_file(index_path.string()));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(index_path.string() + ": not valid JSON: " + e.what());
+    }
+    const auto wm = index.find("weight_map");
+    if (!index.is_object() || wm == index.end() || !wm->is_object())
+      throw Error(index_path.string() + ": missing \"weight_map\" object");
+    // Shards that hold at least one text tensor; a shard of only vision tensors is never opened.
+    std::set<std::string> text_shards;
+    for (const auto& [name, file] : wm->items()) {
+      if (!file.is_string()) throw Error(index_path.string() + ": weight_map[" + name + "] is not a string");
+      const std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f == ".." || f.empty())
+        throw Error(index_path.string() + ": weight_map[" + name + "] names a path outside the snapshot: " + f);
+      if (!is_vision_tensor(name)) text_shards.insert(f);
+    }
+    for (const auto& f : text_shards) open_shard(f);
+    for (const auto& [name, file] : wm->items()) {
+      if (is_vision_tensor(name)) continue;
+      if (by_name_.find(name) == by_name_.end())
+        throw Error(index_path.string() + ": tensor " + name + " is listed in " +
+                    file.get<std::string>() + " but that shard does not hold it");
+    }
+  } else {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string n = entry.path().filename().string();
+      if (entry.is_regular_file() && n.size() > 12 && n.ends_with(".safetensors")) files.push_back(n);
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw Error(dir + ": no *.safetensors shards and no model.safetensors.index.json");
+    for (const auto& f : files) open_shard(f);
+  }
+
+  // The real snapshot nests the text model under "language_model."; flat fixtures do not.
+  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight")) prefix_ = "language_model.";
+}
+
+void Snapshot::open_shard(const std::string& file_name) {
+  const std::string path = (fs::path(dir_) / file_name).string();
+  auto shard = std::make_unique<SafetensorsShard>(open_posix_file(path));
+  for (const auto& t : shard->tensors()) {
+    const auto [it, inserted] = by_name_.emplace(t.name, LocatedTensor{shard.get(), &t});
+    if (!inserted)
+      throw Error(path + ": tensor " + t.name + " also appears in " + it->second.shard->path());
+  }
+  shards_.push_back(std::move(shard));
+}
+
+const nlohmann::json& Snapshot::text_config() const {
+  const auto it = config_root_.find("text_config");
+  if (it != config_root_.end() && it->is_object()) return *it;
+  return config_root_;
+}
+
+LocatedTensor Snapshot::find(const std::string& name) const {
+  const auto it = by_name_.find(prefix_ + name);
+  return it == by_name_.end() ? LocatedTensor{} : it->second;
+}
+
+LocatedTensor Snapshot::require_any(const std::string& name, const std::vector<DType>& dtypes,
+                                    const std::vector<int64_t>& shape) const {
+  const LocatedTensor t = find(name);
+  if (t.info == nullptr)
+    throw Error(dir_ + ": tensor " + prefix_ + name + " is missing from the snapshot");
+  if (std::find(dtypes.begin(), dtypes.end(), t.info->dtype) == dtypes.end()) {
+    std::string want;
+    for (DType d : dtypes) want += (want.empty() ? "" : " or ") + std::string(dtype_name(d));
+    throw Error(t.shard->path() + ": tensor " + t.info->name + " has dtype " +
+                dtype_name(t.info->dtype) + ", expected " + want);
+  }
+  if (t.info->shape != shape)
+    throw Error(t.shard->path() + ": tensor " + t.info->name + " has shape " +
+                shape_string(t.info->shape) + ", expected " + shape_string(shape));
+  return t;
+}
+
+LocatedTensor Snapshot::require(const std::string& name, DType dtype,
+                                const std::vector<int64_t>& shape) const {
+  return require_any(name, {dtype}, shape);
+}
+
+}  // namespace k3

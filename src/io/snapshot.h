@@ -1,0 +1,62 @@
+// io/snapshot.h — a Hugging Face snapshot directory: config.json, the shard index and shards.
+// Owns: finding a tensor by name across shards (index json when present, else every
+// *.safetensors), the `language_model.` prefix, the text_config object. Never reads tensors of
+// the vision shards: with an index, shards holding only vision tensors are not even opened.
+// Does not own: the meaning of tensors (model/) or widening (kernels/).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace k3 {
+
+struct LocatedTensor {
+  const SafetensorsShard* shard = nullptr;
+  const TensorInfo* info = nullptr;
+};
+
+class Snapshot {
+ public:
+  // Opens `dir`: reads config.json and the shard headers of every shard holding text tensors.
+  // Throws k3::Error naming the file on any problem.
+  explicit Snapshot(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  // The whole config.json and its text part (text_config, or the root when absent).
+  const nlohmann::json& config_root() const { return config_root_; }
+  const nlohmann::json& text_config() const;
+  // "language_model." for the real layout, "" for flat fixtures.
+  const std::string& prefix() const { return prefix_; }
+
+  // Looks up `prefix() + name`. nullptr-shard result when absent.
+  LocatedTensor find(const std::string& name) const;
+  // Like find, but throws when absent, or when dtype/shape differ from the expected ones.
+  LocatedTensor require(const std::string& name, DType dtype,
+                        const std::vector<int64_t>& shape) const;
+  // Like require, but accepts any of `dtypes`.
+  LocatedTensor require_any(const std::string& name, const std::vector<DType>& dtypes,
+                            const std::vector<int64_t>& shape) const;
+  // Reads the raw bytes of a tensor into `dst` (nbytes of it).
+  static void read(const LocatedTensor& t, void* dst) { t.shard->read(*t.info, dst); }
+
+  const std::vector<std::unique_ptr<SafetensorsShard>>& shards() const { return shards_; }
+
+ private:
+  void open_shard(const std::string& file_name);
+
+  std::string dir_;
+  nlohmann::json config_root_;
+  std::string prefix_;
+  std::vector<std::unique_ptr<SafetensorsShard>> shards_;
+  std::map<std::string, LocatedTensor> by_name_;
+};
+
+// True for tensor names that belong to the vision tower or its projector.
+bool is_vision_tensor(const std::string& name);
+
+}  // namespace k3

@@ -1,0 +1,25 @@
+// model/kda.h — Kimi Delta Attention, one token (ARCHITECTURE.md §3.4).
+//
+//   q0, k0, v0 = Wq x, Wk x, Wv x                      [kda_projection] each
+//   q, k, v    = SiLU(causal depthwise conv_K(stream))  tap K-1 = current token
+//   per head h (slices of kda_head_dim):
+//     q = q / sqrt(sum q^2 + 1e-6) * kda_head_dim^-1/2 ;  k = k / sqrt(sum k^2 + 1e-6)
+//     g_i = gate_lower_bound * sigmoid(exp(A_log[h]) * ((Wfb Wfa x)_i + dt_bias_i)),  a_i = e^g_i
+//     beta = sigmoid((Wb x)_h)
+//     S[i][:] *= a_i ; u = beta (v - k^T S) ; S += k u^T ; o = q^T S      (decay, write, read)
+//     o = RMSNorm(o, o_norm, rms_norm_eps) * sigmoid((Wg x)_h)
+//   out = Wo concat_h(o)                                [hidden]
+// Equivalent to fla's fused_recurrent_kda with in-kernel l2norm, gate and beta sigmoid.
+#pragma once
+
+#include "model/config.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace k3 {
+
+// x: [hidden] normalised input; out: [hidden]. Advances `state` by one token.
+void kda_forward(const K3Config& config, const KdaWeights& weights, KdaState& state,
+                 const float* x, float* out);
+
+}  // namespace k3

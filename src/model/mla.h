@@ -1,0 +1,25 @@
+// model/mla.h — gated NoPE multi-head latent attention, one token (ARCHITECTURE.md §3.5),
+// in the absorbed form over the latent cache.
+//
+//   cq   = RMSNorm(Wqa x, q_a_layernorm, 1e-6)          Q = Wqb cq   [heads][nope | rope]
+//   ckv  = Wkva x ;  c_t = RMSNorm(ckv[:kv_lora], kv_a_layernorm, 1e-6) ;  kpe_t = ckv[kv_lora:]
+//   cache <- (c_t, kpe_t)                                (no rotary anywhere: NoPE)
+//   per head h:  qabs = WUK_h^T q_nope                   [kv_lora]
+//                s_j  = (qabs . c_j + q_pe . kpe_j) / sqrt(qk_nope + qk_rope),  j = 0..t
+//                p = softmax(s) ; lat = sum_j p_j c_j ; ctx_h = (WUV_h lat) * sigmoid((Wg x)_h)
+//   out = Wo concat_h(ctx_h)
+// WUK_h / WUV_h are rows [h(nope+v), h(nope+v)+nope) / [.. +nope, .. +nope+v) of kv_b_proj.
+#pragma once
+
+#include "model/config.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace k3 {
+
+// x: [hidden] normalised input of the token at `position`; out: [hidden]. Appends the token's
+// latent and rope key to `cache` (which must hold position + 1 rows).
+void mla_forward(const K3Config& config, const MlaWeights& weights, MlaCache& cache,
+                 int64_t position, const float* x, float* out);
+
+}  // namespace k3

@@ -1,0 +1,68 @@
+// model/model.h — the Kimi K3 text stack: embedding, AttnRes bookkeeping around each layer's
+// attention (KDA or MLA) and feed-forward (dense or LatentMoE), the output mix and the head.
+// Owns: the per-token walk over layers (ARCHITECTURE.md §3.3):
+//
+//   a_in  = (no blocks yet) ? partial : Mix(blocks + [partial], w_attn[i])
+//   if i % attn_res_block_size == 0: blocks.append(partial)        (snapshot before attention)
+//   att   = Attention_i(RMSNorm(a_in, input_layernorm[i]))
+//   partial = block start ? att : partial + att
+//   m_in  = Mix(blocks + [partial], w_mlp[i])
+//   partial += FFN_i(RMSNorm(m_in, post_attention_layernorm[i]))
+//   final_hidden = Mix(blocks + [partial], w_out) ; logits = lm_head RMSNorm(final_hidden, norm)
+//
+// Thread-safety: a Model is read-only after construction; one ModelState per sequence.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/snapshot.h"
+#include "model/config.h"
+#include "model/latent_moe.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace k3 {
+
+// Receives intermediate tensors of one token's forward pass (validation traces).
+class ForwardObserver {
+ public:
+  enum class Site { kAttnIn, kAttnOut, kMlpIn, kMlpOut, kLayerOut, kFinalHidden };
+  virtual ~ForwardObserver() = default;
+  // `layer` is -1 for kFinalHidden. data: [hidden].
+  virtual void on_tensor(int64_t layer, Site site, const float* data) = 0;
+  virtual void on_routing(int64_t layer, const RoutingResult& routing) = 0;
+};
+
+class Model {
+ public:
+  // Binds the weights of layers [0, num_layers) (num_layers <= 0: all). `snapshot` must outlive
+  // the model. Throws k3::Error.
+  Model(const Snapshot& snapshot, const K3Config& config, int64_t num_layers);
+
+  const K3Config& config() const { return config_; }
+  int64_t num_layers() const { return static_cast<int64_t>(weights_.layers.size()); }
+  bool has_embedding() const { return weights_.embedding.has_value(); }
+  bool has_head() const { return weights_.lm_head.has_value(); }
+
+  ModelState new_state(int64_t capacity) const { return ModelState(config_, num_layers(), capacity); }
+
+  // Embedding row of `token_id` into out[hidden].
+  void embed(int64_t token_id, float* out) const;
+
+  // Runs one token whose input row is x0[hidden] at state.position, advances the state and
+  // writes the output AttnRes mix to final_hidden[hidden]. Throws k3::Error when the state is full.
+  void forward(ModelState& state, const float* x0, float* final_hidden,
+               ForwardObserver* observer) const;
+
+  // logits[vocab] = lm_head RMSNorm(final_hidden, model.norm). REQUIRES has_head().
+  void head(const float* final_hidden, float* logits) const;
+
+ private:
+  const Snapshot& snapshot_;
+  K3Config config_;
+  ModelWeights weights_;
+};
+
+}  // namespace k3

@@ -1,0 +1,198 @@
+#include "model/weights.h"
+
+#include <cmath>
+
+#include "kernels/convert.h"
+#include "kernels/matvec.h"
+#include "model/tensor_names.h"
+#include "util/error.h"
+#include "util/progress.h"
+
+namespace k3 {
+namespace {
+
+const std::vector<DType> kFloatTypes = {DType::kBF16, DType::kF32, DType::kF16};
+
+// Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32.
+std::vector<float> read_floats(const Snapshot& snap, const std::string& name,
+                               const std::vector<int64_t>& shape) {
+  const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
+  std::vector<uint8_t> raw(t.info->nbytes);
+  Snapshot::read(t, raw.data());
+  std::vector<float> out(t.info->numel());
+  switch (t.info->dtype) {
+    case DType::kBF16: widen_bf16(raw.data(), out.size(), out.data()); break;
+    case DType::kF16: widen_f16(raw.data(), out.size(), out.data()); break;
+    default: std::memcpy(out.data(), raw.data(), raw.size()); break;
+  }
+  return out;
+}
+
+Matrix read_matrix(const Snapshot& snap, const std::string& name, int64_t rows, int64_t cols) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = read_floats(snap, name, {rows, cols});
+  return m;
+}
+
+// Conv taps are [channels, 1, K] in the checkpoint; [channels, K] is accepted (same bytes).
+std::vector<float> read_conv(const Snapshot& snap, const std::string& name, int64_t channels, int64_t width) {
+  const LocatedTensor t = snap.find(name);
+  if (t.info != nullptr && t.info->shape.size() == 2) return read_floats(snap, name, {channels, width});
+  return read_floats(snap, name, {channels, 1, width});
+}
+
+// AttnRes pseudo-query with its scoring-norm weight folded in: w = res_norm ⊙ res_proj[0].
+std::vector<float> read_res_query(const Snapshot& snap, const std::string& norm_name,
+                                  const std::string& proj_name, int64_t hidden) {
+  std::vector<float> norm = read_floats(snap, norm_name, {hidden});
+  const std::vector<float> proj = read_floats(snap, proj_name, {1, hidden});
+  for (int64_t i = 0; i < hidden; ++i) norm[static_cast<size_t>(i)] *= proj[static_cast<size_t>(i)];
+  return norm;
+}
+
+KdaWeights load_kda(const Snapshot& s, const K3Config& c, int64_t l) {
+  using namespace names;
+  const int64_t D = c.hidden_size, P = c.kda_projection_size(), dk = c.kda_head_dim,
+                H = c.kda_num_heads, K = c.short_conv_kernel_size;
+  KdaWeights w;
+  w.q_proj = read_matrix(s, layer(l, kKdaQProj), P, D);
+  w.k_proj = read_matrix(s, layer(l, kKdaKProj), P, D);
+  w.v_proj = read_matrix(s, layer(l, kKdaVProj), P, D);
+  w.q_conv = read_conv(s, layer(l, kKdaQConv), P, K);
+  w.k_conv = read_conv(s, layer(l, kKdaKConv), P, K);
+  w.v_conv = read_conv(s, layer(l, kKdaVConv), P, K);
+  w.f_a_proj = read_matrix(s, layer(l, kKdaFAProj), dk, D);
+  w.f_b_proj = read_matrix(s, layer(l, kKdaFBProj), P, dk);
+  w.b_proj = read_matrix(s, layer(l, kKdaBProj), H, D);
+  // A_log is per head: the first num_heads entries are used, the padding must be zero.
+  const LocatedTensor a_log_t = s.find(layer(l, kKdaALog));
+  const int64_t a_len = (a_log_t.info && a_log_t.info->shape.size() == 1) ? a_log_t.info->shape[0] : std::max(dk, H);
+  if (a_len < H)
+    throw Error(s.dir() + ": tensor " + s.prefix() + layer(l, kKdaALog) + " has " + std::to_string(a_len) +
+                " entries, fewer than the " + std::to_string(H) + " KDA heads");
+  const std::vector<float> a_log = read_floats(s, layer(l, kKdaALog), {a_len});
+  for (int64_t i = H; i < a_len; ++i)
+    if (a_log[static_cast<size_t>(i)] != 0.0f)
+      throw Error(s.dir() + ": tensor " + s.prefix() + layer(l, kKdaALog) + " entry " + std::to_string(i) +
+                  " is non-zero; entries past num_heads must be zero padding (per-head A_log)");
+  w.a_exp.resize(static_cast<size_t>(H));
+  for (int64_t h = 0; h < H; ++h) w.a_exp[static_cast<size_t>(h)] = std::exp(a_log[static_cast<size_t>(h)]);
+  w.dt_bias = read_floats(s, layer(l, kKdaDtBias), {P});
+  w.g_proj = read_matrix(s, layer(l, kKdaGProj), P, D);
+  w.o_norm = read_floats(s, layer(l, kKdaONorm), {dk});
+  w.o_proj = read_matrix(s, layer(l, kKdaOProj), D, P);
+  return w;
+}
+
+MlaWeights load_mla(const Snapshot& s, const K3Config& c, int64_t l) {
+  using namespace names;
+  const int64_t D = c.hidden_size, H = c.num_attention_heads;
+  MlaWeights w;
+  w.q_a_proj = read_matrix(s, layer(l, kMlaQAProj), c.q_lora_rank, D);
+  w.q_a_norm = read_floats(s, layer(l, kMlaQALayernorm), {c.q_lora_rank});
+  w.q_b_proj = read_matrix(s, layer(l, kMlaQBProj), H * c.qk_head_dim(), c.q_lora_rank);
+  w.kv_a_proj = read_matrix(s, layer(l, kMlaKvAProj), c.kv_lora_rank + c.qk_rope_head_dim, D);
+  w.kv_a_norm = read_floats(s, layer(l, kMlaKvALayernorm), {c.kv_lora_rank});
+  w.kv_b_proj = read_matrix(s, layer(l, kMlaKvBProj), H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+  w.g_proj = read_matrix(s, layer(l, kMlaGProj), H * c.v_head_dim, D);
+  w.o_proj = read_matrix(s, layer(l, kMlaOProj), D, H * c.v_head_dim);
+  return w;
+}
+
+DenseMlpWeights load_dense(const Snapshot& s, const K3Config& c, int64_t l) {
+  using namespace names;
+  DenseMlpWeights w;
+  w.gate_proj = read_matrix(s, layer(l, kMlpGateProj), c.intermediate_size, c.hidden_size);
+  w.up_proj = read_matrix(s, layer(l, kMlpUpProj), c.intermediate_size, c.hidden_size);
+  w.down_proj = read_matrix(s, layer(l, kMlpDownProj), c.hidden_size, c.intermediate_size);
+  return w;
+}
+
+MoeWeights load_moe(const Snapshot& s, const K3Config& c, int64_t l, ExpertStore& experts) {
+  using namespace names;
+  const int64_t D = c.hidden_size, E = c.num_experts, R = c.routed_expert_hidden_size,
+                S = c.shared_intermediate_size();
+  MoeWeights w;
+  w.router = read_matrix(s, layer(l, kMoeRouter), E, D);
+  w.router_bias = read_floats(s, layer(l, kMoeRouterBias), {E});
+  w.latent_down = read_matrix(s, layer(l, kMoeLatentDown), R, D);
+  w.latent_norm = read_floats(s, layer(l, kMoeLatentNorm), {R});
+  w.latent_up = read_matrix(s, layer(l, kMoeLatentUp), D, R);
+  if (S > 0) {
+    w.shared_gate = read_matrix(s, layer(l, kMoeSharedGate), S, D);
+    w.shared_up = read_matrix(s, layer(l, kMoeSharedUp), S, D);
+    w.shared_down = read_matrix(s, layer(l, kMoeSharedDown), D, S);
+  }
+  const int64_t I = c.moe_intermediate_size;
+  const std::vector<int64_t> shapes[6] = {{I, R / 2}, {I, R / 32}, {R, I / 2}, {R, I / 32}, {I, R / 2}, {I, R / 32}};
+  for (int64_t e = 0; e < E; ++e) {
+    ExpertTensors t;
+    for (size_t i = 0; i < 6; ++i) t[i] = s.require(expert(l, e, kExpertTensors[i]), DType::kU8, shapes[i]);
+    experts.add(l, e, t);
+  }
+  return w;
+}
+
+}  // namespace
+
+void Matrix::apply(const float* x, float* y) const {
+  matvec_f32(data.data(), static_cast<size_t>(rows), static_cast<size_t>(cols), x, y);
+}
+
+void EmbeddingReader::row(int64_t token_id, float* out) const {
+  if (token_id < 0 || token_id >= vocab_size_)
+    throw Error("token id " + std::to_string(token_id) + " is outside the vocabulary [0, " +
+                std::to_string(vocab_size_) + ")");
+  const size_t esize = dtype_size(table_.info->dtype);
+  const uint64_t row_bytes = static_cast<uint64_t>(hidden_size_) * esize;
+  std::vector<uint8_t> raw(row_bytes);
+  table_.shard->file().read_exact(raw.data(), row_bytes, table_.info->file_offset + static_cast<uint64_t>(token_id) * row_bytes,
+                                  "tensor " + table_.info->name + " row " + std::to_string(token_id));
+  const size_t n = static_cast<size_t>(hidden_size_);
+  switch (table_.info->dtype) {
+    case DType::kBF16: widen_bf16(raw.data(), n, out); break;
+    case DType::kF16: widen_f16(raw.data(), n, out); break;
+    default: std::memcpy(out, raw.data(), row_bytes); break;
+  }
+}
+
+ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers) {
+  using namespace names;
+  const int64_t D = c.hidden_size;
+  ModelWeights mw;
+  mw.experts = std::make_unique<ExpertStore>(ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
+  Progress progress("loading", static_cast<uint64_t>(num_layers + 1));
+  mw.layers.resize(static_cast<size_t>(num_layers));
+  for (int64_t l = 0; l < num_layers; ++l) {
+    LayerWeights& lw = mw.layers[static_cast<size_t>(l)];
+    lw.input_norm = read_floats(s, layer(l, kInputLayernorm), {D});
+    lw.post_attn_norm = read_floats(s, layer(l, kPostAttentionLayernorm), {D});
+    lw.attn_res_query = read_res_query(s, layer(l, kAttnResNorm), layer(l, kAttnResProj), D);
+    lw.mlp_res_query = read_res_query(s, layer(l, kMlpResNorm), layer(l, kMlpResProj), D);
+    if (c.attention[static_cast<size_t>(l)] == AttentionKind::kKDA)
+      lw.kda = load_kda(s, c, l);
+    else
+      lw.mla = load_mla(s, c, l);
+    if (c.ffn[static_cast<size_t>(l)] == FfnKind::kDense)
+      lw.dense = load_dense(s, c, l);
+    else
+      lw.moe = load_moe(s, c, l, *mw.experts);
+    progress.advance(1);
+  }
+  // Globals. A partial snapshot (validation with K3_X0) may lack them: then no embedding/head.
+  if (s.find(kEmbedTokens).info != nullptr) {
+    mw.embedding.emplace(s.require_any(kEmbedTokens, kFloatTypes, {c.vocab_size, D}), c.vocab_size, D);
+  }
+  if (s.find(kLmHead).info != nullptr) {
+    mw.lm_head = read_matrix(s, kLmHead, c.vocab_size, D);
+    mw.final_norm = read_floats(s, kFinalNorm, {D});
+    mw.output_res_query = read_res_query(s, kOutputAttnResNorm, kOutputAttnResProj, D);
+  }
+  progress.advance(1);
+  progress.finish();
+  return mw;
+}
+
+}  // namespace k3

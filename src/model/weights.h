@@ -1,0 +1,105 @@
+// model/weights.h — the resident (non-routed) weights of the text model, widened to f32, and
+// the loader that binds them from a Snapshot with every shape and dtype checked.
+// Owns: Matrix, per-layer weight structs, the embedding row reader. Does not own: routed
+// experts (experts/ExpertStore) or the math (one file per layer kind).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "experts/expert_store.h"
+#include "io/snapshot.h"
+#include "model/config.h"
+
+namespace k3 {
+
+// A dense f32 matrix stored like nn.Linear: data[row * cols + col], y = W x.
+struct Matrix {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> data;  // [rows][cols]
+  const float* row(int64_t r) const { return data.data() + r * cols; }
+  void apply(const float* x, float* y) const;  // y[rows] = W x[cols]
+};
+
+struct KdaWeights {
+  Matrix q_proj, k_proj, v_proj;  // [kda_projection][hidden]
+  std::vector<float> q_conv, k_conv, v_conv;  // [kda_projection][short_conv_kernel_size]
+  Matrix f_a_proj;               // [kda_head_dim][hidden]
+  Matrix f_b_proj;               // [kda_projection][kda_head_dim]
+  Matrix b_proj;                 // [kda_num_heads][hidden]
+  std::vector<float> a_exp;      // [kda_num_heads] exp(A_log[h])
+  std::vector<float> dt_bias;    // [kda_projection]
+  Matrix g_proj;                 // [kda_projection][hidden]
+  std::vector<float> o_norm;     // [kda_head_dim]
+  Matrix o_proj;                 // [hidden][kda_projection]
+};
+
+struct MlaWeights {
+  Matrix q_a_proj;               // [q_lora_rank][hidden]
+  std::vector<float> q_a_norm;   // [q_lora_rank]
+  Matrix q_b_proj;               // [heads * qk_head_dim][q_lora_rank]
+  Matrix kv_a_proj;              // [kv_lora_rank + qk_rope_head_dim][hidden]
+  std::vector<float> kv_a_norm;  // [kv_lora_rank]
+  Matrix kv_b_proj;              // [heads * (qk_nope_head_dim + v_head_dim)][kv_lora_rank]
+  Matrix g_proj;                 // [heads * v_head_dim][hidden]
+  Matrix o_proj;                 // [hidden][heads * v_head_dim]
+};
+
+struct DenseMlpWeights {
+  Matrix gate_proj, up_proj;  // [intermediate_size][hidden]
+  Matrix down_proj;           // [hidden][intermediate_size]
+};
+
+struct MoeWeights {
+  Matrix router;                   // [num_experts][hidden]
+  std::vector<float> router_bias;  // [num_experts] e_score_correction_bias (selection only)
+  Matrix latent_down;              // [routed_expert_hidden_size][hidden]
+  std::vector<float> latent_norm;  // [routed_expert_hidden_size]
+  Matrix latent_up;                // [hidden][routed_expert_hidden_size]
+  Matrix shared_gate, shared_up;   // [shared_intermediate][hidden]
+  Matrix shared_down;              // [hidden][shared_intermediate]
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm;      // [hidden]
+  std::vector<float> post_attn_norm;  // [hidden]
+  std::vector<float> attn_res_query;  // [hidden] self_attention_res_norm ⊙ self_attention_res_proj[0]
+  std::vector<float> mlp_res_query;   // [hidden] mlp_res_norm ⊙ mlp_res_proj[0]
+  std::optional<KdaWeights> kda;
+  std::optional<MlaWeights> mla;
+  std::optional<DenseMlpWeights> dense;
+  std::optional<MoeWeights> moe;
+};
+
+// Reads one embedding row per token straight from the shard (the table is not resident).
+class EmbeddingReader {
+ public:
+  EmbeddingReader(LocatedTensor table, int64_t vocab_size, int64_t hidden_size)
+      : table_(table), vocab_size_(vocab_size), hidden_size_(hidden_size) {}
+  // out[hidden]. Throws k3::Error for an id outside the vocabulary or a read error.
+  void row(int64_t token_id, float* out) const;
+
+ private:
+  LocatedTensor table_;
+  int64_t vocab_size_;
+  int64_t hidden_size_;
+};
+
+struct ModelWeights {
+  std::vector<LayerWeights> layers;            // [layers run]
+  std::optional<EmbeddingReader> embedding;    // absent in partial snapshots (use K3_X0)
+  std::optional<Matrix> lm_head;               // [vocab][hidden]; absent -> no logits
+  std::vector<float> final_norm;               // [hidden]
+  std::vector<float> output_res_query;         // [hidden]
+  std::unique_ptr<ExpertStore> experts;
+};
+
+// Binds every resident weight of layers [0, num_layers) and the globals. `num_layers` <=
+// config.num_hidden_layers (K3_LAYERS). Throws k3::Error naming the tensor and the expected and
+// actual shape or dtype.
+ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers);
+
+}  // namespace k3

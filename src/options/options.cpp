@@ -1,0 +1,218 @@
+#include "options/options.h"
+
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <functional>
+#include <optional>
+#include <sstream>
+
+#include "util/error.h"
+
+namespace k3 {
+namespace {
+
+using Setter = std::function<void(Options&, const std::string& value, const std::string& source)>;
+
+struct OptionRow {
+  const char* flag;     // "--bits"; nullptr when environment-only
+  const char* env;      // "K3_BITS"; nullptr when flag-only
+  const char* fallback; // default, as text (parsed by the setter like any other value)
+  const char* help;
+  Setter set;
+  bool is_switch = false;  // a flag that takes no value ("--stats" means "1")
+};
+
+int64_t parse_int(const std::string& value, const std::string& source, int64_t lo, int64_t hi) {
+  int64_t out = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, out);
+  if (value.empty() || ec != std::errc() || ptr != end)
+    throw Error(source + ": expected an integer, got \"" + value + "\"");
+  if (out < lo || out > hi)
+    throw Error(source + ": " + value + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return out;
+}
+
+double parse_double(const std::string& value, const std::string& source, double lo, double hi) {
+  size_t used = 0;
+  double out = 0;
+  try {
+    out = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size())
+    throw Error(source + ": expected a number, got \"" + value + "\"");
+  if (!(out >= lo && out <= hi))
+    throw Error(source + ": " + value + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return out;
+}
+
+bool parse_bool(const std::string& value, const std::string& source) {
+  if (value == "1" || value == "true" || value == "yes" || value == "on") return true;
+  if (value == "0" || value == "false" || value == "no" || value == "off") return false;
+  throw Error(source + ": expected 0 or 1, got \"" + value + "\"");
+}
+
+// Dense-matrix bit widths: only f32 until quantised kernels exist.
+int parse_bits(const std::string& value, const std::string& source) {
+  const int64_t bits = parse_int(value, source, 1, 64);
+  if (bits != 32)
+    throw Error(source + "=" + value + " is not supported yet: this build computes dense matrices in f32 only "
+                "(use 32); quantised formats arrive with the kernel work");
+  return static_cast<int>(bits);
+}
+
+const std::vector<OptionRow>& option_rows() {
+  static const std::vector<OptionRow> rows = {
+      {"--model", "COLI_MODEL", "", "model directory (Hugging Face snapshot)",
+       [](Options& o, const std::string& v, const std::string&) { if (!v.empty()) o.model_dir = v; }},
+      {"--ids", nullptr, "", "prompt as token ids, comma or space separated (no BOS added)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v.empty()) return;
+         try {
+           o.ids = parse_id_list(v);
+         } catch (const Error& e) {
+           throw Error(s + ": " + e.what());
+         }
+         o.ids_given = true;
+       }},
+      {"--ngen", "K3_NGEN", "16", "tokens to generate",
+       [](Options& o, const std::string& v, const std::string& s) { o.ngen = parse_int(v, s, 0, int64_t{1} << 24); }},
+      {"--maxt", "K3_MAXT", "0", "context capacity in tokens (0 = prompt + ngen)",
+       [](Options& o, const std::string& v, const std::string& s) { o.runtime.max_tokens = parse_int(v, s, 0, int64_t{1} << 24); }},
+      {"--threads", nullptr, "0", "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
+       [](Options& o, const std::string& v, const std::string& s) { o.runtime.threads = static_cast<int>(parse_int(v, s, 0, 1024)); }},
+      {"--temp", "COLI_TEMP", "0", "sampling temperature (0 = greedy)",
+       [](Options& o, const std::string& v, const std::string& s) { o.sampling.temperature = parse_double(v, s, 0.0, 100.0); }},
+      {"--top-p", "COLI_TOP_P", "1", "nucleus sampling mass in (0, 1] (1 = off)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.sampling.top_p = parse_double(v, s, 0.0, 1.0);
+         if (o.sampling.top_p <= 0.0) throw Error(s + ": must be greater than 0");
+       }},
+      {"--top-k", "COLI_TOP_K", "0", "keep only the k most likely tokens (0 = off)",
+       [](Options& o, const std::string& v, const std::string& s) { o.sampling.top_k = parse_int(v, s, 0, int64_t{1} << 24); }},
+      {"--seed", "COLI_SEED", "", "sampling seed (default: from the clock, printed in the summary)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v.empty()) return;
+         o.sampling.seed = static_cast<uint64_t>(parse_int(v, s, 0, INT64_MAX));
+         o.sampling.seed_set = true;
+       }},
+      {"--bits", "K3_BITS", "32", "bits of KDA/latent/shared/dense matrices in RAM (only 32 = f32 in this build)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.bits = parse_bits(v, s); }},
+      {"--mla-bits", "K3_MLA_BITS", "32", "bits of MLA matrices in RAM (only 32 in this build)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.mla_bits = parse_bits(v, s); }},
+      {"--head-bits", "K3_HEAD_BITS", "32", "bits of lm_head in RAM (only 32 in this build)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.head_bits = parse_bits(v, s); }},
+      {"--idot", "K3_IDOT", "0", "integer-dot MXFP4 kernel (only 0 = exact float kernel in this build)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.load.idot = parse_bool(v, s);
+         if (o.load.idot)
+           throw Error(s + "=" + v + " is not supported yet: this build has only the exact MXFP4 kernel (use 0)");
+       }},
+      {"--layers", "K3_LAYERS", "0", "run only the first N layers (validation; 0 = all)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.layers = parse_int(v, s, 0, 4096); }},
+      {"--trace", "K3_TRACE", "", "after prefill, write per-layer tensors to this .safetensors file",
+       [](Options& o, const std::string& v, const std::string&) { o.debug.trace_path = v; }},
+      {"--logits", "K3_LOGITS", "", "write raw f32 [T][vocab] logits of every prefill position to this file",
+       [](Options& o, const std::string& v, const std::string&) { o.debug.logits_path = v; }},
+      {"--x0", "K3_X0", "", "raw f32 [T][hidden] file whose rows replace the embedding",
+       [](Options& o, const std::string& v, const std::string&) { o.debug.x0_path = v; }},
+      {"--stats", "K3_STATS", "0", "print a per-stage timing breakdown",
+       [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
+  };
+  return rows;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_id_list(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::string token;
+  auto flush = [&] {
+    if (token.empty()) return;
+    ids.push_back(parse_int(token, "token id \"" + token + "\"", 0, INT32_MAX));
+    token.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n') flush();
+    else token += ch;
+  }
+  flush();
+  if (ids.empty()) throw Error("no token ids in \"" + text + "\"");
+  return ids;
+}
+
+std::string options_table_markdown() {
+  std::ostringstream out;
+  out << "| variable | flag | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& r : option_rows()) {
+    out << "| " << (r.env ? std::string("`") + r.env + "`" : "—") << " | "
+        << (r.flag ? std::string("`") + r.flag + "`" : "—") << " | "
+        << (*r.fallback ? r.fallback : "—") << " | " << r.help << " |\n";
+  }
+  return out.str();
+}
+
+Options parse_kimi_k3_options(const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env) {
+  // Unknown K3_* variables are refused: a typo must not silently change nothing.
+  for (const auto& [name, value] : env) {
+    if (name.rfind("K3_", 0) != 0) continue;
+    bool known = false;
+    for (const auto& r : option_rows()) known = known || (r.env && name == r.env);
+    if (!known) throw Error("unknown environment variable " + name + " (see --help for the supported K3_* variables)");
+  }
+
+  CLI::App app{"kimi_k3 — run Kimi K3 on one machine"};
+  app.set_help_flag();  // handled below so that --help works without a model directory
+  bool help = false;
+  app.add_flag("-h,--help", help, "print this help");
+  std::string model_positional, prompt_positional;
+  app.add_option("model_dir", model_positional, "model directory");
+  app.add_option("prompt", prompt_positional, "text prompt");
+  std::vector<std::optional<std::string>> given(option_rows().size());
+  for (size_t i = 0; i < option_rows().size(); ++i) {
+    const OptionRow& r = option_rows()[i];
+    if (!r.flag) continue;
+    const std::string help_text = std::string(r.help) + (r.env ? std::string(" [") + r.env + "]" : "") +
+                                  (*r.fallback ? std::string(" (default ") + r.fallback + ")" : "");
+    if (r.is_switch) {
+      app.add_flag_callback(r.flag, [&given, i] { given[i] = "1"; }, help_text);
+    } else {
+      app.add_option_function<std::string>(r.flag, [&given, i](const std::string& v) { given[i] = v; }, help_text);
+    }
+  }
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    throw Error(e.what());
+  }
+
+  Options o;
+  if (help) {
+    o.show_help = true;
+    o.help_text = app.help() + "\nEnvironment variables:\n" + options_table_markdown();
+    return o;
+  }
+  for (size_t i = 0; i < option_rows().size(); ++i) {
+    const OptionRow& r = option_rows()[i];
+    std::string value = r.fallback, source = std::string(r.flag ? r.flag : r.env) + " (default)";
+    if (given[i]) {
+      value = *given[i];
+      source = r.flag;
+    } else if (r.env && env.count(r.env)) {
+      value = env.at(r.env);
+      source = r.env;
+    }
+    r.set(o, value, source);
+    o.effective.push_back(std::string(r.env ? r.env : r.flag) + "=" + value);
+  }
+  if (!model_positional.empty()) o.model_dir = model_positional;
+  o.prompt = prompt_positional;
+  if (o.model_dir.empty()) throw Error("no model directory: pass it first on the command line, or set --model / COLI_MODEL");
+  return o;
+}
+
+}  // namespace k3

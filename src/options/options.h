@@ -1,0 +1,72 @@
+// options/options.h — every run-time option, typed, built in exactly one place from one table
+// (flag, environment variable, default, help). A flag beats the environment, which beats the
+// default. An unknown K3_* variable or an unparsable value is an error naming it.
+// Nothing below apps/ reads the environment: apps pass it in.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace k3 {
+
+// How dense matrices are held in RAM (ARCHITECTURE.md §5). Until the kernel work lands only the
+// exact settings (32 = f32, idot 0) are accepted.
+struct LoadOptions {
+  int bits = 32;       // K3_BITS: KDA, latent, shared-expert and dense matrices
+  int mla_bits = 32;   // K3_MLA_BITS: MLA projections
+  int head_bits = 32;  // K3_HEAD_BITS: lm_head
+  bool idot = false;   // K3_IDOT: integer-dot MXFP4 path
+  int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
+};
+
+struct RuntimeOptions {
+  int64_t max_tokens = 0;  // K3_MAXT: context capacity (0 = prompt + ngen)
+  int threads = 0;         // OMP_NUM_THREADS-like override via --threads (0 = OpenMP default)
+};
+
+struct SamplingOptions {
+  double temperature = 0.0;  // COLI_TEMP: 0 = greedy
+  double top_p = 1.0;        // COLI_TOP_P: nucleus mass (1 = off)
+  int64_t top_k = 0;         // COLI_TOP_K: keep the k most likely (0 = off)
+  uint64_t seed = 0;         // COLI_SEED: sampling seed (0 = from the clock)
+  bool seed_set = false;
+};
+
+struct DebugOptions {
+  std::string trace_path;   // K3_TRACE: safetensors file of per-layer tensors after prefill
+  std::string logits_path;  // K3_LOGITS: raw f32 [T][vocab] of every prefill position
+  std::string x0_path;      // K3_X0: raw f32 [T][hidden] rows replacing the embedding
+  bool stats = false;       // K3_STATS: per-stage timing breakdown
+};
+
+struct Options {
+  std::string model_dir;          // positional or --model / COLI_MODEL
+  std::string prompt;             // positional text prompt (next issue)
+  std::vector<int64_t> ids;       // --ids 1,2,3
+  bool ids_given = false;
+  int64_t ngen = 16;              // --ngen / K3_NGEN: tokens to generate
+  LoadOptions load;
+  RuntimeOptions runtime;
+  SamplingOptions sampling;
+  DebugOptions debug;
+  bool show_help = false;
+  std::string help_text;
+  // "name=value" lines of the effective options, for the start-up banner.
+  std::vector<std::string> effective;
+};
+
+// Parses argv (argv[0] excluded) and the environment. Throws k3::Error with a one-line message
+// naming the flag or variable on any problem.
+Options parse_kimi_k3_options(const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env);
+
+// Parses "1,2,3" or "1 2 3" into ids. Throws k3::Error.
+std::vector<int64_t> parse_id_list(const std::string& text);
+
+// The environment-variable table as Markdown rows ("| var | flag | default | help |"), for the
+// README and --help.
+std::string options_table_markdown();
+
+}  // namespace k3
