@@ -19,7 +19,6 @@ struct OptionRow {
   const char* fallback; // default, as text (parsed by the setter like any other value)
   const char* help;
   Setter set;
-  bool is_switch = false;  // a flag that takes no value ("--stats" means "1")
 };
 
 int64_t parse_int(const std::string& value, const std::string& source, int64_t lo, int64_t hi) {
@@ -118,8 +117,6 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string&) { o.debug.logits_path = v; }},
       {"--x0", "K3_X0", "", "raw f32 [T][hidden] file whose rows replace the embedding",
        [](Options& o, const std::string& v, const std::string&) { o.debug.x0_path = v; }},
-      {"--stats", "K3_STATS", "0", "print a per-stage timing breakdown",
-       [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
   };
   return rows;
 }
@@ -177,11 +174,7 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
     if (!r.flag) continue;
     const std::string help_text = std::string(r.help) + (r.env ? std::string(" [") + r.env + "]" : "") +
                                   (*r.fallback ? std::string(" (default ") + r.fallback + ")" : "");
-    if (r.is_switch) {
-      app.add_flag_callback(r.flag, [&given, i] { given[i] = "1"; }, help_text);
-    } else {
-      app.add_option_function<std::string>(r.flag, [&given, i](const std::string& v) { given[i] = v; }, help_text);
-    }
+    app.add_option_function<std::string>(r.flag, [&given, i](const std::string& v) { given[i] = v; }, help_text);
   }
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
@@ -211,6 +204,8 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
   }
   if (!model_positional.empty()) o.model_dir = model_positional;
   o.prompt = prompt_positional;
+  if (!o.prompt.empty() && o.ids_given)
+    throw Error("give either a text prompt or --ids, not both");
   if (o.model_dir.empty()) throw Error("no model directory: pass it first on the command line, or set --model / COLI_MODEL");
   return o;
 }

@@ -38,7 +38,6 @@ struct DebugOptions {
   std::string trace_path;   // K3_TRACE: safetensors file of per-layer tensors after prefill
   std::string logits_path;  // K3_LOGITS: raw f32 [T][vocab] of every prefill position
   std::string x0_path;      // K3_X0: raw f32 [T][hidden] rows replacing the embedding
-  bool stats = false;       // K3_STATS: per-stage timing breakdown
 };
 
 struct Options {
