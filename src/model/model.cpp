@@ -7,6 +7,7 @@
 #include "model/dense_mlp.h"
 #include "model/kda.h"
 #include "model/mla.h"
+#include "model/tensor_names.h"
 #include "util/error.h"
 
 namespace k3 {
@@ -19,8 +20,8 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, int64_t num_layer
 
 void Model::embed(int64_t token_id, float* out) const {
   if (!weights_.embedding)
-    throw Error(snapshot_.dir() + ": the snapshot has no embedding table (" + std::string("model.embed_tokens.weight") +
-                "); supply input rows with K3_X0");
+    throw Error(snapshot_.dir() + ": the snapshot has no embedding table (" + snapshot_.prefix() +
+                names::kEmbedTokens + "); supply input rows with K3_X0");
   weights_.embedding->row(token_id, out);
 }
 
