@@ -13,66 +13,29 @@
 #include "engine/sampler.h"
 #include "engine/trace.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 #include "util/error.h"
 
 namespace {
 
 const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
-struct Tensors {
-  explicit Tensors(const std::string& path) : shard(k3::open_posix_file(path)) {}
-  bool has(const std::string& name) const { return shard.find(name) != nullptr; }
-  std::vector<float> f32(const std::string& name) const {
-    const k3::TensorInfo* t = shard.find(name);
-    EXPECT_NE(t, nullptr) << name;
-    if (!t) return {};
-    EXPECT_EQ(t->dtype, k3::DType::kF32) << name;
-    std::vector<float> v(t->numel());
-    shard.read(*t, v.data());
-    return v;
-  }
-  std::vector<int64_t> i64(const std::string& name) const {
-    const k3::TensorInfo* t = shard.find(name);
-    EXPECT_NE(t, nullptr) << name;
-    if (!t) return {};
-    EXPECT_EQ(t->dtype, k3::DType::kI64) << name;
-    std::vector<int64_t> v(t->numel());
-    shard.read(*t, v.data());
-    return v;
-  }
-  k3::SafetensorsShard shard;
-};
-
 double g_worst_rel = 0;  // measured, printed by the trace test
 std::string g_worst_name;
 
-// The fixture README's acceptance: rel-L2 <= 1e-4 and max abs <= 1e-3 * max(1, max|golden|).
 void expect_close(const std::string& name, const float* got, const float* want, size_t n) {
-  double diff2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    diff2 += d * d;
-    ref2 += static_cast<double>(want[i]) * want[i];
-    max_abs = std::max(max_abs, std::fabs(d));
-    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
-  }
-  const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
+  const double rel = k3::testing::expect_close(name, got, want, n);
   if (rel > g_worst_rel) {
     g_worst_rel = rel;
     g_worst_name = name;
   }
-  EXPECT_LE(rel, 1e-4) << name << " rel-L2";
-  EXPECT_LE(max_abs, 1e-3 * std::max(1.0, max_ref)) << name << " max abs";
 }
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d2 = 0, r2 = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    r2 += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d2) / std::max(std::sqrt(r2), 1e-30);
+  return k3::testing::closeness(a.data(), b.data(), a.size()).rel_l2;
 }
+
+using k3::testing::Tensors;
 
 class GoldenTest : public ::testing::Test {
  protected:

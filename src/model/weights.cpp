@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/convert.h"
@@ -13,18 +14,39 @@ namespace {
 
 const std::vector<DType> kFloatTypes = {DType::kBF16, DType::kF32, DType::kF16};
 
-// Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32.
+// Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32. Large
+// tensors are read and widened in parallel pieces through small per-thread buffers, so the
+// raw bytes are never held whole next to their f32 copy.
 std::vector<float> read_floats(const Snapshot& snap, const std::string& name,
                                const std::vector<int64_t>& shape) {
   const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
-  std::vector<uint8_t> raw(t.info->nbytes);
-  Snapshot::read(t, raw.data());
-  std::vector<float> out(t.info->numel());
-  switch (t.info->dtype) {
-    case DType::kBF16: widen_bf16(raw.data(), out.size(), out.data()); break;
-    case DType::kF16: widen_f16(raw.data(), out.size(), out.data()); break;
-    default: std::memcpy(out.data(), raw.data(), raw.size()); break;
+  const size_t count = t.info->numel();
+  const size_t esize = dtype_size(t.info->dtype);
+  std::vector<float> out(count);
+  constexpr size_t kPiece = size_t{4} << 20;  // elements per piece
+  const int64_t pieces = static_cast<int64_t>((count + kPiece - 1) / kPiece);
+  std::string failure;
+#pragma omp parallel for schedule(dynamic) if (pieces > 1)
+  for (int64_t p = 0; p < pieces; ++p) {
+    const size_t first = static_cast<size_t>(p) * kPiece;
+    const size_t n = std::min(kPiece, count - first);
+    try {
+      if (t.info->dtype == DType::kF32) {
+        t.shard->file().read_exact(out.data() + first, n * 4, t.info->file_offset + first * 4, "tensor " + t.info->name);
+        continue;
+      }
+      std::vector<uint8_t> raw(n * esize);
+      t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize, "tensor " + t.info->name);
+      if (t.info->dtype == DType::kBF16)
+        widen_bf16(raw.data(), n, out.data() + first);
+      else
+        widen_f16(raw.data(), n, out.data() + first);
+    } catch (const std::exception& e) {
+#pragma omp critical(k3_read_floats_failure)
+      if (failure.empty()) failure = e.what();
+    }
   }
+  if (!failure.empty()) throw Error(failure);
   return out;
 }
 

@@ -1,0 +1,186 @@
+#include "io/safetensors_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace k3 {
+namespace {
+
+// Small tensors are gathered into one buffer and written together; a tensor larger than this
+// gets a buffer of its own size (Fill is called once per tensor, on the whole tensor).
+constexpr uint64_t kWriteBufferBytes = uint64_t{8} << 20;
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", u);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+uint64_t shape_bytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  uint64_t n = dtype_size(dtype);
+  for (const int64_t d : shape) {
+    if (d < 0) throw Error("safetensors writer: tensor " + name + " has a negative dimension");
+    const auto ud = static_cast<uint64_t>(d);
+    if (ud != 0 && n > UINT64_MAX / ud)
+      throw Error("safetensors writer: tensor " + name + " shape " + shape_string(shape) +
+                  " is too large");
+    n *= ud;
+  }
+  return n;
+}
+
+// An output file under a temporary name; unlinked unless commit() succeeded.
+class TempOutput {
+ public:
+  explicit TempOutput(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(tmp_ + ": cannot create: " + std::strerror(errno));
+  }
+  ~TempOutput() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  TempOutput(const TempOutput&) = delete;
+  TempOutput& operator=(const TempOutput&) = delete;
+
+  void write_all(const uint8_t* p, uint64_t n) {
+    uint64_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::write(fd_, p + done, std::min<uint64_t>(n - done, kMaxReadPiece));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        throw Error(path_ + ": write failed: " + std::strerror(errno));
+      }
+      if (got == 0) throw Error(path_ + ": write made no progress");
+      done += static_cast<uint64_t>(got);
+    }
+  }
+
+  void commit() {
+    if (::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) throw Error(path_ + ": close failed: " + std::strerror(errno));
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw Error(path_ + ": rename from " + tmp_ + " failed: " + std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            Fill fill) {
+  if (name.empty() || name == "__metadata__")
+    throw Error("safetensors writer: invalid tensor name \"" + name + "\"");
+  if (std::find(names_.begin(), names_.end(), name) != names_.end())
+    throw Error("safetensors writer: tensor " + name + " added twice");
+  if (!fill) throw Error("safetensors writer: tensor " + name + " has no fill function");
+  const uint64_t n = shape_bytes(name, dtype, shape);
+  entries_.push_back(Entry{name, dtype, shape, data_bytes_, data_bytes_ + n, std::move(fill)});
+  names_.push_back(name);
+  data_bytes_ += n;
+}
+
+void SafetensorsWriter::add_bytes(const std::string& name, DType dtype,
+                                  const std::vector<int64_t>& shape, std::vector<uint8_t> bytes) {
+  const uint64_t n = shape_bytes(name, dtype, shape);
+  if (bytes.size() != n)
+    throw Error("safetensors writer: tensor " + name + " shape " + shape_string(shape) + " x " +
+                dtype_name(dtype) + " needs " + std::to_string(n) + " bytes, got " +
+                std::to_string(bytes.size()));
+  add(name, dtype, shape, [data = std::move(bytes)](uint8_t* dst, uint64_t nbytes) {
+    std::memcpy(dst, data.data(), nbytes);
+  });
+}
+
+std::string SafetensorsWriter::header() const {
+  std::string h = "{\"__metadata__\":{\"format\":\"pt\"}";
+  for (const Entry& e : entries_) {
+    h += ",\"";
+    h += json_escape(e.name);
+    h += "\":{\"dtype\":\"";
+    h += dtype_name(e.dtype);
+    h += "\",\"shape\":[";
+    for (size_t i = 0; i < e.shape.size(); ++i) {
+      if (i) h += ',';
+      h += std::to_string(e.shape[i]);
+    }
+    h += "],\"data_offsets\":[";
+    h += std::to_string(e.begin);
+    h += ',';
+    h += std::to_string(e.end);
+    h += "]}";
+  }
+  h += '}';
+  // Pad with spaces so the data region (8 + header) starts at a multiple of 8; no padding when
+  // already aligned (the convention of the reference safetensors writer).
+  h.append((8 - (8 + h.size()) % 8) % 8, ' ');
+  return h;
+}
+
+void SafetensorsWriter::write(const std::string& path,
+                              const std::function<void(uint64_t)>& on_tensor) const {
+  const std::string h = header();
+  TempOutput out(path);
+  try {
+    uint8_t len[8];
+    uint64_t hl = h.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(hl >> (8 * i));
+    out.write_all(len, 8);
+    out.write_all(reinterpret_cast<const uint8_t*>(h.data()), h.size());
+
+    uint64_t largest = 0;
+    for (const Entry& e : entries_) largest = std::max(largest, e.end - e.begin);
+    std::vector<uint8_t> buf(std::min(std::max(largest, kWriteBufferBytes), data_bytes_));
+    uint64_t used = 0;
+    for (const Entry& e : entries_) {
+      const uint64_t n = e.end - e.begin;
+      if (used + n > buf.size()) {
+        out.write_all(buf.data(), used);
+        used = 0;
+      }
+      try {
+        e.fill(buf.data() + used, n);
+      } catch (const Error& err) {
+        throw Error(path + ": filling tensor " + e.name + ": " + err.what());
+      }
+      used += n;
+      if (on_tensor) on_tensor(n);
+    }
+    out.write_all(buf.data(), used);
+    out.commit();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& err) {
+    throw Error(path + ": " + err.what());
+  }
+}
+
+}  // namespace k3

@@ -1,0 +1,75 @@
+// tests/test_util.h — shared test helpers: reading safetensors tensors, the fixture README's
+// closeness criterion, running a command and capturing its output.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace k3::testing {
+
+// Read-only access to the tensors of one safetensors file.
+struct Tensors {
+  explicit Tensors(const std::string& path) : shard(open_posix_file(path)) {}
+  bool has(const std::string& name) const { return shard.find(name) != nullptr; }
+  std::vector<float> f32(const std::string& name) const { return read<float>(name, DType::kF32); }
+  std::vector<int64_t> i64(const std::string& name) const { return read<int64_t>(name, DType::kI64); }
+  SafetensorsShard shard;
+
+ private:
+  template <typename T>
+  std::vector<T> read(const std::string& name, DType dtype) const {
+    const TensorInfo* t = shard.find(name);
+    EXPECT_NE(t, nullptr) << name;
+    if (!t) return {};
+    EXPECT_EQ(t->dtype, dtype) << name;
+    if (t->dtype != dtype) return {};
+    std::vector<T> v(t->numel());
+    shard.read(*t, v.data());
+    return v;
+  }
+};
+
+struct Closeness {
+  double rel_l2 = 0;
+  double max_abs = 0;
+  double max_ref = 0;
+};
+
+inline Closeness closeness(const float* got, const float* want, size_t n) {
+  double diff2 = 0, ref2 = 0;
+  Closeness c;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff2 += d * d;
+    ref2 += static_cast<double>(want[i]) * want[i];
+    c.max_abs = std::max(c.max_abs, std::fabs(d));
+    c.max_ref = std::max(c.max_ref, std::fabs(static_cast<double>(want[i])));
+  }
+  c.rel_l2 = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
+  return c;
+}
+
+// The fixture README's acceptance for an f32 engine: rel-L2 <= 1e-4 and
+// max abs <= 1e-3 * max(1, max|want|). Returns the rel-L2.
+inline double expect_close(const std::string& name, const float* got, const float* want, size_t n) {
+  const Closeness c = closeness(got, want, n);
+  EXPECT_LE(c.rel_l2, 1e-4) << name << " rel-L2";
+  EXPECT_LE(c.max_abs, 1e-3 * std::max(1.0, c.max_ref)) << name << " max abs";
+  return c.rel_l2;
+}
+
+struct CommandResult {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `command` through /bin/sh, capturing stdout and stderr.
+CommandResult run_command(const std::string& command);
+
+}  // namespace k3::testing
