@@ -46,7 +46,9 @@ Snapshot::Snapshot(const std::string& dir) : dir_(dir) {
     for (const auto& f : text_shards) open_shard(f);
     for (const auto& [name, file] : wm->items()) {
       if (is_vision_tensor(name)) continue;
-      if (by_name_.find(name) == by_name_.end())
+      const auto it = by_name_.find(name);
+      if (it == by_name_.end() ||
+          fs::path(it->second.shard->path()).filename().string() != file.get<std::string>())
         throw Error(index_path.string() + ": tensor " + name + " is listed in " +
                     file.get<std::string>() + " but that shard does not hold it");
     }

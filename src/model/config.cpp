@@ -185,6 +185,7 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
     root_reader.expect_bool("tie_word_embeddings", false);
   }
   if (const json* q = r.find("quantization_config")) {
+    if (!q->is_object()) r.fail("quantization_config", "expected an object, got " + q->dump());
     const Reader qr(*q, source, scope + "quantization_config.");
     qr.expect_string("quant_method", "compressed-tensors");
     qr.expect_string("format", "mxfp4-pack-quantized");
@@ -194,10 +195,16 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
   c.attention.assign(static_cast<size_t>(c.num_hidden_layers), AttentionKind::kMLA);
   for (int64_t one_based : c.kda_layers) c.attention[static_cast<size_t>(one_based - 1)] = AttentionKind::kKDA;
   if (lr.find("full_attn_layers")) {
+    std::vector<bool> listed(static_cast<size_t>(c.num_hidden_layers), false);
+    for (int64_t one_based : c.kda_layers) listed[static_cast<size_t>(one_based - 1)] = true;
     for (int64_t one_based : lr.int_list("full_attn_layers", 1, c.num_hidden_layers)) {
       if (c.attention[static_cast<size_t>(one_based - 1)] != AttentionKind::kMLA)
         lr.fail("full_attn_layers", "layer " + std::to_string(one_based) + " is also listed in kda_layers");
+      listed[static_cast<size_t>(one_based - 1)] = true;
     }
+    for (size_t i = 0; i < listed.size(); ++i)
+      if (!listed[i])
+        lr.fail("full_attn_layers", "layer " + std::to_string(i + 1) + " (1-based) is in neither kda_layers nor full_attn_layers");
   }
   c.ffn.assign(static_cast<size_t>(c.num_hidden_layers), FfnKind::kMoE);
   for (int64_t i = 0; i < c.first_k_dense_replace; ++i) c.ffn[static_cast<size_t>(i)] = FfnKind::kDense;
@@ -208,11 +215,15 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
   c.eos_token_ids = id_list(root, text, "eos_token_id", source);
   const auto pad = id_list(root, text, "pad_token_id", source);
   c.pad_token_id = pad.empty() ? -1 : pad.front();
-  for (int64_t id : c.eos_token_ids)
-    if (id < 0 || id >= c.vocab_size)
-      throw Error(source + ": eos_token_id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(c.vocab_size));
-  if (c.bos_token_id >= c.vocab_size)
-    throw Error(source + ": bos_token_id " + std::to_string(c.bos_token_id) + " is outside the vocabulary");
+  const auto check_ids = [&](const char* key, const std::vector<int64_t>& ids) {
+    for (int64_t id : ids)
+      if (id < 0 || id >= c.vocab_size)
+        throw Error(source + ": " + key + " " + std::to_string(id) + " is outside the vocabulary of " +
+                    std::to_string(c.vocab_size));
+  };
+  check_ids("bos_token_id", bos);
+  check_ids("eos_token_id", c.eos_token_ids);
+  check_ids("pad_token_id", pad);
   return c;
 }
 
