@@ -13,10 +13,13 @@
 #include "io/file.h"
 #include "model/config.h"
 #include "util/error.h"
+#include "test_util.h"
 
 using nlohmann::json;
 
 namespace {
+
+using k3::testing::error_of;
 
 #define EXPECT_HAS(msg, sub)                                                            \
   EXPECT_NE(std::string(msg).find(sub), std::string::npos)                              \
@@ -28,19 +31,6 @@ const std::string kReleaseConfig = std::string(K3_SOURCE_DIR) + "/assets/k3-rele
 json load(const std::string& path) { return json::parse(k3::read_text_file(path)); }
 json tiny() { return load(kTinyConfig); }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const k3::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected k3::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected k3::Error, nothing was thrown";
-  return "";
-}
 
 // Parses the tiny config after `edit`, expecting an error; returns its message.
 std::string tiny_error(const std::function<void(json&)>& edit) {

@@ -9,8 +9,11 @@
 
 #include "options/options.h"
 #include "util/error.h"
+#include "test_util.h"
 
 namespace {
+
+using k3::testing::error_of;
 
 #define EXPECT_HAS(msg, sub)                                                            \
   EXPECT_NE(std::string(msg).find(sub), std::string::npos)                              \
@@ -19,19 +22,6 @@ namespace {
 using Args = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const k3::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected k3::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected k3::Error, nothing was thrown";
-  return "";
-}
 
 std::string parse_error(const Args& args, const Env& env = {}) {
   return error_of([&] { k3::parse_kimi_k3_options(args, env); });

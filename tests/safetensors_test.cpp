@@ -17,11 +17,16 @@
 #include "io/safetensors.h"
 #include "io/snapshot.h"
 #include "util/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+using k3::testing::TempDir;
+
+using k3::testing::error_of;
 
 #define EXPECT_HAS(msg, sub)                                                            \
   EXPECT_NE(std::string(msg).find(sub), std::string::npos)                              \
@@ -31,21 +36,6 @@ const std::string kFixtureDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tin
 const std::string kVisionShard = "model-00010-of-000010.safetensors";
 const std::string kPath = "mem/test-shard.safetensors";
 
-// Runs `f`, returns the k3::Error message (a test failure when nothing or something else is
-// thrown).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const k3::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected k3::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected k3::Error, nothing was thrown";
-  return "";
-}
 
 // 8-byte little-endian length + header + data.
 std::vector<uint8_t> assemble(const std::string& header, const std::vector<uint8_t>& data,
@@ -453,26 +443,6 @@ TEST(SafetensorsReject, ReadErrorNamesTheTensor) {
 // ---------------------------------------------------------------------------------------------
 // Snapshot on the k3-tiny fixture
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = (fs::path(K3_BINARY_DIR) / "test_tmp" /
-             ("safetensors-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++)))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
 
 // A copy of the fixture directory.
 std::unique_ptr<TempDir> fixture_copy(const std::string& tag) {

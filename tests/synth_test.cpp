@@ -24,34 +24,17 @@
 #include "model/tensor_names.h"
 #include "synth_lib.h"
 #include "util/error.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
+using k3::testing::TempDir;
+
 const std::string kFixtureDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 // A fresh directory under the build tree, removed at destruction.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    path_ = (fs::path(K3_BINARY_DIR) / "test_tmp" /
-             (tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++)))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  static inline int counter_ = 0;
-  std::string path_;
-};
 
 std::string slurp(const std::string& path) {
   return k3::read_text_file(path);

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
 #include "io/safetensors.h"
+#include "util/error.h"
 
 namespace k3::testing {
 
@@ -67,6 +70,46 @@ inline double expect_close(const std::string& name, const float* got, const floa
 struct CommandResult {
   int status = -1;
   std::string out;  // stdout and stderr together
+};
+
+// Runs `f` and returns the k3::Error message; a test failure when nothing or something else is
+// thrown.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const k3::Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected k3::Error, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected k3::Error, nothing was thrown";
+  return "";
+}
+
+// A fresh directory under the build folder, removed at scope exit.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    path_ = (std::filesystem::path(K3_BINARY_DIR) / "test_tmp" /
+             (tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++)))
+                .string();
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
 };
 
 // Runs `command` through /bin/sh, capturing stdout and stderr.
