@@ -103,6 +103,8 @@ int run(int argc, char** argv) {
   std::fflush(stdout);
 
   const double prefill_s = t1 - t0, decode_s = t2 - t1;
+  if (opt.debug.stats)
+    std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(), session.stats().summary().c_str());
   std::fprintf(stderr,
                "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | threads %d | peak RSS %.1f MB%s\n",
                engine.load_seconds(), opt.ids.size(), prefill_s > 0 ? static_cast<double>(opt.ids.size()) / prefill_s : 0.0,

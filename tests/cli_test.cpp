@@ -19,6 +19,8 @@ const std::string kBinary = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
 const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 const std::string kPrompt = "768,399,86,450,308,688,16,162,288,540,404,506";
 const std::string kGoldenDecode = "144 392 575 751 157 575 392 193";
+// The settings the goldens are matched at (the defaults quantise).
+const std::string kExact = "K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0";
 
 struct Result {
   int status = -1;
@@ -43,7 +45,7 @@ Result run(const std::string& env_prefix, const std::string& args) {
 }
 
 TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
-  const Result r = run("", kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result r = run(kExact, kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n");
   EXPECT_NE(r.err.find("load "), std::string::npos) << r.err;
@@ -54,7 +56,7 @@ TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
 }
 
 TEST(Cli, ModelFromEnvironmentAndSpaceSeparatedIds) {
-  const Result r = run("COLI_MODEL=" + kFixture, "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
+  const Result r = run(kExact + " COLI_MODEL=" + kFixture, "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "144 392 575\n");
 }
@@ -73,7 +75,7 @@ TEST(Cli, LogitsAndTraceFilesAreWritten) {
   const fs::path dir = fs::temp_directory_path() / ("k3_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string logits = (dir / "logits.f32").string(), trace = (dir / "trace.safetensors").string();
-  const Result r = run("K3_LOGITS=" + logits + " K3_TRACE=" + trace, kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result r = run(kExact + " K3_LOGITS=" + logits + " K3_TRACE=" + trace, kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n") << "writing traces must not change any value";
   EXPECT_EQ(fs::file_size(logits), 12u * 1024u * 4u);
@@ -106,10 +108,11 @@ TEST(Cli, RefusesUnsupportedAndUnknownSettings) {
     std::string env, args, needle;
   };
   const Case cases[] = {
-      {"K3_BITS=4", "--ids 1 --ngen 1", "K3_BITS"},
-      {"K3_MLA_BITS=8", "--ids 1 --ngen 1", "K3_MLA_BITS"},
-      {"K3_HEAD_BITS=8", "--ids 1 --ngen 1", "K3_HEAD_BITS"},
-      {"K3_IDOT=1", "--ids 1 --ngen 1", "K3_IDOT"},
+      {"K3_BITS=5", "--ids 1 --ngen 1", "K3_BITS"},
+      {"K3_MLA_BITS=16", "--ids 1 --ngen 1", "K3_MLA_BITS"},
+      {"K3_HEAD_BITS=2", "--ids 1 --ngen 1", "K3_HEAD_BITS"},
+      {"K3_IDOT=maybe", "--ids 1 --ngen 1", "K3_IDOT"},
+      {"K3_ISA=neon", "--ids 1 --ngen 1", "K3_ISA"},
       {"K3_TYPO=1", "--ids 1 --ngen 1", "K3_TYPO"},
       {"", "--ids 1 --ngen abc", "--ngen"},
       {"K3_MAXT=3", "--ids 1,2 --ngen 4", "K3_MAXT"},
@@ -128,10 +131,23 @@ TEST(Cli, RefusesUnsupportedAndUnknownSettings) {
   EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;
 }
 
+TEST(Cli, StatsShowTheSettingsAndTheStages) {
+  const Result defaults = run("", kFixture + " --ids " + kPrompt + " --ngen 2 --stats");
+  ASSERT_EQ(defaults.status, 0) << defaults.err;
+  EXPECT_NE(defaults.err.find("bits 4/8/8 | idot 1"), std::string::npos) << defaults.err;
+  for (const char* stage : {"kda", "mla", "router", "experts", "shared", "dense", "head"})
+    EXPECT_NE(defaults.err.find(stage), std::string::npos) << stage << ": " << defaults.err;
+  const Result scalar = run(kExact + " K3_ISA=scalar K3_STATS=1", kFixture + " --ids " + kPrompt + " --ngen 8");
+  ASSERT_EQ(scalar.status, 0) << scalar.err;
+  EXPECT_EQ(scalar.out, kGoldenDecode + "\n");
+  EXPECT_NE(scalar.err.find("isa scalar | bits 32/32/32 | idot 0"), std::string::npos) << scalar.err;
+}
+
 TEST(Cli, HelpListsTheEnvironmentVariables) {
   const Result r = run("", "--help");
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const char* name : {"K3_BITS", "K3_MAXT", "K3_TRACE", "K3_LOGITS", "K3_X0", "K3_LAYERS", "COLI_TEMP", "COLI_MODEL"})
+  for (const char* name : {"K3_BITS", "K3_MLA_BITS", "K3_HEAD_BITS", "K3_IDOT", "K3_ISA", "K3_STATS", "K3_MAXT",
+                           "K3_TRACE", "K3_LOGITS", "K3_X0", "K3_LAYERS", "COLI_TEMP", "COLI_MODEL"})
     EXPECT_NE(r.out.find(name), std::string::npos) << name;
 }
 

@@ -41,7 +41,7 @@ class GoldenTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     golden_ = new Tensors(kFixture + "/golden.safetensors");
-    engine_ = new k3::Engine(kFixture, k3::LoadOptions{});
+    engine_ = new k3::Engine(kFixture, k3::LoadOptions::exact());
   }
   static void TearDownTestSuite() {
     delete engine_;
@@ -149,6 +149,27 @@ TEST_F(GoldenTest, IncrementalDecodeEqualsOneShotPrefill) {
   }
 }
 
+TEST_F(GoldenTest, EveryKernelVariantMatchesTheGolden) {
+  const auto prompt = golden_->i64("prompt_ids");
+  const auto decode_ids = golden_->i64("decode_ids");
+  const auto want = golden_->f32("logits");
+  for (k3::Isa isa : k3::supported_isas()) {
+    k3::LoadOptions load = k3::LoadOptions::exact();
+    load.isa = k3::isa_name(isa);
+    k3::Engine engine(kFixture, load);
+    k3::Session session(engine, static_cast<int64_t>(prompt.size() + decode_ids.size()));
+    std::vector<float> every;
+    k3::PrefillHooks hooks;
+    hooks.all_logits = &every;
+    std::vector<float> logits = session.prefill(prompt, hooks);
+    expect_close(std::string("logits on ") + k3::isa_name(isa), every.data(), want.data(), want.size());
+    for (size_t j = 0; j < decode_ids.size(); ++j) {
+      ASSERT_EQ(k3::argmax(logits), decode_ids[j]) << k3::isa_name(isa) << " step " << j;
+      if (j + 1 < decode_ids.size()) logits = session.step(decode_ids[j]);
+    }
+  }
+}
+
 TEST_F(GoldenTest, ContextCapacityIsEnforced) {
   const auto prompt = golden_->i64("prompt_ids");
   k3::Session session(*engine_, 4);
@@ -174,7 +195,7 @@ TEST_F(GoldenTest, ResetGivesTheSameLogits) {
 }
 
 TEST_F(GoldenTest, TruncatedStackRunsFewerLayers) {
-  k3::LoadOptions load;
+  k3::LoadOptions load = k3::LoadOptions::exact();
   load.layers = 3;
   k3::Engine partial(kFixture, load);
   EXPECT_EQ(partial.model().num_layers(), 3);

@@ -1,5 +1,5 @@
 // kernels_test — MXFP4 decoding and its exact matvec (kernels/mxfp4.h), BF16/F16 conversions
-// (kernels/convert.h), dense f32 matvec/matmul (kernels/matvec.h) and the vector helpers
+// (kernels/convert.h), the scalar f32 and exact MXFP4 kernels (kernels/isa.h) and the vector helpers
 // (kernels/vec.h), against double-precision references.
 #include <gtest/gtest.h>
 
@@ -11,11 +11,24 @@
 #include <vector>
 
 #include "kernels/convert.h"
-#include "kernels/matvec.h"
+#include "kernels/isa.h"
 #include "kernels/mxfp4.h"
 #include "kernels/vec.h"
 
 namespace {
+
+// The scalar twins through the kernel table, in the shapes these tests were written for.
+const k3::KernelTable& scalar() { return k3::kernel_table(k3::Isa::kScalar); }
+void matvec_mxfp4_f32_exact(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
+                            const float* x, float* y) {
+  scalar().matmul_mxfp4_exact(packed, scales, cols, x, 1, y, rows, 0, rows);
+}
+void matvec_f32(const float* W, size_t rows, size_t cols, const float* x, float* y) {
+  scalar().matmul_f32(W, cols, x, 1, y, rows, 0, rows);
+}
+void matmul_f32(const float* W, size_t rows, size_t cols, const float* X, size_t n, float* Y) {
+  scalar().matmul_f32(W, cols, X, n, Y, rows, 0, rows);
+}
 
 uint32_t bits_of(float f) {
   uint32_t u;
@@ -169,7 +182,7 @@ TEST(Mxfp4Matvec, MatchesDoubleReference) {
       const Mxfp4Matrix m = random_mxfp4(rows, cols, rng);
       const std::vector<float> x = random_floats(cols, rng);
       std::vector<float> y(rows, NAN);
-      k3::matvec_mxfp4_f32_exact(m.packed.data(), m.scales.data(), rows, cols, x.data(), y.data());
+      matvec_mxfp4_f32_exact(m.packed.data(), m.scales.data(), rows, cols, x.data(), y.data());
       for (size_t o = 0; o < rows; ++o) {
         double ref = 0.0, mag = 0.0;
         for (size_t i = 0; i < cols; ++i) {
@@ -191,7 +204,7 @@ TEST(Mxfp4Matvec, BitExactToDocumentedOrder) {
       const Mxfp4Matrix m = random_mxfp4(rows, cols, rng);
       const std::vector<float> x = random_floats(cols, rng, 3.0f);
       std::vector<float> y(rows, NAN);
-      k3::matvec_mxfp4_f32_exact(m.packed.data(), m.scales.data(), rows, cols, x.data(), y.data());
+      matvec_mxfp4_f32_exact(m.packed.data(), m.scales.data(), rows, cols, x.data(), y.data());
       const std::vector<float> want = mxfp4_hand_rolled(m, x);
       for (size_t o = 0; o < rows; ++o)
         EXPECT_EQ(bits_of(y[o]), bits_of(want[o])) << "rows " << rows << " cols " << cols << " row " << o;
@@ -210,7 +223,7 @@ TEST(Mxfp4Matvec, SmallHandExample) {
   x[32] = 4.0f;
   x[33] = 8.0f;
   float y = 0.0f;
-  k3::matvec_mxfp4_f32_exact(packed.data(), scales.data(), 1, 64, x.data(), &y);
+  matvec_mxfp4_f32_exact(packed.data(), scales.data(), 1, 64, x.data(), &y);
   EXPECT_EQ(y, (1.0f + 12.0f) * 2.0f + (-8.0f - 4.0f) * 0.25f);
 }
 
@@ -317,7 +330,7 @@ TEST(KernelsMatvec, MatchesDoubleReferenceOnAwkwardSizes) {
       const auto W = random_floats(rows * cols, rng);
       const auto x = random_floats(cols, rng);
       std::vector<float> y(rows, NAN);
-      k3::matvec_f32(W.data(), rows, cols, x.data(), y.data());
+      matvec_f32(W.data(), rows, cols, x.data(), y.data());
       for (size_t o = 0; o < rows; ++o) {
         double ref = 0, mag = 0;
         for (size_t i = 0; i < cols; ++i) {
@@ -338,7 +351,7 @@ TEST(KernelsMatvec, LargeEnoughForThreads) {
   const auto W = random_floats(rows * cols, rng);
   const auto x = random_floats(cols, rng);
   std::vector<float> y(rows, NAN);
-  k3::matvec_f32(W.data(), rows, cols, x.data(), y.data());
+  matvec_f32(W.data(), rows, cols, x.data(), y.data());
   for (size_t o = 0; o < rows; ++o) {
     double ref = 0, mag = 0;
     for (size_t i = 0; i < cols; ++i) {
@@ -357,10 +370,10 @@ TEST(KernelsMatmul, RowsEqualMatvecExactly) {
         const auto W = random_floats(rows * cols, rng);
         const auto X = random_floats(n_rows * cols, rng);
         std::vector<float> Y(n_rows * rows, NAN);
-        k3::matmul_f32(W.data(), rows, cols, X.data(), n_rows, Y.data());
+        matmul_f32(W.data(), rows, cols, X.data(), n_rows, Y.data());
         for (size_t t = 0; t < n_rows; ++t) {
           std::vector<float> y(rows, NAN);
-          k3::matvec_f32(W.data(), rows, cols, X.data() + t * cols, y.data());
+          matvec_f32(W.data(), rows, cols, X.data() + t * cols, y.data());
           for (size_t o = 0; o < rows; ++o) {
             ASSERT_EQ(bits_of(Y[t * rows + o]), bits_of(y[o]))
                 << rows << "x" << cols << " n=" << n_rows << " t=" << t << " o=" << o;

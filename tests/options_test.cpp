@@ -34,10 +34,13 @@ TEST(OptionsDefaults, AllFields) {
   EXPECT_TRUE(o.ids.empty());
   EXPECT_FALSE(o.ids_given);
   EXPECT_EQ(o.ngen, 16);
-  EXPECT_EQ(o.load.bits, 32);
-  EXPECT_EQ(o.load.mla_bits, 32);
-  EXPECT_EQ(o.load.head_bits, 32);
-  EXPECT_FALSE(o.load.idot);
+  // The release defaults of the spec's environment table.
+  EXPECT_EQ(o.load.bits, 4);
+  EXPECT_EQ(o.load.mla_bits, 8);
+  EXPECT_EQ(o.load.head_bits, 8);
+  EXPECT_TRUE(o.load.idot);
+  EXPECT_EQ(o.load.isa, "auto");
+  EXPECT_FALSE(o.debug.stats);
   EXPECT_EQ(o.load.layers, 0);
   EXPECT_EQ(o.runtime.max_tokens, 0);
   EXPECT_EQ(o.runtime.threads, 0);
@@ -54,7 +57,8 @@ TEST(OptionsDefaults, AllFields) {
     return std::find(o.effective.begin(), o.effective.end(), line) != o.effective.end();
   };
   EXPECT_TRUE(has_line("K3_NGEN=16"));
-  EXPECT_TRUE(has_line("K3_BITS=32"));
+  EXPECT_TRUE(has_line("K3_BITS=4"));
+  EXPECT_TRUE(has_line("K3_IDOT=1"));
   EXPECT_TRUE(has_line("COLI_TEMP=0"));
 }
 
@@ -146,22 +150,26 @@ TEST(OptionsReject, BadValuesNameTheSource) {
 }
 
 TEST(OptionsReject, UnsupportedQuantisationSettings) {
-  const std::string bits = parse_error({"m"}, {{"K3_BITS", "4"}});
+  const std::string bits = parse_error({"m"}, {{"K3_BITS", "6"}});
   EXPECT_HAS(bits, "K3_BITS");
-  EXPECT_HAS(bits, "4");
-  EXPECT_HAS(parse_error({"m"}, {{"K3_BITS", "8"}}), "K3_BITS");
-  EXPECT_HAS(parse_error({"m"}, {{"K3_MLA_BITS", "8"}}), "K3_MLA_BITS");
-  EXPECT_HAS(parse_error({"m"}, {{"K3_HEAD_BITS", "16"}}), "K3_HEAD_BITS");
-  EXPECT_HAS(parse_error({"m", "--bits", "4"}), "--bits");
-  EXPECT_HAS(parse_error({"m"}, {{"K3_IDOT", "1"}}), "K3_IDOT");
-  EXPECT_HAS(parse_error({"m", "--idot", "1"}), "--idot");
+  EXPECT_HAS(bits, "6");
+  EXPECT_HAS(parse_error({"m"}, {{"K3_MLA_BITS", "16"}}), "K3_MLA_BITS");
+  EXPECT_HAS(parse_error({"m"}, {{"K3_HEAD_BITS", "2"}}), "K3_HEAD_BITS");
+  EXPECT_HAS(parse_error({"m", "--bits", "3"}), "--bits");
+  EXPECT_HAS(parse_error({"m"}, {{"K3_IDOT", "2"}}), "K3_IDOT");
+  EXPECT_HAS(parse_error({"m", "--idot", "yes please"}), "--idot");
+  EXPECT_HAS(parse_error({"m"}, {{"K3_ISA", "neon"}}), "K3_ISA");
 
-  const k3::Options o =
-      k3::parse_kimi_k3_options({"m"}, {{"K3_BITS", "32"}, {"K3_IDOT", "0"}, {"K3_MLA_BITS", "32"}, {"K3_HEAD_BITS", "32"}});
-  EXPECT_EQ(o.load.bits, 32);
-  EXPECT_EQ(o.load.mla_bits, 32);
-  EXPECT_EQ(o.load.head_bits, 32);
-  EXPECT_FALSE(o.load.idot);
+  for (const char* b : {"4", "8", "32"}) {
+    const k3::Options o = k3::parse_kimi_k3_options({"m"}, {{"K3_BITS", b}, {"K3_MLA_BITS", b}, {"K3_HEAD_BITS", b}});
+    EXPECT_EQ(o.load.bits, std::stoi(b));
+    EXPECT_EQ(o.load.mla_bits, std::stoi(b));
+    EXPECT_EQ(o.load.head_bits, std::stoi(b));
+  }
+  const k3::Options exact = k3::parse_kimi_k3_options({"m", "--idot", "0", "--isa", "scalar", "--stats"}, {});
+  EXPECT_FALSE(exact.load.idot);
+  EXPECT_EQ(exact.load.isa, "scalar");
+  EXPECT_TRUE(exact.debug.stats);
 }
 
 TEST(OptionsIds, ParsedFromFlag) {

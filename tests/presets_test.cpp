@@ -23,7 +23,7 @@ void load_and_run(const std::string& preset, int64_t layers, int64_t experts) {
   fs::remove_all(dir);
   k3::synth::write_checkpoint(spec, dir.string());
 
-  k3::Engine engine(dir.string(), k3::LoadOptions{});
+  k3::Engine engine(dir.string(), k3::LoadOptions::exact());
   EXPECT_EQ(engine.config().hidden_size, spec.hidden_size);
   EXPECT_EQ(engine.config().vocab_size, spec.vocab_size);
   EXPECT_EQ(engine.snapshot().prefix(), "language_model.");

@@ -106,7 +106,7 @@ TEST_P(VariantTest, MatchesTheIndependentReference) {
   const int64_t decode_steps = 4;
 
   // Engine: trace of the prefill, then greedy decode through the cache.
-  k3::Engine engine(dir.string(), k3::LoadOptions{});
+  k3::Engine engine(dir.string(), k3::LoadOptions::exact());
   k3::Session session(engine, v.prompt_length + decode_steps);
   k3::TraceRecorder recorder(engine.config().hidden_size, engine.config().num_experts_per_token);
   std::vector<float> all_logits;

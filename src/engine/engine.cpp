@@ -1,9 +1,31 @@
 #include "engine/engine.h"
 
+#include <cstdio>
+
 #include "util/error.h"
 #include "util/sys.h"
 
 namespace k3 {
+namespace {
+
+ModelOptions model_options(const LoadOptions& load) {
+  ModelOptions m;
+  m.layers = load.layers;
+  m.precision.bits = load.bits;
+  m.precision.mla_bits = load.mla_bits;
+  m.precision.head_bits = load.head_bits;
+  m.idot = load.idot;
+  if (load.isa == "auto") {
+    m.isa = best_isa();
+  } else if (!parse_isa(load.isa, &m.isa)) {
+    throw Error("K3_ISA: unknown kernel variant \"" + load.isa + "\"");
+  } else if (!isa_supported(m.isa)) {
+    throw Error("K3_ISA=" + load.isa + ": this CPU cannot run the " + load.isa + " kernels");
+  }
+  return m;
+}
+
+}  // namespace
 
 Engine::Engine(const std::string& model_dir, const LoadOptions& load) {
   const double start = now_seconds();
@@ -12,12 +34,24 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load) {
   if (load.layers > config_.num_hidden_layers)
     throw Error("K3_LAYERS=" + std::to_string(load.layers) + " exceeds the model's " +
                 std::to_string(config_.num_hidden_layers) + " layers");
-  model_ = std::make_unique<Model>(*snapshot_, config_, load.layers);
+  model_ = std::make_unique<Model>(*snapshot_, config_, model_options(load));
   load_seconds_ = now_seconds() - start;
 }
 
+std::string Engine::describe() const {
+  const ModelOptions& o = model_->options();
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB", isa_name(o.isa),
+                o.precision.bits, o.precision.mla_bits, o.precision.head_bits, o.idot ? 1 : 0,
+                static_cast<double>(model_->resident_bytes()) / 1e6);
+  return buf;
+}
+
 Session::Session(const Engine& engine, int64_t capacity)
-    : engine_(engine), state_(engine.model().new_state(capacity)) {}
+    : engine_(engine), state_(engine.model().new_state(capacity)) {
+  tokens_.reserve(static_cast<size_t>(capacity));
+  logits_.reserve(static_cast<size_t>(engine.config().vocab_size));
+}
 
 void Session::set_input_rows(std::vector<float> x0) {
   const size_t D = static_cast<size_t>(engine_.config().hidden_size);
@@ -27,56 +61,56 @@ void Session::set_input_rows(std::vector<float> x0) {
   x0_ = std::move(x0);
 }
 
-void Session::feed(int64_t id, float* final_hidden, ForwardObserver* observer) {
+void Session::feed(int64_t id, ForwardObserver* observer) {
   const Model& model = engine_.model();
   const size_t D = static_cast<size_t>(engine_.config().hidden_size);
   if (id < 0 || id >= engine_.config().vocab_size)
     throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                 std::to_string(engine_.config().vocab_size) + ")");
-  std::vector<float> x0(D);  // [hidden]
+  float* x0 = state_.work.x0.data();  // [hidden]
   const size_t pos = static_cast<size_t>(state_.position);
   if (!x0_.empty()) {
     if ((pos + 1) * D > x0_.size())
       throw Error("K3_X0 holds " + std::to_string(x0_.size() / D) + " rows but position " +
                   std::to_string(pos) + " was processed");
     std::copy(x0_.begin() + static_cast<std::ptrdiff_t>(pos * D),
-              x0_.begin() + static_cast<std::ptrdiff_t>((pos + 1) * D), x0.begin());
+              x0_.begin() + static_cast<std::ptrdiff_t>((pos + 1) * D), x0);
   } else {
-    model.embed(id, x0.data());
+    model.embed(state_, id, x0);
   }
-  model.forward(state_, x0.data(), final_hidden, observer);
+  model.forward(state_, x0, state_.work.final_hidden.data(), observer);
   tokens_.push_back(id);
 }
 
-std::vector<float> Session::prefill(std::span<const int64_t> ids, const PrefillHooks& hooks) {
+const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const PrefillHooks& hooks) {
   const Model& model = engine_.model();
-  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
   const size_t V = static_cast<size_t>(engine_.config().vocab_size);
   if (state_.position + static_cast<int64_t>(ids.size()) > state_.capacity)
     throw Error("prompt of " + std::to_string(ids.size()) + " tokens does not fit: " +
                 std::to_string(state_.position) + " of " + std::to_string(state_.capacity) +
                 " positions used (raise K3_MAXT / --maxt)");
-  std::vector<float> hidden(D), logits;  // [hidden], [vocab]
   if (hooks.all_logits) hooks.all_logits->clear();
+  logits_.clear();
   for (size_t t = 0; t < ids.size(); ++t) {
-    feed(ids[t], hidden.data(), hooks.observer);
+    feed(ids[t], hooks.observer);
     const bool last = t + 1 == ids.size();
     if (model.has_head() && (last || hooks.all_logits)) {
-      logits.assign(V, 0.0f);
-      model.head(hidden.data(), logits.data());
-      if (hooks.all_logits) hooks.all_logits->insert(hooks.all_logits->end(), logits.begin(), logits.end());
+      logits_.resize(V);
+      model.head(state_, state_.work.final_hidden.data(), logits_.data());
+      if (hooks.all_logits) hooks.all_logits->insert(hooks.all_logits->end(), logits_.begin(), logits_.end());
     }
   }
-  return logits;
+  return logits_;
 }
 
-std::vector<float> Session::step(int64_t id) {
+const std::vector<float>& Session::step(int64_t id) {
   const int64_t one[1] = {id};
   return prefill(one);
 }
 
 void Session::reset() {
   state_.reset();
+  state_.stats.reset();
   tokens_.clear();
 }
 

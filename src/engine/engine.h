@@ -25,6 +25,8 @@ class Engine {
   const Model& model() const { return *model_; }
   const Snapshot& snapshot() const { return *snapshot_; }
   double load_seconds() const { return load_seconds_; }
+  // "isa avx512 | bits 4/8/8 | idot 1 | resident 123.4 MB": what the engine computes with.
+  std::string describe() const;
 
  private:
   std::unique_ptr<Snapshot> snapshot_;
@@ -49,11 +51,13 @@ class Session {
   void set_input_rows(std::vector<float> x0);
 
   // Feeds `ids` in order and returns the logits of the last one ([vocab]; empty when the
-  // snapshot has no head). Throws k3::Error (context full, bad id); the state is then undefined:
-  // call reset().
-  std::vector<float> prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
-  // Feeds one token and returns its logits.
-  std::vector<float> step(int64_t id);
+  // snapshot has no head). The reference stays valid until the next prefill/step. Throws
+  // k3::Error (context full, bad id); the state is then undefined: call reset().
+  const std::vector<float>& prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
+  // Feeds one token and returns its logits (same lifetime rule). Allocates nothing.
+  const std::vector<float>& step(int64_t id);
+  // Seconds per stage since the session started (or the last reset).
+  const StageStats& stats() const { return state_.stats; }
 
   int64_t position() const { return state_.position; }
   int64_t capacity() const { return state_.capacity; }
@@ -61,11 +65,12 @@ class Session {
   void reset();
 
  private:
-  void feed(int64_t id, float* final_hidden, ForwardObserver* observer);
+  void feed(int64_t id, ForwardObserver* observer);
 
   const Engine& engine_;
   ModelState state_;
   std::vector<int64_t> tokens_;
+  std::vector<float> logits_;  // [vocab]
   std::vector<float> x0_;  // [rows][hidden], optional
 };
 

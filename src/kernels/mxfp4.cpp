@@ -16,25 +16,4 @@ float mxfp4_weight(const uint8_t* packed, const uint8_t* scales, size_t cols, si
   return kE2M1[nib] * mxfp4_scale(scales[o * (cols / kMxfp4Group) + i / kMxfp4Group]);
 }
 
-void matvec_mxfp4_f32_exact(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
-                            const float* x, float* y) {
-  const size_t groups = cols / kMxfp4Group;
-  for (size_t o = 0; o < rows; ++o) {
-    const uint8_t* row = packed + o * (cols / 2);
-    const uint8_t* row_scales = scales + o * groups;
-    float acc = 0.0f;
-    for (size_t g = 0; g < groups; ++g) {
-      const uint8_t* bytes = row + g * (kMxfp4Group / 2);
-      const float* xg = x + g * kMxfp4Group;
-      float ga = 0.0f;
-      for (int j = 0; j < kMxfp4Group / 2; ++j) {
-        ga += xg[2 * j] * kE2M1[bytes[j] & 0xF];
-        ga += xg[2 * j + 1] * kE2M1[bytes[j] >> 4];
-      }
-      acc += ga * mxfp4_scale(row_scales[g]);
-    }
-    y[o] = acc;
-  }
-}
-
 }  // namespace k3

@@ -1,5 +1,5 @@
 // kernels/mxfp4.h — the MXFP4 (OCP microscaling FP4, compressed-tensors "mxfp4-pack-quantized")
-// format of the routed experts, and its exact f32 matrix-vector kernel.
+// format of the routed experts (the kernels are in kernels/isa.h).
 //
 //   W[o][i] = E2M1[nibble(o, i)] * 2^(scale[o][i / 32] - 127)
 //   nibble(o, 2j) = packed[o][j] & 0xF, nibble(o, 2j + 1) = packed[o][j] >> 4
@@ -24,11 +24,5 @@ float mxfp4_scale(uint8_t s);
 
 // Dequantised weight (o, i) of an MXFP4 matrix with `cols` inputs.
 float mxfp4_weight(const uint8_t* packed, const uint8_t* scales, size_t cols, size_t o, size_t i);
-
-// y[o] = sum_i W[o][i] x[i] for o in [0, rows). `cols` must be a multiple of 32.
-// packed: [rows][cols/2], scales: [rows][cols/32], x: [cols], y: [rows].
-// Exact path: per 32-group g, ga = sum x_i * E2M1[nib_i] in f32, then acc += ga * 2^(s-127).
-void matvec_mxfp4_f32_exact(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
-                            const float* x, float* y);
 
 }  // namespace k3

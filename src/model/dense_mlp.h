@@ -4,13 +4,21 @@
 //   SiTU(g, u) = [beta tanh(g / beta) sigmoid(g)] [beta_linear tanh(u / beta_linear)]
 #pragma once
 
+#include "model/compute.h"
 #include "model/config.h"
+#include "model/state.h"
 #include "model/weights.h"
 
 namespace k3 {
 
 // x: [gate.cols]; out: [down.rows].
-void situ_mlp_forward(const K3Config& config, const Matrix& gate, const Matrix& up,
-                      const Matrix& down, const float* x, float* out);
+void situ_mlp_forward(const K3Config& config, const Compute& compute, const Matrix& gate,
+                      const Matrix& up, const Matrix& down, Workspace& work, const float* x,
+                      float* out);
+
+// The second half alone, when gate and up were already computed (batched with other matrices):
+// g[i] = SiTU(g[i], u[i]) in place, then out = down g.
+void situ_down(const K3Config& config, const Compute& compute, const Matrix& down, float* g,
+               const float* u, float* out);
 
 }  // namespace k3

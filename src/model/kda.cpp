@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "kernels/vec.h"
 
@@ -28,25 +27,29 @@ void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float
 
 }  // namespace
 
-void kda_forward(const K3Config& config, const KdaWeights& w, KdaState& state, const float* x,
-                 float* out) {
+void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& w, KdaState& state,
+                 Workspace& ws, const float* x, float* out) {
   const size_t P = static_cast<size_t>(config.kda_projection_size());
   const size_t H = static_cast<size_t>(config.kda_num_heads);
   const size_t dk = static_cast<size_t>(config.kda_head_dim);
   const size_t K = static_cast<size_t>(config.short_conv_kernel_size);
+  const KernelTable& kt = *compute.kernels;
 
-  std::vector<float> q(P), k(P), v(P), gate_out(P), decay_low(dk), decay(P), beta(H), o(P);
-  w.q_proj.apply(x, q.data());                  // [P]
-  w.k_proj.apply(x, k.data());                  // [P]
-  w.v_proj.apply(x, v.data());                  // [P]
-  w.f_a_proj.apply(x, decay_low.data());        // [dk]
-  w.f_b_proj.apply(decay_low.data(), decay.data());  // [P]
-  w.b_proj.apply(x, beta.data());               // [H]
-  w.g_proj.apply(x, gate_out.data());           // [P]
+  float* q = ws.kda_q.data();            // [P]
+  float* k = ws.kda_k.data();            // [P]
+  float* v = ws.kda_v.data();            // [P]
+  float* gate_out = ws.kda_gate.data();  // [P]
+  float* decay = ws.kda_decay.data();    // [P]
+  float* beta = ws.kda_beta.data();      // [H]
+  float* o = ws.kda_out.data();          // [P]
+  const MatmulJob jobs[] = {{&w.q_proj, q}, {&w.k_proj, k}, {&w.v_proj, v}, {&w.g_proj, gate_out},
+                            {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, beta}};
+  matmul_batch(kt, jobs, std::size(jobs), x);
+  matmul(kt, w.f_b_proj, ws.kda_decay_low.data(), 1, decay);  // [P]
 
-  conv_silu(w.q_conv, state.q_window, q.data(), P, K);
-  conv_silu(w.k_conv, state.k_window, k.data(), P, K);
-  conv_silu(w.v_conv, state.v_window, v.data(), P, K);
+  conv_silu(w.q_conv, state.q_window, q, P, K);
+  conv_silu(w.k_conv, state.k_window, k, P, K);
+  conv_silu(w.v_conv, state.v_window, v, P, K);
 
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const float lower_bound = static_cast<float>(config.gate_lower_bound);
@@ -54,37 +57,43 @@ void kda_forward(const K3Config& config, const KdaWeights& w, KdaState& state, c
 #pragma omp parallel for schedule(static) if (H * dk * dk > 4096)
   for (int64_t hh = 0; hh < heads; ++hh) {
     const size_t h = static_cast<size_t>(hh);
-    float* qh = q.data() + h * dk;
-    float* kh = k.data() + h * dk;
-    const float* vh = v.data() + h * dk;
+    float* qh = q + h * dk;
+    float* kh = k + h * dk;
+    const float* vh = v + h * dk;
+    float* u = ws.kda_u.data() + h * dk;  // [dk value]
     l2_normalize(qh, dk, K3Config::kKdaL2NormEps);
     for (size_t i = 0; i < dk; ++i) qh[i] *= q_scale;
     l2_normalize(kh, dk, K3Config::kKdaL2NormEps);
     const float b = sigmoid(beta[h]);
     float* S = state.recurrent.data() + h * dk * dk;  // [dk key][dk value]
-    // 1. decay rows by key channel
+    // Sweep 1: decay each key row, and read it with the key (u = k^T Diag(a) S).
+    std::fill(u, u + dk, 0.0f);
     for (size_t i = 0; i < dk; ++i) {
       const float z = decay[h * dk + i] + w.dt_bias[h * dk + i];
       const float a = std::exp(lower_bound * sigmoid(w.a_exp[h] * z));
-      for (size_t j = 0; j < dk; ++j) S[i * dk + j] *= a;
+      float* row = S + i * dk;
+      const float ki = kh[i];
+      for (size_t j = 0; j < dk; ++j) {
+        row[j] *= a;
+        u[j] += ki * row[j];
+      }
     }
-    // 2-3. read with the key, delta
-    std::vector<float> u(dk, 0.0f);  // [dk value]
-    for (size_t i = 0; i < dk; ++i)
-      for (size_t j = 0; j < dk; ++j) u[j] += kh[i] * S[i * dk + j];
     for (size_t j = 0; j < dk; ++j) u[j] = b * (vh[j] - u[j]);
-    // 4. rank-1 write
-    for (size_t i = 0; i < dk; ++i)
-      for (size_t j = 0; j < dk; ++j) S[i * dk + j] += kh[i] * u[j];
-    // 5. read with the query
-    float* oh = o.data() + h * dk;
+    // Sweep 2: rank-1 write, and read the updated rows with the query.
+    float* oh = o + h * dk;
     std::fill(oh, oh + dk, 0.0f);
-    for (size_t i = 0; i < dk; ++i)
-      for (size_t j = 0; j < dk; ++j) oh[j] += qh[i] * S[i * dk + j];
+    for (size_t i = 0; i < dk; ++i) {
+      float* row = S + i * dk;
+      const float ki = kh[i], qi = qh[i];
+      for (size_t j = 0; j < dk; ++j) {
+        row[j] += ki * u[j];
+        oh[j] += qi * row[j];
+      }
+    }
     rmsnorm(oh, w.o_norm.data(), dk, config.rms_norm_eps, oh);
     for (size_t j = 0; j < dk; ++j) oh[j] *= sigmoid(gate_out[h * dk + j]);
   }
-  w.o_proj.apply(o.data(), out);
+  matmul(kt, w.o_proj, o, 1, out);
 }
 
 }  // namespace k3

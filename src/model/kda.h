@@ -12,14 +12,15 @@
 // Equivalent to fla's fused_recurrent_kda with in-kernel l2norm, gate and beta sigmoid.
 #pragma once
 
+#include "model/compute.h"
 #include "model/config.h"
 #include "model/state.h"
 #include "model/weights.h"
 
 namespace k3 {
 
-// x: [hidden] normalised input; out: [hidden]. Advances `state` by one token.
-void kda_forward(const K3Config& config, const KdaWeights& weights, KdaState& state,
-                 const float* x, float* out);
+// x: [hidden] normalised input; out: [hidden]. Advances `state` by one token; scratch in `work`.
+void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& weights,
+                 KdaState& state, Workspace& work, const float* x, float* out);
 
 }  // namespace k3

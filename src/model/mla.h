@@ -11,6 +11,7 @@
 // WUK_h / WUV_h are rows [h(nope+v), h(nope+v)+nope) / [.. +nope, .. +nope+v) of kv_b_proj.
 #pragma once
 
+#include "model/compute.h"
 #include "model/config.h"
 #include "model/state.h"
 #include "model/weights.h"
@@ -19,7 +20,7 @@ namespace k3 {
 
 // x: [hidden] normalised input of the token at `position`; out: [hidden]. Appends the token's
 // latent and rope key to `cache` (which must hold position + 1 rows).
-void mla_forward(const K3Config& config, const MlaWeights& weights, MlaCache& cache,
-                 int64_t position, const float* x, float* out);
+void mla_forward(const K3Config& config, const Compute& compute, const MlaWeights& weights,
+                 MlaCache& cache, Workspace& work, int64_t position, const float* x, float* out);
 
 }  // namespace k3

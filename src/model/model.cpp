@@ -12,13 +12,52 @@
 
 namespace k3 {
 
-Model::Model(const Snapshot& snapshot, const K3Config& config, int64_t num_layers)
-    : snapshot_(snapshot), config_(config) {
+Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOptions& options)
+    : snapshot_(snapshot), config_(config), options_(options) {
+  compute_.kernels = &kernel_table(options_.isa);
+  compute_.idot = options_.idot;
+  int64_t num_layers = options_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
-  weights_ = load_weights(snapshot_, config_, num_layers);
+  weights_ = load_weights(snapshot_, config_, num_layers, options_.precision);
 }
 
-void Model::embed(int64_t token_id, float* out) const {
+uint64_t Model::resident_bytes() const {
+  uint64_t total = 0;
+  auto vec = [&](const std::vector<float>& v) { total += v.size() * sizeof(float); };
+  for (const LayerWeights& l : weights_.layers) {
+    for (const auto* v : {&l.input_norm, &l.post_attn_norm, &l.attn_res_query, &l.mlp_res_query}) vec(*v);
+    if (l.kda) {
+      for (const Matrix* m : {&l.kda->q_proj, &l.kda->k_proj, &l.kda->v_proj, &l.kda->f_a_proj, &l.kda->f_b_proj,
+                              &l.kda->b_proj, &l.kda->g_proj, &l.kda->o_proj})
+        total += m->bytes();
+      for (const auto* v : {&l.kda->q_conv, &l.kda->k_conv, &l.kda->v_conv, &l.kda->a_exp, &l.kda->dt_bias, &l.kda->o_norm})
+        vec(*v);
+    }
+    if (l.mla) {
+      for (const Matrix* m : {&l.mla->q_a_proj, &l.mla->q_b_proj, &l.mla->kv_a_proj, &l.mla->kv_b_proj, &l.mla->g_proj,
+                              &l.mla->o_proj})
+        total += m->bytes();
+      vec(l.mla->q_a_norm);
+      vec(l.mla->kv_a_norm);
+    }
+    if (l.dense)
+      for (const Matrix* m : {&l.dense->gate_proj, &l.dense->up_proj, &l.dense->down_proj}) total += m->bytes();
+    if (l.moe) {
+      for (const Matrix* m : {&l.moe->router, &l.moe->latent_down, &l.moe->latent_up, &l.moe->shared_gate,
+                              &l.moe->shared_up, &l.moe->shared_down})
+        total += m->bytes();
+      vec(l.moe->router_bias);
+      vec(l.moe->latent_norm);
+    }
+  }
+  if (weights_.lm_head) total += weights_.lm_head->bytes();
+  vec(weights_.final_norm);
+  vec(weights_.output_res_query);
+  return total;
+}
+
+void Model::embed(ModelState& state, int64_t token_id, float* out) const {
+  StageTimer timer(state.stats, Stage::kEmbed);
   if (!weights_.embedding)
     throw Error(snapshot_.dir() + ": the snapshot has no embedding table (" + snapshot_.prefix() +
                 names::kEmbedTokens + "); supply input rows with K3_X0");
@@ -33,19 +72,21 @@ void Model::forward(ModelState& state, const float* x0, float* final_hidden,
   const size_t D = static_cast<size_t>(config_.hidden_size);
   const double eps = config_.rms_norm_eps;
   const int64_t L = num_layers();
+  Workspace& ws = state.work;
+  StageStats& stats = state.stats;
 
-  std::vector<std::vector<float>> blocks;  // [appended][hidden]
-  blocks.reserve(static_cast<size_t>(config_.num_blocks()));
-  std::vector<float> partial(x0, x0 + D);  // [hidden] running sum inside the current block
-  std::vector<float> mixed(D), normed(D), branch(D);  // [hidden] each
-  std::vector<const float*> sources;
-  RoutingResult routing;
+  size_t num_blocks = 0;  // blocks appended so far; block b is ws.blocks[b * D, (b + 1) * D)
+  float* partial = ws.partial.data();  // [hidden] running sum inside the current block
+  float* mixed = ws.mixed.data();      // [hidden]
+  float* normed = ws.normed.data();    // [hidden]
+  float* branch = ws.branch.data();    // [hidden]
+  std::copy(x0, x0 + D, partial);
 
   auto mix = [&](const std::vector<float>& query) {
-    sources.clear();
-    for (const auto& b : blocks) sources.push_back(b.data());
-    sources.push_back(partial.data());
-    attn_res_mix(sources.data(), sources.size(), query.data(), D, eps, mixed.data());
+    StageTimer timer(stats, Stage::kAttnRes);
+    for (size_t b = 0; b < num_blocks; ++b) ws.sources[b] = ws.blocks.data() + b * D;
+    ws.sources[num_blocks] = partial;
+    attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, mixed);
   };
   auto observe = [&](int64_t layer, ForwardObserver::Site site, const float* data) {
     if (observer) observer->on_tensor(layer, site, data);
@@ -54,52 +95,57 @@ void Model::forward(ModelState& state, const float* x0, float* final_hidden,
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     // Attention.
-    if (blocks.empty())
-      mixed = partial;
+    if (num_blocks == 0)
+      std::copy(partial, partial + D, mixed);
     else
       mix(lw.attn_res_query);
-    observe(l, ForwardObserver::Site::kAttnIn, mixed.data());
+    observe(l, ForwardObserver::Site::kAttnIn, mixed);
     const bool block_start = config_.is_block_start(l);
-    if (block_start) blocks.push_back(partial);
-    rmsnorm(mixed.data(), lw.input_norm.data(), D, eps, normed.data());
-    if (lw.kda)
-      kda_forward(config_, *lw.kda, state.kda[static_cast<size_t>(l)], normed.data(), branch.data());
-    else
-      mla_forward(config_, *lw.mla, state.mla[static_cast<size_t>(l)], state.position, normed.data(), branch.data());
-    observe(l, ForwardObserver::Site::kAttnOut, branch.data());
+    if (block_start) std::copy(partial, partial + D, ws.blocks.data() + (num_blocks++) * D);
+    rmsnorm(mixed, lw.input_norm.data(), D, eps, normed);
+    if (lw.kda) {
+      StageTimer timer(stats, Stage::kKda);
+      kda_forward(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, normed, branch);
+    } else {
+      StageTimer timer(stats, Stage::kMla);
+      mla_forward(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, state.position, normed, branch);
+    }
+    observe(l, ForwardObserver::Site::kAttnOut, branch);
     if (block_start)
-      partial = branch;
+      std::copy(branch, branch + D, partial);
     else
       for (size_t i = 0; i < D; ++i) partial[i] += branch[i];
     // Feed-forward.
     mix(lw.mlp_res_query);
-    observe(l, ForwardObserver::Site::kMlpIn, mixed.data());
-    rmsnorm(mixed.data(), lw.post_attn_norm.data(), D, eps, normed.data());
+    observe(l, ForwardObserver::Site::kMlpIn, mixed);
+    rmsnorm(mixed, lw.post_attn_norm.data(), D, eps, normed);
     if (lw.dense) {
-      situ_mlp_forward(config_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, normed.data(), branch.data());
+      StageTimer timer(stats, Stage::kDense);
+      situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, ws, normed, branch);
     } else {
-      latent_moe_forward(config_, *lw.moe, *weights_.experts, l, normed.data(), branch.data(), &routing);
-      if (observer) observer->on_routing(l, routing);
+      latent_moe_forward(config_, compute_, *lw.moe, *weights_.experts, l, ws, stats, normed, branch, &ws.routing);
+      if (observer) observer->on_routing(l, ws.routing);
     }
-    observe(l, ForwardObserver::Site::kMlpOut, branch.data());
+    observe(l, ForwardObserver::Site::kMlpOut, branch);
     for (size_t i = 0; i < D; ++i) partial[i] += branch[i];
-    observe(l, ForwardObserver::Site::kLayerOut, partial.data());
+    observe(l, ForwardObserver::Site::kLayerOut, partial);
   }
   if (weights_.output_res_query.empty()) {
-    std::copy(partial.begin(), partial.end(), final_hidden);
+    std::copy(partial, partial + D, final_hidden);
   } else {
     mix(weights_.output_res_query);
-    std::copy(mixed.begin(), mixed.end(), final_hidden);
+    std::copy(mixed, mixed + D, final_hidden);
   }
   observe(-1, ForwardObserver::Site::kFinalHidden, final_hidden);
   ++state.position;
 }
 
-void Model::head(const float* final_hidden, float* logits) const {
+void Model::head(ModelState& state, const float* final_hidden, float* logits) const {
+  StageTimer timer(state.stats, Stage::kHead);
   const size_t D = static_cast<size_t>(config_.hidden_size);
-  std::vector<float> normed(D);  // [hidden]
-  rmsnorm(final_hidden, weights_.final_norm.data(), D, config_.rms_norm_eps, normed.data());
-  weights_.lm_head->apply(normed.data(), logits);
+  float* normed = state.work.head_normed.data();  // [hidden]
+  rmsnorm(final_hidden, weights_.final_norm.data(), D, config_.rms_norm_eps, normed);
+  matmul(*compute_.kernels, *weights_.lm_head, normed, 1, logits);
 }
 
 }  // namespace k3

@@ -19,6 +19,7 @@
 
 #include "io/snapshot.h"
 #include "model/config.h"
+#include "model/compute.h"
 #include "model/latent_moe.h"
 #include "model/state.h"
 #include "model/weights.h"
@@ -35,13 +36,24 @@ class ForwardObserver {
   virtual void on_routing(int64_t layer, const RoutingResult& routing) = 0;
 };
 
+// How the model is loaded and computed (typed sub-options; built by the engine from Options).
+struct ModelOptions {
+  int64_t layers = 0;       // run only the first N layers (0 = all)
+  LoadPrecision precision;  // dense-matrix formats (32 = f32)
+  bool idot = false;        // MXFP4 experts on the integer-dot path
+  Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
+};
+
 class Model {
  public:
-  // Binds the weights of layers [0, num_layers) (num_layers <= 0: all). `snapshot` must outlive
-  // the model. Throws k3::Error.
-  Model(const Snapshot& snapshot, const K3Config& config, int64_t num_layers);
+  // Binds the weights (quantised per `options.precision`). `snapshot` must outlive the model.
+  // Throws k3::Error.
+  Model(const Snapshot& snapshot, const K3Config& config, const ModelOptions& options);
 
   const K3Config& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  // Bytes of resident weights (dense matrices in their RAM formats and vectors).
+  uint64_t resident_bytes() const;
   int64_t num_layers() const { return static_cast<int64_t>(weights_.layers.size()); }
   bool has_embedding() const { return weights_.embedding.has_value(); }
   bool has_head() const { return weights_.lm_head.has_value(); }
@@ -49,7 +61,9 @@ class Model {
   ModelState new_state(int64_t capacity) const { return ModelState(config_, num_layers(), capacity); }
 
   // Embedding row of `token_id` into out[hidden].
-  void embed(int64_t token_id, float* out) const;
+  void embed(ModelState& state, int64_t token_id, float* out) const;
+  // The per-layer trace of a forward pass is routed through `observer`; stage times go to
+  // state.stats.
 
   // Runs one token whose input row is x0[hidden] at state.position, advances the state and
   // writes the output AttnRes mix to final_hidden[hidden]. Throws k3::Error when the state is full.
@@ -57,11 +71,13 @@ class Model {
                ForwardObserver* observer) const;
 
   // logits[vocab] = lm_head RMSNorm(final_hidden, model.norm). REQUIRES has_head().
-  void head(const float* final_hidden, float* logits) const;
+  void head(ModelState& state, const float* final_hidden, float* logits) const;
 
  private:
   const Snapshot& snapshot_;
   K3Config config_;
+  ModelOptions options_;
+  Compute compute_;
   ModelWeights weights_;
 };
 

@@ -6,9 +6,16 @@ namespace k3 {
 
 ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
     : capacity(capacity_) {
+  const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t P = static_cast<size_t>(c.kda_projection_size());
   const size_t history = static_cast<size_t>(c.short_conv_kernel_size - 1);
   const size_t dk = static_cast<size_t>(c.kda_head_dim);
+  const size_t H = static_cast<size_t>(c.num_attention_heads);
+  const size_t kvr = static_cast<size_t>(c.kv_lora_rank);
+  const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
+  const size_t I = static_cast<size_t>(c.moe_intermediate_size);
+  const size_t E = static_cast<size_t>(c.num_experts);
+  const size_t blocks = static_cast<size_t>(c.num_blocks());
   kda.resize(static_cast<size_t>(num_layers));
   mla.resize(static_cast<size_t>(num_layers));
   for (size_t l = 0; l < static_cast<size_t>(num_layers); ++l) {
@@ -18,10 +25,41 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
       kda[l].v_window.assign(history * P, 0.0f);
       kda[l].recurrent.assign(static_cast<size_t>(c.kda_num_heads) * dk * dk, 0.0f);
     } else {
-      mla[l].latent.assign(static_cast<size_t>(capacity) * static_cast<size_t>(c.kv_lora_rank), 0.0f);
+      mla[l].latent.assign(static_cast<size_t>(capacity) * kvr, 0.0f);
       mla[l].rope.assign(static_cast<size_t>(capacity) * static_cast<size_t>(c.qk_rope_head_dim), 0.0f);
     }
   }
+  Workspace& w = work;
+  w.blocks.assign(blocks * D, 0.0f);
+  for (auto* v : {&w.x0, &w.final_hidden, &w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed, &w.head_normed}) v->assign(D, 0.0f);
+  w.sources.assign(blocks + 1, nullptr);
+  w.mix_weights.assign(blocks + 1, 0.0f);
+  for (auto* v : {&w.kda_q, &w.kda_k, &w.kda_v, &w.kda_gate, &w.kda_decay, &w.kda_out}) v->assign(P, 0.0f);
+  w.kda_decay_low.assign(dk, 0.0f);
+  w.kda_beta.assign(static_cast<size_t>(c.kda_num_heads), 0.0f);
+  w.kda_u.assign(static_cast<size_t>(c.kda_num_heads) * dk, 0.0f);
+  w.mla_cq.assign(static_cast<size_t>(c.q_lora_rank), 0.0f);
+  w.mla_q.assign(H * static_cast<size_t>(c.qk_head_dim()), 0.0f);
+  w.mla_ckv.assign(kvr + static_cast<size_t>(c.qk_rope_head_dim), 0.0f);
+  w.mla_gate.assign(H * static_cast<size_t>(c.v_head_dim), 0.0f);
+  w.mla_ctx.assign(H * static_cast<size_t>(c.v_head_dim), 0.0f);
+  w.mla_qabs.assign(H * kvr, 0.0f);
+  w.mla_lat.assign(H * kvr, 0.0f);
+  w.mla_scores.assign(H * static_cast<size_t>(capacity), 0.0f);
+  w.moe_scores.assign(E, 0.0f);
+  w.moe_choice.assign(E, 0.0f);
+  w.moe_order.assign(E, 0);
+  for (auto* v : {&w.moe_z, &w.moe_acc, &w.moe_down}) v->assign(R, 0.0f);
+  for (auto* v : {&w.moe_gate, &w.moe_up}) v->assign(I, 0.0f);
+  w.moe_z_q8.assign(R, 0);
+  w.moe_h_q8.assign(I, 0);
+  w.moe_z_d.assign(R / 32, 0.0f);
+  w.moe_h_d.assign(I / 32, 0.0f);
+  w.routing.ids.reserve(static_cast<size_t>(c.num_experts_per_token));
+  w.routing.weights.reserve(static_cast<size_t>(c.num_experts_per_token));
+  const size_t mlp = static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
+  w.mlp_gate.assign(mlp, 0.0f);
+  w.mlp_up.assign(mlp, 0.0f);
 }
 
 void ModelState::reset() {

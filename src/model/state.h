@@ -1,10 +1,13 @@
 // model/state.h — per-sequence state of the stack: KDA conv windows and recurrent matrices, the
-// MLA latent cache, the position. Owned by a Session; the model reads and advances it.
+// MLA latent cache, the position, stage timers, and the scratch buffers of one forward step
+// (allocated once, so a decode step allocates nothing). Owned by a Session; the model reads and
+// advances it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "model/compute.h"
 #include "model/config.h"
 
 namespace k3 {
@@ -21,11 +24,58 @@ struct MlaCache {
   std::vector<float> rope;    // [capacity][qk_rope_head_dim] raw k_pe_t
 };
 
+// The experts a MoE layer chose for one token.
+struct RoutingResult {
+  std::vector<int64_t> ids;     // [num_experts_per_token], ascending
+  std::vector<float> weights;   // [num_experts_per_token], aligned with ids
+};
+
+// Scratch of one forward step, sized from the config (and the capacity for MLA scores).
+struct Workspace {
+  // Stack walk.
+  std::vector<float> x0;       // [hidden] the input row of the token
+  std::vector<float> final_hidden;  // [hidden]
+  std::vector<float> blocks;   // [num_blocks][hidden]
+  std::vector<float> partial, mixed, normed, branch;  // [hidden] each
+  std::vector<const float*> sources;  // [num_blocks + 1]
+  std::vector<float> mix_weights;     // [num_blocks + 1]
+  // KDA.
+  std::vector<float> kda_q, kda_k, kda_v, kda_gate, kda_decay, kda_out;  // [kda_projection]
+  std::vector<float> kda_decay_low;  // [kda_head_dim]
+  std::vector<float> kda_beta;       // [kda_num_heads]
+  std::vector<float> kda_u;          // [kda_num_heads][kda_head_dim]
+  // MLA.
+  std::vector<float> mla_cq;     // [q_lora_rank]
+  std::vector<float> mla_q;      // [heads][qk_head_dim]
+  std::vector<float> mla_ckv;    // [kv_lora_rank + qk_rope_head_dim]
+  std::vector<float> mla_gate;   // [heads][v_head_dim]
+  std::vector<float> mla_ctx;    // [heads][v_head_dim]
+  std::vector<float> mla_qabs;   // [heads][kv_lora_rank]
+  std::vector<float> mla_lat;    // [heads][kv_lora_rank]
+  std::vector<float> mla_scores; // [heads][capacity]
+  // MoE.
+  std::vector<float> moe_scores, moe_choice;  // [num_experts]
+  std::vector<int64_t> moe_order;             // [num_experts]
+  std::vector<float> moe_z, moe_acc, moe_down;  // [routed_expert_hidden_size]
+  std::vector<float> moe_gate, moe_up;          // [moe_intermediate_size]
+  std::vector<int8_t> moe_z_q8, moe_h_q8;       // [routed_expert_hidden_size], [moe_intermediate_size]
+  std::vector<float> moe_z_d, moe_h_d;          // [.. / 32]
+  std::vector<float> moe_routed;                // [hidden]
+  std::vector<uint8_t> expert_bytes;            // [one expert]
+  RoutingResult routing;
+  // SiTU MLP (dense layers and shared experts).
+  std::vector<float> mlp_gate, mlp_up;  // [max(intermediate_size, shared_intermediate)]
+  // Head.
+  std::vector<float> head_normed;  // [hidden]
+};
+
 struct ModelState {
   int64_t position = 0;   // tokens fed so far
   int64_t capacity = 0;   // positions the MLA caches can hold
   std::vector<KdaState> kda;  // [layers]; empty entries for MLA layers
   std::vector<MlaCache> mla;  // [layers]; empty entries for KDA layers
+  StageStats stats;
+  Workspace work;
 
   // Zeroed state for `num_layers` layers of `config` holding up to `capacity` positions.
   ModelState(const K3Config& config, int64_t num_layers, int64_t capacity);

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "kernels/convert.h"
-#include "kernels/matvec.h"
 #include "model/tensor_names.h"
 #include "util/error.h"
 #include "util/progress.h"
@@ -50,11 +49,13 @@ std::vector<float> read_floats(const Snapshot& snap, const std::string& name,
   return out;
 }
 
-Matrix read_matrix(const Snapshot& snap, const std::string& name, int64_t rows, int64_t cols) {
+// Reads a [rows][cols] matrix and quantises it to `bits` (32 keeps f32).
+Matrix read_matrix(const Snapshot& snap, const std::string& name, int64_t rows, int64_t cols, int bits = 32) {
   Matrix m;
   m.rows = rows;
   m.cols = cols;
-  m.data = read_floats(snap, name, {rows, cols});
+  m.f32 = read_floats(snap, name, {rows, cols});
+  quantize_matrix(m, bits);
   return m;
 }
 
@@ -74,14 +75,14 @@ std::vector<float> read_res_query(const Snapshot& snap, const std::string& norm_
   return norm;
 }
 
-KdaWeights load_kda(const Snapshot& s, const K3Config& c, int64_t l) {
+KdaWeights load_kda(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
   using namespace names;
   const int64_t D = c.hidden_size, P = c.kda_projection_size(), dk = c.kda_head_dim,
                 H = c.kda_num_heads, K = c.short_conv_kernel_size;
   KdaWeights w;
-  w.q_proj = read_matrix(s, layer(l, kKdaQProj), P, D);
-  w.k_proj = read_matrix(s, layer(l, kKdaKProj), P, D);
-  w.v_proj = read_matrix(s, layer(l, kKdaVProj), P, D);
+  w.q_proj = read_matrix(s, layer(l, kKdaQProj), P, D, bits);
+  w.k_proj = read_matrix(s, layer(l, kKdaKProj), P, D, bits);
+  w.v_proj = read_matrix(s, layer(l, kKdaVProj), P, D, bits);
   w.q_conv = read_conv(s, layer(l, kKdaQConv), P, K);
   w.k_conv = read_conv(s, layer(l, kKdaKConv), P, K);
   w.v_conv = read_conv(s, layer(l, kKdaVConv), P, K);
@@ -102,50 +103,50 @@ KdaWeights load_kda(const Snapshot& s, const K3Config& c, int64_t l) {
   w.a_exp.resize(static_cast<size_t>(H));
   for (int64_t h = 0; h < H; ++h) w.a_exp[static_cast<size_t>(h)] = std::exp(a_log[static_cast<size_t>(h)]);
   w.dt_bias = read_floats(s, layer(l, kKdaDtBias), {P});
-  w.g_proj = read_matrix(s, layer(l, kKdaGProj), P, D);
+  w.g_proj = read_matrix(s, layer(l, kKdaGProj), P, D, bits);
   w.o_norm = read_floats(s, layer(l, kKdaONorm), {dk});
-  w.o_proj = read_matrix(s, layer(l, kKdaOProj), D, P);
+  w.o_proj = read_matrix(s, layer(l, kKdaOProj), D, P, bits);
   return w;
 }
 
-MlaWeights load_mla(const Snapshot& s, const K3Config& c, int64_t l) {
+MlaWeights load_mla(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
   using namespace names;
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
   MlaWeights w;
-  w.q_a_proj = read_matrix(s, layer(l, kMlaQAProj), c.q_lora_rank, D);
+  w.q_a_proj = read_matrix(s, layer(l, kMlaQAProj), c.q_lora_rank, D, bits);
   w.q_a_norm = read_floats(s, layer(l, kMlaQALayernorm), {c.q_lora_rank});
-  w.q_b_proj = read_matrix(s, layer(l, kMlaQBProj), H * c.qk_head_dim(), c.q_lora_rank);
-  w.kv_a_proj = read_matrix(s, layer(l, kMlaKvAProj), c.kv_lora_rank + c.qk_rope_head_dim, D);
+  w.q_b_proj = read_matrix(s, layer(l, kMlaQBProj), H * c.qk_head_dim(), c.q_lora_rank, bits);
+  w.kv_a_proj = read_matrix(s, layer(l, kMlaKvAProj), c.kv_lora_rank + c.qk_rope_head_dim, D, bits);
   w.kv_a_norm = read_floats(s, layer(l, kMlaKvALayernorm), {c.kv_lora_rank});
-  w.kv_b_proj = read_matrix(s, layer(l, kMlaKvBProj), H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-  w.g_proj = read_matrix(s, layer(l, kMlaGProj), H * c.v_head_dim, D);
-  w.o_proj = read_matrix(s, layer(l, kMlaOProj), D, H * c.v_head_dim);
+  w.kv_b_proj = read_matrix(s, layer(l, kMlaKvBProj), H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, bits);
+  w.g_proj = read_matrix(s, layer(l, kMlaGProj), H * c.v_head_dim, D, bits);
+  w.o_proj = read_matrix(s, layer(l, kMlaOProj), D, H * c.v_head_dim, bits);
   return w;
 }
 
-DenseMlpWeights load_dense(const Snapshot& s, const K3Config& c, int64_t l) {
+DenseMlpWeights load_dense(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
   using namespace names;
   DenseMlpWeights w;
-  w.gate_proj = read_matrix(s, layer(l, kMlpGateProj), c.intermediate_size, c.hidden_size);
-  w.up_proj = read_matrix(s, layer(l, kMlpUpProj), c.intermediate_size, c.hidden_size);
-  w.down_proj = read_matrix(s, layer(l, kMlpDownProj), c.hidden_size, c.intermediate_size);
+  w.gate_proj = read_matrix(s, layer(l, kMlpGateProj), c.intermediate_size, c.hidden_size, bits);
+  w.up_proj = read_matrix(s, layer(l, kMlpUpProj), c.intermediate_size, c.hidden_size, bits);
+  w.down_proj = read_matrix(s, layer(l, kMlpDownProj), c.hidden_size, c.intermediate_size, bits);
   return w;
 }
 
-MoeWeights load_moe(const Snapshot& s, const K3Config& c, int64_t l, ExpertStore& experts) {
+MoeWeights load_moe(const Snapshot& s, const K3Config& c, int64_t l, int bits, ExpertStore& experts) {
   using namespace names;
   const int64_t D = c.hidden_size, E = c.num_experts, R = c.routed_expert_hidden_size,
                 S = c.shared_intermediate_size();
   MoeWeights w;
   w.router = read_matrix(s, layer(l, kMoeRouter), E, D);
   w.router_bias = read_floats(s, layer(l, kMoeRouterBias), {E});
-  w.latent_down = read_matrix(s, layer(l, kMoeLatentDown), R, D);
+  w.latent_down = read_matrix(s, layer(l, kMoeLatentDown), R, D, bits);
   w.latent_norm = read_floats(s, layer(l, kMoeLatentNorm), {R});
-  w.latent_up = read_matrix(s, layer(l, kMoeLatentUp), D, R);
+  w.latent_up = read_matrix(s, layer(l, kMoeLatentUp), D, R, bits);
   if (S > 0) {
-    w.shared_gate = read_matrix(s, layer(l, kMoeSharedGate), S, D);
-    w.shared_up = read_matrix(s, layer(l, kMoeSharedUp), S, D);
-    w.shared_down = read_matrix(s, layer(l, kMoeSharedDown), D, S);
+    w.shared_gate = read_matrix(s, layer(l, kMoeSharedGate), S, D, bits);
+    w.shared_up = read_matrix(s, layer(l, kMoeSharedUp), S, D, bits);
+    w.shared_down = read_matrix(s, layer(l, kMoeSharedDown), D, S, bits);
   }
   const int64_t I = c.moe_intermediate_size;
   const std::vector<int64_t> shapes[6] = {{I, R / 2}, {I, R / 32}, {R, I / 2}, {R, I / 32}, {I, R / 2}, {I, R / 32}};
@@ -158,10 +159,6 @@ MoeWeights load_moe(const Snapshot& s, const K3Config& c, int64_t l, ExpertStore
 }
 
 }  // namespace
-
-void Matrix::apply(const float* x, float* y) const {
-  matvec_f32(data.data(), static_cast<size_t>(rows), static_cast<size_t>(cols), x, y);
-}
 
 void EmbeddingReader::row(int64_t token_id, float* out) const {
   if (token_id < 0 || token_id >= vocab_size_)
@@ -180,7 +177,7 @@ void EmbeddingReader::row(int64_t token_id, float* out) const {
   }
 }
 
-ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers) {
+ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers, const LoadPrecision& precision) {
   using namespace names;
   const int64_t D = c.hidden_size;
   ModelWeights mw;
@@ -194,13 +191,13 @@ ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_laye
     lw.attn_res_query = read_res_query(s, layer(l, kAttnResNorm), layer(l, kAttnResProj), D);
     lw.mlp_res_query = read_res_query(s, layer(l, kMlpResNorm), layer(l, kMlpResProj), D);
     if (c.attention[static_cast<size_t>(l)] == AttentionKind::kKDA)
-      lw.kda = load_kda(s, c, l);
+      lw.kda = load_kda(s, c, l, precision.bits);
     else
-      lw.mla = load_mla(s, c, l);
+      lw.mla = load_mla(s, c, l, precision.mla_bits);
     if (c.ffn[static_cast<size_t>(l)] == FfnKind::kDense)
-      lw.dense = load_dense(s, c, l);
+      lw.dense = load_dense(s, c, l, precision.bits);
     else
-      lw.moe = load_moe(s, c, l, *mw.experts);
+      lw.moe = load_moe(s, c, l, precision.bits, *mw.experts);
     progress.advance(1);
   }
   // Globals. A partial snapshot (validation with K3_X0) may lack them: then no embedding/head.
@@ -208,7 +205,7 @@ ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_laye
     mw.embedding.emplace(s.require_any(kEmbedTokens, kFloatTypes, {c.vocab_size, D}), c.vocab_size, D);
   }
   if (s.find(kLmHead).info != nullptr) {
-    mw.lm_head = read_matrix(s, kLmHead, c.vocab_size, D);
+    mw.lm_head = read_matrix(s, kLmHead, c.vocab_size, D, precision.head_bits);
     mw.final_norm = read_floats(s, kFinalNorm, {D});
     mw.output_res_query = read_res_query(s, kOutputAttnResNorm, kOutputAttnResProj, D);
   }

@@ -11,25 +11,28 @@
 
 #include "experts/expert_store.h"
 #include "io/snapshot.h"
+#include "kernels/quant.h"
 #include "model/config.h"
 
 namespace k3 {
 
-// A dense f32 matrix stored like nn.Linear: data[row * cols + col], y = W x.
-struct Matrix {
-  int64_t rows = 0;
-  int64_t cols = 0;
-  std::vector<float> data;  // [rows][cols]
-  const float* row(int64_t r) const { return data.data() + r * cols; }
-  void apply(const float* x, float* y) const;  // y[rows] = W x[cols]
+// Dense matrices are WeightMatrix (kernels/quant.h): f32, int8 per row or int4 group-64, chosen
+// per class at load (LoadPrecision). Matrices named "f32" below always stay f32.
+using Matrix = WeightMatrix;
+
+// Bits per class of dense matrix (ARCHITECTURE.md §5.1); 32 keeps f32.
+struct LoadPrecision {
+  int bits = 32;       // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
+  int mla_bits = 32;   // MLA q_a, q_b, kv_a, kv_b, g, o
+  int head_bits = 32;  // lm_head
 };
 
 struct KdaWeights {
   Matrix q_proj, k_proj, v_proj;  // [kda_projection][hidden]
   std::vector<float> q_conv, k_conv, v_conv;  // [kda_projection][short_conv_kernel_size]
-  Matrix f_a_proj;               // [kda_head_dim][hidden]
-  Matrix f_b_proj;               // [kda_projection][kda_head_dim]
-  Matrix b_proj;                 // [kda_num_heads][hidden]
+  Matrix f_a_proj;               // [kda_head_dim][hidden] f32
+  Matrix f_b_proj;               // [kda_projection][kda_head_dim] f32
+  Matrix b_proj;                 // [kda_num_heads][hidden] f32
   std::vector<float> a_exp;      // [kda_num_heads] exp(A_log[h])
   std::vector<float> dt_bias;    // [kda_projection]
   Matrix g_proj;                 // [kda_projection][hidden]
@@ -54,7 +57,7 @@ struct DenseMlpWeights {
 };
 
 struct MoeWeights {
-  Matrix router;                   // [num_experts][hidden]
+  Matrix router;                   // [num_experts][hidden] f32
   std::vector<float> router_bias;  // [num_experts] e_score_correction_bias (selection only)
   Matrix latent_down;              // [routed_expert_hidden_size][hidden]
   std::vector<float> latent_norm;  // [routed_expert_hidden_size]
@@ -100,6 +103,9 @@ struct ModelWeights {
 // Binds every resident weight of layers [0, num_layers) and the globals. `num_layers` <=
 // config.num_hidden_layers (K3_LAYERS). Throws k3::Error naming the tensor and the expected and
 // actual shape or dtype.
-ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers);
+// Dense matrices are quantised to `precision` as they are loaded (in parallel; the f32 copy of
+// one matrix at a time is the peak overhead).
+ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers,
+                          const LoadPrecision& precision);
 
 }  // namespace k3

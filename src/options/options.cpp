@@ -19,6 +19,7 @@ struct OptionRow {
   const char* fallback; // default, as text (parsed by the setter like any other value)
   const char* help;
   Setter set;
+  bool is_switch = false;  // a flag without a value ("--stats" means "1"); the variable takes 0/1
 };
 
 int64_t parse_int(const std::string& value, const std::string& source, int64_t lo, int64_t hi) {
@@ -53,12 +54,11 @@ bool parse_bool(const std::string& value, const std::string& source) {
   throw Error(source + ": expected 0 or 1, got \"" + value + "\"");
 }
 
-// Dense-matrix bit widths: only f32 until quantised kernels exist.
+// Dense-matrix bit widths: 4 (int4 groups of 64), 8 (int8 per row) or 32 (f32).
 int parse_bits(const std::string& value, const std::string& source) {
   const int64_t bits = parse_int(value, source, 1, 64);
-  if (bits != 32)
-    throw Error(source + "=" + value + " is not supported yet: this build computes dense matrices in f32 only "
-                "(use 32); quantised formats arrive with the kernel work");
+  if (bits != 4 && bits != 8 && bits != 32)
+    throw Error(source + "=" + value + " is not a supported width: use 4 (int4 g64), 8 (int8) or 32 (f32)");
   return static_cast<int>(bits);
 }
 
@@ -97,18 +97,22 @@ const std::vector<OptionRow>& option_rows() {
          o.sampling.seed = static_cast<uint64_t>(parse_int(v, s, 0, INT64_MAX));
          o.sampling.seed_set = true;
        }},
-      {"--bits", "K3_BITS", "32", "bits of KDA/latent/shared/dense matrices in RAM (only 32 = f32 in this build)",
+      {"--bits", "K3_BITS", "4", "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32",
        [](Options& o, const std::string& v, const std::string& s) { o.load.bits = parse_bits(v, s); }},
-      {"--mla-bits", "K3_MLA_BITS", "32", "bits of MLA matrices in RAM (only 32 in this build)",
+      {"--mla-bits", "K3_MLA_BITS", "8", "MLA matrices in RAM: 4, 8 or 32",
        [](Options& o, const std::string& v, const std::string& s) { o.load.mla_bits = parse_bits(v, s); }},
-      {"--head-bits", "K3_HEAD_BITS", "32", "bits of lm_head in RAM (only 32 in this build)",
+      {"--head-bits", "K3_HEAD_BITS", "8", "lm_head in RAM: 4, 8 or 32",
        [](Options& o, const std::string& v, const std::string& s) { o.load.head_bits = parse_bits(v, s); }},
-      {"--idot", "K3_IDOT", "0", "integer-dot MXFP4 kernel (only 0 = exact float kernel in this build)",
+      {"--idot", "K3_IDOT", "1", "MXFP4 experts: 1 = integer dots on int8 activations, 0 = exact float kernel",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.idot = parse_bool(v, s); }},
+      {"--isa", "K3_ISA", "auto", "kernel variant: auto (best this CPU runs), scalar, avx2, avx512",
        [](Options& o, const std::string& v, const std::string& s) {
-         o.load.idot = parse_bool(v, s);
-         if (o.load.idot)
-           throw Error(s + "=" + v + " is not supported yet: this build has only the exact MXFP4 kernel (use 0)");
+         if (v != "auto" && v != "scalar" && v != "avx2" && v != "avx512")
+           throw Error(s + ": expected auto, scalar, avx2 or avx512, got \"" + v + "\"");
+         o.load.isa = v;
        }},
+      {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",
+       [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
       {"--layers", "K3_LAYERS", "0", "run only the first N layers (validation; 0 = all)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.layers = parse_int(v, s, 0, 4096); }},
       {"--trace", "K3_TRACE", "", "after prefill, write per-layer tensors to this .safetensors file",
@@ -174,7 +178,10 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
     if (!r.flag) continue;
     const std::string help_text = std::string(r.help) + (r.env ? std::string(" [") + r.env + "]" : "") +
                                   (*r.fallback ? std::string(" (default ") + r.fallback + ")" : "");
-    app.add_option_function<std::string>(r.flag, [&given, i](const std::string& v) { given[i] = v; }, help_text);
+    if (r.is_switch)
+      app.add_flag_callback(r.flag, [&given, i] { given[i] = "1"; }, help_text);
+    else
+      app.add_option_function<std::string>(r.flag, [&given, i](const std::string& v) { given[i] = v; }, help_text);
   }
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {

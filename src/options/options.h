@@ -11,14 +11,23 @@
 
 namespace k3 {
 
-// How dense matrices are held in RAM (ARCHITECTURE.md §5). Until the kernel work lands only the
-// exact settings (32 = f32, idot 0) are accepted.
+// How dense matrices are held in RAM and how experts are computed (ARCHITECTURE.md §5). The
+// member defaults are the release defaults of the option table; exact() is the f32 reference.
 struct LoadOptions {
-  int bits = 32;       // K3_BITS: KDA, latent, shared-expert and dense matrices
-  int mla_bits = 32;   // K3_MLA_BITS: MLA projections
-  int head_bits = 32;  // K3_HEAD_BITS: lm_head
-  bool idot = false;   // K3_IDOT: integer-dot MXFP4 path
+  int bits = 4;        // K3_BITS: KDA, latent, shared-expert and dense matrices (4, 8, 32)
+  int mla_bits = 8;    // K3_MLA_BITS: MLA projections
+  int head_bits = 8;   // K3_HEAD_BITS: lm_head
+  bool idot = true;    // K3_IDOT: integer-dot MXFP4 path (0 = exact float kernel)
   int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
+  std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
+
+  // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
+  static LoadOptions exact() {
+    LoadOptions o;
+    o.bits = o.mla_bits = o.head_bits = 32;
+    o.idot = false;
+    return o;
+  }
 };
 
 struct RuntimeOptions {
@@ -38,6 +47,7 @@ struct DebugOptions {
   std::string trace_path;   // K3_TRACE: safetensors file of per-layer tensors after prefill
   std::string logits_path;  // K3_LOGITS: raw f32 [T][vocab] of every prefill position
   std::string x0_path;      // K3_X0: raw f32 [T][hidden] rows replacing the embedding
+  bool stats = false;       // K3_STATS: per-stage time breakdown after the run
 };
 
 struct Options {

@@ -1,0 +1,376 @@
+// kernels/impl/dense_avx512.cpp — AVX-512 (F/BW/VL) variants of the dense kernels (f32, int8 per
+// row, int4 group-64). Compiled with -mavx512*; called only after a run-time CPU check (isa.cpp).
+//
+// Two shapes of loop, both reading each weight row from memory once per call (per 64 activation
+// rows):
+//  * direct (few activation rows, decode): 4 weight rows at a time, weights widened to f32 in
+//    registers and FMA'd against every activation row (R x T independent accumulators);
+//  * panel (many activation rows, prefill): 4 weight rows x 512 columns are decoded once into an
+//    f32 buffer on the stack, then a 4 x 4 register tile sweeps it against up to 64 activation
+//    rows; per-lane partial sums persist across column chunks in a stack buffer.
+// Column tails use masked loads. Results match the scalar twins up to summation order.
+// GCC 12's _mm512_undefined_* self-initialise and trip -W(maybe-)uninitialized once inlined
+// (GCC PR 105593, fixed in 13); the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/impl/kernels_impl.h"
+
+namespace k3::impl {
+namespace {
+
+constexpr size_t kV = 16;    // f32 lanes
+constexpr int kR = 4;        // weight rows per block
+constexpr int kT = 4;        // activation rows per register tile (panel)
+constexpr size_t kKC = 512;  // columns per decoded chunk (panel)
+constexpr size_t kNT = 64;   // activation rows per accumulator block (panel)
+constexpr size_t kInt8DirectMax = 8;  // int8: direct path up to this many activation rows
+
+inline __mmask16 tail_mask(size_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
+
+// Software prefetch of `bytes` starting at p (the next weight chunk while this one is computed:
+// chunks are read in bursts, which the hardware prefetcher does not run ahead of).
+inline void prefetch(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Panel path: weight sources yield a [rb][kc] f32 block (row stride *ldw) for columns [c0, c0+kc);
+// lanes past the end of the matrix are either zero (decoded) or masked off by the tile.
+
+struct F32Src {
+  const float* W;
+  size_t cols;
+  const float* block(size_t o0, int, size_t c0, size_t, float*, size_t* ldw) const {
+    *ldw = cols;
+    return W + o0 * cols + c0;
+  }
+  void prefetch_chunk(size_t o, size_t c0, size_t kc) const { prefetch(W + o * cols + c0, kc * 4); }
+  float finish(size_t, float sum) const { return sum; }
+};
+
+struct Int8Src {
+  const int8_t* Q;
+  const float* scales;
+  size_t cols;
+  const float* block(size_t o0, int rb, size_t c0, size_t kc, float* buf, size_t* ldw) const {
+    *ldw = kKC;
+    for (int r = 0; r < rb; ++r) {
+      const int8_t* q = Q + (o0 + static_cast<size_t>(r)) * cols + c0;
+      float* d = buf + static_cast<size_t>(r) * kKC;
+      size_t k = 0;
+      for (; k + kV <= kc; k += kV)
+        _mm512_store_ps(d + k, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k)))));
+      if (k < kc) {
+        const __m128i b = _mm_maskz_loadu_epi8(tail_mask(kc - k), q + k);
+        _mm512_store_ps(d + k, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+      }
+    }
+    return buf;
+  }
+  float finish(size_t o, float sum) const { return scales[o] * sum; }
+  void prefetch_chunk(size_t o, size_t c0, size_t kc) const { prefetch(Q + o * cols + c0, kc); }
+};
+
+// The 16 nibble values minus 8, as floats.
+inline __m512 nibble_table() {
+  return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+struct Int4Src {
+  const uint8_t* packed;
+  const float* scales;
+  size_t cols;
+  // Decodes to w = s_g * (nib - 8) in column order (cols is a multiple of 64, so is kc).
+  const float* block(size_t o0, int rb, size_t c0, size_t kc, float* buf, size_t* ldw) const {
+    *ldw = kKC;
+    const __m512 base = nibble_table();
+    const __m512i il_a = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i il_b = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const size_t groups = cols / 64;
+    for (int r = 0; r < rb; ++r) {
+      const size_t o = o0 + static_cast<size_t>(r);
+      const uint8_t* p = packed + o * (cols / 2) + c0 / 2;
+      const float* s = scales + o * groups + c0 / 64;
+      float* d = buf + static_cast<size_t>(r) * kKC;
+      for (size_t g = 0; g < kc / 64; ++g) {
+        const __m512 table = _mm512_mul_ps(_mm512_set1_ps(s[g]), base);
+        for (size_t h = 0; h < 2; ++h) {
+          const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 32 + h * 16)));
+          const __m512 lo = _mm512_permutexvar_ps(v, table);  // even columns (low 4 bits index)
+          const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);  // odd columns
+          _mm512_store_ps(d + g * 64 + h * 32, _mm512_permutex2var_ps(lo, il_a, hi));
+          _mm512_store_ps(d + g * 64 + h * 32 + 16, _mm512_permutex2var_ps(lo, il_b, hi));
+        }
+      }
+    }
+    return buf;
+  }
+  float finish(size_t, float sum) const { return sum; }
+  void prefetch_chunk(size_t o, size_t c0, size_t kc) const {
+    prefetch(packed + o * (cols / 2) + c0 / 2, kc / 2);
+    prefetch(scales + o * (cols / 64) + c0 / 64, kc / 16);
+  }
+};
+
+// acc[t][r] (kR slots per t, kV lanes each) += W[r][0..kc) . X[t][0..kc) over R x T rows.
+template <int R, int T>
+void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kfull, __mmask16 tail,
+          float* acc, bool first) {
+  __m512 a[R][T];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      a[r][t] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + (static_cast<size_t>(t) * kR + r) * kV);
+  for (size_t k = 0; k < kfull; k += kV) {
+    __m512 wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(w + static_cast<size_t>(r) * ldw + k);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + static_cast<size_t>(t) * ldx + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+    }
+  }
+  if (tail) {
+    __m512 wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(tail, w + static_cast<size_t>(r) * ldw + kfull);
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(tail, x + static_cast<size_t>(t) * ldx + kfull);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) _mm512_store_ps(acc + (static_cast<size_t>(t) * kR + r) * kV, a[r][t]);
+}
+
+using TileFn = void (*)(const float*, size_t, const float*, size_t, size_t, __mmask16, float*, bool);
+
+template <int R>
+constexpr TileFn tile_for(int t) {
+  switch (t) {
+    case 1: return tile<R, 1>;
+    case 2: return tile<R, 2>;
+    case 3: return tile<R, 3>;
+    default: return tile<R, 4>;
+  }
+}
+
+TileFn pick_tile(int r, int t) {
+  switch (r) {
+    case 1: return tile_for<1>(t);
+    case 2: return tile_for<2>(t);
+    case 3: return tile_for<3>(t);
+    default: return tile_for<4>(t);
+  }
+}
+
+template <class Src>
+void panel(const Src& src, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
+           size_t row_begin, size_t row_end) {
+  alignas(64) float wbuf[kR * kKC];
+  alignas(64) float accbuf[kNT * kR * kV];
+  for (size_t o0 = row_begin; o0 < row_end; o0 += kR) {
+    const int rb = static_cast<int>(std::min<size_t>(kR, row_end - o0));
+    for (size_t t0 = 0; t0 < n; t0 += kNT) {
+      const size_t nt = std::min(kNT, n - t0);
+      for (size_t c0 = 0; c0 < cols; c0 += kKC) {
+        const size_t kc = std::min(kKC, cols - c0);
+        // Prefetch the chunk after this one (next columns, else the next block's first columns).
+        if (c0 + kKC < cols) {
+          for (int r = 0; r < rb; ++r) src.prefetch_chunk(o0 + static_cast<size_t>(r), c0 + kKC, std::min(kKC, cols - c0 - kKC));
+        } else {
+          for (size_t o = o0 + kR; o < std::min(row_end, o0 + 2 * kR); ++o) src.prefetch_chunk(o, 0, std::min(kKC, cols));
+        }
+        size_t ldw = 0;
+        const float* w = src.block(o0, rb, c0, kc, wbuf, &ldw);
+        const size_t kfull = kc & ~(kV - 1);
+        const __mmask16 tail = tail_mask(kc - kfull);
+        for (size_t t = 0; t < nt; t += kT) {
+          const int tb = static_cast<int>(std::min<size_t>(kT, nt - t));
+          pick_tile(rb, tb)(w, ldw, X + (t0 + t) * cols + c0, cols, kfull, tail, accbuf + t * kR * kV, c0 == 0);
+        }
+      }
+      for (size_t t = 0; t < nt; ++t)
+        for (int r = 0; r < rb; ++r) {
+          const float sum = cols ? _mm512_reduce_add_ps(_mm512_load_ps(accbuf + (t * kR + static_cast<size_t>(r)) * kV)) : 0.0f;
+          Y[(t0 + t) * ldy + o0 + static_cast<size_t>(r)] = src.finish(o0 + static_cast<size_t>(r), sum);
+        }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct paths (decode): weights widened in registers, R weight rows x T activation rows.
+
+template <int R, int T>
+void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float* X, float* Y,
+                 size_t ldy, size_t o0) {
+  __m512 a[R][T];
+  const int8_t* q[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    q[r] = Q + (o0 + static_cast<size_t>(r)) * cols;
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) a[r][t] = _mm512_setzero_ps();
+  }
+  size_t k = 0;
+  for (; k + kV <= cols; k += kV) {
+    __m512 wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + k))));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(X + static_cast<size_t>(t) * cols + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+    }
+  }
+  if (k < cols) {
+    const __mmask16 m = tail_mask(cols - k);
+    __m512 wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q[r] + k)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, X + static_cast<size_t>(t) * cols + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] = scales[o0 + static_cast<size_t>(r)] * _mm512_reduce_add_ps(a[r][t]);
+}
+
+using Int8DirectFn = void (*)(const int8_t*, const float*, size_t, const float*, float*, size_t, size_t);
+
+template <int R>
+Int8DirectFn int8_direct_for(size_t t) {
+  switch (t) {
+    case 1: return int8_direct<R, 1>;
+    case 2: return int8_direct<R, 2>;
+    case 3: return int8_direct<R, 3>;
+    default: return int8_direct<R, 4>;
+  }
+}
+
+// Every block of 4 weight rows against the activation rows 4 at a time (a block stays in L1/L2
+// between passes).
+void int8_direct_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
+                      float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  for (size_t o = row_begin; o < row_end; o += kR) {
+    const bool full = o + kR <= row_end;
+    for (size_t t = 0; t < n; t += 4) {
+      const size_t tb = std::min<size_t>(4, n - t);
+      if (full) {
+        int8_direct_for<kR>(tb)(Q, scales, cols, X + t * cols, Y + t * ldy, ldy, o);
+      } else {
+        for (size_t r = o; r < row_end; ++r) int8_direct_for<1>(tb)(Q, scales, cols, X + t * cols, Y + t * ldy, ldy, r);
+      }
+    }
+  }
+}
+
+// int4: the activations of one group are split into even and odd columns (matching the low and
+// high nibbles of 16 consecutive bytes), the nibbles index a 16-entry table s_g * (k - 8).
+template <int R, int T>
+void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const float* X, float* Y,
+                 size_t ldy, size_t o0) {
+  const size_t groups = cols / 64;
+  const __m512 base = nibble_table();
+  const __m512i idx_even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i idx_odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  __m512 a[R][T];
+  const uint8_t* p[R];
+  const float* s[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    p[r] = packed + (o0 + static_cast<size_t>(r)) * (cols / 2);
+    s[r] = scales + (o0 + static_cast<size_t>(r)) * groups;
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) a[r][t] = _mm512_setzero_ps();
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    __m512 xe[T][2], xo[T][2];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const float* x = X + static_cast<size_t>(t) * cols + g * 64;
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512 x0 = _mm512_loadu_ps(x + h * 32), x1 = _mm512_loadu_ps(x + h * 32 + 16);
+        xe[t][h] = _mm512_permutex2var_ps(x0, idx_even, x1);
+        xo[t][h] = _mm512_permutex2var_ps(x0, idx_odd, x1);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 table = _mm512_mul_ps(_mm512_set1_ps(s[r][g]), base);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + g * 32 + h * 16)));
+        const __m512 lo = _mm512_permutexvar_ps(v, table);
+        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          a[r][t] = _mm512_fmadd_ps(lo, xe[t][h], a[r][t]);
+          a[r][t] = _mm512_fmadd_ps(hi, xo[t][h], a[r][t]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] = _mm512_reduce_add_ps(a[r][t]);
+}
+
+template <int T>
+void int4_direct_rows(const uint8_t* packed, const float* scales, size_t cols, const float* X,
+                      float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  size_t o = row_begin;
+  for (; o + kR <= row_end; o += kR) int4_direct<kR, T>(packed, scales, cols, X, Y, ldy, o);
+  for (; o < row_end; ++o) int4_direct<1, T>(packed, scales, cols, X, Y, ldy, o);
+}
+
+}  // namespace
+
+void matmul_f32_avx512(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
+                       size_t row_begin, size_t row_end) {
+  if (n == 0 || row_begin >= row_end) return;
+  panel(F32Src{W, cols}, cols, X, n, Y, ldy, row_begin, row_end);
+}
+
+void matmul_int8_avx512(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
+                        float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  if (n == 0 || row_begin >= row_end) return;
+  if (n <= kInt8DirectMax) return int8_direct_rows(Q, scales, cols, X, n, Y, ldy, row_begin, row_end);
+  panel(Int8Src{Q, scales, cols}, cols, X, n, Y, ldy, row_begin, row_end);
+}
+
+void matmul_int4_avx512(const uint8_t* packed, const float* scales, size_t cols, const float* X,
+                        size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  if (n == 0 || row_begin >= row_end) return;
+  switch (n) {
+    case 1: return int4_direct_rows<1>(packed, scales, cols, X, Y, ldy, row_begin, row_end);
+    case 2: return int4_direct_rows<2>(packed, scales, cols, X, Y, ldy, row_begin, row_end);
+    default: return panel(Int4Src{packed, scales, cols}, cols, X, n, Y, ldy, row_begin, row_end);
+  }
+}
+
+}  // namespace k3::impl

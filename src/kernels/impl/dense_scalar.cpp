@@ -1,0 +1,56 @@
+// kernels/impl/dense_scalar.cpp — the scalar twins of the dense kernels (f32, int8 per row,
+// int4 group-64). The reference every SIMD variant is tested against.
+#include "kernels/impl/kernels_impl.h"
+
+namespace k3::impl {
+
+void matmul_f32_scalar(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
+                       size_t row_begin, size_t row_end) {
+  for (size_t o = row_begin; o < row_end; ++o) {
+    const float* w = W + o * cols;
+    for (size_t t = 0; t < n; ++t) {
+      const float* x = X + t * cols;
+      float acc = 0.0f;
+      for (size_t i = 0; i < cols; ++i) acc += w[i] * x[i];
+      Y[t * ldy + o] = acc;
+    }
+  }
+}
+
+void matmul_int8_scalar(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
+                        float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  for (size_t o = row_begin; o < row_end; ++o) {
+    const int8_t* q = Q + o * cols;
+    for (size_t t = 0; t < n; ++t) {
+      const float* x = X + t * cols;
+      float acc = 0.0f;
+      for (size_t i = 0; i < cols; ++i) acc += static_cast<float>(q[i]) * x[i];
+      Y[t * ldy + o] = scales[o] * acc;
+    }
+  }
+}
+
+void matmul_int4_scalar(const uint8_t* packed, const float* scales, size_t cols, const float* X,
+                        size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  const size_t groups = cols / 64;
+  for (size_t o = row_begin; o < row_end; ++o) {
+    const uint8_t* p = packed + o * (cols / 2);
+    const float* s = scales + o * groups;
+    for (size_t t = 0; t < n; ++t) {
+      const float* x = X + t * cols;
+      float acc = 0.0f;
+      for (size_t g = 0; g < groups; ++g) {
+        float ga = 0.0f;
+        for (size_t j = 0; j < 32; ++j) {
+          const uint8_t b = p[g * 32 + j];
+          ga += static_cast<float>(static_cast<int>(b & 0xF) - 8) * x[g * 64 + 2 * j];
+          ga += static_cast<float>(static_cast<int>(b >> 4) - 8) * x[g * 64 + 2 * j + 1];
+        }
+        acc += s[g] * ga;
+      }
+      Y[t * ldy + o] = acc;
+    }
+  }
+}
+
+}  // namespace k3::impl

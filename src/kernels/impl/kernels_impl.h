@@ -1,0 +1,34 @@
+// kernels/impl/kernels_impl.h — the per-ISA kernel functions behind KernelTable (kernels/isa.h).
+// Internal to kernels/: dense_<isa>.cpp and mxfp4_<isa>.cpp implement them; isa.cpp assembles
+// the tables. The AVX2 and AVX-512 files are compiled with their own -m flags and are only
+// called after a run-time CPU check.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace k3::impl {
+
+#define K3_DECLARE_KERNELS(suffix)                                                                  \
+  void matmul_f32_##suffix(const float* W, size_t cols, const float* X, size_t n, float* Y,        \
+                           size_t ldy, size_t row_begin, size_t row_end);                           \
+  void matmul_int8_##suffix(const int8_t* Q, const float* scales, size_t cols, const float* X,     \
+                            size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end);      \
+  void matmul_int4_##suffix(const uint8_t* packed, const float* scales, size_t cols,               \
+                            const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,       \
+                            size_t row_end);                                                        \
+  void matmul_mxfp4_exact_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,      \
+                                   const float* X, size_t n, float* Y, size_t ldy,                 \
+                                   size_t row_begin, size_t row_end);                              \
+  void quantize_q8_32_##suffix(const float* x, size_t cols, int8_t* q, float* d);                 \
+  void matmul_mxfp4_idot_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,       \
+                                  const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy, \
+                                  size_t row_begin, size_t row_end);
+
+K3_DECLARE_KERNELS(scalar)
+K3_DECLARE_KERNELS(avx2)
+K3_DECLARE_KERNELS(avx512)
+
+#undef K3_DECLARE_KERNELS
+
+}  // namespace k3::impl

@@ -1,0 +1,336 @@
+// kernels/impl/mxfp4_avx2.cpp — AVX2 + FMA variants of the MXFP4 kernels.
+//
+// Exact float path: row-major, 2 weight rows x 2 activation rows per register tile. A group's 16
+// packed bytes are split into nibbles, interleaved to column order and mapped by a byte shuffle to
+// doubled e2m1 values (exact int8), widened to f32; per lane the group partial is scaled by
+// 2^(s-128) (the 0.5 of the doubling folded in) and accumulated; one horizontal sum per output.
+//
+// Integer path: as the AVX-512 variant (see mxfp4_avx512.cpp) with 8 weight rows per block, one
+// row per 32-bit lane: 8 rows x 2 groups of packed bytes are transposed (8x8 dwords), the nibbles
+// decoded by a byte shuffle to u8 (doubled e2m1 + 12), and vpmaddubsw against broadcast
+// activation dwords (prepared once per call tile: per 8 columns the 4 even then the 4 odd ones)
+// gives int16 pair sums; four of them are added in int16 (|sum| <= 4 * 2 * 24 * 128 = 24576, no
+// overflow) before vpmaddwd widens to int32, so the group sums are exact:
+//   isum = sum_k (w + 12) q - 12 * sum(q).
+// The float reduction is done lane-wise with exactly the operations of idot_reduce
+// (acc + (float)isum * (d * 2^(s-128)), g ascending, no FMA): bit-identical to the scalar twin.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/impl/kernels_impl.h"
+#include "kernels/impl/mxfp4_common.h"
+#include "kernels/mxfp4.h"
+
+namespace k3::impl {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Exact float path
+
+struct ScaleTable {
+  float v[256];
+};
+// 2^(s-128): mxfp4_scale with the 0.5 of the doubled values folded in; s = 255 -> NaN.
+constexpr ScaleTable make_half_scale_table() {
+  ScaleTable t{};
+  for (uint32_t s = 0; s < 256; ++s)
+    t.v[s] = std::bit_cast<float>(s == 0   ? 0x00200000u
+                                  : s == 1 ? 0x00400000u
+                                  : s == 255 ? 0x7FC00000u
+                                             : (s - 1) << 23);
+  return t;
+}
+constexpr ScaleTable kHalfScale = make_half_scale_table();
+
+template <int R, int S>
+void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X,
+                float* Y, size_t ldy, size_t o0, size_t t0) {
+  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  __m256 acc[R][S];
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) acc[r][s] = _mm256_setzero_ps();
+  for (size_t g = 0; g < groups; ++g) {
+    __m256 w[R][4], sc[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = packed + (o0 + r) * row_bytes + g * 16;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i lo = _mm_and_si128(v, low4);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+      const __m128i d0 = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));  // columns 0..15
+      const __m128i d1 = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));  // columns 16..31
+      w[r][0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(d0));
+      w[r][1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(d0, 8)));
+      w[r][2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(d1));
+      w[r][3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(d1, 8)));
+      sc[r] = _mm256_set1_ps(kHalfScale.v[scales[(o0 + r) * groups + g]]);
+    }
+    for (int s = 0; s < S; ++s) {
+      const float* x = X + (t0 + s) * cols + g * kMxfp4Group;
+      for (int r = 0; r < R; ++r) {
+        __m256 ga = _mm256_mul_ps(w[r][0], _mm256_loadu_ps(x));
+        ga = _mm256_fmadd_ps(w[r][1], _mm256_loadu_ps(x + 8), ga);
+        ga = _mm256_fmadd_ps(w[r][2], _mm256_loadu_ps(x + 16), ga);
+        ga = _mm256_fmadd_ps(w[r][3], _mm256_loadu_ps(x + 24), ga);
+        acc[r][s] = _mm256_fmadd_ps(ga, sc[r], acc[r][s]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) {
+      const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(acc[r][s]), _mm256_extractf128_ps(acc[r][s], 1));
+      const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+      const __m128 h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
+      Y[(t0 + s) * ldy + o0 + r] = _mm_cvtss_f32(h1);
+    }
+}
+
+using ExactTile = void (*)(const uint8_t*, const uint8_t*, size_t, const float*, float*, size_t,
+                           size_t, size_t);
+constexpr int kExactR = 2, kExactS = 2;
+const ExactTile kExactTiles[kExactR][kExactS] = {
+    {exact_tile<1, 1>, exact_tile<1, 2>},
+    {exact_tile<2, 1>, exact_tile<2, 2>},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Integer path
+
+constexpr size_t kRows = 8;           // weight rows per block (one per 32-bit lane)
+constexpr size_t kUnit = 8;           // groups decoded at a time
+constexpr size_t kTileT = 64;         // activation rows per tile
+constexpr int kSubT = 4;              // activation rows per register tile
+constexpr size_t kPrepSlots = 1024;   // (activation row, group) pairs prepared at a time
+constexpr size_t kMaxChunk = 256;     // groups per chunk
+
+size_t chunk_groups(size_t tn) {
+  return std::min(kMaxChunk, std::max<size_t>(16, (kPrepSlots / tn) / 16 * 16));
+}
+
+// Activations of rows [0, tn) and groups [c0, c0 + gc): per group 32 bytes with the columns of
+// every 8 reordered as 0,2,4,6,1,3,5,7, and 12 * (sum of the group's 32 values).
+void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, uint8_t* qp,
+             int32_t* qs) {
+  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
+                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (size_t t = 0; t < tn; ++t) {
+    for (size_t g = 0; g < gc; ++g) {
+      const __m256i v = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(Q8 + t * cols + (c0 + g) * kMxfp4Group));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + (t * gc + g) * kMxfp4Group),
+                          _mm256_shuffle_epi8(v, order));
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
+      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
+      qs[t * gc + g] = 12 * (_mm_cvtsi128_si32(s1) - 32 * 128);
+    }
+  }
+}
+
+inline void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3.
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+// 2^(s - 128) per lane, as mxfp4_half_scale (exact, subnormal for s <= 1; NaN for s = 255).
+inline __m256 half_scale(__m256i s) {
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(s, _mm256_set1_epi32(1)), 23);
+  const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), s);  // s = 0, 1
+  __m256i v = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), s));
+  const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi32(s, _mm256_set1_epi32(255)),
+                                       _mm256_set1_epi32(0x7FC00000));
+  return _mm256_castsi256_ps(_mm256_or_si256(v, nan));  // 254 << 23 | 0x7FC00000 = 0x7FC00000
+}
+
+// Decodes groups [0, ug) (ug <= kUnit) of `nr` rows starting at `p` (packed, row stride
+// row_bytes) and `sp` (scales, row stride groups): w[g * 8 + k] holds, per row lane, the u8
+// weights matching activation dword k of the prepared group; hs[g] the row scales 2^(s-128).
+void decode_unit(const uint8_t* p, size_t row_bytes, const uint8_t* sp, size_t groups, size_t nr,
+                 size_t ug, __m256i* w, __m256* hs) {
+  const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  //
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i half_mask = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+  __m256i r[8];
+  for (size_t q = 0; q * 2 < ug; ++q) {
+    const bool both = q * 2 + 1 < ug;
+    for (size_t i = 0; i < 8; ++i) {
+      const int* src = reinterpret_cast<const int*>(p + i * row_bytes + q * 32);
+      r[i] = i >= nr ? _mm256_setzero_si256()
+             : both  ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                     : _mm256_maskload_epi32(src, half_mask);
+    }
+    transpose8(r);
+    for (size_t c = 0; c < (both ? 8u : 4u); ++c) {  // c = 4 * (group in pair) + dword j
+      const __m256i lo = _mm256_and_si256(r[c], low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(r[c], 4), low4);
+      __m256i* dst = w + (q * 2 + c / 4) * 8 + 2 * (c % 4);
+      dst[0] = _mm256_shuffle_epi8(table, lo);  // columns 8j + 0, 2, 4, 6
+      dst[1] = _mm256_shuffle_epi8(table, hi);  // columns 8j + 1, 3, 5, 7
+    }
+  }
+  for (size_t i = 0; i < 8; ++i) {
+    uint8_t b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (i < nr) std::memcpy(b, sp + i * groups, ug);
+    int64_t v;
+    std::memcpy(&v, b, 8);
+    r[i] = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v));
+  }
+  transpose8(r);
+  for (size_t g = 0; g < ug; ++g) hs[g] = half_scale(r[g]);
+}
+
+inline __m256i bcast32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <int S>
+void idot_tile(const __m256i* w, const __m256* hs, size_t ug, const uint8_t* qp, size_t qp_stride,
+               const int32_t* qs, size_t qs_stride, const float* d, size_t d_stride, float* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kRows);
+  for (size_t g = 0; g < ug; ++g) {
+    const __m256i* wg = w + g * 8;
+    const __m256 h = hs[g];
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* q = qp + s * qp_stride + g * kMxfp4Group;
+      __m256i p0 = _mm256_maddubs_epi16(_mm256_load_si256(wg + 0), bcast32(q + 0));
+      __m256i p1 = _mm256_maddubs_epi16(_mm256_load_si256(wg + 4), bcast32(q + 16));
+      for (int k = 1; k < 4; ++k) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_load_si256(wg + k), bcast32(q + 4 * k)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_load_si256(wg + 4 + k), bcast32(q + 16 + 4 * k)));
+      }
+      __m256i i = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+      i = _mm256_sub_epi32(i, _mm256_set1_epi32(qs[s * qs_stride + g]));
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(d[s * d_stride + g]), h);
+      a[s] = _mm256_add_ps(a[s], _mm256_mul_ps(_mm256_cvtepi32_ps(i), scale));
+    }
+  }
+  for (int s = 0; s < S; ++s) _mm256_store_ps(acc + s * kRows, a[s]);
+}
+
+using IdotTile = void (*)(const __m256i*, const __m256*, size_t, const uint8_t*, size_t,
+                          const int32_t*, size_t, const float*, size_t, float*);
+const IdotTile kIdotTiles[kSubT] = {idot_tile<1>, idot_tile<2>, idot_tile<3>, idot_tile<4>};
+
+inline __m256i row_mask(size_t nr) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nr)), lane);
+}
+
+}  // namespace
+
+void matmul_mxfp4_exact_avx2(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                             const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,
+                             size_t row_end) {
+  for (size_t o = row_begin; o < row_end; o += kExactR) {
+    const size_t r = std::min<size_t>(kExactR, row_end - o);
+    for (size_t t = 0; t < n; t += kExactS) {
+      const size_t s = std::min<size_t>(kExactS, n - t);
+      kExactTiles[r - 1][s - 1](packed, scales, cols, X, Y, ldy, o, t);
+    }
+  }
+}
+
+void quantize_q8_32_avx2(const float* x, size_t cols, int8_t* q, float* d) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t g = 0; g < cols / kMxfp4Group; ++g) {
+    const float* xg = x + g * kMxfp4Group;
+    __m256 v[4];
+    // maxps returns its second operand when either is NaN: NaN inputs are skipped, as fmax does.
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(xg + 8 * k);
+      m = _mm256_max_ps(_mm256_and_ps(v[k], abs_mask), m);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float scale = q8_scale(_mm_cvtss_f32(m4));
+    const float inv = 1.0f / scale;
+    d[g] = scale;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i iv[4];
+    for (int k = 0; k < 4; ++k) {
+      __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);  // as q8_round: NaN -> -127
+      iv[k] = _mm256_cvtps_epi32(r);
+    }
+    // packs interleave the 128-bit lanes: dwords 0,4,1,5,2,6,3,7 restore column order.
+    const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kMxfp4Group),
+                        _mm256_permutevar8x32_epi32(p16, order));
+  }
+}
+
+void matmul_mxfp4_idot_avx2(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                            const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                            size_t row_begin, size_t row_end) {
+  if (row_begin >= row_end || n == 0) return;
+  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+  if (groups == 0) {
+    for (size_t t = 0; t < n; ++t)
+      for (size_t o = row_begin; o < row_end; ++o) Y[t * ldy + o] = 0.0f;
+    return;
+  }
+  alignas(32) uint8_t qp[kPrepSlots * kMxfp4Group];
+  alignas(32) int32_t qs[kPrepSlots];
+  alignas(32) __m256i w[kUnit * 8];
+  alignas(32) __m256 hs[kUnit];
+  alignas(32) float acc[kTileT * kRows];
+  for (size_t t0 = 0; t0 < n; t0 += kTileT) {
+    const size_t tn = std::min(kTileT, n - t0);
+    const size_t chunk = chunk_groups(tn);
+    for (size_t c0 = 0; c0 < groups; c0 += chunk) {
+      const size_t gc = std::min(chunk, groups - c0);
+      prepare(Q8 + t0 * cols, cols, tn, c0, gc, qp, qs);
+      for (size_t o0 = row_begin; o0 < row_end; o0 += kRows) {
+        const size_t nr = std::min(kRows, row_end - o0);
+        const __m256i rmask = row_mask(nr);
+        for (size_t t = 0; t < tn; ++t)
+          _mm256_store_ps(acc + t * kRows, c0 == 0 ? _mm256_setzero_ps()
+                                                   : _mm256_maskload_ps(Y + (t0 + t) * ldy + o0, rmask));
+        for (size_t u0 = 0; u0 < gc; u0 += kUnit) {
+          const size_t ug = std::min(kUnit, gc - u0);
+          decode_unit(packed + o0 * row_bytes + (c0 + u0) * (kMxfp4Group / 2), row_bytes,
+                      scales + o0 * groups + c0 + u0, groups, nr, ug, w, hs);
+          for (size_t ts = 0; ts < tn; ts += kSubT) {
+            const size_t sn = std::min<size_t>(kSubT, tn - ts);
+            kIdotTiles[sn - 1](w, hs, ug, qp + (ts * gc + u0) * kMxfp4Group, gc * kMxfp4Group,
+                               qs + ts * gc + u0, gc, D + (t0 + ts) * groups + c0 + u0, groups,
+                               acc + ts * kRows);
+          }
+        }
+        for (size_t t = 0; t < tn; ++t)
+          _mm256_maskstore_ps(Y + (t0 + t) * ldy + o0, rmask, _mm256_load_ps(acc + t * kRows));
+      }
+    }
+  }
+}
+
+}  // namespace k3::impl

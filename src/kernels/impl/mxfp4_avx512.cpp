@@ -1,0 +1,393 @@
+// kernels/impl/mxfp4_avx512.cpp — AVX-512 (F, BW, VL, VNNI) variants of the MXFP4 kernels.
+//
+// Exact float path: row-major, 4 weight rows x 4 activation rows per register tile. A group's 16
+// packed bytes become 32 f32 weights in column order with one vpermps against the 16-entry E2M1
+// table per 16 columns (vpermps reads only the low 4 index bits, so the nibbles need no masking);
+// per lane the group partial is scaled by 2^(s-127) and accumulated; one horizontal sum per output.
+//
+// Integer path: "transposed" blocks of 16 weight rows, one row per 32-bit lane. The packed bytes of
+// 16 rows x 4 groups are loaded as 16 vectors and transposed (16x16 dwords), so that each vector
+// holds 4 packed bytes (8 columns) of every row; the low and the high nibbles are decoded
+// separately by a byte shuffle to u8 values (doubled e2m1 + 12, in [0, 24]). The activations are
+// prepared once per call tile in the matching order (per 8 columns: the 4 even, then the 4 odd
+// columns) with 12 * sum(q) per group, so one vpdpbusd with a broadcast activation dword gives
+// the partial dots of 16 rows at once, and the group sum of each row is
+//   isum = sum_k dpbusd(w + 12, q) - 12 * sum(q)      (exact int32),
+// with no horizontal reduction. The float reduction is then done lane-wise with exactly the
+// operations of idot_reduce (acc + (float)isum * (d * 2^(s-128)), g ascending, no FMA), so the
+// results are bit-identical to the scalar twin. Each weight block is decoded once per tile of up
+// to 64 activation rows.
+// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
+// uninitialised (a known false positive); the headers are included with that warning off.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/impl/kernels_impl.h"
+#include "kernels/impl/mxfp4_common.h"
+#include "kernels/mxfp4.h"
+
+namespace k3::impl {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Exact float path
+
+struct ScaleTable {
+  float v[256];
+};
+// 2^(s-127) exactly as k3::mxfp4_scale: s = 0 -> 2^-127 (subnormal), s = 255 -> NaN.
+constexpr ScaleTable make_scale_table() {
+  ScaleTable t{};
+  for (uint32_t s = 0; s < 256; ++s)
+    t.v[s] = std::bit_cast<float>(s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : s << 23);
+  return t;
+}
+constexpr ScaleTable kScale = make_scale_table();
+
+template <int R, int S>
+void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X,
+                float* Y, size_t ldy, size_t o0, size_t t0) {
+  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+  const __m512 table = _mm512_loadu_ps(kE2M1);
+  __m512 acc[R][S];
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
+  for (size_t g = 0; g < groups; ++g) {
+    __m512 w0[R], w1[R], sc[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* p = packed + (o0 + r) * row_bytes + g * 16;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i h = _mm_srli_epi16(v, 4);  // low 4 bits of byte j: high nibble of byte j
+      w0[r] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, h)), table);
+      w1[r] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v, h)), table);
+      sc[r] = _mm512_set1_ps(kScale.v[scales[(o0 + r) * groups + g]]);
+    }
+    for (int s = 0; s < S; ++s) {
+      const float* x = X + (t0 + s) * cols + g * kMxfp4Group;
+      const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+      for (int r = 0; r < R; ++r) {
+        __m512 ga = _mm512_mul_ps(w0[r], x0);
+        ga = _mm512_fmadd_ps(w1[r], x1, ga);
+        acc[r][s] = _mm512_fmadd_ps(ga, sc[r], acc[r][s]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s) Y[(t0 + s) * ldy + o0 + r] = _mm512_reduce_add_ps(acc[r][s]);
+}
+
+using ExactTile = void (*)(const uint8_t*, const uint8_t*, size_t, const float*, float*, size_t,
+                           size_t, size_t);
+constexpr int kExactR = 4, kExactS = 4;
+const ExactTile kExactTiles[kExactR][kExactS] = {
+    {exact_tile<1, 1>, exact_tile<1, 2>, exact_tile<1, 3>, exact_tile<1, 4>},
+    {exact_tile<2, 1>, exact_tile<2, 2>, exact_tile<2, 3>, exact_tile<2, 4>},
+    {exact_tile<3, 1>, exact_tile<3, 2>, exact_tile<3, 3>, exact_tile<3, 4>},
+    {exact_tile<4, 1>, exact_tile<4, 2>, exact_tile<4, 3>, exact_tile<4, 4>},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Integer path
+
+constexpr size_t kRows = 16;          // weight rows per block (one per 32-bit lane)
+constexpr size_t kUnit = 16;          // groups decoded at a time
+constexpr size_t kTileT = 64;         // activation rows per tile
+constexpr int kSubT = 8;              // activation rows per register tile
+constexpr size_t kPrepSlots = 1024;   // (activation row, group) pairs prepared at a time
+constexpr size_t kMaxChunk = 256;     // groups per chunk
+
+// Groups per chunk for a tile of `tn` activation rows: a multiple of kUnit, tn * chunk <= slots.
+size_t chunk_groups(size_t tn) {
+  return std::min(kMaxChunk, std::max(kUnit, (kPrepSlots / tn) / kUnit * kUnit));
+}
+
+// Activations of rows [0, tn) and groups [c0, c0 + gc): per group 32 bytes with the columns of
+// every 8 reordered as 0,2,4,6,1,3,5,7, and 12 * (sum of the group's 32 values).
+void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, uint8_t* qp,
+             int32_t* qs) {
+  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
+                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (size_t t = 0; t < tn; ++t) {
+    for (size_t g = 0; g < gc; ++g) {
+      const __m256i v = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(Q8 + t * cols + (c0 + g) * kMxfp4Group));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + (t * gc + g) * kMxfp4Group),
+                          _mm256_shuffle_epi8(v, order));
+      // sum(q + 128) per 8 bytes, then fold.
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
+      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
+      qs[t * gc + g] = 12 * (_mm_cvtsi128_si32(s1) - 32 * 128);
+    }
+  }
+}
+
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i va = _mm512_shuffle_i32x4(u[c], u[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i wa = _mm512_shuffle_i32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i vb = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i wb = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
+    r[c] = _mm512_shuffle_i32x4(va, vb, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + c] = _mm512_shuffle_i32x4(va, vb, _MM_SHUFFLE(3, 1, 3, 1));
+    r[4 + c] = _mm512_shuffle_i32x4(wa, wb, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + c] = _mm512_shuffle_i32x4(wa, wb, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// 2^(s - 128) per lane, as mxfp4_half_scale (exact, subnormal for s <= 1; NaN for s = 255).
+inline __m512 half_scale(__m512i s) {
+  const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(128)));
+  const __m512 h = _mm512_scalef_ps(_mm512_set1_ps(1.0f), e);
+  return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(s, _mm512_set1_epi32(255)), h,
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+// The weight rows of a block are read 4 groups (64 bytes) at a time per row, 16 rows at once;
+// the hardware prefetchers do not follow that many interleaved streams well, so the block
+// prefetches kAhead bytes ahead in each row (wrapping into the next block of rows at the end
+// of the chunk).
+constexpr size_t kAhead = 512;
+
+struct Block {
+  const uint8_t* p;   // packed bytes of (row o0, group c0)
+  size_t row_bytes;   // packed row stride
+  size_t chunk_bytes; // packed bytes of the chunk in one row (gc * 16)
+  const uint8_t* sp;  // scales of (row o0, group c0)
+  size_t groups;      // scale row stride
+  size_t nr;          // valid rows (<= 16)
+  size_t gc;          // groups in the chunk
+};
+
+// Loads the packed bytes of groups [g0, g0 + gq) (gq <= 4) of the block's rows and transposes
+// them: r[4 * gl + j] holds dword j (packed bytes 4j..4j+3, columns 8j..8j+7) of group g0 + gl,
+// one row per lane.
+inline void load_quad(const Block& b, size_t g0, size_t gq, __m512i r[16]) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << (4 * gq)) - 1);
+  const size_t off = g0 * (kMxfp4Group / 2);
+  const size_t ahead = off + kAhead;
+  const uint8_t* pf = ahead < b.chunk_bytes ? b.p + ahead : b.p + kRows * b.row_bytes + (ahead - b.chunk_bytes);
+  for (size_t i = 0; i < kRows; ++i) {
+    (void)pf;
+    r[i] = i < b.nr ? _mm512_maskz_loadu_epi32(mask, b.p + i * b.row_bytes + off) : _mm512_setzero_si512();
+  }
+  transpose16(r);
+}
+
+// Decodes group gl of a transposed quad into the u8 weights (doubled e2m1 + 12) matching the
+// prepared activation dwords k = 0..7.
+inline void decode_group(const __m512i r[16], size_t gl, __m512i w[8]) {
+  const __m512i table = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (size_t j = 0; j < 4; ++j) {
+    const __m512i x = r[4 * gl + j];
+    w[2 * j] = _mm512_shuffle_epi8(table, _mm512_and_si512(x, low4));                           // 8j + 0,2,4,6
+    w[2 * j + 1] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi32(x, 4), low4));  // 8j + 1,3,5,7
+  }
+}
+
+// hs[g] = 2^(s - 128) of groups [g0, g0 + ug) (ug <= 16), one row per lane.
+inline void decode_scales(const Block& b, size_t g0, size_t ug, __m512* hs) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << ug) - 1);
+  __m512i r[16];
+  for (size_t i = 0; i < kRows; ++i)
+    r[i] = i < b.nr ? _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, b.sp + i * b.groups + g0)) : _mm512_setzero_si512();
+  transpose16(r);
+  for (size_t g = 0; g < ug; ++g) hs[g] = half_scale(r[g]);
+}
+
+inline __m512i bcast32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// Activation rows of a tile: prepared bytes, 12 * sums and scales of (row 0, group c0 of the
+// chunk) with their row strides.
+struct Acts {
+  const uint8_t* qp;
+  size_t qp_stride;
+  const int32_t* qs;
+  size_t qs_stride;
+  const float* d;
+  size_t d_stride;
+};
+
+// a += the contribution of group g (decoded weights w, row scales h) for activation rows s < S.
+template <int S>
+inline void idot_group(const __m512i w[8], __m512 h, const Acts& x, size_t g, __m512 a[S]) {
+  for (int s = 0; s < S; ++s) {
+    const uint8_t* q = x.qp + s * x.qp_stride + g * kMxfp4Group;
+    __m512i i = _mm512_setzero_si512();
+    for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, w[k], bcast32(q + 4 * k));
+    i = _mm512_sub_epi32(i, _mm512_set1_epi32(x.qs[s * x.qs_stride + g]));
+    // Exactly idot_reduce: acc + (float)isum * (d * 2^(s-128)), no FMA.
+    const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(x.d[s * x.d_stride + g]), h);
+    a[s] = _mm512_add_ps(a[s], _mm512_mul_ps(_mm512_cvtepi32_ps(i), scale));
+  }
+}
+
+// Few activation rows (S <= kSubT): the whole chunk of a block with the accumulators in
+// registers, each group decoded straight into registers.
+template <int S>
+void block_direct(const Block& b, const Acts& x, float* acc) {
+  __m512 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
+  alignas(64) __m512 hs[kUnit];
+  __m512i r[16], w[8];
+  for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
+    const size_t ug = std::min(kUnit, b.gc - u0);
+    decode_scales(b, u0, ug, hs);
+    for (size_t q = 0; q * 4 < ug; ++q) {
+      const size_t gq = std::min<size_t>(4, ug - q * 4);
+      load_quad(b, u0 + q * 4, gq, r);
+      for (size_t gl = 0; gl < gq; ++gl) {
+        decode_group(r, gl, w);
+        idot_group<S>(w, hs[q * 4 + gl], x, u0 + q * 4 + gl, a);
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kRows, a[s]);
+}
+
+// Many activation rows: a unit of up to 16 groups is decoded once into a buffer, then applied
+// to every activation row of the tile, kSubT rows at a time.
+template <int S>
+void unit_buffered(const __m512i* wbuf, const __m512* hs, size_t u0, size_t ug, const Acts& x, float* acc) {
+  __m512 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
+  for (size_t g = 0; g < ug; ++g) {
+    __m512i w[8];
+    for (int k = 0; k < 8; ++k) w[k] = _mm512_load_si512(wbuf + g * 8 + k);
+    idot_group<S>(w, hs[g], x, u0 + g, a);
+  }
+  for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kRows, a[s]);
+}
+
+void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
+  using Fn = void (*)(const __m512i*, const __m512*, size_t, size_t, const Acts&, float*);
+  static constexpr Fn kFns[kSubT] = {unit_buffered<1>, unit_buffered<2>, unit_buffered<3>, unit_buffered<4>,
+                                     unit_buffered<5>, unit_buffered<6>, unit_buffered<7>, unit_buffered<8>};
+  alignas(64) __m512i wbuf[kUnit * 8];
+  alignas(64) __m512 hs[kUnit];
+  __m512i r[16];
+  for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
+    const size_t ug = std::min(kUnit, b.gc - u0);
+    decode_scales(b, u0, ug, hs);
+    for (size_t q = 0; q * 4 < ug; ++q) {
+      const size_t gq = std::min<size_t>(4, ug - q * 4);
+      load_quad(b, u0 + q * 4, gq, r);
+      for (size_t gl = 0; gl < gq; ++gl) decode_group(r, gl, wbuf + (q * 4 + gl) * 8);
+    }
+    for (size_t ts = 0; ts < tn; ts += kSubT) {
+      const size_t sn = std::min<size_t>(kSubT, tn - ts);
+      const Acts xs{x.qp + ts * x.qp_stride, x.qp_stride, x.qs + ts * x.qs_stride, x.qs_stride,
+                    x.d + ts * x.d_stride, x.d_stride};
+      kFns[sn - 1](wbuf, hs, u0, ug, xs, acc + ts * kRows);
+    }
+  }
+}
+
+using BlockDirect = void (*)(const Block&, const Acts&, float*);
+const BlockDirect kBlockDirect[kSubT] = {block_direct<1>, block_direct<2>, block_direct<3>, block_direct<4>,
+                                         block_direct<5>, block_direct<6>, block_direct<7>, block_direct<8>};
+
+}  // namespace
+
+void matmul_mxfp4_exact_avx512(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                               const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,
+                               size_t row_end) {
+  for (size_t o = row_begin; o < row_end; o += kExactR) {
+    const size_t r = std::min<size_t>(kExactR, row_end - o);
+    for (size_t t = 0; t < n; t += kExactS) {
+      const size_t s = std::min<size_t>(kExactS, n - t);
+      kExactTiles[r - 1][s - 1](packed, scales, cols, X, Y, ldy, o, t);
+    }
+  }
+}
+
+void quantize_q8_32_avx512(const float* x, size_t cols, int8_t* q, float* d) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (size_t g = 0; g < cols / kMxfp4Group; ++g) {
+    const float* xg = x + g * kMxfp4Group;
+    const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+    const __m512 aa = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), abs_mask));
+    const __m512 ab = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(b), abs_mask));
+    // maxps returns its second operand when either is NaN: NaN inputs are skipped, as fmax does.
+    const __m512 m = _mm512_max_ps(aa, _mm512_max_ps(ab, _mm512_setzero_ps()));
+    const float scale = q8_scale(_mm512_reduce_max_ps(m));
+    const float inv = 1.0f / scale;
+    d[g] = scale;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int h = 0; h < 2; ++h) {
+      __m512 v = _mm512_mul_ps(h == 0 ? a : b, vinv);
+      v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      // As q8_round: max(r, -127) then min(., 127), NaN -> -127.
+      v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * kMxfp4Group + 16 * h),
+                       _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    }
+  }
+}
+
+void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                              const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                              size_t row_begin, size_t row_end) {
+  if (row_begin >= row_end || n == 0) return;
+  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+  if (groups == 0) {
+    for (size_t t = 0; t < n; ++t)
+      for (size_t o = row_begin; o < row_end; ++o) Y[t * ldy + o] = 0.0f;
+    return;
+  }
+  alignas(64) uint8_t qp[kPrepSlots * kMxfp4Group];
+  alignas(64) int32_t qs[kPrepSlots];
+  alignas(64) float acc[kTileT * kRows];
+  for (size_t t0 = 0; t0 < n; t0 += kTileT) {
+    const size_t tn = std::min(kTileT, n - t0);
+    const size_t chunk = chunk_groups(tn);
+    for (size_t c0 = 0; c0 < groups; c0 += chunk) {
+      const size_t gc = std::min(chunk, groups - c0);
+      prepare(Q8 + t0 * cols, cols, tn, c0, gc, qp, qs);
+      const Acts x{qp, gc * kMxfp4Group, qs, gc, D + t0 * groups + c0, groups};
+      for (size_t o0 = row_begin; o0 < row_end; o0 += kRows) {
+        const size_t nr = std::min(kRows, row_end - o0);
+        const __mmask16 rmask = static_cast<__mmask16>((1u << nr) - 1);
+        for (size_t t = 0; t < tn; ++t)
+          _mm512_store_ps(acc + t * kRows, c0 == 0 ? _mm512_setzero_ps()
+                                                   : _mm512_maskz_loadu_ps(rmask, Y + (t0 + t) * ldy + o0));
+        const Block b{packed + o0 * row_bytes + c0 * (kMxfp4Group / 2), row_bytes, gc * (kMxfp4Group / 2),
+                      scales + o0 * groups + c0, groups, nr, gc};
+        if (tn <= static_cast<size_t>(kSubT)) kBlockDirect[tn - 1](b, x, acc);
+        else block_buffered(b, x, tn, acc);
+        for (size_t t = 0; t < tn; ++t)
+          _mm512_mask_storeu_ps(Y + (t0 + t) * ldy + o0, rmask, _mm512_load_ps(acc + t * kRows));
+      }
+    }
+  }
+}
+
+}  // namespace k3::impl

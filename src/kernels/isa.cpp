@@ -1,0 +1,79 @@
+#include "kernels/isa.h"
+
+#include "kernels/impl/kernels_impl.h"
+#include "util/error.h"
+
+namespace k3 {
+namespace {
+
+#define K3_TABLE(isa_value, suffix)                                                              \
+  KernelTable {                                                                                  \
+    isa_value, impl::matmul_f32_##suffix, impl::matmul_int8_##suffix, impl::matmul_int4_##suffix, \
+        impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                        \
+        impl::matmul_mxfp4_idot_##suffix                                                          \
+  }
+
+const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar);
+const KernelTable kAvx2 = K3_TABLE(Isa::kAvx2, avx2);
+const KernelTable kAvx512 = K3_TABLE(Isa::kAvx512, avx512);
+
+#undef K3_TABLE
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+bool parse_isa(const std::string& name, Isa* out) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (name == isa_name(isa)) {
+      *out = isa;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool isa_supported(Isa isa) {
+  // __builtin_cpu_supports reads CPUID and, for AVX/AVX-512, the OS-enabled state (XCR0).
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+Isa best_isa() {
+  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
+  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (isa_supported(isa)) out.push_back(isa);
+  return out;
+}
+
+const KernelTable& kernel_table(Isa isa) {
+  if (!isa_supported(isa)) throw Error(std::string("this CPU cannot run the ") + isa_name(isa) + " kernels");
+  switch (isa) {
+    case Isa::kScalar: return kScalar;
+    case Isa::kAvx2: return kAvx2;
+    case Isa::kAvx512: return kAvx512;
+  }
+  return kScalar;
+}
+
+}  // namespace k3

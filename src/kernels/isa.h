@@ -1,0 +1,62 @@
+// kernels/isa.h — instruction-set variants of the kernels and run-time dispatch.
+// Every kernel exists as a scalar twin (always built) and, where the CPU has them, AVX2+FMA and
+// AVX-512 (F, BW, VL, VNNI) variants compiled in their own translation units. The choice is a
+// value (no global state): callers hold a `const KernelTable&` obtained once at start-up.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace k3 {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+const char* isa_name(Isa isa);
+// Parses "scalar", "avx2", "avx512"; false for anything else.
+bool parse_isa(const std::string& name, Isa* out);
+// True when this CPU (and OS) can run `isa`.
+bool isa_supported(Isa isa);
+// The best variant this CPU runs.
+Isa best_isa();
+// Every variant this CPU runs, scalar first.
+std::vector<Isa> supported_isas();
+
+// Single-threaded kernels over a range of output rows [row_begin, row_end). Threading is done
+// once, by the callers in kernels/matmul.h, by splitting rows. Matrices are W[rows][cols]
+// (nn.Linear); activations X[n][cols] row-major; outputs Y[n][ldy] with Y[t][o] for o in the
+// range. Each weight row is read once for all n activation rows.
+//
+// Numerics (identical contract on every ISA unless stated):
+//   f32:   Y[t][o] = sum_i W[o][i] X[t][i]            (f32 accumulation; order is per-ISA)
+//   int8:  Y[t][o] = s[o] * sum_i q[o][i] X[t][i]     (ARCHITECTURE.md §5.2)
+//   int4:  Y[t][o] = sum_g s[o][g] * sum_{i in g} (nib[o][i] - 8) X[t][i]   (groups of 64, §5.3)
+//   mxfp4 exact: per 32-group g: ga = sum_i E2M1[nib] X[t][i] (f32), acc += ga * 2^(s-127)
+//   mxfp4 idot: integer group sums of q8(X) against doubled e2m1 values, produced exactly (so
+//     bit-identical on every ISA); the float reduction over groups is done by one shared scalar
+//     routine: acc += (float)isum_g * (d[t][g] * 2^(s[o][g]-128)), g ascending.
+struct KernelTable {
+  Isa isa;
+  void (*matmul_f32)(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
+                     size_t row_begin, size_t row_end);
+  void (*matmul_int8)(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
+                      float* Y, size_t ldy, size_t row_begin, size_t row_end);
+  void (*matmul_int4)(const uint8_t* packed, const float* scales, size_t cols, const float* X,
+                      size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end);
+  void (*matmul_mxfp4_exact)(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                             const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,
+                             size_t row_end);
+  // Activations for the integer path: per 32-group d = max(max|x| / 127, 1e-20),
+  // q = clamp(round_half_even(x * (1 / d)), -127, 127). q: [cols], d: [cols / 32].
+  void (*quantize_q8_32)(const float* x, size_t cols, int8_t* q, float* d);
+  // Y[t][o] = sum_g isum(t, o, g) * (d[t][g] * 2^(s[o][g] - 128)).  Q8: [n][cols], D: [n][cols/32].
+  void (*matmul_mxfp4_idot)(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                            const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                            size_t row_begin, size_t row_end);
+};
+
+// The table of `isa`. REQUIRES isa_supported(isa) (throws k3::Error otherwise).
+const KernelTable& kernel_table(Isa isa);
+
+}  // namespace k3

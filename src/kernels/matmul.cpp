@@ -1,0 +1,133 @@
+#include "kernels/matmul.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+namespace k3 {
+namespace {
+
+// Splits [0, rows) into one contiguous block per thread and calls body(begin, end). A single
+// thread runs small problems (fork/join would cost more than the work).
+template <typename Body>
+void split_rows(size_t rows, size_t work, const Body& body) {
+  const int threads = work < (size_t{1} << 15) ? 1 : std::min<int>(omp_get_max_threads(), static_cast<int>(rows));
+  if (threads <= 1) {
+    body(size_t{0}, rows);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    const size_t nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t begin = rows * t / nt, end = rows * (t + 1) / nt;
+    if (begin < end) body(begin, end);
+  }
+}
+
+}  // namespace
+
+void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y) {
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
+    switch (W.format) {
+      case WeightFormat::kF32: k.matmul_f32(W.f32.data(), cols, X, n, Y, rows, begin, end); break;
+      case WeightFormat::kInt8Row: k.matmul_int8(W.q8.data(), W.scales.data(), cols, X, n, Y, rows, begin, end); break;
+      case WeightFormat::kInt4G64: k.matmul_int4(W.q4.data(), W.scales.data(), cols, X, n, Y, rows, begin, end); break;
+    }
+  });
+}
+
+void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, const float* x) {
+  size_t total_rows = 0, work = 0;
+  for (size_t j = 0; j < count; ++j) {
+    total_rows += static_cast<size_t>(jobs[j].W->rows);
+    work += static_cast<size_t>(jobs[j].W->rows * jobs[j].W->cols);
+  }
+  split_rows(total_rows, work, [&](size_t begin, size_t end) {
+    size_t base = 0;
+    for (size_t j = 0; j < count && base < end; ++j) {
+      const WeightMatrix& W = *jobs[j].W;
+      const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+      const size_t lo = std::max(begin, base), hi = std::min(end, base + rows);
+      if (lo < hi) {
+        const size_t b = lo - base, e = hi - base;
+        switch (W.format) {
+          case WeightFormat::kF32: k.matmul_f32(W.f32.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
+          case WeightFormat::kInt8Row: k.matmul_int8(W.q8.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
+          case WeightFormat::kInt4G64: k.matmul_int4(W.q4.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
+        }
+      }
+      base += rows;
+    }
+  });
+}
+
+void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, size_t row_end,
+                 const float* x, float* y) {
+  const size_t cols = static_cast<size_t>(W.cols), count = row_end - row_begin;
+  switch (W.format) {
+    case WeightFormat::kF32: k.matmul_f32(W.f32.data() + row_begin * cols, cols, x, 1, y, count, 0, count); break;
+    case WeightFormat::kInt8Row:
+      k.matmul_int8(W.q8.data() + row_begin * cols, W.scales.data() + row_begin, cols, x, 1, y, count, 0, count);
+      break;
+    case WeightFormat::kInt4G64:
+      k.matmul_int4(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64, cols, x, 1, y,
+                    count, 0, count);
+      break;
+  }
+}
+
+void accumulate_rows_transposed(const WeightMatrix& W, size_t row_begin, size_t count,
+                                const float* coeffs, float* out) {
+  const size_t cols = static_cast<size_t>(W.cols);
+  for (size_t r = 0; r < count; ++r) {
+    const size_t row = row_begin + r;
+    const float c = coeffs[r];
+    switch (W.format) {
+      case WeightFormat::kF32: {
+        const float* w = W.f32.data() + row * cols;
+        for (size_t i = 0; i < cols; ++i) out[i] += c * w[i];
+        break;
+      }
+      case WeightFormat::kInt8Row: {
+        const int8_t* q = W.q8.data() + row * cols;
+        const float cs = c * W.scales[row];
+        for (size_t i = 0; i < cols; ++i) out[i] += cs * static_cast<float>(q[i]);
+        break;
+      }
+      case WeightFormat::kInt4G64: {
+        const uint8_t* p = W.q4.data() + row * cols / 2;
+        const float* s = W.scales.data() + row * cols / 64;
+        for (size_t g = 0; g < cols / 64; ++g) {
+          const float cs = c * s[g];
+          for (size_t j = 0; j < 32; ++j) {
+            const uint8_t b = p[g * 32 + j];
+            out[g * 64 + 2 * j] += cs * static_cast<float>(static_cast<int>(b & 0xF) - 8);
+            out[g * 64 + 2 * j + 1] += cs * static_cast<float>(static_cast<int>(b >> 4) - 8);
+          }
+        }
+        break;
+      }
+    }
+  }
+}
+
+void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float* X, size_t n, float* Y) {
+  split_rows(W.rows, W.rows * W.cols * n, [&](size_t begin, size_t end) {
+    k.matmul_mxfp4_exact(W.packed, W.scales, W.cols, X, n, Y, W.rows, begin, end);
+  });
+}
+
+void matmul_mxfp4_idot(const KernelTable& k, const Mxfp4Matrix& W, const int8_t* Q8, const float* D,
+                       size_t n, float* Y) {
+  split_rows(W.rows, W.rows * W.cols * n, [&](size_t begin, size_t end) {
+    k.matmul_mxfp4_idot(W.packed, W.scales, W.cols, Q8, D, n, Y, W.rows, begin, end);
+  });
+}
+
+void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D) {
+  for (size_t t = 0; t < n; ++t) k.quantize_q8_32(X + t * cols, cols, Q8 + t * cols, D + t * (cols / 32));
+}
+
+}  // namespace k3

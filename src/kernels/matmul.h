@@ -1,0 +1,50 @@
+// kernels/matmul.h — threaded matrix x activations for every weight format, over a chosen
+// KernelTable. One OpenMP region per call, rows split in contiguous blocks: the result does not
+// depend on the thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/isa.h"
+#include "kernels/quant.h"
+
+namespace k3 {
+
+// Y[t][o] = (W X[t])[o] for t < n.  X: [n][W.cols], Y: [n][W.rows].
+void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y);
+
+// Several matrices applied to the same single activation row in one parallel region (the rows
+// of all jobs are split across the threads together): one fork/join instead of one per matrix.
+struct MatmulJob {
+  const WeightMatrix* W;  // [rows][cols], cols equal across the jobs
+  float* Y;               // [rows]
+};
+void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, const float* x);
+
+// Single-threaded pieces for callers that parallelise over something else (MLA heads):
+// y[o - row_begin] = (W x)[o] for o in [row_begin, row_end).
+void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, size_t row_end,
+                 const float* x, float* y);
+// out[c] += sum_{r < count} coeffs[r] * W[row_begin + r][c]  for c < W.cols  (W^T times a vector
+// restricted to a row block; dequantises on the fly).
+void accumulate_rows_transposed(const WeightMatrix& W, size_t row_begin, size_t count,
+                                const float* coeffs, float* out);
+
+// An MXFP4 matrix straight from the checkpoint bytes: packed [rows][cols/2], scales [rows][cols/32].
+struct Mxfp4Matrix {
+  const uint8_t* packed = nullptr;
+  const uint8_t* scales = nullptr;
+  size_t rows = 0;
+  size_t cols = 0;
+};
+
+// Exact float path.  X: [n][cols], Y: [n][rows].
+void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float* X, size_t n, float* Y);
+// Integer path on pre-quantised activations.  Q8: [n][cols], D: [n][cols/32], Y: [n][rows].
+void matmul_mxfp4_idot(const KernelTable& k, const Mxfp4Matrix& W, const int8_t* Q8, const float* D,
+                       size_t n, float* Y);
+// Quantises n activation rows for the integer path.  X: [n][cols] -> Q8 [n][cols], D [n][cols/32].
+void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D);
+
+}  // namespace k3

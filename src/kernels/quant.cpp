@@ -1,0 +1,81 @@
+#include "kernels/quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/error.h"
+
+namespace k3 {
+namespace {
+
+// round half to even in the default rounding mode.
+inline float rne(float v) { return std::nearbyint(v); }
+
+}  // namespace
+
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kInt8Row: return "int8";
+    case WeightFormat::kInt4G64: return "int4-g64";
+  }
+  return "?";
+}
+
+uint64_t WeightMatrix::bytes() const {
+  return f32.size() * sizeof(float) + q8.size() + q4.size() + scales.size() * sizeof(float);
+}
+
+void quantize_int8_row(const float* w, size_t cols, int8_t* q, float* scale) {
+  float amax = 0.0f;
+  for (size_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const float s = std::max(amax / 127.0f, 1e-20f);
+  const float inv = 1.0f / s;
+  for (size_t i = 0; i < cols; ++i) q[i] = static_cast<int8_t>(std::clamp(rne(w[i] * inv), -127.0f, 127.0f));
+  *scale = s;
+}
+
+void quantize_int4_g64_row(const float* w, size_t cols, uint8_t* packed, float* scales) {
+  for (size_t g = 0; g < cols / 64; ++g) {
+    const float* wg = w + g * 64;
+    float amax = 0.0f;
+    for (size_t i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(wg[i]));
+    const float s = std::max(amax / 7.0f, 1e-20f);
+    const float inv = 1.0f / s;
+    for (size_t j = 0; j < 32; ++j) {
+      const int lo = static_cast<int>(std::clamp(rne(wg[2 * j] * inv), -8.0f, 7.0f)) + 8;
+      const int hi = static_cast<int>(std::clamp(rne(wg[2 * j + 1] * inv), -8.0f, 7.0f)) + 8;
+      packed[g * 32 + j] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+    scales[g] = s;
+  }
+}
+
+void quantize_matrix(WeightMatrix& m, int bits) {
+  if (m.format != WeightFormat::kF32) throw Error("quantize_matrix: matrix is already quantised");
+  if (bits >= 32) return;
+  const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
+  const bool int4 = bits <= 4 && cols % 64 == 0;
+  if (bits != 4 && bits != 8) throw Error("quantize_matrix: unsupported bit width " + std::to_string(bits));
+  if (int4) {
+    m.q4.resize(rows * cols / 2);
+    m.scales.resize(rows * cols / 64);
+  } else {
+    m.q8.resize(rows * cols);
+    m.scales.resize(rows);
+  }
+  const int64_t n = m.rows;
+#pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
+  for (int64_t r = 0; r < n; ++r) {
+    const size_t row = static_cast<size_t>(r);
+    const float* w = m.f32.data() + row * cols;
+    if (int4)
+      quantize_int4_g64_row(w, cols, m.q4.data() + row * cols / 2, m.scales.data() + row * cols / 64);
+    else
+      quantize_int8_row(w, cols, m.q8.data() + row * cols, m.scales.data() + row);
+  }
+  m.format = int4 ? WeightFormat::kInt4G64 : WeightFormat::kInt8Row;
+  std::vector<float>().swap(m.f32);
+}
+
+}  // namespace k3

@@ -1,0 +1,44 @@
+// kernels/quant.h — load-time quantisation of dense matrices (ARCHITECTURE.md §5.2–5.3) and the
+// weight-matrix type the model holds. Bit-exact with the spec's arithmetic so that a repacked
+// container stores the same bytes.
+//
+//   int8 per row:  s = max(max_i |w_i| / 127, 1e-20);  q_i = clamp(rne(w_i * (1/s)), -127, 127)
+//   int4 g64:      per 64 columns s = max(max|w| / 7, 1e-20); q = clamp(rne(w * (1/s)), -8, 7);
+//                  byte j = (q[2j] + 8) | ((q[2j+1] + 8) << 4)      (low nibble = even column)
+// rne = round half to even; the reciprocal is an f32 multiply, never a divide per element.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace k3 {
+
+enum class WeightFormat { kF32, kInt8Row, kInt4G64 };
+
+const char* weight_format_name(WeightFormat format);
+
+// A dense weight matrix in one of the RAM formats. W[rows][cols], y = W x.
+struct WeightMatrix {
+  WeightFormat format = WeightFormat::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<float> f32;      // kF32: [rows][cols]
+  std::vector<int8_t> q8;      // kInt8Row: [rows][cols]
+  std::vector<uint8_t> q4;     // kInt4G64: [rows][cols / 2]
+  std::vector<float> scales;   // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
+  // Bytes of weights + scales held in RAM.
+  uint64_t bytes() const;
+};
+
+// Converts an f32 matrix to `bits` (32 keeps f32, 8 -> int8 per row, 4 -> int4 g64; a 4-bit
+// request on a width that is not a multiple of 64 falls back to int8). Frees the f32 copy.
+// Parallel over rows; the bytes do not depend on the thread count.
+void quantize_matrix(WeightMatrix& m, int bits);
+
+// The row quantisers (exposed for tests and the repack tool).
+void quantize_int8_row(const float* w, size_t cols, int8_t* q, float* scale);
+void quantize_int4_g64_row(const float* w, size_t cols, uint8_t* packed, float* scales);
+
+}  // namespace k3

@@ -1,0 +1,508 @@
+// dense_kernels_test — the dense kernels of every ISA variant (kernels/isa.h: f32, int8 per row,
+// int4 group-64) against the scalar twins and a double-precision reference on awkward sizes and
+// row ranges; the load-time quantisers (kernels/quant.h) against hand-computed cases; the threaded
+// wrapper k3::matmul (kernels/matmul.h) against the single-threaded table call.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/isa.h"
+#include "kernels/matmul.h"
+#include "kernels/quant.h"
+#include "test_util.h"
+
+namespace {
+
+using k3::Isa;
+using k3::KernelTable;
+using k3::WeightFormat;
+using k3::WeightMatrix;
+
+// Largest |Y - Y_ref| allowed, relative to max |Y_ref| over all outputs of the call (Y_ref: the
+// double reference or the scalar twin). The SIMD variants only reorder the f32 sums (int4 also
+// folds the group scale into the dequantised weight), so the error is f32 rounding of sums of
+// up to 1088 random products: seen up to 1.7e-5 (one output, 1000 columns, where |y| is small
+// against the terms). A wrong column, tail, scale or nibble costs >= 1e-3.
+constexpr double kF32Tol = 5e-5;
+constexpr double kInt8Tol = 5e-5;
+constexpr double kInt4Tol = 5e-5;
+
+// Outputs outside the row range (and the ldy padding) must keep this exact value.
+constexpr float kSentinel = -1234.5f;
+
+const size_t kRows[] = {1, 3, 17, 67};
+const size_t kDenseCols[] = {1, 7, 64, 100, 131, 1000};
+const size_t kInt4Cols[] = {64, 128, 192, 1088};
+const size_t kNs[] = {1, 2, 3, 5, 8, 13, 64};
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// A matrix quantised to `format` plus its dequantised weights in double.
+struct Case {
+  WeightMatrix m;
+  std::vector<double> deq;  // [rows][cols]
+};
+
+Case make_case(WeightFormat format, size_t rows, size_t cols, std::mt19937& rng) {
+  Case c;
+  c.m.rows = static_cast<int64_t>(rows);
+  c.m.cols = static_cast<int64_t>(cols);
+  c.m.f32 = random_floats(rows * cols, rng);
+  c.deq.resize(rows * cols);
+  if (format == WeightFormat::kF32) {
+    for (size_t i = 0; i < rows * cols; ++i) c.deq[i] = c.m.f32[i];
+    return c;
+  }
+  k3::quantize_matrix(c.m, format == WeightFormat::kInt8Row ? 8 : 4);
+  EXPECT_EQ(c.m.format, format);
+  for (size_t o = 0; o < rows; ++o)
+    for (size_t i = 0; i < cols; ++i) {
+      if (format == WeightFormat::kInt8Row) {
+        c.deq[o * cols + i] = static_cast<double>(c.m.scales[o]) * c.m.q8[o * cols + i];
+      } else {
+        const uint8_t b = c.m.q4[o * cols / 2 + i / 2];
+        const int nib = (i % 2 == 0) ? (b & 0xF) : (b >> 4);
+        c.deq[o * cols + i] = static_cast<double>(c.m.scales[o * cols / 64 + i / 64]) * (nib - 8);
+      }
+    }
+  return c;
+}
+
+// One table call over rows [begin, end) into a sentinel-filled Y of row stride ldy.
+std::vector<float> run_kernel(const KernelTable& k, const WeightMatrix& m, const std::vector<float>& X,
+                              size_t n, size_t ldy, size_t begin, size_t end) {
+  std::vector<float> Y(n * ldy, kSentinel);
+  const size_t cols = static_cast<size_t>(m.cols);
+  switch (m.format) {
+    case WeightFormat::kF32: k.matmul_f32(m.f32.data(), cols, X.data(), n, Y.data(), ldy, begin, end); break;
+    case WeightFormat::kInt8Row:
+      k.matmul_int8(m.q8.data(), m.scales.data(), cols, X.data(), n, Y.data(), ldy, begin, end);
+      break;
+    case WeightFormat::kInt4G64:
+      k.matmul_int4(m.q4.data(), m.scales.data(), cols, X.data(), n, Y.data(), ldy, begin, end);
+      break;
+  }
+  return Y;
+}
+
+double tolerance(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32: return kF32Tol;
+    case WeightFormat::kInt8Row: return kInt8Tol;
+    case WeightFormat::kInt4G64: return kInt4Tol;
+  }
+  return 0.0;
+}
+
+// Every ISA against the scalar twin and the double reference, over every size and a few row
+// ranges (full, interior, single row at the end).
+void check_format(WeightFormat format, const size_t* cols_list, size_t ncols) {
+  std::mt19937 rng(1234 + static_cast<int>(format));
+  const KernelTable& scalar = k3::kernel_table(Isa::kScalar);
+  const double tol = tolerance(format);
+  double worst = 0.0;
+  for (size_t rows : kRows)
+    for (size_t ci = 0; ci < ncols; ++ci) {
+      const size_t cols = cols_list[ci];
+      const Case c = make_case(format, rows, cols, rng);
+      for (size_t n : kNs) {
+        const std::vector<float> X = random_floats(n * cols, rng);
+        const size_t ldy = rows + 3;
+        // Double reference over all rows.
+        std::vector<double> ref(n * rows);
+        double ymax = 0.0;
+        for (size_t t = 0; t < n; ++t)
+          for (size_t o = 0; o < rows; ++o) {
+            double acc = 0.0;
+            for (size_t i = 0; i < cols; ++i) acc += c.deq[o * cols + i] * X[t * cols + i];
+            ref[t * rows + o] = acc;
+            ymax = std::max(ymax, std::fabs(acc));
+          }
+        ASSERT_GT(ymax, 0.0);
+        std::vector<std::pair<size_t, size_t>> ranges = {{0, rows}};
+        if (rows >= 3) ranges.push_back({1, rows - 1});
+        if (rows >= 17) ranges.push_back({rows / 3, rows / 3 + 5});
+        ranges.push_back({rows - 1, rows});
+        for (auto [begin, end] : ranges) {
+          const std::vector<float> ys = run_kernel(scalar, c.m, X, n, ldy, begin, end);
+          for (Isa isa : k3::supported_isas()) {
+            SCOPED_TRACE(std::string(k3::isa_name(isa)) + " " + k3::weight_format_name(format) +
+                         " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                         " n=" + std::to_string(n) + " range=[" + std::to_string(begin) + "," +
+                         std::to_string(end) + ")");
+            const std::vector<float> y = run_kernel(k3::kernel_table(isa), c.m, X, n, ldy, begin, end);
+            double err_ref = 0.0, err_scalar = 0.0;
+            size_t bad_untouched = 0;
+            for (size_t t = 0; t < n; ++t)
+              for (size_t o = 0; o < ldy; ++o) {
+                const float v = y[t * ldy + o];
+                if (o < begin || o >= end) {
+                  bad_untouched += bits_of(v) != bits_of(kSentinel);
+                  continue;
+                }
+                err_ref = std::max(err_ref, std::fabs(v - ref[t * rows + o]));
+                err_scalar = std::max(err_scalar, std::fabs(static_cast<double>(v) - ys[t * ldy + o]));
+              }
+            EXPECT_EQ(bad_untouched, 0u) << "outputs outside the row range were written";
+            EXPECT_LE(err_ref / ymax, tol) << "vs double reference";
+            EXPECT_LE(err_scalar / ymax, tol) << "vs scalar twin";
+            worst = std::max({worst, err_ref / ymax, err_scalar / ymax});
+          }
+        }
+      }
+    }
+  ::testing::Test::RecordProperty("worst_relative_error", std::to_string(worst));
+  std::printf("%s: worst relative error %.3g (tolerance %.3g)\n", k3::weight_format_name(format), worst, tol);
+}
+
+TEST(KernelsDense, F32EveryIsaMatchesScalarAndDouble) {
+  check_format(WeightFormat::kF32, kDenseCols, std::size(kDenseCols));
+}
+
+TEST(KernelsDense, Int8EveryIsaMatchesScalarAndDouble) {
+  check_format(WeightFormat::kInt8Row, kDenseCols, std::size(kDenseCols));
+}
+
+TEST(KernelsDense, Int4EveryIsaMatchesScalarAndDouble) {
+  check_format(WeightFormat::kInt4G64, kInt4Cols, std::size(kInt4Cols));
+}
+
+TEST(KernelsDense, EmptyRangeOrNoRowsWritesNothing) {
+  std::mt19937 rng(7);
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64}) {
+    const Case c = make_case(format, 9, 128, rng);
+    const std::vector<float> X = random_floats(3 * 128, rng);
+    for (Isa isa : k3::supported_isas()) {
+      const KernelTable& k = k3::kernel_table(isa);
+      for (const auto& y : {run_kernel(k, c.m, X, 3, 9, 4, 4), run_kernel(k, c.m, X, 0, 9, 0, 9)})
+        for (float v : y) EXPECT_EQ(bits_of(v), bits_of(kSentinel)) << k3::isa_name(isa);
+    }
+  }
+}
+
+// The result of a row does not depend on the range it was computed in (so threading by rows
+// cannot change results).
+TEST(KernelsDense, RowsIndependentOfRange) {
+  std::mt19937 rng(11);
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64}) {
+    const size_t rows = 23, cols = format == WeightFormat::kInt4G64 ? 192 : 131;
+    const Case c = make_case(format, rows, cols, rng);
+    for (size_t n : {1, 2, 6, 13}) {
+      const std::vector<float> X = random_floats(n * cols, rng);
+      for (Isa isa : k3::supported_isas()) {
+        const KernelTable& k = k3::kernel_table(isa);
+        const std::vector<float> full = run_kernel(k, c.m, X, n, rows, 0, rows);
+        std::vector<float> pieces(n * rows, kSentinel);
+        for (auto [b, e] : {std::pair<size_t, size_t>{0, 5}, {5, 6}, {6, 13}, {13, 23}}) {
+          const std::vector<float> part = run_kernel(k, c.m, X, n, rows, b, e);
+          for (size_t t = 0; t < n; ++t)
+            for (size_t o = b; o < e; ++o) pieces[t * rows + o] = part[t * rows + o];
+        }
+        for (size_t i = 0; i < full.size(); ++i)
+          ASSERT_EQ(bits_of(full[i]), bits_of(pieces[i]))
+              << k3::isa_name(isa) << " " << k3::weight_format_name(format) << " n=" << n << " i=" << i;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// k3::matmul (threaded) equals the single-threaded table call exactly.
+
+TEST(KernelsDenseMatmul, ThreadedEqualsSingleCallExactly) {
+  std::mt19937 rng(5);
+  const int saved = omp_get_max_threads();
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64}) {
+    const size_t rows = 301, cols = format == WeightFormat::kInt4G64 ? 1088 : 1000;
+    const Case c = make_case(format, rows, cols, rng);
+    for (size_t n : {1, 5, 64}) {
+      const std::vector<float> X = random_floats(n * cols, rng);
+      for (Isa isa : k3::supported_isas()) {
+        const KernelTable& k = k3::kernel_table(isa);
+        const std::vector<float> single = run_kernel(k, c.m, X, n, rows, 0, rows);
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> y(n * rows, kSentinel);
+          k3::matmul(k, c.m, X.data(), n, y.data());
+          for (size_t i = 0; i < y.size(); ++i)
+            ASSERT_EQ(bits_of(y[i]), bits_of(single[i]))
+                << k3::isa_name(isa) << " " << k3::weight_format_name(format) << " n=" << n
+                << " threads=" << threads << " i=" << i;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantisers (ARCHITECTURE.md §5.2–5.3).
+
+TEST(KernelsQuant, Int8RoundsHalfToEven) {
+  // amax 127 -> s = 1, 1/s = 1: the products are the values themselves.
+  const std::vector<float> w = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.0f, 3.49f, -3.51f};
+  const std::vector<int8_t> want = {0, 2, 2, 0, -2, -2, 126, 127, 3, -4};
+  std::vector<int8_t> q(w.size());
+  float s = 0.0f;
+  k3::quantize_int8_row(w.data(), w.size(), q.data(), &s);
+  EXPECT_EQ(s, 1.0f);
+  EXPECT_EQ(q, want);
+  // amax 63.5 -> s = 0.5, 1/s = 2: 0.25 -> 0.5 -> 0, 0.75 -> 1.5 -> 2, 1.25 -> 2.5 -> 2.
+  const std::vector<float> w2 = {0.25f, 0.75f, 1.25f, -1.75f, 63.5f, -63.25f};
+  const std::vector<int8_t> want2 = {0, 2, 2, -4, 127, -126};
+  std::vector<int8_t> q2(w2.size());
+  k3::quantize_int8_row(w2.data(), w2.size(), q2.data(), &s);
+  EXPECT_EQ(s, 0.5f);
+  EXPECT_EQ(q2, want2);
+}
+
+// The 32 bytes of group g of a packed int4 row, unpacked to the 64 signed codes.
+std::vector<int> unpack_int4(const std::vector<uint8_t>& packed, size_t g) {
+  std::vector<int> q(64);
+  for (size_t j = 0; j < 32; ++j) {
+    q[2 * j] = (packed[g * 32 + j] & 0xF) - 8;
+    q[2 * j + 1] = (packed[g * 32 + j] >> 4) - 8;
+  }
+  return q;
+}
+
+TEST(KernelsQuant, Int4RoundsHalfToEvenPerGroup) {
+  // Group 0: amax 7 -> s = 1. Group 1: amax 3.5 -> s = 0.5, 1/s = 2.
+  std::vector<float> w(128, 0.0f);
+  const float g0[] = {0.5f, 1.5f, 2.5f, 3.5f, -0.5f, -1.5f, -2.5f, -3.5f, 7.0f, -7.0f, 4.5f, 5.5f, 6.5f, -6.5f};
+  const int want0[] = {0, 2, 2, 4, 0, -2, -2, -4, 7, -7, 4, 6, 6, -6};
+  const float g1[] = {0.25f, 0.75f, 1.25f, -1.75f, 3.5f, -3.25f, 2.75f};
+  const int want1[] = {0, 2, 2, -4, 7, -6, 6};
+  std::copy(std::begin(g0), std::end(g0), w.begin());
+  std::copy(std::begin(g1), std::end(g1), w.begin() + 64);
+  std::vector<uint8_t> packed(64);
+  float scales[2] = {0, 0};
+  k3::quantize_int4_g64_row(w.data(), w.size(), packed.data(), scales);
+  EXPECT_EQ(scales[0], 1.0f);
+  EXPECT_EQ(scales[1], 0.5f);
+  const std::vector<int> q0 = unpack_int4(packed, 0), q1 = unpack_int4(packed, 1);
+  for (size_t i = 0; i < std::size(want0); ++i) EXPECT_EQ(q0[i], want0[i]) << "group 0 column " << i;
+  for (size_t i = 0; i < std::size(want1); ++i) EXPECT_EQ(q1[i], want1[i]) << "group 1 column " << i;
+  for (size_t i = std::size(want0); i < 64; ++i) EXPECT_EQ(q0[i], 0) << i;
+  for (size_t i = std::size(want1); i < 64; ++i) EXPECT_EQ(q1[i], 0) << i;
+}
+
+TEST(KernelsQuant, NibbleOrderLowIsEvenColumn) {
+  std::vector<float> w(64, 0.0f);
+  w[0] = 7.0f;   // code 7 -> nibble 15
+  w[1] = -7.0f;  // code -7 -> nibble 1
+  w[2] = 1.0f;   // nibble 9
+  w[5] = -3.0f;  // nibble 5 in the high half of byte 2
+  std::vector<uint8_t> packed(32);
+  float s = 0.0f;
+  k3::quantize_int4_g64_row(w.data(), 64, packed.data(), &s);
+  EXPECT_EQ(s, 1.0f);
+  EXPECT_EQ(packed[0], 0x1F);
+  EXPECT_EQ(packed[1], 0x89);
+  EXPECT_EQ(packed[2], 0x58);
+  for (size_t j = 3; j < 32; ++j) EXPECT_EQ(packed[j], 0x88) << j;
+}
+
+TEST(KernelsQuant, AllZeroRows) {
+  const std::vector<float> zeros(128, 0.0f);
+  std::vector<int8_t> q(128, 99);
+  float s = 0.0f;
+  k3::quantize_int8_row(zeros.data(), zeros.size(), q.data(), &s);
+  EXPECT_EQ(s, 1e-20f);
+  for (int8_t v : q) EXPECT_EQ(v, 0);
+  std::vector<uint8_t> packed(64, 0);
+  float s4[2] = {0, 0};
+  k3::quantize_int4_g64_row(zeros.data(), zeros.size(), packed.data(), s4);
+  EXPECT_EQ(s4[0], 1e-20f);
+  EXPECT_EQ(s4[1], 1e-20f);
+  for (uint8_t b : packed) EXPECT_EQ(b, 0x88);
+  // Values far below the scale floor quantise to zero under the 1e-20 floor too.
+  const std::vector<float> tiny = {1e-38f, -1e-38f, 1e-30f, 0.0f};
+  std::vector<int8_t> qt(tiny.size(), 99);
+  k3::quantize_int8_row(tiny.data(), tiny.size(), qt.data(), &s);
+  EXPECT_EQ(s, 1e-20f);
+  for (int8_t v : qt) EXPECT_EQ(v, 0);
+}
+
+TEST(KernelsQuant, ExtremeValuesAndClampLimits) {
+  // ±FLT_MAX: s = FLT_MAX / 127 (finite), the extremes map to ±127, tiny values to 0.
+  {
+    const std::vector<float> w = {FLT_MAX, -FLT_MAX, 1.0f, -1e-30f, FLT_MAX / 2};
+    std::vector<int8_t> q(w.size());
+    float s = 0.0f;
+    k3::quantize_int8_row(w.data(), w.size(), q.data(), &s);
+    EXPECT_EQ(s, FLT_MAX / 127.0f);
+    EXPECT_TRUE(std::isfinite(s));
+    EXPECT_EQ(q[0], 127);
+    EXPECT_EQ(q[1], -127);
+    EXPECT_EQ(q[2], 0);
+    EXPECT_EQ(q[3], 0);
+    EXPECT_EQ(q[4], 63);  // (FLT_MAX / 2) * (1 / s) = 63.4999962: the reciprocal rounds down
+  }
+  // Mixed huge and tiny within one row and one int4 group.
+  {
+    const float huge = FLT_MAX / 1e10f;
+    std::vector<float> w(64, 1e-30f);
+    w[3] = huge;
+    w[10] = -huge;
+    w[11] = -1e-30f;
+    std::vector<int8_t> q(64);
+    float s = 0.0f;
+    k3::quantize_int8_row(w.data(), 64, q.data(), &s);
+    EXPECT_EQ(s, huge / 127.0f);
+    for (size_t i = 0; i < 64; ++i) EXPECT_EQ(q[i], i == 3 ? 127 : i == 10 ? -127 : 0) << i;
+    std::vector<uint8_t> packed(32);
+    float s4 = 0.0f;
+    k3::quantize_int4_g64_row(w.data(), 64, packed.data(), &s4);
+    EXPECT_EQ(s4, huge / 7.0f);
+    const std::vector<int> q4 = unpack_int4(packed, 0);
+    for (size_t i = 0; i < 64; ++i) EXPECT_EQ(q4[i], i == 3 ? 7 : i == 10 ? -7 : 0) << i;
+  }
+  // Random rows stay within the clamp limits and reach ±127 / ±7 at their extremes; -128 and
+  // nibble 0 (-8) never occur since |w| <= amax.
+  std::mt19937 rng(3);
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<float> w = random_floats(192, rng, rep % 2 ? 1e-12f : 1e12f);
+    std::vector<int8_t> q(192);
+    float s = 0.0f;
+    k3::quantize_int8_row(w.data(), w.size(), q.data(), &s);
+    const size_t imax = static_cast<size_t>(std::max_element(w.begin(), w.end(), [](float a, float b) {
+                                              return std::fabs(a) < std::fabs(b);
+                                            }) - w.begin());
+    EXPECT_EQ(q[imax], w[imax] > 0 ? 127 : -127);
+    for (int8_t v : q) {
+      EXPECT_GE(v, -127);
+      EXPECT_LE(v, 127);
+    }
+    std::vector<uint8_t> packed(96);
+    float s4[3];
+    k3::quantize_int4_g64_row(w.data(), w.size(), packed.data(), s4);
+    for (size_t g = 0; g < 3; ++g) {
+      const std::vector<int> q4 = unpack_int4(packed, g);
+      float amax = 0.0f;
+      for (size_t i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(w[g * 64 + i]));
+      EXPECT_EQ(s4[g], amax / 7.0f);
+      for (size_t i = 0; i < 64; ++i) {
+        EXPECT_GE(q4[i], -7);
+        EXPECT_LE(q4[i], 7);
+        if (std::fabs(w[g * 64 + i]) == amax) {
+          EXPECT_EQ(q4[i], w[g * 64 + i] > 0 ? 7 : -7);
+        }
+      }
+    }
+  }
+}
+
+// quantize_matrix = the row quantisers applied to every row, in the documented layout.
+TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
+  std::mt19937 rng(9);
+  const auto make = [&](size_t rows, size_t cols) {
+    WeightMatrix m;
+    m.rows = static_cast<int64_t>(rows);
+    m.cols = static_cast<int64_t>(cols);
+    m.f32 = random_floats(rows * cols, rng);
+    return m;
+  };
+  {  // 32 bits: unchanged.
+    WeightMatrix m = make(5, 100);
+    const std::vector<float> before = m.f32;
+    k3::quantize_matrix(m, 32);
+    EXPECT_EQ(m.format, WeightFormat::kF32);
+    EXPECT_EQ(m.f32, before);
+    EXPECT_EQ(m.bytes(), 5u * 100u * 4u);
+  }
+  for (auto [bits, cols, want] : {std::tuple{8, size_t{100}, WeightFormat::kInt8Row},
+                                  std::tuple{8, size_t{128}, WeightFormat::kInt8Row},
+                                  std::tuple{4, size_t{128}, WeightFormat::kInt4G64},
+                                  std::tuple{4, size_t{100}, WeightFormat::kInt8Row},   // fallback
+                                  std::tuple{4, size_t{96}, WeightFormat::kInt8Row}}) {  // fallback
+    SCOPED_TRACE("bits=" + std::to_string(bits) + " cols=" + std::to_string(cols));
+    const size_t rows = 7;
+    WeightMatrix m = make(rows, cols);
+    const std::vector<float> w = m.f32;
+    k3::quantize_matrix(m, bits);
+    EXPECT_EQ(m.format, want);
+    EXPECT_TRUE(m.f32.empty());
+    if (want == WeightFormat::kInt8Row) {
+      ASSERT_EQ(m.q8.size(), rows * cols);
+      ASSERT_EQ(m.scales.size(), rows);
+      EXPECT_TRUE(m.q4.empty());
+      EXPECT_EQ(m.bytes(), rows * cols + rows * 4);
+      for (size_t o = 0; o < rows; ++o) {
+        std::vector<int8_t> q(cols);
+        float s = 0.0f;
+        k3::quantize_int8_row(w.data() + o * cols, cols, q.data(), &s);
+        EXPECT_EQ(s, m.scales[o]);
+        EXPECT_TRUE(std::equal(q.begin(), q.end(), m.q8.begin() + static_cast<ptrdiff_t>(o * cols))) << o;
+      }
+    } else {
+      ASSERT_EQ(m.q4.size(), rows * cols / 2);
+      ASSERT_EQ(m.scales.size(), rows * cols / 64);
+      EXPECT_TRUE(m.q8.empty());
+      EXPECT_EQ(m.bytes(), rows * cols / 2 + rows * cols / 64 * 4);
+      for (size_t o = 0; o < rows; ++o) {
+        std::vector<uint8_t> p(cols / 2);
+        std::vector<float> s(cols / 64);
+        k3::quantize_int4_g64_row(w.data() + o * cols, cols, p.data(), s.data());
+        EXPECT_TRUE(std::equal(s.begin(), s.end(), m.scales.begin() + static_cast<ptrdiff_t>(o * cols / 64))) << o;
+        EXPECT_TRUE(std::equal(p.begin(), p.end(), m.q4.begin() + static_cast<ptrdiff_t>(o * cols / 2))) << o;
+      }
+    }
+  }
+  {  // Unsupported widths and double quantisation are errors.
+    WeightMatrix m = make(2, 64);
+    EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 16); }), "");
+    EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 2); }), "");
+    k3::quantize_matrix(m, 8);
+    EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 4); }), "");
+  }
+}
+
+TEST(KernelsQuant, QuantizeMatrixIndependentOfThreadCount) {
+  std::mt19937 rng(10);
+  const int saved = omp_get_max_threads();
+  for (int bits : {8, 4}) {
+    // Large enough (rows * cols > 2^16) for the parallel loop to engage.
+    const size_t rows = 131, cols = 1024;
+    const std::vector<float> w = random_floats(rows * cols, rng);
+    std::vector<WeightMatrix> out;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      WeightMatrix m;
+      m.rows = static_cast<int64_t>(rows);
+      m.cols = static_cast<int64_t>(cols);
+      m.f32 = w;
+      k3::quantize_matrix(m, bits);
+      out.push_back(std::move(m));
+    }
+    for (size_t i = 1; i < out.size(); ++i) {
+      EXPECT_EQ(out[i].q8, out[0].q8) << bits;
+      EXPECT_EQ(out[i].q4, out[0].q4) << bits;
+      ASSERT_EQ(out[i].scales.size(), out[0].scales.size());
+      EXPECT_EQ(std::memcmp(out[i].scales.data(), out[0].scales.data(), out[0].scales.size() * 4), 0) << bits;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
