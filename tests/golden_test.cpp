@@ -170,6 +170,16 @@ TEST_F(GoldenTest, EveryKernelVariantMatchesTheGolden) {
   }
 }
 
+TEST_F(GoldenTest, ExpertsInMemoryGiveIdenticalLogits) {
+  const auto prompt = golden_->i64("prompt_ids");
+  k3::LoadOptions load = k3::LoadOptions::exact();
+  load.experts_in_memory = true;
+  k3::Engine resident(kFixture, load);
+  EXPECT_GT(resident.model().resident_bytes(), engine_->model().resident_bytes());
+  k3::Session a(resident, static_cast<int64_t>(prompt.size())), b(*engine_, static_cast<int64_t>(prompt.size()));
+  EXPECT_EQ(a.prefill(prompt), b.prefill(prompt));
+}
+
 TEST_F(GoldenTest, ContextCapacityIsEnforced) {
   const auto prompt = golden_->i64("prompt_ids");
   k3::Session session(*engine_, 4);

@@ -15,6 +15,7 @@ ModelOptions model_options(const LoadOptions& load) {
   m.precision.mla_bits = load.mla_bits;
   m.precision.head_bits = load.head_bits;
   m.idot = load.idot;
+  m.experts_in_memory = load.experts_in_memory;
   if (load.isa == "auto") {
     m.isa = best_isa();
   } else if (!parse_isa(load.isa, &m.isa)) {

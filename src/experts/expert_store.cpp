@@ -37,8 +37,34 @@ const ExpertStore::Entry& ExpertStore::entry(int64_t layer, int64_t expert) cons
 
 bool ExpertStore::contiguous(int64_t layer, int64_t expert) const { return entry(layer, expert).contiguous; }
 
+ExpertView ExpertStore::view(const uint8_t* bytes) const {
+  ExpertView v;
+  v.gate_packed = bytes;
+  v.gate_scale = v.gate_packed + geometry_.gate_packed_bytes();
+  v.down_packed = v.gate_scale + geometry_.gate_scale_bytes();
+  v.down_scale = v.down_packed + geometry_.down_packed_bytes();
+  v.up_packed = v.down_scale + geometry_.down_scale_bytes();
+  v.up_scale = v.up_packed + geometry_.gate_packed_bytes();
+  return v;
+}
+
+void ExpertStore::load_all() {
+  const uint64_t each = geometry_.expert_bytes();
+  arena_.resize(each * entries_.size());
+  size_t i = 0;
+  std::vector<uint8_t> buffer;
+  for (auto& [key, e] : entries_) {
+    e.resident = nullptr;
+    read(key.first, key.second, buffer);
+    std::copy(buffer.begin(), buffer.end(), arena_.begin() + static_cast<std::ptrdiff_t>(i * each));
+    e.resident = arena_.data() + i * each;
+    ++i;
+  }
+}
+
 ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const {
   const Entry& e = entry(layer, expert);
+  if (e.resident) return view(e.resident);
   buffer.resize(geometry_.expert_bytes());
   const std::string what = "expert " + std::to_string(expert) + " of layer " + std::to_string(layer);
   uint8_t* parts[6];
@@ -63,14 +89,7 @@ ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>
       throw Error(e.tensors[i].shard->path() + ": tensor " + e.tensors[i].info->name +
                   " holds exponent byte 255 (NaN in MXFP4); " + what + " is unusable");
   }
-  ExpertView v;
-  v.gate_packed = parts[0];
-  v.gate_scale = parts[1];
-  v.down_packed = parts[2];
-  v.down_scale = parts[3];
-  v.up_packed = parts[4];
-  v.up_scale = parts[5];
-  return v;
+  return view(buffer.data());
 }
 
 }  // namespace k3

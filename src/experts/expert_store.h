@@ -56,20 +56,30 @@ class ExpertStore {
   // True when the expert's six tensors are back to back in one file (one read).
   bool contiguous(int64_t layer, int64_t expert) const;
 
-  // Reads the expert into `buffer` (resized to expert_bytes()) and returns views into it.
-  // Throws k3::Error naming the file, layer and expert on a read error or an exponent byte of
-  // 255 (NaN in OCP MXFP4). Thread-safe for distinct buffers.
+  // Reads the expert into `buffer` (resized to expert_bytes()) and returns views into it — or,
+  // after load_all(), views into the resident copy (buffer untouched). Throws k3::Error naming
+  // the file, layer and expert on a read error or an exponent byte of 255 (NaN in OCP MXFP4).
+  // Thread-safe for distinct buffers.
   ExpertView read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const;
+
+  // Reads every registered expert into RAM once (validated); later reads copy nothing. For
+  // models whose routed experts fit in memory (tests, benchmarks, small checkpoints).
+  void load_all();
+  // Bytes of all registered experts.
+  uint64_t total_bytes() const { return geometry_.expert_bytes() * entries_.size(); }
 
  private:
   struct Entry {
     ExpertTensors tensors;
     bool contiguous = false;
+    const uint8_t* resident = nullptr;  // into arena_ after load_all()
   };
+  ExpertView view(const uint8_t* bytes) const;
   const Entry& entry(int64_t layer, int64_t expert) const;
 
   ExpertGeometry geometry_;
   std::map<std::pair<int64_t, int64_t>, Entry> entries_;
+  std::vector<uint8_t> arena_;  // [experts][expert_bytes] after load_all()
 };
 
 }  // namespace k3

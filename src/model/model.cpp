@@ -19,6 +19,7 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOption
   int64_t num_layers = options_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
   weights_ = load_weights(snapshot_, config_, num_layers, options_.precision);
+  if (options_.experts_in_memory) weights_.experts->load_all();
 }
 
 uint64_t Model::resident_bytes() const {
@@ -51,6 +52,7 @@ uint64_t Model::resident_bytes() const {
     }
   }
   if (weights_.lm_head) total += weights_.lm_head->bytes();
+  if (options_.experts_in_memory) total += weights_.experts->total_bytes();
   vec(weights_.final_norm);
   vec(weights_.output_res_query);
   return total;

@@ -42,6 +42,7 @@ struct ModelOptions {
   LoadPrecision precision;  // dense-matrix formats (32 = f32)
   bool idot = false;        // MXFP4 experts on the integer-dot path
   Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
+  bool experts_in_memory = false;  // read every routed expert into RAM at load
 };
 
 class Model {

@@ -111,6 +111,8 @@ const std::vector<OptionRow>& option_rows() {
            throw Error(s + ": expected auto, scalar, avx2 or avx512, got \"" + v + "\"");
          o.load.isa = v;
        }},
+      {"--experts-in-memory", nullptr, "0", "read every routed expert into RAM at load (models that fit)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.experts_in_memory = parse_bool(v, s); }, true},
       {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",
        [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
       {"--layers", "K3_LAYERS", "0", "run only the first N layers (validation; 0 = all)",

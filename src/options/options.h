@@ -20,6 +20,7 @@ struct LoadOptions {
   bool idot = true;    // K3_IDOT: integer-dot MXFP4 path (0 = exact float kernel)
   int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
   std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
+  bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
   static LoadOptions exact() {

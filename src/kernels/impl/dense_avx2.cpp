@@ -25,7 +25,7 @@ constexpr int kTR = 2;       // weight rows per register tile (panel)
 constexpr int kT = 6;        // activation rows per register tile (panel)
 constexpr size_t kKC = 512;  // columns per decoded chunk (panel)
 constexpr size_t kNT = 64;   // activation rows per accumulator block (panel)
-constexpr size_t kInt8DirectMax = 4;  // int8: direct path up to this many activation rows
+constexpr size_t kInt8DirectMax = 1024;  // int8: direct path up to this many activation rows
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -240,23 +240,31 @@ void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float*
     }
 }
 
-// Every block of 4 weight rows against the activation rows 2 at a time (a block stays in L1/L2
-// between passes).
+// Rows per panel for the int8 direct path: the panel's weights plus one 2-row activation tile
+// stay in L2 while the activation rows are swept 2 at a time.
+inline size_t int8_panel_rows(size_t cols) {
+  return std::clamp<size_t>((size_t{128} << 10) / std::max<size_t>(cols, 1) / kR * kR, kR, 64);
+}
+
+// For each panel of weight rows and each pair of activation rows, every block of 4 weight rows
+// (weights come from DRAM on the first pair, from L2 after).
 void int8_direct_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
                       float* Y, size_t ldy, size_t row_begin, size_t row_end) {
-  for (size_t o = row_begin; o < row_end; o += kR) {
-    const bool full = o + kR <= row_end;
+  const size_t panel_rows = int8_panel_rows(cols);
+  for (size_t p0 = row_begin; p0 < row_end; p0 += panel_rows) {
+    const size_t p1 = std::min(row_end, p0 + panel_rows);
     for (size_t t = 0; t < n; t += 2) {
       const float* x = X + t * cols;
       float* y = Y + t * ldy;
-      if (full) {
-        if (n - t >= 2) int8_direct<kR, 2>(Q, scales, cols, x, y, ldy, o);
+      const bool pair = n - t >= 2;
+      size_t o = p0;
+      for (; o + kR <= p1; o += kR) {
+        if (pair) int8_direct<kR, 2>(Q, scales, cols, x, y, ldy, o);
         else int8_direct<kR, 1>(Q, scales, cols, x, y, ldy, o);
-      } else {
-        for (size_t r = o; r < row_end; ++r) {
-          if (n - t >= 2) int8_direct<1, 2>(Q, scales, cols, x, y, ldy, r);
-          else int8_direct<1, 1>(Q, scales, cols, x, y, ldy, r);
-        }
+      }
+      for (; o < p1; ++o) {
+        if (pair) int8_direct<1, 2>(Q, scales, cols, x, y, ldy, o);
+        else int8_direct<1, 1>(Q, scales, cols, x, y, ldy, o);
       }
     }
   }

@@ -27,7 +27,7 @@ constexpr int kR = 4;        // weight rows per block
 constexpr int kT = 4;        // activation rows per register tile (panel)
 constexpr size_t kKC = 512;  // columns per decoded chunk (panel)
 constexpr size_t kNT = 64;   // activation rows per accumulator block (panel)
-constexpr size_t kInt8DirectMax = 8;  // int8: direct path up to this many activation rows
+constexpr size_t kInt8DirectMax = 1024;  // int8: direct path up to this many activation rows
 
 inline __mmask16 tail_mask(size_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
 
@@ -269,19 +269,26 @@ Int8DirectFn int8_direct_for(size_t t) {
   }
 }
 
-// Every block of 4 weight rows against the activation rows 4 at a time (a block stays in L1/L2
-// between passes).
+// Rows per panel for the int8 direct path: the panel's weights plus one 4-row activation tile
+// stay in L2 while the activation rows are swept 4 at a time.
+inline size_t int8_panel_rows(size_t cols) {
+  return std::clamp<size_t>((size_t{128} << 10) / std::max<size_t>(cols, 1) / kR * kR, kR, 64);
+}
+
+// For each panel of weight rows and each tile of up to 4 activation rows, every block of 4
+// weight rows (weights come from DRAM on the first tile, from L2 after).
 void int8_direct_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
                       float* Y, size_t ldy, size_t row_begin, size_t row_end) {
-  for (size_t o = row_begin; o < row_end; o += kR) {
-    const bool full = o + kR <= row_end;
+  const size_t panel_rows = int8_panel_rows(cols);
+  for (size_t p0 = row_begin; p0 < row_end; p0 += panel_rows) {
+    const size_t p1 = std::min(row_end, p0 + panel_rows);
     for (size_t t = 0; t < n; t += 4) {
       const size_t tb = std::min<size_t>(4, n - t);
-      if (full) {
-        int8_direct_for<kR>(tb)(Q, scales, cols, X + t * cols, Y + t * ldy, ldy, o);
-      } else {
-        for (size_t r = o; r < row_end; ++r) int8_direct_for<1>(tb)(Q, scales, cols, X + t * cols, Y + t * ldy, ldy, r);
-      }
+      const float* x = X + t * cols;
+      float* y = Y + t * ldy;
+      size_t o = p0;
+      for (; o + kR <= p1; o += kR) int8_direct_for<kR>(tb)(Q, scales, cols, x, y, ldy, o);
+      for (; o < p1; ++o) int8_direct_for<1>(tb)(Q, scales, cols, x, y, ldy, o);
     }
   }
 }
