@@ -28,7 +28,7 @@ test: build
 # Parsers and kernels again under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan: setup
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
-	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test
+	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test
 	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -R '^(Safetensors|Snapshot|Kernels|Mxfp4|Config|Options)'
 
 bench: build

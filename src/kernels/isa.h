@@ -54,6 +54,20 @@ struct KernelTable {
   void (*matmul_mxfp4_idot)(const uint8_t* packed, const uint8_t* scales, size_t cols,
                             const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
                             size_t row_begin, size_t row_end);
+
+  // One KDA head, one token (ARCHITECTURE.md §3.4): S [dk key][dk value] is decayed by a[i]
+  // per key row, read with k, written with the delta beta * (v - k^T S), then read with q:
+  //   S = Diag(a) S;  u = beta (v - k^T S);  S += k u^T;  o = S^T q.
+  // q, k: [dk] (normalised and scaled by the caller), v, a: [dk], o: [dk], u: [dk] scratch.
+  void (*kda_head_step)(float* S, const float* q, const float* k, const float* v, const float* a,
+                        float beta, size_t dk, float* u, float* o);
+  // One MLA head over the latent cache, absorbed form: for j < T,
+  //   s_j = (qabs . latent[j] + q_pe . rope[j]) * scale;  p = softmax(s);  lat = sum_j p_j latent[j]
+  // qabs, lat: [kv_lora]; q_pe: [rope_dim]; latent: [T][kv_lora]; rope: [T][rope_dim];
+  // scores: [T] scratch.
+  void (*mla_head_attend)(const float* qabs, const float* q_pe, const float* latent,
+                          const float* rope, size_t T, size_t kv_lora, size_t rope_dim,
+                          float scale, float* scores, float* lat);
 };
 
 // The table of `isa`. REQUIRES isa_supported(isa) (throws k3::Error otherwise).

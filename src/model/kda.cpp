@@ -64,32 +64,11 @@ void kda_forward(const K3Config& config, const Compute& compute, const KdaWeight
     l2_normalize(qh, dk, K3Config::kKdaL2NormEps);
     for (size_t i = 0; i < dk; ++i) qh[i] *= q_scale;
     l2_normalize(kh, dk, K3Config::kKdaL2NormEps);
-    const float b = sigmoid(beta[h]);
-    float* S = state.recurrent.data() + h * dk * dk;  // [dk key][dk value]
-    // Sweep 1: decay each key row, and read it with the key (u = k^T Diag(a) S).
-    std::fill(u, u + dk, 0.0f);
-    for (size_t i = 0; i < dk; ++i) {
-      const float z = decay[h * dk + i] + w.dt_bias[h * dk + i];
-      const float a = std::exp(lower_bound * sigmoid(w.a_exp[h] * z));
-      float* row = S + i * dk;
-      const float ki = kh[i];
-      for (size_t j = 0; j < dk; ++j) {
-        row[j] *= a;
-        u[j] += ki * row[j];
-      }
-    }
-    for (size_t j = 0; j < dk; ++j) u[j] = b * (vh[j] - u[j]);
-    // Sweep 2: rank-1 write, and read the updated rows with the query.
+    // Per key channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x + dt_bias)_i)).
+    float* a = decay + h * dk;  // [dk], in place
+    for (size_t i = 0; i < dk; ++i) a[i] = std::exp(lower_bound * sigmoid(w.a_exp[h] * (a[i] + w.dt_bias[h * dk + i])));
     float* oh = o + h * dk;
-    std::fill(oh, oh + dk, 0.0f);
-    for (size_t i = 0; i < dk; ++i) {
-      float* row = S + i * dk;
-      const float ki = kh[i], qi = qh[i];
-      for (size_t j = 0; j < dk; ++j) {
-        row[j] += ki * u[j];
-        oh[j] += qi * row[j];
-      }
-    }
+    kt.kda_head_step(state.recurrent.data() + h * dk * dk, qh, kh, vh, a, sigmoid(beta[h]), dk, u, oh);
     rmsnorm(oh, w.o_norm.data(), dk, config.rms_norm_eps, oh);
     for (size_t j = 0; j < dk; ++j) oh[j] *= sigmoid(gate_out[h * dk + j]);
   }

@@ -33,7 +33,7 @@ void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w,
   rmsnorm(ckv, w.kv_a_norm.data(), kvr, K3Config::kMlaLowRankNormEps, c_t);
   std::copy(ckv + kvr, ckv + kvr + rope, cache.rope.data() + static_cast<size_t>(position) * rope);
 
-  const double scale = 1.0 / std::sqrt(static_cast<double>(qk));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk)));
   const int64_t heads = static_cast<int64_t>(H);
 #pragma omp parallel for schedule(static) if (H * T * kvr > 16384)
   for (int64_t hh = 0; hh < heads; ++hh) {
@@ -46,17 +46,7 @@ void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w,
     float* scores = ws.mla_scores.data() + h * cap;  // [T]
     std::fill(qabs, qabs + kvr, 0.0f);
     accumulate_rows_transposed(w.kv_b_proj, wuk_row, nope, q_nope, qabs);  // W_UK_h^T q_nope
-    for (size_t j = 0; j < T; ++j) {
-      const double s = dot_f64(qabs, cache.latent.data() + j * kvr, kvr) +
-                       dot_f64(q_pe, cache.rope.data() + j * rope, rope);
-      scores[j] = static_cast<float>(s * scale);
-    }
-    softmax(scores, T);
-    std::fill(lat, lat + kvr, 0.0f);
-    for (size_t j = 0; j < T; ++j) {
-      const float* cj = cache.latent.data() + j * kvr;
-      for (size_t r = 0; r < kvr; ++r) lat[r] += scores[j] * cj[r];
-    }
+    kt.mla_head_attend(qabs, q_pe, cache.latent.data(), cache.rope.data(), T, kvr, rope, scale, scores, lat);
     float* ctx_h = ctx + h * vdim;
     matmul_rows(kt, w.kv_b_proj, wuk_row + nope, wuk_row + nope + vdim, lat, ctx_h);  // W_UV_h lat
     for (size_t d = 0; d < vdim; ++d) ctx_h[d] *= sigmoid(G[h * vdim + d]);

@@ -23,7 +23,12 @@ namespace k3::impl {
   void quantize_q8_32_##suffix(const float* x, size_t cols, int8_t* q, float* d);                 \
   void matmul_mxfp4_idot_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,       \
                                   const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy, \
-                                  size_t row_begin, size_t row_end);
+                                  size_t row_begin, size_t row_end);                               \
+  void kda_head_step_##suffix(float* S, const float* q, const float* k, const float* v,            \
+                              const float* a, float beta, size_t dk, float* u, float* o);          \
+  void mla_head_attend_##suffix(const float* qabs, const float* q_pe, const float* latent,         \
+                                const float* rope, size_t T, size_t kv_lora, size_t rope_dim,      \
+                                float scale, float* scores, float* lat);
 
 K3_DECLARE_KERNELS(scalar)
 K3_DECLARE_KERNELS(avx2)
