@@ -1,9 +1,10 @@
 // kernels/impl/mxfp4_avx2.cpp — AVX2 + FMA variants of the MXFP4 kernels.
 //
-// Exact float path: row-major, 2 weight rows x 2 activation rows per register tile. A group's 16
-// packed bytes are split into nibbles, interleaved to column order and mapped by a byte shuffle to
-// doubled e2m1 values (exact int8), widened to f32; per lane the group partial is scaled by
-// 2^(s-128) (the 0.5 of the doubling folded in) and accumulated; one horizontal sum per output.
+// Exact float path: row-major, one weight row x up to 8 activation rows per register tile (each
+// group is decoded once per 8 activation rows). A group's 16 packed bytes are split into nibbles,
+// interleaved to column order and mapped by a byte shuffle to doubled e2m1 values (exact int8),
+// widened to f32; per lane the group partial is scaled by 2^(s-128) (the 0.5 of the doubling
+// folded in) and accumulated; one horizontal sum per output.
 //
 // Integer path: as the AVX-512 variant (see mxfp4_avx512.cpp) with 8 weight rows per block, one
 // row per 32-bit lane: 8 rows x 2 groups of packed bytes are transposed (8x8 dwords), the nibbles
@@ -14,6 +15,9 @@
 //   isum = sum_k (w + 12) q - 12 * sum(q).
 // The float reduction is done lane-wise with exactly the operations of idot_reduce
 // (acc + (float)isum * (d * 2^(s-128)), g ascending, no FMA): bit-identical to the scalar twin.
+// With 1 or 2 activation rows each group is decoded straight into registers; with more, 8 groups
+// are decoded into a buffer and applied to up to 64 activation rows 4 at a time. The rows of a
+// block are prefetched ahead into L2.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -92,10 +96,10 @@ void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const
 
 using ExactTile = void (*)(const uint8_t*, const uint8_t*, size_t, const float*, float*, size_t,
                            size_t, size_t);
-constexpr int kExactR = 2, kExactS = 2;
+constexpr int kExactR = 1, kExactS = 8;
 const ExactTile kExactTiles[kExactR][kExactS] = {
-    {exact_tile<1, 1>, exact_tile<1, 2>},
-    {exact_tile<2, 1>, exact_tile<2, 2>},
+    {exact_tile<1, 1>, exact_tile<1, 2>, exact_tile<1, 3>, exact_tile<1, 4>, exact_tile<1, 5>,
+     exact_tile<1, 6>, exact_tile<1, 7>, exact_tile<1, 8>},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -113,7 +117,7 @@ size_t chunk_groups(size_t tn) {
 }
 
 // Activations of rows [0, tn) and groups [c0, c0 + gc): per group 32 bytes with the columns of
-// every 8 reordered as 0,2,4,6,1,3,5,7, and 12 * (sum of the group's 32 values).
+// every 8 reordered as 0,2,4,6,1,3,5,7, and -12 * (sum of the group's 32 values).
 void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, uint8_t* qp,
              int32_t* qs) {
   const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
@@ -128,7 +132,7 @@ void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, uin
       const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
       const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
       const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
-      qs[t * gc + g] = 12 * (_mm_cvtsi128_si32(s1) - 32 * 128);
+      qs[t * gc + g] = -12 * (_mm_cvtsi128_si32(s1) - 32 * 128);
     }
   }
 }
@@ -162,38 +166,69 @@ inline __m256 half_scale(__m256i s) {
   return _mm256_castsi256_ps(_mm256_or_si256(v, nan));  // 254 << 23 | 0x7FC00000 = 0x7FC00000
 }
 
-// Decodes groups [0, ug) (ug <= kUnit) of `nr` rows starting at `p` (packed, row stride
-// row_bytes) and `sp` (scales, row stride groups): w[g * 8 + k] holds, per row lane, the u8
-// weights matching activation dword k of the prepared group; hs[g] the row scales 2^(s-128).
-void decode_unit(const uint8_t* p, size_t row_bytes, const uint8_t* sp, size_t groups, size_t nr,
-                 size_t ug, __m256i* w, __m256* hs) {
+// Each row of a block is prefetched into L2 kAhead bytes ahead (wrapping into the next block
+// of rows at the end of the chunk): the hardware prefetchers do not follow 8 interleaved row
+// streams well (see mxfp4_avx512.cpp).
+constexpr size_t kAhead = 1024;
+
+struct Block {
+  const uint8_t* p;   // packed bytes of (row o0, group c0)
+  size_t row_bytes;   // packed row stride
+  size_t chunk_bytes; // packed bytes of the chunk in one row (gc * 16)
+  const uint8_t* sp;  // scales of (row o0, group c0)
+  size_t groups;      // scale row stride
+  size_t nr;          // valid rows (<= 8)
+  size_t gc;          // groups in the chunk
+};
+
+// Loads the packed bytes of groups [g0, g0 + gq) (gq <= 2) of the block's rows and transposes
+// them: r[4 * gl + j] holds dword j (packed bytes 4j..4j+3, columns 8j..8j+7) of group g0 + gl,
+// one row per lane.
+inline void load_pair(const Block& b, size_t g0, size_t gq, __m256i r[8]) {
+  const __m256i half_mask = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+  const size_t off = g0 * (kMxfp4Group / 2);
+  const size_t ahead = off + kAhead;
+  // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+  const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
+                       (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+  const bool prefetch = (g0 & 3) == 0;  // one prefetch per 64 bytes of a row
+  for (size_t i = 0; i < kRows; ++i) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
+    const uint8_t* src = b.p + i * b.row_bytes + off;
+    r[i] = i >= b.nr ? _mm256_setzero_si256()
+           : gq == 2 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                     : _mm256_maskload_epi32(reinterpret_cast<const int*>(src), half_mask);
+  }
+  transpose8(r);
+}
+
+// Decodes group gl of a transposed pair into the u8 weights (doubled e2m1 + 12) matching the
+// prepared activation dwords k = 0..7.
+inline void decode_group(const __m256i r[8], size_t gl, __m256i w[8]) {
   const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  //
                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i half_mask = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
-  __m256i r[8];
-  for (size_t q = 0; q * 2 < ug; ++q) {
-    const bool both = q * 2 + 1 < ug;
-    for (size_t i = 0; i < 8; ++i) {
-      const int* src = reinterpret_cast<const int*>(p + i * row_bytes + q * 32);
-      r[i] = i >= nr ? _mm256_setzero_si256()
-             : both  ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
-                     : _mm256_maskload_epi32(src, half_mask);
-    }
-    transpose8(r);
-    for (size_t c = 0; c < (both ? 8u : 4u); ++c) {  // c = 4 * (group in pair) + dword j
-      const __m256i lo = _mm256_and_si256(r[c], low4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(r[c], 4), low4);
-      __m256i* dst = w + (q * 2 + c / 4) * 8 + 2 * (c % 4);
-      dst[0] = _mm256_shuffle_epi8(table, lo);  // columns 8j + 0, 2, 4, 6
-      dst[1] = _mm256_shuffle_epi8(table, hi);  // columns 8j + 1, 3, 5, 7
-    }
+  for (size_t j = 0; j < 4; ++j) {
+    const __m256i x = r[4 * gl + j];
+    w[2 * j] = _mm256_shuffle_epi8(table, _mm256_and_si256(x, low4));                           // 8j + 0,2,4,6
+    w[2 * j + 1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi32(x, 4), low4));  // 8j + 1,3,5,7
   }
-  for (size_t i = 0; i < 8; ++i) {
-    uint8_t b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (i < nr) std::memcpy(b, sp + i * groups, ug);
-    int64_t v;
-    std::memcpy(&v, b, 8);
+}
+
+// hs[g] = 2^(s - 128) of groups [g0, g0 + ug) (ug <= 8), one row per lane.
+inline void decode_scales(const Block& b, size_t g0, size_t ug, __m256* hs) {
+  __m256i r[8];
+  for (size_t i = 0; i < kRows; ++i) {
+    int64_t v = 0;
+    if (i < b.nr) {
+      if (ug == 8) {
+        std::memcpy(&v, b.sp + i * b.groups + g0, 8);
+      } else {
+        uint8_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        std::memcpy(t, b.sp + i * b.groups + g0, ug);
+        std::memcpy(&v, t, 8);
+      }
+    }
     r[i] = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(v));
   }
   transpose8(r);
@@ -206,35 +241,98 @@ inline __m256i bcast32(const uint8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Activation rows of a tile: prepared bytes, -12 * sums and scales of (row 0, group c0 of the
+// chunk) with their row strides.
+struct Acts {
+  const uint8_t* qp;
+  size_t qp_stride;
+  const int32_t* qs;
+  size_t qs_stride;
+  const float* d;
+  size_t d_stride;
+};
+
+// a += the contribution of group g (decoded weights w, row scales h) for activation rows s < S.
 template <int S>
-void idot_tile(const __m256i* w, const __m256* hs, size_t ug, const uint8_t* qp, size_t qp_stride,
-               const int32_t* qs, size_t qs_stride, const float* d, size_t d_stride, float* acc) {
+inline void idot_group(const __m256i w[8], __m256 h, const Acts& x, size_t g, __m256 a[S]) {
   const __m256i ones = _mm256_set1_epi16(1);
+  for (int s = 0; s < S; ++s) {
+    const uint8_t* q = x.qp + s * x.qp_stride + g * kMxfp4Group;
+    __m256i p0 = _mm256_maddubs_epi16(w[0], bcast32(q));
+    __m256i p1 = _mm256_maddubs_epi16(w[4], bcast32(q + 16));
+    for (int k = 1; k < 4; ++k) {
+      p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[k], bcast32(q + 4 * k)));
+      p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[4 + k], bcast32(q + 16 + 4 * k)));
+    }
+    __m256i i = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+    i = _mm256_add_epi32(i, _mm256_set1_epi32(x.qs[s * x.qs_stride + g]));  // -12 * sum(q): the offset
+    // Exactly idot_reduce: acc + (float)isum * (d * 2^(s-128)), no FMA.
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x.d[s * x.d_stride + g]), h);
+    a[s] = _mm256_add_ps(a[s], _mm256_mul_ps(_mm256_cvtepi32_ps(i), scale));
+  }
+}
+
+// Few activation rows (S <= kDirectMax): the whole chunk of a block with the accumulators in
+// registers, each group decoded straight into registers.
+template <int S>
+void block_direct(const Block& b, const Acts& x, float* acc) {
   __m256 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kRows);
-  for (size_t g = 0; g < ug; ++g) {
-    const __m256i* wg = w + g * 8;
-    const __m256 h = hs[g];
-    for (int s = 0; s < S; ++s) {
-      const uint8_t* q = qp + s * qp_stride + g * kMxfp4Group;
-      __m256i p0 = _mm256_maddubs_epi16(_mm256_load_si256(wg + 0), bcast32(q + 0));
-      __m256i p1 = _mm256_maddubs_epi16(_mm256_load_si256(wg + 4), bcast32(q + 16));
-      for (int k = 1; k < 4; ++k) {
-        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_load_si256(wg + k), bcast32(q + 4 * k)));
-        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_load_si256(wg + 4 + k), bcast32(q + 16 + 4 * k)));
+  alignas(32) __m256 hs[kUnit];
+  __m256i r[8], w[8];
+  for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
+    const size_t ug = std::min(kUnit, b.gc - u0);
+    decode_scales(b, u0, ug, hs);
+    for (size_t q = 0; q * 2 < ug; ++q) {
+      const size_t gq = std::min<size_t>(2, ug - q * 2);
+      load_pair(b, u0 + q * 2, gq, r);
+      for (size_t gl = 0; gl < gq; ++gl) {
+        decode_group(r, gl, w);
+        idot_group<S>(w, hs[q * 2 + gl], x, u0 + q * 2 + gl, a);
       }
-      __m256i i = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
-      i = _mm256_sub_epi32(i, _mm256_set1_epi32(qs[s * qs_stride + g]));
-      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(d[s * d_stride + g]), h);
-      a[s] = _mm256_add_ps(a[s], _mm256_mul_ps(_mm256_cvtepi32_ps(i), scale));
     }
   }
   for (int s = 0; s < S; ++s) _mm256_store_ps(acc + s * kRows, a[s]);
 }
 
-using IdotTile = void (*)(const __m256i*, const __m256*, size_t, const uint8_t*, size_t,
-                          const int32_t*, size_t, const float*, size_t, float*);
-const IdotTile kIdotTiles[kSubT] = {idot_tile<1>, idot_tile<2>, idot_tile<3>, idot_tile<4>};
+// Many activation rows: a unit of up to 8 groups is decoded once into a buffer, then applied to
+// every activation row of the tile, kSubT rows at a time.
+template <int S>
+void unit_buffered(const __m256i* wbuf, const __m256* hs, size_t u0, size_t ug, const Acts& x, float* acc) {
+  __m256 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kRows);
+  for (size_t g = 0; g < ug; ++g) idot_group<S>(wbuf + g * 8, hs[g], x, u0 + g, a);
+  for (int s = 0; s < S; ++s) _mm256_store_ps(acc + s * kRows, a[s]);
+}
+
+void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
+  using Fn = void (*)(const __m256i*, const __m256*, size_t, size_t, const Acts&, float*);
+  static constexpr Fn kFns[kSubT] = {unit_buffered<1>, unit_buffered<2>, unit_buffered<3>, unit_buffered<4>};
+  alignas(32) __m256i wbuf[kUnit * 8];
+  alignas(32) __m256 hs[kUnit];
+  __m256i r[8];
+  for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
+    const size_t ug = std::min(kUnit, b.gc - u0);
+    decode_scales(b, u0, ug, hs);
+    for (size_t q = 0; q * 2 < ug; ++q) {
+      const size_t gq = std::min<size_t>(2, ug - q * 2);
+      load_pair(b, u0 + q * 2, gq, r);
+      for (size_t gl = 0; gl < gq; ++gl) decode_group(r, gl, wbuf + (q * 2 + gl) * 8);
+    }
+    for (size_t ts = 0; ts < tn; ts += kSubT) {
+      const size_t sn = std::min<size_t>(kSubT, tn - ts);
+      const Acts xs{x.qp + ts * x.qp_stride, x.qp_stride, x.qs + ts * x.qs_stride, x.qs_stride,
+                    x.d + ts * x.d_stride, x.d_stride};
+      kFns[sn - 1](wbuf, hs, u0, ug, xs, acc + ts * kRows);
+    }
+  }
+}
+
+// Up to kDirectMax activation rows the direct path is faster (measured on Zen 4: with 3 or 4
+// rows it runs out of the 16 registers and the buffered path wins).
+constexpr size_t kDirectMax = 2;
+using BlockDirect = void (*)(const Block&, const Acts&, float*);
+const BlockDirect kBlockDirect[kDirectMax] = {block_direct<1>, block_direct<2>};
 
 inline __m256i row_mask(size_t nr) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -300,8 +398,6 @@ void matmul_mxfp4_idot_avx2(const uint8_t* packed, const uint8_t* scales, size_t
   }
   alignas(32) uint8_t qp[kPrepSlots * kMxfp4Group];
   alignas(32) int32_t qs[kPrepSlots];
-  alignas(32) __m256i w[kUnit * 8];
-  alignas(32) __m256 hs[kUnit];
   alignas(32) float acc[kTileT * kRows];
   for (size_t t0 = 0; t0 < n; t0 += kTileT) {
     const size_t tn = std::min(kTileT, n - t0);
@@ -309,23 +405,17 @@ void matmul_mxfp4_idot_avx2(const uint8_t* packed, const uint8_t* scales, size_t
     for (size_t c0 = 0; c0 < groups; c0 += chunk) {
       const size_t gc = std::min(chunk, groups - c0);
       prepare(Q8 + t0 * cols, cols, tn, c0, gc, qp, qs);
+      const Acts x{qp, gc * kMxfp4Group, qs, gc, D + t0 * groups + c0, groups};
       for (size_t o0 = row_begin; o0 < row_end; o0 += kRows) {
         const size_t nr = std::min(kRows, row_end - o0);
         const __m256i rmask = row_mask(nr);
         for (size_t t = 0; t < tn; ++t)
           _mm256_store_ps(acc + t * kRows, c0 == 0 ? _mm256_setzero_ps()
                                                    : _mm256_maskload_ps(Y + (t0 + t) * ldy + o0, rmask));
-        for (size_t u0 = 0; u0 < gc; u0 += kUnit) {
-          const size_t ug = std::min(kUnit, gc - u0);
-          decode_unit(packed + o0 * row_bytes + (c0 + u0) * (kMxfp4Group / 2), row_bytes,
-                      scales + o0 * groups + c0 + u0, groups, nr, ug, w, hs);
-          for (size_t ts = 0; ts < tn; ts += kSubT) {
-            const size_t sn = std::min<size_t>(kSubT, tn - ts);
-            kIdotTiles[sn - 1](w, hs, ug, qp + (ts * gc + u0) * kMxfp4Group, gc * kMxfp4Group,
-                               qs + ts * gc + u0, gc, D + (t0 + ts) * groups + c0 + u0, groups,
-                               acc + ts * kRows);
-          }
-        }
+        const Block b{packed + o0 * row_bytes + c0 * (kMxfp4Group / 2), row_bytes, gc * (kMxfp4Group / 2),
+                      scales + o0 * groups + c0, groups, nr, gc};
+        if (tn <= kDirectMax) kBlockDirect[tn - 1](b, x, acc);
+        else block_buffered(b, x, tn, acc);
         for (size_t t = 0; t < tn; ++t)
           _mm256_maskstore_ps(Y + (t0 + t) * ldy + o0, rmask, _mm256_load_ps(acc + t * kRows));
       }

@@ -1,22 +1,28 @@
 // kernels/impl/mxfp4_avx512.cpp — AVX-512 (F, BW, VL, VNNI) variants of the MXFP4 kernels.
 //
-// Exact float path: row-major, 4 weight rows x 4 activation rows per register tile. A group's 16
-// packed bytes become 32 f32 weights in column order with one vpermps against the 16-entry E2M1
-// table per 16 columns (vpermps reads only the low 4 index bits, so the nibbles need no masking);
-// per lane the group partial is scaled by 2^(s-127) and accumulated; one horizontal sum per output.
+// Both paths work on "transposed" blocks of 16 weight rows, one row per 32-bit lane: the packed
+// bytes of 16 rows x 4 groups are loaded as 16 vectors (prefetched ahead into L2) and transposed
+// (16x16 dwords), so that each vector holds 4 packed bytes (8 columns) of every row, and the
+// scale bytes likewise, so that no horizontal reduction is ever needed.
 //
-// Integer path: "transposed" blocks of 16 weight rows, one row per 32-bit lane. The packed bytes of
-// 16 rows x 4 groups are loaded as 16 vectors and transposed (16x16 dwords), so that each vector
-// holds 4 packed bytes (8 columns) of every row; the low and the high nibbles are decoded
-// separately by a byte shuffle to u8 values (doubled e2m1 + 12, in [0, 24]). The activations are
-// prepared once per call tile in the matching order (per 8 columns: the 4 even, then the 4 odd
-// columns) with 12 * sum(q) per group, so one vpdpbusd with a broadcast activation dword gives
-// the partial dots of 16 rows at once, and the group sum of each row is
-//   isum = sum_k dpbusd(w + 12, q) - 12 * sum(q)      (exact int32),
-// with no horizontal reduction. The float reduction is then done lane-wise with exactly the
-// operations of idot_reduce (acc + (float)isum * (d * 2^(s-128)), g ascending, no FMA), so the
-// results are bit-identical to the scalar twin. Each weight block is decoded once per tile of up
-// to 64 activation rows.
+// Exact float path: nibble p of dword j is column 8j + p; vpermps against the 16-entry f32 E2M1
+// table (it reads only the low 4 index bits, so a shift is the whole decode) gives that column's
+// weights of the 16 rows, FMA'd with the broadcast activation. Per lane, as the scalar twin:
+// ga = sum over the group's 32 columns (two FMA chains), acc += ga * 2^(s-127) (one FMA).
+//
+// Integer path: the low and the high nibbles are decoded separately by a byte shuffle to u8
+// values (doubled e2m1 + 12, in [0, 24]). The activations are prepared once per call tile in the
+// matching order (per 8 columns: the 4 even, then the 4 odd columns) with -12 * sum(q) per group,
+// so vpdpbusd with a broadcast activation dword gives the partial dots of 16 rows at once, and
+// the group sum of each row is (starting the accumulator at the offset term)
+//   isum = -12 * sum(q) + sum_k dpbusd(w + 12, q)      (exact int32).
+// The float reduction is then done lane-wise with exactly the operations of idot_reduce
+// (acc + (float)isum * (d * 2^(s-128)), g ascending, no FMA), so the results are bit-identical
+// to the scalar twin.
+//
+// With few activation rows (<= 8 integer, <= 4 exact) each group is decoded straight into
+// registers and applied to every row; with more, 4..16 groups are decoded into a buffer and
+// applied to up to 64 activation rows 8 at a time: each weight is decoded once per 64 rows.
 // GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
 // uninitialised (a known false positive); the headers are included with that warning off.
 #pragma GCC diagnostic push
@@ -26,7 +32,6 @@
 #pragma GCC diagnostic pop
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -38,64 +43,7 @@ namespace k3::impl {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Exact float path
-
-struct ScaleTable {
-  float v[256];
-};
-// 2^(s-127) exactly as k3::mxfp4_scale: s = 0 -> 2^-127 (subnormal), s = 255 -> NaN.
-constexpr ScaleTable make_scale_table() {
-  ScaleTable t{};
-  for (uint32_t s = 0; s < 256; ++s)
-    t.v[s] = std::bit_cast<float>(s == 0 ? 0x00400000u : s == 255 ? 0x7FC00000u : s << 23);
-  return t;
-}
-constexpr ScaleTable kScale = make_scale_table();
-
-template <int R, int S>
-void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X,
-                float* Y, size_t ldy, size_t o0, size_t t0) {
-  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
-  const __m512 table = _mm512_loadu_ps(kE2M1);
-  __m512 acc[R][S];
-  for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
-  for (size_t g = 0; g < groups; ++g) {
-    __m512 w0[R], w1[R], sc[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* p = packed + (o0 + r) * row_bytes + g * 16;
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      const __m128i h = _mm_srli_epi16(v, 4);  // low 4 bits of byte j: high nibble of byte j
-      w0[r] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(v, h)), table);
-      w1[r] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(v, h)), table);
-      sc[r] = _mm512_set1_ps(kScale.v[scales[(o0 + r) * groups + g]]);
-    }
-    for (int s = 0; s < S; ++s) {
-      const float* x = X + (t0 + s) * cols + g * kMxfp4Group;
-      const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-      for (int r = 0; r < R; ++r) {
-        __m512 ga = _mm512_mul_ps(w0[r], x0);
-        ga = _mm512_fmadd_ps(w1[r], x1, ga);
-        acc[r][s] = _mm512_fmadd_ps(ga, sc[r], acc[r][s]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s) Y[(t0 + s) * ldy + o0 + r] = _mm512_reduce_add_ps(acc[r][s]);
-}
-
-using ExactTile = void (*)(const uint8_t*, const uint8_t*, size_t, const float*, float*, size_t,
-                           size_t, size_t);
-constexpr int kExactR = 4, kExactS = 4;
-const ExactTile kExactTiles[kExactR][kExactS] = {
-    {exact_tile<1, 1>, exact_tile<1, 2>, exact_tile<1, 3>, exact_tile<1, 4>},
-    {exact_tile<2, 1>, exact_tile<2, 2>, exact_tile<2, 3>, exact_tile<2, 4>},
-    {exact_tile<3, 1>, exact_tile<3, 2>, exact_tile<3, 3>, exact_tile<3, 4>},
-    {exact_tile<4, 1>, exact_tile<4, 2>, exact_tile<4, 3>, exact_tile<4, 4>},
-};
-
-// ---------------------------------------------------------------------------------------------
-// Integer path
+// Blocks of 16 rows, shared by both paths
 
 constexpr size_t kRows = 16;          // weight rows per block (one per 32-bit lane)
 constexpr size_t kUnit = 16;          // groups decoded at a time
@@ -110,7 +58,7 @@ size_t chunk_groups(size_t tn) {
 }
 
 // Activations of rows [0, tn) and groups [c0, c0 + gc): per group 32 bytes with the columns of
-// every 8 reordered as 0,2,4,6,1,3,5,7, and 12 * (sum of the group's 32 values).
+// every 8 reordered as 0,2,4,6,1,3,5,7, and -12 * (sum of the group's 32 values).
 void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, uint8_t* qp,
              int32_t* qs) {
   const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
@@ -126,7 +74,7 @@ void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, uin
       const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
       const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
       const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
-      qs[t * gc + g] = 12 * (_mm_cvtsi128_si32(s1) - 32 * 128);
+      qs[t * gc + g] = -12 * (_mm_cvtsi128_si32(s1) - 32 * 128);
     }
   }
 }
@@ -156,9 +104,10 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// 2^(s - 128) per lane, as mxfp4_half_scale (exact, subnormal for s <= 1; NaN for s = 255).
-inline __m512 half_scale(__m512i s) {
-  const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(128)));
+// 2^(s - bias) per lane, exact (subnormal below 2^-126); NaN for s = 255. bias 127 is
+// mxfp4_scale, bias 128 mxfp4_half_scale.
+inline __m512 pow2_scale(__m512i s, int bias) {
+  const __m512 e = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(bias)));
   const __m512 h = _mm512_scalef_ps(_mm512_set1_ps(1.0f), e);
   return _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(s, _mm512_set1_epi32(255)), h,
                               _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
@@ -167,8 +116,8 @@ inline __m512 half_scale(__m512i s) {
 // The weight rows of a block are read 4 groups (64 bytes) at a time per row, 16 rows at once;
 // the hardware prefetchers do not follow that many interleaved streams well, so each row is
 // prefetched into L2 kAhead bytes ahead (wrapping into the next block of rows at the end of the
-// chunk). Measured on Zen 4 with 2 threads streaming from DRAM at n = 1: 12 GB/s without,
-// 24 GB/s with (DRAM read ~27 GB/s); into L1 (T0) it was slower.
+// chunk). Measured on Zen 4 with 2 threads streaming one expert after another from DRAM at
+// n = 1: ~12 GB/s without, ~27 GB/s with (the DRAM read rate); into L1 (T0) it was slower.
 constexpr size_t kAhead = 1024;
 
 struct Block {
@@ -188,7 +137,9 @@ inline void load_quad(const Block& b, size_t g0, size_t gq, __m512i r[16]) {
   const __mmask16 mask = static_cast<__mmask16>((1u << (4 * gq)) - 1);
   const size_t off = g0 * (kMxfp4Group / 2);
   const size_t ahead = off + kAhead;
-  const uint8_t* pf = ahead < b.chunk_bytes ? b.p + ahead : b.p + kRows * b.row_bytes + (ahead - b.chunk_bytes);
+  // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+  const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
+                       (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
   for (size_t i = 0; i < kRows; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
     r[i] = i < b.nr ? _mm512_maskz_loadu_epi32(mask, b.p + i * b.row_bytes + off) : _mm512_setzero_si512();
@@ -209,15 +160,116 @@ inline void decode_group(const __m512i r[16], size_t gl, __m512i w[8]) {
   }
 }
 
-// hs[g] = 2^(s - 128) of groups [g0, g0 + ug) (ug <= 16), one row per lane.
-inline void decode_scales(const Block& b, size_t g0, size_t ug, __m512* hs) {
+// hs[g] = 2^(s - bias) of groups [g0, g0 + ug) (ug <= 16), one row per lane.
+inline void decode_scales(const Block& b, size_t g0, size_t ug, int bias, __m512* hs) {
   const __mmask16 mask = static_cast<__mmask16>((1u << ug) - 1);
   __m512i r[16];
   for (size_t i = 0; i < kRows; ++i)
     r[i] = i < b.nr ? _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, b.sp + i * b.groups + g0)) : _mm512_setzero_si512();
   transpose16(r);
-  for (size_t g = 0; g < ug; ++g) hs[g] = half_scale(r[g]);
+  for (size_t g = 0; g < ug; ++g) hs[g] = pow2_scale(r[g], bias);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Exact float path
+
+// Decodes group gl of a transposed quad into f32 weights: w[c] holds column c of the 16 rows.
+inline void decode_group_f32(const __m512i r[16], size_t gl, __m512* w) {
+  const __m512 table = _mm512_loadu_ps(kE2M1);
+  for (size_t j = 0; j < 4; ++j) {
+    __m512i x = r[4 * gl + j];
+    for (size_t p = 0; p < 8; ++p) {  // nibble p of dword j = column 8j + p
+      w[8 * j + p] = _mm512_permutexvar_ps(x, table);
+      x = _mm512_srli_epi32(x, 4);
+    }
+  }
+}
+
+// Few activation rows (S <= kExactDirect): the whole row block with the accumulators in
+// registers; each column of weights is decoded once and used for the S rows. X: row 0 of the
+// tile, stride cols.
+template <int S>
+void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
+  const __m512 table = _mm512_loadu_ps(kE2M1);
+  __m512 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
+  alignas(64) __m512 hs[kUnit];
+  __m512i r[16];
+  for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
+    const size_t ug = std::min(kUnit, b.gc - u0);
+    decode_scales(b, u0, ug, 127, hs);
+    for (size_t q = 0; q * 4 < ug; ++q) {
+      const size_t gq = std::min<size_t>(4, ug - q * 4);
+      load_quad(b, u0 + q * 4, gq, r);
+      for (size_t gl = 0; gl < gq; ++gl) {
+        const float* xg = X + (u0 + q * 4 + gl) * kMxfp4Group;
+        __m512 ga[S][2];
+        for (int s = 0; s < S; ++s) ga[s][0] = ga[s][1] = _mm512_setzero_ps();
+        for (size_t j = 0; j < 4; ++j) {
+          __m512i x = r[4 * gl + j];
+          for (size_t p = 0; p < 8; ++p) {
+            const __m512 w = _mm512_permutexvar_ps(x, table);
+            x = _mm512_srli_epi32(x, 4);
+            for (int s = 0; s < S; ++s)
+              ga[s][p & 1] = _mm512_fmadd_ps(w, _mm512_set1_ps(xg[s * cols + 8 * j + p]), ga[s][p & 1]);
+          }
+        }
+        for (int s = 0; s < S; ++s)
+          a[s] = _mm512_fmadd_ps(_mm512_add_ps(ga[s][0], ga[s][1]), hs[q * 4 + gl], a[s]);
+      }
+    }
+  }
+  for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kRows, a[s]);
+}
+
+// acc[s] += groups [0, ug) of decoded f32 weights w ([g][32]) with row scales hs against
+// activation rows s < S (X: group 0 of row 0, stride cols).
+template <int S>
+void exact_unit(const __m512* w, const __m512* hs, size_t ug, const float* X, size_t cols, float* acc) {
+  __m512 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
+  for (size_t g = 0; g < ug; ++g) {
+    __m512 ga[S];
+    for (int s = 0; s < S; ++s) ga[s] = _mm512_setzero_ps();
+    for (size_t c = 0; c < kMxfp4Group; ++c) {
+      const __m512 wc = _mm512_load_ps(reinterpret_cast<const float*>(w + g * kMxfp4Group + c));
+      for (int s = 0; s < S; ++s) ga[s] = _mm512_fmadd_ps(wc, _mm512_set1_ps(X[s * cols + g * kMxfp4Group + c]), ga[s]);
+    }
+    for (int s = 0; s < S; ++s) a[s] = _mm512_fmadd_ps(ga[s], hs[g], a[s]);
+  }
+  for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kRows, a[s]);
+}
+
+// Many activation rows: each quad of groups is decoded once into a buffer and applied to the
+// tn rows of the tile, kSubT at a time.
+void exact_buffered(const Block& b, const float* X, size_t cols, size_t tn, float* acc) {
+  using Fn = void (*)(const __m512*, const __m512*, size_t, const float*, size_t, float*);
+  static constexpr Fn kFns[kSubT] = {exact_unit<1>, exact_unit<2>, exact_unit<3>, exact_unit<4>,
+                                     exact_unit<5>, exact_unit<6>, exact_unit<7>, exact_unit<8>};
+  alignas(64) __m512 w[4 * kMxfp4Group];
+  alignas(64) __m512 hs[kUnit];
+  __m512i r[16];
+  for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
+    const size_t ug = std::min(kUnit, b.gc - u0);
+    decode_scales(b, u0, ug, 127, hs);
+    for (size_t q = 0; q * 4 < ug; ++q) {
+      const size_t gq = std::min<size_t>(4, ug - q * 4);
+      load_quad(b, u0 + q * 4, gq, r);
+      for (size_t gl = 0; gl < gq; ++gl) decode_group_f32(r, gl, w + gl * kMxfp4Group);
+      for (size_t ts = 0; ts < tn; ts += kSubT) {
+        const size_t sn = std::min<size_t>(kSubT, tn - ts);
+        kFns[sn - 1](w, hs + q * 4, gq, X + ts * cols + (u0 + q * 4) * kMxfp4Group, cols, acc + ts * kRows);
+      }
+    }
+  }
+}
+
+constexpr size_t kExactDirect = 4;
+using ExactDirect = void (*)(const Block&, const float*, size_t, float*);
+const ExactDirect kExactDirectFns[kExactDirect] = {exact_direct<1>, exact_direct<2>, exact_direct<3>, exact_direct<4>};
+
+// ---------------------------------------------------------------------------------------------
+// Integer path
 
 inline __m512i bcast32(const uint8_t* p) {
   int32_t v;
@@ -225,7 +277,7 @@ inline __m512i bcast32(const uint8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Activation rows of a tile: prepared bytes, 12 * sums and scales of (row 0, group c0 of the
+// Activation rows of a tile: prepared bytes, -12 * sums and scales of (row 0, group c0 of the
 // chunk) with their row strides.
 struct Acts {
   const uint8_t* qp;
@@ -241,9 +293,8 @@ template <int S>
 inline void idot_group(const __m512i w[8], __m512 h, const Acts& x, size_t g, __m512 a[S]) {
   for (int s = 0; s < S; ++s) {
     const uint8_t* q = x.qp + s * x.qp_stride + g * kMxfp4Group;
-    __m512i i = _mm512_setzero_si512();
+    __m512i i = _mm512_set1_epi32(x.qs[s * x.qs_stride + g]);  // -12 * sum(q): the offset
     for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, w[k], bcast32(q + 4 * k));
-    i = _mm512_sub_epi32(i, _mm512_set1_epi32(x.qs[s * x.qs_stride + g]));
     // Exactly idot_reduce: acc + (float)isum * (d * 2^(s-128)), no FMA.
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(x.d[s * x.d_stride + g]), h);
     a[s] = _mm512_add_ps(a[s], _mm512_mul_ps(_mm512_cvtepi32_ps(i), scale));
@@ -260,7 +311,7 @@ void block_direct(const Block& b, const Acts& x, float* acc) {
   __m512i r[16], w[8];
   for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
     const size_t ug = std::min(kUnit, b.gc - u0);
-    decode_scales(b, u0, ug, hs);
+    decode_scales(b, u0, ug, 128, hs);
     for (size_t q = 0; q * 4 < ug; ++q) {
       const size_t gq = std::min<size_t>(4, ug - q * 4);
       load_quad(b, u0 + q * 4, gq, r);
@@ -296,7 +347,7 @@ void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
   __m512i r[16];
   for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
     const size_t ug = std::min(kUnit, b.gc - u0);
-    decode_scales(b, u0, ug, hs);
+    decode_scales(b, u0, ug, 128, hs);
     for (size_t q = 0; q * 4 < ug; ++q) {
       const size_t gq = std::min<size_t>(4, ug - q * 4);
       load_quad(b, u0 + q * 4, gq, r);
@@ -320,11 +371,20 @@ const BlockDirect kBlockDirect[kSubT] = {block_direct<1>, block_direct<2>, block
 void matmul_mxfp4_exact_avx512(const uint8_t* packed, const uint8_t* scales, size_t cols,
                                const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,
                                size_t row_end) {
-  for (size_t o = row_begin; o < row_end; o += kExactR) {
-    const size_t r = std::min<size_t>(kExactR, row_end - o);
-    for (size_t t = 0; t < n; t += kExactS) {
-      const size_t s = std::min<size_t>(kExactS, n - t);
-      kExactTiles[r - 1][s - 1](packed, scales, cols, X, Y, ldy, o, t);
+  if (row_begin >= row_end || n == 0) return;
+  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+  alignas(64) float acc[kTileT * kRows];
+  for (size_t t0 = 0; t0 < n; t0 += kTileT) {
+    const size_t tn = std::min(kTileT, n - t0);
+    for (size_t o0 = row_begin; o0 < row_end; o0 += kRows) {
+      const size_t nr = std::min(kRows, row_end - o0);
+      const __mmask16 rmask = static_cast<__mmask16>((1u << nr) - 1);
+      for (size_t t = 0; t < tn; ++t) _mm512_store_ps(acc + t * kRows, _mm512_setzero_ps());
+      const Block b{packed + o0 * row_bytes, row_bytes, row_bytes, scales + o0 * groups, groups, nr, groups};
+      if (tn <= kExactDirect) kExactDirectFns[tn - 1](b, X + t0 * cols, cols, acc);
+      else exact_buffered(b, X + t0 * cols, cols, tn, acc);
+      for (size_t t = 0; t < tn; ++t)
+        _mm512_mask_storeu_ps(Y + (t0 + t) * ldy + o0, rmask, _mm512_load_ps(acc + t * kRows));
     }
   }
 }
