@@ -72,11 +72,15 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
         matmul_mxfp4_exact(kt, gate_w, z, 1, gate);
         matmul_mxfp4_exact(kt, up_w, z, 1, up);
       }
-      for (size_t i = 0; i < I; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
       if (compute.idot) {
-        quantize_q8_32(kt, gate, 1, I, ws.moe_h_q8.data(), ws.moe_h_d.data());
+        // SiTU fused with the down projection's activation quantisation, one 32-group at a time.
+        for (size_t g = 0; g < I / 32; ++g) {
+          for (size_t i = g * 32; i < g * 32 + 32; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+          kt.quantize_q8_32(gate + g * 32, 32, ws.moe_h_q8.data() + g * 32, ws.moe_h_d.data() + g);
+        }
         matmul_mxfp4_idot(kt, down_w, ws.moe_h_q8.data(), ws.moe_h_d.data(), 1, down);
       } else {
+        for (size_t i = 0; i < I; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
         matmul_mxfp4_exact(kt, down_w, gate, 1, down);
       }
       const float weight = r->weights[j];
