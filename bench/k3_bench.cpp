@@ -1,51 +1,987 @@
-// bench/k3_bench.cpp — benchmarks (not tests). `k3_bench decode <model_dir> [--tokens N]`:
-// decode tokens per second with the f32 engine, printed with the machine facts beside it.
+// bench/k3_bench.cpp — benchmarks (not tests; timings are never assertions).
+//
+//   k3_bench kernels [--isa auto|scalar|avx2|avx512] [--threads N] [--seconds S]
+//       Machine facts, a DRAM read-bandwidth probe, then GB/s of weight bytes (and the ratio to
+//       the probe) for the MXFP4 expert (idot and exact; 1/4/16/64 rows), int8 and int4-g64 on
+//       12288x7168 / 7168x12288 (1 and 64 rows), and ggml's MXFP4 dot product as a peer when the
+//       npm package @node-llama-cpp/linux-x64 is installed under bench/node_modules.
+//   k3_bench decode [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
+//       Decode tokens/s with every expert in memory, with the per-stage breakdown. Without
+//       MODEL_DIR a `k3_synth --preset slice` checkpoint is written once into DIR and reused.
+//
+// Every figure is also printed as one machine-readable line:
+//   RESULT <name> <value> <unit> ratio=<r>
+// ratio is GB/s / DRAM probe for bandwidth figures, the figure itself for "x" figures and nan
+// where there is no reference (decode).
 #include <omp.h>
-#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "ggml_peer.h"
+#include "kernels/isa.h"
+#include "kernels/matmul.h"
+#include "kernels/mxfp4.h"
+#include "kernels/quant.h"
+#include "model/compute.h"
+#include "synth_lib.h"
 #include "util/error.h"
 #include "util/sys.h"
 
+#ifndef K3_BENCH_SOURCE_DIR
+#define K3_BENCH_SOURCE_DIR "bench"
+#endif
+
 namespace {
 
-void print_machine() {
-  struct utsname u {};
-  uname(&u);
-  std::printf("machine: %s %s, %d OpenMP threads\n", u.sysname, u.machine, omp_get_max_threads());
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// RESULT lines
+
+struct Result {
+  std::string name;
+  double value;
+  std::string unit;
+  double ratio;
+  double cpu;  // the lowest cpu share of the timings behind the figure (not printed in RESULT)
+  bool vs_probe = false;  // ratio = value / the run's DRAM reference, filled in at the end
+};
+
+std::vector<Result> g_results;
+
+void add_result(const std::string& name, double value, const std::string& unit, double ratio,
+                double cpu = 1.0) {
+  g_results.push_back({name, value, unit, ratio, cpu, false});
 }
 
-int decode(const std::string& dir, int64_t tokens) {
-  k3::LoadOptions load;
-  k3::Engine engine(dir, load);
-  k3::Session session(engine, tokens + 2);
-  const int64_t first[1] = {1};
-  std::vector<float> logits = session.prefill(first);
+// A GB/s figure whose ratio to the DRAM reference is computed once every probe has run.
+void add_bandwidth(const std::string& name, double gbs, double cpu) {
+  g_results.push_back({name, gbs, "GB/s", std::nan(""), cpu, true});
+}
+
+void print_results() {
+  std::printf("\n== machine-readable (RESULT <name> <value> <unit> ratio=<r>)\n");
+  for (const Result& r : g_results) {
+    if (std::isnan(r.ratio))
+      std::printf("RESULT %s %.3f %s ratio=nan\n", r.name.c_str(), r.value, r.unit.c_str());
+    else
+      std::printf("RESULT %s %.3f %s ratio=%.3f\n", r.name.c_str(), r.value, r.unit.c_str(),
+                  r.ratio);
+  }
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Machine facts
+
+std::string trim(std::string s) {
+  const size_t a = s.find_first_not_of(" \t\n");
+  const size_t b = s.find_last_not_of(" \t\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return trim(line);
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return trim(line.substr(colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+// "32768K" -> bytes.
+uint64_t parse_cache_size(const std::string& s) {
+  if (s.empty()) return 0;
+  uint64_t v = std::strtoull(s.c_str(), nullptr, 10);
+  const char unit = s.back();
+  if (unit == 'K') v <<= 10;
+  if (unit == 'M') v <<= 20;
+  if (unit == 'G') v <<= 30;
+  return v;
+}
+
+struct CacheFact {
+  int level = 0;
+  uint64_t bytes = 0;
+  std::string shared_with;
+};
+
+// The highest-level data/unified cache of cpu0 from sysfs (bytes 0 when unreadable).
+CacheFact last_level_cache() {
+  CacheFact best;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+    if (!fs::exists(dir)) break;
+    const std::string type = read_line(dir + "/type");
+    if (type == "Instruction") continue;
+    const int level = std::atoi(read_line(dir + "/level").c_str());
+    if (level > best.level) {
+      best.level = level;
+      best.bytes = parse_cache_size(read_line(dir + "/size"));
+      best.shared_with = read_line(dir + "/shared_cpu_list");
+    }
+  }
+  return best;
+}
+
+uint64_t mem_total_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    f.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+void print_machine(const k3::Isa isa) {
+  const CacheFact llc = last_level_cache();
+  std::string isas;
+  for (k3::Isa i : k3::supported_isas())
+    isas += std::string(isas.empty() ? "" : ",") + k3::isa_name(i);
+  std::printf("== machine\n");
+  std::printf("cpu:            %s\n", cpu_model().c_str());
+  std::printf("cores online:   %ld (hardware_concurrency %u)\n", sysconf(_SC_NPROCESSORS_ONLN),
+              std::thread::hardware_concurrency());
+  std::printf("memory:         %.1f GiB\n", static_cast<double>(mem_total_bytes()) / (1u << 30));
+  std::printf("OpenMP threads: %d\n", omp_get_max_threads());
+  std::printf("load average:   %s (contention shows per figure in the cpu column)\n",
+              read_line("/proc/loadavg").c_str());
+  std::printf("ISA used:       %s (supported: %s)\n", k3::isa_name(isa), isas.c_str());
+  if (llc.bytes)
+    std::printf("LLC:            L%d %.1f MiB (shared with cpus %s)\n", llc.level,
+                static_cast<double>(llc.bytes) / (1 << 20), llc.shared_with.c_str());
+  else
+    std::printf("LLC:            unknown (sysfs unreadable)\n");
+  std::fflush(stdout);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic random data (parallel, independent of the thread count)
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr size_t kChunk = size_t{1} << 16;
+
+// Bytes uniform in [lo, hi].
+void fill_bytes(uint8_t* p, size_t n, uint64_t seed, int lo, int hi) {
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  const uint64_t span = static_cast<uint64_t>(hi - lo + 1);
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    uint64_t s = seed * 0x100000001B3ull + c;
+    const size_t end = std::min(n, (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < end; ++i)
+      p[i] = static_cast<uint8_t>(lo + static_cast<int>(splitmix(s) % span));
+  }
+}
+
+// Floats uniform in [-1, 1).
+void fill_floats(float* p, size_t n, uint64_t seed) {
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < chunks; ++c) {
+    uint64_t s = seed * 0x100000001B3ull + c;
+    const size_t end = std::min(n, (c + 1) * kChunk);
+    for (size_t i = c * kChunk; i < end; ++i)
+      p[i] = static_cast<float>(static_cast<double>(splitmix(s) >> 11) * 0x1.0p-52 - 1.0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing: one untimed warm-up unit, then whole passes until `seconds` have gone by (and at
+// least `min_passes`). Best = fastest pass (the figure reported), median for the spread.
+
+struct Timing {
+  double best = 0;
+  double median = 0;
+  int passes = 0;
+  // Process CPU time / (wall time x OpenMP threads) over the timed passes: well below 1 means
+  // the threads were not running (other processes on the cores), and the figure is low.
+  double cpu_share = 0;
+};
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+template <typename Warm, typename Pass>
+Timing measure(double seconds, int min_passes, Warm&& warm, Pass&& pass) {
+  warm();
+  std::vector<double> t;
+  const double start = k3::now_seconds();
+  const double cpu0 = process_cpu_seconds();
+  while (static_cast<int>(t.size()) < min_passes || k3::now_seconds() - start < seconds) {
+    const double t0 = k3::now_seconds();
+    pass();
+    t.push_back(k3::now_seconds() - t0);
+  }
+  const double wall = k3::now_seconds() - start;
+  const double cpu = process_cpu_seconds() - cpu0;
+  std::sort(t.begin(), t.end());
+  return {t.front(), t[t.size() / 2], static_cast<int>(t.size()),
+          cpu / (wall * omp_get_max_threads())};
+}
+
+// ---------------------------------------------------------------------------------------------
+// DRAM probe: threaded sum of a >= 1 GiB float array, best of `passes`.
+
+// n: a multiple of 32; p: 16-byte aligned.
+double sum_range(const float* p, size_t n) {
+#if defined(__SSE2__)
+  __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (size_t i = 0; i < n; i += 32) {
+    a0 = _mm_add_ps(a0, _mm_load_ps(p + i));
+    a1 = _mm_add_ps(a1, _mm_load_ps(p + i + 4));
+    a2 = _mm_add_ps(a2, _mm_load_ps(p + i + 8));
+    a3 = _mm_add_ps(a3, _mm_load_ps(p + i + 12));
+    a4 = _mm_add_ps(a4, _mm_load_ps(p + i + 16));
+    a5 = _mm_add_ps(a5, _mm_load_ps(p + i + 20));
+    a6 = _mm_add_ps(a6, _mm_load_ps(p + i + 24));
+    a7 = _mm_add_ps(a7, _mm_load_ps(p + i + 28));
+  }
+  a0 = _mm_add_ps(_mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)),
+                  _mm_add_ps(_mm_add_ps(a4, a5), _mm_add_ps(a6, a7)));
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, a0);
+  return static_cast<double>(lanes[0]) + lanes[1] + lanes[2] + lanes[3];
+#else
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += p[i];
+  return s;
+#endif
+}
+
+// GB/s of the best pass; *cpu_share as in Timing.
+double dram_probe(size_t bytes, int passes, double* cpu_share) {
+  const size_t n = bytes / sizeof(float);
+  const size_t block = 1 << 14;  // floats per scheduling block (64 KiB, 16-byte aligned)
+  const size_t blocks = n / block;
+  std::unique_ptr<float[]> a(new float[blocks * block]);
+  float* p = a.get();
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < blocks; ++b)  // first touch by the thread that will read it
+    for (size_t i = 0; i < block; ++i) p[b * block + i] = static_cast<float>((b + i) & 7);
+  double best = 1e30, checksum = 0;
+  const double wall0 = k3::now_seconds(), cpu0 = process_cpu_seconds();
+  for (int pass = 0; pass < passes; ++pass) {
+    double total = 0;
+    const double t0 = k3::now_seconds();
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (size_t b = 0; b < blocks; ++b) total += sum_range(p + b * block, block);
+    best = std::min(best, k3::now_seconds() - t0);
+    checksum += total;
+  }
+  *cpu_share =
+      (process_cpu_seconds() - cpu0) / ((k3::now_seconds() - wall0) * omp_get_max_threads());
+  if (checksum == -1) std::printf("(checksum)\n");  // keeps the sums alive
+  return static_cast<double>(blocks * block * sizeof(float)) / best / 1e9;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MXFP4 experts
+
+constexpr size_t kInter = 3072;   // moe_intermediate_size
+constexpr size_t kLatent = 3584;  // routed_expert_hidden_size
+
+struct Mx {
+  std::vector<uint8_t> packed, scales;
+  size_t rows = 0, cols = 0;
+  k3::Mxfp4Matrix view() const { return {packed.data(), scales.data(), rows, cols}; }
+  size_t bytes() const { return packed.size() + scales.size(); }
+};
+
+Mx random_mx(size_t rows, size_t cols, uint64_t seed) {
+  Mx m;
+  m.rows = rows;
+  m.cols = cols;
+  m.packed.resize(rows * cols / 2);
+  m.scales.resize(rows * cols / 32);
+  fill_bytes(m.packed.data(), m.packed.size(), seed, 0, 255);
+  fill_bytes(m.scales.data(), m.scales.size(), seed + 1, 120, 130);
+  return m;
+}
+
+struct Expert {
+  Mx gate, up, down;  // gate/up [3072][3584], down [3584][3072]
+  size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
+};
+
+// Activations and scratch for up to 64 rows.
+struct ExpertScratch {
+  static constexpr size_t kMaxRows = 64;
+  std::vector<float> X, G, U, H, Y;
+  std::vector<int8_t> qx, qh;
+  std::vector<float> dx, dh;
+  ExpertScratch()
+      : X(kMaxRows * kLatent),
+        G(kMaxRows * kInter),
+        U(kMaxRows * kInter),
+        H(kMaxRows * kInter),
+        Y(kMaxRows * kLatent),
+        qx(kMaxRows * kLatent),
+        qh(kMaxRows * kInter),
+        dx(kMaxRows * kLatent / 32),
+        dh(kMaxRows * kInter / 32) {
+    fill_floats(X.data(), X.size(), 777);
+  }
+};
+
+// h = g * u (the SiLU is left out: it is not a weight kernel and would only add a constant).
+void glue(ExpertScratch& s, size_t n) {
+  for (size_t i = 0; i < n * kInter; ++i) s.H[i] = s.G[i] * s.U[i] * (1.0f / 1024.0f);
+}
+
+// The integer path as the engine runs it: quantise x, gate + up, quantise h, down.
+void expert_idot(const k3::KernelTable& k, const Expert& e, ExpertScratch& s, size_t n) {
+  k3::quantize_q8_32(k, s.X.data(), n, kLatent, s.qx.data(), s.dx.data());
+  k3::matmul_mxfp4_idot(k, e.gate.view(), s.qx.data(), s.dx.data(), n, s.G.data());
+  k3::matmul_mxfp4_idot(k, e.up.view(), s.qx.data(), s.dx.data(), n, s.U.data());
+  glue(s, n);
+  k3::quantize_q8_32(k, s.H.data(), n, kInter, s.qh.data(), s.dh.data());
+  k3::matmul_mxfp4_idot(k, e.down.view(), s.qh.data(), s.dh.data(), n, s.Y.data());
+}
+
+void expert_exact(const k3::KernelTable& k, const Expert& e, ExpertScratch& s, size_t n) {
+  k3::matmul_mxfp4_exact(k, e.gate.view(), s.X.data(), n, s.G.data());
+  k3::matmul_mxfp4_exact(k, e.up.view(), s.X.data(), n, s.U.data());
+  glue(s, n);
+  k3::matmul_mxfp4_exact(k, e.down.view(), s.H.data(), n, s.Y.data());
+}
+
+// ggml's blocks of the same expert.
+struct GgmlExpert {
+  std::vector<uint8_t> gate, up, down;
+};
+
+// Row-parallel GEMV with ggml's vec_dot (one OpenMP region per matrix, like our wrappers).
+void ggml_gemv(const k3bench::GgmlPeer& g, const std::vector<uint8_t>& W, size_t rows, size_t cols,
+               const void* q8, float* y) {
+  const size_t row_bytes = cols / 32 * k3bench::kGgmlMxfp4Block;
+  const uint8_t* base = W.data();
+#pragma omp parallel for schedule(static)
+  for (size_t o = 0; o < rows; ++o)
+    g.vec_dot_mxfp4_q8_0(static_cast<int>(cols), y + o, 0, base + o * row_bytes, 0, q8, 0, 1);
+}
+
+void expert_ggml(const k3bench::GgmlPeer& g, const GgmlExpert& e, ExpertScratch& s,
+                 std::vector<uint8_t>& q8x, std::vector<uint8_t>& q8h) {
+  g.quantize_row_q8_0(s.X.data(), q8x.data(), static_cast<int64_t>(kLatent));
+  ggml_gemv(g, e.gate, kInter, kLatent, q8x.data(), s.G.data());
+  ggml_gemv(g, e.up, kInter, kLatent, q8x.data(), s.U.data());
+  glue(s, 1);
+  g.quantize_row_q8_0(s.H.data(), q8h.data(), static_cast<int64_t>(kInter));
+  ggml_gemv(g, e.down, kLatent, kInter, q8h.data(), s.Y.data());
+}
+
+// Relative L2 error of a against the reference b.
+double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+
+struct KernelsArgs {
+  std::string isa = "auto";
+  int threads = 0;
+  double seconds = 1.5;
+  int experts = 16;
+  std::string ggml_dir = K3_BENCH_SOURCE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins";
+  bool no_ggml = false;
+  std::vector<std::string> only;  // figure-name substrings; empty = everything
+};
+
+// True when a section whose figures are named `prefix`... is selected by --only.
+bool selected(const KernelsArgs& a, const std::string& prefix) {
+  if (a.only.empty()) return true;
+  for (const std::string& o : a.only)
+    if (prefix.find(o) != std::string::npos || o.find(prefix) != std::string::npos) return true;
+  return false;
+}
+
+// The targets, checked against the figures of this run (informative, never a failure).
+void print_targets() {
+  auto find = [](const std::string& name) -> const Result* {
+    for (const Result& r : g_results)
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  std::printf("\n== targets (informative; timings are not test assertions)\n");
+  auto check = [&](const std::string& name, bool use_ratio, double want, const char* what) {
+    const Result* r = find(name);
+    if (!r) return;
+    const double v = use_ratio ? r->ratio : r->value;
+    char note[64] = "";
+    if (r->cpu < 0.9)
+      std::snprintf(note, sizeof note, "  (contended: cpu %.0f%%, not meaningful)", 100.0 * r->cpu);
+    std::printf("%-44s %-26s %7.2f  %s%s\n", name.c_str(), what, v, v >= want ? "met" : "MISSED",
+                note);
+  };
+  if (const Result* p = find("dram_probe"); p && p->cpu < 0.9)
+    std::printf("the DRAM reference probe ran contended (cpu %.0f%%): every ratio is suspect\n",
+                100.0 * p->cpu);
+  check("mxfp4_idot_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("mxfp4_exact_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("mxfp4_idot_rows1_vs_ggml", false, 2.0, ">= 2.00 x ggml");
+  for (const Result& r : g_results)
+    if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
+      check(r.name, false, 3.0, ">= 3.00 x rows1 per row");
+}
+
+k3::Isa resolve_isa(const std::string& name) {
+  if (name == "auto") return k3::best_isa();
+  k3::Isa isa;
+  if (!k3::parse_isa(name, &isa)) throw k3::Error("--isa: unknown variant '" + name + "'");
+  if (!k3::isa_supported(isa))
+    throw k3::Error(std::string("--isa ") + name + ": this CPU cannot run it");
+  return isa;
+}
+
+void print_row(const std::string& name, size_t rows, double bytes, const Timing& t,
+               double per_row_vs_1) {
+  const double gbs = bytes / t.best / 1e9;
+  const double gbs_med = bytes / t.median / 1e9;
+  char extra[32] = "";
+  if (per_row_vs_1 > 0) std::snprintf(extra, sizeof extra, "%.2fx", per_row_vs_1);
+  std::printf("%-26s %4zu %8.1f %9.3f %9.3f %7.2f %7.2f %6d %4.0f%% %8s\n", name.c_str(), rows,
+              bytes / 1e6, t.best * 1e3, t.median * 1e3, gbs, gbs_med, t.passes,
+              100.0 * t.cpu_share, extra);
+  std::fflush(stdout);
+}
+
+void print_header(const char* title) {
+  std::printf("\n== %s\n", title);
+  std::printf("%-26s %4s %8s %9s %9s %7s %7s %6s %5s %8s\n", "figure", "rows", "MB/pass", "best ms",
+              "med ms", "GB/s", "med", "passes", "cpu", "per-row");
+}
+
+int run_kernels(const KernelsArgs& a) {
+  const double t_start = k3::now_seconds();
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const k3::Isa isa = resolve_isa(a.isa);
+  const k3::KernelTable& k = k3::kernel_table(isa);
+  print_machine(isa);
+  const int threads = omp_get_max_threads();
+  const CacheFact llc = last_level_cache();
+  const uint64_t llc_bytes = llc.bytes ? llc.bytes : (uint64_t{32} << 20);
+
+  // DRAM probes: at the start, after the MXFP4 figures and at the end. The host's memory
+  // bandwidth moves with its other tenants (32 to 53 GB/s seen here with our cores idle), so the
+  // ratios use the highest probe of the run as the reference, conservatively.
+  const size_t probe_bytes = size_t{1} << 30;
+  struct Probe {
+    const char* name;
+    double gbs, cpu;
+  };
+  std::vector<Probe> probes;
+  auto run_probe = [&](const char* name) {
+    double cpu = 0;
+    const double gbs = dram_probe(probe_bytes, 5, &cpu);
+    probes.push_back({name, gbs, cpu});
+    std::printf(
+        "\n== DRAM read probe (%s): sum of a %.2f GiB float array, %d threads, best of 5 passes: "
+        "%.2f GB/s (cpu %.0f%%)\n",
+        name, static_cast<double>(probe_bytes) / (1u << 30), threads, gbs, 100.0 * cpu);
+    std::fflush(stdout);
+  };
+  run_probe("start");
+  std::printf(
+      "(figures below: one pass = every distinct matrix/expert once; passes repeated for >= %.1f "
+      "s, GB/s from the best pass, med = median pass; GB/s = weight bytes (incl. scales) read "
+      "per second; per-row = rows x GB/s / rows-1 GB/s, the throughput per activation row vs one "
+      "row; cpu = process CPU time / (wall x threads): well under 100%% means other processes "
+      "took the cores. Ratios to the DRAM reference come at the end.)\n",
+      a.seconds);
+
+  // MXFP4 experts (and the ggml peer on the same weights).
+  if (selected(a, "mxfp4_idot") || selected(a, "mxfp4_exact") || selected(a, "ggml_mxfp4")) {
+    // MXFP4 experts.
+    const int E = std::max(1, a.experts);
+    std::vector<Expert> experts(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
+      experts[e].gate = random_mx(kInter, kLatent, seed);
+      experts[e].up = random_mx(kInter, kLatent, seed + 3);
+      experts[e].down = random_mx(kLatent, kInter, seed + 6);
+    }
+    const double expert_bytes = static_cast<double>(experts[0].bytes());
+    const double pass_bytes = expert_bytes * E;
+    ExpertScratch scratch;
+    std::printf(
+        "\n== MXFP4 expert: gate+up %zux%zu, down %zux%zu, %.2f MB per expert, %d experts "
+        "rotated (%.0f MB working set, LLC %.0f MiB)\n",
+        kInter, kLatent, kLatent, kInter, expert_bytes / 1e6, E, pass_bytes / 1e6,
+        static_cast<double>(llc_bytes) / (1 << 20));
+    if (pass_bytes < 2.0 * static_cast<double>(llc_bytes))
+      std::printf("warning: the working set is not much larger than the LLC\n");
+
+    const size_t row_counts[] = {1, 4, 16, 64};
+    double mx_idot_rows1 = 0, mx_idot_cpu = 1;
+    for (const bool idot : {true, false}) {
+      const std::string path = idot ? "mxfp4_idot" : "mxfp4_exact";
+      if (!selected(a, path)) continue;
+      print_header(
+          ("MXFP4 expert, " + std::string(idot ? "idot (default path)" : "exact float path"))
+              .c_str());
+      double gbs1 = 0, cpu1 = 1;
+      for (const size_t n : row_counts) {
+        auto call = [&](const Expert& e) {
+          if (idot)
+            expert_idot(k, e, scratch, n);
+          else
+            expert_exact(k, e, scratch, n);
+        };
+        const Timing t = measure(
+            a.seconds, 3, [&] { call(experts[0]); },
+            [&] {
+              for (const Expert& e : experts) call(e);
+            });
+        const double gbs = pass_bytes / t.best / 1e9;
+        const std::string name = path + "_rows" + std::to_string(n);
+        double per_row = 0;
+        if (n == 1) {
+          gbs1 = gbs;
+          if (idot) {
+            mx_idot_rows1 = gbs;
+            mx_idot_cpu = t.cpu_share;
+          }
+        } else {
+          per_row = gbs * static_cast<double>(n) / gbs1;
+        }
+        print_row(name, n, pass_bytes, t, per_row);
+        if (n == 1) cpu1 = t.cpu_share;
+        add_bandwidth(name, gbs, t.cpu_share);
+        if (n > 1)
+          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                     std::min(cpu1, t.cpu_share));
+      }
+    }
+
+    // ggml peer on the same experts.
+    if (selected(a, "ggml_mxfp4") && mx_idot_rows1 == 0 && !a.only.empty())
+      std::printf("\n(add mxfp4_idot to --only for the ours/ggml ratio)\n");
+    std::printf("\n== ggml peer (MXFP4 x Q8_0 vec_dot, row-parallel over %d OpenMP threads)\n",
+                threads);
+    if (a.no_ggml || !selected(a, "ggml_mxfp4")) {
+      std::printf("ggml peer: skipped\n");
+    } else {
+      k3bench::GgmlPeer g(a.ggml_dir);
+      if (!g.ok()) {
+        std::printf("ggml peer unavailable: %s\n", g.why().c_str());
+      } else {
+        std::printf("library: %s/%s\n", g.dir().c_str(), g.variant().c_str());
+        // The exponent convention: ggml doubles the E2M1 table and halves the scale; find the byte
+        // offset that makes ggml's dequantisation equal ours, then check it on a few rows.
+        const Mx& g0 = experts[0].gate;
+        int offset = 0;
+        bool values_ok = true;
+        const size_t check_rows = 4;
+        if (g.dequantize_row_mxfp4) {
+          for (int attempt = 0; attempt < 2; ++attempt) {
+            std::vector<uint8_t> blocks = k3bench::repack_mxfp4_for_ggml(
+                g0.packed.data(), g0.scales.data(), check_rows, g0.cols, offset);
+            std::vector<float> deq(check_rows * g0.cols);
+            g.dequantize_row_mxfp4(blocks.data(), deq.data(), static_cast<int64_t>(deq.size()));
+            size_t mismatches = 0;
+            double ratio = 0;
+            for (size_t o = 0; o < check_rows; ++o)
+              for (size_t i = 0; i < g0.cols; ++i) {
+                const float ours =
+                    k3::mxfp4_weight(g0.packed.data(), g0.scales.data(), g0.cols, o, i);
+                const float theirs = deq[o * g0.cols + i];
+                if (ours != theirs) {
+                  if (mismatches == 0 && ours != 0) ratio = theirs / ours;
+                  ++mismatches;
+                }
+              }
+            std::printf(
+                "dequantize_row_mxfp4 vs k3::mxfp4_weight (%zu rows, exponent offset %+d): %zu "
+                "mismatches%s\n",
+                check_rows, offset, mismatches,
+                mismatches ? (", ggml/ours = " + std::to_string(ratio)).c_str() : "");
+            values_ok = mismatches == 0;
+            if (values_ok) break;
+            if (ratio == 0.5)
+              offset += 1;
+            else if (ratio == 2.0)
+              offset -= 1;
+            else
+              break;
+          }
+        } else {
+          std::printf("dequantize_row_mxfp4 not exported: exponent convention not checked\n");
+        }
+        if (!values_ok) {
+          std::printf("ggml peer unusable: its dequantised weights do not match ours\n");
+        } else {
+          std::vector<GgmlExpert> gx(experts.size());
+          for (size_t e = 0; e < experts.size(); ++e) {
+            const Expert& x = experts[e];
+            gx[e].gate = k3bench::repack_mxfp4_for_ggml(x.gate.packed.data(), x.gate.scales.data(),
+                                                        kInter, kLatent, offset);
+            gx[e].up = k3bench::repack_mxfp4_for_ggml(x.up.packed.data(), x.up.scales.data(),
+                                                      kInter, kLatent, offset);
+            gx[e].down = k3bench::repack_mxfp4_for_ggml(x.down.packed.data(), x.down.scales.data(),
+                                                        kLatent, kInter, offset);
+          }
+          std::vector<uint8_t> q8x(kLatent / 32 * k3bench::kGgmlQ8Block),
+              q8h(kInter / 32 * k3bench::kGgmlQ8Block);
+          // Numerics: gate of expert 0 on row 0, ggml vs our exact float path (the reference) and
+          // our idot path.
+          std::vector<float> ref(kInter), ours_idot(kInter), theirs(kInter);
+          k3::matmul_mxfp4_exact(k, experts[0].gate.view(), scratch.X.data(), 1, ref.data());
+          k3::quantize_q8_32(k, scratch.X.data(), 1, kLatent, scratch.qx.data(), scratch.dx.data());
+          k3::matmul_mxfp4_idot(k, experts[0].gate.view(), scratch.qx.data(), scratch.dx.data(), 1,
+                                ours_idot.data());
+          g.quantize_row_q8_0(scratch.X.data(), q8x.data(), static_cast<int64_t>(kLatent));
+          ggml_gemv(g, gx[0].gate, kInter, kLatent, q8x.data(), theirs.data());
+          const double err_ggml = rel_l2(theirs.data(), ref.data(), kInter);
+          const double err_idot = rel_l2(ours_idot.data(), ref.data(), kInter);
+          const double err_pair = rel_l2(theirs.data(), ours_idot.data(), kInter);
+          std::printf(
+              "gate[0] x row 0, relative L2 error vs our exact path: ggml %.2e, our idot %.2e; "
+              "ggml vs our idot %.2e\n",
+              err_ggml, err_idot, err_pair);
+          if (!(err_ggml < 2e-2)) {
+            std::printf("ggml peer unusable: its output does not match ours (rel err %.3g)\n",
+                        err_ggml);
+          } else {
+            print_header("ggml MXFP4 expert (same weights, repacked), 1 row");
+            const Timing t = measure(
+                a.seconds, 3, [&] { expert_ggml(g, gx[0], scratch, q8x, q8h); },
+                [&] {
+                  for (const GgmlExpert& e : gx) expert_ggml(g, e, scratch, q8x, q8h);
+                });
+            const double gbs = pass_bytes / t.best / 1e9;
+            print_row("ggml_mxfp4_rows1", 1, pass_bytes, t, 0);
+            add_bandwidth("ggml_mxfp4_rows1", gbs, t.cpu_share);
+            if (mx_idot_rows1 > 0) {
+              const double vs = mx_idot_rows1 / gbs;
+              std::printf("ours (idot, rows 1) / ggml: %.2fx\n", vs);
+              add_result("mxfp4_idot_rows1_vs_ggml", vs, "x", vs,
+                         std::min(mx_idot_cpu, t.cpu_share));
+            }
+          }
+        }
+      }
+    }
+    experts.clear();
+    experts.shrink_to_fit();
+    run_probe("middle");
+  }
+
+  // Dense int8 / int4 matrices.
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{12288, 7168}, {7168, 12288}};
+  for (const int bits : {8, 4}) {
+    for (const Shape& sh : shapes) {
+      if (!selected(a, (bits == 8 ? "int8_" : "int4_") + std::to_string(sh.rows) + "x" +
+                           std::to_string(sh.cols)))
+        continue;
+      const double one =
+          bits == 8 ? static_cast<double>(sh.rows * sh.cols + sh.rows * 4)
+                    : static_cast<double>(sh.rows * sh.cols / 2 + sh.rows * sh.cols / 64 * 4);
+      const int count =
+          std::clamp(static_cast<int>(std::ceil(4.0 * static_cast<double>(llc_bytes) / one)), 2, 8);
+      std::vector<k3::WeightMatrix> mats(static_cast<size_t>(count));
+      double bytes = 0;
+      for (int m = 0; m < count; ++m) {
+        k3::WeightMatrix& W = mats[m];
+        W.rows = sh.rows;
+        W.cols = sh.cols;
+        W.f32.resize(static_cast<size_t>(sh.rows * sh.cols));
+        fill_floats(W.f32.data(), W.f32.size(), 5000 + static_cast<uint64_t>(bits * 100 + m));
+        k3::quantize_matrix(W, bits);
+        bytes += static_cast<double>(W.bytes());
+      }
+      const std::string fmt = bits == 8 ? "int8" : "int4";
+      const std::string base = fmt + "_" + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+      char title[160];
+      std::snprintf(title, sizeof title,
+                    "%s %lldx%lld (%s), %d distinct matrices rotated (%.0f MB working set)",
+                    bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows),
+                    static_cast<long long>(sh.cols), k3::weight_format_name(mats[0].format), count,
+                    bytes / 1e6);
+      print_header(title);
+      std::vector<float> X(static_cast<size_t>(64 * sh.cols)), Y(static_cast<size_t>(64 * sh.rows));
+      fill_floats(X.data(), X.size(), 4242);
+      double gbs1 = 0, cpu1 = 1;
+      for (const size_t n : {size_t{1}, size_t{64}}) {
+        const Timing t = measure(
+            a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); },
+            [&] {
+              for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
+            });
+        const double gbs = bytes / t.best / 1e9;
+        const std::string name = base + "_rows" + std::to_string(n);
+        double per_row = 0;
+        if (n == 1)
+          gbs1 = gbs;
+        else
+          per_row = gbs * static_cast<double>(n) / gbs1;
+        print_row(name, n, bytes, t, per_row);
+        if (n == 1) cpu1 = t.cpu_share;
+        add_bandwidth(name, gbs, t.cpu_share);
+        if (n > 1)
+          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                     std::min(cpu1, t.cpu_share));
+      }
+    }
+  }
+
+  run_probe("end");
+
+  // The reference: the highest probe of the run.
+  double ref = 0, lowest = 1e30, ref_cpu = 1;
+  for (const Probe& p : probes) {
+    if (p.gbs > ref) ref = p.gbs, ref_cpu = p.cpu;
+    lowest = std::min(lowest, p.gbs);
+  }
+  std::printf("\n== DRAM reference = the highest probe: %.2f GB/s (probes:", ref);
+  for (const Probe& p : probes) std::printf(" %s %.2f", p.name, p.gbs);
+  std::printf(")\n");
+  if (lowest < 0.85 * ref)
+    std::printf(
+        "the probes differ by %.0f%%: the memory bandwidth changed during the run (other "
+        "processes or tenants); compare runs with care\n",
+        100.0 * (1.0 - lowest / ref));
+  g_results.insert(g_results.begin(), {"dram_probe", ref, "GB/s", 1.0, ref_cpu, false});
+  for (const Probe& p : probes)
+    add_result(std::string("dram_probe_") + p.name, p.gbs, "GB/s", p.gbs / ref, p.cpu);
+  std::printf("%-32s %8s %6s %5s\n", "figure", "GB/s", "xDRAM", "cpu");
+  for (Result& r : g_results) {
+    if (!r.vs_probe) continue;
+    r.ratio = r.value / ref;
+    std::printf("%-32s %8.2f %6.2f %4.0f%%\n", r.name.c_str(), r.value, r.ratio, 100.0 * r.cpu);
+  }
+
+  print_targets();
+  print_results();
+  std::printf("kernels: done in %.1f s (peak RSS %.2f GB)\n", k3::now_seconds() - t_start,
+              static_cast<double>(k3::peak_rss_bytes()) / 1e9);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// decode
+
+struct DecodeArgs {
+  std::string model_dir;  // an existing checkpoint; empty = the cached slice
+  int64_t layers = 2;
+  int64_t experts = 16;
+  int64_t tokens = 8;
+  int64_t prefill = 4;
+  std::string dir;  // cache of the slice checkpoint
+  std::string isa = "auto";
+  int threads = 0;
+};
+
+// <build>/bench-slice for a binary at <build>/bench/k3_bench.
+std::string default_slice_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "build/bench-slice";
+  return (exe.parent_path().parent_path() / "bench-slice").string();
+}
+
+// Writes the slice checkpoint into `dir` unless an identical one is already there.
+void ensure_slice(const std::string& dir, int64_t layers, int64_t experts) {
+  k3::synth::SynthSpec spec = k3::synth::preset_spec("slice");
+  k3::synth::apply_overrides(&spec, layers, experts);
+  spec.seed = 1;
+  k3::synth::validate(spec);
+  std::ostringstream want;
+  want << "preset=slice layers=" << spec.num_hidden_layers << " experts=" << spec.num_experts
+       << " seed=" << spec.seed;
+  const fs::path stamp = fs::path(dir) / "k3_bench-spec.txt";
+  if (fs::exists(fs::path(dir) / "config.json") && read_line(stamp.string()) == want.str()) {
+    std::printf("slice checkpoint: reusing %s (%s)\n", dir.c_str(), want.str().c_str());
+    return;
+  }
+  std::error_code ec;
+  if (fs::exists(dir) && !fs::is_empty(dir, ec)) {
+    if (!fs::exists(stamp))
+      throw k3::Error("--dir " + dir +
+                      " is not empty and was not written by k3_bench; pass an existing "
+                      "checkpoint as MODEL_DIR instead");
+    fs::remove_all(dir);  // our own cache with other dimensions
+  }
+  fs::create_directories(dir);
+  const uint64_t need = k3::synth::total_tensor_bytes(spec);
+  const fs::space_info space = fs::space(dir);
+  std::printf("slice checkpoint: writing %s (%s, %.2f GB; %.1f GB free) ...\n", dir.c_str(),
+              want.str().c_str(), static_cast<double>(need) / 1e9,
+              static_cast<double>(space.available) / 1e9);
+  std::fflush(stdout);
+  if (space.available < need + (uint64_t{1} << 30))
+    throw k3::Error("not enough disk space in " + dir + " for the slice checkpoint");
+  spec.progress = false;
   const double t0 = k3::now_seconds();
-  for (int64_t i = 0; i < tokens; ++i) logits = session.step(k3::argmax(logits));
+  k3::synth::write_checkpoint(spec, dir);
+  std::ofstream(stamp) << want.str() << "\n";
+  std::printf("slice checkpoint: written in %.1f s\n", k3::now_seconds() - t0);
+}
+
+int run_decode(const DecodeArgs& a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const k3::Isa isa = resolve_isa(a.isa);
+  print_machine(isa);
+  std::string dir = a.model_dir;
+  std::string name;
+  if (dir.empty()) {
+    dir = a.dir.empty() ? default_slice_dir() : a.dir;
+    std::printf("\n== decode on a slice checkpoint (%lld layers, %lld experts)\n",
+                static_cast<long long>(a.layers), static_cast<long long>(a.experts));
+    ensure_slice(dir, a.layers, a.experts);
+    name = "decode_slice_L" + std::to_string(a.layers) + "_E" + std::to_string(a.experts);
+  } else {
+    std::printf("\n== decode on %s\n", dir.c_str());
+    name = "decode_model";
+  }
+  k3::LoadOptions load;
+  load.isa = a.isa;
+  load.experts_in_memory = true;
+  k3::Engine engine(dir, load);
+  std::printf("engine: %s, loaded in %.2f s (experts in memory)\n", engine.describe().c_str(),
+              engine.load_seconds());
+  const k3::K3Config& c = engine.config();
+  std::printf("model: D %lld, %lld layers, vocab %lld\n", static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.vocab_size));
+
+  const int64_t P = std::max<int64_t>(1, a.prefill);
+  k3::Session session(engine, P + a.tokens + 2);
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(1 + i);
+  double t0 = k3::now_seconds();
+  std::vector<float> logits = session.prefill(prompt);
+  const double prefill_s = k3::now_seconds() - t0;
+  const k3::StageStats before = session.stats();
+
+  std::vector<double> steps;
+  const double cpu0 = process_cpu_seconds();
+  t0 = k3::now_seconds();
+  for (int64_t i = 0; i < a.tokens; ++i) {
+    const double s0 = k3::now_seconds();
+    logits = session.step(k3::argmax(logits));
+    steps.push_back(k3::now_seconds() - s0);
+  }
   const double dt = k3::now_seconds() - t0;
-  print_machine();
-  std::printf("decode: %lld tokens in %.3f s = %.2f tok/s (load %.2f s)\n", static_cast<long long>(tokens), dt,
-              static_cast<double>(tokens) / dt, engine.load_seconds());
+  const double cpu_share = (process_cpu_seconds() - cpu0) / (dt * omp_get_max_threads());
+  k3::StageStats decode_stats = session.stats();
+  for (int i = 0; i < static_cast<int>(k3::Stage::kCount); ++i)
+    decode_stats.seconds[i] -= before.seconds[i];
+  std::sort(steps.begin(), steps.end());
+  const double tps = static_cast<double>(a.tokens) / dt;
+  std::printf("prefill: %lld tokens in %.3f s\n", static_cast<long long>(P), prefill_s);
+  std::printf(
+      "decode:  %lld tokens in %.3f s = %.2f tok/s (step best %.1f ms, median %.1f ms, cpu "
+      "%.0f%%)\n",
+      static_cast<long long>(a.tokens), dt, tps, steps.empty() ? 0.0 : steps.front() * 1e3,
+      steps.empty() ? 0.0 : steps[steps.size() / 2] * 1e3, 100.0 * cpu_share);
+  std::printf("decode stages: %s\n", decode_stats.summary().c_str());
+  std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
+  add_result(name, tps, "tok/s", std::nan(""));
+  print_results();
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"k3_bench: kernel bandwidth and decode speed (benchmarks, not tests)"};
+  app.require_subcommand(1);
+
+  KernelsArgs ka;
+  CLI::App* kernels =
+      app.add_subcommand("kernels", "DRAM probe + GB/s of MXFP4/int8/int4 kernels (+ ggml peer)");
+  kernels->add_option("--isa", ka.isa, "kernel variant: auto, scalar, avx2, avx512")
+      ->capture_default_str();
+  kernels->add_option("--threads", ka.threads, "OpenMP threads (0 = OpenMP default)")
+      ->capture_default_str();
+  kernels->add_option("--seconds", ka.seconds, "time spent per figure (best pass reported)")
+      ->capture_default_str();
+  kernels->add_option("--experts", ka.experts, "distinct MXFP4 experts rotated")
+      ->capture_default_str();
+  kernels
+      ->add_option("--ggml-dir", ka.ggml_dir, "where to look for the ggml libraries (recursively)")
+      ->capture_default_str();
+  kernels->add_flag("--no-ggml", ka.no_ggml, "skip the ggml peer");
+  kernels
+      ->add_option(
+          "--only", ka.only,
+          "run only the figures whose names contain one of these (e.g. mxfp4_idot, int4, ggml)")
+      ->delimiter(',');
+
+  DecodeArgs da;
+  CLI::App* decode = app.add_subcommand("decode", "decode tokens/s with every expert in memory");
+  decode->add_option("model_dir", da.model_dir,
+                     "an existing checkpoint (default: the cached slice)");
+  decode->add_option("--layers", da.layers, "slice layers")->capture_default_str();
+  decode->add_option("--experts", da.experts, "slice routed experts")->capture_default_str();
+  decode->add_option("--tokens", da.tokens, "tokens to decode")->capture_default_str();
+  decode->add_option("--prefill", da.prefill, "prompt tokens before decoding")
+      ->capture_default_str();
+  decode->add_option("--dir", da.dir,
+                     "cache directory of the slice checkpoint (default <build>/bench-slice)");
+  decode->add_option("--isa", da.isa, "kernel variant: auto, scalar, avx2, avx512")
+      ->capture_default_str();
+  decode->add_option("--threads", da.threads, "OpenMP threads (0 = OpenMP default)")
+      ->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
   try {
-    const std::vector<std::string> args(argv + 1, argv + argc);
-    if (args.size() >= 2 && args[0] == "decode") {
-      const int64_t tokens = args.size() >= 4 && args[2] == "--tokens" ? std::stoll(args[3]) : 16;
-      return decode(args[1], tokens);
-    }
-    std::fprintf(stderr, "usage: k3_bench decode <model_dir> [--tokens N]\n");
-    return 2;
+    if (kernels->parsed()) return run_kernels(ka);
+    if (da.layers < 1 || da.experts < 1 || da.tokens < 1)
+      throw k3::Error("--layers, --experts, --tokens must be >= 1");
+    return run_decode(da);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "k3_bench: %s\n", e.what());
     return 1;
