@@ -11,8 +11,11 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/isa.h"
@@ -39,10 +42,10 @@ constexpr double kInt4Tol = 5e-5;
 // Outputs outside the row range (and the ldy padding) must keep this exact value.
 constexpr float kSentinel = -1234.5f;
 
-const size_t kRows[] = {1, 3, 17, 67};
-const size_t kDenseCols[] = {1, 7, 64, 100, 131, 1000};
-const size_t kInt4Cols[] = {64, 128, 192, 1088};
-const size_t kNs[] = {1, 2, 3, 5, 8, 13, 64};
+const std::vector<size_t> kRows = {1, 3, 17, 67};
+const std::vector<size_t> kDenseCols = {1, 7, 64, 100, 131, 1000};
+const std::vector<size_t> kInt4Cols = {64, 128, 192, 1088};
+const std::vector<size_t> kNs = {1, 2, 3, 5, 8, 13, 64};
 
 std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
@@ -116,16 +119,16 @@ double tolerance(WeightFormat format) {
 
 // Every ISA against the scalar twin and the double reference, over every size and a few row
 // ranges (full, interior, single row at the end).
-void check_format(WeightFormat format, const size_t* cols_list, size_t ncols) {
+void check_format(WeightFormat format, const std::vector<size_t>& rows_list,
+                  const std::vector<size_t>& cols_list, const std::vector<size_t>& n_list) {
   std::mt19937 rng(1234 + static_cast<int>(format));
   const KernelTable& scalar = k3::kernel_table(Isa::kScalar);
   const double tol = tolerance(format);
   double worst = 0.0;
-  for (size_t rows : kRows)
-    for (size_t ci = 0; ci < ncols; ++ci) {
-      const size_t cols = cols_list[ci];
+  for (size_t rows : rows_list)
+    for (size_t cols : cols_list) {
       const Case c = make_case(format, rows, cols, rng);
-      for (size_t n : kNs) {
+      for (size_t n : n_list) {
         const std::vector<float> X = random_floats(n * cols, rng);
         const size_t ldy = rows + 3;
         // Double reference over all rows.
@@ -176,15 +179,22 @@ void check_format(WeightFormat format, const size_t* cols_list, size_t ncols) {
 }
 
 TEST(KernelsDense, F32EveryIsaMatchesScalarAndDouble) {
-  check_format(WeightFormat::kF32, kDenseCols, std::size(kDenseCols));
+  check_format(WeightFormat::kF32, kRows, kDenseCols, kNs);
 }
 
 TEST(KernelsDense, Int8EveryIsaMatchesScalarAndDouble) {
-  check_format(WeightFormat::kInt8Row, kDenseCols, std::size(kDenseCols));
+  check_format(WeightFormat::kInt8Row, kRows, kDenseCols, kNs);
 }
 
 TEST(KernelsDense, Int4EveryIsaMatchesScalarAndDouble) {
-  check_format(WeightFormat::kInt4G64, kInt4Cols, std::size(kInt4Cols));
+  check_format(WeightFormat::kInt4G64, kRows, kInt4Cols, kNs);
+}
+
+// More activation rows than one accumulator block of the panel paths (64).
+TEST(KernelsDense, ManyActivationRows) {
+  check_format(WeightFormat::kF32, {9}, {131}, {65, 131});
+  check_format(WeightFormat::kInt8Row, {9}, {131}, {65, 131});
+  check_format(WeightFormat::kInt4G64, {9}, {192}, {65, 131});
 }
 
 TEST(KernelsDense, EmptyRangeOrNoRowsWritesNothing) {

@@ -1,14 +1,22 @@
 // kernels/impl/dense_avx512.cpp — AVX-512 (F/BW/VL) variants of the dense kernels (f32, int8 per
 // row, int4 group-64). Compiled with -mavx512*; called only after a run-time CPU check (isa.cpp).
 //
-// Two shapes of loop, both reading each weight row from memory once per call (per 64 activation
-// rows):
-//  * direct (few activation rows, decode): 4 weight rows at a time, weights widened to f32 in
-//    registers and FMA'd against every activation row (R x T independent accumulators);
-//  * panel (many activation rows, prefill): 4 weight rows x 512 columns are decoded once into an
-//    f32 buffer on the stack, then a 4 x 4 register tile sweeps it against up to 64 activation
-//    rows; per-lane partial sums persist across column chunks in a stack buffer.
-// Column tails use masked loads. Results match the scalar twins up to summation order.
+// Each weight row is read from memory once per call (the int4 panel: once per 64 activation
+// rows). Weight rows are taken 4 at a time against up to 4 (int4 in registers: 2) activation
+// rows in a register tile of independent accumulators:
+//  * f32, int8 (any n) and int4 (n <= 4): weights are widened to f32 in registers (f32: loaded
+//    as they are). For more activation rows than one tile holds, the activation rows are swept
+//    over a panel of weight rows sized to stay in L2, so only the first sweep reads DRAM. int4
+//    splits each group's activations into even/odd columns (the low/high nibbles) and decodes a
+//    nibble with one permute from the 16-entry table s_g * (k - 8).
+//  * int4 (n > 4): in-register decoding would be repeated per tile and costs more than the FMAs
+//    it feeds, so 4 rows x 512 columns are decoded once into an f32 stack buffer and swept by
+//    the tile against up to 64 activation rows, partial sums kept across column chunks; the
+//    next chunk is prefetched.
+// Column tails use masked loads. Results match the scalar twins up to summation order (int4 also
+// rounds s_g * (k - 8) to f32 before multiplying); a row's result does not depend on the row
+// range it is computed in.
+//
 // GCC 12's _mm512_undefined_* self-initialise and trip -W(maybe-)uninitialized once inlined
 // (GCC PR 105593, fixed in 13); the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -22,14 +30,21 @@
 namespace k3::impl {
 namespace {
 
-constexpr size_t kV = 16;    // f32 lanes
-constexpr int kR = 4;        // weight rows per block
-constexpr int kT = 4;        // activation rows per register tile (panel)
-constexpr size_t kKC = 512;  // columns per decoded chunk (panel)
-constexpr size_t kNT = 64;   // activation rows per accumulator block (panel)
-constexpr size_t kInt8DirectMax = 1024;  // int8: direct path up to this many activation rows
+constexpr size_t kV = 16;             // f32 lanes
+constexpr int kR = 4;                 // weight rows per register tile
+constexpr int kT = 4;                 // activation rows per register tile
+constexpr size_t kKC = 512;           // int4 panel: columns per decoded chunk
+constexpr size_t kNT = 64;            // int4 panel: activation rows per accumulator block
+constexpr size_t kInt4DirectMax = 4;  // int4: in-register decode up to this many activation rows
 
 inline __mmask16 tail_mask(size_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
+
+// Weight rows per panel (a multiple of kR, 4..64) so that a panel of rows of `row_bytes` each
+// takes about `budget` bytes: it stays in L2 (next to one tile of activation rows) while the
+// activation rows are swept over it.
+inline size_t panel_rows(size_t row_bytes, size_t budget) {
+  return std::clamp<size_t>(budget / std::max<size_t>(row_bytes, 1) / kR * kR, kR, 64);
+}
 
 // Software prefetch of `bytes` starting at p (the next weight chunk while this one is computed:
 // chunks are read in bursts, which the hardware prefetcher does not run ahead of).
@@ -38,86 +53,16 @@ inline void prefetch(const void* p, size_t bytes) {
   for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
-// ---------------------------------------------------------------------------------------------
-// Panel path: weight sources yield a [rb][kc] f32 block (row stride *ldw) for columns [c0, c0+kc);
-// lanes past the end of the matrix are either zero (decoded) or masked off by the tile.
-
-struct F32Src {
-  const float* W;
-  size_t cols;
-  const float* block(size_t o0, int, size_t c0, size_t, float*, size_t* ldw) const {
-    *ldw = cols;
-    return W + o0 * cols + c0;
-  }
-  void prefetch_chunk(size_t o, size_t c0, size_t kc) const { prefetch(W + o * cols + c0, kc * 4); }
-  float finish(size_t, float sum) const { return sum; }
-};
-
-struct Int8Src {
-  const int8_t* Q;
-  const float* scales;
-  size_t cols;
-  const float* block(size_t o0, int rb, size_t c0, size_t kc, float* buf, size_t* ldw) const {
-    *ldw = kKC;
-    for (int r = 0; r < rb; ++r) {
-      const int8_t* q = Q + (o0 + static_cast<size_t>(r)) * cols + c0;
-      float* d = buf + static_cast<size_t>(r) * kKC;
-      size_t k = 0;
-      for (; k + kV <= kc; k += kV)
-        _mm512_store_ps(d + k, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k)))));
-      if (k < kc) {
-        const __m128i b = _mm_maskz_loadu_epi8(tail_mask(kc - k), q + k);
-        _mm512_store_ps(d + k, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
-      }
-    }
-    return buf;
-  }
-  float finish(size_t o, float sum) const { return scales[o] * sum; }
-  void prefetch_chunk(size_t o, size_t c0, size_t kc) const { prefetch(Q + o * cols + c0, kc); }
-};
-
 // The 16 nibble values minus 8, as floats.
 inline __m512 nibble_table() {
   return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
 }
 
-struct Int4Src {
-  const uint8_t* packed;
-  const float* scales;
-  size_t cols;
-  // Decodes to w = s_g * (nib - 8) in column order (cols is a multiple of 64, so is kc).
-  const float* block(size_t o0, int rb, size_t c0, size_t kc, float* buf, size_t* ldw) const {
-    *ldw = kKC;
-    const __m512 base = nibble_table();
-    const __m512i il_a = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i il_b = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    const size_t groups = cols / 64;
-    for (int r = 0; r < rb; ++r) {
-      const size_t o = o0 + static_cast<size_t>(r);
-      const uint8_t* p = packed + o * (cols / 2) + c0 / 2;
-      const float* s = scales + o * groups + c0 / 64;
-      float* d = buf + static_cast<size_t>(r) * kKC;
-      for (size_t g = 0; g < kc / 64; ++g) {
-        const __m512 table = _mm512_mul_ps(_mm512_set1_ps(s[g]), base);
-        for (size_t h = 0; h < 2; ++h) {
-          const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 32 + h * 16)));
-          const __m512 lo = _mm512_permutexvar_ps(v, table);  // even columns (low 4 bits index)
-          const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);  // odd columns
-          _mm512_store_ps(d + g * 64 + h * 32, _mm512_permutex2var_ps(lo, il_a, hi));
-          _mm512_store_ps(d + g * 64 + h * 32 + 16, _mm512_permutex2var_ps(lo, il_b, hi));
-        }
-      }
-    }
-    return buf;
-  }
-  float finish(size_t, float sum) const { return sum; }
-  void prefetch_chunk(size_t o, size_t c0, size_t kc) const {
-    prefetch(packed + o * (cols / 2) + c0 / 2, kc / 2);
-    prefetch(scales + o * (cols / 64) + c0 / 64, kc / 16);
-  }
-};
+// ---------------------------------------------------------------------------------------------
+// The f32 register tile (f32 path and int4 panel).
 
-// acc[t][r] (kR slots per t, kV lanes each) += W[r][0..kc) . X[t][0..kc) over R x T rows.
+// acc[t][r] (kR slots per t, kV lanes each) = (first ? 0 : acc) + W[r][0..kc) . X[t][0..kc)
+// lane-wise over R x T rows, kc = kfull + popcount(tail) (the tail lanes are masked loads).
 template <int R, int T>
 void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kfull, __mmask16 tail,
           float* acc, bool first) {
@@ -176,43 +121,32 @@ TileFn pick_tile(int r, int t) {
   }
 }
 
-template <class Src>
-void panel(const Src& src, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
-           size_t row_begin, size_t row_end) {
-  alignas(64) float wbuf[kR * kKC];
-  alignas(64) float accbuf[kNT * kR * kV];
-  for (size_t o0 = row_begin; o0 < row_end; o0 += kR) {
-    const int rb = static_cast<int>(std::min<size_t>(kR, row_end - o0));
-    for (size_t t0 = 0; t0 < n; t0 += kNT) {
-      const size_t nt = std::min(kNT, n - t0);
-      for (size_t c0 = 0; c0 < cols; c0 += kKC) {
-        const size_t kc = std::min(kKC, cols - c0);
-        // Prefetch the chunk after this one (next columns, else the next block's first columns).
-        if (c0 + kKC < cols) {
-          for (int r = 0; r < rb; ++r) src.prefetch_chunk(o0 + static_cast<size_t>(r), c0 + kKC, std::min(kKC, cols - c0 - kKC));
-        } else {
-          for (size_t o = o0 + kR; o < std::min(row_end, o0 + 2 * kR); ++o) src.prefetch_chunk(o, 0, std::min(kKC, cols));
-        }
-        size_t ldw = 0;
-        const float* w = src.block(o0, rb, c0, kc, wbuf, &ldw);
-        const size_t kfull = kc & ~(kV - 1);
-        const __mmask16 tail = tail_mask(kc - kfull);
-        for (size_t t = 0; t < nt; t += kT) {
-          const int tb = static_cast<int>(std::min<size_t>(kT, nt - t));
-          pick_tile(rb, tb)(w, ldw, X + (t0 + t) * cols + c0, cols, kfull, tail, accbuf + t * kR * kV, c0 == 0);
-        }
+// f32 "direct": weights read in place by the register tile over all columns, activation rows 4
+// at a time over panels of weight rows that stay in L2.
+void f32_rows(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
+                     size_t row_begin, size_t row_end) {
+  alignas(64) float acc[kT * kR * kV];
+  const size_t prows = panel_rows(cols * sizeof(float), size_t{256} << 10);
+  const size_t kfull = cols & ~(kV - 1);
+  const __mmask16 tail = tail_mask(cols - kfull);
+  for (size_t p0 = row_begin; p0 < row_end; p0 += prows) {
+    const size_t p1 = std::min(row_end, p0 + prows);
+    for (size_t t = 0; t < n; t += kT) {
+      const int tb = static_cast<int>(std::min<size_t>(kT, n - t));
+      for (size_t o = p0; o < p1; o += kR) {
+        const int rb = static_cast<int>(std::min<size_t>(kR, p1 - o));
+        pick_tile(rb, tb)(W + o * cols, cols, X + t * cols, cols, kfull, tail, acc, true);
+        for (int tt = 0; tt < tb; ++tt)
+          for (int r = 0; r < rb; ++r)
+            Y[(t + static_cast<size_t>(tt)) * ldy + o + static_cast<size_t>(r)] =
+                _mm512_reduce_add_ps(_mm512_load_ps(acc + (static_cast<size_t>(tt) * kR + static_cast<size_t>(r)) * kV));
       }
-      for (size_t t = 0; t < nt; ++t)
-        for (int r = 0; r < rb; ++r) {
-          const float sum = cols ? _mm512_reduce_add_ps(_mm512_load_ps(accbuf + (t * kR + static_cast<size_t>(r)) * kV)) : 0.0f;
-          Y[(t0 + t) * ldy + o0 + static_cast<size_t>(r)] = src.finish(o0 + static_cast<size_t>(r), sum);
-        }
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Direct paths (decode): weights widened in registers, R weight rows x T activation rows.
+// int8: weights widened in registers, R weight rows x T activation rows.
 
 template <int R, int T>
 void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float* X, float* Y,
@@ -269,19 +203,13 @@ Int8DirectFn int8_direct_for(size_t t) {
   }
 }
 
-// Rows per panel for the int8 direct path: the panel's weights plus one 4-row activation tile
-// stay in L2 while the activation rows are swept 4 at a time.
-inline size_t int8_panel_rows(size_t cols) {
-  return std::clamp<size_t>((size_t{128} << 10) / std::max<size_t>(cols, 1) / kR * kR, kR, 64);
-}
-
 // For each panel of weight rows and each tile of up to 4 activation rows, every block of 4
 // weight rows (weights come from DRAM on the first tile, from L2 after).
-void int8_direct_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
+void int8_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
                       float* Y, size_t ldy, size_t row_begin, size_t row_end) {
-  const size_t panel_rows = int8_panel_rows(cols);
-  for (size_t p0 = row_begin; p0 < row_end; p0 += panel_rows) {
-    const size_t p1 = std::min(row_end, p0 + panel_rows);
+  const size_t prows = panel_rows(cols, size_t{128} << 10);
+  for (size_t p0 = row_begin; p0 < row_end; p0 += prows) {
+    const size_t p1 = std::min(row_end, p0 + prows);
     for (size_t t = 0; t < n; t += 4) {
       const size_t tb = std::min<size_t>(4, n - t);
       const float* x = X + t * cols;
@@ -293,7 +221,8 @@ void int8_direct_rows(const int8_t* Q, const float* scales, size_t cols, const f
   }
 }
 
-// int4: the activations of one group are split into even and odd columns (matching the low and
+// ---------------------------------------------------------------------------------------------
+// int4, few activation rows: the activations of one group are split into even and odd columns (matching the low and
 // high nibbles of 16 consecutive bytes), the nibbles index a 16-entry table s_g * (k - 8).
 template <int R, int T>
 void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const float* X, float* Y,
@@ -347,12 +276,93 @@ void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const 
       Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] = _mm512_reduce_add_ps(a[r][t]);
 }
 
-template <int T>
+// As int8_rows, activation rows 2 at a time (n <= kInt4DirectMax).
 void int4_direct_rows(const uint8_t* packed, const float* scales, size_t cols, const float* X,
-                      float* Y, size_t ldy, size_t row_begin, size_t row_end) {
-  size_t o = row_begin;
-  for (; o + kR <= row_end; o += kR) int4_direct<kR, T>(packed, scales, cols, X, Y, ldy, o);
-  for (; o < row_end; ++o) int4_direct<1, T>(packed, scales, cols, X, Y, ldy, o);
+                      size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  const size_t prows = panel_rows(cols / 2, size_t{128} << 10);
+  for (size_t p0 = row_begin; p0 < row_end; p0 += prows) {
+    const size_t p1 = std::min(row_end, p0 + prows);
+    for (size_t t = 0; t < n; t += 2) {
+      const float* x = X + t * cols;
+      float* y = Y + t * ldy;
+      const bool pair = n - t >= 2;
+      size_t o = p0;
+      for (; o + kR <= p1; o += kR) {
+        if (pair) int4_direct<kR, 2>(packed, scales, cols, x, y, ldy, o);
+        else int4_direct<kR, 1>(packed, scales, cols, x, y, ldy, o);
+      }
+      for (; o < p1; ++o) {
+        if (pair) int4_direct<1, 2>(packed, scales, cols, x, y, ldy, o);
+        else int4_direct<1, 1>(packed, scales, cols, x, y, ldy, o);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// int4, many activation rows: 4 weight rows x kKC columns decoded once to w = s_g * (k - 8) in
+// column order (kc is a multiple of 64), swept by the register tile against up to kNT activation
+// rows; per-lane partial sums persist across column chunks.
+
+void decode_int4(const uint8_t* packed, const float* scales, size_t cols, size_t o0, int rb,
+                 size_t c0, size_t kc, float* buf) {
+  const __m512 base = nibble_table();
+  const __m512i il_a = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i il_b = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const size_t groups = cols / 64;
+  for (int r = 0; r < rb; ++r) {
+    const size_t o = o0 + static_cast<size_t>(r);
+    const uint8_t* p = packed + o * (cols / 2) + c0 / 2;
+    const float* s = scales + o * groups + c0 / 64;
+    float* d = buf + static_cast<size_t>(r) * kKC;
+    for (size_t g = 0; g < kc / 64; ++g) {
+      const __m512 table = _mm512_mul_ps(_mm512_set1_ps(s[g]), base);
+      for (size_t h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 32 + h * 16)));
+        const __m512 lo = _mm512_permutexvar_ps(v, table);                          // even columns
+        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);  // odd columns
+        _mm512_store_ps(d + g * 64 + h * 32, _mm512_permutex2var_ps(lo, il_a, hi));
+        _mm512_store_ps(d + g * 64 + h * 32 + 16, _mm512_permutex2var_ps(lo, il_b, hi));
+      }
+    }
+  }
+}
+
+void prefetch_int4(const uint8_t* packed, const float* scales, size_t cols, size_t o, size_t c0, size_t kc) {
+  prefetch(packed + o * (cols / 2) + c0 / 2, kc / 2);
+  prefetch(scales + o * (cols / 64) + c0 / 64, kc / 16);
+}
+
+void int4_panel(const uint8_t* packed, const float* scales, size_t cols, const float* X, size_t n,
+                float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  alignas(64) float wbuf[kR * kKC];
+  alignas(64) float accbuf[kNT * kR * kV];
+  for (size_t o0 = row_begin; o0 < row_end; o0 += kR) {
+    const int rb = static_cast<int>(std::min<size_t>(kR, row_end - o0));
+    for (size_t t0 = 0; t0 < n; t0 += kNT) {
+      const size_t nt = std::min(kNT, n - t0);
+      for (size_t c0 = 0; c0 < cols; c0 += kKC) {
+        const size_t kc = std::min(kKC, cols - c0);
+        // Prefetch the chunk after this one (next columns, else the next block's first columns).
+        if (c0 + kKC < cols) {
+          for (int r = 0; r < rb; ++r)
+            prefetch_int4(packed, scales, cols, o0 + static_cast<size_t>(r), c0 + kKC, std::min(kKC, cols - c0 - kKC));
+        } else {
+          for (size_t o = o0 + kR; o < std::min(row_end, o0 + 2 * kR); ++o)
+            prefetch_int4(packed, scales, cols, o, 0, std::min(kKC, cols));
+        }
+        decode_int4(packed, scales, cols, o0, rb, c0, kc, wbuf);
+        for (size_t t = 0; t < nt; t += kT) {
+          const int tb = static_cast<int>(std::min<size_t>(kT, nt - t));
+          pick_tile(rb, tb)(wbuf, kKC, X + (t0 + t) * cols + c0, cols, kc, 0, accbuf + t * kR * kV, c0 == 0);
+        }
+      }
+      for (size_t t = 0; t < nt; ++t)
+        for (int r = 0; r < rb; ++r)
+          Y[(t0 + t) * ldy + o0 + static_cast<size_t>(r)] =
+              cols ? _mm512_reduce_add_ps(_mm512_load_ps(accbuf + (t * kR + static_cast<size_t>(r)) * kV)) : 0.0f;
+    }
+  }
 }
 
 }  // namespace
@@ -360,24 +370,20 @@ void int4_direct_rows(const uint8_t* packed, const float* scales, size_t cols, c
 void matmul_f32_avx512(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
                        size_t row_begin, size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
-  panel(F32Src{W, cols}, cols, X, n, Y, ldy, row_begin, row_end);
+  f32_rows(W, cols, X, n, Y, ldy, row_begin, row_end);
 }
 
 void matmul_int8_avx512(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
                         float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
-  if (n <= kInt8DirectMax) return int8_direct_rows(Q, scales, cols, X, n, Y, ldy, row_begin, row_end);
-  panel(Int8Src{Q, scales, cols}, cols, X, n, Y, ldy, row_begin, row_end);
+  int8_rows(Q, scales, cols, X, n, Y, ldy, row_begin, row_end);
 }
 
 void matmul_int4_avx512(const uint8_t* packed, const float* scales, size_t cols, const float* X,
                         size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
-  switch (n) {
-    case 1: return int4_direct_rows<1>(packed, scales, cols, X, Y, ldy, row_begin, row_end);
-    case 2: return int4_direct_rows<2>(packed, scales, cols, X, Y, ldy, row_begin, row_end);
-    default: return panel(Int4Src{packed, scales, cols}, cols, X, n, Y, ldy, row_begin, row_end);
-  }
+  if (n <= kInt4DirectMax) return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
+  int4_panel(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
 }
 
 }  // namespace k3::impl
