@@ -1,5 +1,7 @@
 // kernels/impl/mxfp4_common.h — arithmetic shared by every ISA variant of the MXFP4 integer path,
-// so that all of them round identically (the TUs are built with -ffp-contract=off).
+// so that all of them round identically (the TUs are built with -ffp-contract=off). Everything
+// here has internal linkage: each ISA translation unit keeps its own copy, so the linker can
+// never hand the scalar path a copy compiled with AVX-512 enabled.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include "kernels/mxfp4.h"
 
 namespace k3::impl {
+namespace {
 
 // Doubled e2m1 values: exact small integers (|v| <= 12). The 0.5 is folded into the scale.
 inline constexpr int8_t kE2M1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -39,4 +42,5 @@ inline float idot_reduce(const int32_t* isum, const float* d, const uint8_t* s, 
   return acc;
 }
 
+}  // namespace
 }  // namespace k3::impl
