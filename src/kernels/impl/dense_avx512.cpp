@@ -9,6 +9,9 @@
 //    over a panel of weight rows sized to stay in L2, so only the first sweep reads DRAM. int4
 //    splits each group's activations into even/odd columns (the low/high nibbles) and decodes a
 //    nibble with one permute from the 16-entry table s_g * (k - 8).
+//  * int4 (n == 1): the activations are rearranged once per call (to the nibble order of 64
+//    packed bytes), so a weight costs a permute from the constant table k - 8 and an FMA; the
+//    next block of rows is prefetched.
 //  * int4 (n > 4): in-register decoding would be repeated per tile and costs more than the FMAs
 //    it feeds, so 4 rows x 512 columns are decoded once into an f32 stack buffer and swept by
 //    the tile against up to 64 activation rows, partial sums kept across column chunks; the
@@ -24,8 +27,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <vector>
 
 #include "kernels/impl/kernels_impl.h"
+
+
 
 namespace k3::impl {
 namespace {
@@ -36,6 +44,19 @@ constexpr int kT = 4;                 // activation rows per register tile
 constexpr size_t kKC = 512;           // int4 panel: columns per decoded chunk
 constexpr size_t kNT = 64;            // int4 panel: activation rows per accumulator block
 constexpr size_t kInt4DirectMax = 4;  // int4: in-register decode up to this many activation rows
+
+// 64-byte aligned allocator (the rearranged activations are read with aligned loads).
+template <class T>
+struct AlignedAlloc64 {
+  using value_type = T;
+  AlignedAlloc64() = default;
+  template <class U>
+  AlignedAlloc64(const AlignedAlloc64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <class U>
+  bool operator==(const AlignedAlloc64<U>&) const { return true; }
+};
 
 inline __mmask16 tail_mask(size_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
 
@@ -276,6 +297,93 @@ void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const 
       Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] = _mm512_reduce_add_ps(a[r][t]);
 }
 
+// int4, one activation row: the activations are rearranged once per call so that the packed
+// bytes need no reordering. A window of 128 columns (64 bytes) is loaded as 16 dwords; lane i
+// holds columns 8i..8i+7 as nibbles 0..7 (nibble k of lane i is column 8i + k), so nibble k of
+// every lane indexes (vpermps uses index bits 0..3 only) the constant table k - 8 once it is in
+// bits 0..3 (even k = 2m: the dwords loaded m bytes further on; odd k: those shifted by 4). xr[w * 128 + k * 16 + i] = x[w * 128 + 8i + k] (zero past cols). Lanes 0..7 belong to
+// group 2w, lanes 8..15 to group 2w + 1, so the window's sum is scaled lane-wise at the end.
+void int4_arrange_x(const float* x, size_t cols, float* xr) {
+  const size_t windows = (cols + 127) / 128;
+  for (size_t w = 0; w < windows; ++w)
+    for (size_t i = 0; i < 16; ++i)
+      for (size_t k = 0; k < 8; ++k) {
+        const size_t c = w * 128 + 8 * i + k;
+        xr[w * 128 + k * 16 + i] = c < cols ? x[c] : 0.0f;
+      }
+}
+
+template <int R>
+void int4_row1(const uint8_t* packed, const float* scales, size_t cols, const float* xr, float* Y,
+               size_t o0) {
+  const size_t groups = cols / 64;
+  const size_t wfull = cols / 128;
+  __m512 acc[R];
+  const uint8_t* p[R];
+  const float* s[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    p[r] = packed + (o0 + static_cast<size_t>(r)) * (cols / 2);
+    s[r] = scales + (o0 + static_cast<size_t>(r)) * groups;
+    acc[r] = _mm512_setzero_ps();
+  }
+  const __m512 base = nibble_table();
+  auto window = [&](size_t w, bool half, bool over) {
+    const float* xw = xr + w * 128;
+    __m512i v[R];
+    __m512 te[R], to[R];
+    // Prefetch the same window (and scales) of the next block of R rows: the R row streams are
+    // short, and the hardware prefetcher alone leaves DRAM bandwidth unused. (A prefetch past
+    // the end of the buffer does not fault.)
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(p[r] + w * 64 + R * (cols / 2)), _MM_HINT_T0);
+    if ((w & 7) == 0)
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(s[r] + 2 * w + R * groups), _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      v[r] = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + w * 64)))
+                  : _mm512_loadu_si512(p[r] + w * 64);
+    // Even nibbles 2m: the low nibble of byte m of each dword, i.e. bits 0..3 of the dwords
+    // loaded m bytes further on (safe only where 3 more bytes may be read); odd nibbles shifted.
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      const __m512 x0 = _mm512_load_ps(xw + m * 32), x1 = _mm512_load_ps(xw + m * 32 + 16);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512i ve = (m == 0 || !over) ? v[r] : _mm512_loadu_si512(p[r] + w * 64 + m);
+        const __m512 we = _mm512_permutexvar_ps(over ? ve : _mm512_srli_epi32(v[r], 8 * m), base);
+        const __m512 wo = _mm512_permutexvar_ps(over ? _mm512_srli_epi32(ve, 4) : _mm512_srli_epi32(v[r], 8 * m + 4), base);
+        te[r] = m == 0 ? _mm512_mul_ps(we, x0) : _mm512_fmadd_ps(we, x0, te[r]);
+        to[r] = m == 0 ? _mm512_mul_ps(wo, x1) : _mm512_fmadd_ps(wo, x1, to[r]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float* sg = s[r] + 2 * w;
+      const __m512 sv = half ? _mm512_set1_ps(sg[0])
+                             : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sg[0]), _mm512_set1_ps(sg[1]));
+      acc[r] = _mm512_fmadd_ps(_mm512_add_ps(te[r], to[r]), sv, acc[r]);
+    }
+  };
+  const size_t wlast = wfull * 128 < cols ? wfull : wfull - 1;  // read without over-reading
+  for (size_t w = 0; w < wlast; ++w) window(w, false, true);
+  window(wlast, wlast == wfull, false);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) Y[o0 + static_cast<size_t>(r)] = _mm512_reduce_add_ps(acc[r]);
+}
+
+void int4_row1_rows(const uint8_t* packed, const float* scales, size_t cols, const float* X,
+                    float* Y, size_t row_begin, size_t row_end) {
+  thread_local std::vector<float, AlignedAlloc64<float>> xr;
+  const size_t padded = (cols + 127) / 128 * 128;
+  if (xr.size() < padded) xr.resize(padded);
+  int4_arrange_x(X, cols, xr.data());
+  size_t o = row_begin;
+  for (; o + kR <= row_end; o += kR) int4_row1<kR>(packed, scales, cols, xr.data(), Y, o);
+  for (; o < row_end; ++o) int4_row1<1>(packed, scales, cols, xr.data(), Y, o);
+}
+
 // As int8_rows, activation rows 2 at a time (n <= kInt4DirectMax).
 void int4_direct_rows(const uint8_t* packed, const float* scales, size_t cols, const float* X,
                       size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
@@ -382,6 +490,7 @@ void matmul_int8_avx512(const int8_t* Q, const float* scales, size_t cols, const
 void matmul_int4_avx512(const uint8_t* packed, const float* scales, size_t cols, const float* X,
                         size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
+  if (n == 1) return int4_row1_rows(packed, scales, cols, X, Y, row_begin, row_end);
   if (n <= kInt4DirectMax) return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
   int4_panel(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
 }
