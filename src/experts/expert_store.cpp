@@ -66,28 +66,34 @@ ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>
   const Entry& e = entry(layer, expert);
   if (e.resident) return view(e.resident);
   buffer.resize(geometry_.expert_bytes());
-  const std::string what = "expert " + std::to_string(expert) + " of layer " + std::to_string(layer);
   uint8_t* parts[6];
   uint64_t offset = 0;
   for (size_t i = 0; i < 6; ++i) {
     parts[i] = buffer.data() + offset;
     offset += e.tensors[i].info->nbytes;
   }
-  if (e.contiguous) {
-    const LocatedTensor& first = e.tensors[0];
-    first.shard->file().read_exact(buffer.data(), buffer.size(), first.info->file_offset, what);
-  } else {
-    for (size_t i = 0; i < 6; ++i) {
-      const LocatedTensor& t = e.tensors[i];
-      t.shard->file().read_exact(parts[i], t.info->nbytes, t.info->file_offset, what + " (" + t.info->name + ")");
+  // The message naming the expert is built only on failure: this runs for every routed expert
+  // of every token.
+  const auto what = [&] { return "expert " + std::to_string(expert) + " of layer " + std::to_string(layer); };
+  try {
+    if (e.contiguous) {
+      const LocatedTensor& first = e.tensors[0];
+      first.shard->file().read_exact(buffer.data(), buffer.size(), first.info->file_offset, first.info->name);
+    } else {
+      for (size_t i = 0; i < 6; ++i) {
+        const LocatedTensor& t = e.tensors[i];
+        t.shard->file().read_exact(parts[i], t.info->nbytes, t.info->file_offset, t.info->name);
+      }
     }
+  } catch (const Error& err) {
+    throw Error(std::string(err.what()) + " (" + what() + ")");
   }
   for (size_t i : {size_t{1}, size_t{3}, size_t{5}}) {
     const uint8_t* s = parts[i];
     const uint64_t n = e.tensors[i].info->nbytes;
     if (std::find(s, s + n, uint8_t{255}) != s + n)
       throw Error(e.tensors[i].shard->path() + ": tensor " + e.tensors[i].info->name +
-                  " holds exponent byte 255 (NaN in MXFP4); " + what + " is unusable");
+                  " holds exponent byte 255 (NaN in MXFP4); " + what() + " is unusable");
   }
   return view(buffer.data());
 }

@@ -63,7 +63,7 @@ void Model::embed(ModelState& state, int64_t token_id, float* out) const {
   if (!weights_.embedding)
     throw Error(snapshot_.dir() + ": the snapshot has no embedding table (" + snapshot_.prefix() +
                 names::kEmbedTokens + "); supply input rows with K3_X0");
-  weights_.embedding->row(token_id, out);
+  weights_.embedding->row(token_id, out, state.work.embed_bytes);
 }
 
 void Model::forward(ModelState& state, const float* x0, float* final_hidden,

@@ -32,6 +32,7 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
   Workspace& w = work;
   w.blocks.assign(blocks * D, 0.0f);
   for (auto* v : {&w.x0, &w.final_hidden, &w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed, &w.head_normed}) v->assign(D, 0.0f);
+  w.embed_bytes.reserve(D * sizeof(float));
   w.sources.assign(blocks + 1, nullptr);
   w.mix_weights.assign(blocks + 1, 0.0f);
   for (auto* v : {&w.kda_q, &w.kda_k, &w.kda_v, &w.kda_gate, &w.kda_decay, &w.kda_out}) v->assign(P, 0.0f);

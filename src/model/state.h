@@ -34,6 +34,7 @@ struct RoutingResult {
 struct Workspace {
   // Stack walk.
   std::vector<float> x0;       // [hidden] the input row of the token
+  std::vector<uint8_t> embed_bytes;  // [hidden * stored element size] the embedding row as stored
   std::vector<float> final_hidden;  // [hidden]
   std::vector<float> blocks;   // [num_blocks][hidden]
   std::vector<float> partial, mixed, normed, branch;  // [hidden] each

@@ -160,15 +160,20 @@ MoeWeights load_moe(const Snapshot& s, const K3Config& c, int64_t l, int bits, E
 
 }  // namespace
 
-void EmbeddingReader::row(int64_t token_id, float* out) const {
+void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& raw) const {
   if (token_id < 0 || token_id >= vocab_size_)
     throw Error("token id " + std::to_string(token_id) + " is outside the vocabulary [0, " +
                 std::to_string(vocab_size_) + ")");
   const size_t esize = dtype_size(table_.info->dtype);
   const uint64_t row_bytes = static_cast<uint64_t>(hidden_size_) * esize;
-  std::vector<uint8_t> raw(row_bytes);
-  table_.shard->file().read_exact(raw.data(), row_bytes, table_.info->file_offset + static_cast<uint64_t>(token_id) * row_bytes,
-                                  "tensor " + table_.info->name + " row " + std::to_string(token_id));
+  raw.resize(row_bytes);
+  try {
+    table_.shard->file().read_exact(raw.data(), row_bytes,
+                                    table_.info->file_offset + static_cast<uint64_t>(token_id) * row_bytes,
+                                    table_.info->name);
+  } catch (const Error& err) {
+    throw Error(std::string(err.what()) + " (row " + std::to_string(token_id) + ")");
+  }
   const size_t n = static_cast<size_t>(hidden_size_);
   switch (table_.info->dtype) {
     case DType::kBF16: widen_bf16(raw.data(), n, out); break;

@@ -82,8 +82,9 @@ class EmbeddingReader {
  public:
   EmbeddingReader(LocatedTensor table, int64_t vocab_size, int64_t hidden_size)
       : table_(table), vocab_size_(vocab_size), hidden_size_(hidden_size) {}
-  // out[hidden]. Throws k3::Error for an id outside the vocabulary or a read error.
-  void row(int64_t token_id, float* out) const;
+  // out[hidden]; `scratch` holds the stored row bytes (reused across calls, so a decode step
+  // allocates nothing). Throws k3::Error for an id outside the vocabulary or a read error.
+  void row(int64_t token_id, float* out, std::vector<uint8_t>& scratch) const;
 
  private:
   LocatedTensor table_;
