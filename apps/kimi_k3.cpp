@@ -1,20 +1,28 @@
-// apps/kimi_k3.cpp — the one-shot engine CLI: `kimi_k3 <model_dir> --ids 1,2,3 --ngen N`.
-// With --ids, stdout is exactly one line: the generated ids separated by single spaces. The
-// summary (load time, prefill and decode rates, peak RSS) goes to stderr.
+// apps/kimi_k3.cpp — the one-shot engine CLI:
+//   kimi_k3 <model_dir> "prompt" --ngen N            plain completion, text streamed to stdout
+//   kimi_k3 <model_dir> --chat "q" [--system "s"]    one chat turn (reasoning, then the answer)
+//   kimi_k3 <model_dir> --ids 1,2,3 --ngen N         ids in, one line of ids out
+// The summary (load time, prefill and decode rates, finish reason, peak RSS) goes to stderr.
 #include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/trace.h"
 #include "io/file.h"
+#include "text/output_parser.h"
+#include "text/prompt.h"
+#include "text/utf8.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -40,24 +48,125 @@ std::vector<float> read_f32_file(const std::string& path) {
   return out;
 }
 
+// Streams a chat reply: reasoning dimmed on a terminal (or hidden), content plain, tool calls on
+// their own lines; "[think] " / "[response] " labels on a terminal or with --labels.
+class ChatPrinter {
+ public:
+  ChatPrinter(const k3::TextOptions& options, bool tty) : options_(options), tty_(tty) {}
+
+  void print(const k3::text::OutputEvent& event) {
+    using Kind = k3::text::OutputEvent::Kind;
+    switch (event.kind) {
+      case Kind::reasoning:
+        reasoning_bytes_ += event.text.size();
+        if (!options_.show_think || event.text.empty()) return;
+        if (state_ != State::reasoning) {
+          if (options_.labels || tty_) write("[think] ");
+          if (tty_) write("\x1b[2m");
+          state_ = State::reasoning;
+        }
+        write(event.text);
+        break;
+      case Kind::content:
+        if (event.text.empty()) return;
+        enter_content();
+        write(event.text);
+        break;
+      case Kind::tool_call:
+        enter_content();
+        write("\n[tool call] " + event.call.name + " " + event.call.arguments_json + "\n");
+        break;
+      case Kind::end_of_message:
+        break;
+    }
+  }
+
+  void finish() {
+    if (state_ == State::reasoning && tty_) write("\x1b[0m");
+    write("\n");
+  }
+  size_t reasoning_bytes() const { return reasoning_bytes_; }
+
+ private:
+  enum class State { none, reasoning, content };
+  void enter_content() {
+    if (state_ == State::content) return;
+    if (state_ == State::reasoning) {
+      if (tty_) write("\x1b[0m");
+      write("\n\n");
+    }
+    if (options_.labels || tty_) write("[response] ");
+    state_ = State::content;
+  }
+  static void write(const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+
+  const k3::TextOptions& options_;
+  bool tty_;
+  State state_ = State::none;
+  size_t reasoning_bytes_ = 0;
+};
+
+// The prompt of a text run: a chat turn (--chat / --system) or plain completion text.
+std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokenizer& tokenizer, bool chat) {
+  std::vector<int32_t> ids;
+  if (opt.text.bos) {
+    const auto bos = tokenizer.special_id("[BOS]");
+    if (!bos) throw k3::Error("--bos: the vocabulary has no [BOS] token");
+    ids.push_back(*bos);
+  }
+  if (chat) {
+    const std::string& question = opt.text.chat.empty() ? opt.prompt : opt.text.chat;
+    const auto segments = k3::text::one_turn_segments(opt.text.system, question, opt.text.think, opt.text.effort);
+    if (!segments.ok()) throw k3::Error("chat prompt: " + segments.status().message());
+    k3::text::encode_segments(tokenizer, *segments, ids);
+  } else {
+    size_t replaced = 0;
+    tokenizer.encode(opt.prompt, opt.text.allow_special, ids, &replaced);
+    if (replaced) std::fprintf(stderr, "kimi_k3: the prompt had %zu invalid UTF-8 sequence(s), replaced by U+FFFD\n", replaced);
+  }
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
 int run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const k3::Options opt = k3::parse_kimi_k3_options(args, environment());
   if (opt.show_help) {
-    std::printf("usage: kimi_k3 <model_dir> --ids 1,2,3 [--ngen N] [options]\n\n%s", opt.help_text.c_str());
+    std::printf("usage: kimi_k3 <model_dir> \"prompt\" [--ngen N] [options]\n"
+                "       kimi_k3 <model_dir> --chat \"question\" [--system \"...\"] [--ngen N] [options]\n"
+                "       kimi_k3 <model_dir> --ids 1,2,3 [--ngen N] [options]\n\n%s",
+                opt.help_text.c_str());
     return 0;
   }
-  if (!opt.prompt.empty() && !opt.ids_given)
-    throw k3::Error("text prompts need the tokenizer, which this build does not have yet; pass token ids with --ids");
-  if (!opt.ids_given) throw k3::Error("no prompt: pass token ids with --ids 1,2,3");
+  const bool chat = !opt.text.chat.empty() || !opt.text.system.empty();
+  if (!opt.text.chat.empty() && !opt.prompt.empty())
+    throw k3::Error("give the question either with --chat or as the prompt, not both");
+  if (opt.ids_given && chat) throw k3::Error("--ids cannot be combined with --chat / --system");
+  if (!opt.ids_given && opt.prompt.empty() && opt.text.chat.empty())
+    throw k3::Error("no prompt: pass a text prompt, --chat \"question\" or --ids 1,2,3");
   if (opt.runtime.threads > 0) omp_set_num_threads(opt.runtime.threads);
 
   k3::Engine engine(opt.model_dir, opt.load);
   const k3::K3Config& config = engine.config();
+  const k3::text::Tokenizer* tokenizer = engine.tokenizer();
+  if (!opt.ids_given && !tokenizer)
+    throw k3::Error(opt.model_dir + " has no tiktoken.model, so text prompts cannot be tokenized: pass token ids with --ids");
+  const std::vector<int64_t> prompt = opt.ids_given ? opt.ids : text_prompt(opt, *tokenizer, chat);
+  if (opt.debug.prompt_ids) {
+    std::string line = "prompt ids:";
+    for (int64_t id : prompt) {
+      line.push_back(' ');
+      line.append(std::to_string(id));
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+
   const int64_t capacity = opt.runtime.max_tokens > 0 ? opt.runtime.max_tokens
-                                                      : static_cast<int64_t>(opt.ids.size()) + opt.ngen;
-  if (static_cast<int64_t>(opt.ids.size()) + opt.ngen > capacity)
-    throw k3::Error("K3_MAXT=" + std::to_string(capacity) + " cannot hold the prompt (" + std::to_string(opt.ids.size()) +
+                                                      : static_cast<int64_t>(prompt.size()) + opt.ngen;
+  if (static_cast<int64_t>(prompt.size()) + opt.ngen > capacity)
+    throw k3::Error("K3_MAXT=" + std::to_string(capacity) + " cannot hold the prompt (" + std::to_string(prompt.size()) +
                     " tokens) plus --ngen " + std::to_string(opt.ngen));
   k3::Session session(engine, capacity);
   if (!opt.debug.x0_path.empty()) session.set_input_rows(read_f32_file(opt.debug.x0_path));
@@ -69,46 +178,69 @@ int run(int argc, char** argv) {
   if (want_all_logits) hooks.all_logits = &all_logits;
   if (!opt.debug.trace_path.empty()) hooks.observer = &recorder;
 
-  const double t0 = k3::now_seconds();
-  std::vector<float> logits = session.prefill(opt.ids, hooks);
-  const double t1 = k3::now_seconds();
+  const uint64_t seed = opt.sampling.seed_set
+                            ? opt.sampling.seed
+                            : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  k3::Sampler sampler(opt.sampling, seed);
+  k3::GenerateSettings settings;
+  settings.max_new_tokens = opt.ngen;
+  settings.stop_ids = k3::stop_ids(engine);
+
+  // Three ways to show the tokens: ids (one line at the end), plain text, a parsed chat reply.
+  const bool tty = isatty(STDOUT_FILENO) == 1;
+  k3::text::Utf8StreamDecoder plain;
+  std::optional<k3::text::OutputParser> parser;
+  ChatPrinter printer(opt.text, tty);
+  std::vector<k3::text::OutputEvent> events;
+  if (chat) parser.emplace(*tokenizer, opt.text.think);
+  auto is_stop = [&](int64_t id) {
+    return std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) != settings.stop_ids.end();
+  };
+  const auto on_token = [&](int64_t id) {
+    if (opt.ids_given) return true;
+    if (parser) {
+      events.clear();
+      parser->push(static_cast<int32_t>(id), events);
+      for (const auto& e : events) printer.print(e);
+    } else if (!is_stop(id)) {
+      const std::string text = plain.push(tokenizer->token_bytes(static_cast<int32_t>(id)));
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  const k3::GenerateResult result = k3::generate(session, prompt, sampler, settings, on_token, hooks);
+
   if (!opt.debug.logits_path.empty())
     k3::write_file_atomic(opt.debug.logits_path, all_logits.data(), all_logits.size() * sizeof(float));
-  if (!opt.debug.trace_path.empty()) recorder.write(opt.debug.trace_path, opt.ids, all_logits, config.vocab_size);
+  if (!opt.debug.trace_path.empty()) recorder.write(opt.debug.trace_path, prompt, all_logits, config.vocab_size);
 
-  std::vector<int64_t> generated;
-  uint64_t seed = opt.sampling.seed_set ? opt.sampling.seed
-                                        : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  k3::Sampler sampler(opt.sampling, seed);
-  if (opt.ngen > 0 && !engine.model().has_head())
-    throw k3::Error(opt.model_dir + ": the snapshot has no lm_head, so nothing can be generated (use --ngen 0 with K3_TRACE)");
-  int64_t decode_steps = 0;
-  for (int64_t j = 0; j < opt.ngen; ++j) {
-    const int64_t id = sampler.sample(logits);
-    generated.push_back(id);
-    bool stop = false;
-    for (int64_t eos : config.eos_token_ids) stop = stop || id == eos;
-    if (stop || j + 1 == opt.ngen) break;
-    logits = session.step(id);
-    ++decode_steps;
+  if (opt.ids_given) {
+    std::string line;
+    for (size_t i = 0; i < result.tokens.size(); ++i) {
+      if (i) line.push_back(' ');
+      line.append(std::to_string(result.tokens[i]));
+    }
+    std::printf("%s\n", line.c_str());
+  } else if (parser) {
+    events.clear();
+    parser->finish(events);
+    for (const auto& e : events) printer.print(e);
+    printer.finish();
+  } else {
+    const std::string tail = plain.finish() + "\n";
+    std::fwrite(tail.data(), 1, tail.size(), stdout);
   }
-  const double t2 = k3::now_seconds();
-
-  std::string line;
-  for (size_t i = 0; i < generated.size(); ++i) {
-    if (i) line.push_back(' ');
-    line.append(std::to_string(generated[i]));
-  }
-  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 
-  const double prefill_s = t1 - t0, decode_s = t2 - t1;
+  const double prefill_s = result.prefill_seconds, decode_s = result.decode_seconds;
   if (opt.debug.stats)
     std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(), session.stats().summary().c_str());
   std::fprintf(stderr,
-               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | threads %d | peak RSS %.1f MB%s\n",
-               engine.load_seconds(), opt.ids.size(), prefill_s > 0 ? static_cast<double>(opt.ids.size()) / prefill_s : 0.0,
-               static_cast<long long>(decode_steps), decode_s > 0 ? static_cast<double>(decode_steps) / decode_s : 0.0,
+               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | threads %d | peak RSS %.1f MB%s\n",
+               engine.load_seconds(), prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
+               static_cast<long long>(result.decode_steps),
+               decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0, k3::finish_reason_name(result.finish),
                omp_get_max_threads(), static_cast<double>(k3::peak_rss_bytes()) / 1e6,
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
   return 0;

@@ -35,6 +35,13 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load) {
   if (load.layers > config_.num_hidden_layers)
     throw Error("K3_LAYERS=" + std::to_string(load.layers) + " exceeds the model's " +
                 std::to_string(config_.num_hidden_layers) + " layers");
+  // The tokenizer first: a broken tiktoken.model fails in a second, not after the weights.
+  if (text::Tokenizer::available(model_dir)) {
+    tokenizer_ = std::make_unique<text::Tokenizer>(text::Tokenizer::load(model_dir));
+    if (tokenizer_->vocab_size() > config_.vocab_size)
+      throw Error(model_dir + "/tiktoken.model: the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+                  " ids but config.json vocab_size is " + std::to_string(config_.vocab_size));
+  }
   model_ = std::make_unique<Model>(*snapshot_, config_, model_options(load));
   load_seconds_ = now_seconds() - start;
 }

@@ -13,6 +13,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "options/options.h"
+#include "text/tokenizer.h"
 
 namespace k3 {
 
@@ -24,6 +25,9 @@ class Engine {
   const K3Config& config() const { return config_; }
   const Model& model() const { return *model_; }
   const Snapshot& snapshot() const { return *snapshot_; }
+  // The snapshot's tokenizer (tiktoken.model + tokenizer_config.json); nullptr when it has none
+  // (the engine then runs on token ids only).
+  const text::Tokenizer* tokenizer() const { return tokenizer_.get(); }
   double load_seconds() const { return load_seconds_; }
   // "isa avx512 | bits 4/8/8 | idot 1 | resident 123.4 MB": what the engine computes with.
   std::string describe() const;
@@ -32,6 +36,7 @@ class Engine {
   std::unique_ptr<Snapshot> snapshot_;
   K3Config config_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<text::Tokenizer> tokenizer_;
   double load_seconds_ = 0;
 };
 

@@ -97,6 +97,30 @@ const std::vector<OptionRow>& option_rows() {
          o.sampling.seed = static_cast<uint64_t>(parse_int(v, s, 0, INT64_MAX));
          o.sampling.seed_set = true;
        }},
+      {"--chat", nullptr, "", "one chat turn: this user message, rendered with the K3 chat template",
+       [](Options& o, const std::string& v, const std::string&) { o.text.chat = v; }},
+      {"--system", nullptr, "", "system message of the chat turn (implies a chat turn)",
+       [](Options& o, const std::string& v, const std::string&) { o.text.system = v; }},
+      {"--think", "K3_THINK", "1", "chat: 1 = open the think channel, 0 = answer directly",
+       [](Options& o, const std::string& v, const std::string& s) { o.text.think = parse_bool(v, s); }},
+      {"--no-think", nullptr, "0", "chat: answer directly (same as K3_THINK=0)",
+       [](Options& o, const std::string& v, const std::string& s) { if (parse_bool(v, s)) o.text.think = false; }, true},
+      {"--effort", "K3_EFFORT", "max", "chat: thinking effort low, high or max (none = no effort message)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v != "low" && v != "high" && v != "max" && v != "none")
+           throw Error(s + ": expected low, high, max or none, got \"" + v + "\" (the release rejects medium)");
+         o.text.effort = v;
+       }},
+      {nullptr, "COLI_SHOW_THINK", "1", "print the model's reasoning (0 = hide it)",
+       [](Options& o, const std::string& v, const std::string& s) { o.text.show_think = parse_bool(v, s); }},
+      {"--hide-think", nullptr, "0", "do not print the model's reasoning (same as COLI_SHOW_THINK=0)",
+       [](Options& o, const std::string& v, const std::string& s) { if (parse_bool(v, s)) o.text.show_think = false; }, true},
+      {"--labels", nullptr, "0", "print [think] / [response] labels even when stdout is not a terminal",
+       [](Options& o, const std::string& v, const std::string& s) { o.text.labels = parse_bool(v, s); }, true},
+      {"--allow-special", nullptr, "0", "raw text: special-token spellings become special tokens (default: plain text)",
+       [](Options& o, const std::string& v, const std::string& s) { o.text.allow_special = parse_bool(v, s); }, true},
+      {"--bos", nullptr, "0", "prepend [BOS] to the prompt (the release never does)",
+       [](Options& o, const std::string& v, const std::string& s) { o.text.bos = parse_bool(v, s); }, true},
       {"--bits", "K3_BITS", "4", "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32",
        [](Options& o, const std::string& v, const std::string& s) { o.load.bits = parse_bits(v, s); }},
       {"--mla-bits", "K3_MLA_BITS", "8", "MLA matrices in RAM: 4, 8 or 32",
@@ -115,6 +139,8 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.load.experts_in_memory = parse_bool(v, s); }, true},
       {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",
        [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
+      {"--prompt-ids", "K3_CHAT_IDS", "0", "print the prompt's token ids (after tokenizing / chat rendering) to stderr",
+       [](Options& o, const std::string& v, const std::string& s) { o.debug.prompt_ids = parse_bool(v, s); }, true},
       {"--layers", "K3_LAYERS", "0", "run only the first N layers (validation; 0 = all)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.layers = parse_int(v, s, 0, 4096); }},
       {"--trace", "K3_TRACE", "", "after prefill, write per-layer tensors to this .safetensors file",
@@ -159,6 +185,11 @@ std::string options_table_markdown() {
 
 Options parse_kimi_k3_options(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& env) {
+  return parse_options("kimi_k3", args, env);
+}
+
+Options parse_options(const std::string& program, const std::vector<std::string>& args,
+                      const std::map<std::string, std::string>& env, bool needs_model) {
   // Unknown K3_* variables are refused: a typo must not silently change nothing.
   for (const auto& [name, value] : env) {
     if (name.rfind("K3_", 0) != 0) continue;
@@ -167,7 +198,7 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
     if (!known) throw Error("unknown environment variable " + name + " (see --help for the supported K3_* variables)");
   }
 
-  CLI::App app{"kimi_k3 — run Kimi K3 on one machine"};
+  CLI::App app{program + " — run Kimi K3 on one machine"};
   app.set_help_flag();  // handled below so that --help works without a model directory
   bool help = false;
   app.add_flag("-h,--help", help, "print this help");
@@ -215,7 +246,7 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
   o.prompt = prompt_positional;
   if (!o.prompt.empty() && o.ids_given)
     throw Error("give either a text prompt or --ids, not both");
-  if (o.model_dir.empty()) throw Error("no model directory: pass it first on the command line, or set --model / COLI_MODEL");
+  if (needs_model && o.model_dir.empty()) throw Error("no model directory: pass it first on the command line, or set --model / COLI_MODEL");
   return o;
 }
 

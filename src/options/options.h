@@ -49,11 +49,24 @@ struct DebugOptions {
   std::string logits_path;  // K3_LOGITS: raw f32 [T][vocab] of every prefill position
   std::string x0_path;      // K3_X0: raw f32 [T][hidden] rows replacing the embedding
   bool stats = false;       // K3_STATS: per-stage time breakdown after the run
+  bool prompt_ids = false;  // K3_CHAT_IDS: print the prompt's token ids to stderr
+};
+
+// The text front end: chat turns, thinking, how output is shown (TOKENIZER_CHAT.md §6).
+struct TextOptions {
+  std::string chat;             // --chat: one chat turn with this user message
+  std::string system;           // --system: system message (implies a chat turn)
+  bool think = true;            // K3_THINK: open the think channel (0 = answer directly)
+  std::string effort = "max";   // K3_EFFORT: thinking effort low | high | max | none
+  bool show_think = true;       // COLI_SHOW_THINK / --hide-think: print the reasoning
+  bool labels = false;          // --labels: "[think] " / "[response] " labels even off a TTY
+  bool allow_special = false;   // --allow-special: special-token spellings in raw text are specials
+  bool bos = false;             // --bos: prepend [BOS] (the release never does)
 };
 
 struct Options {
   std::string model_dir;          // positional or --model / COLI_MODEL
-  std::string prompt;             // positional text prompt (next issue)
+  std::string prompt;             // positional text prompt (plain completion)
   std::vector<int64_t> ids;       // --ids 1,2,3
   bool ids_given = false;
   int64_t ngen = 16;              // --ngen / K3_NGEN: tokens to generate
@@ -61,6 +74,7 @@ struct Options {
   RuntimeOptions runtime;
   SamplingOptions sampling;
   DebugOptions debug;
+  TextOptions text;
   bool show_help = false;
   std::string help_text;
   // "name=value" lines of the effective options, for the start-up banner.
@@ -71,6 +85,10 @@ struct Options {
 // naming the flag or variable on any problem.
 Options parse_kimi_k3_options(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& env);
+// The same table for another program (`program` names it in --help, e.g. "coli tokenize");
+// `needs_model` false lets a subcommand run without a model directory.
+Options parse_options(const std::string& program, const std::vector<std::string>& args,
+                      const std::map<std::string, std::string>& env, bool needs_model = true);
 
 // Parses "1,2,3" or "1 2 3" into ids. Throws k3::Error.
 std::vector<int64_t> parse_id_list(const std::string& text);

@@ -1,0 +1,159 @@
+// apps/coli.cpp — the launcher. Machine interfaces over JSON lines (stdin → stdout), reading only
+// the tokenizer files of a model directory (no weights needed):
+//   coli tokenize <model_dir> [--allow-special]   {"text": ...} → {"ids": [...]} (other keys copied)
+//   coli render <model_dir>                       {"messages", "tools", "options"} → {"text", "ids"}
+// A bad input line gives an {"error": ...} line and the next line is read; nothing stops early.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "options/options.h"
+#include "text/chat.h"
+#include "text/prompt.h"
+#include "text/pyjson.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+extern char** environ;
+
+namespace {
+
+using k3::text::PyValue;
+
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+PyValue ids_value(const std::vector<int32_t>& ids) {
+  PyValue::Array items;
+  items.reserve(ids.size());
+  for (int32_t id : ids) items.push_back(PyValue::integer(id));
+  return PyValue::array(std::move(items));
+}
+
+// The input's other keys, copied to the output line (e.g. "name"), minus `skip`.
+void copy_keys(const PyValue& input, const std::vector<std::string>& skip, PyValue& output) {
+  if (!input.is_object()) return;
+  for (const auto& member : input.as_object()) {
+    bool skipped = false;
+    for (const auto& s : skip) skipped = skipped || member.key == s;
+    if (!skipped && !output.contains(member.key)) output.set(member.key, member.value);
+  }
+}
+
+void write_line(const PyValue& value) {
+  std::string line = k3::text::dumps(value, k3::text::DumpStyle::kCompact);
+  line.push_back('\n');
+  std::fwrite(line.data(), 1, line.size(), stdout);
+}
+
+PyValue error_line(const std::string& message, size_t line_number, const PyValue* input) {
+  PyValue out = PyValue::object();
+  out.set("error", PyValue::string(message));
+  out.set("line", PyValue::integer(static_cast<int64_t>(line_number)));
+  if (input && input->is_object())
+    if (const PyValue* name = input->find("name")) out.set("name", *name);
+  return out;
+}
+
+// Reads JSON lines from stdin and answers each with `handle`.
+template <class Handle>
+void for_each_line(Handle handle) {
+  std::string line;
+  size_t line_number = 0;
+  while (std::getline(std::cin, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const k3::Result<PyValue> parsed = k3::text::parse_pyjson(line);
+    if (!parsed.ok()) {
+      write_line(error_line("malformed JSON: " + parsed.status().message(), line_number, nullptr));
+      continue;
+    }
+    write_line(handle(*parsed, line_number));
+  }
+  std::fflush(stdout);
+}
+
+int tokenize(const k3::Options& opt) {
+  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(opt.model_dir);
+  std::vector<int32_t> ids;
+  for_each_line([&](const PyValue& input, size_t line_number) {
+    const PyValue* text = input.find("text");
+    if (!text || !text->is_string()) return error_line("expected an object with a string \"text\"", line_number, &input);
+    ids.clear();
+    tokenizer.encode(text->as_string(), opt.text.allow_special, ids);
+    PyValue out = PyValue::object();
+    out.set("ids", ids_value(ids));
+    copy_keys(input, {"text"}, out);
+    return out;
+  });
+  return 0;
+}
+
+int render(const k3::Options& opt) {
+  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(opt.model_dir);
+  std::vector<int32_t> ids;
+  for_each_line([&](const PyValue& input, size_t line_number) {
+    if (!input.is_object()) return error_line("expected an object with \"messages\"", line_number, &input);
+    const k3::Result<std::vector<k3::text::Segment>> segments = k3::text::render_request(input);
+    if (!segments.ok()) return error_line(segments.status().message(), line_number, &input);
+    ids.clear();
+    k3::text::encode_segments(tokenizer, *segments, ids);
+    PyValue out = PyValue::object();
+    out.set("text", PyValue::string(k3::text::join_segments(*segments)));
+    out.set("ids", ids_value(ids));
+    copy_keys(input, {"messages", "tools", "options", "text", "ids", "segments", "error", "error_type", "error_text"}, out);
+    return out;
+  });
+  return 0;
+}
+
+const char* kUsage =
+    "usage: coli <command> <model_dir> [options]\n\n"
+    "commands:\n"
+    "  tokenize   JSON lines {\"text\": ...} on stdin → {\"ids\": [...]} on stdout (other keys copied);\n"
+    "             --allow-special turns special-token spellings into special tokens\n"
+    "  render     JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} → {\"text\", \"ids\"}\n"
+    "             (the K3 chat template; options.entry build_chat_segments | apply_chat_template)\n\n"
+    "The model directory may also come from --model or COLI_MODEL; only tiktoken.model and\n"
+    "tokenizer_config.json are read. Invalid UTF-8 in input text is replaced by U+FFFD.\n";
+
+int run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
+    std::fputs(kUsage, stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command != "tokenize" && command != "render") {
+    std::fprintf(stderr, "coli: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
+    return 2;
+  }
+  const k3::Options opt = k3::parse_options("coli " + command, args, environment());
+  if (opt.show_help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  return command == "tokenize" ? tokenize(opt) : render(opt);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "coli: %s\n", e.what());
+    return 1;
+  }
+}
