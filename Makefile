@@ -18,10 +18,15 @@ $(DEMO)/config.json: | build
 	@$(BUILD)/tools/k3_synth --preset demo --out $(DEMO)
 
 run: build $(DEMO)/config.json
-	@echo "== kimi_k3 on the demo checkpoint (random weights: the ids are noise, the path is real)"
-	@$(BUILD)/apps/kimi_k3 $(DEMO) --ids 163584,1,2,3,4,5 --ngen 16
+	@echo "== kimi_k3 --chat on the demo checkpoint (random weights: the text is noise; the tokenizer, chat template and engine are real)"
+	@$(BUILD)/apps/kimi_k3 $(DEMO) --chat "What is the capital of France?" --labels --ngen 24
 
-test: build
+# The test oracles from npm (pinned in tests/node/package-lock.json), installed once.
+NODE_TEST_DEPS := tests/node/node_modules/.package-lock.json
+$(NODE_TEST_DEPS): tests/node/package-lock.json | setup
+	@npm ci --prefix tests/node --ignore-scripts --no-audit --no-fund >/dev/null
+
+test: build $(NODE_TEST_DEPS)
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 	@$(MAKE) --no-print-directory asan
 
@@ -32,15 +37,17 @@ asan: setup
 	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -R '^(Safetensors|Snapshot|Kernels|Mxfp4|Config|Options)'
 
 # Benchmarks (timings, never assertions): kernel GB/s vs a DRAM probe, then decode tok/s on a
-# slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice). The ggml peer comes from npm
+# slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice), then tokenizer MB/s beside
+# npm tiktoken on the same multilingual corpus. The ggml peer comes from npm
 # when it can be installed; without it the bench still runs and says the peer is unavailable.
 bench: build
-	@if [ ! -d bench/node_modules/@node-llama-cpp/linux-x64 ]; then \
+	@if [ ! -d bench/node_modules/@node-llama-cpp/linux-x64 ] || [ ! -d bench/node_modules/tiktoken ]; then \
 	  npm ci --prefix bench --ignore-scripts --no-audit --no-fund > $(BUILD)/bench-npm.log 2>&1 \
 	    || echo "bench: npm ci failed (see $(BUILD)/bench-npm.log): the ggml peer will be unavailable"; \
 	fi
 	@$(BUILD)/bench/k3_bench kernels
 	@$(BUILD)/bench/k3_bench decode --dir $(BUILD)/bench-slice
+	@node bench/tokenizer_bench.mjs $(BUILD)/bench/k3_tokenizer_bench tests/data/k3-release
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')

@@ -1,0 +1,114 @@
+// k3_tokenizer_bench — tokenizer throughput in process (a benchmark, never a test assertion).
+//
+//   k3_tokenizer_bench <model_dir> <corpus_file> [passes]
+//
+// Loads k3::text::Tokenizer from <model_dir>, reads <corpus_file> (UTF-8), encodes the whole file
+// as one ordinary-text segment (the tokenizer does Moonshot's 400k/25k pre-chunking itself) once to
+// warm up and then `passes` times (default 5), one thread. Prints machine facts, every pass, and
+// one line for bench/tokenizer_bench.mjs:
+//   OURS mb_s=<best> median_mb_s=<median> bytes=<n> ids=<n> fnv=<FNV-1a 32 of the ids>
+// MB = 10^6 bytes of UTF-8 input. The fnv/ids pair lets the caller check both tokenizers produced
+// the same ids.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "text/tokenizer.h"
+#include "util/sys.h"
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\n");
+  const size_t b = s.find_last_not_of(" \t\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return trim(line.substr(colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+uint32_t fnv1a(const std::vector<int32_t>& ids) {
+  uint32_t h = 2166136261u;
+  for (const int32_t id : ids) h = (h ^ static_cast<uint32_t>(id)) * 16777619u;
+  return h;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 3 || argc > 4) {
+    std::fprintf(stderr, "usage: k3_tokenizer_bench <model_dir> <corpus_file> [passes]\n");
+    return 2;
+  }
+  const std::string model_dir = argv[1];
+  const std::string corpus_path = argv[2];
+  const int passes = argc == 4 ? std::max(1, std::atoi(argv[3])) : 5;
+
+  std::printf("machine: cpu \"%s\", %u hardware threads, 1 thread used\n", cpu_model().c_str(),
+              std::thread::hardware_concurrency());
+
+  const double t_load = k3::now_seconds();
+  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(model_dir);
+  std::printf("tokenizer: %s loaded in %.0f ms\n", model_dir.c_str(),
+              (k3::now_seconds() - t_load) * 1e3);
+
+  std::ifstream in(corpus_path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "k3_tokenizer_bench: cannot read %s\n", corpus_path.c_str());
+    return 1;
+  }
+  const std::string corpus((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::printf("corpus: %s, %zu bytes\n", corpus_path.c_str(), corpus.size());
+
+  std::vector<int32_t> ids;
+  ids.reserve(corpus.size() / 2);
+  tokenizer.encode(corpus, false, ids);  // warm-up (page faults, thread_local buffers)
+  const size_t n_ids = ids.size();
+  const uint32_t hash = fnv1a(ids);
+
+  std::vector<double> mb_s;
+  for (int p = 0; p < passes; p++) {
+    ids.clear();
+    const double t0 = k3::now_seconds();
+    tokenizer.encode(corpus, false, ids);
+    const double dt = k3::now_seconds() - t0;
+    if (ids.size() != n_ids || fnv1a(ids) != hash) {
+      std::fprintf(stderr, "k3_tokenizer_bench: pass %d gave different ids\n", p);
+      return 1;
+    }
+    mb_s.push_back(static_cast<double>(corpus.size()) / dt / 1e6);
+    std::printf("pass %d: %.3f s, %.2f MB/s\n", p, dt, mb_s.back());
+  }
+  std::vector<double> sorted = mb_s;
+  std::sort(sorted.begin(), sorted.end());
+  const double best = sorted.back();
+  const double median = sorted[sorted.size() / 2];
+  std::printf("OURS mb_s=%.3f median_mb_s=%.3f bytes=%zu ids=%zu fnv=%08x\n", best, median,
+              corpus.size(), n_ids, hash);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "k3_tokenizer_bench: %s\n", e.what());
+    return 1;
+  }
+}
