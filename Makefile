@@ -30,11 +30,14 @@ test: build $(NODE_TEST_DEPS)
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 	@$(MAKE) --no-print-directory asan
 
-# Parsers and kernels again under AddressSanitizer + UndefinedBehaviorSanitizer.
-asan: setup
+# Parsers, kernels and the text front end again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (the npm differential fuzz drives the sanitized coli too).
+asan: setup $(NODE_TEST_DEPS)
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
-	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test
-	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -R '^(Safetensors|Snapshot|Kernels|Mxfp4|Config|Options)'
+	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test \
+	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test coli
+	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) \
+	  -R '^(Safetensors|Snapshot|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness)'
 
 # Benchmarks (timings, never assertions): kernel GB/s vs a DRAM probe, then decode tok/s on a
 # slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice), then tokenizer MB/s beside

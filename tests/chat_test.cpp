@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "text/chat.h"
+#include "text/prompt.h"
 #include "text/pyjson.h"
 #include "text/tokenizer.h"
 
@@ -102,7 +103,6 @@ TEST(ChatGolden, EveryCaseRendersTheGoldenSegments) {
 
 // Each segment encoded on its own (control segments with specials allowed), concatenated.
 TEST(ChatGolden, SegmentsEncodeToTheGoldenIds) {
-  if (!k3::text::Tokenizer::available(kRelease)) GTEST_SKIP() << "no tiktoken.model in " << kRelease;
   const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kRelease);
   for (const PyValue& c : load_cases()) {
     if (is_error_case(c)) continue;
@@ -110,7 +110,7 @@ TEST(ChatGolden, SegmentsEncodeToTheGoldenIds) {
     const auto result = k3::text::render_request(c);
     ASSERT_TRUE(result.ok()) << result.status().message();
     std::vector<int32_t> ids;
-    for (const Segment& s : result.value()) tokenizer.encode(s.text, s.special, ids);
+    k3::text::encode_segments(tokenizer, result.value(), ids);
     std::vector<int32_t> want;
     for (const PyValue& id : c.find("ids")->as_array()) want.push_back(std::stoi(id.integer_decimal()));
     EXPECT_EQ(ids, want);
@@ -138,11 +138,19 @@ ChatOptions no_prompt() {
   return o;
 }
 
-TEST(ChatRender, ImagePartsAreRejected) {
-  auto r = render(R"([{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"x"}}]}])");
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), Status::Code::invalid_argument);
-  EXPECT_EQ(r.status().message(), "image content is not supported");
+// Each image part is the reference's placeholder, a special segment (no `text` needed). It is no
+// vocabulary special, so encoding it with specials allowed gives the ordinary-text ids.
+TEST(ChatRender, ImagePartsAreThePlaceholder) {
+  auto r = render(R"([{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"x"}},{"type":"image"}]}])",
+                  no_prompt());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const auto& s = r.value();
+  ASSERT_EQ(s.size(), 14u);
+  EXPECT_EQ(s[7], (Segment{"see", false}));
+  EXPECT_EQ(s[8], (Segment{"<|kimi_image_placeholder|>", true}));
+  EXPECT_EQ(s[9], (Segment{"<|kimi_image_placeholder|>", true}));
+  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kRelease);
+  EXPECT_EQ(tokenizer.encode(s[8].text, true), tokenizer.encode(s[8].text, false));
 }
 
 TEST(ChatRender, ContentPartsAreSeparateSegments) {
@@ -196,8 +204,18 @@ TEST(ChatRender, ArgumentNormalisation) {
   EXPECT_FALSE(render(with(R"("\"text\"")"), o).ok());  // valid JSON, not an object
   EXPECT_FALSE(render(with("true"), o).ok());
   EXPECT_FALSE(render(with("[]"), o).ok());
-  // Nesting Python would refuse with RecursionError is an error, not a json block.
-  EXPECT_FALSE(render(with("\"{\\\"a\\\": " + std::string(600, '[') + std::string(600, ']') + "}\""), o).ok());
+  // Nesting Python would refuse with RecursionError is an error, not a json block; one level
+  // less (the object is a level) renders.
+  const int depth = k3::text::kMaxPyjsonDepth;
+  const auto nested = [&](int levels) {
+    return with("\"{\\\"a\\\": " + std::string(levels, '[') + std::string(levels, ']') + "}\"");
+  };
+  EXPECT_EQ(render_text(nested(depth - 1), o),
+            head + "<|open|>argument key=\"a\" type=\"array\"<|sep|>" + std::string(depth - 1, '[') +
+                std::string(depth - 1, ']') + "<|close|>argument<|sep|>" + tail);
+  const auto too_deep = render(nested(depth), o);
+  ASSERT_FALSE(too_deep.ok());
+  EXPECT_EQ(too_deep.status().code(), Status::Code::too_large);
 }
 
 TEST(ChatRender, ToolNamesAndIndices) {
@@ -238,7 +256,12 @@ TEST(ChatRender, SkipsAndErrors) {
   ChatOptions o = no_prompt();
   EXPECT_EQ(render_text(R"([1, "x", null, {"role":"developer","content":"d"}, {"role":5}])", o), "");
   EXPECT_FALSE(render(R"([{"content":"no role"}])", o).ok());
-  EXPECT_FALSE(render(R"({"role":"user"})", o).ok());
+  // `messages` is only iterated: a dict gives its keys, a string its characters (no messages);
+  // null and numbers are not iterable.
+  EXPECT_EQ(render_text(R"({"role":"user"})", o), "");
+  EXPECT_EQ(render_text(R"("abc")"), "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
+  EXPECT_FALSE(render("null", o).ok());
+  EXPECT_FALSE(render("5", o).ok());
   EXPECT_FALSE(render(R"([{"role":"user","content":5}])", o).ok());
   EXPECT_FALSE(render(R"([{"role":"assistant","tool_calls":{"a":1}}])", o).ok());
   EXPECT_FALSE(render(R"([{"role":"assistant","tool_calls":[{"function":{"arguments":{}}}]}])", o).ok());
@@ -364,6 +387,55 @@ TEST(PyJson, DepthLimit) {
   for (int i = 0; i < 100000; ++i) objects += "{\"a\":";
   EXPECT_FALSE(k3::text::parse_pyjson(objects).ok());  // no stack overflow
   EXPECT_FALSE(k3::text::parse_pyjson(std::string(1000000, '[')).ok());
+}
+
+// Values at the depth limit go through every recursive function (parse, dumps, sort, str/repr,
+// ==, copies) and the renderer without exhausting the stack (run under the sanitizers too).
+TEST(PyJson, EveryRecursiveFunctionHandlesTheDepthLimit) {
+  const int depth = k3::text::kMaxPyjsonDepth;
+  ASSERT_EQ(depth, 990);  // CPython 3.11 parses ~990 levels
+  for (const bool objects : {false, true}) {
+    SCOPED_TRACE(objects ? "objects" : "arrays");
+    const auto nested = [&](int levels) {
+      std::string text;
+      for (int i = 0; i < levels; ++i) text += objects ? "{\"k\": " : "[";
+      text += "1";
+      for (int i = 0; i < levels; ++i) text += objects ? "}" : "]";
+      return text;
+    };
+    const std::string text = nested(depth);
+    auto deepest = k3::text::parse_pyjson(text);
+    ASSERT_TRUE(deepest.ok()) << deepest.status().message();
+    const PyValue value = deepest.value();  // copy
+    EXPECT_EQ(value, deepest.value());
+    EXPECT_EQ(k3::text::dumps(value, DumpStyle::kDefault), text);
+    EXPECT_EQ(k3::text::dumps(k3::text::sort_keys_deep(value), DumpStyle::kCompact).size(),
+              objects ? text.size() - depth : text.size());
+    EXPECT_EQ(k3::text::python_str(value).size(), text.size());
+    EXPECT_EQ(k3::text::python_repr(value).size(), text.size());
+    auto too_deep = k3::text::parse_pyjson(nested(depth + 1));
+    ASSERT_FALSE(too_deep.ok());
+    EXPECT_EQ(too_deep.status().code(), Status::Code::too_large);
+
+    // Through the renderer: as a name (repr), as tools (sort + compact dumps), as arguments
+    // (typed value) and as a response schema.
+    PyValue call = PyValue::object();
+    call.set("name", PyValue::string("f"));
+    call.set("arguments", PyValue::object({{"a", value}}));
+    PyValue calls = PyValue::array();
+    calls.as_array().push_back(PyValue::object({{"function", call}}));
+    PyValue messages = PyValue::array();
+    messages.as_array().push_back(
+        PyValue::object({{"role", PyValue::string("user")}, {"content", PyValue::string("x")}, {"name", value}}));
+    messages.as_array().push_back(PyValue::object(
+        {{"role", PyValue::string("assistant")}, {"content", PyValue::string("")}, {"tool_calls", calls}}));
+    ChatOptions options;
+    options.response_format = PyValue::string("json_schema");
+    options.response_schema = value;
+    auto r = k3::text::build_chat_segments(messages, value, options);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_GT(k3::text::join_segments(r.value()).size(), 3 * text.size());
+  }
 }
 
 TEST(PyJson, MalformedInputIsRejected) {

@@ -134,7 +134,9 @@ TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
   const auto got = lines_of(r.out);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_TRUE(got[0].contains("error"));
-  EXPECT_TRUE(got[1].contains("error"));
+  // An image part renders as the reference's placeholder (encoded as ordinary text).
+  EXPECT_EQ(got[1]["text"], "<|open|>message role=\"user\"<|sep|><|kimi_image_placeholder|><|close|>message<|sep|>"
+                            "<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
   // Defaults: build_chat_segments, thinking on, generation prompt, no effort message.
   EXPECT_EQ(got[2]["text"], "<|open|>message role=\"user\"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>"
                             "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");

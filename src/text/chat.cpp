@@ -9,14 +9,16 @@
 // Emission order:
 //   1. tool-declare system message when the deep-sorted `tools` is truthy;
 //   2. thinking-effort system message when thinking and an effort (low | high | max) is given;
-//   3. the messages in order (non-objects and unknown roles skipped):
+//   3. the messages in order (non-objects and unknown roles skipped; `messages` is only iterated,
+//      so a dict or a string gives no message, and a list whose first element is a list is a
+//      batch that is only normalised, never rendered):
 //        user / system   message role(, name) · content
 //        system + tools  dynamic tool-declare (content ignored)
 //        assistant       message role(, name) · [think · reasoning] · response · content ·
 //                        [tools · call tool index · (argument key type · value)* | json]
 //        tool            message role tool index · content
 //      after two pre-passes: tool results re-ordered by call id per run of tool messages, and
-//      tool-call arguments normalised to objects (or a raw json block);
+//      tool-call arguments of every message normalised to objects (or a raw json block);
 //   4. tool-choice system message for "required" / "none";
 //   5. response-format system message for json_object / json_schema;
 //   6. the generation prompt: open message role="assistant", open think (or response).
@@ -35,6 +37,8 @@ constexpr std::string_view kOpenToken = "<|open|>";
 constexpr std::string_view kCloseToken = "<|close|>";
 constexpr std::string_view kSepToken = "<|sep|>";
 constexpr std::string_view kEndOfMessageToken = "<|end_of_msg|>";
+// Emitted (special) per image part; not a vocabulary special, so it encodes as ordinary text.
+constexpr std::string_view kImagePlaceholder = "<|kimi_image_placeholder|>";
 
 // ---- wire constants (§6.5, byte-exact) -------------------------------------------------------
 
@@ -161,22 +165,15 @@ struct CallTarget {
   PyValue name;         // the function name, None when the call has none
 };
 
-// `call.get("function", call)`, which must be a dict.
-Result<const PyValue*> function_of(const PyValue& call) {
-  if (!call.is_object()) return Status::invalid("Kimi K3 tool calls must be objects");
-  const PyValue* function = call.find("function");
-  if (!function) return &call;
-  if (!function->is_object()) return Status::invalid("Kimi K3 tool call `function` must be an object");
-  return function;
+// The name `_tool_call_id_index` records for a call: its dict `function`'s name, else (no
+// `function`, or one that is not a dict) the call's own.
+const PyValue& indexed_call_name(const PyValue& call) {
+  const PyValue& function = get(call, "function");
+  return get(function.is_object() ? function : call, "name");
 }
 
-// Python iterates a truthy tool_calls; only a list gives call objects.
-Status check_tool_calls_list(const PyValue& calls) {
-  if (!calls.is_array()) return Status::invalid("Kimi K3 `tool_calls` must be a list");
-  return {};
-}
-
-Result<PyValue::Array> order_tool_results(const PyValue::Array& messages) {
+// Never fails: calls that are not dicts (or a tool_calls that is no list) are just not indexed.
+PyValue::Array order_tool_results(const PyValue::Array& messages) {
   PyValue::Array output;
   output.reserve(messages.size());
   std::vector<CallTarget> targets;
@@ -191,18 +188,15 @@ Result<PyValue::Array> order_tool_results(const PyValue::Array& messages) {
     if (message.is_object() && equals_string(get(message, "role"), "assistant")) {
       targets.clear();
       const PyValue& calls = get(message, "tool_calls");
-      if (is_truthy(calls)) {
-        if (Status s = check_tool_calls_list(calls); !s.ok()) return s;
+      if (calls.is_array()) {
         size_t position = 0;
         for (const PyValue& call : calls.as_array()) {
-          ++position;
-          Result<const PyValue*> function = function_of(call);
-          if (!function.ok()) return function.status();
+          ++position;  // every entry counts, dict or not
           const PyValue& id = get(call, "id");
           if (id.is_null()) continue;
           std::string key = python_str(id);
           if (find_target(key)) continue;  // the first occurrence of an id wins
-          targets.push_back({std::move(key), position, get(**function, "name")});
+          targets.push_back({std::move(key), position, indexed_call_name(call)});
         }
       }
       output.push_back(message);
@@ -276,38 +270,76 @@ Result<NormalizedArguments> normalize_arguments(const PyValue& arguments) {
   return Status::invalid("Kimi K3 tool call arguments must be a dict or a JSON object string.");
 }
 
+// Normalises the arguments of one call dict in place: `holder` is its dict `function`, or the
+// call itself when `function` is absent or not a dict. A `_xtml_json_block` the caller put there
+// is dropped unless the arguments are a raw block (`fn.pop("_xtml_json_block", None)`).
+Status normalize_call_arguments(PyValue& holder) {
+  Result<NormalizedArguments> arguments = normalize_arguments(get(holder, "arguments"));
+  if (!arguments.ok()) return arguments.status();
+  holder.set("arguments", std::move(arguments.value().arguments));
+  if (!arguments->json_block.is_null()) {
+    holder.set(std::string(kJsonBlockKey), std::move(arguments.value().json_block));
+  } else {
+    PyValue::Object& members = holder.as_object();
+    std::erase_if(members, [](const PyMember& m) { return m.key == kJsonBlockKey; });
+  }
+  return {};
+}
+
+// `normalize_message`, applied to every message whatever its role: tools deep-sorted, and a
+// truthy `tool_calls` iterated with every dict call's arguments normalised (entries that are not
+// dicts are kept as they are). Only assistant messages render their calls.
 Result<PyValue> normalize_message(const PyValue& message) {
   if (!message.is_object()) return message;
   PyValue normalized = message;
   if (const PyValue* tools = normalized.find("tools"); tools && !tools->is_null())
     normalized.set("tools", sort_keys_deep(*tools));
-  const PyValue& calls = get(normalized, "tool_calls");
-  if (!is_truthy(calls)) return normalized;
-  if (Status s = check_tool_calls_list(calls); !s.ok()) return s;
-  PyValue::Array normalized_calls;
-  for (const PyValue& call_value : calls.as_array()) {
-    Result<const PyValue*> function_pointer = function_of(call_value);
-    if (!function_pointer.ok()) return function_pointer.status();
-    PyValue function = **function_pointer;
-    Result<NormalizedArguments> arguments = normalize_arguments(get(function, "arguments"));
-    if (!arguments.ok()) return arguments.status();
-    function.set("arguments", std::move(arguments.value().arguments));
-    if (!arguments->json_block.is_null()) function.set(std::string(kJsonBlockKey), arguments->json_block);
-    if (call_value.contains("function")) {
-      PyValue call = call_value;
-      call.set("function", std::move(function));
-      normalized_calls.push_back(std::move(call));
-    } else {
-      normalized_calls.push_back(std::move(function));
+  PyValue* calls = normalized.find("tool_calls");
+  if (!calls || !is_truthy(*calls)) return normalized;
+  if (calls->is_object() || calls->is_string()) {
+    // Python iterates the keys / characters: all strings, kept as they are (the list they would
+    // become is never observable: an assistant fails on the first entry either way).
+    return normalized;
+  }
+  if (!calls->is_array()) return Status::invalid("Kimi K3 `tool_calls` must be iterable");
+  for (PyValue& call : calls->as_array()) {
+    if (!call.is_object()) continue;
+    PyValue* function = call.find("function");
+    if (Status s = normalize_call_arguments(function && function->is_object() ? *function : call); !s.ok()) return s;
+  }
+  return normalized;
+}
+
+// normalize_conversation + the message loop's iteration: the messages to render. A list whose
+// first element is a list is a batch; every element is iterated as a list of messages and
+// normalised, and nothing is rendered (the loop skips the lists). A dict or string `messages`
+// iterates keys / characters, none of them a message; anything else is not iterable.
+Result<PyValue::Array> messages_to_render(const PyValue& messages) {
+  if (messages.is_object() || messages.is_string()) return PyValue::Array{};
+  if (!messages.is_array()) return Status::invalid("Kimi K3 `messages` must be iterable (a list of messages)");
+  PyValue::Array ordered = order_tool_results(messages.as_array());
+  const bool batch = !ordered.empty() && ordered.front().is_array();
+  PyValue::Array out;
+  if (!batch) out.reserve(ordered.size());
+  for (const PyValue& message : ordered) {
+    if (!batch) {
+      Result<PyValue> normalized = normalize_message(message);
+      if (!normalized.ok()) return normalized.status();
+      out.push_back(std::move(normalized).value());
+    } else if (message.is_array()) {
+      for (const PyValue& inner : message.as_array())
+        if (Result<PyValue> normalized = normalize_message(inner); !normalized.ok()) return normalized.status();
+    } else if (!message.is_object() && !message.is_string()) {
+      return Status::invalid("Kimi K3 batched conversations must be lists of messages");
     }
   }
-  normalized.set("tool_calls", PyValue::array(std::move(normalized_calls)));
-  return normalized;
+  return out;
 }
 
 // ---- bodies ----------------------------------------------------------------------------------
 
-// `content`: a string, None, or a list of parts (each its own segment).
+// `content`: a string, None, or a list of parts (each its own segment; an image part is the
+// placeholder, a special segment).
 Status write_content(SegmentWriter& w, const PyValue& content) {
   if (content.is_string()) {
     w.text(content.as_string());
@@ -319,8 +351,10 @@ Status write_content(SegmentWriter& w, const PyValue& content) {
   for (const PyValue& part : content.as_array()) {
     const PyValue* type = part.find("type");
     if (!type) return Status::invalid("Kimi K3 content parts must be objects with a `type`");
-    if (equals_string(*type, "image") || equals_string(*type, "image_url"))
-      return Status::invalid("image content is not supported");
+    if (equals_string(*type, "image") || equals_string(*type, "image_url")) {
+      w.control(kImagePlaceholder);
+      continue;
+    }
     const PyValue* text = part.find("text");
     if (!text) return Status::invalid("Kimi K3 text content parts need a `text`");
     w.text(python_str(*text));
@@ -366,21 +400,28 @@ Status write_assistant_body(SegmentWriter& w, const PyValue& message, bool think
 
   const PyValue& calls = get(message, "tool_calls");
   if (!is_truthy(calls)) return {};
+  // Truthy and iterable (normalize_message checked); a dict or string iterates strings, which
+  // have no `.get`.
+  if (!calls.is_array()) return Status::invalid("Kimi K3 assistant `tool_calls` must be a list of objects");
   w.open("tools");
   size_t index = 0;
-  for (const PyValue& call : calls.as_array()) {  // a list: normalize_message checked it
+  for (const PyValue& call : calls.as_array()) {
     ++index;
-    const PyValue& function = call.find("function") ? get(call, "function") : call;
-    const PyValue* name = function.find("name");
+    // `fn = tool_call.get("function", tool_call)`, then `fn["name"]`.
+    if (!call.is_object()) return Status::invalid("Kimi K3 tool calls must be objects");
+    const PyValue* function = call.find("function");
+    if (!function) function = &call;
+    if (!function->is_object()) return Status::invalid("Kimi K3 tool call `function` must be an object");
+    const PyValue* name = function->find("name");
     if (!name) return Status::invalid("Kimi K3 tool calls need a function `name`");
     w.open("call", {{"tool", python_str(*name)}, {"index", std::to_string(index)}});
-    const PyValue& json_block = get(function, kJsonBlockKey);
+    const PyValue& json_block = get(*function, kJsonBlockKey);
     if (!json_block.is_null()) {
       w.open("json", {{"type", "object"}});
       w.text(python_str(json_block));
       w.close("json");
     } else {
-      for (const PyMember& argument : get(function, "arguments").as_object()) {
+      for (const PyMember& argument : get(*function, "arguments").as_object()) {  // normalised
         w.open("argument", {{"key", argument.key}, {"type", argument_type(argument.value)}});
         w.text(argument.value.is_string() ? argument.value.as_string()
                                           : dumps(argument.value, DumpStyle::kDefault));
@@ -409,16 +450,9 @@ PyValue extract_response_schema(const PyValue& response_format) {
 
 Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, const PyValue& tools_in,
                                                  const ChatOptions& options) {
-  if (!messages_in.is_array()) return Status::invalid("Kimi K3 `messages` must be a list");
-  Result<PyValue::Array> ordered = order_tool_results(messages_in.as_array());
-  if (!ordered.ok()) return ordered.status();
-  PyValue::Array messages;
-  messages.reserve(ordered->size());
-  for (const PyValue& message : ordered.value()) {
-    Result<PyValue> normalized = normalize_message(message);
-    if (!normalized.ok()) return normalized.status();
-    messages.push_back(std::move(normalized).value());
-  }
+  Result<PyValue::Array> to_render = messages_to_render(messages_in);
+  if (!to_render.ok()) return to_render.status();
+  const PyValue::Array& messages = to_render.value();
   const PyValue tools = sort_keys_deep(tools_in);
 
   SegmentWriter w;
@@ -460,7 +494,9 @@ Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, con
       ++tool_index;
       const PyValue* tool_name = message.find("tool");
       if (!tool_name) tool_name = &get(message, "name");
-      if (tool_name->is_null() && prior_calls && is_truthy(*prior_calls) &&
+      // A truthy prior tool_calls is a list of call dicts here (the assistant rendered them);
+      // a falsy one resolves nothing (len 0, or a TypeError for 0 / False: an error either way).
+      if (tool_name->is_null() && prior_calls && prior_calls->is_array() &&
           tool_index <= prior_calls->as_array().size()) {
         const PyValue& call = prior_calls->as_array()[tool_index - 1];
         const PyValue& function = call.find("function") ? get(call, "function") : call;
@@ -490,8 +526,8 @@ Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, con
   if (equals_string(*response_type, "json_object")) {
     w.internal_system_message("response-format", kResponseFormatJsonObject, /*strip_body=*/true);
   } else if (equals_string(*response_type, "json_schema")) {
-    const PyValue schema = sort_keys_deep(options.response_schema.is_null() ? extract_response_schema(response_format)
-                                                                            : options.response_schema);
+    const PyValue schema = sort_keys_deep(options.response_schema ? *options.response_schema
+                                                                  : extract_response_schema(response_format));
     std::string body(kResponseFormatJsonSchema);
     body += dumps(schema, DumpStyle::kCompact);
     body += kJsonBlockEnd;
@@ -532,7 +568,7 @@ Result<std::vector<Segment>> render_request(const PyValue& request) {
   else if (apply_chat_template) options.thinking_effort = PyValue::string("max");
   options.tool_choice = get(options_value, "tool_choice");
   options.response_format = get(options_value, "response_format");
-  options.response_schema = get(options_value, "response_schema");
+  if (const PyValue* v = options_value.find("response_schema")) options.response_schema = *v;
   return build_chat_segments(*messages, tools, options);
 }
 

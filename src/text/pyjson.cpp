@@ -12,6 +12,7 @@
 #include <limits>
 #include <unordered_map>
 
+#include "text/unicode.h"
 #include "text/utf8.h"
 
 namespace k3::text {
@@ -173,7 +174,7 @@ class Parser {
   Result<PyValue> parse_document() {
     skip_whitespace();
     PyValue value;
-    if (Status s = parse_value(value, 0); !s.ok()) return s;
+    if (Status s = parse_value(value); !s.ok()) return s;
     skip_whitespace();
     if (pos_ != text_.size()) return error("Extra data");
     return value;
@@ -201,7 +202,98 @@ class Parser {
     return true;
   }
 
-  Status parse_value(PyValue& out, int depth) {
+  // One JSON value, containers included, without recursion: the open containers are a stack of
+  // frames on the heap, so the nesting depth costs no machine stack (kMaxPyjsonDepth is a
+  // policy, not a stack guard).
+  struct Frame {
+    PyValue container;  // an array or an object
+    std::string key;    // objects: the key whose value is being parsed
+    std::unordered_map<std::string, size_t> index;  // objects: key → position, once large
+  };
+
+  Status parse_value(PyValue& out) {
+    std::vector<Frame> open;
+    PyValue value;
+    while (true) {
+      // A value starts here: open a container, or read a scalar into `value`.
+      const char c = peek();
+      if (c == '[' || c == '{') {
+        if (open.size() >= static_cast<size_t>(kMaxPyjsonDepth))
+          return Status(Status::Code::too_large, "JSON nested deeper than " + std::to_string(kMaxPyjsonDepth));
+        ++pos_;
+        open.push_back({c == '[' ? PyValue::array() : PyValue::object(), {}, {}});
+        skip_whitespace();
+        if (peek() == (c == '[' ? ']' : '}')) {
+          ++pos_;
+          value = std::move(open.back().container);
+          open.pop_back();
+        } else {
+          if (c == '{') {
+            if (Status st = parse_key(open.back().key); !st.ok()) return st;
+          }
+          continue;  // the first element
+        }
+      } else if (Status st = parse_scalar(value); !st.ok()) {
+        return st;
+      }
+      // `value` is complete: it is the document, or the next element of the innermost container.
+      while (true) {
+        if (open.empty()) {
+          out = std::move(value);
+          return {};
+        }
+        Frame& frame = open.back();
+        const bool is_array = frame.container.is_array();
+        if (is_array) frame.container.as_array().push_back(std::move(value));
+        else add_member(frame, std::move(value));
+        skip_whitespace();
+        if (peek() == ',') {
+          ++pos_;
+          skip_whitespace();
+          if (!is_array) {
+            if (Status st = parse_key(frame.key); !st.ok()) return st;
+          }
+          break;  // the next element
+        }
+        if (peek() != (is_array ? ']' : '}')) return error("Expecting ',' delimiter");
+        ++pos_;
+        value = std::move(frame.container);
+        open.pop_back();
+      }
+    }
+  }
+
+  // `"key"` then `:` and the whitespace before the value.
+  Status parse_key(std::string& key) {
+    if (peek() != '"') return error("Expecting property name enclosed in double quotes");
+    key.clear();
+    if (Status st = parse_string(key); !st.ok()) return st;
+    skip_whitespace();
+    if (peek() != ':') return error("Expecting ':' delimiter");
+    ++pos_;
+    skip_whitespace();
+    return {};
+  }
+
+  // A repeated key keeps its first position and takes the last value (dict(pairs)).
+  static void add_member(Frame& frame, PyValue value) {
+    PyValue::Object& members = frame.container.as_object();
+    size_t existing = members.size();
+    if (members.size() < 16) {
+      for (size_t k = 0; k < members.size(); ++k)
+        if (members[k].key == frame.key) existing = k;
+    } else {
+      if (frame.index.empty())
+        for (size_t k = 0; k < members.size(); ++k) frame.index.emplace(members[k].key, k);
+      if (auto it = frame.index.find(frame.key); it != frame.index.end()) existing = it->second;
+      else frame.index.emplace(frame.key, members.size());
+    }
+    if (existing < members.size()) members[existing].value = std::move(value);
+    else members.push_back({std::move(frame.key), std::move(value)});
+  }
+
+  // Anything but a container.
+  Status parse_scalar(PyValue& out) {
     if (at_end()) return error("Expecting value");
     switch (text_[pos_]) {
       case '"': {
@@ -210,8 +302,6 @@ class Parser {
         out = PyValue::string(std::move(s));
         return {};
       }
-      case '{': return parse_object(out, depth + 1);
-      case '[': return parse_array(out, depth + 1);
       case 'n':
         if (consume_literal("null")) { out = PyValue(); return {}; }
         break;
@@ -399,82 +489,6 @@ class Parser {
     }
   }
 
-  Status parse_array(PyValue& out, int depth) {
-    if (depth > kMaxPyjsonDepth)
-      return Status(Status::Code::too_large, "JSON nested deeper than " + std::to_string(kMaxPyjsonDepth));
-    ++pos_;
-    PyValue::Array items;
-    skip_whitespace();
-    if (peek() == ']') {
-      ++pos_;
-      out = PyValue::array(std::move(items));
-      return {};
-    }
-    while (true) {
-      skip_whitespace();
-      PyValue item;
-      if (Status s = parse_value(item, depth); !s.ok()) return s;
-      items.push_back(std::move(item));
-      skip_whitespace();
-      if (peek() == ']') {
-        ++pos_;
-        break;
-      }
-      if (peek() != ',') return error("Expecting ',' delimiter");
-      ++pos_;
-    }
-    out = PyValue::array(std::move(items));
-    return {};
-  }
-
-  Status parse_object(PyValue& out, int depth) {
-    if (depth > kMaxPyjsonDepth)
-      return Status(Status::Code::too_large, "JSON nested deeper than " + std::to_string(kMaxPyjsonDepth));
-    ++pos_;
-    PyValue::Object members;
-    std::unordered_map<std::string, size_t> index;  // built once the object is large
-    skip_whitespace();
-    if (peek() == '}') {
-      ++pos_;
-      out = PyValue::object(std::move(members));
-      return {};
-    }
-    while (true) {
-      skip_whitespace();
-      if (peek() != '"') return error("Expecting property name enclosed in double quotes");
-      std::string key;
-      if (Status s = parse_string(key); !s.ok()) return s;
-      skip_whitespace();
-      if (peek() != ':') return error("Expecting ':' delimiter");
-      ++pos_;
-      skip_whitespace();
-      PyValue value;
-      if (Status s = parse_value(value, depth); !s.ok()) return s;
-      // A repeated key keeps its first position and takes the last value (dict(pairs)).
-      size_t existing = members.size();
-      if (members.size() < 16) {
-        for (size_t k = 0; k < members.size(); ++k)
-          if (members[k].key == key) existing = k;
-      } else {
-        if (index.empty())
-          for (size_t k = 0; k < members.size(); ++k) index.emplace(members[k].key, k);
-        if (auto it = index.find(key); it != index.end()) existing = it->second;
-        else index.emplace(key, members.size());
-      }
-      if (existing < members.size()) members[existing].value = std::move(value);
-      else members.push_back({std::move(key), std::move(value)});
-      skip_whitespace();
-      if (peek() == '}') {
-        ++pos_;
-        break;
-      }
-      if (peek() != ',') return error("Expecting ',' delimiter");
-      ++pos_;
-    }
-    out = PyValue::object(std::move(members));
-    return {};
-  }
-
   std::string_view text_;
   size_t pos_ = 0;
 };
@@ -656,22 +670,6 @@ bool is_truthy(const PyValue& value) {
 
 namespace {
 
-// Python's str.isprintable() for one code point, approximated without the full category
-// tables: Cc, Zs other than space, Zl, Zp, the common Cf, surrogates, private use and
-// noncharacters are non-printable; everything else counts as printable.
-bool python_isprintable(char32_t cp) {
-  if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0)) return false;
-  if (cp == 0xAD || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202F) ||
-      (cp >= 0x205F && cp <= 0x206F) || cp == 0x3000 || cp == 0xFEFF || (cp >= 0xFFF9 && cp <= 0xFFFB))
-    return false;
-  if (cp == 0x061C || cp == 0x180E || cp == 0x0600 || cp == 0x06DD || cp == 0x070F) return false;
-  if ((cp >= 0xD800 && cp <= 0xF8FF) || (cp >= 0xFDD0 && cp <= 0xFDEF) || (cp & 0xFFFE) == 0xFFFE)
-    return false;
-  if (cp >= 0xE0000 && cp <= 0xE007F) return false;  // tags
-  if (cp >= 0xF0000) return false;                    // planes 15 and 16: private use
-  return true;
-}
-
 void repr_string_into(std::string& out, std::string_view s) {
   const bool has_single = s.find('\'') != std::string_view::npos;
   const bool has_double = s.find('"') != std::string_view::npos;
@@ -691,7 +689,7 @@ void repr_string_into(std::string& out, std::string_view s) {
       out += "\\n";
     } else if (cp == '\r') {
       out += "\\r";
-    } else if (!python_isprintable(cp)) {
+    } else if (!unicode_printable(cp)) {
       int hex_digits = 8;
       if (cp <= 0xFF) {
         out += "\\x";

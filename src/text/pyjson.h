@@ -9,13 +9,16 @@
 //   parse_pyjson(text)      json.loads: strict strings (raw control characters rejected), NaN /
 //                           Infinity / -Infinity accepted, \uXXXX with surrogate pairs (a lone
 //                           surrogate becomes U+FFFD), invalid UTF-8 repaired to U+FFFD first,
-//                           trailing garbage rejected, nesting deeper than kMaxDepth rejected.
+//                           trailing garbage rejected, nesting deeper than kMaxPyjsonDepth
+//                           rejected.
 //   dumps(value, style)     json.dumps(value, ensure_ascii=False) with the compact (",", ":")
 //                           or the default (", ", ": ") separators.
 //   sort_keys_deep(value)   object keys sorted recursively by code point; arrays keep order.
 //   is_truthy(value)        Python bool(value).
 //   python_str(value)       Python str(value): strings as is, True/False/None, float repr,
-//                           containers as Python repr ({'a': 1, 'b': [True, None]}).
+//                           containers as Python repr ({'a': 1, 'b': [True, None]}), with
+//                           str.isprintable() (Unicode 16) deciding which characters of a
+//                           quoted string are escaped.
 #pragma once
 
 #include <cstddef>
@@ -98,9 +101,14 @@ struct PyMember {
 inline const PyValue::Object& PyValue::as_object() const { return members_; }
 inline PyValue::Object& PyValue::as_object() { return members_; }
 
-// Deeper nesting is rejected with too_large instead of recursing (Python raises RecursionError
-// somewhat later; no real request nests this deep).
-inline constexpr int kMaxPyjsonDepth = 512;
+// Deeper nesting is rejected with too_large. CPython 3.11's json.loads, json.dumps and repr()
+// count each level against the recursion limit of 1000 frames, so they fail (RecursionError) at
+// about this depth, less the caller's frames; the renderer's other paths can fail earlier in
+// Python (deep_sort_dict of 900-deep tools does). parse_pyjson keeps its open containers on the
+// heap; the other functions (dumps, sort_keys_deep, str/repr, ==, copies) recurse once per
+// level, which at this depth fits a 2 MiB stack even in an ASan -O0 build (8 MiB is the default;
+// tests/chat_test.cpp EveryRecursiveFunctionHandlesTheDepthLimit).
+inline constexpr int kMaxPyjsonDepth = 990;
 // Python 3.11+ refuses to convert integers longer than this (sys.int_info.str_digits_check_threshold
 // default 4300): json.loads raises ValueError, not JSONDecodeError.
 inline constexpr size_t kMaxPyjsonIntegerDigits = 4300;
