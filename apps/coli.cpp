@@ -24,15 +24,6 @@ namespace {
 
 using k3::text::PyValue;
 
-std::map<std::string, std::string> environment() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string kv = *e;
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return env;
-}
 
 PyValue ids_value(const std::vector<int32_t>& ids) {
   PyValue::Array items;
@@ -139,7 +130,7 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "coli: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
     return 2;
   }
-  const k3::Options opt = k3::parse_options("coli " + command, args, environment());
+  const k3::Options opt = k3::parse_options("coli " + command, args, k3::environment_map(environ));
   if (opt.show_help) {
     std::fputs(kUsage, stdout);
     return 0;

@@ -30,15 +30,6 @@ extern char** environ;
 
 namespace {
 
-std::map<std::string, std::string> environment() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string kv = *e;
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return env;
-}
 
 std::vector<float> read_f32_file(const std::string& path) {
   const std::string bytes = k3::read_text_file(path);
@@ -132,7 +123,7 @@ std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokeniz
 
 int run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  const k3::Options opt = k3::parse_kimi_k3_options(args, environment());
+  const k3::Options opt = k3::parse_kimi_k3_options(args, k3::environment_map(environ));
   if (opt.show_help) {
     std::printf("usage: kimi_k3 <model_dir> \"prompt\" [--ngen N] [options]\n"
                 "       kimi_k3 <model_dir> --chat \"question\" [--system \"...\"] [--ngen N] [options]\n"

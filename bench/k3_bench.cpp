@@ -106,17 +106,6 @@ std::string read_line(const std::string& path) {
   return trim(line);
 }
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return trim(line.substr(colon + 1));
-    }
-  }
-  return "unknown";
-}
 
 // "32768K" -> bytes.
 uint64_t parse_cache_size(const std::string& s) {
@@ -170,7 +159,7 @@ void print_machine(const k3::Isa isa) {
   for (k3::Isa i : k3::supported_isas())
     isas += std::string(isas.empty() ? "" : ",") + k3::isa_name(i);
   std::printf("== machine\n");
-  std::printf("cpu:            %s\n", cpu_model().c_str());
+  std::printf("cpu:            %s\n", k3::cpu_model_name().c_str());
   std::printf("cores online:   %ld (hardware_concurrency %u)\n", sysconf(_SC_NPROCESSORS_ONLN),
               std::thread::hardware_concurrency());
   std::printf("memory:         %.1f GiB\n", static_cast<double>(mem_total_bytes()) / (1u << 30));

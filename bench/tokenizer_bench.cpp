@@ -25,23 +25,7 @@
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\n");
-  const size_t b = s.find_last_not_of(" \t\n");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
 
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return trim(line.substr(colon + 1));
-    }
-  }
-  return "unknown";
-}
 
 uint32_t fnv1a(const std::vector<int32_t>& ids) {
   uint32_t h = 2166136261u;
@@ -58,7 +42,7 @@ int run(int argc, char** argv) {
   const std::string corpus_path = argv[2];
   const int passes = argc == 4 ? std::max(1, std::atoi(argv[3])) : 5;
 
-  std::printf("machine: cpu \"%s\", %u hardware threads, 1 thread used\n", cpu_model().c_str(),
+  std::printf("machine: cpu \"%s\", %u hardware threads, 1 thread used\n", k3::cpu_model_name().c_str(),
               std::thread::hardware_concurrency());
 
   const double t_load = k3::now_seconds();

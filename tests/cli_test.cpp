@@ -11,6 +11,7 @@
 
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace {
 
@@ -22,26 +23,11 @@ const std::string kGoldenDecode = "144 392 575 751 157 575 392 193";
 // The settings the goldens are matched at (the defaults quantise).
 const std::string kExact = "K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0";
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using Result = k3::testing::CommandResult;
 
-// Runs `env_prefix kimi_k3 args` through the shell, capturing stdout and stderr.
+// Runs `env_prefix kimi_k3 args` with a clean environment, capturing stdout and stderr apart.
 Result run(const std::string& env_prefix, const std::string& args) {
-  const fs::path err_path = fs::temp_directory_path() / ("k3_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = "env -i " + env_prefix + " " + kBinary + " " + args + " 2>" + err_path.string();
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int raw = ::pclose(pipe);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.err = k3::read_text_file(err_path.string());
-  fs::remove(err_path);
-  return r;
+  return k3::testing::run_split("env -i " + env_prefix + " " + kBinary + " " + args);
 }
 
 TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {

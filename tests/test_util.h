@@ -69,7 +69,8 @@ inline double expect_close(const std::string& name, const float* got, const floa
 
 struct CommandResult {
   int status = -1;
-  std::string out;  // stdout and stderr together
+  std::string out;  // stdout (and stderr too for run_command)
+  std::string err;  // stderr, for run_split
 };
 
 // Runs `f` and returns the k3::Error message; a test failure when nothing or something else is
@@ -112,7 +113,10 @@ class TempDir {
   std::string path_;
 };
 
-// Runs `command` through /bin/sh, capturing stdout and stderr.
+// Runs `command` through /bin/sh, capturing stdout and stderr together.
 CommandResult run_command(const std::string& command);
+// Runs `command` through /bin/sh with stdin from `stdin_path` (/dev/null when empty), stdout and
+// stderr captured apart.
+CommandResult run_split(const std::string& command, const std::string& stdin_path = "");
 
 }  // namespace k3::testing

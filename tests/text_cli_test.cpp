@@ -27,27 +27,11 @@ const std::string kKimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
 const std::string kRelease = std::string(K3_SOURCE_DIR) + "/tests/data/k3-release";
 const std::string kCases = std::string(K3_SOURCE_DIR) + "/tests/data/text/";
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using Result = k3::testing::CommandResult;
 
-// Runs `command` (stdin from `input_path` when given) with a clean environment.
+// Runs `command` with a clean environment, stdin from `input_path` (or /dev/null).
 Result run(const std::string& command, const std::string& input_path = "") {
-  const fs::path err_path = fs::temp_directory_path() / ("k3_text_cli_err_" + std::to_string(::getpid()));
-  const std::string cmd = "env -i " + command + (input_path.empty() ? " </dev/null" : " <" + input_path) + " 2>" +
-                          err_path.string();
-  Result r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) return r;
-  std::array<char, 65536> buf{};
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-  const int raw = ::pclose(pipe);
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.err = k3::read_text_file(err_path.string());
-  fs::remove(err_path);
-  return r;
+  return k3::testing::run_split("env -i " + command, input_path);
 }
 
 std::vector<json> lines_of(const std::string& text) {

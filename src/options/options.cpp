@@ -155,6 +155,16 @@ const std::vector<OptionRow>& option_rows() {
 
 }  // namespace
 
+std::map<std::string, std::string> environment_map(char** envp) {
+  std::map<std::string, std::string> env;
+  for (char** entry = envp; entry && *entry; ++entry) {
+    const std::string name_value = *entry;
+    const size_t eq = name_value.find('=');
+    if (eq != std::string::npos) env[name_value.substr(0, eq)] = name_value.substr(eq + 1);
+  }
+  return env;
+}
+
 std::vector<int64_t> parse_id_list(const std::string& text) {
   std::vector<int64_t> ids;
   std::string token;

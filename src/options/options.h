@@ -90,6 +90,10 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
 Options parse_options(const std::string& program, const std::vector<std::string>& args,
                       const std::map<std::string, std::string>& env, bool needs_model = true);
 
+// The process environment as a map, from `envp` (apps pass `environ`; nothing below apps/ reads
+// the environment itself).
+std::map<std::string, std::string> environment_map(char** envp);
+
 // Parses "1,2,3" or "1 2 3" into ids. Throws k3::Error.
 std::vector<int64_t> parse_id_list(const std::string& text);
 

@@ -3,11 +3,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace k3 {
 
 // Peak resident set size of this process in bytes (getrusage).
 uint64_t peak_rss_bytes();
+
+// The CPU's "model name" from /proc/cpuinfo ("unknown" when it cannot be read).
+std::string cpu_model_name();
 
 // Seconds on a monotonic clock since an arbitrary origin.
 inline double now_seconds() {
