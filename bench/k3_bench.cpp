@@ -3,8 +3,9 @@
 //   k3_bench kernels [--isa auto|scalar|avx2|avx512] [--threads N] [--seconds S]
 //       Machine facts, a DRAM read-bandwidth probe, then GB/s of weight bytes (and the ratio to
 //       the probe) for the MXFP4 expert (idot and exact; 1/4/16/64 rows), int8 and int4-g64 on
-//       12288x7168 / 7168x12288 (1 and 64 rows), and ggml's MXFP4 dot product as a peer when the
-//       npm package @node-llama-cpp/linux-x64 is installed under bench/node_modules.
+//       12288x7168 / 7168x12288 (1 and 64 rows; int4 also on int8 activations, int4_idot), and
+//       ggml's MXFP4 dot product as a peer when the npm package @node-llama-cpp/linux-x64 is
+//       installed under bench/node_modules.
 //   k3_bench decode [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
 //       Decode tokens/s with every expert in memory, with the per-stage breakdown. Without
 //       MODEL_DIR a `k3_synth --preset slice` checkpoint is written once into DIR and reused.
@@ -457,6 +458,8 @@ void print_targets() {
   check("mxfp4_exact_rows1", true, 0.8, ">= 0.80 x DRAM probe");
   check("int4_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
   check("int4_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_idot_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_idot_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
   check("mxfp4_idot_rows1_vs_ggml", false, 2.0, ">= 2.00 x ggml");
   for (const Result& r : g_results)
     if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
@@ -712,9 +715,10 @@ int run_kernels(const KernelsArgs& a) {
   const Shape shapes[] = {{12288, 7168}, {7168, 12288}};
   for (const int bits : {8, 4}) {
     for (const Shape& sh : shapes) {
-      if (!selected(a, (bits == 8 ? "int8_" : "int4_") + std::to_string(sh.rows) + "x" +
-                           std::to_string(sh.cols)))
-        continue;
+      const std::string dims = std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+      const bool sel_plain = selected(a, (bits == 8 ? "int8_" : "int4_") + dims);
+      const bool sel_idot = bits == 4 && selected(a, "int4_idot_" + dims);
+      if (!sel_plain && !sel_idot) continue;
       const double one =
           bits == 8 ? static_cast<double>(sh.rows * sh.cols + sh.rows * 4)
                     : static_cast<double>(sh.rows * sh.cols / 2 + sh.rows * sh.cols / 64 * 4);
@@ -732,36 +736,85 @@ int run_kernels(const KernelsArgs& a) {
         bytes += static_cast<double>(W.bytes());
       }
       const std::string fmt = bits == 8 ? "int8" : "int4";
-      const std::string base = fmt + "_" + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
-      char title[160];
-      std::snprintf(title, sizeof title,
-                    "%s %lldx%lld (%s), %d distinct matrices rotated (%.0f MB working set)",
-                    bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows),
-                    static_cast<long long>(sh.cols), k3::weight_format_name(mats[0].format), count,
-                    bytes / 1e6);
-      print_header(title);
+      const std::string base = fmt + "_" + dims;
+      char title[200];
       std::vector<float> X(static_cast<size_t>(64 * sh.cols)), Y(static_cast<size_t>(64 * sh.rows));
       fill_floats(X.data(), X.size(), 4242);
-      double gbs1 = 0, cpu1 = 1;
-      for (const size_t n : {size_t{1}, size_t{64}}) {
-        const Timing t = measure(
-            a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); },
-            [&] {
-              for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
-            });
-        const double gbs = bytes / t.best / 1e9;
-        const std::string name = base + "_rows" + std::to_string(n);
-        double per_row = 0;
-        if (n == 1)
-          gbs1 = gbs;
-        else
-          per_row = gbs * static_cast<double>(n) / gbs1;
-        print_row(name, n, bytes, t, per_row);
-        if (n == 1) cpu1 = t.cpu_share;
-        add_bandwidth(name, gbs, t.cpu_share);
-        if (n > 1)
-          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
-                     std::min(cpu1, t.cpu_share));
+      if (sel_plain) {
+        std::snprintf(title, sizeof title,
+                      "%s %lldx%lld (%s), %d distinct matrices rotated (%.0f MB working set)",
+                      bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows),
+                      static_cast<long long>(sh.cols), k3::weight_format_name(mats[0].format),
+                      count, bytes / 1e6);
+        print_header(title);
+        double gbs1 = 0, cpu1 = 1;
+        for (const size_t n : {size_t{1}, size_t{64}}) {
+          const Timing t = measure(
+              a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); },
+              [&] {
+                for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
+              });
+          const double gbs = bytes / t.best / 1e9;
+          const std::string name = base + "_rows" + std::to_string(n);
+          double per_row = 0;
+          if (n == 1)
+            gbs1 = gbs;
+          else
+            per_row = gbs * static_cast<double>(n) / gbs1;
+          print_row(name, n, bytes, t, per_row);
+          if (n == 1) cpu1 = t.cpu_share;
+          add_bandwidth(name, gbs, t.cpu_share);
+          if (n > 1)
+            add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                       std::min(cpu1, t.cpu_share));
+        }
+      }
+      if (sel_idot) {
+        // The integer path on the same matrices. One pass = quantize_q8_32 of the n activation
+        // rows once (as a caller shares it between the matrices applied to one input), then
+        // every matrix; the quantisation alone is timed and shown beside it.
+        const size_t cols = static_cast<size_t>(sh.cols);
+        std::vector<int8_t> Q8(64 * cols);
+        std::vector<float> D(64 * cols / 32);
+        std::snprintf(
+            title, sizeof title,
+            "int4 g64 %lldx%lld on int8 activations (idot; quantize_q8_32 of the rows "
+            "once per pass, included), %d distinct matrices rotated (%.0f MB working set)",
+            static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), count, bytes / 1e6);
+        print_header(title);
+        const std::string idot_base = "int4_idot_" + dims;
+        double gbs1 = 0, cpu1 = 1;
+        for (const size_t n : {size_t{1}, size_t{64}}) {
+          const Timing t = measure(
+              a.seconds, 3,
+              [&] {
+                k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
+                k3::matmul_int4_idot(k, mats[0], Q8.data(), D.data(), n, Y.data());
+              },
+              [&] {
+                k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
+                for (const k3::WeightMatrix& W : mats)
+                  k3::matmul_int4_idot(k, W, Q8.data(), D.data(), n, Y.data());
+              });
+          const double gbs = bytes / t.best / 1e9;
+          const std::string name = idot_base + "_rows" + std::to_string(n);
+          double per_row = 0;
+          if (n == 1)
+            gbs1 = gbs;
+          else
+            per_row = gbs * static_cast<double>(n) / gbs1;
+          print_row(name, n, bytes, t, per_row);
+          if (n == 1) cpu1 = t.cpu_share;
+          add_bandwidth(name, gbs, t.cpu_share);
+          if (n > 1)
+            add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                       std::min(cpu1, t.cpu_share));
+          const Timing q = measure(
+              0.2, 3, [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); },
+              [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); });
+          std::printf("  (quantize_q8_32 of %zu rows: %.3f ms, %.2f%% of the best pass)\n", n,
+                      q.best * 1e3, 100.0 * q.best / t.best);
+        }
       }
     }
   }

@@ -108,11 +108,14 @@ INSTANTIATE_TEST_SUITE_P(
     //   f32 + idot:  3.5e-7 / 0.0085 / 0.26   routing 60/84 rows, greedy 5/8
     //   int8 exact:  0.016  / 0.086  / 0.42   routing 53/84, greedy 5/8
     //   int8 + idot: 0.016  / 0.088  / 0.42   routing 52/84, greedy 5/8
-    //   defaults:    0.24   / 0.53   / 0.91   routing 16/84, greedy 2/8 (int4 g64 on Gaussian
-    //                random weights: ~10% error per matrix, compounding over 8 matrices a layer)
+    //   int4 exact:  0.24   / 0.53   / 0.91   routing 16/84, greedy 3/8 (bits 4/8/8, float kernels)
+    //   defaults:    0.24   / 0.50   / 0.96   routing 15/84, greedy 2/8 (int4 g64 on Gaussian
+    //                random weights: ~10% error per matrix, compounding over 8 matrices a layer;
+    //                the int4 matrices also take q8 activations with K3_IDOT=1, ~0.5% more)
     ::testing::Values(Setting{"f32_idot", 32, 32, 32, true, 1e-5, 0.02, 0.5},
                       Setting{"int8_exact", 8, 8, 8, false, 0.03, 0.15, 0.7},
                       Setting{"int8_idot", 8, 8, 8, true, 0.03, 0.15, 0.7},
+                      Setting{"int4_exact", 4, 8, 8, false, 0.35, 0.8, 1.5},
                       Setting{"defaults", 4, 8, 8, true, 0.35, 0.8, 1.5}),
     [](const ::testing::TestParamInfo<Setting>& param_info) { return param_info.param.name; });
 

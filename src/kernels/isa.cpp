@@ -10,8 +10,8 @@ namespace {
   KernelTable {                                                                                  \
     isa_value, impl::matmul_f32_##suffix, impl::matmul_int8_##suffix, impl::matmul_int4_##suffix, \
         impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                        \
-        impl::matmul_mxfp4_idot_##suffix, impl::kda_head_step_##suffix,                            \
-        impl::mla_head_attend_##suffix                                                            \
+        impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                         \
+        impl::kda_head_step_##suffix, impl::mla_head_attend_##suffix                              \
   }
 
 const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar);

@@ -3,6 +3,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <string>
+#include <vector>
+
+#include "util/error.h"
 
 namespace k3 {
 namespace {
@@ -25,10 +29,30 @@ void split_rows(size_t rows, size_t work, const Body& body) {
   }
 }
 
+// The calling thread's q8 activations: X [n][cols] -> Q8 [n][cols], D [n][cols / 32], in
+// buffers that grow once and are reused.
+struct Q8Rows {
+  const int8_t* q8;
+  const float* d;
+};
+Q8Rows quantized_rows(const KernelTable& k, const float* X, size_t n, size_t cols) {
+  thread_local std::vector<int8_t> q8;
+  thread_local std::vector<float> d;
+  if (q8.size() < n * cols) q8.resize(n * cols);
+  if (d.size() < n * (cols / 32)) d.resize(n * (cols / 32));
+  for (size_t t = 0; t < n; ++t) k.quantize_q8_32(X + t * cols, cols, q8.data() + t * cols, d.data() + t * (cols / 32));
+  return {q8.data(), d.data()};
+}
+
 }  // namespace
 
 void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y) {
   const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  if (W.int8_activations) {
+    const Q8Rows q = quantized_rows(k, X, n, cols);
+    matmul_int4_idot(k, W, q.q8, q.d, n, Y);
+    return;
+  }
   split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
     switch (W.format) {
       case WeightFormat::kF32: k.matmul_f32(W.f32.data(), cols, X, n, Y, rows, begin, end); break;
@@ -40,10 +64,14 @@ void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t 
 
 void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, const float* x) {
   size_t total_rows = 0, work = 0;
+  bool any_int8_activations = false;
   for (size_t j = 0; j < count; ++j) {
     total_rows += static_cast<size_t>(jobs[j].W->rows);
     work += static_cast<size_t>(jobs[j].W->rows * jobs[j].W->cols);
+    any_int8_activations = any_int8_activations || jobs[j].W->int8_activations;
   }
+  // One quantisation of x serves every flagged job (the jobs share x, hence cols).
+  const Q8Rows q = any_int8_activations ? quantized_rows(k, x, 1, static_cast<size_t>(jobs[0].W->cols)) : Q8Rows{};
   split_rows(total_rows, work, [&](size_t begin, size_t end) {
     size_t base = 0;
     for (size_t j = 0; j < count && base < end; ++j) {
@@ -55,7 +83,10 @@ void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, con
         switch (W.format) {
           case WeightFormat::kF32: k.matmul_f32(W.f32.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
           case WeightFormat::kInt8Row: k.matmul_int8(W.q8.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
-          case WeightFormat::kInt4G64: k.matmul_int4(W.q4.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
+          case WeightFormat::kInt4G64:
+            if (W.int8_activations) k.matmul_int4_idot(W.q4.data(), W.scales.data(), cols, q.q8, q.d, 1, jobs[j].Y, rows, b, e);
+            else k.matmul_int4(W.q4.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            break;
         }
       }
       base += rows;
@@ -72,8 +103,14 @@ void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, 
       k.matmul_int8(W.q8.data() + row_begin * cols, W.scales.data() + row_begin, cols, x, 1, y, count, 0, count);
       break;
     case WeightFormat::kInt4G64:
-      k.matmul_int4(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64, cols, x, 1, y,
-                    count, 0, count);
+      if (W.int8_activations) {
+        const Q8Rows q = quantized_rows(k, x, 1, cols);
+        k.matmul_int4_idot(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64, cols, q.q8,
+                           q.d, 1, y, count, 0, count);
+      } else {
+        k.matmul_int4(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64, cols, x, 1, y,
+                      count, 0, count);
+      }
       break;
   }
 }
@@ -123,6 +160,17 @@ void matmul_mxfp4_idot(const KernelTable& k, const Mxfp4Matrix& W, const int8_t*
                        size_t n, float* Y) {
   split_rows(W.rows, W.rows * W.cols * n, [&](size_t begin, size_t end) {
     k.matmul_mxfp4_idot(W.packed, W.scales, W.cols, Q8, D, n, Y, W.rows, begin, end);
+  });
+}
+
+void matmul_int4_idot(const KernelTable& k, const WeightMatrix& W, const int8_t* Q8, const float* D,
+                      size_t n, float* Y) {
+  if (W.format != WeightFormat::kInt4G64)
+    throw Error(std::string("matmul_int4_idot: the matrix is ") + weight_format_name(W.format) +
+                ", not int4-g64");
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
+    k.matmul_int4_idot(W.q4.data(), W.scales.data(), cols, Q8, D, n, Y, rows, begin, end);
   });
 }
 

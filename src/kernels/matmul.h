@@ -11,7 +11,9 @@
 
 namespace k3 {
 
-// Y[t][o] = (W X[t])[o] for t < n.  X: [n][W.cols], Y: [n][W.rows].
+// Y[t][o] = (W X[t])[o] for t < n.  X: [n][W.cols], Y: [n][W.rows]. An int4 matrix flagged
+// int8_activations (K3_IDOT) quantises X with quantize_q8_32 and takes the integer-dot kernel;
+// the scratch for that is per thread and reused (no allocation once warm).
 void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y);
 
 // Several matrices applied to the same single activation row in one parallel region (the rows
@@ -44,6 +46,11 @@ void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float*
 // Integer path on pre-quantised activations.  Q8: [n][cols], D: [n][cols/32], Y: [n][rows].
 void matmul_mxfp4_idot(const KernelTable& k, const Mxfp4Matrix& W, const int8_t* Q8, const float* D,
                        size_t n, float* Y);
+// int4-g64 matrix on pre-quantised activations (the int4 idot contract of kernels/isa.h; the
+// result does not depend on the thread count).  Q8: [n][W.cols], D: [n][W.cols/32] from
+// quantize_q8_32, Y: [n][W.rows]. Throws k3::Error unless W is int4-g64.
+void matmul_int4_idot(const KernelTable& k, const WeightMatrix& W, const int8_t* Q8, const float* D,
+                      size_t n, float* Y);
 // Quantises n activation rows for the integer path.  X: [n][cols] -> Q8 [n][cols], D [n][cols/32].
 void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D);
 

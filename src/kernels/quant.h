@@ -28,6 +28,9 @@ struct WeightMatrix {
   std::vector<int8_t> q8;      // kInt8Row: [rows][cols]
   std::vector<uint8_t> q4;     // kInt4G64: [rows][cols / 2]
   std::vector<float> scales;   // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
+  // kInt4G64 only (K3_IDOT): the matmul wrappers multiply q8(x) with exact integer dots (the
+  // int4 idot contract of kernels/isa.h) instead of f32 activations.
+  bool int8_activations = false;
   // Bytes of weights + scales held in RAM.
   uint64_t bytes() const;
 };

@@ -19,39 +19,29 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOption
   int64_t num_layers = options_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
   weights_ = load_weights(snapshot_, config_, num_layers, options_.precision);
+  // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
+  for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = options_.idot && m.format == WeightFormat::kInt4G64; });
   if (options_.experts_in_memory) weights_.experts->load_all();
 }
 
 uint64_t Model::resident_bytes() const {
   uint64_t total = 0;
   auto vec = [&](const std::vector<float>& v) { total += v.size() * sizeof(float); };
+  for_each_matrix(weights_, [&](const Matrix& m) { total += m.bytes(); });
   for (const LayerWeights& l : weights_.layers) {
     for (const auto* v : {&l.input_norm, &l.post_attn_norm, &l.attn_res_query, &l.mlp_res_query}) vec(*v);
-    if (l.kda) {
-      for (const Matrix* m : {&l.kda->q_proj, &l.kda->k_proj, &l.kda->v_proj, &l.kda->f_a_proj, &l.kda->f_b_proj,
-                              &l.kda->b_proj, &l.kda->g_proj, &l.kda->o_proj})
-        total += m->bytes();
+    if (l.kda)
       for (const auto* v : {&l.kda->q_conv, &l.kda->k_conv, &l.kda->v_conv, &l.kda->a_exp, &l.kda->dt_bias, &l.kda->o_norm})
         vec(*v);
-    }
     if (l.mla) {
-      for (const Matrix* m : {&l.mla->q_a_proj, &l.mla->q_b_proj, &l.mla->kv_a_proj, &l.mla->kv_b_proj, &l.mla->g_proj,
-                              &l.mla->o_proj})
-        total += m->bytes();
       vec(l.mla->q_a_norm);
       vec(l.mla->kv_a_norm);
     }
-    if (l.dense)
-      for (const Matrix* m : {&l.dense->gate_proj, &l.dense->up_proj, &l.dense->down_proj}) total += m->bytes();
     if (l.moe) {
-      for (const Matrix* m : {&l.moe->router, &l.moe->latent_down, &l.moe->latent_up, &l.moe->shared_gate,
-                              &l.moe->shared_up, &l.moe->shared_down})
-        total += m->bytes();
       vec(l.moe->router_bias);
       vec(l.moe->latent_norm);
     }
   }
-  if (weights_.lm_head) total += weights_.lm_head->bytes();
   if (options_.experts_in_memory) total += weights_.experts->total_bytes();
   vec(weights_.final_norm);
   vec(weights_.output_res_query);

@@ -40,7 +40,7 @@ class ForwardObserver {
 struct ModelOptions {
   int64_t layers = 0;       // run only the first N layers (0 = all)
   LoadPrecision precision;  // dense-matrix formats (32 = f32)
-  bool idot = false;        // MXFP4 experts on the integer-dot path
+  bool idot = false;        // MXFP4 experts and int4 matrices on the integer-dot path (q8 activations)
   Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
   bool experts_in_memory = false;  // read every routed expert into RAM at load
 };

@@ -220,3 +220,40 @@ ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_laye
 }
 
 }  // namespace k3
+
+namespace k3 {
+namespace {
+
+// The one list of a layer's dense matrices, for both constnesses.
+template <class Weights, class Visit>
+void visit_matrices(Weights& weights, const Visit& visit) {
+  for (auto& l : weights.layers) {
+    if (l.kda)
+      for (auto* m : {&l.kda->q_proj, &l.kda->k_proj, &l.kda->v_proj, &l.kda->f_a_proj, &l.kda->f_b_proj,
+                      &l.kda->b_proj, &l.kda->g_proj, &l.kda->o_proj})
+        visit(*m);
+    if (l.mla)
+      for (auto* m : {&l.mla->q_a_proj, &l.mla->q_b_proj, &l.mla->kv_a_proj, &l.mla->kv_b_proj, &l.mla->g_proj,
+                      &l.mla->o_proj})
+        visit(*m);
+    if (l.dense)
+      for (auto* m : {&l.dense->gate_proj, &l.dense->up_proj, &l.dense->down_proj}) visit(*m);
+    if (l.moe)
+      for (auto* m : {&l.moe->router, &l.moe->latent_down, &l.moe->latent_up, &l.moe->shared_gate,
+                      &l.moe->shared_up, &l.moe->shared_down})
+        visit(*m);
+  }
+  if (weights.lm_head) visit(*weights.lm_head);
+}
+
+}  // namespace
+
+void for_each_matrix(const ModelWeights& weights, const std::function<void(const Matrix&)>& visit) {
+  visit_matrices(weights, visit);
+}
+
+void for_each_matrix(ModelWeights& weights, const std::function<void(Matrix&)>& visit) {
+  visit_matrices(weights, visit);
+}
+
+}  // namespace k3

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -108,5 +109,10 @@ struct ModelWeights {
 // one matrix at a time is the peak overhead).
 ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers,
                           const LoadPrecision& precision);
+
+// Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all
+// of them: byte counts, load-time flags).
+void for_each_matrix(const ModelWeights& weights, const std::function<void(const Matrix&)>& visit);
+void for_each_matrix(ModelWeights& weights, const std::function<void(Matrix&)>& visit);
 
 }  // namespace k3

@@ -127,7 +127,7 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.load.mla_bits = parse_bits(v, s); }},
       {"--head-bits", "K3_HEAD_BITS", "8", "lm_head in RAM: 4, 8 or 32",
        [](Options& o, const std::string& v, const std::string& s) { o.load.head_bits = parse_bits(v, s); }},
-      {"--idot", "K3_IDOT", "1", "MXFP4 experts: 1 = integer dots on int8 activations, 0 = exact float kernel",
+      {"--idot", "K3_IDOT", "1", "MXFP4 experts and int4 matrices: 1 = integer dots on int8 activations, 0 = float kernels",
        [](Options& o, const std::string& v, const std::string& s) { o.load.idot = parse_bool(v, s); }},
       {"--isa", "K3_ISA", "auto", "kernel variant: auto (best this CPU runs), scalar, avx2, avx512",
        [](Options& o, const std::string& v, const std::string& s) {

@@ -17,7 +17,7 @@ struct LoadOptions {
   int bits = 4;        // K3_BITS: KDA, latent, shared-expert and dense matrices (4, 8, 32)
   int mla_bits = 8;    // K3_MLA_BITS: MLA projections
   int head_bits = 8;   // K3_HEAD_BITS: lm_head
-  bool idot = true;    // K3_IDOT: integer-dot MXFP4 path (0 = exact float kernel)
+  bool idot = true;    // K3_IDOT: integer dots for MXFP4 experts and int4 matrices (0 = float kernels)
   int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
   std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)

@@ -1,5 +1,6 @@
 // kernels/impl/dense_avx2.cpp — AVX2+FMA variants of the dense kernels (f32, int8 per row, int4
-// group-64). Compiled with -mavx2 -mfma; called only after a run-time CPU check (isa.cpp).
+// group-64, and int4 group-64 on int8 activations, whose section below describes its own
+// layout). Compiled with -mavx2 -mfma; called only after a run-time CPU check (isa.cpp).
 //
 // The loop shapes of dense_avx512.cpp at 8 lanes and 16 registers. Each weight row is read from
 // memory once per call (the int4 panel: once per 64 activation rows):
@@ -12,12 +13,16 @@
 //  * int4 (n > 2): 4 weight rows x 512 columns decoded once into an f32 stack buffer and swept
 //    by the register tiles against up to 64 activation rows, partial sums kept across column
 //    chunks; the next chunk is prefetched.
-// Columns past the last multiple of 8 are summed in scalar code. Results match the scalar twins
-// up to summation order (int4 also rounds s_g * (k - 8) to f32 in the panel); a row's result
-// does not depend on the row range it is computed in.
+// Columns past the last multiple of 8 are summed in scalar code. Results of the float kernels
+// match the scalar twins up to summation order (int4 also rounds s_g * (k - 8) to f32 in the
+// panel); a row's result does not depend on the row range it is computed in.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
 
 #include "kernels/impl/kernels_impl.h"
 
@@ -336,6 +341,301 @@ void int4_panel(const uint8_t* packed, const float* scales, size_t cols, const f
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// int4 on int8 activations (matmul_int4_idot): as in dense_avx512.cpp, with 8 weight rows per
+// block (one per 32-bit lane) and no VNNI. The activations are prepared once per call and tile
+// of up to 64 rows (per half-group: the columns of every 8 reordered as 0,2,4,6,1,3,5,7, and
+// qo = -8 * sum(q)). Per block and unit of kIdotUnit groups, 8 rows x 1 group of packed bytes
+// are transposed (8x8 dwords) and split into low and high nibbles once, into an L1 buffer, and
+// the scales likewise. Per half-group and activation row, vpmaddubsw (unsigned nibble x signed
+// broadcast activation dword) gives int16 pair sums; the 8 of a half-group are added in int16
+// (|sum| <= 8 * 2 * 15 * 128 = 30720: no overflow) and vpmaddwd widens them, so
+//   isum = qo + sum nib * q      (exact int32),
+// then the float step of int4_idot_step runs lane-wise, half-groups ascending: bit-identical to
+// the scalar twin. Up to 4 activation rows per register tile; the next unit is prefetched into
+// L2. One activation row: no weight transpose (idot_block_n1). Measured on the Zen 4 box with
+// --isa avx2 (2 threads, weights from DRAM): 1 row ~27-29 GB/s (f32-activation int4 path
+// ~14-16), 64 rows ~1.4 GB/s (~0.5), 3.2-3.3x the one-row throughput per activation row.
+
+constexpr size_t kIdotRows = 8;   // weight rows per block, one per 32-bit lane
+constexpr size_t kIdotUnit = 8;   // groups decoded at a time (4 KiB of decoded weights)
+constexpr size_t kIdotTile = 64;  // activation rows per tile
+constexpr int kIdotSub = 4;       // activation rows per register tile
+
+// 32-byte aligned allocator for the thread-local activation buffers. Being a type of this
+// translation unit, it also keeps the std::vector instantiations local (no weak symbols shared
+// with other units: the Style.SimdUnitsDefineNoSharedSymbols test).
+template <class T>
+struct AlignedAlloc32 {
+  using value_type = T;
+  AlignedAlloc32() = default;
+  template <class U>
+  AlignedAlloc32(const AlignedAlloc32<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{32}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{32}); }
+  template <class U>
+  bool operator==(const AlignedAlloc32<U>&) const {
+    return true;
+  }
+};
+
+// r[i] = the 8 dwords of row i -> r[c] = dword c of the 8 rows (lane i = row i).
+inline void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3.
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+inline __m256i bcast32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Prepared activation rows of a tile (row 0 of the tile; row stride `halves` half-groups).
+struct IdotActs {
+  const uint8_t* qp;  // [t][halves][32] reordered int8 values
+  const int32_t* qo;  // [t][halves] -8 * sum(q)
+  const float* d;     // [t][halves] the q8_32 scales (D)
+  size_t halves;      // cols / 32
+};
+
+void idot_prepare(const int8_t* Q8, size_t cols, size_t tn, uint8_t* qp, int32_t* qo) {
+  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
+                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  const size_t halves = cols / 32;
+  for (size_t t = 0; t < tn; ++t)
+    for (size_t h = 0; h < halves; ++h) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q8 + t * cols + h * 32));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + (t * halves + h) * 32),
+                          _mm256_shuffle_epi8(v, order));
+      // sum(q + 128) per 8 bytes, then fold.
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
+      const __m128i s2 =
+          _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
+      qo[t * halves + h] = -8 * (_mm_cvtsi128_si32(s1) - 32 * 128);
+    }
+}
+
+// The rows [o0, o0 + nr) of a block.
+struct IdotBlock {
+  const uint8_t* p;  // packed bytes of row o0
+  const float* s;    // scales of row o0
+  size_t row_bytes;  // cols / 2
+  size_t groups;     // cols / 64
+  size_t nr;         // valid rows (<= 8)
+};
+
+// hs[g] = the scales of groups [g0, g0 + ug) (ug <= 8), one row per lane (0 past nr).
+inline void idot_scales(const IdotBlock& b, size_t g0, size_t ug, __m256* hs) {
+  __m256i r[8];
+  for (size_t i = 0; i < kIdotRows; ++i) {
+    alignas(32) float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (i < b.nr) std::memcpy(v, b.s + i * b.groups + g0, ug * sizeof(float));
+    r[i] = _mm256_castps_si256(_mm256_load_ps(v));
+  }
+  transpose8(r);
+  for (size_t g = 0; g < ug; ++g) hs[g] = _mm256_castsi256_ps(r[g]);
+}
+
+// Decodes groups [g0, g0 + ug) (ug <= kIdotUnit) of a block into w: w[(2 gl + hh) * 8 + 2j] =
+// the low nibbles (u8 0..15) of packed dword j of half hh of group g0 + gl, w[... + 2j + 1] the
+// high ones, one row per lane (0 past nr); hs[gl] = the scales. Prefetches the next unit (the
+// next block's first unit at the end of the rows) into L2.
+void idot_decode_unit(const IdotBlock& b, size_t g0, size_t ug, __m256i* w, __m256* hs) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const size_t next = (g0 + ug) * 32;
+  // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+  const uintptr_t pf =
+      reinterpret_cast<uintptr_t>(b.p) + (next < b.row_bytes ? next : kIdotRows * b.row_bytes);
+  const size_t pf_bytes =
+      std::min(kIdotUnit * 32, next < b.row_bytes ? b.row_bytes - next : b.row_bytes);
+  for (size_t i = 0; i < kIdotRows; ++i)
+    for (size_t c = 0; c < pf_bytes; c += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes + c), _MM_HINT_T1);
+  for (size_t g = 0; g < ug; ++g) {
+    __m256i r[8];
+    for (size_t i = 0; i < kIdotRows; ++i)
+      r[i] = i < b.nr ? _mm256_loadu_si256(
+                            reinterpret_cast<const __m256i*>(b.p + i * b.row_bytes + (g0 + g) * 32))
+                      : _mm256_setzero_si256();
+    transpose8(r);  // r[k]: packed dword k % 4 of half k / 4
+    for (size_t k = 0; k < 8; ++k) {
+      __m256i* o = w + (2 * g + k / 4) * 8 + 2 * (k % 4);
+      o[0] = _mm256_and_si256(r[k], low4);
+      o[1] = _mm256_and_si256(_mm256_srli_epi32(r[k], 4), low4);
+    }
+  }
+  idot_scales(b, g0, ug, hs);
+}
+
+// acc[s] (8 rows each) += half-groups [h0, h0 + uh) (decoded weights w, group scales hs) of
+// activation rows s < S, in ascending h, exactly as int4_idot_step.
+template <int S>
+void idot_unit(const __m256i* w, const __m256* hs, size_t h0, size_t uh, const IdotActs& x,
+               float* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kIdotRows);
+  for (size_t hl = 0; hl < uh; ++hl) {
+    const size_t h = h0 + hl;
+    const __m256i* wv = w + hl * 8;
+    const __m256 sg = hs[hl / 2];
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* q = x.qp + (s * x.halves + h) * 32;
+      __m256i p0 = _mm256_maddubs_epi16(wv[0], bcast32(q));
+      __m256i p1 = _mm256_maddubs_epi16(wv[4], bcast32(q + 16));
+      for (int k = 1; k < 4; ++k) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(wv[k], bcast32(q + 4 * k)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(wv[4 + k], bcast32(q + 16 + 4 * k)));
+      }
+      __m256i i = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
+      i = _mm256_add_epi32(i,
+                           _mm256_set1_epi32(x.qo[s * x.halves + h]));  // -8 * sum(q): the offset
+      // Exactly int4_idot_step: acc + (float)isum * (d * s), no FMA.
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x.d[s * x.halves + h]), sg);
+      a[s] = _mm256_add_ps(a[s], _mm256_mul_ps(_mm256_cvtepi32_ps(i), scale));
+    }
+  }
+  for (int s = 0; s < S; ++s) _mm256_store_ps(acc + s * kIdotRows, a[s]);
+}
+
+inline __m256i row_mask(size_t nr) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nr)), lane);
+}
+
+void idot_rows(const uint8_t* packed, const float* scales, size_t cols, const IdotActs& x,
+               size_t tn, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+  using Fn = void (*)(const __m256i*, const __m256*, size_t, size_t, const IdotActs&, float*);
+  static constexpr Fn kFns[kIdotSub] = {idot_unit<1>, idot_unit<2>, idot_unit<3>, idot_unit<4>};
+  const size_t groups = cols / 64, row_bytes = cols / 2;
+  alignas(32) __m256i w[kIdotUnit * 16];
+  alignas(32) __m256 hs[kIdotUnit];
+  alignas(32) float acc[kIdotTile * kIdotRows];
+  for (size_t o0 = row_begin; o0 < row_end; o0 += kIdotRows) {
+    const size_t nr = std::min(kIdotRows, row_end - o0);
+    const __m256i rmask = row_mask(nr);
+    const IdotBlock b{packed + o0 * row_bytes, scales + o0 * groups, row_bytes, groups, nr};
+    for (size_t t = 0; t < tn; ++t) _mm256_store_ps(acc + t * kIdotRows, _mm256_setzero_ps());
+    for (size_t g0 = 0; g0 < groups; g0 += kIdotUnit) {
+      const size_t ug = std::min(kIdotUnit, groups - g0);
+      idot_decode_unit(b, g0, ug, w, hs);
+      for (size_t ts = 0; ts < tn; ts += kIdotSub) {
+        const size_t sn = std::min<size_t>(kIdotSub, tn - ts);
+        const IdotActs xs{x.qp + ts * x.halves * 32, x.qo + ts * x.halves, x.d + ts * x.halves,
+                          x.halves};
+        kFns[sn - 1](w, hs, 2 * g0, 2 * ug, xs, acc + ts * kIdotRows);
+      }
+    }
+    for (size_t t = 0; t < tn; ++t)
+      _mm256_maskstore_ps(Y + t * ldy + o0, rmask, _mm256_load_ps(acc + t * kIdotRows));
+  }
+}
+
+// One activation row (decode): no weight transpose. Per weight row, one 32-byte load covers a
+// group (one half-group per 128-bit lane); its low and high nibbles meet the activations laid
+// out to match (ql: dword 4L + j = the even columns of 8-column unit j of half L, qh the odd
+// ones), vpmaddubsw + vpmaddwd give 8 partial dwords, 4 per half. The 8 rows' partials are
+// reduced and transposed together into one vector per half, one row per lane; the offset
+// -8 * sum(q) is added there and the float step runs lane-wise. Each row is prefetched
+// kIdotAhead bytes ahead into L2 (the 8 interleaved row streams defeat the hardware prefetchers).
+constexpr size_t kIdotAhead = 1024;
+
+struct IdotGroup {
+  __m256i ql, qh;
+};
+
+void idot_prepare_n1(const uint8_t* qp, size_t groups, IdotGroup* out) {
+  const __m256i split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // E0 E1 E2 E3 | O0 O1 O2 O3
+  for (size_t g = 0; g < groups; ++g) {
+    const __m256i a = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + g * 64)), split);
+    const __m256i b = _mm256_permutevar8x32_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp + g * 64 + 32)), split);
+    out[g].ql = _mm256_permute2x128_si256(a, b, 0x20);
+    out[g].qh = _mm256_permute2x128_si256(a, b, 0x31);
+  }
+}
+
+inline __m256i reduce_pair32(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+inline __m256i reduce_pair64(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+
+// One block of rows (kFull: all 8 valid) against one prepared activation row; y: Y + o0.
+template <bool kFull>
+void idot_block_n1(const IdotBlock& b, const IdotGroup* qx, const int32_t* qo, const float* d,
+                   float* y) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 a = _mm256_setzero_ps();
+  alignas(32) __m256 hs[kIdotUnit];
+  for (size_t g0 = 0; g0 < b.groups; g0 += kIdotUnit) {
+    const size_t ug = std::min(kIdotUnit, b.groups - g0);
+    idot_scales(b, g0, ug, hs);
+    for (size_t g = g0; g < g0 + ug; ++g) {
+      const size_t off = g * 32;
+      if (g % 2 == 0) {
+        // An address only (it may lie past the matrix; prefetches do not fault), kept as an
+        // integer.
+        const size_t at = off + kIdotAhead;
+        const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
+                             (at < b.row_bytes ? at : kIdotRows * b.row_bytes + (at - b.row_bytes));
+        for (size_t i = 0; i < kIdotRows; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
+      }
+      __m256i dr[8];
+#pragma GCC unroll 8
+      for (size_t i = 0; i < kIdotRows; ++i) {
+        const __m256i v =
+            kFull || i < b.nr
+                ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.p + i * b.row_bytes + off))
+                : _mm256_setzero_si256();
+        const __m256i wl = _mm256_and_si256(v, low4);
+        const __m256i wh = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        // Each vpmaddubsw lane is <= 2 * 15 * 128 = 3840 in magnitude; two are added: no int16
+        // overflow.
+        dr[i] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wl, qx[g].ql),
+                                                   _mm256_maddubs_epi16(wh, qx[g].qh)),
+                                  ones);
+      }
+      __m256i e[4];
+      for (int i = 0; i < 4; ++i) e[i] = reduce_pair32(dr[2 * i], dr[2 * i + 1]);
+      // f[k], 128-bit lane L: rows 4k..4k+3 of half L.
+      const __m256i f0 = reduce_pair64(e[0], e[1]), f1 = reduce_pair64(e[2], e[3]);
+      const __m256i is[2] = {_mm256_permute2x128_si256(f0, f1, 0x20),
+                             _mm256_permute2x128_si256(f0, f1, 0x31)};
+      for (size_t L = 0; L < 2; ++L) {
+        const __m256i i =
+            _mm256_add_epi32(is[L], _mm256_set1_epi32(qo[2 * g + L]));  // -8 * sum(q): the offset
+        // Exactly int4_idot_step: acc + (float)isum * (d * s), no FMA.
+        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(d[2 * g + L]), hs[g - g0]);
+        a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_cvtepi32_ps(i), scale));
+      }
+    }
+  }
+  _mm256_maskstore_ps(y, row_mask(b.nr), a);
+}
 }  // namespace
 
 void matmul_f32_avx2(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
@@ -355,6 +655,43 @@ void matmul_int4_avx2(const uint8_t* packed, const float* scales, size_t cols, c
   if (n == 0 || row_begin >= row_end) return;
   if (n <= kInt4DirectMax) return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
   int4_panel(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
+}
+
+void matmul_int4_idot_avx2(const uint8_t* packed, const float* scales, size_t cols,
+                           const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                           size_t row_begin, size_t row_end) {
+  if (n == 0 || row_begin >= row_end) return;
+  const size_t groups = cols / 64, halves = 2 * groups, row_bytes = cols / 2;
+  if (groups == 0) {
+    for (size_t t = 0; t < n; ++t)
+      for (size_t o = row_begin; o < row_end; ++o) Y[t * ldy + o] = 0.0f;
+    return;
+  }
+  thread_local std::vector<uint8_t, AlignedAlloc32<uint8_t>> qp;
+  thread_local std::vector<int32_t, AlignedAlloc32<int32_t>> qo;
+  thread_local std::vector<IdotGroup, AlignedAlloc32<IdotGroup>> qg;
+  const size_t tile = std::min(n, kIdotTile);
+  if (qp.size() < tile * halves * 32) qp.resize(tile * halves * 32);
+  if (qo.size() < tile * halves) qo.resize(tile * halves);
+  for (size_t t0 = 0; t0 < n; t0 += kIdotTile) {
+    const size_t tn = std::min(kIdotTile, n - t0);
+    idot_prepare(Q8 + t0 * cols, cols, tn, qp.data(), qo.data());
+    const IdotActs x{qp.data(), qo.data(), D + t0 * halves, halves};
+    if (tn > 1) {
+      idot_rows(packed, scales, cols, x, tn, Y + t0 * ldy, ldy, row_begin, row_end);
+      continue;
+    }
+    if (qg.size() < groups) qg.resize(groups);
+    idot_prepare_n1(qp.data(), groups, qg.data());
+    for (size_t o0 = row_begin; o0 < row_end; o0 += kIdotRows) {
+      const size_t nr = std::min(kIdotRows, row_end - o0);
+      const IdotBlock b{packed + o0 * row_bytes, scales + o0 * groups, row_bytes, groups, nr};
+      if (nr == kIdotRows)
+        idot_block_n1<true>(b, qg.data(), qo.data(), x.d, Y + t0 * ldy + o0);
+      else
+        idot_block_n1<false>(b, qg.data(), qo.data(), x.d, Y + t0 * ldy + o0);
+    }
+  }
 }
 
 }  // namespace k3::impl

@@ -1,5 +1,6 @@
 // kernels/impl/dense_scalar.cpp — the scalar twins of the dense kernels (f32, int8 per row,
-// int4 group-64). The reference every SIMD variant is tested against.
+// int4 group-64, and int4 group-64 on int8 activations). The reference every SIMD variant is
+// tested against.
 #include "kernels/impl/kernels_impl.h"
 
 namespace k3::impl {
@@ -47,6 +48,34 @@ void matmul_int4_scalar(const uint8_t* packed, const float* scales, size_t cols,
           ga += static_cast<float>(static_cast<int>(b >> 4) - 8) * x[g * 64 + 2 * j + 1];
         }
         acc += s[g] * ga;
+      }
+      Y[t * ldy + o] = acc;
+    }
+  }
+}
+
+// int4 weights x q8_32 activations (kernels/isa.h): per 32-column half-group h (16 packed bytes,
+// low nibble = even column) the exact integer dot isum = sum (nib - 8) q, then the shared float
+// step int4_idot_step in ascending h. |isum| <= 32 * 8 * 128, so int32 is exact for any int8 q.
+void matmul_int4_idot_scalar(const uint8_t* packed, const float* scales, size_t cols,
+                             const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                             size_t row_begin, size_t row_end) {
+  const size_t groups = cols / 64, halves = 2 * groups;
+  for (size_t o = row_begin; o < row_end; ++o) {
+    const uint8_t* p = packed + o * (cols / 2);
+    const float* s = scales + o * groups;
+    for (size_t t = 0; t < n; ++t) {
+      const int8_t* q = Q8 + t * cols;
+      const float* d = D + t * (cols / 32);
+      float acc = 0.0f;
+      for (size_t h = 0; h < halves; ++h) {
+        int32_t isum = 0;
+        for (size_t j = 0; j < 16; ++j) {
+          const int b = p[h * 16 + j];
+          isum += ((b & 0xF) - 8) * q[h * 32 + 2 * j];
+          isum += ((b >> 4) - 8) * q[h * 32 + 2 * j + 1];
+        }
+        acc = int4_idot_step(acc, isum, d[h], s[h / 2]);
       }
       Y[t * ldy + o] = acc;
     }

@@ -17,6 +17,9 @@ namespace k3::impl {
   void matmul_int4_##suffix(const uint8_t* packed, const float* scales, size_t cols,               \
                             const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,       \
                             size_t row_end);                                                        \
+  void matmul_int4_idot_##suffix(const uint8_t* packed, const float* scales, size_t cols,          \
+                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,  \
+                                 size_t row_begin, size_t row_end);                                 \
   void matmul_mxfp4_exact_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,      \
                                    const float* X, size_t n, float* Y, size_t ldy,                 \
                                    size_t row_begin, size_t row_end);                              \
@@ -35,5 +38,19 @@ K3_DECLARE_KERNELS(avx2)
 K3_DECLARE_KERNELS(avx512)
 
 #undef K3_DECLARE_KERNELS
+
+namespace {
+
+// The one float step of the int4 integer path (kernels/isa.h), shared so that every ISA rounds
+// identically: per 32-column half-group h of output row o, in ascending h from acc = 0.0f,
+//   acc = acc + (float)isum(t, o, h) * (d[t][h] * s[o][h / 2])
+// (no FMA: the build has -ffp-contract=off). The scalar twin calls it; the SIMD variants do the
+// same three operations lane-wise, one weight row per lane. Internal linkage: each ISA
+// translation unit keeps its own copy.
+inline float int4_idot_step(float acc, int32_t isum, float d, float s) {
+  return acc + static_cast<float>(isum) * (d * s);
+}
+
+}  // namespace
 
 }  // namespace k3::impl
