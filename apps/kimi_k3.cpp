@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -29,6 +30,15 @@
 extern char** environ;
 
 namespace {
+
+// Ctrl-C: the first one stops generation after the current token (the reply so far and the
+// summary are printed, exit status 130); the handler then steps aside, so a second one ends the
+// process at once (e.g. during a long prefill).
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_interrupt(int) {
+  g_interrupted = 1;
+  std::signal(SIGINT, SIG_DFL);
+}
 
 
 std::vector<float> read_f32_file(const std::string& path) {
@@ -122,6 +132,7 @@ std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokeniz
 }
 
 int run(int argc, char** argv) {
+  std::signal(SIGINT, on_interrupt);
   const std::vector<std::string> args(argv + 1, argv + argc);
   const k3::Options opt = k3::parse_kimi_k3_options(args, k3::environment_map(environ));
   if (opt.show_help) {
@@ -188,7 +199,7 @@ int run(int argc, char** argv) {
     return std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) != settings.stop_ids.end();
   };
   const auto on_token = [&](int64_t id) {
-    if (opt.ids_given) return true;
+    if (opt.ids_given) return g_interrupted == 0;
     if (parser) {
       events.clear();
       parser->push(static_cast<int32_t>(id), events);
@@ -198,7 +209,7 @@ int run(int argc, char** argv) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
     }
-    return true;
+    return g_interrupted == 0;
   };
   const k3::GenerateResult result = k3::generate(session, prompt, sampler, settings, on_token, hooks);
 
@@ -234,7 +245,7 @@ int run(int argc, char** argv) {
                decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0, k3::finish_reason_name(result.finish),
                omp_get_max_threads(), static_cast<double>(k3::peak_rss_bytes()) / 1e6,
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
-  return 0;
+  return g_interrupted ? 130 : 0;
 }
 
 }  // namespace

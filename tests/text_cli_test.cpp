@@ -235,6 +235,17 @@ TEST(KimiText, ChatReplyIsDemultiplexed) {
   EXPECT_EQ(hidden.out.find("[think]"), std::string::npos) << hidden.out;
 }
 
+TEST(KimiText, CtrlCStopsGenerationKeepsTheReplyAndExits130) {
+  const std::string demo = demo_dir();
+  // A long run, interrupted once: it stops between tokens, prints what it has and the summary.
+  const Result r = run("sh -c '" + kKimi + " " + demo +
+                       " \"Once upon a time\" --ngen 100000 & pid=$!; sleep 3; kill -INT $pid; wait $pid'");
+  EXPECT_EQ(r.status, 130) << r.err;
+  EXPECT_NE(r.err.find("| cancelled |"), std::string::npos) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  EXPECT_EQ(r.out.back(), '\n');
+}
+
 TEST(KimiText, SnapshotWithoutTokenizerRunsOnIdsOnly) {
   const std::string tiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
   const Result r = run(kKimi + " " + tiny + " 'hello' --ngen 1");
