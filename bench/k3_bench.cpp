@@ -3,9 +3,9 @@
 //   k3_bench kernels [--isa auto|scalar|avx2|avx512] [--threads N] [--seconds S]
 //       Machine facts, a DRAM read-bandwidth probe, then GB/s of weight bytes (and the ratio to
 //       the probe) for the MXFP4 expert (idot and exact; 1/4/16/64 rows), int8 and int4-g64 on
-//       12288x7168 / 7168x12288 (1 and 64 rows; int4 also on int8 activations, int4_idot), and
-//       ggml's MXFP4 dot product as a peer when the npm package @node-llama-cpp/linux-x64 is
-//       installed under bench/node_modules.
+//       12288x7168 / 7168x12288 (1 and 64 rows; both also on int8 activations, int8_idot and
+//       int4_idot), and ggml's MXFP4 dot product as a peer when the npm package
+//       @node-llama-cpp/linux-x64 is installed under bench/node_modules.
 //   k3_bench decode [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
 //       Decode tokens/s with every expert in memory, with the per-stage breakdown. Without
 //       MODEL_DIR a `k3_synth --preset slice` checkpoint is written once into DIR and reused.
@@ -460,6 +460,8 @@ void print_targets() {
   check("int4_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
   check("int4_idot_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
   check("int4_idot_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int8_idot_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int8_idot_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
   check("mxfp4_idot_rows1_vs_ggml", false, 2.0, ">= 2.00 x ggml");
   for (const Result& r : g_results)
     if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
@@ -717,7 +719,8 @@ int run_kernels(const KernelsArgs& a) {
     for (const Shape& sh : shapes) {
       const std::string dims = std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
       const bool sel_plain = selected(a, (bits == 8 ? "int8_" : "int4_") + dims);
-      const bool sel_idot = bits == 4 && selected(a, "int4_idot_" + dims);
+      const std::string idot_fmt = bits == 8 ? "int8_idot" : "int4_idot";
+      const bool sel_idot = selected(a, idot_fmt + "_" + dims);
       if (!sel_plain && !sel_idot) continue;
       const double one =
           bits == 8 ? static_cast<double>(sh.rows * sh.cols + sh.rows * 4)
@@ -778,23 +781,29 @@ int run_kernels(const KernelsArgs& a) {
         std::vector<float> D(64 * cols / 32);
         std::snprintf(
             title, sizeof title,
-            "int4 g64 %lldx%lld on int8 activations (idot; quantize_q8_32 of the rows "
+            "%s %lldx%lld on int8 activations (idot; quantize_q8_32 of the rows "
             "once per pass, included), %d distinct matrices rotated (%.0f MB working set)",
-            static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), count, bytes / 1e6);
+            bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), count, bytes / 1e6);
         print_header(title);
-        const std::string idot_base = "int4_idot_" + dims;
+        const std::string idot_base = idot_fmt + "_" + dims;
+        auto idot = [&](const k3::WeightMatrix& W, size_t n) {
+          if (bits == 8)
+            k3::matmul_int8_idot(k, W, Q8.data(), D.data(), n, Y.data());
+          else
+            k3::matmul_int4_idot(k, W, Q8.data(), D.data(), n, Y.data());
+        };
         double gbs1 = 0, cpu1 = 1;
         for (const size_t n : {size_t{1}, size_t{64}}) {
           const Timing t = measure(
               a.seconds, 3,
               [&] {
                 k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
-                k3::matmul_int4_idot(k, mats[0], Q8.data(), D.data(), n, Y.data());
+                idot(mats[0], n);
               },
               [&] {
                 k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
                 for (const k3::WeightMatrix& W : mats)
-                  k3::matmul_int4_idot(k, W, Q8.data(), D.data(), n, Y.data());
+                  idot(W, n);
               });
           const double gbs = bytes / t.best / 1e9;
           const std::string name = idot_base + "_rows" + std::to_string(n);

@@ -11,6 +11,7 @@ namespace {
     isa_value, impl::matmul_f32_##suffix, impl::matmul_int8_##suffix, impl::matmul_int4_##suffix, \
         impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                        \
         impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                         \
+        impl::matmul_int8_idot_##suffix,                                                          \
         impl::kda_head_step_##suffix, impl::mla_head_attend_##suffix                              \
   }
 

@@ -47,6 +47,15 @@ std::vector<Isa> supported_isas();
 //     (float)isum_1 * d_1) * s per 64-group (one multiply fewer per half-group), measured no
 //     faster, so the plain per-half step was kept (an FMA step would be reproducible too, but
 //     the scalar twin would need a software fma on CPUs without FMA).
+//   int8 idot: int8-per-row weights (as matmul_int8) on activations pre-quantised by
+//     quantize_q8_32 (q [n][cols] int8, d [n][cols/32]); per 32-column group h the exact int32
+//       isum(t, o, h) = sum_{i in h} q[o][i] q8[t][i],
+//     then one shared scalar step (impl::int8_idot_step), h ascending from acc = 0.0f, no FMA:
+//       acc += (float)isum(t, o, h) * d[t][h];   Y[t][o] = s[o] * acc.
+//     Bit-identical on every ISA (and for any row range or thread split). REQUIRES
+//     cols % 32 == 0 (quantize_q8_32 has no tail; the wrapper matmul_int8_idot throws
+//     otherwise) and weights and activations in [-127, 127] (what quantize_int8_row and
+//     quantize_q8_32 produce; the AVX2 pair sums |w| * |q| rely on it).
 struct KernelTable {
   Isa isa;
   void (*matmul_f32)(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
@@ -70,6 +79,11 @@ struct KernelTable {
   void (*matmul_int4_idot)(const uint8_t* packed, const float* scales, size_t cols,
                            const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
                            size_t row_begin, size_t row_end);
+  // int8-per-row weights (as matmul_int8) on pre-quantised activations: the int8 idot contract
+  // above. Q8: [n][cols], D: [n][cols/32]. REQUIRES cols % 32 == 0.
+  void (*matmul_int8_idot)(const int8_t* Q, const float* scales, size_t cols, const int8_t* Q8,
+                           const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
+                           size_t row_end);
 
   // One KDA head, one token (ARCHITECTURE.md §3.4): S [dk key][dk value] is decayed by a[i]
   // per key row, read with k, written with the delta beta * (v - k^T S), then read with q:

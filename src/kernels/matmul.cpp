@@ -174,6 +174,20 @@ void matmul_int4_idot(const KernelTable& k, const WeightMatrix& W, const int8_t*
   });
 }
 
+void matmul_int8_idot(const KernelTable& k, const WeightMatrix& W, const int8_t* Q8, const float* D,
+                      size_t n, float* Y) {
+  if (W.format != WeightFormat::kInt8Row)
+    throw Error(std::string("matmul_int8_idot: the matrix is ") + weight_format_name(W.format) +
+                ", not int8");
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  if (cols % 32 != 0)
+    throw Error("matmul_int8_idot: " + std::to_string(cols) +
+                " columns is not a multiple of 32 (quantize_q8_32 has no tail)");
+  split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
+    k.matmul_int8_idot(W.q8.data(), W.scales.data(), cols, Q8, D, n, Y, rows, begin, end);
+  });
+}
+
 void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D) {
   for (size_t t = 0; t < n; ++t) k.quantize_q8_32(X + t * cols, cols, Q8 + t * cols, D + t * (cols / 32));
 }

@@ -51,6 +51,12 @@ void matmul_mxfp4_idot(const KernelTable& k, const Mxfp4Matrix& W, const int8_t*
 // quantize_q8_32, Y: [n][W.rows]. Throws k3::Error unless W is int4-g64.
 void matmul_int4_idot(const KernelTable& k, const WeightMatrix& W, const int8_t* Q8, const float* D,
                       size_t n, float* Y);
+// int8-per-row matrix on pre-quantised activations (the int8 idot contract of kernels/isa.h; the
+// result does not depend on the thread count).  Q8: [n][W.cols], D: [n][W.cols/32] from
+// quantize_q8_32, Y: [n][W.rows]. Throws k3::Error unless W is int8 per row with
+// W.cols % 32 == 0.
+void matmul_int8_idot(const KernelTable& k, const WeightMatrix& W, const int8_t* Q8, const float* D,
+                      size_t n, float* Y);
 // Quantises n activation rows for the integer path.  X: [n][cols] -> Q8 [n][cols], D [n][cols/32].
 void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D);
 

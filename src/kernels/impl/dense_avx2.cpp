@@ -636,6 +636,119 @@ void idot_block_n1(const IdotBlock& b, const IdotGroup* qx, const int32_t* qo, c
   }
   _mm256_maskstore_ps(y, row_mask(b.nr), a);
 }
+// int8 per row on int8 activations (matmul_int8_idot): blocks of 8 weight rows, one row per
+// 32-bit lane, no VNNI. Per block and unit of kI8Unit 32-column groups, 8 rows x 1 group of
+// weight bytes are transposed (8x8 dwords) once into an L1 buffer, kept as |w| (the u8 operand)
+// and w (the sign). Per group and activation row, vpsignb moves the sign of w onto the broadcast
+// activation dword and vpmaddubsw (|w| x +-q) gives int16 pair sums, |sum| <= 2 * 127 * 127 =
+// 32258 (weights and activations in [-127, 127]: no saturation), widened by vpmaddwd and added
+// in int32: the exact isum; then the float step of int8_idot_step lane-wise, groups ascending,
+// and the row scales at the end: bit-identical to the scalar twin. Up to 4 activation rows per
+// register tile; a block (8 x cols bytes) stays in L1/L2 across the tiles of 64 activation rows.
+
+constexpr size_t kI8Rows = 8;   // weight rows per block, one per 32-bit lane
+constexpr size_t kI8Unit = 8;   // groups transposed at a time (4 KiB of |w| and w)
+constexpr size_t kI8Tile = 64;  // activation rows per accumulator tile
+constexpr int kI8Sub = 4;       // activation rows per register tile
+
+struct I8Acts {
+  const int8_t* q;  // [t][cols] the q8 values
+  const float* d;   // [t][groups] the q8_32 scales (D)
+  size_t cols, groups;
+};
+
+// wa/ws[gl * 8 + k] = |w| / w of dword k of group g0 + gl of the block's rows (lane i = row i;
+// 0 past nr). Prefetches the next unit (past the rows: the next block) into L2.
+void i8_decode_unit(const int8_t* p, size_t cols, size_t nr, size_t g0, size_t ug, __m256i* wa,
+                    __m256i* ws) {
+  const size_t next = (g0 + ug) * 32;
+  // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+  const uintptr_t pf = reinterpret_cast<uintptr_t>(p) + (next < cols ? next : kI8Rows * cols);
+  const size_t pf_bytes = std::min(kI8Unit * 32, next < cols ? cols - next : cols);
+  for (size_t i = 0; i < kI8Rows; ++i)
+    for (size_t c = 0; c < pf_bytes; c += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + i * cols + c), _MM_HINT_T1);
+  for (size_t g = 0; g < ug; ++g) {
+    __m256i r[8];
+    for (size_t i = 0; i < kI8Rows; ++i)
+      r[i] = i < nr ? _mm256_loadu_si256(
+                          reinterpret_cast<const __m256i*>(p + i * cols + (g0 + g) * 32))
+                    : _mm256_setzero_si256();
+    transpose8(r);
+    for (size_t k = 0; k < 8; ++k) {
+      wa[g * 8 + k] = _mm256_abs_epi8(r[k]);
+      ws[g * 8 + k] = r[k];
+    }
+  }
+}
+
+// acc[s] (8 rows each) += groups [g0, g0 + ug) of activation rows s < S, exactly as
+// int8_idot_step, g ascending.
+template <int S>
+void i8_unit(const __m256i* wa, const __m256i* ws, size_t g0, size_t ug, const I8Acts& x,
+             float* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kI8Rows);
+  for (size_t gl = 0; gl < ug; ++gl) {
+    const size_t h = g0 + gl;
+    __m256i is[S];
+    for (int s = 0; s < S; ++s) is[s] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i va = _mm256_load_si256(wa + gl * 8 + k);
+      const __m256i vs = _mm256_load_si256(ws + gl * 8 + k);
+      for (int s = 0; s < S; ++s) {
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(x.q + s * x.cols + h * 32 + 4 * k);
+        const __m256i p = _mm256_maddubs_epi16(va, _mm256_sign_epi8(bcast32(q), vs));
+        is[s] = _mm256_add_epi32(is[s], _mm256_madd_epi16(p, ones));
+      }
+    }
+    for (int s = 0; s < S; ++s) {  // Exactly int8_idot_step: acc + (float)isum * d, no FMA.
+      const __m256 d = _mm256_set1_ps(x.d[s * x.groups + h]);
+      a[s] = _mm256_add_ps(a[s], _mm256_mul_ps(_mm256_cvtepi32_ps(is[s]), d));
+    }
+  }
+  for (int s = 0; s < S; ++s) _mm256_store_ps(acc + s * kI8Rows, a[s]);
+}
+
+void i8_rows(const int8_t* Q, const float* scales, const I8Acts& x, size_t n, float* Y,
+             size_t ldy, size_t row_begin, size_t row_end) {
+  using Fn = void (*)(const __m256i*, const __m256i*, size_t, size_t, const I8Acts&, float*);
+  static constexpr Fn kFns[kI8Sub] = {i8_unit<1>, i8_unit<2>, i8_unit<3>, i8_unit<4>};
+  const size_t cols = x.cols, groups = x.groups;
+  alignas(32) __m256i wa[kI8Unit * 8], ws[kI8Unit * 8];
+  alignas(32) float acc[kI8Tile * kI8Rows];
+  alignas(32) float sv[kI8Rows];
+  for (size_t o0 = row_begin; o0 < row_end; o0 += kI8Rows) {
+    const size_t nr = std::min(kI8Rows, row_end - o0);
+    const int8_t* p = Q + o0 * cols;
+    for (size_t i = 0; i < kI8Rows; ++i) sv[i] = i < nr ? scales[o0 + i] : 0.0f;
+    for (size_t t0 = 0; t0 < n; t0 += kI8Tile) {
+      const size_t tn = std::min(kI8Tile, n - t0);
+      for (size_t t = 0; t < tn; ++t) _mm256_store_ps(acc + t * kI8Rows, _mm256_setzero_ps());
+      for (size_t g0 = 0; g0 < groups; g0 += kI8Unit) {
+        const size_t ug = std::min(kI8Unit, groups - g0);
+        i8_decode_unit(p, cols, nr, g0, ug, wa, ws);
+        for (size_t ts = 0; ts < tn; ts += kI8Sub) {
+          const size_t sn = std::min<size_t>(kI8Sub, tn - ts);
+          const size_t t = t0 + ts;
+          const I8Acts xs{x.q + t * cols, x.d + t * groups, cols, groups};
+          kFns[sn - 1](wa, ws, g0, ug, xs, acc + ts * kI8Rows);
+        }
+      }
+      for (size_t t = 0; t < tn; ++t) {
+        const __m256 yv = _mm256_mul_ps(_mm256_load_ps(sv), _mm256_load_ps(acc + t * kI8Rows));
+        if (nr == kI8Rows) {
+          _mm256_storeu_ps(Y + (t0 + t) * ldy + o0, yv);
+        } else {
+          alignas(32) float tmp[kI8Rows];
+          _mm256_store_ps(tmp, yv);
+          for (size_t i = 0; i < nr; ++i) Y[(t0 + t) * ldy + o0 + i] = tmp[i];
+        }
+      }
+    }
+  }
+}
 }  // namespace
 
 void matmul_f32_avx2(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
@@ -692,6 +805,13 @@ void matmul_int4_idot_avx2(const uint8_t* packed, const float* scales, size_t co
         idot_block_n1<false>(b, qg.data(), qo.data(), x.d, Y + t0 * ldy + o0);
     }
   }
+}
+
+void matmul_int8_idot_avx2(const int8_t* Q, const float* scales, size_t cols, const int8_t* Q8,
+                           const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
+                           size_t row_end) {
+  if (n == 0 || row_begin >= row_end) return;
+  i8_rows(Q, scales, I8Acts{Q8, D, cols, cols / 32}, n, Y, ldy, row_begin, row_end);
 }
 
 }  // namespace k3::impl

@@ -765,6 +765,108 @@ void idot_block_n1(const IdotBlock& b, const IdotWindow* qx, const float* d, flo
   _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << b.nr) - 1), a);
 }
 
+// ---------------------------------------------------------------------------------------------
+// int8 per row on int8 activations (matmul_int8_idot): blocks of 16 weight rows, one row per
+// 32-bit lane. Per block and unit of kI8Unit 32-column groups, 16 rows x 2 groups of weight
+// bytes are transposed (16x16 dwords) and biased to u8 (w + 128) once, into an L1 buffer; the
+// unit is then applied to every activation row, 8 at a time in a register tile: per group and
+// activation row, 8 vpdpbusd (u8 w + 128 x broadcast s8 activation dword) started from
+// qo = -128 * sum(q8 of the group) give the exact int32 isum of the 16 rows (|partial| <=
+// 32 * 255 * 128: no overflow), then the float step of int8_idot_step lane-wise, groups
+// ascending, and the row scales at the end: bit-identical to the scalar twin. Each weight is
+// read from memory once per call (a block, 16 x cols bytes, stays in L2 across the tiles of 64
+// activation rows); the next unit is prefetched. One activation row takes the same path.
+
+constexpr size_t kI8Rows = 16;  // weight rows per block, one per 32-bit lane
+constexpr size_t kI8Unit = 8;   // groups transposed at a time (8 KiB of weights)
+constexpr size_t kI8Tile = 64;  // activation rows per accumulator tile
+constexpr int kI8Sub = 8;       // activation rows per register tile
+
+struct I8Acts {
+  const int8_t* q;    // [t][cols] the q8 values
+  const int32_t* qo;  // [t][groups] -128 * sum(q8 of the group)
+  const float* d;     // [t][groups] the q8_32 scales (D)
+  size_t cols, groups;
+};
+
+// w[gl * 8 + k] = dword k of group g0 + gl of the block's rows (lane i = row i; 0 past nr),
+// biased to u8 (xor 0x80). Prefetches the next unit (past the rows: the next block) into L2.
+void i8_decode_unit(const int8_t* p, size_t cols, size_t nr, size_t g0, size_t ug, __m512i* w) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const size_t next = (g0 + ug) * 32;
+  // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+  const uintptr_t pf = reinterpret_cast<uintptr_t>(p) + (next < cols ? next : kI8Rows * cols);
+  const size_t pf_bytes = std::min(kI8Unit * 32, next < cols ? cols - next : cols);
+  for (size_t i = 0; i < kI8Rows; ++i)
+    for (size_t c = 0; c < pf_bytes; c += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(pf + i * cols + c), _MM_HINT_T1);
+  for (size_t g = 0; g < ug; g += 2) {
+    const bool pair = ug - g >= 2;
+    const __mmask16 m = pair ? 0xFFFF : 0x00FF;
+    __m512i r[16];
+    for (size_t i = 0; i < kI8Rows; ++i)
+      r[i] = i < nr ? _mm512_maskz_loadu_epi32(m, p + i * cols + (g0 + g) * 32)
+                    : _mm512_setzero_si512();
+    transpose16(r);
+    for (size_t k = 0; k < (pair ? 16u : 8u); ++k) w[g * 8 + k] = _mm512_xor_si512(r[k], bias);
+  }
+}
+
+// acc[s] (16 rows each) += groups [g0, g0 + ug) of activation rows s < S, exactly as
+// int8_idot_step, g ascending.
+template <int S>
+void i8_unit(const __m512i* w, size_t g0, size_t ug, const I8Acts& x, float* acc) {
+  __m512 a[S];
+  for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kI8Rows);
+  for (size_t gl = 0; gl < ug; ++gl) {
+    const size_t h = g0 + gl;
+    __m512i wv[8];
+    for (int k = 0; k < 8; ++k) wv[k] = _mm512_load_si512(w + gl * 8 + k);
+    for (int s = 0; s < S; ++s) {
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(x.q + s * x.cols + h * 32);
+      __m512i i = _mm512_set1_epi32(x.qo[s * x.groups + h]);
+      for (int k = 0; k < 8; ++k) i = _mm512_dpbusd_epi32(i, wv[k], bcast32(q + 4 * k));
+      // Exactly int8_idot_step: acc + (float)isum * d, no FMA.
+      const __m512 d = _mm512_set1_ps(x.d[s * x.groups + h]);
+      a[s] = _mm512_add_ps(a[s], _mm512_mul_ps(_mm512_cvtepi32_ps(i), d));
+    }
+  }
+  for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kI8Rows, a[s]);
+}
+
+void i8_rows(const int8_t* Q, const float* scales, const I8Acts& x, size_t n, float* Y,
+             size_t ldy, size_t row_begin, size_t row_end) {
+  using Fn = void (*)(const __m512i*, size_t, size_t, const I8Acts&, float*);
+  static constexpr Fn kFns[kI8Sub] = {i8_unit<1>, i8_unit<2>, i8_unit<3>, i8_unit<4>,
+                                      i8_unit<5>, i8_unit<6>, i8_unit<7>, i8_unit<8>};
+  const size_t cols = x.cols, groups = x.groups;
+  alignas(64) __m512i w[kI8Unit * 8];
+  alignas(64) float acc[kI8Tile * kI8Rows];
+  for (size_t o0 = row_begin; o0 < row_end; o0 += kI8Rows) {
+    const size_t nr = std::min(kI8Rows, row_end - o0);
+    const __mmask16 rmask = static_cast<__mmask16>((1u << nr) - 1);
+    const int8_t* p = Q + o0 * cols;
+    const __m512 sv = _mm512_maskz_loadu_ps(rmask, scales + o0);
+    for (size_t t0 = 0; t0 < n; t0 += kI8Tile) {
+      const size_t tn = std::min(kI8Tile, n - t0);
+      for (size_t t = 0; t < tn; ++t) _mm512_store_ps(acc + t * kI8Rows, _mm512_setzero_ps());
+      for (size_t g0 = 0; g0 < groups; g0 += kI8Unit) {
+        const size_t ug = std::min(kI8Unit, groups - g0);
+        i8_decode_unit(p, cols, nr, g0, ug, w);
+        for (size_t ts = 0; ts < tn; ts += kI8Sub) {
+          const size_t sn = std::min<size_t>(kI8Sub, tn - ts);
+          const size_t t = t0 + ts;
+          const I8Acts xs{x.q + t * cols, x.qo + t * groups, x.d + t * groups, cols, groups};
+          kFns[sn - 1](w, g0, ug, xs, acc + ts * kI8Rows);
+        }
+      }
+      for (size_t t = 0; t < tn; ++t)
+        _mm512_mask_storeu_ps(Y + (t0 + t) * ldy + o0, rmask,
+                              _mm512_mul_ps(sv, _mm512_load_ps(acc + t * kI8Rows)));
+    }
+  }
+}
+
 }  // namespace
 
 void matmul_f32_avx512(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
@@ -823,6 +925,27 @@ void matmul_int4_idot_avx512(const uint8_t* packed, const float* scales, size_t 
         idot_block_n1<false>(b, qw.data(), x.d, Y + t0 * ldy + o0);
     }
   }
+}
+
+void matmul_int8_idot_avx512(const int8_t* Q, const float* scales, size_t cols, const int8_t* Q8,
+                             const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
+                             size_t row_end) {
+  if (n == 0 || row_begin >= row_end) return;
+  const size_t groups = cols / 32;
+  thread_local std::vector<int32_t, AlignedAlloc64<int32_t>> qo;
+  if (qo.size() < n * groups) qo.resize(n * groups);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (size_t t = 0; t < n; ++t)
+    for (size_t h = 0; h < groups; ++h) {
+      // sum(q + 128) of the group by vpsadbw, then -128 * sum(q).
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q8 + t * cols + h * 32));
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
+      const int32_t sum = _mm256_extract_epi32(sad, 0) + _mm256_extract_epi32(sad, 2) +
+                          _mm256_extract_epi32(sad, 4) + _mm256_extract_epi32(sad, 6) - 32 * 128;
+      qo[t * groups + h] = -128 * sum;
+    }
+  i8_rows(Q, scales, I8Acts{Q8, qo.data(), D, cols, groups}, n, Y, ldy, row_begin, row_end);
 }
 
 }  // namespace k3::impl

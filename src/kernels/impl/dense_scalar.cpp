@@ -82,4 +82,27 @@ void matmul_int4_idot_scalar(const uint8_t* packed, const float* scales, size_t 
   }
 }
 
+// int8 per row x q8_32 activations (kernels/isa.h): per 32-column group h the exact integer dot
+// isum = sum q q8 (|isum| <= 32 * 128 * 128: int32 is exact), the shared float step
+// int8_idot_step in ascending h, then the row scale.
+void matmul_int8_idot_scalar(const int8_t* Q, const float* scales, size_t cols, const int8_t* Q8,
+                             const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
+                             size_t row_end) {
+  const size_t groups = cols / 32;
+  for (size_t o = row_begin; o < row_end; ++o) {
+    const int8_t* w = Q + o * cols;
+    for (size_t t = 0; t < n; ++t) {
+      const int8_t* q = Q8 + t * cols;
+      const float* d = D + t * groups;
+      float acc = 0.0f;
+      for (size_t h = 0; h < groups; ++h) {
+        int32_t isum = 0;
+        for (size_t j = 0; j < 32; ++j) isum += static_cast<int32_t>(w[h * 32 + j]) * q[h * 32 + j];
+        acc = int8_idot_step(acc, isum, d[h]);
+      }
+      Y[t * ldy + o] = scales[o] * acc;
+    }
+  }
+}
+
 }  // namespace k3::impl

@@ -20,6 +20,9 @@ namespace k3::impl {
   void matmul_int4_idot_##suffix(const uint8_t* packed, const float* scales, size_t cols,          \
                                  const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,  \
                                  size_t row_begin, size_t row_end);                                 \
+  void matmul_int8_idot_##suffix(const int8_t* Q, const float* scales, size_t cols,                \
+                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,  \
+                                 size_t row_begin, size_t row_end);                                 \
   void matmul_mxfp4_exact_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,      \
                                    const float* X, size_t n, float* Y, size_t ldy,                 \
                                    size_t row_begin, size_t row_end);                              \
@@ -49,6 +52,12 @@ namespace {
 // translation unit keeps its own copy.
 inline float int4_idot_step(float acc, int32_t isum, float d, float s) {
   return acc + static_cast<float>(isum) * (d * s);
+}
+
+// The one float step of the int8 integer path (kernels/isa.h): per 32-column group h, ascending
+// from acc = 0.0f, acc = acc + (float)isum(t, o, h) * d[t][h]; then Y = s[o] * acc.
+inline float int8_idot_step(float acc, int32_t isum, float d) {
+  return acc + static_cast<float>(isum) * d;
 }
 
 }  // namespace
