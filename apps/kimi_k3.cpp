@@ -12,9 +12,12 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/generate.h"
@@ -110,6 +113,134 @@ class ChatPrinter {
   size_t reasoning_bytes_ = 0;
 };
 
+// Where generated tokens go. One per run: ids (one line at the end), plain text, a parsed chat
+// reply, or JSON lines. token() sees every generated id (the stop id included).
+class Output {
+ public:
+  virtual ~Output() = default;
+  virtual void token(int64_t id) = 0;
+  virtual void finish(const k3::GenerateResult& result, size_t prompt_tokens) = 0;
+};
+
+void write_stdout(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+}
+
+class IdsOutput : public Output {
+ public:
+  void token(int64_t) override {}
+  void finish(const k3::GenerateResult& result, size_t) override {
+    std::string line;
+    for (size_t i = 0; i < result.tokens.size(); ++i) {
+      if (i) line.push_back(' ');
+      line.append(std::to_string(result.tokens[i]));
+    }
+    write_stdout(line + "\n");
+  }
+};
+
+class TextOutput : public Output {
+ public:
+  TextOutput(const k3::text::Tokenizer& tokenizer, std::vector<int64_t> stop_ids)
+      : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)) {}
+  void token(int64_t id) override {
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return;
+    write_stdout(decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
+  }
+  void finish(const k3::GenerateResult&, size_t) override { write_stdout(decoder_.finish() + "\n"); }
+
+ private:
+  const k3::text::Tokenizer& tokenizer_;
+  std::vector<int64_t> stop_ids_;
+  k3::text::Utf8StreamDecoder decoder_;
+};
+
+class ChatOutput : public Output {
+ public:
+  ChatOutput(const k3::text::Tokenizer& tokenizer, const k3::TextOptions& options, bool tty)
+      : parser_(tokenizer, options.think), printer_(options, tty) {}
+  void token(int64_t id) override {
+    events_.clear();
+    parser_.push(static_cast<int32_t>(id), events_);
+    for (const auto& e : events_) printer_.print(e);
+  }
+  void finish(const k3::GenerateResult&, size_t) override {
+    events_.clear();
+    parser_.finish(events_);
+    for (const auto& e : events_) printer_.print(e);
+    printer_.finish();
+  }
+
+ private:
+  k3::text::OutputParser parser_;
+  ChatPrinter printer_;
+  std::vector<k3::text::OutputEvent> events_;
+};
+
+// --output jsonl: {"event":"token","id":N,"channel":"content"|"reasoning","text":...} per
+// generated id (text: what became visible, possibly ""), {"event":"tool_call",...} per call, and
+// {"event":"done",...} with the finish reason and the counts and rates.
+class JsonlOutput : public Output {
+ public:
+  JsonlOutput(const k3::text::Tokenizer* tokenizer, bool chat, bool think, std::vector<int64_t> stop_ids)
+      : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)) {
+    if (chat) parser_.emplace(*tokenizer, think);
+  }
+  void token(int64_t id) override {
+    if (parser_) {
+      events_.clear();
+      parser_->push(static_cast<int32_t>(id), events_);
+      emit(id, events_);
+    } else {
+      const bool stop = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+      const std::string text =
+          tokenizer_ && !stop ? decoder_.push(tokenizer_->token_bytes(static_cast<int32_t>(id))) : std::string();
+      line({{"event", "token"}, {"id", id}, {"channel", "content"}, {"text", text}});
+    }
+  }
+  void finish(const k3::GenerateResult& result, size_t prompt_tokens) override {
+    if (parser_) {
+      events_.clear();
+      parser_->finish(events_);
+      emit(-1, events_);
+    } else if (tokenizer_) {
+      if (const std::string tail = decoder_.finish(); !tail.empty())
+        line({{"event", "token"}, {"id", -1}, {"channel", "content"}, {"text", tail}});
+    }
+    const double tps = result.decode_seconds > 0 ? static_cast<double>(result.decode_steps) / result.decode_seconds : 0.0;
+    line({{"event", "done"}, {"finish_reason", k3::finish_reason_name(result.finish)},
+          {"prompt_tokens", prompt_tokens}, {"completion_tokens", result.tokens.size()},
+          {"prefill_s", result.prefill_seconds}, {"decode_s", result.decode_seconds}, {"decode_tps", tps}});
+  }
+
+ private:
+  static void line(const nlohmann::ordered_json& event) { write_stdout(event.dump() + "\n"); }
+  void emit(int64_t id, const std::vector<k3::text::OutputEvent>& events) {
+    using Kind = k3::text::OutputEvent::Kind;
+    bool any = false;
+    for (const auto& e : events) {
+      if (e.kind == Kind::tool_call) {
+        line({{"event", "tool_call"}, {"id", id}, {"name", e.call.name}, {"arguments", e.call.arguments_json},
+              {"complete", e.call.complete}});
+      } else if (e.kind != Kind::end_of_message) {
+        line({{"event", "token"}, {"id", id}, {"channel", e.kind == Kind::reasoning ? "reasoning" : "content"},
+              {"text", e.text}});
+      } else {
+        continue;
+      }
+      any = true;
+    }
+    if (!any && id >= 0) line({{"event", "token"}, {"id", id}, {"channel", "none"}, {"text", ""}});
+  }
+
+  const k3::text::Tokenizer* tokenizer_;
+  std::vector<int64_t> stop_ids_;
+  std::optional<k3::text::OutputParser> parser_;
+  k3::text::Utf8StreamDecoder decoder_;
+  std::vector<k3::text::OutputEvent> events_;
+};
+
 // The prompt of a text run: a chat turn (--chat / --system) or plain completion text.
 std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokenizer& tokenizer, bool chat) {
   std::vector<int32_t> ids;
@@ -188,27 +319,13 @@ int run(int argc, char** argv) {
   settings.max_new_tokens = opt.ngen;
   settings.stop_ids = k3::stop_ids(engine);
 
-  // Three ways to show the tokens: ids (one line at the end), plain text, a parsed chat reply.
-  const bool tty = isatty(STDOUT_FILENO) == 1;
-  k3::text::Utf8StreamDecoder plain;
-  std::optional<k3::text::OutputParser> parser;
-  ChatPrinter printer(opt.text, tty);
-  std::vector<k3::text::OutputEvent> events;
-  if (chat) parser.emplace(*tokenizer, opt.text.think);
-  auto is_stop = [&](int64_t id) {
-    return std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) != settings.stop_ids.end();
-  };
+  std::unique_ptr<Output> output;
+  if (opt.text.jsonl) output = std::make_unique<JsonlOutput>(tokenizer, chat, opt.text.think, settings.stop_ids);
+  else if (opt.ids_given) output = std::make_unique<IdsOutput>();
+  else if (chat) output = std::make_unique<ChatOutput>(*tokenizer, opt.text, isatty(STDOUT_FILENO) == 1);
+  else output = std::make_unique<TextOutput>(*tokenizer, settings.stop_ids);
   const auto on_token = [&](int64_t id) {
-    if (opt.ids_given) return g_interrupted == 0;
-    if (parser) {
-      events.clear();
-      parser->push(static_cast<int32_t>(id), events);
-      for (const auto& e : events) printer.print(e);
-    } else if (!is_stop(id)) {
-      const std::string text = plain.push(tokenizer->token_bytes(static_cast<int32_t>(id)));
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
-    }
+    output->token(id);
     return g_interrupted == 0;
   };
   const k3::GenerateResult result = k3::generate(session, prompt, sampler, settings, on_token, hooks);
@@ -216,24 +333,7 @@ int run(int argc, char** argv) {
   if (!opt.debug.logits_path.empty())
     k3::write_file_atomic(opt.debug.logits_path, all_logits.data(), all_logits.size() * sizeof(float));
   if (!opt.debug.trace_path.empty()) recorder.write(opt.debug.trace_path, prompt, all_logits, config.vocab_size);
-
-  if (opt.ids_given) {
-    std::string line;
-    for (size_t i = 0; i < result.tokens.size(); ++i) {
-      if (i) line.push_back(' ');
-      line.append(std::to_string(result.tokens[i]));
-    }
-    std::printf("%s\n", line.c_str());
-  } else if (parser) {
-    events.clear();
-    parser->finish(events);
-    for (const auto& e : events) printer.print(e);
-    printer.finish();
-  } else {
-    const std::string tail = plain.finish() + "\n";
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
-  }
-  std::fflush(stdout);
+  output->finish(result, prompt.size());
 
   const double prefill_s = result.prefill_seconds, decode_s = result.decode_seconds;
   if (opt.debug.stats)

@@ -235,6 +235,34 @@ TEST(KimiText, ChatReplyIsDemultiplexed) {
   EXPECT_EQ(hidden.out.find("[think]"), std::string::npos) << hidden.out;
 }
 
+TEST(KimiText, JsonlOutputIsOneEventPerLine) {
+  const std::string demo = demo_dir();
+  const Result r = run(kKimi + " " + demo + " --chat 'Hi' --ngen 6 --output jsonl --prompt-ids");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto events = lines_of(r.out);  // every line parses as JSON
+  ASSERT_FALSE(events.empty());
+  std::vector<int64_t> ids;
+  for (const auto& e : events)
+    if (e["event"] != "done" && e["id"].get<int64_t>() >= 0 && (ids.empty() || ids.back() != e["id"].get<int64_t>()))
+      ids.push_back(e["id"].get<int64_t>());
+  const json& done = events.back();
+  EXPECT_EQ(done["event"], "done");
+  EXPECT_EQ(done["completion_tokens"], 6);
+  EXPECT_EQ(done["finish_reason"], "length");
+  // The same tokens as an --ids run on the same prompt (greedy).
+  std::string id_list;
+  for (int64_t id : prompt_ids_of(r.err)) {
+    if (!id_list.empty()) id_list.push_back(',');
+    id_list.append(std::to_string(id));
+  }
+  const Result plain = run(kKimi + " " + demo + " --ids " + id_list + " --ngen 6");
+  std::vector<int64_t> want;
+  std::istringstream in(plain.out);
+  for (int64_t id; in >> id;) want.push_back(id);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(events.front()["channel"], "reasoning");  // thinking on: the reply starts in think
+}
+
 TEST(KimiText, CtrlCStopsGenerationKeepsTheReplyAndExits130) {
   const std::string demo = demo_dir();
   // A long run, interrupted once: it stops between tokens, prints what it has and the summary.

@@ -121,6 +121,11 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.text.allow_special = parse_bool(v, s); }, true},
       {"--bos", nullptr, "0", "prepend [BOS] to the prompt (the release never does)",
        [](Options& o, const std::string& v, const std::string& s) { o.text.bos = parse_bool(v, s); }, true},
+      {"--output", nullptr, "text", "stdout format: text, or jsonl (one JSON event per line: token, tool_call, done)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v != "text" && v != "jsonl") throw Error(s + ": expected text or jsonl, got \"" + v + "\"");
+         o.text.jsonl = v == "jsonl";
+       }},
       {"--bits", "K3_BITS", "4", "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32",
        [](Options& o, const std::string& v, const std::string& s) { o.load.bits = parse_bits(v, s); }},
       {"--mla-bits", "K3_MLA_BITS", "8", "MLA matrices in RAM: 4, 8 or 32",

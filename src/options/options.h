@@ -62,6 +62,7 @@ struct TextOptions {
   bool labels = false;          // --labels: "[think] " / "[response] " labels even off a TTY
   bool allow_special = false;   // --allow-special: special-token spellings in raw text are specials
   bool bos = false;             // --bos: prepend [BOS] (the release never does)
+  bool jsonl = false;           // --output jsonl: one JSON event per line on stdout
 };
 
 struct Options {
