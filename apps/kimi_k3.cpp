@@ -156,11 +156,20 @@ class TextOutput : public Output {
   k3::text::Utf8StreamDecoder decoder_;
 };
 
+// A stop id other than <|end_of_msg|> (an extra eos_token_id of the config, e.g. [EOS]) ends the
+// reply without being shown; <|end_of_msg|> itself goes to the parser, which knows it.
+bool silent_stop(int64_t id, const std::vector<int64_t>& stop_ids, const k3::text::Tokenizer& tokenizer) {
+  return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end() &&
+         tokenizer.special_id("<|end_of_msg|>") != static_cast<int32_t>(id);
+}
+
 class ChatOutput : public Output {
  public:
-  ChatOutput(const k3::text::Tokenizer& tokenizer, const k3::TextOptions& options, bool tty)
-      : parser_(tokenizer, options.think), printer_(options, tty) {}
+  ChatOutput(const k3::text::Tokenizer& tokenizer, const k3::TextOptions& options, bool tty,
+             std::vector<int64_t> stop_ids)
+      : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)), parser_(tokenizer, options.think), printer_(options, tty) {}
   void token(int64_t id) override {
+    if (silent_stop(id, stop_ids_, tokenizer_)) return;
     events_.clear();
     parser_.push(static_cast<int32_t>(id), events_);
     for (const auto& e : events_) printer_.print(e);
@@ -173,6 +182,8 @@ class ChatOutput : public Output {
   }
 
  private:
+  const k3::text::Tokenizer& tokenizer_;
+  std::vector<int64_t> stop_ids_;
   k3::text::OutputParser parser_;
   ChatPrinter printer_;
   std::vector<k3::text::OutputEvent> events_;
@@ -189,6 +200,7 @@ class JsonlOutput : public Output {
   }
   void token(int64_t id) override {
     if (parser_) {
+      if (silent_stop(id, stop_ids_, *tokenizer_)) return emit(id, {});
       events_.clear();
       parser_->push(static_cast<int32_t>(id), events_);
       emit(id, events_);
@@ -322,7 +334,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<Output> output;
   if (opt.text.jsonl) output = std::make_unique<JsonlOutput>(tokenizer, chat, opt.text.think, settings.stop_ids);
   else if (opt.ids_given) output = std::make_unique<IdsOutput>();
-  else if (chat) output = std::make_unique<ChatOutput>(*tokenizer, opt.text, isatty(STDOUT_FILENO) == 1);
+  else if (chat) output = std::make_unique<ChatOutput>(*tokenizer, opt.text, isatty(STDOUT_FILENO) == 1, settings.stop_ids);
   else output = std::make_unique<TextOutput>(*tokenizer, settings.stop_ids);
   const auto on_token = [&](int64_t id) {
     output->token(id);

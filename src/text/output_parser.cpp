@@ -151,7 +151,9 @@ std::string argument_json(const std::string& type, bool has_type, const std::str
   if (!has_type || type == "string") return json_string(value);
   const std::string_view trimmed = trim_json_space(value);
   // accept() runs the parser with exceptions off and an explicit stack (no recursion).
-  if (!trimmed.empty() && nlohmann::json::accept(trimmed)) return std::string(trimmed);
+  // nlohmann skips a leading byte-order mark that strict parsers reject: such text is a string.
+  const bool bom = trimmed.size() >= 3 && trimmed.substr(0, 3) == "\xEF\xBB\xBF";
+  if (!trimmed.empty() && !bom && nlohmann::json::accept(trimmed)) return std::string(trimmed);
   return json_string(value);
 }
 

@@ -101,7 +101,8 @@ struct Tokenizer::Impl {
   uint64_t slot_mask = 0;
   std::unordered_map<std::string, int32_t, NameHash, std::equal_to<>> special_by_name;
   std::array<bool, 256> special_first_byte{};
-  std::vector<size_t> special_lengths;  // distinct name lengths, ascending
+  std::vector<size_t> special_lengths;  // distinct name lengths, longest first (a name that is a
+                                        // prefix of another never hides the longer one)
 
   std::string_view bytes_of(int32_t id) const {
     return std::string_view(arena).substr(offsets[id], offsets[id + 1] - offsets[id]);
@@ -357,7 +358,7 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
     impl->special_first_byte[static_cast<unsigned char>(name[0])] = true;
     impl->special_lengths.push_back(name.size());
   }
-  std::sort(impl->special_lengths.begin(), impl->special_lengths.end());
+  std::sort(impl->special_lengths.begin(), impl->special_lengths.end(), std::greater<>());
   impl->special_lengths.erase(std::unique(impl->special_lengths.begin(), impl->special_lengths.end()),
                               impl->special_lengths.end());
   return Tokenizer(std::move(impl));
@@ -384,7 +385,7 @@ void Tokenizer::encode(std::string_view text, bool allow_special, std::vector<in
     for (size_t i = 0; i < part.size(); ++i) {
       if (!impl_->special_first_byte[static_cast<unsigned char>(part[i])]) continue;
       for (size_t length : impl_->special_lengths) {
-        if (i + length > part.size()) break;
+        if (i + length > part.size()) continue;
         const auto it = impl_->special_by_name.find(part.substr(i, length));
         if (it == impl_->special_by_name.end()) continue;
         if (i > start) impl_->encode_ordinary(part.substr(start, i - start), out);
