@@ -223,6 +223,12 @@ Tokenizer tokenizer_from(const std::string& model, const std::string& config = R
   return Tokenizer::from_text(text + model, config, "test");
 }
 
+TEST(Tokenizer, LinesAndFieldsAreSplitLikeTheReferenceLoader) {
+  // bytes.splitlines() (LF, CRLF, CR) and bytes.split() (runs of ASCII whitespace).
+  EXPECT_EQ(tokenizer_from("YWI=\t 256\r\r\n  YmM=  257 \r").encode("abbc", false), (std::vector<int32_t>{256, 257}));
+  EXPECT_NE(error_of([] { tokenizer_from("YWI= 256 7\n"); }).find("expected"), std::string::npos);
+}
+
 TEST(Tokenizer, MalformedFilesAreClearErrors) {
   EXPECT_EQ(tokenizer_from("").vocab_size(), 256 + 256);
   EXPECT_EQ(tokenizer_from("YWI= 256\n").encode("ab", false), std::vector<int32_t>{256});

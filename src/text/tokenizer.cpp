@@ -266,24 +266,32 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
   auto impl = std::make_unique<Impl>();
   const std::string model_name = origin + "/tiktoken.model", config_name = origin + "/tokenizer_config.json";
 
-  // tiktoken.model: "<base64> <rank>" per line; rank = id; ranks must be exactly 0..N-1.
+  // tiktoken.model: "<base64> <rank>" per line; rank = id; ranks must be exactly 0..N-1. Lines
+  // end in LF, CRLF or CR and the two fields are separated by ASCII whitespace, as the reference
+  // loader (bytes.splitlines(), bytes.split()) reads them.
   std::vector<std::pair<int64_t, std::string>> entries;
   std::string decoded;
   size_t line_number = 0, pos = 0;
+  const auto is_blank = [](char c) { return c == ' ' || c == '\t' || c == '\v' || c == '\f'; };
   while (pos < tiktoken_model.size()) {
-    size_t eol = tiktoken_model.find('\n', pos);
+    size_t eol = tiktoken_model.find_first_of("\r\n", pos);
     if (eol == std::string_view::npos) eol = tiktoken_model.size();
     std::string_view line = tiktoken_model.substr(pos, eol - pos);
-    pos = eol + 1;
+    pos = eol + (tiktoken_model.compare(eol, 2, "\r\n") == 0 ? 2 : 1);
     ++line_number;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    while (!line.empty() && is_blank(line.front())) line.remove_prefix(1);
+    while (!line.empty() && is_blank(line.back())) line.remove_suffix(1);
     if (line.empty()) continue;
     const auto where = [&] { return model_name + ":" + std::to_string(line_number) + ": "; };
-    const size_t space = line.find(' ');
-    if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
-      throw Error(where() + "expected \"<base64> <rank>\"");
+    size_t space = 0;
+    while (space < line.size() && !is_blank(line[space])) ++space;
+    size_t rank_begin = space;
+    while (rank_begin < line.size() && is_blank(line[rank_begin])) ++rank_begin;
+    const bool two_fields = space < line.size() &&
+                            std::find_if(line.begin() + static_cast<std::ptrdiff_t>(rank_begin), line.end(), is_blank) == line.end();
+    if (!two_fields) throw Error(where() + "expected \"<base64> <rank>\"");
     if (!decode_base64(line.substr(0, space), decoded)) throw Error(where() + "bad base64 \"" + std::string(line.substr(0, std::min<size_t>(space, 64))) + "\"");
-    const std::string_view rank_text = line.substr(space + 1);
+    const std::string_view rank_text = line.substr(rank_begin);
     int64_t rank = 0;
     if (rank_text.empty() || rank_text.size() > 9) throw Error(where() + "bad rank \"" + std::string(rank_text) + "\"");
     for (char c : rank_text) {
