@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/impl/kernels_impl.h"
+#include "kernels/impl/x86_common.h"
 
 namespace k3::impl {
 namespace {
@@ -381,25 +382,6 @@ struct AlignedAlloc32 {
   }
 };
 
-// r[i] = the 8 dwords of row i -> r[c] = dword c of the 8 rows (lane i = row i).
-inline void transpose8(__m256i r[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3.
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
-}
 
 inline __m256i bcast32(const uint8_t* p) {
   int32_t v;
@@ -415,25 +397,6 @@ struct IdotActs {
   size_t halves;      // cols / 32
 };
 
-void idot_prepare(const int8_t* Q8, size_t cols, size_t tn, uint8_t* qp, int32_t* qo) {
-  const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,  //
-                                         0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  const size_t halves = cols / 32;
-  for (size_t t = 0; t < tn; ++t)
-    for (size_t h = 0; h < halves; ++h) {
-      const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q8 + t * cols + h * 32));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + (t * halves + h) * 32),
-                          _mm256_shuffle_epi8(v, order));
-      // sum(q + 128) per 8 bytes, then fold.
-      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
-      const __m128i s2 =
-          _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-      const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
-      qo[t * halves + h] = -8 * (_mm_cvtsi128_si32(s1) - 32 * 128);
-    }
-}
 
 // The rows [o0, o0 + nr) of a block.
 struct IdotBlock {
@@ -788,7 +751,7 @@ void matmul_int4_idot_avx2(const uint8_t* packed, const float* scales, size_t co
   if (qo.size() < tile * halves) qo.resize(tile * halves);
   for (size_t t0 = 0; t0 < n; t0 += kIdotTile) {
     const size_t tn = std::min(kIdotTile, n - t0);
-    idot_prepare(Q8 + t0 * cols, cols, tn, qp.data(), qo.data());
+    prepare(Q8 + t0 * cols, cols, tn, 0, halves, 8, qp.data(), qo.data());
     const IdotActs x{qp.data(), qo.data(), D + t0 * halves, halves};
     if (tn > 1) {
       idot_rows(packed, scales, cols, x, tn, Y + t0 * ldy, ldy, row_begin, row_end);

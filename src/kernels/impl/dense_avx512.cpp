@@ -35,8 +35,9 @@
 #include <new>
 #include <vector>
 
-#include "kernels/impl/avx512_transpose.h"
+#include "kernels/impl/avx512_common.h"
 #include "kernels/impl/kernels_impl.h"
+#include "kernels/impl/x86_common.h"
 
 
 
@@ -526,23 +527,6 @@ struct IdotActs {
   size_t halves;      // cols / 32
 };
 
-void idot_prepare(const int8_t* Q8, size_t cols, size_t tn, uint8_t* qp, int32_t* qo) {
-  const __m512i order =
-      _mm512_broadcast_i32x4(_mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  const size_t halves = cols / 32;
-  for (size_t t = 0; t < tn; ++t)
-    for (size_t h = 0; h < halves; h += 2) {  // a whole group: cols is a multiple of 64
-      const __m512i v = _mm512_loadu_si512(Q8 + t * cols + h * 32);
-      _mm512_storeu_si512(qp + (t * halves + h) * 32, _mm512_shuffle_epi8(v, order));
-      // sum(q + 128) per 8 bytes; qwords 0..3 belong to half h, 4..7 to half h + 1.
-      const __m512i sad = _mm512_sad_epu8(_mm512_xor_si512(v, bias), _mm512_setzero_si512());
-      qo[t * halves + h] =
-          -8 * (static_cast<int32_t>(_mm512_mask_reduce_add_epi64(0x0F, sad)) - 32 * 128);
-      qo[t * halves + h + 1] =
-          -8 * (static_cast<int32_t>(_mm512_mask_reduce_add_epi64(0xF0, sad)) - 32 * 128);
-    }
-}
 
 // The rows [o0, o0 + nr) of a block.
 struct IdotBlock {
@@ -684,30 +668,13 @@ inline __m512i idot_dot_n1(__m512i v, const IdotWindow& x) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x.qo, wl, x.ql), wh, x.qh);
 }
 
-inline __m512i reduce_pair32(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-}
-inline __m512i reduce_pair64(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-}
 
 // The 16 rows' partials of one window (dr[i]: row i) -> one vector per half, one row per lane;
 // then for the hw halves L ascending: a = a + (float)isum * (d[L] * s[L / 2]).
 inline __m512 idot_finish_n1(const __m512i dr[16], const float* d, const __m512* s, size_t hw,
                              __m512 a) {
-  __m512i e[8], f[4];
-  for (int i = 0; i < 8; ++i) e[i] = reduce_pair32(dr[2 * i], dr[2 * i + 1]);
-  for (int k = 0; k < 4; ++k) f[k] = reduce_pair64(e[2 * k], e[2 * k + 1]);
-  // f[k], 128-bit lane L: rows 4k..4k+3 of half L. Transpose the 4x4 of 128-bit blocks.
-  const __m512i ta = _mm512_shuffle_i32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512i tb = _mm512_shuffle_i32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2));
-  const __m512i tc = _mm512_shuffle_i32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512i td = _mm512_shuffle_i32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2));
   __m512i isum[4];
-  isum[0] = _mm512_shuffle_i32x4(ta, tc, _MM_SHUFFLE(2, 0, 2, 0));
-  isum[1] = _mm512_shuffle_i32x4(ta, tc, _MM_SHUFFLE(3, 1, 3, 1));
-  isum[2] = _mm512_shuffle_i32x4(tb, td, _MM_SHUFFLE(2, 0, 2, 0));
-  isum[3] = _mm512_shuffle_i32x4(tb, td, _MM_SHUFFLE(3, 1, 3, 1));
+  sum_rows16(dr, isum);
   for (size_t L = 0; L < hw; ++L) {
     // Exactly int4_idot_step: acc + (float)isum * (d * s), no FMA.
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(d[L]), s[L / 2]);
@@ -907,7 +874,7 @@ void matmul_int4_idot_avx512(const uint8_t* packed, const float* scales, size_t 
   if (qo.size() < tile * halves) qo.resize(tile * halves);
   for (size_t t0 = 0; t0 < n; t0 += kIdotTile) {
     const size_t tn = std::min(kIdotTile, n - t0);
-    idot_prepare(Q8 + t0 * cols, cols, tn, qp.data(), qo.data());
+    prepare(Q8 + t0 * cols, cols, tn, 0, halves, 8, qp.data(), qo.data());
     const IdotActs x{qp.data(), qo.data(), D + t0 * halves, halves};
     if (tn > 1) {
       idot_many(packed, scales, cols, x, tn, Y + t0 * ldy, ldy, row_begin, row_end);

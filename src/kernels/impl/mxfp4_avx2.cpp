@@ -27,7 +27,7 @@
 
 #include "kernels/impl/kernels_impl.h"
 #include "kernels/impl/mxfp4_common.h"
-#include "kernels/impl/mxfp4_x86_prepare.h"
+#include "kernels/impl/x86_common.h"
 #include "kernels/mxfp4.h"
 
 namespace k3::impl {
@@ -117,25 +117,6 @@ size_t chunk_groups(size_t tn) {
   return std::min(kMaxChunk, std::max<size_t>(16, (kPrepSlots / tn) / 16 * 16));
 }
 
-
-inline void transpose8(__m256i r[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  // u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3.
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
-}
 
 // 2^(s - 128) per lane, as mxfp4_half_scale (exact, subnormal for s <= 1; NaN for s = 255).
 inline __m256 half_scale(__m256i s) {
@@ -385,7 +366,7 @@ void matmul_mxfp4_idot_avx2(const uint8_t* packed, const uint8_t* scales, size_t
     const size_t chunk = chunk_groups(tn);
     for (size_t c0 = 0; c0 < groups; c0 += chunk) {
       const size_t gc = std::min(chunk, groups - c0);
-      prepare(Q8 + t0 * cols, cols, tn, c0, gc, qp, qs);
+      prepare(Q8 + t0 * cols, cols, tn, c0, gc, 12, qp, qs);
       const Acts x{qp, gc * kMxfp4Group, qs, gc, D + t0 * groups + c0, groups};
       for (size_t o0 = row_begin; o0 < row_end; o0 += kRows) {
         const size_t nr = std::min(kRows, row_end - o0);

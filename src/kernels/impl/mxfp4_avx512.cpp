@@ -37,10 +37,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/impl/avx512_transpose.h"
+#include "kernels/impl/avx512_common.h"
 #include "kernels/impl/kernels_impl.h"
 #include "kernels/impl/mxfp4_common.h"
-#include "kernels/impl/mxfp4_x86_prepare.h"
+#include "kernels/impl/x86_common.h"
 #include "kernels/mxfp4.h"
 
 namespace k3::impl {
@@ -381,29 +381,11 @@ void prepare_n1(const uint8_t* qp, const int32_t* qs, size_t gc, Quad1* out) {
   }
 }
 
-inline __m512i reduce_pair32(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-}
-inline __m512i reduce_pair64(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-}
-
 // The 16 rows' partials of one quad (dr[i]: row i) -> one vector per group, one row per lane,
 // then acc += isum * (d * h) per group, exactly as idot_reduce.
 inline __m512 finish_quad(const __m512i dr[16], const float* d, const __m512* hs, size_t gq, __m512 a) {
-  __m512i e[8], f[4];
-  for (int i = 0; i < 8; ++i) e[i] = reduce_pair32(dr[2 * i], dr[2 * i + 1]);
-  for (int k = 0; k < 4; ++k) f[k] = reduce_pair64(e[2 * k], e[2 * k + 1]);
-  // f[k], 128-bit lane gl: rows 4k..4k+3 of group gl. Transpose the 4x4 of 128-bit blocks.
-  const __m512i ta = _mm512_shuffle_i32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512i tb = _mm512_shuffle_i32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2));
-  const __m512i tc = _mm512_shuffle_i32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0));
-  const __m512i td = _mm512_shuffle_i32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2));
   __m512i gs[4];
-  gs[0] = _mm512_shuffle_i32x4(ta, tc, _MM_SHUFFLE(2, 0, 2, 0));
-  gs[1] = _mm512_shuffle_i32x4(ta, tc, _MM_SHUFFLE(3, 1, 3, 1));
-  gs[2] = _mm512_shuffle_i32x4(tb, td, _MM_SHUFFLE(2, 0, 2, 0));
-  gs[3] = _mm512_shuffle_i32x4(tb, td, _MM_SHUFFLE(3, 1, 3, 1));
+  sum_rows16(dr, gs);
   for (size_t gl = 0; gl < gq; ++gl) {
     // Exactly idot_reduce: acc + (float)isum * (d * 2^(s-128)), no FMA.
     const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(d[gl]), hs[gl]);
@@ -544,7 +526,7 @@ void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size
     const size_t chunk = chunk_groups(tn);
     for (size_t c0 = 0; c0 < groups; c0 += chunk) {
       const size_t gc = std::min(chunk, groups - c0);
-      prepare(Q8 + t0 * cols, cols, tn, c0, gc, qp, qs);
+      prepare(Q8 + t0 * cols, cols, tn, c0, gc, 12, qp, qs);
       const Acts x{qp, gc * kMxfp4Group, qs, gc, D + t0 * groups + c0, groups};
       if (tn == 1) prepare_n1(qp, qs, gc, q1);
       for (size_t o0 = row_begin; o0 < row_end; o0 += kRows) {
