@@ -140,12 +140,14 @@ class IdsOutput : public Output {
   }
 };
 
+bool contains(const std::vector<int64_t>& ids, int64_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+
 class TextOutput : public Output {
  public:
   TextOutput(const k3::text::Tokenizer& tokenizer, std::vector<int64_t> stop_ids)
       : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)) {}
   void token(int64_t id) override {
-    if (std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) return;
+    if (contains(stop_ids_, id)) return;
     write_stdout(decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
   }
   void finish(const k3::GenerateResult&, size_t) override { write_stdout(decoder_.finish() + "\n"); }
@@ -156,20 +158,23 @@ class TextOutput : public Output {
   k3::text::Utf8StreamDecoder decoder_;
 };
 
-// A stop id other than <|end_of_msg|> (an extra eos_token_id of the config, e.g. [EOS]) ends the
-// reply without being shown; <|end_of_msg|> itself goes to the parser, which knows it.
-bool silent_stop(int64_t id, const std::vector<int64_t>& stop_ids, const k3::text::Tokenizer& tokenizer) {
-  return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end() &&
-         tokenizer.special_id("<|end_of_msg|>") != static_cast<int32_t>(id);
+// The stop ids that end a chat reply without being shown: every stop id except <|end_of_msg|>
+// (an extra eos_token_id of the config, e.g. [EOS]); <|end_of_msg|> itself goes to the parser,
+// which knows it.
+std::vector<int64_t> silent_stops(std::vector<int64_t> stop_ids, const k3::text::Tokenizer& tokenizer) {
+  const std::optional<int32_t> end_of_message = tokenizer.special_id("<|end_of_msg|>");
+  std::erase_if(stop_ids, [&](int64_t id) { return end_of_message && id == *end_of_message; });
+  return stop_ids;
 }
 
 class ChatOutput : public Output {
  public:
   ChatOutput(const k3::text::Tokenizer& tokenizer, const k3::TextOptions& options, bool tty,
              std::vector<int64_t> stop_ids)
-      : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)), parser_(tokenizer, options.think), printer_(options, tty) {}
+      : silent_stops_(silent_stops(std::move(stop_ids), tokenizer)), parser_(tokenizer, options.think),
+        printer_(options, tty) {}
   void token(int64_t id) override {
-    if (silent_stop(id, stop_ids_, tokenizer_)) return;
+    if (contains(silent_stops_, id)) return;
     events_.clear();
     parser_.push(static_cast<int32_t>(id), events_);
     for (const auto& e : events_) printer_.print(e);
@@ -182,8 +187,7 @@ class ChatOutput : public Output {
   }
 
  private:
-  const k3::text::Tokenizer& tokenizer_;
-  std::vector<int64_t> stop_ids_;
+  std::vector<int64_t> silent_stops_;
   k3::text::OutputParser parser_;
   ChatPrinter printer_;
   std::vector<k3::text::OutputEvent> events_;
@@ -196,16 +200,19 @@ class JsonlOutput : public Output {
  public:
   JsonlOutput(const k3::text::Tokenizer* tokenizer, bool chat, bool think, std::vector<int64_t> stop_ids)
       : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)) {
-    if (chat) parser_.emplace(*tokenizer, think);
+    if (chat) {
+      parser_.emplace(*tokenizer, think);
+      silent_stops_ = silent_stops(stop_ids_, *tokenizer);
+    }
   }
   void token(int64_t id) override {
     if (parser_) {
-      if (silent_stop(id, stop_ids_, *tokenizer_)) return emit(id, {});
+      if (contains(silent_stops_, id)) return emit(id, {});
       events_.clear();
       parser_->push(static_cast<int32_t>(id), events_);
       emit(id, events_);
     } else {
-      const bool stop = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+      const bool stop = contains(stop_ids_, id);
       const std::string text =
           tokenizer_ && !stop ? decoder_.push(tokenizer_->token_bytes(static_cast<int32_t>(id))) : std::string();
       line({{"event", "token"}, {"id", id}, {"channel", "content"}, {"text", text}});
@@ -248,6 +255,7 @@ class JsonlOutput : public Output {
 
   const k3::text::Tokenizer* tokenizer_;
   std::vector<int64_t> stop_ids_;
+  std::vector<int64_t> silent_stops_;  // chat: see silent_stops()
   std::optional<k3::text::OutputParser> parser_;
   k3::text::Utf8StreamDecoder decoder_;
   std::vector<k3::text::OutputEvent> events_;

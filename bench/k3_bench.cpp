@@ -743,6 +743,23 @@ int run_kernels(const KernelsArgs& a) {
       char title[200];
       std::vector<float> X(static_cast<size_t>(64 * sh.cols)), Y(static_cast<size_t>(64 * sh.rows));
       fill_floats(X.data(), X.size(), 4242);
+      // One figure of a 1-row / 64-row series (1 row first): GB/s, and for 64 rows the per-row
+      // ratio to the series' 1-row figure.
+      double gbs1 = 0, cpu1 = 1;
+      auto report = [&](const std::string& name_base, size_t n, const Timing& t) {
+        const double gbs = bytes / t.best / 1e9;
+        const std::string name = name_base + "_rows" + std::to_string(n);
+        double per_row = 0;
+        if (n == 1)
+          gbs1 = gbs;
+        else
+          per_row = gbs * static_cast<double>(n) / gbs1;
+        print_row(name, n, bytes, t, per_row);
+        if (n == 1) cpu1 = t.cpu_share;
+        add_bandwidth(name, gbs, t.cpu_share);
+        if (n > 1)
+          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row, std::min(cpu1, t.cpu_share));
+      };
       if (sel_plain) {
         std::snprintf(title, sizeof title,
                       "%s %lldx%lld (%s), %d distinct matrices rotated (%.0f MB working set)",
@@ -750,26 +767,13 @@ int run_kernels(const KernelsArgs& a) {
                       static_cast<long long>(sh.cols), k3::weight_format_name(mats[0].format),
                       count, bytes / 1e6);
         print_header(title);
-        double gbs1 = 0, cpu1 = 1;
         for (const size_t n : {size_t{1}, size_t{64}}) {
           const Timing t = measure(
               a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); },
               [&] {
                 for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
               });
-          const double gbs = bytes / t.best / 1e9;
-          const std::string name = base + "_rows" + std::to_string(n);
-          double per_row = 0;
-          if (n == 1)
-            gbs1 = gbs;
-          else
-            per_row = gbs * static_cast<double>(n) / gbs1;
-          print_row(name, n, bytes, t, per_row);
-          if (n == 1) cpu1 = t.cpu_share;
-          add_bandwidth(name, gbs, t.cpu_share);
-          if (n > 1)
-            add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
-                       std::min(cpu1, t.cpu_share));
+          report(base, n, t);
         }
       }
       if (sel_idot) {
@@ -792,7 +796,6 @@ int run_kernels(const KernelsArgs& a) {
           else
             k3::matmul_int4_idot(k, W, Q8.data(), D.data(), n, Y.data());
         };
-        double gbs1 = 0, cpu1 = 1;
         for (const size_t n : {size_t{1}, size_t{64}}) {
           const Timing t = measure(
               a.seconds, 3,
@@ -805,19 +808,7 @@ int run_kernels(const KernelsArgs& a) {
                 for (const k3::WeightMatrix& W : mats)
                   idot(W, n);
               });
-          const double gbs = bytes / t.best / 1e9;
-          const std::string name = idot_base + "_rows" + std::to_string(n);
-          double per_row = 0;
-          if (n == 1)
-            gbs1 = gbs;
-          else
-            per_row = gbs * static_cast<double>(n) / gbs1;
-          print_row(name, n, bytes, t, per_row);
-          if (n == 1) cpu1 = t.cpu_share;
-          add_bandwidth(name, gbs, t.cpu_share);
-          if (n > 1)
-            add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
-                       std::min(cpu1, t.cpu_share));
+          report(idot_base, n, t);
           const Timing q = measure(
               0.2, 3, [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); },
               [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); });

@@ -59,3 +59,16 @@ export function prechunk(text) {
   if (pieceStart < text.length) pieces.push(text.slice(pieceStart));
   return pieces;
 }
+
+// A small seeded PRNG (mulberry32): the same sequence on every run and machine. Returns a
+// function giving floats in [0, 1).
+export function mulberry32(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -15,7 +15,7 @@
 // printed (string, both id lists, both piece lists) and minimised; exit status 1 on any.
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-import { KIMI_PATTERN, SLICE_CODE_POINTS, loadVocabulary, prechunk } from './kimi_k3.mjs';
+import { KIMI_PATTERN, SLICE_CODE_POINTS, loadVocabulary, mulberry32, prechunk } from './kimi_k3.mjs';
 
 const [coli, modelDir] = process.argv.slice(2);
 if (!coli || !modelDir) {
@@ -148,16 +148,6 @@ function runColi(cases, allowSpecial) {
 
 // ---- deterministic random strings -----------------------------------------------------------
 
-function mulberry32(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 const rand = mulberry32(SEED);
 const int = (lo, hi) => lo + Math.floor(rand() * (hi - lo + 1));  // inclusive
 const pick = (arr) => arr[Math.floor(rand() * arr.length)];
