@@ -3,7 +3,8 @@
 # when something is missing, so a prepared machine pays nothing.
 set -euo pipefail
 packages=(g++ cmake make pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-          libbenchmark-dev python3-numpy)
+          libbenchmark-dev python3-numpy libcpp-httplib-dev libreadline-dev
+          chromium tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
