@@ -1,5 +1,9 @@
-// apps/coli.cpp — the launcher. Machine interfaces over JSON lines (stdin → stdout), reading only
-// the tokenizer files of a model directory (no weights needed):
+// apps/coli.cpp — the launcher.
+//   coli serve <model_dir>   the OpenAI-compatible HTTP API (+ the web page)   (coli_serve.cpp)
+//   coli web <model_dir>     the same, printing the page's URL                  (coli_serve.cpp)
+//   coli chat <model_dir>    a terminal chat with the model kept loaded          (coli_chat.cpp)
+// Machine interfaces over JSON lines (stdin → stdout), reading only the tokenizer files of a
+// model directory (no weights needed):
 //   coli tokenize <model_dir> [--allow-special]   {"text": ...} → {"ids": [...]} (other keys copied)
 //   coli render <model_dir>                       {"messages", "tools", "options"} → {"text", "ids"}
 // A bad input line gives an {"error": ...} line and the next line is read; nothing stops early.
@@ -14,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/coli_commands.h"
 #include "options/options.h"
 #include "text/chat.h"
 #include "text/prompt.h"
@@ -138,6 +143,10 @@ int render(const k3::Options& opt) {
 const char* kUsage =
     "usage: coli <command> <model_dir> [options]\n\n"
     "commands:\n"
+    "  serve      OpenAI-compatible HTTP API on 127.0.0.1:8000 (/v1/chat/completions, /v1/models,\n"
+    "             /health, /metrics, /tokenize, /detokenize) and the web page at /\n"
+    "  web        the same, and prints the web page's URL\n"
+    "  chat       terminal chat (model loaded once; /help lists the commands)\n"
     "  tokenize   JSON lines {\"text\": ...} on stdin → {\"ids\": [...]} on stdout (other keys copied);\n"
     "             --allow-special turns special-token spellings into special tokens\n"
     "  render     JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} → {\"text\", \"ids\"}\n"
@@ -152,14 +161,30 @@ int run(int argc, char** argv) {
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
-  if (command != "tokenize" && command != "render") {
+  const bool engine_command = command == "serve" || command == "web" || command == "chat";
+  if (command != "tokenize" && command != "render" && !engine_command) {
     std::fprintf(stderr, "coli: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
     return 2;
   }
-  const k3::Options opt = k3::parse_options("coli " + command, args, k3::environment_map(environ));
+  const std::map<std::string, std::string> env = k3::environment_map(environ);
+  k3::Options opt;
+  try {
+    opt = k3::parse_options("coli " + command, args, env);
+  } catch (const k3::Error& e) {
+    std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());
+    return 2;
+  }
   if (opt.show_help) {
     std::fputs(kUsage, stdout);
+    if (engine_command) std::printf("\n%s", opt.help_text.c_str());
     return 0;
+  }
+  try {
+    if (command == "serve" || command == "web") return coli::serve(opt, command == "web", env, args);
+    if (command == "chat") return coli::chat(opt, env, args);
+  } catch (const coli::UsageError& e) {
+    std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());
+    return 2;
   }
   return command == "tokenize" ? tokenize(opt) : render(opt);
 }

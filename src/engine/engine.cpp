@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "util/error.h"
@@ -28,7 +29,8 @@ ModelOptions model_options(const LoadOptions& load) {
 
 }  // namespace
 
-Engine::Engine(const std::string& model_dir, const LoadOptions& load) {
+Engine::Engine(const std::string& model_dir, const LoadOptions& load,
+               const std::function<void(double)>& on_progress) {
   const double start = now_seconds();
   snapshot_ = std::make_unique<Snapshot>(model_dir);
   config_ = parse_k3_config(snapshot_->config_root(), model_dir + "/config.json");
@@ -42,7 +44,9 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load) {
       throw Error(model_dir + "/tiktoken.model: the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                   " ids but config.json vocab_size is " + std::to_string(config_.vocab_size));
   }
-  model_ = std::make_unique<Model>(*snapshot_, config_, model_options(load));
+  ModelOptions model_opts = model_options(load);
+  model_opts.on_load_progress = on_progress;
+  model_ = std::make_unique<Model>(*snapshot_, config_, model_opts);
   load_seconds_ = now_seconds() - start;
 }
 
@@ -114,6 +118,39 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const P
 const std::vector<float>& Session::step(int64_t id) {
   const int64_t one[1] = {id};
   return prefill(one);
+}
+
+size_t Session::photo_floats() const {
+  size_t n = 0;
+  for (const KdaState& k : state_.kda) n += k.q_window.size() + k.k_window.size() + k.v_window.size() + k.recurrent.size();
+  return n;
+}
+
+void Session::take_photo(StatePhoto& out) const {
+  out.position = state_.position;
+  out.ids = tokens_;
+  out.kda.resize(photo_floats());
+  float* dst = out.kda.data();
+  for (const KdaState& k : state_.kda)
+    for (const std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent})
+      dst = std::copy(v->begin(), v->end(), dst);
+}
+
+void Session::restore_photo(const StatePhoto& photo) {
+  const size_t pos = static_cast<size_t>(photo.position);
+  if (photo.kda.size() != photo_floats() || photo.ids.size() != pos || pos > tokens_.size() ||
+      !std::equal(photo.ids.begin(), photo.ids.end(), tokens_.begin()))
+    throw Error("state photo at position " + std::to_string(pos) + " does not match this session (" +
+                std::to_string(photo.kda.size()) + " of " + std::to_string(photo_floats()) + " floats, " +
+                std::to_string(tokens_.size()) + " ids fed)");
+  const float* src = photo.kda.data();
+  for (KdaState& k : state_.kda)
+    for (std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent}) {
+      std::copy(src, src + v->size(), v->begin());
+      src += v->size();
+    }
+  state_.position = photo.position;
+  tokens_.resize(pos);
 }
 
 void Session::reset() {

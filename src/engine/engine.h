@@ -3,7 +3,9 @@
 // Thread-safety: an Engine may be used by several Sessions, one thread per Session.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,7 +22,9 @@ namespace k3 {
 class Engine {
  public:
   // Opens the snapshot at `model_dir` and loads the resident weights. Throws k3::Error.
-  Engine(const std::string& model_dir, const LoadOptions& load);
+  // `on_progress` (optional) sees the loaded fraction in [0, 1] as the layers come in.
+  Engine(const std::string& model_dir, const LoadOptions& load,
+         const std::function<void(double fraction)>& on_progress = {});
 
   const K3Config& config() const { return config_; }
   const Model& model() const { return *model_; }
@@ -46,6 +50,15 @@ struct PrefillHooks {
   std::vector<float>* all_logits = nullptr;  // receives [T][vocab] logits of every position
 };
 
+// A photo of a session's recurrent state: every KDA layer's three conv windows and matrix state,
+// flattened, plus the ids fed so far. With the MLA rows still in the live cache for positions
+// below `position`, restoring it resumes the sequence there (SERVING.md §1.9.2).
+struct StatePhoto {
+  int64_t position = 0;
+  std::vector<int64_t> ids;  // [position]
+  std::vector<float> kda;    // [Session::photo_floats()]
+};
+
 class Session {
  public:
   // A fresh sequence that can hold `capacity` positions.
@@ -66,8 +79,20 @@ class Session {
 
   int64_t position() const { return state_.position; }
   int64_t capacity() const { return state_.capacity; }
+  // The fed-token record: exactly the ids fed, at their positions.
   const std::vector<int64_t>& tokens() const { return tokens_; }
   void reset();
+
+  // Floats in a photo's `kda` (the same for every photo of this engine).
+  size_t photo_floats() const;
+  void take_photo(StatePhoto& out) const;
+  // Puts the photo's recurrent state back and truncates the record to its position.
+  // REQUIRES: photo.ids == tokens()[0, photo.position) (the MLA rows below it are then valid);
+  // throws k3::Error otherwise.
+  void restore_photo(const StatePhoto& photo);
+  // While set, every forward pass polls `flag` before each layer and throws Interrupted when it
+  // reads true; the state is then part-advanced (restore a photo or reset). nullptr = off.
+  void set_interrupt(const std::atomic<bool>* flag) { state_.interrupt = flag; }
 
  private:
   void feed(int64_t id, ForwardObserver* observer);

@@ -45,6 +45,14 @@ int64_t Sampler::sample(std::span<const float> logits) {
     prob[i] = std::exp((logits[static_cast<size_t>(order[i])] - top) * inv_t);
     total += prob[i];
   }
+  if (options_.min_p > 0.0) {  // prob[0] is the top token's (unnormalised) probability
+    size_t cut = 1;
+    while (cut < keep && prob[cut] >= options_.min_p * prob[0]) ++cut;
+    prob.resize(cut);
+    order.resize(cut);
+    keep = cut;
+    total = std::accumulate(prob.begin(), prob.end(), 0.0);
+  }
   if (options_.top_p < 1.0) {
     double mass = 0.0;
     size_t cut = keep;

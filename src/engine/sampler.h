@@ -1,5 +1,5 @@
 // engine/sampler.h — next-token choice: greedy (ties -> lowest id) or temperature sampling with
-// optional top-k and top-p, reproducible from a seed on every platform (own PRNG, no
+// optional top-k, min-p and top-p (in that order), reproducible from a seed on every platform (own PRNG, no
 // implementation-defined std distributions).
 #pragma once
 

@@ -91,23 +91,30 @@ std::string read_text_file(const std::string& path) {
 }
 
 void write_file_atomic(const std::string& path, const void* bytes, size_t length) {
+  write_file_atomic(path, {ByteSpan{bytes, length}}, 0644, true);
+}
+
+void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> pieces, unsigned mode, bool durable) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ::unlink(tmp.c_str());  // a leftover temp file could carry other permissions
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
   if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
-  const auto* p = static_cast<const uint8_t*>(bytes);
-  size_t done = 0;
-  while (done < length) {
-    const ssize_t n = ::write(fd, p + done, std::min<size_t>(length - done, kMaxReadPiece));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(tmp + ": write failed: " + std::strerror(err));
+  for (const ByteSpan& piece : pieces) {
+    const auto* p = static_cast<const uint8_t*>(piece.data);
+    size_t done = 0;
+    while (done < piece.size) {
+      const ssize_t n = ::write(fd, p + done, std::min<size_t>(piece.size - done, kMaxReadPiece));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw Error(tmp + ": write failed: " + std::strerror(err));
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
-  const int sync_rc = ::fsync(fd);
+  const int sync_rc = durable ? ::fsync(fd) : 0;
   const int close_rc = ::close(fd);
   if (sync_rc != 0 || close_rc != 0) {
     ::unlink(tmp.c_str());

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,5 +52,12 @@ std::string read_text_file(const std::string& path);
 
 // Writes `bytes` to `path` atomically: a temp file beside it, fsync, then rename.
 void write_file_atomic(const std::string& path, const void* bytes, size_t length);
+// The same for several pieces written back to back, created with `mode` (e.g. 0600); `durable`
+// false skips the fsync (scratch files that never outlive the process).
+struct ByteSpan {
+  const void* data;
+  size_t size;
+};
+void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> pieces, unsigned mode, bool durable);
 
 }  // namespace k3

@@ -18,7 +18,7 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOption
   compute_.idot = options_.idot;
   int64_t num_layers = options_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
-  weights_ = load_weights(snapshot_, config_, num_layers, options_.precision);
+  weights_ = load_weights(snapshot_, config_, num_layers, options_.precision, options_.on_load_progress);
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = options_.idot && m.format == WeightFormat::kInt4G64; });
   if (options_.experts_in_memory) weights_.experts->load_all();
@@ -85,6 +85,7 @@ void Model::forward(ModelState& state, const float* x0, float* final_hidden,
   };
 
   for (int64_t l = 0; l < L; ++l) {
+    if (state.interrupt && state.interrupt->load(std::memory_order_relaxed)) throw Interrupted();
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     // Attention.
     if (num_blocks == 0)

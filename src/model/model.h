@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ struct ModelOptions {
   bool idot = false;        // MXFP4 experts and int4 matrices on the integer-dot path (q8 activations)
   Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
   bool experts_in_memory = false;  // read every routed expert into RAM at load
+  std::function<void(double fraction)> on_load_progress;  // optional: after each loaded layer
 };
 
 class Model {

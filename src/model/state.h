@@ -4,6 +4,7 @@
 // advances it.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -77,6 +78,9 @@ struct ModelState {
   std::vector<MlaCache> mla;  // [layers]; empty entries for KDA layers
   StageStats stats;
   Workspace work;
+  // Polled before every layer of a forward pass; when it reads true the pass throws Interrupted
+  // and leaves the state part-advanced (the owner restores a photo or resets). nullptr = never.
+  const std::atomic<bool>* interrupt = nullptr;
 
   // Zeroed state for `num_layers` layers of `config` holding up to `capacity` positions.
   ModelState(const K3Config& config, int64_t num_layers, int64_t capacity);

@@ -182,12 +182,13 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
   }
 }
 
-ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers, const LoadPrecision& precision) {
+ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers, const LoadPrecision& precision,
+                          const std::function<void(double)>& on_progress) {
   using namespace names;
   const int64_t D = c.hidden_size;
   ModelWeights mw;
   mw.experts = std::make_unique<ExpertStore>(ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
-  Progress progress("loading", static_cast<uint64_t>(num_layers + 1));
+  Progress progress("loading", static_cast<uint64_t>(num_layers + 1), on_progress);
   mw.layers.resize(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) {
     LayerWeights& lw = mw.layers[static_cast<size_t>(l)];

@@ -107,8 +107,9 @@ struct ModelWeights {
 // actual shape or dtype.
 // Dense matrices are quantised to `precision` as they are loaded (in parallel; the f32 copy of
 // one matrix at a time is the peak overhead).
+// `on_progress` (optional) sees the finished fraction after each layer.
 ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers,
-                          const LoadPrecision& precision);
+                          const LoadPrecision& precision, const std::function<void(double)>& on_progress = {});
 
 // Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all
 // of them: byte counts, load-time flags).

@@ -62,6 +62,18 @@ int parse_bits(const std::string& value, const std::string& source) {
   return static_cast<int>(bits);
 }
 
+std::vector<std::string> split_list(const std::string& value) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(value);
+  while (std::getline(in, item, ',')) {
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.erase(item.begin());
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.pop_back();
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
 const std::vector<OptionRow>& option_rows() {
   static const std::vector<OptionRow> rows = {
       {"--model", "COLI_MODEL", "", "model directory (Hugging Face snapshot)",
@@ -78,7 +90,7 @@ const std::vector<OptionRow>& option_rows() {
        }},
       {"--ngen", "K3_NGEN", "16", "tokens to generate",
        [](Options& o, const std::string& v, const std::string& s) { o.ngen = parse_int(v, s, 0, int64_t{1} << 24); }},
-      {"--maxt", "K3_MAXT", "0", "context capacity in tokens (0 = prompt + ngen)",
+      {"--ctx,--maxt", "K3_MAXT", "0", "context capacity in tokens (0 = prompt + ngen; coli serve/chat: 8192)",
        [](Options& o, const std::string& v, const std::string& s) { o.runtime.max_tokens = parse_int(v, s, 0, int64_t{1} << 24); }},
       {"--threads", nullptr, "0", "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
        [](Options& o, const std::string& v, const std::string& s) { o.runtime.threads = static_cast<int>(parse_int(v, s, 0, 1024)); }},
@@ -91,6 +103,8 @@ const std::vector<OptionRow>& option_rows() {
        }},
       {"--top-k", "COLI_TOP_K", "0", "keep only the k most likely tokens (0 = off)",
        [](Options& o, const std::string& v, const std::string& s) { o.sampling.top_k = parse_int(v, s, 0, int64_t{1} << 24); }},
+      {"--min-p", "COLI_MIN_P", "0", "drop tokens less likely than min-p x the most likely one (0 = off)",
+       [](Options& o, const std::string& v, const std::string& s) { o.sampling.min_p = parse_double(v, s, 0.0, 1.0); }},
       {"--seed", "COLI_SEED", "", "sampling seed (default: from the clock, printed in the summary)",
        [](Options& o, const std::string& v, const std::string& s) {
          if (v.empty()) return;
@@ -154,6 +168,68 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string&) { o.debug.logits_path = v; }},
       {"--x0", "K3_X0", "", "raw f32 [T][hidden] file whose rows replace the embedding",
        [](Options& o, const std::string& v, const std::string&) { o.debug.x0_path = v; }},
+      // coli serve / web / chat.
+      {"--host", "COLI_HOST", "127.0.0.1", "serve: address to listen on (beyond loopback needs an API key or --insecure-bind)",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.host = v; }},
+      {"--port", "COLI_PORT", "8000", "serve: TCP port (0 = any free port, printed at start-up)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.port = static_cast<int>(parse_int(v, s, 0, 65535)); }},
+      {"--model-id", "COLI_MODEL_ID", "kimi-k3", "serve: the model id clients name",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.model_id = v; }},
+      {"--alias", nullptr, "", "serve: more accepted model ids, comma separated",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.aliases = split_list(v); }},
+      {"--accept-any-model", nullptr, "0", "serve: accept any model id",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.accept_any_model = parse_bool(v, s); }, true},
+      {"--api-key", "COLI_API_KEY", "", "serve: required API key(s), comma separated (Bearer or x-api-key)",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.api_keys = split_list(v); }},
+      {"--api-key-file", "COLI_API_KEY_FILE", "", "serve: file of API keys, one per line (# comments); must not be group/world readable",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.api_key_file = v; }},
+      {"--allowed-host", "COLI_ALLOWED_HOSTS", "", "serve: extra Host header names, comma separated (* = no check)",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.allowed_hosts = split_list(v); }},
+      {"--cors-origin", "COLI_CORS_ORIGINS", "", "serve: extra exact CORS origins, comma separated",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.cors_origins = split_list(v); }},
+      {"--insecure-bind", "COLI_ALLOW_INSECURE_BIND", "0", "serve: allow a non-loopback bind without an API key",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.insecure_bind = parse_bool(v, s); }, true},
+      {"--max-queue", "COLI_MAX_QUEUE", "8", "serve: requests that may wait behind the running one (more get 429)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_queue = parse_int(v, s, 0, 1024); }},
+      {"--queue-timeout", "COLI_QUEUE_TIMEOUT", "300", "serve: seconds a request may wait in the queue (then 429)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.queue_timeout = parse_double(v, s, 0.1, 86400); }},
+      {"--max-tokens", "COLI_MAX_TOKENS", "16384", "serve: ceiling on a request's max_tokens",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_tokens = parse_int(v, s, 1, int64_t{1} << 30); }},
+      {"--max-body-mb", "COLI_MAX_BODY_MB", "8", "serve: largest request body in MiB (more gets 413)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_body_mb = parse_double(v, s, 0.001, 1024); }},
+      {"--sse-ping-interval", "COLI_SSE_PING", "10", "serve: seconds of stream silence before a ': ping' comment (0 = off)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.sse_ping = parse_double(v, s, 0, 3600); }},
+      {"--drain-timeout", nullptr, "30", "serve: seconds SIGTERM lets the running request finish",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.drain_timeout = parse_double(v, s, 0, 86400); }},
+      {"--log-prompts", nullptr, "0", "serve: log request bodies (off: prompts never reach the log)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.log_prompts = parse_bool(v, s); }, true},
+      {"--no-webui", nullptr, "0", "serve: do not serve the web page",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.no_webui = parse_bool(v, s); }, true},
+      {"--reasoning", "COLI_REASONING", "auto", "serve: thinking when a request does not say: on, off, auto (= on)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v != "on" && v != "off" && v != "auto") throw Error(s + ": expected on, off or auto, got \"" + v + "\"");
+         o.serve.reasoning = v != "off";
+       }},
+      {"--reasoning-field", nullptr, "reasoning_content", "serve: reasoning field name: reasoning_content, reasoning or both",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v != "reasoning_content" && v != "reasoning" && v != "both")
+           throw Error(s + ": expected reasoning_content, reasoning or both, got \"" + v + "\"");
+         o.serve.reasoning_field = v;
+       }},
+      {"--ckpt", "COLI_K3_CKPT", "auto", "recurrent-state photos: auto (2 in RAM when memory allows), or 0-8 slots",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.serve.ckpt_slots = v == "auto" ? -1 : static_cast<int>(parse_int(v, s, 0, 8));
+       }},
+      {"--ckpt-dir", "COLI_K3_CKPT_DIR", "", "keep the photos in this directory (0700, files 0600) instead of RAM",
+       [](Options& o, const std::string& v, const std::string&) { o.serve.ckpt_dir = v; }},
+      {"--ckpt-keep", nullptr, "0", "leave the disk photos behind at exit",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.ckpt_keep = parse_bool(v, s); }, true},
+      {"--prefix-log", "K3_PREFIX_LOG", "0", "log prefix-reuse and checkpoint decisions on stderr",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.prefix_log = parse_bool(v, s); }, true},
+      {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", "0", "debug: sleep this long after every generated token (client testing)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.token_delay_ms = static_cast<int>(parse_int(v, s, 0, 60000)); }},
+      {"--raw", nullptr, "0", "chat: print replies as plain text (no Markdown styling)",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.raw = parse_bool(v, s); }, true},
   };
   return rows;
 }

@@ -40,6 +40,7 @@ struct SamplingOptions {
   double temperature = 0.0;  // COLI_TEMP: 0 = greedy
   double top_p = 1.0;        // COLI_TOP_P: nucleus mass (1 = off)
   int64_t top_k = 0;         // COLI_TOP_K: keep the k most likely (0 = off)
+  double min_p = 0.0;        // COLI_MIN_P: drop tokens below min_p x the top probability (0 = off)
   uint64_t seed = 0;         // COLI_SEED: sampling seed (0 = from the clock)
   bool seed_set = false;
 };
@@ -65,6 +66,35 @@ struct TextOptions {
   bool jsonl = false;           // --output jsonl: one JSON event per line on stdout
 };
 
+// coli serve / web / chat (SERVING.md §3.3, Part 4).
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string model_id = "kimi-k3";
+  std::vector<std::string> aliases;
+  bool accept_any_model = false;
+  std::vector<std::string> api_keys;     // COLI_API_KEY (comma separated)
+  std::string api_key_file;
+  std::vector<std::string> allowed_hosts, cors_origins;
+  bool insecure_bind = false;
+  int64_t max_queue = 8;
+  double queue_timeout = 300;
+  int64_t max_tokens = 16384;            // ceiling of a request's max_tokens
+  double max_body_mb = 8;
+  double sse_ping = 10;
+  double drain_timeout = 30;
+  bool log_prompts = false;
+  bool no_webui = false;
+  bool reasoning = true;                 // thinking when a request does not say
+  std::string reasoning_field = "reasoning_content";
+  int ckpt_slots = -1;                   // -1 = auto
+  std::string ckpt_dir;
+  bool ckpt_keep = false;
+  bool prefix_log = false;
+  int token_delay_ms = 0;
+  bool raw = false;                      // chat: plain text
+};
+
 struct Options {
   std::string model_dir;          // positional or --model / COLI_MODEL
   std::string prompt;             // positional text prompt (plain completion)
@@ -76,6 +106,7 @@ struct Options {
   SamplingOptions sampling;
   DebugOptions debug;
   TextOptions text;
+  ServeOptions serve;
   bool show_help = false;
   std::string help_text;
   // "name=value" lines of the effective options, for the start-up banner.

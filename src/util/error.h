@@ -17,6 +17,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// Thrown by a forward pass whose caller raised its interrupt flag (a cancelled prefill); not an
+// Error: nothing failed, and the caller restores or resets the state it interrupted.
+class Interrupted : public std::exception {
+ public:
+  const char* what() const noexcept override { return "interrupted"; }
+};
+
 // "[3, 64]" — used in every shape message.
 std::string shape_string(const std::vector<int64_t>& shape);
 

@@ -2,13 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace k3 {
 
-Progress::Progress(std::string label, uint64_t total)
+Progress::Progress(std::string label, uint64_t total, std::function<void(double)> observer)
     : label_(std::move(label)),
       total_(total),
+      observer_(std::move(observer)),
       enabled_(isatty(STDERR_FILENO) == 1),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
@@ -16,7 +18,8 @@ Progress::Progress(std::string label, uint64_t total)
 Progress::~Progress() { finish(); }
 
 void Progress::advance(uint64_t units) {
-  done_.fetch_add(units, std::memory_order_relaxed);
+  const uint64_t done = done_.fetch_add(units, std::memory_order_relaxed) + units;
+  if (observer_ && total_ > 0) observer_(std::min(1.0, static_cast<double>(done) / static_cast<double>(total_)));
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -12,8 +13,9 @@ namespace k3 {
 
 class Progress {
  public:
-  // `total` units of work (bytes, tensors, ...); `label` is printed before the bar.
-  Progress(std::string label, uint64_t total);
+  // `total` units of work (bytes, tensors, ...); `label` is printed before the bar. `observer`
+  // (optional) sees the finished fraction after every advance, TTY or not (a server's /health).
+  Progress(std::string label, uint64_t total, std::function<void(double fraction)> observer = {});
   ~Progress();
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
@@ -26,6 +28,7 @@ class Progress {
 
   std::string label_;
   uint64_t total_;
+  std::function<void(double)> observer_;
   std::atomic<uint64_t> done_{0};
   bool enabled_;
   bool finished_ = false;

@@ -11,7 +11,8 @@ namespace k3 {
 
 class Status {
  public:
-  enum class Code { ok, invalid_argument, not_found, too_large, unavailable, cancelled, internal };
+  // resource_exhausted: a full queue or a queue wait that timed out (HTTP 429).
+  enum class Code { ok, invalid_argument, not_found, too_large, unavailable, resource_exhausted, cancelled, internal };
 
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}

@@ -1,7 +1,9 @@
 #include "util/sys.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 
 namespace k3 {
@@ -24,6 +26,36 @@ std::string cpu_model_name() {
     return begin == std::string::npos ? "unknown" : line.substr(begin, end - begin + 1);
   }
   return "unknown";
+}
+
+}  // namespace k3
+
+namespace k3 {
+
+uint64_t current_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long pages_total = 0, pages_resident = 0;
+  const int got = std::fscanf(f, "%llu %llu", &pages_total, &pages_resident);
+  std::fclose(f);
+  if (got != 2) return 0;
+  return static_cast<uint64_t>(pages_resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+uint64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kib = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long long value = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &value) == 1) {
+      kib = value;
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib * 1024;
 }
 
 }  // namespace k3

@@ -10,6 +10,11 @@ namespace k3 {
 // Peak resident set size of this process in bytes (getrusage).
 uint64_t peak_rss_bytes();
 
+// Resident set size now (/proc/self/statm; 0 when it cannot be read).
+uint64_t current_rss_bytes();
+// MemAvailable of /proc/meminfo in bytes (0 when it cannot be read).
+uint64_t available_memory_bytes();
+
 // The CPU's "model name" from /proc/cpuinfo ("unknown" when it cannot be read).
 std::string cpu_model_name();
 

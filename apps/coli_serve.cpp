@@ -1,0 +1,173 @@
+// apps/coli_serve.cpp — `coli serve` and `coli web`: the engine service behind the HTTP server.
+// The listener is up before the model loads (/health answers 503 with progress meanwhile);
+// SIGTERM / SIGINT drain gracefully (a second signal exits at once).
+#include "apps/coli_commands.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "engine/service.h"
+#include "server/http_server.h"
+#include "util/error.h"
+#include "util/sys.h"
+
+namespace coli {
+namespace {
+
+// Keys from --api-key-file: one per line, '#' comments; refused when group or world readable.
+std::vector<std::string> read_key_file(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) throw UsageError(path + ": cannot read the API key file");
+  if ((st.st_mode & 0077) != 0)
+    throw UsageError(path + ": the API key file is readable by other users (chmod 600 it)");
+  std::ifstream in(path);
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    size_t start = 0;
+    while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) ++start;
+    if (start < line.size()) keys.push_back(line.substr(start));
+  }
+  return keys;
+}
+
+}  // namespace
+
+k3::ServiceOptions service_options(const k3::Options& opt) {
+  k3::ServiceOptions s;
+  s.model_dir = opt.model_dir;
+  s.load = opt.load;
+  s.context = opt.runtime.max_tokens;
+  s.ckpt_slots = opt.serve.ckpt_slots;
+  s.ckpt_dir = opt.serve.ckpt_dir;
+  s.ckpt_keep = opt.serve.ckpt_keep;
+  s.max_queue = static_cast<size_t>(opt.serve.max_queue);
+  s.token_delay_ms = opt.serve.token_delay_ms;
+  s.prefix_log = opt.serve.prefix_log;
+  s.threads = opt.runtime.threads;
+  return s;
+}
+
+k3::server::ApiConfig api_config(const k3::Options& opt, const std::map<std::string, std::string>& env,
+                                 const std::vector<std::string>& args) {
+  k3::server::ApiConfig api;
+  api.model_id = opt.serve.model_id;
+  api.aliases = opt.serve.aliases;
+  api.accept_any_model = opt.serve.accept_any_model;
+  api.max_tokens_ceiling = opt.serve.max_tokens;
+  api.default_thinking = opt.serve.reasoning;
+  api.reasoning_field = opt.serve.reasoning_field;
+  auto given = [&](const char* flag, const char* var) {
+    return env.count(var) || std::find(args.begin(), args.end(), flag) != args.end();
+  };
+  // The server's sampling defaults are the model card's (0.6 / 0.95) unless set explicitly.
+  if (given("--temp", "COLI_TEMP")) api.default_temperature = opt.sampling.temperature;
+  if (given("--top-p", "COLI_TOP_P")) api.default_top_p = opt.sampling.top_p;
+  api.default_top_k = opt.sampling.top_k;
+  api.default_min_p = opt.sampling.min_p;
+  return api;
+}
+
+int serve(const k3::Options& opt, bool web, const std::map<std::string, std::string>& env,
+          const std::vector<std::string>& args) {
+  k3::server::ServerOptions so;
+  so.security.bind_host = opt.serve.host;
+  so.security.api_keys = opt.serve.api_keys;
+  if (!opt.serve.api_key_file.empty())
+    for (std::string& k : read_key_file(opt.serve.api_key_file)) so.security.api_keys.push_back(std::move(k));
+  for (const std::string& k : so.security.api_keys)
+    if (k.size() > k3::server::kMaxApiKeyBytes) throw UsageError("an API key is longer than 512 bytes");
+  so.security.allowed_hosts = opt.serve.allowed_hosts;
+  so.security.cors_origins = opt.serve.cors_origins;
+  const bool loopback = k3::server::is_loopback_host(opt.serve.host);
+  if (!loopback && so.security.api_keys.empty() && !opt.serve.insecure_bind)
+    throw UsageError("refusing to listen on " + opt.serve.host +
+                     " without an API key: set --api-key / COLI_API_KEY, or --insecure-bind to accept the risk");
+  const bool any_origin = std::find(so.security.cors_origins.begin(), so.security.cors_origins.end(), "*") !=
+                          so.security.cors_origins.end();
+  if (any_origin && !loopback && so.security.api_keys.empty())
+    throw UsageError("--cors-origin '*' with a non-loopback bind needs an API key");
+  so.port = opt.serve.port;
+  so.api = api_config(opt, env, args);
+  so.max_body_bytes = static_cast<size_t>(opt.serve.max_body_mb * 1024 * 1024);
+  so.queue_timeout_s = opt.serve.queue_timeout;
+  so.sse_ping_s = opt.serve.sse_ping;
+  so.drain_timeout_s = opt.serve.drain_timeout;
+  so.log_prompts = opt.serve.log_prompts;
+  so.web_ui = !opt.serve.no_webui;
+
+  // Signals go to one thread that asks the server to drain (blocked before any thread starts).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  k3::EngineService service(service_options(opt));
+  k3::server::HttpServer server(service, so);
+  const int port = server.bind();
+  const std::string host = opt.serve.host.find(':') != std::string::npos ? "[" + opt.serve.host + "]" : opt.serve.host;
+  const std::string url = "http://" + host + ":" + std::to_string(port) + "/";
+  if (web) std::printf("coli web: open %s in your browser (the page waits while the model loads)\n", url.c_str());
+  else std::printf("coli serve: listening on %s (OpenAI API at %sv1)\n", url.c_str(), url.c_str());
+  std::fflush(stdout);
+  if (!loopback)
+    std::fprintf(stderr, "coli: listening on %s: reachable from the network%s\n", opt.serve.host.c_str(),
+                 so.security.api_keys.empty() ? " WITHOUT an API key (--insecure-bind)" : " (API key required)");
+  if (opt.serve.log_prompts) std::fprintf(stderr, "coli: --log-prompts: request bodies are written to this log\n");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> exit_code{0};
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (stop.load()) return;
+    std::fprintf(stderr, "coli: %s: draining (up to %.0f s); send it again to quit at once\n",
+                 sig == SIGTERM ? "SIGTERM" : "SIGINT", so.drain_timeout_s);
+    std::thread second([&] {
+      int again = 0;
+      sigwait(&signals, &again);
+      if (!stop.load()) std::_Exit(130);
+    });
+    second.detach();
+    server.shutdown();
+  });
+  std::thread announcer([&] {
+    for (;;) {
+      const k3::ServiceSnapshot s = service.snapshot();
+      if (s.state == k3::ServiceSnapshot::State::ready) {
+        const k3::Engine* engine = service.engine();
+        std::fprintf(stderr, "coli: %s loaded in %.1f s (%s); context %lld tokens; checkpoints: %s\n",
+                     opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
+                     static_cast<long long>(s.context_capacity), s.checkpoints.c_str());
+        return;
+      }
+      if (s.state == k3::ServiceSnapshot::State::failed) {
+        std::fprintf(stderr, "coli: cannot load %s: %s\n", opt.model_dir.c_str(), s.load_error.c_str());
+        exit_code.store(3);
+        server.shutdown();
+        return;
+      }
+      if (stop.load() || s.state == k3::ServiceSnapshot::State::stopping) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  server.run();
+  stop.store(true);
+  pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes sigwait if no signal came
+  signal_thread.join();
+  announcer.join();
+  return exit_code.load();
+}
+
+}  // namespace coli

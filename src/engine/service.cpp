@@ -1,0 +1,496 @@
+#include "engine/service.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "util/error.h"
+#include "util/sys.h"
+
+namespace k3 {
+namespace {
+
+// Withholds the tail of a channel's text that could still grow into a stop string; reports the
+// first stop string found (the text before it is released, the rest dropped).
+class StopMatcher {
+ public:
+  explicit StopMatcher(const std::vector<std::string>& stops) : stops_(stops) {}
+
+  // Appends `delta`; returns the text that can be released now. Sets `matched` on a stop.
+  std::string push(const std::string& delta, bool& matched) {
+    if (stops_.empty()) return delta;
+    pending_ += delta;
+    size_t first = std::string::npos;
+    for (const std::string& s : stops_) {
+      const size_t at = pending_.find(s);
+      if (at < first) first = at;
+    }
+    if (first != std::string::npos) {
+      matched = true;
+      std::string out = pending_.substr(0, first);
+      pending_.clear();
+      return out;
+    }
+    size_t hold = 0;  // the longest suffix of pending_ that is a proper prefix of a stop string
+    for (const std::string& s : stops_)
+      for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n)
+        if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+          hold = n;
+          break;
+        }
+    std::string out = pending_.substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    return out;
+  }
+  std::string flush() { return std::exchange(pending_, {}); }
+
+ private:
+  const std::vector<std::string>& stops_;
+  std::string pending_;
+};
+
+}  // namespace
+
+const char* reuse_kind_name(ReuseKind kind) {
+  switch (kind) {
+    case ReuseKind::none: return "none";
+    case ReuseKind::live: return "live";
+    case ReuseKind::checkpoint: return "checkpoint";
+  }
+  return "?";
+}
+
+bool RequestHandle::next(ServiceEvent& out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+  out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RequestHandle::push(ServiceEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_all();
+}
+
+EngineService::EngineService(ServiceOptions options) : options_(std::move(options)) {
+  load_started_ = now_seconds();
+  stats_.max_queue = options_.max_queue;
+  worker_ = std::thread([this] { run(); });
+}
+
+EngineService::~EngineService() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    exiting_ = true;
+    shutting_down_ = true;
+    if (active_) active_->cancel_.store(true);
+  }
+  fail_waiters("shutting_down", "the server is shutting down");
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void EngineService::fail_waiters(const std::string& code, const std::string& message) {
+  std::deque<std::shared_ptr<RequestHandle>> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiters.swap(queue_);
+    stats_.queued = 0;
+  }
+  for (const auto& h : waiters) {
+    ServiceEvent e;
+    e.kind = ServiceEvent::Kind::error;
+    e.error_code = code;
+    e.text = message;
+    h->push(std::move(e));
+  }
+  idle_.notify_all();
+}
+
+Result<std::shared_ptr<RequestHandle>> EngineService::submit(ServiceRequest request) {
+  const int64_t capacity = context_.load();
+  if (!ready_.load()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return Status(Status::Code::unavailable, stats_.state == ServiceSnapshot::State::failed
+                                                 ? "the model failed to load"
+                                                 : "the model is still loading");
+  }
+  if (request.prompt.empty()) return Status::invalid("the prompt is empty");
+  if (static_cast<int64_t>(request.prompt.size()) >= capacity)
+    return Status::invalid("the prompt has " + std::to_string(request.prompt.size()) +
+                           " tokens; the context holds " + std::to_string(capacity) +
+                           " and at least one must be left to generate");
+  const int64_t room = capacity - static_cast<int64_t>(request.prompt.size());
+  request.max_tokens = std::clamp<int64_t>(request.max_tokens, 1, room);
+  auto handle = std::make_shared<RequestHandle>();
+  handle->request_ = std::move(request);
+  handle->submitted_at_ = now_seconds();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (shutting_down_) return Status(Status::Code::unavailable, "the server is shutting down");
+    if (queue_.size() >= options_.max_queue && (active_ || !queue_.empty())) {
+      ++stats_.rejected;
+      return Status(Status::Code::resource_exhausted,
+                    "the queue is full (" + std::to_string(options_.max_queue) + " waiting)");
+    }
+    queue_.push_back(handle);
+    stats_.queued = queue_.size();
+  }
+  wake_.notify_all();
+  return handle;
+}
+
+void EngineService::cancel(const std::shared_ptr<RequestHandle>& handle) {
+  handle->cancel_.store(true);
+  bool removed = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find(queue_.begin(), queue_.end(), handle);
+    if (it != queue_.end()) {
+      queue_.erase(it);
+      stats_.queued = queue_.size();
+      ++stats_.cancelled_queue;
+      removed = true;
+    }
+  }
+  if (removed) {
+    ServiceEvent e;
+    e.kind = ServiceEvent::Kind::error;
+    e.error_code = "cancelled";
+    e.text = "cancelled while queued";
+    handle->push(std::move(e));
+    idle_.notify_all();
+  }
+}
+
+void EngineService::begin_shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shutting_down_ = true;
+    stats_.state = ServiceSnapshot::State::stopping;
+  }
+  fail_waiters("shutting_down", "the server is shutting down");
+}
+
+void EngineService::cancel_active() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (active_) active_->cancel_.store(true);
+}
+
+bool EngineService::wait_idle(double timeout_seconds) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return idle_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
+                        [&] { return !active_ && queue_.empty(); });
+}
+
+void EngineService::erase_state() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    erase_requested_ = true;
+  }
+  wake_.notify_all();
+}
+
+ServiceSnapshot EngineService::snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ServiceSnapshot s = stats_;
+  if (s.state == ServiceSnapshot::State::loading) s.load_elapsed_s = now_seconds() - load_started_;
+  s.active = active_ ? 1 : 0;
+  s.queued = queue_.size();
+  return s;
+}
+
+void EngineService::load() {
+  try {
+    if (options_.threads > 0) omp_set_num_threads(options_.threads);
+    engine_ = std::make_unique<Engine>(options_.model_dir, options_.load, [this](double fraction) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.load_progress = fraction;
+    });
+    if (!engine_->model().has_head() || !engine_->model().has_embedding() || !engine_->tokenizer())
+      throw Error(options_.model_dir + ": serving needs the embedding, the lm_head and tiktoken.model");
+    const int64_t capacity = options_.context > 0 ? options_.context : 8192;  // NoPE MLA: no table limit
+    session_ = std::make_unique<Session>(*engine_, capacity);
+    stop_ids_ = stop_ids(*engine_);
+    CheckpointPolicy policy;
+    policy.dir = options_.ckpt_dir;
+    policy.keep_files = options_.ckpt_keep;
+    if (options_.ckpt_slots >= 0) {
+      policy.slots = options_.ckpt_slots;
+    } else {  // auto: 2 RAM photos when they leave 1 GiB free, else 2 on disk when a dir is set
+      const uint64_t photo_bytes = session_->photo_floats() * sizeof(float);
+      const uint64_t available = available_memory_bytes();
+      if (available > 2 * photo_bytes + (uint64_t{1} << 30)) {
+        policy.slots = 2;
+        policy.dir.clear();
+      } else {
+        policy.slots = policy.dir.empty() ? 0 : 2;
+      }
+    }
+    checkpoints_ = std::make_unique<CheckpointStore>(policy);
+    context_.store(capacity);
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.context_capacity = capacity;
+    stats_.checkpoints = checkpoints_->describe();
+    stats_.ckpt_slots = policy.slots;
+    stats_.load_progress = 1.0;
+    stats_.load_elapsed_s = now_seconds() - load_started_;
+    stats_.state = shutting_down_ ? ServiceSnapshot::State::stopping : ServiceSnapshot::State::ready;
+    ready_.store(true);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.state = ServiceSnapshot::State::failed;
+    stats_.load_error = e.what();
+    stats_.load_elapsed_s = now_seconds() - load_started_;
+  }
+}
+
+void EngineService::run() {
+  load();
+  for (;;) {
+    std::shared_ptr<RequestHandle> handle;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return exiting_ || erase_requested_ || (!queue_.empty() && ready_.load()); });
+      if (exiting_) break;
+      if (erase_requested_) {
+        erase_requested_ = false;
+        lock.unlock();
+        if (session_) session_->reset();
+        if (checkpoints_) checkpoints_->clear();
+        continue;
+      }
+      handle = queue_.front();
+      queue_.pop_front();
+      active_ = handle;
+      stats_.queued = queue_.size();
+      ++stats_.admitted;
+      stats_.active_started = now_seconds();
+    }
+    serve(handle);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      active_.reset();
+      stats_.phase = "idle";
+      stats_.fed_tokens = session_->position();
+      stats_.ckpt_used = checkpoints_->used();
+      stats_.ckpt_list = checkpoints_->list();
+      stats_.ckpt = checkpoints_->counters();
+    }
+    idle_.notify_all();
+  }
+}
+
+void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
+  const ServiceRequest& req = handle->request_;
+  Session& session = *session_;
+  const text::Tokenizer& tokenizer = *engine_->tokenizer();
+  const std::span<const int64_t> prompt(req.prompt);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  GenerationStats stats;
+  stats.prompt_tokens = n;
+  stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
+  auto set_phase = [&](const char* phase) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.phase = phase;
+  };
+  auto fail = [&](const std::string& code, const std::string& message) {
+    ServiceEvent e;
+    e.kind = ServiceEvent::Kind::error;
+    e.error_code = code;
+    e.text = message;
+    handle->push(std::move(e));
+  };
+
+  // 1. Reuse.
+  const std::vector<int64_t>& record = session.tokens();
+  const int64_t held = static_cast<int64_t>(record.size());
+  int64_t start = 0;
+  if (req.cache_prompt && held > 0 && held < n && std::equal(record.begin(), record.end(), prompt.begin())) {
+    stats.reuse = ReuseKind::live;
+    start = held;
+  } else {
+    int64_t live = 0;
+    if (req.cache_prompt)
+      while (live < std::min(held, n - 1) && record[static_cast<size_t>(live)] == prompt[static_cast<size_t>(live)]) ++live;
+    const int64_t restored = req.cache_prompt ? checkpoints_->restore_best(session, prompt, live) : 0;
+    if (restored > 0) {
+      stats.reuse = ReuseKind::checkpoint;
+      stats.restored_at = restored;
+      start = restored;
+    } else {
+      session.reset();
+    }
+    if (options_.prefix_log)
+      std::fprintf(stderr, "[PREFIX] no live reuse: held=%lld prompt=%lld common=%lld%s\n", static_cast<long long>(held),
+                   static_cast<long long>(n), static_cast<long long>(live),
+                   restored > 0 ? (" -> restored checkpoint @" + std::to_string(restored)).c_str() : "");
+  }
+  if (options_.prefix_log && stats.reuse == ReuseKind::live)
+    std::fprintf(stderr, "[PREFIX] reusing %lld of %lld prompt tokens\n", static_cast<long long>(start), static_cast<long long>(n));
+  stats.cached_tokens = start;
+  // 2. A photo at the rollback point.
+  if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)))) checkpoints_->save(session);
+  const bool can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.prompt_tokens += n;
+    stats_.cached_tokens += start;
+    (stats.reuse == ReuseKind::live ? stats_.reuse_live
+     : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint : stats_.reuse_none)++;
+    stats_.phase = "prefill";
+  }
+  {
+    ServiceEvent e;
+    e.kind = ServiceEvent::Kind::accepted;
+    e.stats = stats;
+    handle->push(std::move(e));
+  }
+
+  // 3. Prefill the tail.
+  const double t0 = now_seconds();
+  std::vector<float> logits;
+  try {
+    session.set_interrupt(&handle->cancel_);
+    for (int64_t p = start; p < n;) {
+      const int64_t end = std::min(n, p + std::max<int64_t>(1, req.progress_every));
+      logits = session.prefill(prompt.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)));
+      p = end;
+      ServiceEvent e;
+      e.kind = ServiceEvent::Kind::progress;
+      e.processed = p;
+      e.total = n;
+      e.elapsed_ms = (now_seconds() - t0) * 1e3;
+      handle->push(std::move(e));
+    }
+    session.set_interrupt(nullptr);
+  } catch (const Interrupted&) {
+    session.set_interrupt(nullptr);
+    // Roll back to the state before this request's prefill: the photo at `start`, or nothing.
+    if (!can_roll_back || checkpoints_->restore_best(session, prompt.first(static_cast<size_t>(start)), start) != start)
+      session.reset();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.cancelled_prefill;
+      stats_.prefill_seconds += now_seconds() - t0;
+    }
+    stats.finish_reason = "cancelled";
+    stats.prefill_ms = (now_seconds() - t0) * 1e3;
+    ServiceEvent e;
+    e.kind = ServiceEvent::Kind::done;
+    e.stats = stats;
+    handle->push(std::move(e));
+    return;
+  } catch (const std::exception& e) {
+    session.set_interrupt(nullptr);
+    session.reset();
+    std::fprintf(stderr, "[engine] prefill failed: %s\n", e.what());
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.failed;
+    fail("engine_error", "engine failure during prefill");
+    return;
+  }
+  const double t1 = now_seconds();
+  stats.prefill_ms = (t1 - t0) * 1e3;
+  checkpoints_->save(session);  // the prompt boundary
+  set_phase("decode");
+
+  // 4. Decode.
+  Sampler sampler(req.sampling, req.sampling.seed);
+  text::OutputParser parser(tokenizer, req.starts_in_think);
+  StopMatcher reasoning_stop(req.stop), content_stop(req.stop);
+  std::vector<text::OutputEvent> events;
+  bool stopped_by_string = false, in_reasoning = req.starts_in_think;
+  std::string finish = "length";
+  auto emit = [&](std::vector<text::OutputEvent>& out) {
+    for (text::OutputEvent& ev : out) {
+      if (stopped_by_string) break;
+      ServiceEvent e;
+      if (ev.kind == text::OutputEvent::Kind::reasoning || ev.kind == text::OutputEvent::Kind::content) {
+        const bool reasoning = ev.kind == text::OutputEvent::Kind::reasoning;
+        in_reasoning = reasoning;
+        e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
+        e.text = (reasoning ? reasoning_stop : content_stop).push(ev.text, stopped_by_string);
+        if (e.text.empty()) continue;
+      } else if (ev.kind == text::OutputEvent::Kind::tool_call) {
+        in_reasoning = false;
+        e.kind = ServiceEvent::Kind::tool_call;
+        e.call = std::move(ev.call);
+        ++stats.tool_calls;
+      } else {
+        continue;  // end_of_message: the stop id ends the loop anyway
+      }
+      handle->push(std::move(e));
+    }
+    out.clear();
+  };
+  try {
+    for (int64_t j = 0; j < req.max_tokens; ++j) {
+      const int64_t id = sampler.sample(logits);
+      ++stats.completion_tokens;
+      const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+      parser.push(static_cast<int32_t>(id), events);
+      if (in_reasoning) ++stats.reasoning_tokens;
+      emit(events);
+      if (is_stop_id || stopped_by_string || handle->stop_.load()) {
+        finish = "stop";
+        break;
+      }
+      if (handle->cancel_.load()) {
+        finish = "cancelled";
+        break;
+      }
+      if (j + 1 == req.max_tokens) break;
+      if (options_.token_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
+      if (handle->cancel_.load()) {
+        finish = "cancelled";
+        break;
+      }
+      logits = session.step(id);
+    }
+  } catch (const std::exception& e) {
+    session.reset();
+    std::fprintf(stderr, "[engine] decode failed: %s\n", e.what());
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.failed;
+    fail("engine_error", "engine failure during decode");
+    return;
+  }
+  if (finish != "cancelled") {
+    parser.finish(events);
+    emit(events);
+    if (!stopped_by_string)
+      for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop},
+                                   std::pair{ServiceEvent::Kind::content, &content_stop}}) {
+        ServiceEvent e;
+        e.kind = kind;
+        e.text = matcher->flush();
+        if (!e.text.empty()) handle->push(std::move(e));
+      }
+  }
+  if (finish == "stop" && stats.tool_calls > 0 && !stopped_by_string) finish = "tool_calls";
+  stats.finish_reason = finish;
+  stats.decode_ms = (now_seconds() - t1) * 1e3;
+  checkpoints_->save(session);  // the end of the reply
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.generated_tokens += stats.completion_tokens;
+    stats_.prefill_seconds += t1 - t0;
+    stats_.decode_seconds += stats.decode_ms / 1e3;
+    if (finish == "cancelled") ++stats_.cancelled_decode;
+    else ++stats_.completed;
+  }
+  ServiceEvent e;
+  e.kind = ServiceEvent::Kind::done;
+  e.stats = stats;
+  handle->push(std::move(e));
+}
+
+}  // namespace k3

@@ -1,0 +1,197 @@
+// engine/service.h — one engine, one worker thread, many requests (SERVING.md §3.1, §3.9, §3.10).
+//
+// The worker thread loads the model, then owns the only Session (KDA state, MLA rows, the
+// fed-token record) and the checkpoint store. Callers (HTTP threads, the terminal chat) never
+// touch them: they submit a ServiceRequest (rendered prompt ids + settings) and read typed
+// ServiceEvents from the RequestHandle they get back:
+//
+//   accepted{prompt_tokens, cached_tokens, reuse}  progress{processed, total}*
+//   (reasoning | content | tool_call)*  done{stats}            — or error{code, message}
+//
+// Order of business for one request:
+//   1. reuse: the record is a strict prefix of the prompt → prefill the tail ("live"); else the
+//      deepest matching photo is restored ("checkpoint"); else the state is reset ("none").
+//   2. before prefilling from p > 0 a photo is held at p (checkpoints on), so a cancelled
+//      prefill rolls back to p instead of losing everything; without one it resets.
+//   3. prefill the tail (cancellation polled before every layer), photo at the prompt boundary.
+//   4. decode: sample, demux (text::OutputParser), stop strings matched per channel on decoded
+//      text and withheld, stop ids never fed; cancel polled between tokens; photo at the end.
+// A reused prefix gives the same tokens as a cold run: the state is exactly what feeding the
+// same ids from zero produces.
+//
+// Admission: one generation at a time, a bounded FIFO behind it; a cancelled waiter leaves the
+// queue at once. Engine faults fail the request with `engine_error` and reset the session.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/checkpoints.h"
+#include "engine/engine.h"
+#include "options/options.h"
+#include "text/output_parser.h"
+#include "util/status.h"
+
+namespace k3 {
+
+enum class ReuseKind { none, live, checkpoint };
+const char* reuse_kind_name(ReuseKind kind);  // "none", "live", "checkpoint"
+
+struct ServiceRequest {
+  std::vector<int64_t> prompt;   // rendered chat prompt ids
+  bool starts_in_think = true;   // the prompt opened the think channel
+  SamplingOptions sampling;      // seed used as given
+  int64_t max_tokens = 16;       // clamped to the context room
+  std::vector<std::string> stop; // stop strings (withheld from the output)
+  bool cache_prompt = true;      // false: ignore reusable state
+  int64_t progress_every = 32;   // a progress event every N prefilled tokens (and at the end)
+};
+
+struct GenerationStats {
+  std::string finish_reason;     // stop, length, tool_calls, cancelled
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;     // positions reused (live or restored)
+  int64_t completion_tokens = 0;
+  int64_t reasoning_tokens = 0;
+  ReuseKind reuse = ReuseKind::none;
+  int64_t restored_at = -1;      // checkpoint position, -1 when none was restored
+  double queue_wait_ms = 0, prefill_ms = 0, decode_ms = 0;
+  int tool_calls = 0;
+};
+
+struct ServiceEvent {
+  enum class Kind { accepted, progress, reasoning, content, tool_call, done, error };
+  Kind kind = Kind::done;
+  std::string text;           // reasoning / content delta; error message
+  text::ToolCallOut call;     // tool_call
+  int64_t processed = 0, total = 0;  // progress (prompt positions, cached ones included)
+  double elapsed_ms = 0;      // progress: since prefill start
+  GenerationStats stats;      // accepted (prompt, cached, reuse) and done
+  std::string error_code;     // error: engine_error, queue_timeout, shutting_down, cancelled
+};
+
+class EngineService;
+
+// One request's side of the conversation with the worker. Shared by the caller and the service.
+class RequestHandle {
+ public:
+  // Waits up to `timeout` for the next event. False on timeout.
+  bool next(ServiceEvent& out, std::chrono::milliseconds timeout);
+  // Finish after the current token with finish_reason "stop" (the caller saw enough).
+  void stop() { stop_.store(true); }
+  bool cancelled() const { return cancel_.load(); }
+  const ServiceRequest& request() const { return request_; }
+  double submitted_at() const { return submitted_at_; }
+
+ private:
+  friend class EngineService;
+  void push(ServiceEvent event);
+
+  ServiceRequest request_;
+  double submitted_at_ = 0;
+  std::atomic<bool> cancel_{false};
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<ServiceEvent> events_;
+};
+
+struct ServiceOptions {
+  std::string model_dir;
+  LoadOptions load;
+  int64_t context = 0;           // positions (0 = 8192)
+  int ckpt_slots = -1;           // -1 = auto (2 in RAM when memory allows, else 2 on disk with a dir, else off)
+  std::string ckpt_dir;
+  bool ckpt_keep = false;
+  size_t max_queue = 8;          // waiters behind the active request
+  int token_delay_ms = 0;        // debug: sleep after every generated token
+  bool prefix_log = false;       // K3_PREFIX_LOG lines on stderr
+  int threads = 0;               // OpenMP threads of the worker (0 = default)
+};
+
+// A consistent copy of the service's state for /health, /metrics and the chat status line.
+struct ServiceSnapshot {
+  enum class State { loading, ready, failed, stopping };
+  State state = State::loading;
+  double load_progress = 0;      // [0, 1]
+  double load_elapsed_s = 0;
+  std::string load_error;
+  int64_t context_capacity = 0;
+  std::string checkpoints;       // CheckpointStore::describe()
+  int ckpt_slots = 0, ckpt_used = 0;
+  std::vector<CheckpointStore::SlotInfo> ckpt_list;
+  std::string phase = "idle";    // idle, prefill, decode
+  int64_t fed_tokens = 0;
+  size_t active = 0, queued = 0, max_queue = 0;
+  int64_t admitted = 0, completed = 0, rejected = 0, failed = 0;
+  int64_t cancelled_queue = 0, cancelled_prefill = 0, cancelled_decode = 0;
+  int64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t reuse_live = 0, reuse_checkpoint = 0, reuse_none = 0;
+  CheckpointCounters ckpt;
+  double active_started = 0;     // now_seconds() of the active request's acceptance
+};
+
+class EngineService {
+ public:
+  // Starts the worker, which loads the model (progress in snapshot()).
+  explicit EngineService(ServiceOptions options);
+  // Cancels whatever runs, fails the waiters, joins the worker.
+  ~EngineService();
+  EngineService(const EngineService&) = delete;
+  EngineService& operator=(const EngineService&) = delete;
+
+  // Queues a request. Errors: unavailable (loading, failed, shutting down), resource_exhausted
+  // (queue full), invalid_argument (the prompt does not fit the context).
+  Result<std::shared_ptr<RequestHandle>> submit(ServiceRequest request);
+  // The caller is gone: a waiter leaves the queue at once (an error event "cancelled" is
+  // pushed), the active request stops within one layer (prefill) or one token (decode).
+  void cancel(const std::shared_ptr<RequestHandle>& handle);
+  // Stop admitting (submit → unavailable) and fail the waiters with shutting_down.
+  void begin_shutdown();
+  // Cancels the running request (the drain timeout ran out).
+  void cancel_active();
+  // Waits until nothing is active or queued; false on timeout.
+  bool wait_idle(double timeout_seconds);
+  // Drops reusable state: the record and every photo (runs on the worker between requests).
+  void erase_state();
+
+  ServiceSnapshot snapshot() const;
+  // The loaded engine (nullptr until ready). Its tokenizer is safe to use from any thread.
+  const Engine* engine() const { return ready_.load() ? engine_.get() : nullptr; }
+  int64_t context_capacity() const { return context_.load(); }
+
+ private:
+  void run();
+  void load();
+  void serve(const std::shared_ptr<RequestHandle>& handle);
+  void fail_waiters(const std::string& code, const std::string& message);
+
+  ServiceOptions options_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<CheckpointStore> checkpoints_;
+  std::vector<int64_t> stop_ids_;
+  std::atomic<bool> ready_{false};
+  std::atomic<int64_t> context_{0};
+
+  mutable std::mutex mutex_;            // guards everything below
+  std::condition_variable wake_;        // worker: a request or a control job arrived
+  std::condition_variable idle_;        // wait_idle
+  std::deque<std::shared_ptr<RequestHandle>> queue_;
+  std::shared_ptr<RequestHandle> active_;
+  bool shutting_down_ = false, exiting_ = false, erase_requested_ = false;
+  ServiceSnapshot stats_;
+  double load_started_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace k3

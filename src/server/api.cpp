@@ -1,0 +1,597 @@
+#include "server/api.h"
+
+#include <sys/random.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "text/chat.h"
+#include "text/prompt.h"
+
+namespace k3::server {
+namespace {
+
+using Kind = json::value_t;
+
+ApiError make_error(int status, std::string type, std::string code, std::string message,
+                    std::optional<std::string> param = std::nullopt) {
+  ApiError e;
+  e.status = status;
+  e.type = std::move(type);
+  e.code = std::move(code);
+  e.message = std::move(message);
+  e.param = std::move(param);
+  return e;
+}
+
+ApiError unsupported_parameter(const std::string& param, const std::string& why) {
+  return make_error(400, "invalid_request_error", "unsupported_parameter", why, param);
+}
+
+// Nesting depth of a JSON text, counted outside strings, without parsing it (so a 100k-deep
+// body never reaches a recursive parser).
+bool depth_within(std::string_view body, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+bool is_int(const json& v) { return v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9.2e18); }
+
+// An integer field (an integral float such as 256.0 is accepted, as SDKs write them).
+std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi, int64_t& out) {
+  if (!is_int(v)) return invalid_value(param, "'" + param + "' must be an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  const int64_t x = v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
+  if (x < lo || x > hi)
+    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_number(const json& v, const std::string& param, double lo, double hi, bool lo_open,
+                                   double& out) {
+  if (!v.is_number()) return invalid_value(param, "'" + param + "' must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g]", param.c_str(), lo_open ? "(" : "[", lo, hi);
+    return invalid_value(param, buf);
+  }
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<ApiError> get_bool(const json& v, const std::string& param, bool& out) {
+  if (!v.is_boolean()) return invalid_value(param, "'" + param + "' must be a boolean");
+  out = v.get<bool>();
+  return std::nullopt;
+}
+
+bool has_nul(const std::string& s) { return s.find('\0') != std::string::npos; }
+
+std::optional<ApiError> check_text(const json& v, const std::string& param) {
+  if (!v.is_string()) return invalid_value(param, "'" + param + "' must be a string");
+  if (has_nul(v.get_ref<const std::string&>())) return invalid_value(param, "'" + param + "' contains a NUL character");
+  return std::nullopt;
+}
+
+text::PyValue to_py(const json& v) {
+  switch (v.type()) {
+    case Kind::null: return {};
+    case Kind::boolean: return text::PyValue::boolean(v.get<bool>());
+    case Kind::number_integer: return text::PyValue::integer(v.get<int64_t>());
+    case Kind::number_unsigned: return text::PyValue::integer_text(std::to_string(v.get<uint64_t>()));
+    case Kind::number_float: return text::PyValue::floating(v.get<double>());
+    case Kind::string: return text::PyValue::string(v.get<std::string>());
+    case Kind::array: {
+      text::PyValue::Array items;
+      for (const json& x : v) items.push_back(to_py(x));
+      return text::PyValue::array(std::move(items));
+    }
+    case Kind::object: {
+      text::PyValue out = text::PyValue::object();
+      for (auto it = v.begin(); it != v.end(); ++it) out.set(it.key(), to_py(it.value()));
+      return out;
+    }
+    default: return {};
+  }
+}
+
+bool is_media_part(const std::string& type) {
+  return type == "image_url" || type == "input_image" || type == "image" || type == "input_audio" ||
+         type == "audio" || type == "file" || type == "input_file" || type == "video" || type == "video_url";
+}
+
+// Validates one message and returns it normalised for the renderer.
+std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
+  const std::string at = "messages." + std::to_string(i);
+  if (!m.is_object()) return invalid_value(at, "'" + at + "' must be an object");
+  auto role_it = m.find("role");
+  if (role_it == m.end()) return invalid_value(at + ".role", "'" + at + ".role' is required");
+  if (!role_it->is_string()) return invalid_value(at + ".role", "'" + at + ".role' must be a string");
+  std::string role = role_it->get<std::string>();
+  if (role == "developer") role = "system";
+  if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+    return invalid_value(at + ".role", "'" + at + ".role' must be one of system, developer, user, assistant, tool");
+  json out = json::object();
+  out["role"] = role;
+  // content: a string, null, or text parts.
+  auto content_it = m.find("content");
+  if (content_it == m.end() || content_it->is_null()) {
+    if (role != "assistant") out["content"] = "";
+    else out["content"] = nullptr;
+  } else if (content_it->is_string()) {
+    if (auto e = check_text(*content_it, at + ".content")) return *e;
+    out["content"] = *content_it;
+  } else if (content_it->is_array()) {
+    json parts = json::array();
+    for (size_t j = 0; j < content_it->size(); ++j) {
+      const json& part = (*content_it)[j];
+      const std::string pat = at + ".content." + std::to_string(j);
+      if (!part.is_object()) return invalid_value(pat, "'" + pat + "' must be an object");
+      auto type_it = part.find("type");
+      if (type_it == part.end() || !type_it->is_string())
+        return invalid_value(pat + ".type", "'" + pat + ".type' must be a string");
+      const std::string type = type_it->get<std::string>();
+      if (is_media_part(type))
+        return make_error(400, "invalid_request_error", "unsupported_content_type",
+                          "content parts of type '" + type + "' are not supported: this model reads text only", pat);
+      if (type != "text" && type != "input_text" && type != "output_text")
+        return invalid_value(pat + ".type", "unknown content part type '" + type + "'");
+      auto text_it = part.find("text");
+      if (text_it == part.end()) return invalid_value(pat + ".text", "'" + pat + ".text' is required");
+      if (auto e = check_text(*text_it, pat + ".text")) return *e;
+      parts.push_back(json{{"type", "text"}, {"text", *text_it}});
+    }
+    out["content"] = std::move(parts);
+  } else {
+    return invalid_value(at + ".content", "'" + at + ".content' must be a string, null or an array of text parts");
+  }
+  if (auto name_it = m.find("name"); name_it != m.end() && !name_it->is_null()) {
+    if (auto e = check_text(*name_it, at + ".name")) return *e;
+    out["name"] = *name_it;
+  }
+  if (role == "assistant") {
+    for (const char* key : {"reasoning_content", "reasoning"}) {
+      auto it = m.find(key);
+      if (it == m.end() || it->is_null()) continue;
+      if (auto e = check_text(*it, at + "." + key)) return *e;
+      if (!out.contains("reasoning_content")) out["reasoning_content"] = *it;
+    }
+    if (auto calls_it = m.find("tool_calls"); calls_it != m.end() && !calls_it->is_null()) {
+      if (!calls_it->is_array()) return invalid_value(at + ".tool_calls", "'" + at + ".tool_calls' must be an array");
+      json calls = json::array();
+      for (size_t j = 0; j < calls_it->size(); ++j) {
+        const json& call = (*calls_it)[j];
+        const std::string cat = at + ".tool_calls." + std::to_string(j);
+        if (!call.is_object()) return invalid_value(cat, "'" + cat + "' must be an object");
+        auto fn = call.find("function");
+        if (fn == call.end() || !fn->is_object()) return invalid_value(cat + ".function", "'" + cat + ".function' must be an object");
+        auto name = fn->find("name");
+        if (name == fn->end()) return invalid_value(cat + ".function.name", "'" + cat + ".function.name' is required");
+        if (auto e = check_text(*name, cat + ".function.name")) return *e;
+        json norm = json::object();
+        if (auto id = call.find("id"); id != call.end() && id->is_string()) norm["id"] = *id;
+        norm["type"] = "function";
+        json f = json::object();
+        f["name"] = *name;
+        auto args = fn->find("arguments");
+        if (args == fn->end() || args->is_null()) f["arguments"] = "{}";
+        else if (args->is_string() || args->is_object()) f["arguments"] = *args;
+        else return invalid_value(cat + ".function.arguments", "'" + cat + ".function.arguments' must be a string");
+        norm["function"] = std::move(f);
+        calls.push_back(std::move(norm));
+      }
+      out["tool_calls"] = std::move(calls);
+    }
+  }
+  if (role == "tool") {
+    auto id = m.find("tool_call_id");
+    if (id != m.end() && !id->is_null()) {
+      if (auto e = check_text(*id, at + ".tool_call_id")) return *e;
+      out["tool_call_id"] = *id;
+    }
+  }
+  return out;
+}
+
+std::optional<ApiError> check_tools(const json& tools) {
+  if (!tools.is_array()) return invalid_value("tools", "'tools' must be an array");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    const std::string at = "tools." + std::to_string(i);
+    if (!t.is_object()) return invalid_value(at, "'" + at + "' must be an object");
+    auto type = t.find("type");
+    if (type != t.end() && (!type->is_string() || type->get<std::string>() != "function"))
+      return make_error(400, "invalid_request_error", "unsupported_value", "only tools of type 'function' are supported", at + ".type");
+    auto fn = t.find("function");
+    if (fn == t.end() || !fn->is_object()) return invalid_value(at + ".function", "'" + at + ".function' must be an object");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+      return invalid_value(at + ".function.name", "'" + at + ".function.name' must be a non-empty string");
+    if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object())
+      return invalid_value(at + ".function.parameters", "'" + at + ".function.parameters' must be an object");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+json error_body(const ApiError& error) {
+  json e = json::object();
+  e["message"] = error.message;
+  e["type"] = error.type;
+  e["param"] = error.param ? json(*error.param) : json(nullptr);
+  e["code"] = error.code.empty() ? json(nullptr) : json(error.code);
+  return json{{"error", std::move(e)}};
+}
+
+ApiError invalid_value(std::string param, std::string message) {
+  return make_error(400, "invalid_request_error", "invalid_value", std::move(message), std::move(param));
+}
+
+std::variant<json, ApiError> parse_json_object(std::string_view body) {
+  if (!depth_within(body, kMaxJsonDepth))
+    return make_error(400, "invalid_request_error", "invalid_json",
+                      "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  json parsed;
+  try {
+    parsed = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    return make_error(400, "invalid_request_error", "invalid_json",
+                      "the body is not valid UTF-8 JSON (at byte " + std::to_string(e.byte) + ")");
+  }
+  if (!parsed.is_object())
+    return make_error(400, "invalid_request_error", "invalid_json", "the body must be a JSON object");
+  return parsed;
+}
+
+std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ApiConfig& config) {
+  auto parsed = parse_json_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& b = std::get<json>(parsed);
+  ChatRequest r;
+  r.temperature = config.default_temperature;
+  r.top_p = config.default_top_p;
+  r.top_k = config.default_top_k;
+  r.min_p = config.default_min_p;
+  r.thinking = config.default_thinking;
+  r.max_tokens = config.max_tokens_ceiling;
+  auto field = [&](const char* key) -> const json* {
+    auto it = b.find(key);
+    return it == b.end() || it->is_null() ? nullptr : &*it;
+  };
+
+  // Required fields.
+  const json* model = field("model");
+  if (!model) return make_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
+  if (!model->is_string()) return invalid_value("model", "'model' must be a string");
+  r.model = model->get<std::string>();
+  const json* messages = field("messages");
+  if (!messages) return make_error(400, "invalid_request_error", "missing_required_parameter", "'messages' is required", "messages");
+  if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
+  if (messages->empty()) return invalid_value("messages", "'messages' must contain at least one message");
+  if (messages->size() > 4096) return invalid_value("messages", "'messages' holds more than 4096 messages");
+
+  // Features we do not implement: refused by name, never dropped silently.
+  for (const char* key : {"frequency_penalty", "presence_penalty", "repetition_penalty"})
+    if (const json* v = field(key); v && !(v->is_number() && v->get<double>() == 0.0))
+      return unsupported_parameter(key, std::string("'") + key + "' is not supported (only 0)");
+  if (const json* v = field("logit_bias"); v && !(v->is_object() && v->empty()))
+    return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
+  if (const json* v = field("logprobs"); v && !(v->is_boolean() && !v->get<bool>()))
+    return unsupported_parameter("logprobs", "'logprobs' is not supported");
+  if (const json* v = field("top_logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
+    return unsupported_parameter("top_logprobs", "'top_logprobs' is not supported");
+  if (const json* v = field("response_format")) {
+    if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
+      return invalid_value("response_format", "'response_format' must be an object with a 'type'");
+    if ((*v)["type"] != "text")
+      return unsupported_parameter("response_format", "'response_format' other than {\"type\":\"text\"} is not supported");
+  }
+  for (const char* key : {"functions", "function_call", "audio", "prediction", "web_search_options"})
+    if (field(key)) return unsupported_parameter(key, std::string("'") + key + "' is not supported");
+  if (const json* v = field("modalities")) {
+    if (!v->is_array()) return invalid_value("modalities", "'modalities' must be an array");
+    for (const json& m : *v)
+      if (m != "text") return unsupported_parameter("modalities", "only the 'text' modality is supported");
+  }
+  if (const json* v = field("n")) {
+    int64_t n = 0;
+    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), n)) return *e;
+    if (n != 1) return make_error(400, "invalid_request_error", "unsupported_value", "'n' must be 1: one choice per request", "n");
+  }
+
+  // Messages.
+  json normalised = json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    auto m = normalise_message((*messages)[i], i);
+    if (auto* e = std::get_if<ApiError>(&m)) return *e;
+    normalised.push_back(std::move(std::get<json>(m)));
+  }
+  r.messages = to_py(normalised);
+
+  // Tools.
+  if (const json* v = field("tools")) {
+    if (auto e = check_tools(*v)) return *e;
+    if (!v->empty()) r.tools = to_py(*v);
+  }
+  if (const json* v = field("tool_choice")) {
+    if (v->is_string()) {
+      const std::string c = v->get<std::string>();
+      if (c != "none" && c != "auto" && c != "required")
+        return make_error(400, "invalid_request_error", "unsupported_value", "'tool_choice' must be none, auto, required or a function", "tool_choice");
+    } else if (!v->is_object() || !v->contains("function")) {
+      return invalid_value("tool_choice", "'tool_choice' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}");
+    }
+    r.tool_choice = to_py(*v);
+  }
+  if (const json* v = field("parallel_tool_calls")) {
+    bool ignored = false;
+    if (auto e = get_bool(*v, "parallel_tool_calls", ignored)) return *e;
+  }
+
+  // Sampling and budget.
+  if (const json* v = field("stream"); v) if (auto e = get_bool(*v, "stream", r.stream)) return *e;
+  if (const json* v = field("stream_options")) {
+    if (!v->is_object()) return invalid_value("stream_options", "'stream_options' must be an object");
+    if (auto it = v->find("include_usage"); it != v->end() && !it->is_null())
+      if (auto e = get_bool(*it, "stream_options.include_usage", r.include_usage)) return *e;
+  }
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (const json* v = field(key)) {
+      int64_t n = 0;
+      if (auto e = get_int(*v, key, 1, (int64_t{1} << 31) - 1, n)) return *e;
+      r.max_tokens = std::min(n, config.max_tokens_ceiling);  // max_completion_tokens (later) wins
+    }
+  }
+  if (const json* v = field("temperature")) if (auto e = get_number(*v, "temperature", 0.0, 2.0, false, r.temperature)) return *e;
+  if (const json* v = field("top_p")) if (auto e = get_number(*v, "top_p", 0.0, 1.0, true, r.top_p)) return *e;
+  if (const json* v = field("min_p")) if (auto e = get_number(*v, "min_p", 0.0, 1.0, false, r.min_p)) return *e;
+  if (const json* v = field("top_k")) if (auto e = get_int(*v, "top_k", 0, int64_t{1} << 30, r.top_k)) return *e;
+  if (const json* v = field("seed")) {
+    if (!is_int(*v)) return invalid_value("seed", "'seed' must be an integer");
+    if (v->is_number_unsigned()) r.seed = v->get<uint64_t>();
+    else if (v->is_number_integer()) r.seed = static_cast<uint64_t>(v->get<int64_t>());
+    else r.seed = static_cast<uint64_t>(static_cast<int64_t>(v->get<double>()));
+  }
+  if (const json* v = field("stop")) {
+    if (v->is_string()) {
+      if (v->get_ref<const std::string&>().empty()) return invalid_value("stop", "'stop' must not be empty");
+      if (v->get_ref<const std::string&>().size() > 256) return invalid_value("stop", "a stop string is longer than 256 bytes");
+      r.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 16) return invalid_value("stop", "'stop' holds more than 16 strings");
+      for (size_t i = 0; i < v->size(); ++i) {
+        const json& s = (*v)[i];
+        const std::string at = "stop." + std::to_string(i);
+        if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 256)
+          return invalid_value(at, "'" + at + "' must be a non-empty string of at most 256 bytes");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return invalid_value("stop", "'stop' must be a string or an array of strings");
+    }
+  }
+
+  // Thinking: reasoning_effort is a switch (none = off); an explicit enable_thinking wins.
+  std::optional<bool> thinking;
+  if (const json* v = field("reasoning_effort")) {
+    if (!v->is_string()) return invalid_value("reasoning_effort", "'reasoning_effort' must be a string");
+    const std::string effort = v->get<std::string>();
+    static const char* const kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+    if (std::find(std::begin(kEfforts), std::end(kEfforts), effort) == std::end(kEfforts))
+      return make_error(400, "invalid_request_error", "unsupported_value",
+                        "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh", "reasoning_effort");
+    thinking = effort != "none";
+  }
+  if (const json* v = field("thinking")) {
+    if (v->is_boolean()) thinking = v->get<bool>();
+    else if (v->is_object() && v->contains("type") && (*v)["type"].is_string() &&
+             ((*v)["type"] == "enabled" || (*v)["type"] == "disabled"))
+      thinking = (*v)["type"] == "enabled";
+    else
+      return invalid_value("thinking", "'thinking' must be a boolean or {\"type\":\"enabled\"|\"disabled\"}");
+  }
+  if (const json* v = field("chat_template_kwargs")) {
+    if (!v->is_object()) return invalid_value("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (const char* key : {"thinking", "enable_thinking"})
+      if (auto it = v->find(key); it != v->end() && !it->is_null()) {
+        bool on = false;
+        if (auto e = get_bool(*it, std::string("chat_template_kwargs.") + key, on)) return *e;
+        thinking = on;
+      }
+  }
+  if (const json* v = field("enable_thinking")) {
+    bool on = false;
+    if (auto e = get_bool(*v, "enable_thinking", on)) return *e;
+    thinking = on;
+  }
+  if (thinking) r.thinking = *thinking;
+  if (const json* v = field("reasoning_format")) {
+    if (!v->is_string() || (*v != "deepseek" && *v != "none" && *v != "auto"))
+      return make_error(400, "invalid_request_error", "unsupported_value", "'reasoning_format' must be deepseek or none", "reasoning_format");
+    r.reasoning_inline = *v == "none";
+  }
+  if (const json* v = field("return_progress")) if (auto e = get_bool(*v, "return_progress", r.return_progress)) return *e;
+  if (const json* v = field("cache_prompt")) if (auto e = get_bool(*v, "cache_prompt", r.cache_prompt)) return *e;
+
+  // The model last: a bad body is a 400 whatever the model says.
+  if (!config.accept_any_model && r.model != config.model_id &&
+      std::find(config.aliases.begin(), config.aliases.end(), r.model) == config.aliases.end())
+    return make_error(404, "invalid_request_error", "model_not_found",
+                      "the model '" + r.model + "' does not exist; this server serves '" + config.model_id + "'", "model");
+  return r;
+}
+
+std::variant<std::vector<int64_t>, ApiError> render_chat_prompt(const ChatRequest& request,
+                                                                 const text::Tokenizer& tokenizer) {
+  text::ChatOptions options;
+  options.thinking = request.thinking;
+  if (request.thinking) options.thinking_effort = text::PyValue::string("max");
+  options.tool_choice = request.tool_choice;
+  auto segments = text::build_chat_segments(request.messages, request.tools, options);
+  if (!segments.ok()) return invalid_value("messages", "the conversation cannot be rendered: " + segments.status().message());
+  std::vector<int32_t> ids32;
+  text::encode_segments(tokenizer, *segments, ids32);
+  return std::vector<int64_t>(ids32.begin(), ids32.end());
+}
+
+void put_reasoning(json& delta, const std::string& text, const ApiConfig& config) {
+  if (config.reasoning_field != "reasoning") delta["reasoning_content"] = text;
+  if (config.reasoning_field != "reasoning_content") delta["reasoning"] = text;
+}
+
+json tool_call_json(const text::ToolCallOut& call, const ResponseIds& ids) {
+  const std::string tail = ids.id.size() > 12 ? ids.id.substr(ids.id.size() - 12) : ids.id;
+  json out = json::object();
+  out["id"] = "call_" + std::to_string(call.index) + "_" + tail;
+  out["type"] = "function";
+  out["function"] = json{{"name", call.name}, {"arguments", call.arguments_json}};
+  return out;
+}
+
+json usage_json(const GenerationStats& stats) {
+  json u = json::object();
+  u["prompt_tokens"] = stats.prompt_tokens;
+  u["completion_tokens"] = stats.completion_tokens;
+  u["total_tokens"] = stats.prompt_tokens + stats.completion_tokens;
+  u["prompt_tokens_details"] = json{{"cached_tokens", stats.cached_tokens}};
+  u["completion_tokens_details"] = json{{"reasoning_tokens", stats.reasoning_tokens}};
+  return u;
+}
+
+json timings_json(const GenerationStats& stats) {
+  const int64_t prompt_n = stats.prompt_tokens - stats.cached_tokens;
+  auto rate = [](int64_t n, double ms) { return ms > 0 ? static_cast<double>(n) * 1e3 / ms : 0.0; };
+  json t = json::object();
+  t["cache_n"] = stats.cached_tokens;
+  t["prompt_n"] = prompt_n;
+  t["prompt_ms"] = stats.prefill_ms;
+  t["prompt_per_second"] = rate(prompt_n, stats.prefill_ms);
+  t["predicted_n"] = stats.completion_tokens;
+  t["predicted_ms"] = stats.decode_ms;
+  t["predicted_per_second"] = rate(stats.completion_tokens, stats.decode_ms);
+  return t;
+}
+
+namespace {
+json x_k3_json(const GenerationStats& stats) {
+  json x = json::object();
+  x["reuse"] = reuse_kind_name(stats.reuse);
+  x["checkpoint_restored_at"] = stats.restored_at >= 0 ? json(stats.restored_at) : json(nullptr);
+  x["queue_wait_ms"] = stats.queue_wait_ms;
+  return x;
+}
+}  // namespace
+
+json chat_completion_json(const ChatResult& result, const ChatRequest& request, const ApiConfig& config,
+                          const ResponseIds& ids) {
+  json message = json::object();
+  message["role"] = "assistant";
+  if (request.reasoning_inline && !result.reasoning.empty())
+    message["content"] = result.reasoning + "</think>" + result.content;
+  else
+    message["content"] = result.content;
+  if (!request.reasoning_inline && !result.reasoning.empty()) put_reasoning(message, result.reasoning, config);
+  message["refusal"] = nullptr;
+  if (!result.tool_calls.empty()) {
+    json calls = json::array();
+    for (const auto& call : result.tool_calls) calls.push_back(tool_call_json(call, ids));
+    message["tool_calls"] = std::move(calls);
+  }
+  json choice = json::object();
+  choice["index"] = 0;
+  choice["message"] = std::move(message);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = result.stats.finish_reason;
+  json out = json::object();
+  out["id"] = ids.id;
+  out["object"] = "chat.completion";
+  out["created"] = ids.created;
+  out["model"] = request.model;
+  out["system_fingerprint"] = config.fingerprint;
+  out["choices"] = json::array({std::move(choice)});
+  out["usage"] = usage_json(result.stats);
+  out["timings"] = timings_json(result.stats);
+  out["x_k3"] = x_k3_json(result.stats);
+  return out;
+}
+
+namespace {
+json chunk_base(const ResponseIds& ids, const ApiConfig& config) {
+  json c = json::object();
+  c["id"] = ids.id;
+  c["object"] = "chat.completion.chunk";
+  c["created"] = ids.created;
+  c["model"] = config.model_id;
+  c["system_fingerprint"] = config.fingerprint;
+  return c;
+}
+}  // namespace
+
+json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason) {
+  json c = chunk_base(ids, config);
+  json choice = json::object();
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
+  c["choices"] = json::array({std::move(choice)});
+  c["usage"] = nullptr;
+  return c;
+}
+
+json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats) {
+  json c = chunk_base(ids, config);
+  c["choices"] = json::array();
+  c["usage"] = usage_json(stats);
+  c["timings"] = timings_json(stats);
+  c["x_k3"] = x_k3_json(stats);
+  return c;
+}
+
+json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total, int64_t cached,
+                         int64_t processed, double time_ms) {
+  json c = chunk_base(ids, config);
+  c["choices"] = json::array();
+  c["usage"] = nullptr;
+  c["prompt_progress"] = json{{"total", total}, {"cache", cached}, {"processed", processed}, {"time_ms", time_ms}};
+  return c;
+}
+
+ResponseIds new_response_ids() {
+  unsigned char bytes[16] = {};
+  if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
+    const uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    for (size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(t >> ((i % 8) * 8));
+  }
+  static const char* hex = "0123456789abcdef";
+  ResponseIds ids;
+  ids.id = "chatcmpl-";
+  for (unsigned char b : bytes) {
+    ids.id += hex[b >> 4];
+    ids.id += hex[b & 15];
+  }
+  ids.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return ids;
+}
+
+}  // namespace k3::server

@@ -1,0 +1,110 @@
+// server/api.h — the OpenAI-compatible request and response shapes of `coli serve`, as pure
+// functions (no sockets, no engine): body → validated ChatRequest or ApiError (SERVING.md
+// §3.6.1, §3.8, §4.4, §4.5), ChatRequest → prompt ids, engine events → response JSON and SSE
+// chunks (§3.6.2, §3.6.3). The HTTP layer (server/http_server.h) only moves bytes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/service.h"
+#include "text/pyjson.h"
+#include "text/tokenizer.h"
+
+namespace k3::server {
+
+using json = nlohmann::ordered_json;
+
+// An error in OpenAI's envelope: {"error":{"message","type","param","code"}}.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string code;
+  std::string message;
+  std::optional<std::string> param;
+  int retry_after = 0;  // seconds; 0 = no Retry-After header
+};
+json error_body(const ApiError& error);
+ApiError invalid_value(std::string param, std::string message);
+
+// What the server was told at start-up that requests are checked against.
+struct ApiConfig {
+  std::string model_id = "kimi-k3";
+  std::vector<std::string> aliases;
+  bool accept_any_model = false;
+  int64_t max_tokens_ceiling = 16384;
+  double default_temperature = 0.6;
+  double default_top_p = 0.95;
+  int64_t default_top_k = 0;
+  double default_min_p = 0.0;
+  bool default_thinking = true;       // --reasoning on|off
+  std::string reasoning_field = "reasoning_content";  // reasoning_content | reasoning | both
+  std::string fingerprint = "kimi_k3-1.0.0-cpu";
+};
+
+struct ChatRequest {
+  std::string model;
+  text::PyValue messages;            // normalised for the renderer (roles, text parts, reasoning)
+  text::PyValue tools;               // null when none
+  text::PyValue tool_choice;         // null when absent
+  bool stream = false;
+  bool include_usage = false;
+  bool return_progress = false;
+  bool cache_prompt = true;
+  int64_t max_tokens = 0;            // after clamping to the ceiling (context room: the engine)
+  double temperature = 0.6, top_p = 0.95, min_p = 0.0;
+  int64_t top_k = 0;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool thinking = true;
+  bool reasoning_inline = false;     // reasoning_format "none"
+};
+
+// Parses and validates a /v1/chat/completions body. Unknown keys are ignored; a feature we do
+// not implement is refused with a 400 naming it.
+std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ApiConfig& config);
+
+// Parses a JSON body for the small endpoints: an object, depth <= kMaxJsonDepth, valid UTF-8.
+std::variant<json, ApiError> parse_json_object(std::string_view body);
+inline constexpr int kMaxJsonDepth = 64;
+
+// The chat prompt ids (XTML render + tokenize), or a 400 naming the problem.
+std::variant<std::vector<int64_t>, ApiError> render_chat_prompt(const ChatRequest& request,
+                                                                 const text::Tokenizer& tokenizer);
+
+// Accumulates engine events into the final message (non-streaming) and builds the shapes.
+struct ChatResult {
+  std::string reasoning, content;
+  std::vector<text::ToolCallOut> tool_calls;
+  GenerationStats stats;
+};
+
+struct ResponseIds {
+  std::string id;        // chatcmpl-<32 hex>
+  int64_t created = 0;   // unix seconds
+};
+
+json chat_completion_json(const ChatResult& result, const ChatRequest& request, const ApiConfig& config,
+                          const ResponseIds& ids);
+json usage_json(const GenerationStats& stats);
+json timings_json(const GenerationStats& stats);
+// One streamed chunk with `delta` (role, content, reasoning_content, tool_calls) or a finish.
+json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason);
+json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats);
+json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total, int64_t cached,
+                         int64_t processed, double time_ms);
+// The OpenAI tool_calls entry for a parsed call (id "call_<index>_<request id tail>").
+json tool_call_json(const text::ToolCallOut& call, const ResponseIds& ids);
+// reasoning deltas under the configured field name(s).
+void put_reasoning(json& delta, const std::string& text, const ApiConfig& config);
+
+// A fresh response id ("chatcmpl-" + 32 hex from a random source) and the current time.
+ResponseIds new_response_ids();
+
+}  // namespace k3::server

@@ -1,0 +1,687 @@
+#include "server/http_server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/random.h>
+
+#include <httplib.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "server/web_assets.h"
+#include "text/utf8.h"
+#include "util/error.h"
+#include "util/sys.h"
+
+namespace k3::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void set_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void set_error(httplib::Response& res, const ApiError& error) {
+  if (error.retry_after > 0) res.set_header("Retry-After", std::to_string(error.retry_after));
+  if (error.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  set_json(res, error.status, error_body(error));
+}
+
+ApiError simple_error(int status, const char* type, const char* code, std::string message, int retry_after = 0) {
+  ApiError e;
+  e.status = status;
+  e.type = type;
+  e.code = code;
+  e.message = std::move(message);
+  e.retry_after = retry_after;
+  return e;
+}
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> b(bytes);
+  if (getrandom(b.data(), b.size(), 0) != static_cast<ssize_t>(b.size()))
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<unsigned char>(Clock::now().time_since_epoch().count() >> (i % 8));
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : b) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+// The connection's socket, found by its addresses: cpp-httplib 0.11 does not hand it to
+// handlers, and a waiting handler must notice a client that hung up (SERVING.md §3.9: within
+// 100 ms). The fd stays ours while the handler runs (httplib closes it after).
+int find_connection_socket(const httplib::Request& req) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* entry = ::readdir(dir)) {
+    const int fd = std::atoi(entry->d_name);
+    if (fd <= 2) continue;
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    char ip[INET6_ADDRSTRLEN] = {};
+    int peer_port = -1, local_port = -1;
+    if (peer.ss_family == AF_INET) {
+      auto* p = reinterpret_cast<sockaddr_in*>(&peer);
+      ::inet_ntop(AF_INET, &p->sin_addr, ip, sizeof ip);
+      peer_port = ntohs(p->sin_port);
+      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      auto* p = reinterpret_cast<sockaddr_in6*>(&peer);
+      ::inet_ntop(AF_INET6, &p->sin6_addr, ip, sizeof ip);
+      peer_port = ntohs(p->sin6_port);
+      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+    } else {
+      continue;
+    }
+    if (peer_port == req.remote_port && local_port == req.local_port && req.remote_addr == ip) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+bool peer_hung_up(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+struct RequestCounters {
+  std::mutex mutex;
+  std::map<std::pair<std::string, int>, int64_t> by_route_status;
+};
+
+}  // namespace
+
+std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, double value) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
+  };
+  o << "# HELP k3_requests_total HTTP requests by endpoint and status\n# TYPE k3_requests_total counter\n";
+  for (const auto& [label, count] : requests) o << "k3_requests_total{" << label << "} " << count << '\n';
+  metric("k3_requests_active", "gauge", "generations running", static_cast<double>(s.active));
+  metric("k3_requests_queued", "gauge", "generations waiting", static_cast<double>(s.queued));
+  metric("k3_prompt_tokens_total", "counter", "prompt tokens received", static_cast<double>(s.prompt_tokens));
+  metric("k3_prompt_tokens_cached_total", "counter", "prompt tokens reused, not prefilled", static_cast<double>(s.cached_tokens));
+  metric("k3_generated_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
+  metric("k3_prefill_seconds_total", "counter", "seconds spent in prefill", s.prefill_seconds);
+  metric("k3_decode_seconds_total", "counter", "seconds spent in decode", s.decode_seconds);
+  const double prefill_rate = s.prefill_seconds > 0 ? static_cast<double>(s.prompt_tokens - s.cached_tokens) / s.prefill_seconds : 0;
+  const double decode_rate = s.decode_seconds > 0 ? static_cast<double>(s.generated_tokens) / s.decode_seconds : 0;
+  metric("k3_prefill_tokens_per_second", "gauge", "prefilled tokens per second over the server's life", prefill_rate);
+  metric("k3_decode_tokens_per_second", "gauge", "generated tokens per second over the server's life", decode_rate);
+  o << "# HELP k3_cancelled_total cancelled generations by phase\n# TYPE k3_cancelled_total counter\n"
+    << "k3_cancelled_total{phase=\"queue\"} " << s.cancelled_queue << "\nk3_cancelled_total{phase=\"prefill\"} "
+    << s.cancelled_prefill << "\nk3_cancelled_total{phase=\"decode\"} " << s.cancelled_decode << '\n';
+  o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
+    << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} "
+    << s.reuse_checkpoint << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
+  metric("k3_checkpoint_saves_total", "counter", "recurrent-state photos taken", static_cast<double>(s.ckpt.saves));
+  metric("k3_checkpoint_restores_total", "counter", "recurrent-state photos restored", static_cast<double>(s.ckpt.restores));
+  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring photos", s.ckpt.restore_seconds);
+  metric("k3_checkpoint_rejected_total", "counter", "disk photos that failed their header check", static_cast<double>(s.ckpt.rejected));
+  metric("k3_requests_rejected_total", "counter", "generations refused with 429", static_cast<double>(s.rejected));
+  metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
+  metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
+  return o.str();
+}
+
+struct HttpServer::Impl {
+  EngineService& service;
+  ServerOptions options;
+  httplib::Server http;
+  RequestCounters counters;
+  std::atomic<bool> draining{false};
+  double started = now_seconds();
+  std::once_flag shutdown_once;
+
+  Impl(EngineService& s, ServerOptions o) : service(s), options(std::move(o)) {}
+
+  bool authorised(const httplib::Request& req) const {
+    if (options.security.api_keys.empty()) return true;
+    return key_matches(presented_key(req.get_header_value("Authorization"), req.get_header_value("x-api-key")),
+                       options.security.api_keys);
+  }
+
+  void add_cors(const httplib::Request& req, httplib::Response& res) const {
+    if (!req.has_header("Origin")) return;
+    const std::string origin = req.get_header_value("Origin");
+    res.set_header("Vary", "Origin");
+    if (!origin_allowed(origin, options.security)) return;
+    res.set_header("Access-Control-Allow-Origin", origin);
+    res.set_header("Access-Control-Expose-Headers", "x-request-id, x-queue-wait-ms, x-colibri-queue-wait-ms, Retry-After");
+  }
+
+  // Everything that can be refused before the body is read.
+  httplib::Server::HandlerResponse guard(const httplib::Request& req, httplib::Response& res) {
+    res.set_header("x-request-id", "req-" + random_hex(8));
+    add_cors(req, res);
+    size_t header_bytes = req.method.size() + req.target.size() + 12;
+    for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+    auto refuse = [&](const ApiError& e) {
+      set_error(res, e);
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (header_bytes > options.max_header_bytes || req.headers.size() > 100)
+      return refuse(simple_error(431, "invalid_request_error", "headers_too_large", "the request headers exceed 16 KiB"));
+    if (!host_allowed(req.get_header_value("Host"), options.security))
+      return refuse(simple_error(403, "permission_error", "host_not_allowed", "the Host header is not allowed"));
+    const bool has_origin = req.has_header("Origin");
+    const bool origin_ok = !has_origin || origin_allowed(req.get_header_value("Origin"), options.security);
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      if (origin_ok && has_origin) {
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version, x-request-id");
+        res.set_header("Access-Control-Max-Age", "600");
+        if (req.get_header_value("Access-Control-Request-Private-Network") == "true")
+          res.set_header("Access-Control-Allow-Private-Network", "true");
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const bool api_route = req.path.rfind("/v1/", 0) == 0 || req.path == "/metrics" || req.path.rfind("/slots", 0) == 0 ||
+                           req.path == "/tokenize" || req.path == "/detokenize";
+    if (api_route && !authorised(req))
+      return refuse(simple_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));
+    if (req.method == "POST") {
+      if (!origin_ok)
+        return refuse(simple_error(403, "permission_error", "origin_not_allowed", "the request's Origin is not allowed"));
+      const std::string type = req.get_header_value("Content-Type");
+      const std::string media = type.substr(0, type.find(';'));
+      std::string lowered;
+      for (char c : media) if (c != ' ' && c != '\t') lowered += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lowered != "application/json")
+        return refuse(simple_error(415, "invalid_request_error", "unsupported_media_type", "POST bodies must be application/json"));
+      if (req.has_header("Content-Length")) {
+        const std::string length = req.get_header_value("Content-Length");
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long n = std::strtoull(length.c_str(), &end, 10);
+        if (length.empty() || *end != '\0' || errno != 0 || length[0] == '-')
+          return refuse(simple_error(400, "invalid_request_error", "invalid_value", "bad Content-Length"));
+        if (n > options.max_body_bytes)
+          return refuse(simple_error(413, "invalid_request_error", "request_too_large",
+                                     "the body exceeds " + std::to_string(options.max_body_bytes) + " bytes"));
+      } else if (req.get_header_value("Transfer-Encoding").find("chunked") == std::string::npos) {
+        return refuse(simple_error(411, "invalid_request_error", "length_required", "POST needs a Content-Length"));
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
+
+  const text::Tokenizer* tokenizer_or_503(httplib::Response& res) {
+    const Engine* engine = service.engine();
+    if (engine) return engine->tokenizer();
+    const ServiceSnapshot s = service.snapshot();
+    if (s.state == ServiceSnapshot::State::failed)
+      set_error(res, simple_error(500, "server_error", "engine_error", "the model failed to load"));
+    else
+      set_error(res, simple_error(503, "server_error", "model_loading", "the model is still loading", 5));
+    return nullptr;
+  }
+
+  void health(const httplib::Request& req, httplib::Response& res) {
+    const ServiceSnapshot s = service.snapshot();
+    json body = json::object();
+    if (s.state == ServiceSnapshot::State::loading) {
+      body["status"] = "loading";
+      body["phase"] = "weights";
+      body["progress"] = s.load_progress;
+      body["elapsed_s"] = s.load_elapsed_s;
+      res.set_header("Retry-After", "5");
+      set_json(res, 503, body);
+      return;
+    }
+    if (s.state == ServiceSnapshot::State::failed) {
+      set_json(res, 500, json{{"status", "error"}, {"message", "model load failed"}});
+      return;
+    }
+    body["status"] = s.state == ServiceSnapshot::State::stopping ? "stopping" : "ok";
+    if (authorised(req)) {
+      body["model"] = options.api.model_id;
+      body["uptime_s"] = now_seconds() - started;
+      body["load_s"] = s.load_elapsed_s;
+      body["context_capacity"] = s.context_capacity;
+      body["scheduler"] = json{{"active", s.active}, {"capacity", 1}, {"queued", s.queued}, {"max_queue", s.max_queue},
+                               {"queue_timeout_seconds", options.queue_timeout_s}, {"admitted", s.admitted},
+                               {"completed", s.completed}, {"rejected", s.rejected},
+                               {"cancelled", s.cancelled_queue + s.cancelled_prefill + s.cancelled_decode}};
+      body["state"] = json{{"phase", s.phase}, {"fed_tokens", s.fed_tokens},
+                           {"checkpoints", json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
+      body["memory"] = json{{"rss_gb", static_cast<double>(current_rss_bytes()) / 1e9}};
+      if (!is_loopback_host(options.security.bind_host) && options.security.api_keys.empty())
+        body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
+    }
+    set_json(res, s.state == ServiceSnapshot::State::stopping ? 503 : 200, body);
+  }
+
+  json model_entry(const std::string& id) const {
+    return json{{"id", id}, {"object", "model"}, {"created", static_cast<int64_t>(started_unix)}, {"owned_by", "local"},
+                {"meta", json{{"context_length", service.context_capacity()}, {"max_output_tokens", options.api.max_tokens_ceiling},
+                              {"reasoning", true}, {"tools", true}, {"vision", false}, {"aliases", options.api.aliases}}}};
+  }
+  int64_t started_unix = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    auto parsed = parse_json_object(req.body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
+    const json& b = std::get<json>(parsed);
+    auto it = b.find("content");
+    if (it == b.end() || !it->is_string()) return set_error(res, invalid_value("content", "'content' must be a string"));
+    bool special = false;
+    if (auto s = b.find("add_special"); s != b.end() && s->is_boolean()) special = s->get<bool>();
+    if (auto s = b.find("parse_special"); s != b.end() && s->is_boolean()) special = s->get<bool>();
+    const text::Tokenizer* tokenizer = tokenizer_or_503(res);
+    if (!tokenizer) return;
+    std::vector<int32_t> ids;
+    tokenizer->encode(it->get_ref<const std::string&>(), special, ids);
+    set_json(res, 200, json{{"tokens", ids}});
+  }
+
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    auto parsed = parse_json_object(req.body);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
+    const json& b = std::get<json>(parsed);
+    auto it = b.find("tokens");
+    if (it == b.end() || !it->is_array()) return set_error(res, invalid_value("tokens", "'tokens' must be an array of token ids"));
+    const text::Tokenizer* tokenizer = tokenizer_or_503(res);
+    if (!tokenizer) return;
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer->vocab_size())
+        return set_error(res, invalid_value("tokens." + std::to_string(i), "not a token id of this vocabulary"));
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    set_json(res, 200, json{{"content", tokenizer->decode(ids)}});
+  }
+
+  // Waits for the worker's acceptance; a hung-up client, a queue timeout or an error ends it.
+  // Returns true with `accepted` filled, or false with `res` set (or the client gone).
+  bool await_acceptance(const std::shared_ptr<RequestHandle>& handle, int fd, httplib::Response& res, ServiceEvent& accepted) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(options.queue_timeout_s);
+    for (;;) {
+      if (handle->next(accepted, std::chrono::milliseconds(100))) {
+        if (accepted.kind == ServiceEvent::Kind::accepted) return true;
+        if (accepted.kind == ServiceEvent::Kind::error) {
+          if (accepted.error_code == "shutting_down")
+            set_error(res, simple_error(503, "server_error", "shutting_down", "the server is shutting down", 5));
+          else if (accepted.error_code != "cancelled")
+            set_error(res, simple_error(500, "server_error", "engine_error", "the engine failed"));
+          return false;
+        }
+        continue;
+      }
+      if (peer_hung_up(fd)) {
+        service.cancel(handle);
+        return false;
+      }
+      if (Clock::now() > deadline) {
+        service.cancel(handle);
+        set_error(res, simple_error(429, "rate_limit_error", "queue_timeout", "waited too long in the queue", retry_after()));
+        return false;
+      }
+    }
+  }
+
+  int retry_after() const {
+    const ServiceSnapshot s = service.snapshot();
+    const double running = s.active ? now_seconds() - s.active_started : 0;
+    return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res) {
+    const ApiConfig& api = options.api;
+    auto parsed = parse_chat_request(req.body, api);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
+    auto request = std::make_shared<ChatRequest>(std::move(std::get<ChatRequest>(parsed)));
+    if (draining.load())
+      return set_error(res, simple_error(503, "server_error", "shutting_down", "the server is shutting down", 5));
+    const text::Tokenizer* tokenizer = tokenizer_or_503(res);
+    if (!tokenizer) return;
+    auto prompt = render_chat_prompt(*request, *tokenizer);
+    if (auto* e = std::get_if<ApiError>(&prompt)) return set_error(res, *e);
+    ServiceRequest sr;
+    sr.prompt = std::move(std::get<std::vector<int64_t>>(prompt));
+    const int64_t capacity = service.context_capacity();
+    if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
+      ApiError e = simple_error(400, "invalid_request_error", "context_length_exceeded",
+                                "the prompt has " + std::to_string(sr.prompt.size()) + " tokens; the context holds " +
+                                    std::to_string(capacity) + " (and one must be left to generate)");
+      e.param = "messages";
+      return set_error(res, e);
+    }
+    sr.starts_in_think = request->thinking;
+    sr.sampling.temperature = request->temperature;
+    sr.sampling.top_p = request->top_p;
+    sr.sampling.top_k = request->top_k;
+    sr.sampling.min_p = request->min_p;
+    if (request->seed) {
+      sr.sampling.seed = *request->seed;
+    } else {
+      uint64_t seed = 0;
+      if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+      sr.sampling.seed = seed;
+    }
+    sr.sampling.seed_set = true;
+    sr.max_tokens = request->max_tokens;
+    sr.stop = request->stop;
+    sr.cache_prompt = request->cache_prompt;
+    if (options.log_prompts)
+      std::fprintf(stderr, "[prompt] %s %s\n", res.get_header_value("x-request-id").c_str(), req.body.c_str());
+    auto submitted = service.submit(std::move(sr));
+    if (!submitted.ok()) {
+      const Status st = submitted.status();
+      if (st.code() == Status::Code::resource_exhausted)
+        return set_error(res, simple_error(429, "rate_limit_error", "queue_full", st.message(), retry_after()));
+      if (st.code() == Status::Code::unavailable)
+        return set_error(res, simple_error(503, "server_error", draining.load() ? "shutting_down" : "model_loading", st.message(), 5));
+      return set_error(res, invalid_value("messages", st.message()));
+    }
+    std::shared_ptr<RequestHandle> handle = *submitted;
+    const int fd = find_connection_socket(req);
+    ServiceEvent accepted;
+    if (!await_acceptance(handle, fd, res, accepted)) return;
+    const std::string wait_ms = std::to_string(static_cast<int64_t>(accepted.stats.queue_wait_ms));
+    res.set_header("x-queue-wait-ms", wait_ms);
+    res.set_header("x-colibri-queue-wait-ms", wait_ms);
+    const ResponseIds ids = new_response_ids();
+    if (request->stream) return stream(request, handle, fd, ids, accepted, res);
+
+    ChatResult result;
+    ServiceEvent e;
+    for (;;) {
+      if (!handle->next(e, std::chrono::milliseconds(100))) {
+        if (peer_hung_up(fd)) {
+          service.cancel(handle);
+          drain_until_done(handle);
+          return;
+        }
+        continue;
+      }
+      switch (e.kind) {
+        case ServiceEvent::Kind::reasoning: result.reasoning += e.text; break;
+        case ServiceEvent::Kind::content: result.content += e.text; break;
+        case ServiceEvent::Kind::tool_call: result.tool_calls.push_back(e.call); break;
+        case ServiceEvent::Kind::done:
+          result.stats = e.stats;
+          return set_json(res, 200, chat_completion_json(result, *request, api, ids));
+        case ServiceEvent::Kind::error:
+          return set_error(res, simple_error(500, "server_error", "engine_error", "the engine failed"));
+        default: break;
+      }
+    }
+  }
+
+  void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
+    ServiceEvent e;
+    for (int i = 0; i < 600; ++i)  // the worker acknowledges within one layer or one token
+      if (handle->next(e, std::chrono::milliseconds(100)) &&
+          (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error))
+        return;
+  }
+
+  void stream(std::shared_ptr<ChatRequest> request, std::shared_ptr<RequestHandle> handle, int fd, ResponseIds ids,
+              ServiceEvent accepted, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_header("Connection", "close");
+    struct StreamState {
+      bool started = false, finished = false, saw_think_close = false;
+      int tool_index = 0;
+    };
+    auto state = std::make_shared<StreamState>();
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, request, handle, fd, ids, accepted, state](size_t, httplib::DataSink& sink) {
+          const ApiConfig& api = options.api;
+          auto send = [&](const json& chunk) {
+            const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          auto give_up = [&] {
+            service.cancel(handle);
+            drain_until_done(handle);
+            return false;
+          };
+          if (!state->started) {
+            state->started = true;
+            json delta = json::object();
+            delta["role"] = "assistant";
+            delta["content"] = "";
+            if (!send(chunk_json(ids, api, delta, nullptr))) return give_up();
+          }
+          auto last_write = Clock::now();
+          ServiceEvent e;
+          for (;;) {
+            if (!handle->next(e, std::chrono::milliseconds(100))) {
+              if (peer_hung_up(fd)) return give_up();
+              if (options.sse_ping_s > 0 &&
+                  Clock::now() - last_write > std::chrono::duration<double>(options.sse_ping_s)) {
+                static const char ping[] = ": ping\n\n";
+                if (!sink.write(ping, sizeof ping - 1)) return give_up();
+                last_write = Clock::now();
+              }
+              continue;
+            }
+            last_write = Clock::now();
+            json delta = json::object();
+            switch (e.kind) {
+              case ServiceEvent::Kind::progress:
+                if (request->return_progress &&
+                    !send(progress_chunk_json(ids, api, e.total, accepted.stats.cached_tokens, e.processed, e.elapsed_ms)))
+                  return give_up();
+                continue;
+              case ServiceEvent::Kind::reasoning:
+                if (request->reasoning_inline) delta["content"] = e.text;
+                else put_reasoning(delta, e.text, api);
+                break;
+              case ServiceEvent::Kind::content:
+                if (request->reasoning_inline && !state->saw_think_close) {
+                  state->saw_think_close = true;
+                  delta["content"] = "</think>" + e.text;
+                } else {
+                  delta["content"] = e.text;
+                }
+                break;
+              case ServiceEvent::Kind::tool_call: {
+                json call = tool_call_json(e.call, ids);
+                call["index"] = state->tool_index++;
+                delta["tool_calls"] = json::array({std::move(call)});
+                break;
+              }
+              case ServiceEvent::Kind::done: {
+                if (!send(chunk_json(ids, api, json::object(), e.stats.finish_reason.c_str()))) return give_up();
+                if (request->include_usage && !send(usage_chunk_json(ids, api, e.stats))) return give_up();
+                static const char done[] = "data: [DONE]\n\n";
+                sink.write(done, sizeof done - 1);
+                sink.done();
+                return true;
+              }
+              case ServiceEvent::Kind::error: {
+                ApiError err = simple_error(500, "server_error", "engine_error", "engine failure during generation");
+                send(error_body(err));
+                static const char done[] = "data: [DONE]\n\n";
+                sink.write(done, sizeof done - 1);
+                sink.done();
+                return true;
+              }
+              default: continue;
+            }
+            if (!send(chunk_json(ids, api, std::move(delta), nullptr))) return give_up();
+          }
+        },
+        [this, handle](bool success) {
+          if (!success) service.cancel(handle);
+        });
+  }
+
+  void slots(const httplib::Request&, httplib::Response& res) {
+    const ServiceSnapshot s = service.snapshot();
+    json list = json::array();
+    for (const auto& c : s.ckpt_list) list.push_back(json{{"slot", c.slot}, {"pos", c.position}, {"pinned", false}, {"age_s", c.age_seconds}});
+    set_json(res, 200, json::array({json{{"id", 0}, {"state", s.active ? "busy" : "idle"}, {"n_ctx", s.context_capacity},
+                                         {"fed_tokens", s.fed_tokens}, {"checkpoints", list}}}));
+  }
+
+  void install_routes() {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return guard(req, res); });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      std::string route = req.path;
+      if (route.rfind("/v1/models/", 0) == 0) route = "/v1/models/{id}";
+      else if (route.rfind("/v1/", 0) != 0 && route != "/health" && route != "/metrics" && route != "/tokenize" &&
+               route != "/detokenize" && route.rfind("/slots", 0) != 0)
+        route = "static";
+      {
+        std::lock_guard<std::mutex> lock(counters.mutex);
+        ++counters.by_route_status[{route, res.status}];
+      }
+      if (req.path != "/health" && req.path != "/metrics")
+        std::fprintf(stderr, "[http] %s %s %s %d\n", res.get_header_value("x-request-id").c_str(), req.method.c_str(),
+                     route.c_str(), res.status);
+    });
+    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      const int s = res.status;
+      const char* code = s == 404 ? "not_found" : s == 405 ? "method_not_allowed" : s == 413 ? "request_too_large"
+                       : s == 408 ? "request_timeout" : s == 414 ? "uri_too_long" : s == 431 ? "headers_too_large" : "bad_request";
+      set_json(res, s, error_body(simple_error(s, s >= 500 ? "server_error" : "invalid_request_error", code,
+                                               "the request could not be served (HTTP " + std::to_string(s) + ")")));
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown";
+      try {
+        if (ep) std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      std::fprintf(stderr, "[http] %s: internal error: %s\n", res.get_header_value("x-request-id").c_str(), what.c_str());
+      set_json(res, 500, error_body(simple_error(500, "server_error", "internal_error", "internal server error")));
+    });
+    http.Get("/health", [this](const httplib::Request& q, httplib::Response& r) { health(q, r); });
+    http.Get("/v1/health", [this](const httplib::Request& q, httplib::Response& r) { health(q, r); });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+      json data = json::array({model_entry(options.api.model_id)});
+      set_json(r, 200, json{{"object", "list"}, {"data", data}});
+    });
+    http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& q, httplib::Response& r) {
+      const std::string id = q.matches[1];
+      const auto& aliases = options.api.aliases;
+      if (id != options.api.model_id && std::find(aliases.begin(), aliases.end(), id) == aliases.end()) {
+        ApiError e = simple_error(404, "invalid_request_error", "model_not_found", "the model '" + id + "' does not exist");
+        e.param = "model";
+        return set_error(r, e);
+      }
+      set_json(r, 200, model_entry(id));
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { chat(q, r); });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+      std::vector<std::pair<std::string, int64_t>> requests;
+      {
+        std::lock_guard<std::mutex> lock(counters.mutex);
+        for (const auto& [key, n] : counters.by_route_status)
+          requests.push_back({"endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"", n});
+      }
+      r.set_content(metrics_text(service.snapshot(), requests), "text/plain; version=0.0.4");
+    });
+    http.Get("/slots", [this](const httplib::Request& q, httplib::Response& r) { slots(q, r); });
+    http.Post(R"(/slots/0)", [this](const httplib::Request& q, httplib::Response& r) {
+      if (q.get_param_value("action") != "erase")
+        return set_error(r, invalid_value("action", "the only action is 'erase'"));
+      service.erase_state();
+      set_json(r, 200, json{{"id_slot", 0}, {"erased", true}});
+    });
+    http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
+    http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
+    // Wrong methods on known routes.
+    for (const char* path : {"/v1/chat/completions", "/tokenize", "/detokenize"})
+      http.Get(path, [](const httplib::Request&, httplib::Response& r) {
+        r.set_header("Allow", "POST, OPTIONS");
+        set_json(r, 405, error_body(simple_error(405, "invalid_request_error", "method_not_allowed", "use POST")));
+      });
+    // The web page (static, embedded): exact files, SPA fallback for other non-API paths.
+    http.Get(R"(/(.*))", [this](const httplib::Request& q, httplib::Response& r) {
+      const bool api = q.path.rfind("/v1/", 0) == 0 || q.path.rfind("/slots", 0) == 0;
+      const WebAsset* asset = nullptr;
+      if (options.web_ui && !api) {
+        std::string path = q.path == "/" ? "/index.html" : q.path;
+        const bool hidden = path.find("/.") != std::string::npos || path.find("..") != std::string::npos;
+        asset = hidden ? nullptr : find_web_asset(path.substr(1));
+        if (!asset && !hidden && path.find('.') == std::string::npos) asset = find_web_asset("index.html");
+      }
+      if (!asset) return set_json(r, 404, error_body(simple_error(404, "invalid_request_error", "not_found", "no such path")));
+      r.set_header("Content-Security-Policy",
+                   "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                   "object-src 'none'; base-uri 'none'");
+      r.set_header("X-Content-Type-Options", "nosniff");
+      r.set_header("Referrer-Policy", "no-referrer");
+      r.set_header("Cache-Control", "no-cache");
+      r.set_content(std::string(asset->bytes), std::string(asset->mime));
+    });
+  }
+};
+
+HttpServer::HttpServer(EngineService& service, ServerOptions options)
+    : impl_(std::make_unique<Impl>(service, std::move(options))) {
+  Impl& s = *impl_;
+  s.http.new_task_queue = [n = std::max(4, s.options.max_connections)] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  s.http.set_payload_max_length(s.options.max_body_bytes);
+  s.http.set_read_timeout(static_cast<time_t>(s.options.read_timeout_s), 0);
+  s.http.set_write_timeout(60, 0);
+  s.http.set_keep_alive_timeout(15);
+  s.install_routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  Impl& s = *impl_;
+  const std::string& host = s.options.security.bind_host;
+  int port = s.options.port;
+  if (port == 0) port = s.http.bind_to_any_port(host);
+  else if (!s.http.bind_to_port(host, port)) port = -1;
+  if (port <= 0) throw Error("cannot listen on " + host + ":" + std::to_string(s.options.port) + ": " + std::strerror(errno));
+  s.options.security.port = port;
+  return port;
+}
+
+void HttpServer::run() { impl_->http.listen_after_bind(); }
+
+void HttpServer::shutdown() {
+  Impl& s = *impl_;
+  std::call_once(s.shutdown_once, [&] {
+    s.draining.store(true);
+    s.service.begin_shutdown();
+    if (!s.service.wait_idle(s.options.drain_timeout_s)) {
+      std::fprintf(stderr, "coli: drain timeout: cancelling the active request\n");
+      s.service.cancel_active();
+      s.service.wait_idle(5);
+    }
+    s.http.stop();
+  });
+}
+
+}  // namespace k3::server
