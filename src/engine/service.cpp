@@ -359,10 +359,13 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   std::vector<float> logits;
   try {
     session.set_interrupt(&handle->cancel_);
+    const bool anchored = req.anchor > start && req.anchor < n;
     for (int64_t p = start; p < n;) {
-      const int64_t end = std::min(n, p + std::max<int64_t>(1, req.progress_every));
+      int64_t end = std::min(n, p + std::max<int64_t>(1, req.progress_every));
+      if (anchored && p < req.anchor && end > req.anchor) end = req.anchor;
       logits = session.prefill(prompt.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)));
       p = end;
+      if (anchored && p == req.anchor) checkpoints_->save(session);
       ServiceEvent e;
       e.kind = ServiceEvent::Kind::progress;
       e.processed = p;
@@ -399,7 +402,9 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   }
   const double t1 = now_seconds();
   stats.prefill_ms = (t1 - t0) * 1e3;
-  checkpoints_->save(session);  // the prompt boundary
+  // The prompt's end is photographed only when no anchor was given: with one, the anchor photo
+  // (taken above, or restored to start this request) is the one an edit or a regenerate needs.
+  if (!(req.anchor > 0 && req.anchor < n)) checkpoints_->save(session);
   set_phase("decode");
 
   // 4. Decode.

@@ -13,7 +13,10 @@
 //      deepest matching photo is restored ("checkpoint"); else the state is reset ("none").
 //   2. before prefilling from p > 0 a photo is held at p (checkpoints on), so a cancelled
 //      prefill rolls back to p instead of losing everything; without one it resets.
-//   3. prefill the tail (cancellation polled before every layer), photo at the prompt boundary.
+//   3. prefill the tail (cancellation polled before every layer), a photo at the anchor (the
+//      start of the last message: an edited or regenerated turn resumes there) or, without
+//      one, at the prompt's end. With 2 slots the photos kept are then the last anchor and the
+//      last reply's end, which serve the follow-up, the edit and the regenerate cases alike.
 //   4. decode: sample, demux (text::OutputParser), stop strings matched per channel on decoded
 //      text and withheld, stop ids never fed; cancel polled between tokens; photo at the end.
 // A reused prefix gives the same tokens as a cold run: the state is exactly what feeding the
@@ -53,6 +56,9 @@ struct ServiceRequest {
   std::vector<std::string> stop; // stop strings (withheld from the output)
   bool cache_prompt = true;      // false: ignore reusable state
   int64_t progress_every = 32;   // a progress event every N prefilled tokens (and at the end)
+  // A position worth a photo inside the prompt: the start of the last message, where an edited
+  // or regenerated last turn diverges (0 = none: the photo is taken at the prompt's end).
+  int64_t anchor = 0;
 };
 
 struct GenerationStats {

@@ -441,8 +441,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   return r;
 }
 
-std::variant<std::vector<int64_t>, ApiError> render_chat_prompt(const ChatRequest& request,
-                                                                 const text::Tokenizer& tokenizer) {
+std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request, const text::Tokenizer& tokenizer) {
   text::ChatOptions options;
   options.thinking = request.thinking;
   if (request.thinking) options.thinking_effort = text::PyValue::string("max");
@@ -451,7 +450,22 @@ std::variant<std::vector<int64_t>, ApiError> render_chat_prompt(const ChatReques
   if (!segments.ok()) return invalid_value("messages", "the conversation cannot be rendered: " + segments.status().message());
   std::vector<int32_t> ids32;
   text::encode_segments(tokenizer, *segments, ids32);
-  return std::vector<int64_t>(ids32.begin(), ids32.end());
+  RenderedPrompt out;
+  out.ids.assign(ids32.begin(), ids32.end());
+  const auto& all = request.messages.as_array();
+  if (all.size() > 1) {
+    text::PyValue head = text::PyValue::array(text::PyValue::Array(all.begin(), all.end() - 1));
+    text::ChatOptions head_options = options;
+    head_options.add_generation_prompt = false;
+    auto head_segments = text::build_chat_segments(head, request.tools, head_options);
+    if (head_segments.ok()) {
+      std::vector<int32_t> head_ids;
+      text::encode_segments(tokenizer, *head_segments, head_ids);
+      if (head_ids.size() < ids32.size() && std::equal(head_ids.begin(), head_ids.end(), ids32.begin()))
+        out.anchor = static_cast<int64_t>(head_ids.size());
+    }
+  }
+  return out;
 }
 
 void put_reasoning(json& delta, const std::string& text, const ApiConfig& config) {

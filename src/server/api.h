@@ -74,9 +74,14 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
 std::variant<json, ApiError> parse_json_object(std::string_view body);
 inline constexpr int kMaxJsonDepth = 64;
 
-// The chat prompt ids (XTML render + tokenize), or a 400 naming the problem.
-std::variant<std::vector<int64_t>, ApiError> render_chat_prompt(const ChatRequest& request,
-                                                                 const text::Tokenizer& tokenizer);
+// The chat prompt ids (XTML render + tokenize) and the anchor: the length of the rendering of
+// every message but the last (when it is a prefix of the prompt), where an edited last turn
+// diverges. Or a 400 naming the problem.
+struct RenderedPrompt {
+  std::vector<int64_t> ids;
+  int64_t anchor = 0;
+};
+std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request, const text::Tokenizer& tokenizer);
 
 // Accumulates engine events into the final message (non-streaming) and builds the shapes.
 struct ChatResult {

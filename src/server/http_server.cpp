@@ -364,7 +364,8 @@ struct HttpServer::Impl {
     auto prompt = render_chat_prompt(*request, *tokenizer);
     if (auto* e = std::get_if<ApiError>(&prompt)) return set_error(res, *e);
     ServiceRequest sr;
-    sr.prompt = std::move(std::get<std::vector<int64_t>>(prompt));
+    sr.prompt = std::move(std::get<RenderedPrompt>(prompt).ids);
+    sr.anchor = std::get<RenderedPrompt>(prompt).anchor;
     const int64_t capacity = service.context_capacity();
     if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
       ApiError e = simple_error(400, "invalid_request_error", "context_length_exceeded",

@@ -1,0 +1,301 @@
+// The engine service on a demo checkpoint (real tokenizer, random weights): reused prefixes and
+// restored photos give the same greedy tokens as a cold run, and the reuse is observed (cached
+// counts, restore positions) so the tests cannot pass vacuously; a cancelled prefill leaves the
+// session as it was; corrupted disk photos are rejected; admission and cancellation of waiters.
+#include <sys/stat.h>
+
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/service.h"
+#include "server/api.h"
+#include "synth_lib.h"
+#include "test_util.h"
+
+namespace k3 {
+namespace {
+
+const std::string& demo_dir() {
+  static const testing::TempDir dir("service-demo");
+  static const bool written = [] {
+    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
+    return true;
+  }();
+  (void)written;
+  return dir.path();
+}
+
+struct Outcome {
+  GenerationStats accepted, done;
+  std::string reasoning, content, error;
+  std::vector<ServiceEvent> progress;
+};
+
+Outcome collect(const std::shared_ptr<RequestHandle>& handle) {
+  Outcome out;
+  ServiceEvent e;
+  for (int waited = 0; waited < 600; ++waited) {
+    if (!handle->next(e, std::chrono::milliseconds(100))) continue;
+    switch (e.kind) {
+      case ServiceEvent::Kind::accepted: out.accepted = e.stats; break;
+      case ServiceEvent::Kind::progress: out.progress.push_back(e); break;
+      case ServiceEvent::Kind::reasoning: out.reasoning += e.text; break;
+      case ServiceEvent::Kind::content: out.content += e.text; break;
+      case ServiceEvent::Kind::done: out.done = e.stats; return out;
+      case ServiceEvent::Kind::error: out.error = e.error_code + ": " + e.text; return out;
+      default: break;
+    }
+  }
+  ADD_FAILURE() << "no done event within 60 s";
+  return out;
+}
+
+ServiceOptions options(int slots, const std::string& dir = "") {
+  ServiceOptions o;
+  o.model_dir = demo_dir();
+  o.context = 1024;
+  o.ckpt_slots = slots;
+  o.ckpt_dir = dir;
+  return o;
+}
+
+void wait_ready(EngineService& service) {
+  for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_NE(service.engine(), nullptr) << service.snapshot().load_error;
+}
+
+std::vector<int64_t> encode(EngineService& service, const std::string& text) {
+  std::vector<int32_t> ids;
+  service.engine()->tokenizer()->encode(text, false, ids);
+  return {ids.begin(), ids.end()};
+}
+
+ServiceRequest greedy(std::vector<int64_t> prompt, int64_t max_tokens, int64_t anchor = 0) {
+  ServiceRequest r;
+  r.prompt = std::move(prompt);
+  r.starts_in_think = false;  // everything the random model writes is content
+  r.max_tokens = max_tokens;
+  r.anchor = anchor;
+  r.progress_every = 8;
+  return r;
+}
+
+Outcome run(EngineService& service, ServiceRequest request) {
+  auto handle = service.submit(std::move(request));
+  EXPECT_TRUE(handle.ok()) << handle.status().message();
+  if (!handle.ok()) return {};
+  return collect(*handle);
+}
+
+std::vector<int64_t> concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(Service, LiveReuseEqualsCold) {
+  EngineService warm(options(2)), cold(options(0));
+  wait_ready(warm);
+  wait_ready(cold);
+  const auto p1 = encode(warm, "The history of the printing press begins in");
+  const auto p2 = concat(p1, encode(warm, " Mainz, where Gutenberg"));
+  const Outcome first = run(warm, greedy(p1, 1));  // one token: nothing fed back, record == p1
+  EXPECT_EQ(first.done.completion_tokens, 1);
+  const Outcome reused = run(warm, greedy(p2, 12));
+  EXPECT_EQ(reused.accepted.reuse, ReuseKind::live);
+  EXPECT_EQ(reused.done.cached_tokens, static_cast<int64_t>(p1.size()));
+  const Outcome fresh = run(cold, greedy(p2, 12));
+  EXPECT_EQ(fresh.done.cached_tokens, 0);
+  EXPECT_FALSE(fresh.content.empty());
+  EXPECT_EQ(reused.content, fresh.content);
+}
+
+TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
+  EngineService warm(options(2)), cold(options(0));
+  wait_ready(warm);
+  wait_ready(cold);
+  const auto head = encode(warm, "System: be brief.\nUser: name three rivers.\nAssistant:");
+  const auto turn1 = run(warm, greedy(head, 10));
+  EXPECT_EQ(turn1.done.finish_reason, "length");
+  // A follow-up that does not extend the record (the reply is re-rendered differently): the
+  // photo at the anchor (the start of the last message) is the deepest that matches.
+  const auto question2 = encode(warm, " The Nile.\nUser: and three lakes?\nAssistant:");
+  const auto p2 = concat(head, question2);
+  const int64_t anchor2 = static_cast<int64_t>(head.size());
+  const Outcome follow = run(warm, greedy(p2, 10, anchor2));
+  EXPECT_EQ(follow.accepted.reuse, ReuseKind::checkpoint);
+  EXPECT_EQ(follow.done.restored_at, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(follow.done.cached_tokens, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(follow.content, run(cold, greedy(p2, 10)).content);
+  // The last turn edited: resumes at the anchor photo and prefills only the new last message.
+  const auto edited = concat(head, encode(warm, " The Nile.\nUser: and three mountains?\nAssistant:"));
+  const Outcome edit = run(warm, greedy(edited, 10, anchor2));
+  EXPECT_EQ(edit.accepted.reuse, ReuseKind::checkpoint);
+  EXPECT_EQ(edit.done.cached_tokens, anchor2);
+  EXPECT_EQ(edit.content, run(cold, greedy(edited, 10)).content);
+  // Regenerate the same prompt: the record is longer than the prompt, the anchor photo serves.
+  const Outcome again = run(warm, greedy(edited, 10, anchor2));
+  EXPECT_EQ(again.done.cached_tokens, anchor2);
+  EXPECT_EQ(again.content, edit.content);
+  EXPECT_GE(warm.snapshot().reuse_checkpoint, 3);
+}
+
+TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
+  EngineService warm(options(2)), cold(options(0));
+  wait_ready(warm);
+  wait_ready(cold);
+  const auto p1 = encode(warm, "Once upon a time in a small village");
+  run(warm, greedy(p1, 1));  // record == p1
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += " and the river kept flowing past the old mill";
+  const auto p2 = concat(p1, encode(warm, long_text));
+  auto handle = warm.submit(greedy(p2, 4));
+  ASSERT_TRUE(handle.ok());
+  ServiceEvent e;
+  bool saw_progress = false;
+  for (int i = 0; i < 600 && !saw_progress; ++i)
+    if ((*handle)->next(e, std::chrono::milliseconds(100)) && e.kind == ServiceEvent::Kind::progress) saw_progress = true;
+  ASSERT_TRUE(saw_progress);
+  const double t0 = now_seconds();
+  warm.cancel(*handle);
+  const Outcome cancelled = collect(*handle);
+  const double latency = now_seconds() - t0;
+  EXPECT_EQ(cancelled.done.finish_reason, "cancelled");
+  EXPECT_LT(latency, 2.0);
+  EXPECT_EQ(warm.snapshot().cancelled_prefill, 1);
+  EXPECT_EQ(warm.snapshot().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
+  // The next request extends p1 again: live reuse of the rolled-back state, same as cold.
+  const auto p3 = concat(p1, encode(warm, " there lived a miller"));
+  const Outcome next = run(warm, greedy(p3, 8));
+  EXPECT_EQ(next.accepted.reuse, ReuseKind::live);
+  EXPECT_EQ(next.done.cached_tokens, static_cast<int64_t>(p1.size()));
+  EXPECT_EQ(next.content, run(cold, greedy(p3, 8)).content);
+}
+
+TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
+  const testing::TempDir root("service-ckpt");
+  const std::string dir = root.path() + "/photos";
+  {
+    EngineService warm(options(2, dir)), cold(options(0));
+    wait_ready(warm);
+    wait_ready(cold);
+    struct stat st{};
+    ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    const auto head = encode(warm, "User: list four colours.\nAssistant:");
+    run(warm, greedy(head, 6));
+    const auto p2 = concat(head, encode(warm, " Red.\nUser: more?\nAssistant:"));
+    const int64_t anchor = static_cast<int64_t>(head.size());
+    const Outcome first = run(warm, greedy(p2, 6, anchor));
+    EXPECT_EQ(first.done.restored_at, anchor);
+    int files = 0;
+    for (int slot = 0; slot < 2; ++slot) {
+      const std::string path = dir + "/k3_ckpt_" + std::to_string(slot) + ".bin";
+      if (::stat(path.c_str(), &st) != 0) continue;
+      ++files;
+      EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
+    }
+    EXPECT_EQ(files, 2);
+    // Corrupt every photo's payload: a restore must reject them and fall back to a cold prefill.
+    for (int slot = 0; slot < 2; ++slot) {
+      std::fstream f(dir + "/k3_ckpt_" + std::to_string(slot) + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(100);
+      const char junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+      f.write(junk, sizeof junk);
+    }
+    const auto edited = concat(head, encode(warm, " Blue.\nUser: why?\nAssistant:"));
+    const Outcome after = run(warm, greedy(edited, 6, anchor));
+    EXPECT_EQ(after.accepted.reuse, ReuseKind::none);
+    EXPECT_GE(warm.snapshot().ckpt.rejected, 1);
+    EXPECT_EQ(after.content, run(cold, greedy(edited, 6)).content);
+  }
+  struct stat st{};
+  for (int slot = 0; slot < 2; ++slot)
+    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0) << "photo left behind";
+}
+
+TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
+  ServiceOptions o = options(0);
+  o.max_queue = 1;
+  o.token_delay_ms = 20;
+  EngineService service(o);
+  wait_ready(service);
+  const auto prompt = encode(service, "Count slowly:");
+  auto active = service.submit(greedy(prompt, 60));
+  ASSERT_TRUE(active.ok());
+  ServiceEvent e;
+  ASSERT_TRUE((*active)->next(e, std::chrono::seconds(30)));
+  EXPECT_EQ(e.kind, ServiceEvent::Kind::accepted);
+  auto waiter = service.submit(greedy(prompt, 4));
+  ASSERT_TRUE(waiter.ok());
+  auto refused = service.submit(greedy(prompt, 4));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::resource_exhausted);
+  EXPECT_EQ(service.snapshot().queued, 1u);
+  service.cancel(*waiter);
+  EXPECT_EQ(service.snapshot().queued, 0u);  // gone at once, not when the worker gets to it
+  const Outcome w = collect(*waiter);
+  EXPECT_NE(w.error.find("cancelled"), std::string::npos);
+  const Outcome a = collect(*active);
+  EXPECT_EQ(a.done.completion_tokens, 60);
+  EXPECT_EQ(service.snapshot().admitted, 1);  // the cancelled waiter never reached the engine
+}
+
+TEST(Service, StopStringsAreWithheldAndEndTheReply) {
+  EngineService service(options(0));
+  wait_ready(service);
+  const auto prompt = encode(service, "Write a list:");
+  const Outcome full = run(service, greedy(prompt, 24));
+  ASSERT_GE(full.content.size(), 12u);
+  // A stop string taken from the middle of the greedy text, cut at a UTF-8 boundary.
+  size_t from = full.content.size() / 2;
+  while (from > 0 && (static_cast<unsigned char>(full.content[from]) & 0xC0) == 0x80) --from;
+  size_t to = from + 3;
+  while (to < full.content.size() && (static_cast<unsigned char>(full.content[to]) & 0xC0) == 0x80) ++to;
+  const std::string stop = full.content.substr(from, to - from);
+  ServiceRequest r = greedy(prompt, 24);
+  r.stop = {"\x01never", stop};
+  const Outcome stopped = run(service, r);
+  EXPECT_EQ(stopped.done.finish_reason, "stop");
+  EXPECT_EQ(stopped.content, full.content.substr(0, full.content.find(stop)));
+  EXPECT_LT(stopped.done.completion_tokens, 24);
+}
+
+TEST(Service, RefusesPromptsThatDoNotFitAndReportsLoading) {
+  ServiceOptions o = options(0);
+  o.context = 16;
+  EngineService service(o);
+  auto early = service.submit(greedy({1, 2, 3}, 2));  // may still be loading
+  if (!early.ok()) {
+    EXPECT_EQ(early.status().code(), Status::Code::unavailable);
+  }
+  wait_ready(service);
+  std::vector<int64_t> long_prompt(16, 100);
+  auto refused = service.submit(greedy(long_prompt, 2));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::invalid_argument);
+  const Outcome clamped = run(service, greedy(std::vector<int64_t>(12, 100), 100));
+  EXPECT_EQ(clamped.done.completion_tokens, 4);  // clamped to the context room
+}
+
+TEST(Service, ChatAnchorIsThePrefixBeforeTheLastMessage) {
+  EngineService service(options(0));
+  wait_ready(service);
+  server::ApiConfig api;
+  const char* body = R"({"model":"kimi-k3","messages":[
+      {"role":"system","content":"Be brief."},
+      {"role":"user","content":"Capital of France?"},
+      {"role":"assistant","content":"Paris.","reasoning_content":"Easy."},
+      {"role":"user","content":"And Italy?"}]})";
+  auto parsed = server::parse_chat_request(body, api);
+  ASSERT_TRUE(std::holds_alternative<server::ChatRequest>(parsed));
+  auto rendered = server::render_chat_prompt(std::get<server::ChatRequest>(parsed), *service.engine()->tokenizer());
+  ASSERT_TRUE(std::holds_alternative<server::RenderedPrompt>(rendered));
+  const auto& prompt = std::get<server::RenderedPrompt>(rendered);
+  EXPECT_GT(prompt.anchor, 10);
+  EXPECT_LT(prompt.anchor, static_cast<int64_t>(prompt.ids.size()) - 5);
+}
+
+}  // namespace
+}  // namespace k3
