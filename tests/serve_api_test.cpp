@@ -1,0 +1,262 @@
+// Handler-level tests of `coli serve` without sockets: request validation (SERVING.md §3.6.1,
+// §3.8, §4.5), response and chunk shapes (§3.6.2–3.6.3), the guards (Part 4) and /metrics.
+#include <gtest/gtest.h>
+
+#include "server/api.h"
+#include "server/http_server.h"
+#include "server/security.h"
+
+namespace k3::server {
+namespace {
+
+ApiConfig config() { return ApiConfig{}; }
+
+ApiError refused(const std::string& body) {
+  auto r = parse_chat_request(body, config());
+  if (!std::holds_alternative<ApiError>(r)) {
+    ADD_FAILURE() << "accepted: " << body;
+    return {};
+  }
+  return std::get<ApiError>(r);
+}
+
+ChatRequest accepted(const std::string& body) {
+  auto r = parse_chat_request(body, config());
+  if (auto* e = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << "refused (" << e->code << ", " << e->param.value_or("-") << "): " << e->message << "\n" << body;
+    return {};
+  }
+  return std::get<ChatRequest>(r);
+}
+
+std::string with(const std::string& extra) {
+  return R"({"model":"kimi-k3","messages":[{"role":"user","content":"hi"}])" + (extra.empty() ? "" : "," + extra) + "}";
+}
+
+struct Case {
+  std::string body;
+  int status;
+  std::string code;
+  std::string param;  // "" = null
+};
+
+TEST(ServeApi, RefusalsNameTheParameter) {
+  const std::vector<Case> cases = {
+      {"{", 400, "invalid_json", ""},
+      {"[1,2]", 400, "invalid_json", ""},
+      {"{\"model\":\"kimi-k3\"} trailing", 400, "invalid_json", ""},
+      {"\"just a string\"", 400, "invalid_json", ""},
+      {std::string(100, '[') + std::string(100, ']'), 400, "invalid_json", ""},
+      {"{\"model\":\"kimi-k3\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "invalid_json", ""},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":"\ud800"}]})", 400, "invalid_json", ""},
+      {R"({"messages":[{"role":"user","content":"hi"}]})", 400, "missing_required_parameter", "model"},
+      {R"({"model":"kimi-k3"})", 400, "missing_required_parameter", "messages"},
+      {R"({"model":"kimi-k3","messages":{}})", 400, "invalid_value", "messages"},
+      {R"({"model":"kimi-k3","messages":[]})", 400, "invalid_value", "messages"},
+      {R"({"model":7,"messages":[{"role":"user","content":"hi"}]})", 400, "invalid_value", "model"},
+      {R"({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})", 404, "model_not_found", "model"},
+      {R"({"model":"kimi-k3","messages":[{"role":"wizard","content":"hi"}]})", 400, "invalid_value", "messages.0.role"},
+      {R"({"model":"kimi-k3","messages":[{"content":"hi"}]})", 400, "invalid_value", "messages.0.role"},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":5}]})", 400, "invalid_value", "messages.0.content"},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":"a\u0000b"}]})", 400, "invalid_value", "messages.0.content"},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})",
+       400, "unsupported_content_type", "messages.0.content.1"},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]})",
+       400, "unsupported_content_type", "messages.0.content.0"},
+      {with(R"("temperature":"hot")"), 400, "invalid_value", "temperature"},
+      {with(R"("temperature":2.5)"), 400, "invalid_value", "temperature"},
+      {with(R"("top_p":0)"), 400, "invalid_value", "top_p"},
+      {with(R"("top_k":-1)"), 400, "invalid_value", "top_k"},
+      {with(R"("min_p":1.5)"), 400, "invalid_value", "min_p"},
+      {with(R"("stream":"yes")"), 400, "invalid_value", "stream"},
+      {with(R"("stream_options":{"include_usage":1})"), 400, "invalid_value", "stream_options.include_usage"},
+      {with(R"("max_tokens":0)"), 400, "invalid_value", "max_tokens"},
+      {with(R"("max_completion_tokens":2147483648)"), 400, "invalid_value", "max_completion_tokens"},
+      {with(R"("max_tokens":1.5)"), 400, "invalid_value", "max_tokens"},
+      {with(R"("seed":"abc")"), 400, "invalid_value", "seed"},
+      {with(R"("stop":["ok",""])"), 400, "invalid_value", "stop.1"},
+      {with(R"("stop":7)"), 400, "invalid_value", "stop"},
+      {with(R"("stop":[)" + std::string("\"a\",", 0) + R"("1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"), 400,
+       "invalid_value", "stop"},
+      {with(R"("n":2)"), 400, "unsupported_value", "n"},
+      {with(R"("frequency_penalty":0.5)"), 400, "unsupported_parameter", "frequency_penalty"},
+      {with(R"("presence_penalty":1)"), 400, "unsupported_parameter", "presence_penalty"},
+      {with(R"("logit_bias":{"5":1})"), 400, "unsupported_parameter", "logit_bias"},
+      {with(R"("logprobs":true)"), 400, "unsupported_parameter", "logprobs"},
+      {with(R"("response_format":{"type":"json_object"})"), 400, "unsupported_parameter", "response_format"},
+      {with(R"("functions":[{"name":"f"}])"), 400, "unsupported_parameter", "functions"},
+      {with(R"("reasoning_effort":"extreme")"), 400, "unsupported_value", "reasoning_effort"},
+      {with(R"("chat_template_kwargs":{"enable_thinking":"yes"})"), 400, "invalid_value", "chat_template_kwargs.enable_thinking"},
+      {with(R"("tools":{})"), 400, "invalid_value", "tools"},
+      {with(R"("tools":[{"type":"function","function":{}}])"), 400, "invalid_value", "tools.0.function.name"},
+      {with(R"("tool_choice":"sometimes")"), 400, "unsupported_value", "tool_choice"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = refused(c.body);
+    EXPECT_EQ(e.status, c.status) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.body;
+    EXPECT_FALSE(e.message.empty());
+    const json body = error_body(e);
+    EXPECT_TRUE(body["error"].contains("message") && body["error"].contains("type") && body["error"].contains("param") &&
+                body["error"].contains("code"));
+  }
+}
+
+TEST(ServeApi, AcceptsWhatSdksSend) {
+  const ChatRequest r = accepted(R"({"model":"kimi-k3","messages":[
+      {"role":"developer","content":"Be brief."},
+      {"role":"user","content":[{"type":"text","text":"Capital"},{"type":"input_text","text":" of France?"}]},
+      {"role":"assistant","content":"Paris.","reasoning":"Easy."},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"42"},
+      {"role":"user","content":"And Italy?"}],
+    "stream":true,"stream_options":{"include_usage":true},"max_tokens":256.0,"max_completion_tokens":64,
+    "temperature":0,"top_p":1,"top_k":40,"min_p":0.05,"seed":-7,"stop":"\n\nUser:",
+    "reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true},"n":1,"user":"u","metadata":{"a":"b"},
+    "frequency_penalty":0,"presence_penalty":0.0,"logprobs":false,"response_format":{"type":"text"},
+    "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],"tool_choice":"auto",
+    "parallel_tool_calls":true,"unknown_future_field":{"x":1},"model":"kimi-k3"})");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.max_tokens, 64);  // max_completion_tokens wins
+  EXPECT_EQ(r.top_k, 40);
+  EXPECT_DOUBLE_EQ(r.min_p, 0.05);
+  ASSERT_TRUE(r.seed.has_value());
+  EXPECT_EQ(static_cast<int64_t>(*r.seed), -7);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n\nUser:"});
+  EXPECT_TRUE(r.thinking);  // the explicit enable_thinking wins over reasoning_effort none
+  const auto& messages = r.messages.as_array();
+  ASSERT_EQ(messages.size(), 6u);
+  EXPECT_EQ(messages[0].find("role")->as_string(), "system");
+  EXPECT_EQ(messages[2].find("reasoning_content")->as_string(), "Easy.");
+  EXPECT_TRUE(r.tools.is_array());
+  // Duplicate keys: the last wins; ceilings clamp.
+  EXPECT_EQ(accepted(with(R"("temperature":2,"temperature":0.5)")).temperature, 0.5);
+  EXPECT_EQ(accepted(with(R"("max_tokens":999999999)")).max_tokens, config().max_tokens_ceiling);
+  EXPECT_FALSE(accepted(with(R"("reasoning_effort":"none")")).thinking);
+  EXPECT_FALSE(accepted(with(R"("thinking":{"type":"disabled"})")).thinking);
+  EXPECT_TRUE(accepted(with(R"("reasoning_format":"none")")).reasoning_inline);
+  EXPECT_EQ(accepted(with(R"("tool_choice":"none")")).tool_choice.as_string(), "none");
+}
+
+TEST(ServeApi, ResponseShapes) {
+  ChatResult result;
+  result.reasoning = "Because.";
+  result.content = "Rome.";
+  result.stats.finish_reason = "stop";
+  result.stats.prompt_tokens = 412;
+  result.stats.cached_tokens = 380;
+  result.stats.completion_tokens = 57;
+  result.stats.prefill_ms = 1000;
+  result.stats.decode_ms = 2000;
+  result.stats.reuse = ReuseKind::checkpoint;
+  result.stats.restored_at = 380;
+  ChatRequest request = accepted(with(""));
+  const ResponseIds ids = new_response_ids();
+  EXPECT_EQ(ids.id.rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(ids.id.size(), 9u + 32u);
+  const json r = chat_completion_json(result, request, config(), ids);
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "Rome.");
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "Because.");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["total_tokens"], 469);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 380);
+  EXPECT_EQ(r["timings"]["prompt_n"], 32);
+  EXPECT_DOUBLE_EQ(r["timings"]["predicted_per_second"].get<double>(), 28.5);
+  EXPECT_EQ(r["x_k3"]["reuse"], "checkpoint");
+  EXPECT_EQ(r["x_k3"]["checkpoint_restored_at"], 380);
+  request.reasoning_inline = true;
+  EXPECT_EQ(chat_completion_json(result, request, config(), ids)["choices"][0]["message"]["content"], "Because.</think>Rome.");
+  ApiConfig both = config();
+  both.reasoning_field = "both";
+  json delta = json::object();
+  put_reasoning(delta, "x", both);
+  EXPECT_EQ(delta["reasoning"], "x");
+  EXPECT_EQ(delta["reasoning_content"], "x");
+  // Tool calls.
+  text::ToolCallOut call;
+  call.name = "get_weather";
+  call.arguments_json = R"({"city":"Paris"})";
+  result.tool_calls = {call};
+  result.stats.finish_reason = "tool_calls";
+  const json t = chat_completion_json(result, accepted(with("")), config(), ids);
+  EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(t["choices"][0]["finish_reason"], "tool_calls");
+  // Chunks.
+  const json c = chunk_json(ids, config(), json{{"content", "Ro"}}, nullptr);
+  EXPECT_EQ(c["object"], "chat.completion.chunk");
+  EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(c["usage"].is_null());
+  const json u = usage_chunk_json(ids, config(), result.stats);
+  EXPECT_TRUE(u["choices"].empty());
+  EXPECT_EQ(u["usage"]["completion_tokens"], 57);
+  const json p = progress_chunk_json(ids, config(), 412, 380, 396, 30.5);
+  EXPECT_EQ(p["prompt_progress"]["processed"], 396);
+}
+
+TEST(ServeApi, Guards) {
+  SecurityOptions o;
+  o.port = 8000;
+  EXPECT_TRUE(host_allowed("127.0.0.1:8000", o));
+  EXPECT_TRUE(host_allowed("localhost", o));
+  EXPECT_TRUE(host_allowed("[::1]:8000", o));
+  EXPECT_FALSE(host_allowed("evil.example", o));
+  EXPECT_FALSE(host_allowed("evil.example:8000", o));
+  EXPECT_FALSE(host_allowed("", o));
+  o.allowed_hosts = {"box.lan"};
+  EXPECT_TRUE(host_allowed("BOX.lan:8000", o));
+  o.allowed_hosts = {"*"};
+  EXPECT_TRUE(host_allowed("evil.example", o));
+
+  SecurityOptions c;
+  c.port = 8000;
+  EXPECT_TRUE(origin_allowed("http://127.0.0.1:8000", c));
+  EXPECT_TRUE(origin_allowed("http://localhost:8000", c));
+  EXPECT_TRUE(origin_allowed("http://localhost:5173", c));
+  EXPECT_FALSE(origin_allowed("http://127.0.0.1:8001", c));
+  EXPECT_FALSE(origin_allowed("https://evil.example", c));
+  EXPECT_FALSE(origin_allowed("null", c));
+  c.cors_origins = {"https://app.example"};
+  EXPECT_TRUE(origin_allowed("https://app.example", c));
+
+  EXPECT_EQ(presented_key("Bearer  sk-1 ", ""), "sk-1");
+  EXPECT_EQ(presented_key("bearer sk-1", ""), "sk-1");
+  EXPECT_EQ(presented_key("Basic abc", "sk-1"), "");  // another scheme counts as missing
+  EXPECT_EQ(presented_key("", " sk-2 "), "sk-2");
+  const std::vector<std::string> keys = {"sk-1", "another-key"};
+  EXPECT_TRUE(key_matches("sk-1", keys));
+  EXPECT_TRUE(key_matches("another-key", keys));
+  EXPECT_FALSE(key_matches("sk-", keys));
+  EXPECT_FALSE(key_matches("sk-12", keys));
+  EXPECT_FALSE(key_matches("", keys));
+  EXPECT_FALSE(key_matches(std::string(600, 'a'), {std::string(512, 'a')}));
+
+  EXPECT_TRUE(is_loopback_host("127.0.0.1"));
+  EXPECT_TRUE(is_loopback_host("::1"));
+  EXPECT_TRUE(is_loopback_host("localhost"));
+  EXPECT_FALSE(is_loopback_host("0.0.0.0"));
+  EXPECT_FALSE(is_loopback_host("192.168.1.5"));
+}
+
+TEST(ServeApi, MetricsText) {
+  ServiceSnapshot s;
+  s.generated_tokens = 57;
+  s.decode_seconds = 2;
+  s.prompt_tokens = 412;
+  s.cached_tokens = 380;
+  s.prefill_seconds = 1;
+  const std::string text = metrics_text(s, {{"endpoint=\"/v1/chat/completions\",status=\"200\"", 3}});
+  EXPECT_NE(text.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_generated_tokens_total 57\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_prompt_tokens_cached_total 380\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_decode_tokens_per_second 28.5\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_prefill_tokens_per_second 32\n"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE k3_requests_queued gauge"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace k3::server
