@@ -297,5 +297,68 @@ TEST(Service, ChatAnchorIsThePrefixBeforeTheLastMessage) {
   EXPECT_LT(prompt.anchor, static_cast<int64_t>(prompt.ids.size()) - 5);
 }
 
+// Random weights never write a valid call, so the reply is scripted: the service parses it into
+// reasoning, content and a tool call, ends with finish_reason tool_calls, and the API layer turns
+// that into OpenAI's tool_calls; the request's tool declarations reach the rendered prompt.
+TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
+  ServiceOptions o = options(0);
+  EngineService probe(o);
+  wait_ready(probe);
+  const text::Tokenizer& tokenizer = *probe.engine()->tokenizer();
+  std::vector<int32_t> script32;
+  tokenizer.encode(
+      "Weather needs a tool.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>"
+      "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
+      "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
+      "<|open|>argument key=\"days\" type=\"number\"<|sep|>2<|close|>argument<|sep|>"
+      "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>",
+      true, script32);
+  o.scripted_tokens.assign(script32.begin(), script32.end());
+  EngineService service(o);
+  wait_ready(service);
+
+  server::ApiConfig api;
+  auto parsed = server::parse_chat_request(R"({"model":"kimi-k3","messages":[{"role":"user","content":"Weather in Paris?"}],
+      "tools":[{"type":"function","function":{"name":"get_weather","description":"Current weather",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"number"}}}}}]})", api);
+  ASSERT_TRUE(std::holds_alternative<server::ChatRequest>(parsed));
+  const auto& request = std::get<server::ChatRequest>(parsed);
+  auto rendered = server::render_chat_prompt(request, tokenizer);
+  ASSERT_TRUE(std::holds_alternative<server::RenderedPrompt>(rendered));
+  std::vector<int32_t> prompt32(std::get<server::RenderedPrompt>(rendered).ids.begin(),
+                                std::get<server::RenderedPrompt>(rendered).ids.end());
+  const std::string prompt_text = tokenizer.decode(prompt32);
+  EXPECT_NE(prompt_text.find("get_weather"), std::string::npos);
+  EXPECT_NE(prompt_text.find("Current weather"), std::string::npos);
+
+  ServiceRequest r;
+  r.prompt = std::get<server::RenderedPrompt>(rendered).ids;
+  r.starts_in_think = true;
+  r.max_tokens = 200;
+  auto handle = service.submit(r);
+  ASSERT_TRUE(handle.ok());
+  server::ChatResult result;
+  ServiceEvent e;
+  for (int i = 0; i < 600; ++i) {
+    if (!(*handle)->next(e, std::chrono::milliseconds(100))) continue;
+    if (e.kind == ServiceEvent::Kind::reasoning) result.reasoning += e.text;
+    if (e.kind == ServiceEvent::Kind::content) result.content += e.text;
+    if (e.kind == ServiceEvent::Kind::tool_call) result.tool_calls.push_back(e.call);
+    if (e.kind == ServiceEvent::Kind::done) {
+      result.stats = e.stats;
+      break;
+    }
+  }
+  EXPECT_EQ(result.reasoning, "Weather needs a tool.");
+  EXPECT_EQ(result.content, "Checking.");
+  EXPECT_EQ(result.stats.finish_reason, "tool_calls");
+  EXPECT_EQ(result.stats.completion_tokens, static_cast<int64_t>(script32.size()));
+  const server::json out = server::chat_completion_json(result, request, api, server::new_response_ids());
+  ASSERT_EQ(out["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris","days":2})");
+  EXPECT_EQ(out["choices"][0]["finish_reason"], "tool_calls");
+}
+
 }  // namespace
 }  // namespace k3

@@ -438,7 +438,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   };
   try {
     for (int64_t j = 0; j < req.max_tokens; ++j) {
-      const int64_t id = sampler.sample(logits);
+      const int64_t id = static_cast<size_t>(j) < options_.scripted_tokens.size() ? options_.scripted_tokens[static_cast<size_t>(j)]
+                                                                                 : sampler.sample(logits);
       ++stats.completion_tokens;
       const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
       parser.push(static_cast<int32_t>(id), events);

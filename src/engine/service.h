@@ -121,6 +121,9 @@ struct ServiceOptions {
   int token_delay_ms = 0;        // debug: sleep after every generated token
   bool prefix_log = false;       // K3_PREFIX_LOG lines on stderr
   int threads = 0;               // OpenMP threads of the worker (0 = default)
+  // Tests: generated ids are taken from this script (in order, then the sampler) instead of
+  // sampled, so tool calls and stop paths can be driven through a random-weight model.
+  std::vector<int64_t> scripted_tokens;
 };
 
 // A consistent copy of the service's state for /health, /metrics and the chat status line.
