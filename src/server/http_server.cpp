@@ -284,8 +284,8 @@ struct HttpServer::Impl {
   }
   int64_t started_unix = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
-  void tokenize(const httplib::Request& req, httplib::Response& res) {
-    auto parsed = parse_json_object(req.body);
+  void tokenize(const httplib::Request&, httplib::Response& res, const std::string& body) {
+    auto parsed = parse_json_object(body);
     if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
     const json& b = std::get<json>(parsed);
     auto it = b.find("content");
@@ -300,8 +300,8 @@ struct HttpServer::Impl {
     set_json(res, 200, json{{"tokens", ids}});
   }
 
-  void detokenize(const httplib::Request& req, httplib::Response& res) {
-    auto parsed = parse_json_object(req.body);
+  void detokenize(const httplib::Request&, httplib::Response& res, const std::string& body) {
+    auto parsed = parse_json_object(body);
     if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
     const json& b = std::get<json>(parsed);
     auto it = b.find("tokens");
@@ -352,9 +352,9 @@ struct HttpServer::Impl {
     return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
   }
 
-  void chat(const httplib::Request& req, httplib::Response& res) {
+  void chat(const httplib::Request& req, httplib::Response& res, const std::string& body) {
     const ApiConfig& api = options.api;
-    auto parsed = parse_chat_request(req.body, api);
+    auto parsed = parse_chat_request(body, api);
     if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
     auto request = std::make_shared<ChatRequest>(std::move(std::get<ChatRequest>(parsed)));
     if (draining.load())
@@ -391,7 +391,7 @@ struct HttpServer::Impl {
     sr.stop = request->stop;
     sr.cache_prompt = request->cache_prompt;
     if (options.log_prompts)
-      std::fprintf(stderr, "[prompt] %s %s\n", res.get_header_value("x-request-id").c_str(), req.body.c_str());
+      std::fprintf(stderr, "[prompt] %s %s\n", res.get_header_value("x-request-id").c_str(), body.c_str());
     auto submitted = service.submit(std::move(sr));
     if (!submitted.ok()) {
       const Status st = submitted.status();
@@ -547,6 +547,33 @@ struct HttpServer::Impl {
                                          {"fed_tokens", s.fed_tokens}, {"checkpoints", list}}}));
   }
 
+  // A POST route whose body is read here, chunked or not, and refused with 413 past the cap
+  // (the library bounds Content-Length bodies but not chunked ones).
+  void post(const std::string& path, std::function<void(const httplib::Request&, httplib::Response&, const std::string&)> handler) {
+    http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      bool too_large = false;
+      const bool complete = reader([&](const char* data, size_t length) {
+        if (body.size() + length > options.max_body_bytes) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, length);
+        return true;
+      });
+      if (too_large) {
+        res.set_header("Connection", "close");
+        return set_error(res, simple_error(413, "invalid_request_error", "request_too_large",
+                                           "the body exceeds " + std::to_string(options.max_body_bytes) + " bytes"));
+      }
+      if (!complete) {
+        res.set_header("Connection", "close");
+        return set_error(res, simple_error(400, "invalid_request_error", "invalid_json", "the body could not be read"));
+      }
+      handler(req, res, body);
+    });
+  }
+
   void install_routes() {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return guard(req, res); });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -598,7 +625,7 @@ struct HttpServer::Impl {
       }
       set_json(r, 200, model_entry(id));
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { chat(q, r); });
+    post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { chat(q, r, b); });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       std::vector<std::pair<std::string, int64_t>> requests;
       {
@@ -615,8 +642,8 @@ struct HttpServer::Impl {
       service.erase_state();
       set_json(r, 200, json{{"id_slot", 0}, {"erased", true}});
     });
-    http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
-    http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
+    post("/tokenize", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { tokenize(q, r, b); });
+    post("/detokenize", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { detokenize(q, r, b); });
     // Wrong methods on known routes.
     for (const char* path : {"/v1/chat/completions", "/tokenize", "/detokenize"})
       http.Get(path, [](const httplib::Request&, httplib::Response& r) {
