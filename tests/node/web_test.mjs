@@ -1,0 +1,477 @@
+// The web page (web/) in real Chromium against a real `coli web` on the demo model (random
+// weights: with thinking on the text lands in reasoning_content, with it off in content).
+//
+//   node tests/node/web_test.mjs <path-to-coli> <screenshot.png>
+//   node tests/node/web_test.mjs --mock <screenshot.png>      (tests/node/web_mock_server.mjs)
+//
+// Creates the demo model with <dir of coli>/../tools/k3_synth, starts `coli web --port 0
+// --token-delay-ms 30`, waits for /health 200, then drives the page: a reply with thinking on
+// (streamed reasoning in its own block), one with thinking off (streamed content; the history
+// sent back carries the first reply's content and reasoning_content exactly as streamed), an
+// error response (error.message shown), Stop in mid-stream (partial answer kept and marked
+// interrupted, the server answers the next message), an API key (sent as Bearer, kept out of
+// localStorage), New chat (empty thread, old conversation still listed, reopens), screenshots
+// (wide, and narrow next to it as *-narrow.png). Any console error, page error or request to
+// another origin fails the run. The mock run adds the loading screen, hostile Markdown and an
+// error event mid-stream. Exit status 1 with a reason on failure; everything is over in 120 s.
+import { chromium } from 'playwright-core';
+import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const CHROMIUM = '/usr/bin/chromium';
+const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
+                       '--disable-component-update', '--disable-sync', '--disable-quic'];
+const CSP = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; object-src 'none'; base-uri 'none'";
+const OVERALL_MS = 120_000;
+const REPLY_MS = 40_000;
+
+const argv = process.argv.slice(2);
+const mock = argv.includes('--mock');
+const positional = argv.filter((a) => !a.startsWith('--'));
+const [coli, screenshot] = mock ? [null, positional[0]] : positional;
+if ((!mock && !coli) || !screenshot) {
+  console.error('usage: node tests/node/web_test.mjs <path-to-coli> <screenshot.png>\n       node tests/node/web_test.mjs --mock <screenshot.png>');
+  process.exit(2);
+}
+
+const t0 = Date.now();
+const log = (msg) => console.log(`[${((Date.now() - t0) / 1000).toFixed(1).padStart(5)} s] ${msg}`);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+class TestFailure extends Error {}
+const fail = (msg) => { throw new TestFailure(msg); };
+const expect = (ok, msg) => { if (!ok) fail(msg); };
+
+let server = null, serverLog = '', browserContext = null;
+const tempDirs = [];
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+async function startServer() {
+  let command, args;
+  if (mock) {
+    command = process.execPath;
+    args = [path.join(HERE, 'web_mock_server.mjs'), '--port', '0', '--token-delay-ms', '30', '--loading-s', '2'];
+  } else {
+    const synth = path.join(path.dirname(path.resolve(coli)), '..', 'tools', 'k3_synth');
+    expect(fs.existsSync(coli), `no coli binary at ${coli}`);
+    expect(fs.existsSync(synth), `no k3_synth at ${synth} (expected next to coli: <dir of coli>/../tools/k3_synth)`);
+    const modelDir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-model-'));
+    tempDirs.push(modelDir);
+    const t = Date.now();
+    execFileSync(synth, ['--preset', 'demo', '--out', modelDir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 60_000 });
+    log(`demo model written in ${((Date.now() - t) / 1000).toFixed(1)} s`);
+    command = coli;
+    args = ['web', '--model', modelDir, '--port', '0', '--token-delay-ms', '30'];
+  }
+  log(`starting ${path.basename(command)} ${args.join(' ')}`);
+  server = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, BROWSER: 'true' } });
+  server.stderr.on('data', (d) => { serverLog += d; });
+  const exited = new Promise((resolve) => server.once('exit', (code, signal) => resolve({ code, signal })));
+  const url = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new TestFailure(`no http://127.0.0.1:PORT/ line on the server's stdout within 30 s; stdout: ${JSON.stringify(out)}`)), 30_000);
+    server.stdout.on('data', (d) => {
+      out += d;
+      serverLog += d;
+      const m = /(http:\/\/127\.0\.0\.1:\d+\/)/.exec(out);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    exited.then(({ code, signal }) => { clearTimeout(timer); reject(new TestFailure(`the server exited (code ${code}, signal ${signal}) before printing its URL`)); });
+  });
+  log(`server at ${url}`);
+  return url;
+}
+
+async function waitForHealth(url, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < deadline) {
+    try {
+      const r = await fetch(new URL('health', url));
+      last = `${r.status} ${await r.text()}`;
+      if (r.status === 200) return;
+    } catch (e) {
+      last = e.message;
+    }
+    await sleep(200);
+  }
+  fail(`GET /health did not answer 200 within ${timeoutMs / 1000} s (last: ${last})`);
+}
+
+async function stopServer() {
+  if (!server || server.exitCode !== null || server.signalCode !== null) return;
+  const exited = new Promise((resolve) => server.once('exit', resolve));
+  server.kill('SIGTERM');
+  const t = setTimeout(() => server.kill('SIGKILL'), 10_000);
+  await exited;
+  clearTimeout(t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Page helpers
+
+// The last assistant message as the page shows it, plus the stored conversation.
+function lastReply(page) {
+  return page.evaluate(() => {
+    const all = document.querySelectorAll('.msg.assistant');
+    const m = all[all.length - 1];
+    if (!m) return { count: 0 };
+    const details = m.querySelector('details.reasoning');
+    return {
+      count: all.length,
+      state: m.dataset.state,
+      reasoning: m.querySelector('.reasoning .reasoning-text')?.textContent ?? '',
+      reasoningVisible: !!details && !details.hidden,
+      content: m.querySelector('.content')?.textContent ?? '',
+      note: m.querySelector('.note')?.hidden ? '' : m.querySelector('.note')?.textContent ?? '',
+      stats: m.querySelector('.stats')?.textContent ?? '',
+    };
+  });
+}
+
+const stored = (page) => page.evaluate(() => ({
+  conversations: JSON.parse(localStorage.getItem('k3chat.conversations') ?? '[]'),
+  current: localStorage.getItem('k3chat.current'),
+}));
+
+async function setSettings(page, { maxTokens, thinking, apiKey }) {
+  if (await page.locator('#settings').isHidden()) await page.click('#toggle-settings');
+  if (maxTokens !== undefined) await page.fill('#max-tokens', String(maxTokens));
+  if (thinking !== undefined) await page.setChecked('#thinking', thinking);
+  if (apiKey !== undefined) {
+    await page.fill('#api-key', apiKey);
+    await page.dispatchEvent('#api-key', 'change');
+  }
+  await page.click('#close-settings');
+}
+
+async function send(page, text) {
+  const before = (await lastReply(page)).count;
+  await page.fill('#prompt', text);
+  await page.click('#send');
+  await page.waitForFunction((n) => document.querySelectorAll('.msg.assistant').length > n, before, { timeout: 5000 });
+}
+
+// Samples the last reply every 40 ms until it leaves the streaming state; returns the final view
+// and how many distinct text lengths were seen while it streamed.
+async function watchReply(page, field, timeoutMs = REPLY_MS) {
+  const lengths = new Set();
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const r = await lastReply(page);
+    if (r.state !== 'streaming') return { final: r, growth: lengths.size };
+    if (r[field].length) lengths.add(r[field].length);
+    if (Date.now() > deadline) fail(`the reply was still streaming after ${timeoutMs / 1000} s: ${JSON.stringify(r).slice(0, 300)}`);
+    await sleep(40);
+  }
+}
+
+// Content and reasoning of a streamed chat response, rebuilt from its SSE text.
+function fromSse(text) {
+  let content = '', reasoning = '', done = false;
+  for (const line of text.split(/\r?\n/)) {
+    if (!line.startsWith('data:')) continue;
+    const data = line.slice(5).trim();
+    if (data === '[DONE]') { done = true; continue; }
+    const delta = JSON.parse(data).choices?.[0]?.delta ?? {};
+    content += delta.content ?? '';
+    reasoning += delta.reasoning_content ?? delta.reasoning ?? '';
+  }
+  return { content, reasoning, done };
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function run() {
+  const url = await startServer();
+  const origin = new URL(url).origin;
+  if (!mock) await waitForHealth(url, 60_000);
+
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-chromium-'));
+  tempDirs.push(profile);
+  browserContext = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true, viewport: { width: 1280, height: 860 },
+  });
+  const page = browserContext.pages()[0] ?? await browserContext.newPage();
+
+  // Console errors fail the run, except "Failed to load resource" for a status a step expects.
+  const problems = [];
+  const expectedStatus = new Set();  // "path status"
+  page.on('console', (m) => {
+    if (m.type() !== 'error') return;
+    const at = m.location()?.url ?? '';
+    const status = /status of (\d+)/.exec(m.text())?.[1];
+    if (status && expectedStatus.has(`${at ? new URL(at).pathname : ''} ${status}`)) return;
+    problems.push(`console error: ${m.text()} (${at})`);
+  });
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  page.on('dialog', (d) => { problems.push(`unexpected dialog: ${d.message()}`); d.dismiss().catch(() => {}); });
+  const chatRequests = [];
+  const chatResponses = [];
+  page.on('request', (r) => {
+    const u = new URL(r.url());
+    if (u.protocol !== 'data:' && u.origin !== origin) problems.push(`request to another origin: ${r.method()} ${r.url()}`);
+    if (u.pathname === '/v1/chat/completions') chatRequests.push({ body: JSON.parse(r.postData() ?? 'null'), headers: r.headers() });
+  });
+  page.on('response', (r) => {
+    if (new URL(r.url()).pathname === '/v1/chat/completions') chatResponses.push({ status: r.status(), headers: r.headers() });
+  });
+  // Chromium keeps no body for a response the page read as a stream, so the raw bytes of every
+  // chat response are teed off in the page (window.__chatBodies, in request order), before the
+  // page's own SSE parser sees them.
+  await page.addInitScript(() => {
+    const original = window.fetch;
+    window.__chatBodies = [];
+    window.fetch = async (input, init) => {
+      const response = await original(input, init);
+      if (!String(input).includes('v1/chat/completions') || !response.body) return response;
+      const [mine, theirs] = response.body.tee();
+      const record = { text: '', complete: false };
+      window.__chatBodies.push(record);
+      (async () => {
+        const reader = theirs.getReader();
+        const decoder = new TextDecoder();
+        try {
+          for (;;) {
+            const { value, done } = await reader.read();
+            if (done) break;
+            record.text += decoder.decode(value, { stream: true });
+          }
+          record.complete = true;
+        } catch { /* aborted */ }
+      })();
+      return new Response(mine, { status: response.status, statusText: response.statusText, headers: response.headers });
+    };
+  });
+  const chatBody = async (k) => {
+    await page.waitForFunction((i) => window.__chatBodies[i]?.complete, k, { timeout: 5000 });
+    return page.evaluate((i) => window.__chatBodies[i].text, k);
+  };
+  const checkProblems = () => expect(problems.length === 0, problems.join('\n'));
+
+  // The page and its headers.
+  if (mock) expectedStatus.add('/health 503');
+  const response = await page.goto(url, { waitUntil: 'load' });
+  expect(response.status() === 200, `GET / answered ${response.status()}`);
+  expect(response.headers()['content-security-policy'] === CSP,
+         `GET / Content-Security-Policy is ${JSON.stringify(response.headers()['content-security-policy'])}, expected ${JSON.stringify(CSP)}`);
+  expect(response.headers()['x-content-type-options'] === 'nosniff', 'GET / lacks X-Content-Type-Options: nosniff');
+  await page.waitForSelector('body[data-ready="true"]', { timeout: 10_000 });
+  if (mock) {
+    await page.waitForSelector('#loading:not([hidden])', { timeout: 3000 });
+    const text = await page.textContent('#loading-text');
+    expect(/weights/.test(text) && /%/.test(text), `the loading screen shows ${JSON.stringify(text)}`);
+    log(`loading screen: ${text}`);
+  }
+  await page.waitForSelector('#loading', { state: 'hidden', timeout: 30_000 });
+  await page.waitForFunction(() => document.querySelector('#model')?.value, null, { timeout: 15_000 });
+  const model = await page.inputValue('#model');
+  const models = await (await fetch(new URL('v1/models', url))).json();
+  expect(model === models.data[0].id, `the model picker shows ${model}, /v1/models lists ${models.data[0].id} first`);
+  await page.waitForFunction(() => document.querySelector('#health-dot')?.classList.contains('ok'), null, { timeout: 10_000 });
+  log(`page ready; model ${model}; status: ${(await page.textContent('#health-info')).slice(0, 80)}`);
+  checkProblems();
+
+  // 1. Thinking on: streamed reasoning in the reasoning block.
+  await setSettings(page, { maxTokens: 48, thinking: true });
+  await send(page, 'Hello! What is 2+2? <b>not bold</b>');
+  let w = await watchReply(page, 'reasoning');
+  log(`reply 1 (thinking): ${w.final.state}; reasoning ${w.final.reasoning.length} chars seen growing over ${w.growth} samples; content ${w.final.content.length} chars; ${w.final.stats}`);
+  expect(w.final.state === 'done', `reply 1 ended in state ${w.final.state}: ${w.final.note}`);
+  expect(w.final.reasoning.length > 0 && w.final.reasoningVisible, 'reply 1 (thinking on) shows no reasoning block text');
+  expect(w.growth >= 3, `reply 1's reasoning did not visibly stream (${w.growth} distinct lengths seen)`);
+  expect(/TTFT/.test(w.final.stats) && /completion \d+/.test(w.final.stats), `reply 1's stats line lacks TTFT or usage: ${w.final.stats}`);
+  const user1 = await page.locator('.msg.user .content').first().textContent();
+  expect(user1 === 'Hello! What is 2+2? <b>not bold</b>', `the user message shows as ${JSON.stringify(user1)}`);
+  let req = chatRequests.at(-1).body;
+  expect(req.stream === true && req.stream_options?.include_usage === true && req.return_progress === true,
+         `request 1 lacks stream / include_usage / return_progress: ${JSON.stringify(req).slice(0, 300)}`);
+  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === 48 && req.model === model,
+         `request 1 settings: ${JSON.stringify({ kw: req.chat_template_kwargs, max: req.max_completion_tokens, model: req.model })}`);
+  const sse1 = await chatBody(0);
+  const got1 = fromSse(sse1);
+  expect(got1.done, 'response 1 did not end with data: [DONE]');
+  expect(/data: \{"id":"[^"]*","object":"chat\.completion\.chunk"/.test(sse1) || /"object":"chat\.completion\.chunk"/.test(sse1), 'response 1 has no chat.completion.chunk events');
+  const s1 = (await stored(page)).conversations.at(-1).messages[1];
+  expect(s1.reasoning === got1.reasoning && s1.content === got1.content,
+         `reply 1 as stored differs from the stream: stored ${JSON.stringify([s1.content, s1.reasoning]).slice(0, 200)}, streamed ${JSON.stringify([got1.content, got1.reasoning]).slice(0, 200)}`);
+  checkProblems();
+
+  // 2. Thinking off: streamed content; history carries reply 1 exactly as received.
+  await setSettings(page, { thinking: false });
+  await send(page, 'Now answer without thinking.');
+  w = await watchReply(page, 'content');
+  log(`reply 2 (no thinking): ${w.final.state}; content ${w.final.content.length} chars seen growing over ${w.growth} samples; reasoning ${w.final.reasoning.length}; ${w.final.stats}`);
+  expect(w.final.state === 'done', `reply 2 ended in state ${w.final.state}: ${w.final.note}`);
+  expect(w.final.content.length > 0, 'reply 2 (thinking off) shows no content');
+  expect(!w.final.reasoningVisible, 'reply 2 (thinking off) shows a reasoning block');
+  expect(w.growth >= 3, `reply 2's content did not visibly stream (${w.growth} distinct lengths seen)`);
+  req = chatRequests.at(-1).body;
+  expect(req.chat_template_kwargs?.enable_thinking === false, `request 2 enable_thinking: ${JSON.stringify(req.chat_template_kwargs)}`);
+  const history = req.messages.filter((m) => m.role !== 'system');
+  expect(history.length === 3 && history[0].role === 'user' && history[1].role === 'assistant' && history[2].role === 'user',
+         `request 2 messages: ${JSON.stringify(history.map((m) => m.role))}`);
+  expect(history[1].content === got1.content && (history[1].reasoning_content ?? '') === got1.reasoning,
+         'request 2 does not carry reply 1\'s content and reasoning_content exactly as streamed');
+  const sse2 = await chatBody(1);
+  const prompt2 = /"prompt_tokens":(\d+)/.exec(sse2)?.[1], cached2 = /"cached_tokens":(\d+)/.exec(sse2)?.[1];
+  log(`reply 2 usage: prompt_tokens ${prompt2}, cached_tokens ${cached2}; x-queue-wait-ms ${chatResponses.at(-1).headers['x-queue-wait-ms']}`);
+  expect(chatResponses.at(-1).headers['x-queue-wait-ms'] !== undefined, 'response 2 has no x-queue-wait-ms header');
+  checkProblems();
+
+  // 3. An error response shows error.message.
+  await page.evaluate(() => {
+    const o = document.createElement('option');
+    o.value = o.textContent = 'no-such-model';
+    document.querySelector('#model').append(o);
+  });
+  await page.selectOption('#model', 'no-such-model');
+  expectedStatus.add('/v1/chat/completions 404');
+  await send(page, 'This goes to a model that does not exist.');
+  w = await watchReply(page, 'content', 10_000);
+  const errorBody = await chatBody(2);
+  let errorMessage = null;
+  try { errorMessage = JSON.parse(errorBody).error.message; } catch { /* checked below */ }
+  log(`error reply: HTTP ${chatResponses.at(-1).status}, shown as ${JSON.stringify(w.final.note)}`);
+  expect(chatResponses.at(-1).status === 404, `an unknown model answered HTTP ${chatResponses.at(-1).status} (expected 404 model_not_found): ${errorBody}`);
+  expect(typeof errorMessage === 'string' && errorMessage, `the 404 body has no error.message: ${errorBody}`);
+  expect(w.final.state === 'error' && w.final.note.includes(errorMessage), `the page shows ${JSON.stringify(w.final.note)} for error ${JSON.stringify(errorMessage)}`);
+  expectedStatus.delete('/v1/chat/completions 404');
+  await page.selectOption('#model', model);
+  await page.evaluate(() => document.querySelector('#model option[value="no-such-model"]').remove());
+  checkProblems();
+
+  // 4. Stop mid-stream: the partial answer stays, marked interrupted.
+  await setSettings(page, { maxTokens: 2000 });
+  await send(page, mock ? 'Please write a /long answer.' : 'Write a long story about a lighthouse keeper.');
+  await page.waitForFunction(() => {
+    const all = document.querySelectorAll('.msg.assistant');
+    return (all[all.length - 1].querySelector('.content')?.textContent ?? '').length > 20;
+  }, null, { timeout: REPLY_MS });
+  await sleep(300);
+  const stopVisible = await page.locator('#stop').isVisible();
+  expect(stopVisible, 'no visible #stop button while streaming');
+  const tStop = Date.now();
+  await page.click('#stop');
+  await page.waitForFunction(() => {
+    const all = document.querySelectorAll('.msg.assistant');
+    return all[all.length - 1].dataset.state !== 'streaming';
+  }, null, { timeout: 5000 });
+  const stopped = await lastReply(page);
+  log(`stopped after ${Date.now() - tStop} ms: state ${stopped.state}, note ${JSON.stringify(stopped.note)}, kept ${stopped.content.length} chars`);
+  expect(stopped.state === 'interrupted' && /interrupted/i.test(stopped.note), `after Stop the reply is ${stopped.state} with note ${JSON.stringify(stopped.note)}`);
+  expect(stopped.content.length > 20, 'the partial answer was not kept after Stop');
+  await sleep(500);
+  expect((await lastReply(page)).content === stopped.content, 'the reply kept growing after Stop');
+  expect(await page.locator('#send').isVisible(), '#send did not come back after Stop');
+  const s3 = (await stored(page)).conversations.at(-1).messages.at(-1);
+  expect(s3.state === 'interrupted' && s3.content.length > 0, `the stored reply after Stop: ${JSON.stringify(s3).slice(0, 200)}`);
+  checkProblems();
+
+  // 5. The server answers the next message; an API key travels as Bearer and stays out of localStorage.
+  await setSettings(page, { maxTokens: 16, thinking: false, apiKey: 'web-test-key-123' });
+  await send(page, 'Are you still there?');
+  w = await watchReply(page, 'content');
+  log(`reply after Stop: ${w.final.state}; content ${w.final.content.length} chars; ${w.final.stats}`);
+  expect(w.final.state === 'done' && w.final.content.length > 0, `the message after Stop ended ${w.final.state}: ${w.final.note}`);
+  const last = chatRequests.at(-1);
+  expect(last.headers.authorization === 'Bearer web-test-key-123', `Authorization header: ${JSON.stringify(last.headers.authorization)}`);
+  const partial = last.body.messages.filter((m) => m.role === 'assistant').at(-1);
+  expect(partial?.content === s3.content, 'the interrupted reply is not in the next request\'s history as it was received');
+  const storage = await page.evaluate(() => ({ local: JSON.stringify({ ...localStorage }), session: sessionStorage.getItem('k3chat.apiKey') }));
+  expect(!storage.local.includes('web-test-key-123') && storage.session === 'web-test-key-123',
+         'the API key is not kept in sessionStorage only');
+  await setSettings(page, { apiKey: '' });
+  checkProblems();
+
+  // Mock only: hostile Markdown stays inert; an error event mid-stream shows its message.
+  if (mock) {
+    await setSettings(page, { maxTokens: 1000 });
+    await send(page, 'Show me /markdown please');
+    w = await watchReply(page, 'content');
+    const dom = await page.evaluate(() => {
+      const all = document.querySelectorAll('.msg.assistant');
+      const c = all[all.length - 1].querySelector('.content');
+      return {
+        imgs: document.querySelectorAll('.thread img, .thread script, .thread iframe').length,
+        hrefs: [...c.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+        tables: c.querySelectorAll('table').length,
+        code: c.querySelector('pre code')?.textContent ?? '',
+        xss: window.__xss ?? null,
+        handlers: [...document.querySelectorAll('.thread *')].some((e) => [...e.attributes].some((a) => a.name.startsWith('on'))),
+      };
+    });
+    log(`markdown: ${JSON.stringify(dom)}`);
+    expect(dom.imgs === 0 && dom.xss === null && !dom.handlers, `hostile Markdown was not inert: ${JSON.stringify(dom)}`);
+    expect(dom.hrefs.length === 1 && dom.hrefs[0] === 'https://example.com/docs', `links: ${JSON.stringify(dom.hrefs)}`);
+    expect(dom.tables === 1 && dom.code.includes('<script>'), 'the table or the code block did not render');
+    await send(page, 'Trigger a /midstream failure');
+    w = await watchReply(page, 'content');
+    expect(w.final.state === 'error' && w.final.note.includes('engine failure during decode (mock)'),
+           `an error event mid-stream shows as ${w.final.state}: ${JSON.stringify(w.final.note)}`);
+    checkProblems();
+  }
+
+  // 6. New chat: an empty thread, the old conversation still listed and reopened intact.
+  const messagesBefore = await page.locator('#thread .msg').count();
+  await page.click('#new-chat');
+  expect(await page.locator('#thread .msg').count() === 0, 'New chat did not empty the thread');
+  const titles = await page.locator('#conversations .conv-open').allTextContents();
+  expect(titles.length === 1 && titles[0].startsWith('Hello! What is 2+2?'), `the conversation list after New chat: ${JSON.stringify(titles)}`);
+  expect((await stored(page)).current === null, 'New chat left a current conversation in localStorage');
+  await page.click('#conversations .conv-open');
+  expect(await page.locator('#thread .msg').count() === messagesBefore, 'reopening the conversation did not restore its messages');
+  await page.locator('#thread').evaluate((t) => { t.scrollTop = 0; });
+  fs.mkdirSync(path.dirname(path.resolve(screenshot)), { recursive: true });
+  await page.screenshot({ path: screenshot });
+  const narrowShot = screenshot.replace(/(\.png)?$/i, '-narrow.png');
+  await page.setViewportSize({ width: 390, height: 820 });
+  await sleep(200);
+  expect(await page.locator('#sidebar').isHidden(), 'the sidebar does not fold away on a narrow window');
+  await page.screenshot({ path: narrowShot });
+  await page.click('#toggle-sidebar');
+  expect(await page.locator('#sidebar').isVisible(), 'the sidebar does not open on a narrow window');
+  log(`screenshots: ${screenshot}, ${narrowShot}`);
+
+  // Delete works too (on a second, fresh conversation, so the first stays for inspection).
+  await page.click('#new-chat');
+  await send(page, 'A conversation to delete');
+  await watchReply(page, 'content');
+  expect(await page.locator('#conversations .conv').count() === 2, 'the second conversation is not listed');
+  await page.click('#toggle-sidebar').catch(() => {});
+  await page.locator('#conversations .conv.active .conv-delete').click();
+  expect(await page.locator('#conversations .conv').count() === 1 && await page.locator('#thread .msg').count() === 0,
+         'deleting the open conversation did not remove it');
+  checkProblems();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const overall = setTimeout(() => {
+  console.error(`FAIL web_test: overall timeout of ${OVERALL_MS / 1000} s`);
+  cleanup().finally(() => process.exit(1));
+}, OVERALL_MS);
+
+async function cleanup() {
+  await browserContext?.close().catch(() => {});
+  await stopServer().catch(() => {});
+  for (const d of tempDirs) fs.rmSync(d, { recursive: true, force: true });
+}
+
+let status = 0;
+try {
+  await run();
+  log(`web_test: PASS (${mock ? 'mock server' : 'coli web'})`);
+} catch (e) {
+  status = 1;
+  console.error(`FAIL web_test: ${e instanceof TestFailure ? e.message : e.stack}`);
+  if (serverLog) console.error(`--- server output (last 3000 bytes) ---\n${serverLog.slice(-3000)}`);
+}
+clearTimeout(overall);
+await cleanup();
+process.exit(status);
