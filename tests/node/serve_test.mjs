@@ -1,0 +1,1229 @@
+// End-to-end tests of `coli serve` driven the way users drive it: the official `openai` npm
+// client, raw HTTP for what the SDK cannot send, and OpenAI's published response schemas.
+// Written from SERVING.md (Part 3 §3.5–3.10, 3.14 and Part 4), not from the server's code.
+//
+//   node tests/node/serve_test.mjs <path-to-coli>
+//   (ctest: Serve.OpenAIClient; `make test` installs tests/node/node_modules)
+//
+// It writes a random-weight demo model with the real K3 tokenizer (<build>/tools/k3_synth
+// --preset demo), starts several servers with different flags on ephemeral ports, and prints
+// PASS/FAIL per named check plus a summary; exit status 1 on any failure. Generated text is noise
+// but deterministic at temperature 0, so outputs are compared between requests and servers (a
+// fresh `--ckpt 0` server gives the "cold" answer). Environment: SERVE_TEST_TIMEOUT_S (default
+// 300), SERVE_TEST_ONLY (a regular expression; runs only the matching checks).
+import { spawnSync } from 'node:child_process';
+import crypto from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
+import {
+  MODEL_ID, Runner, Server, assert, chat, eq, expectError, globalTimeout, killAll, makeDemoModel,
+  makeTempDir, postJson, rawSocket, request, show, sleep, sse,
+} from './serve_util.mjs';
+
+const coliArg = process.argv[2];
+if (!coliArg) {
+  console.error('usage: node tests/node/serve_test.mjs <path-to-coli>');
+  process.exit(2);
+}
+const coli = path.resolve(coliArg);
+
+let OpenAI, validateResponse, validateChunk;
+try {
+  ({ default: OpenAI } = await import('openai'));
+  ({ validateResponse, validateChunk } = await import('./openai_schemas.mjs'));
+} catch (e) {
+  console.error(`FAIL: the npm test oracles are not installed (${e.code ?? e.message}).\n` +
+                'Run `make test`: it installs them (npm ci --prefix tests/node) before running ctest.');
+  process.exit(1);
+}
+
+const cancelTimeout = globalTimeout(Number(process.env.SERVE_TEST_TIMEOUT_S ?? 300) * 1000, 'serve_test');
+const ONLY = process.env.SERVE_TEST_ONLY ? new RegExp(process.env.SERVE_TEST_ONLY) : null;
+const R = new Runner('serve_test');
+const check = (name, fn) => (ONLY && !ONLY.test(name) ? Promise.resolve() : R.check(name, fn));
+
+const tmp = makeTempDir('coli-serve-test-');
+const modelDir = path.join(tmp, 'model');
+makeDemoModel(coli, modelDir);
+const listing = (dir) => fs.readdirSync(dir).sort().map((f) => {
+  const st = fs.statSync(path.join(dir, f));
+  return `${f}:${st.size}:${st.mtimeMs}`;
+});
+const modelListingBefore = listing(modelDir);
+
+// ---- servers (started on first use) ---------------------------------------------------------
+
+const allServers = [];
+function lazy(name, flags, opts = {}) {
+  let p = null;
+  return () => {
+    if (!p) {
+      const s = new Server(coli, modelDir, name, flags, opts);
+      allServers.push(s);
+      p = s.start(opts.start ?? {});
+    }
+    return p;
+  };
+}
+const API_KEY = 'sk-test-' + crypto.randomBytes(12).toString('hex');
+const WRONG_KEY = 'sk-wrong-' + crypto.randomBytes(20).toString('hex');
+const ENV_KEY = 'sk-env-' + crypto.randomBytes(8).toString('hex');
+const GOOD_ORIGIN = 'http://good.example:3000';
+const CKDIR = path.join(tmp, 'ck');        // not created by the test: the server creates it (0700)
+const CKDIR_KEEP = path.join(tmp, 'ck-keep');
+
+const mainSrv = lazy('main', []);
+const ckSrv = lazy('ckpt2', ['--ckpt', '2']);
+const ck3Srv = lazy('ckpt3', ['--ckpt', '3']);
+const coldSrv = lazy('cold', ['--ckpt', '0']);
+const slowSrv = lazy('slow', ['--token-delay-ms', '30', '--ckpt', '2']);
+const queueSrv = lazy('queue1', ['--max-queue', '1', '--token-delay-ms', '40']);
+const pingSrv = lazy('ping', ['--token-delay-ms', '1500', '--sse-ping-interval', '1']);
+const limitsSrv = lazy('limits', ['--api-key', API_KEY, '--max-body-mb', '1', '--ctx', '256', '--max-tokens', '64',
+                                  '--allowed-host', 'good.example', '--cors-origin', GOOD_ORIGIN], { key: API_KEY });
+const diskSrv = lazy('disk', ['--ckpt', '2', '--ckpt-dir', CKDIR], { env: { COLI_API_KEY: ENV_KEY }, key: ENV_KEY });
+const keepSrv = lazy('disk-keep', ['--ckpt', '2', '--ckpt-dir', CKDIR_KEEP, '--ckpt-keep']);
+
+const client = (s) => new OpenAI({ apiKey: s.key ?? 'sk-local-dummy', baseURL: `${s.url}/v1`, maxRetries: 0, timeout: 120_000 });
+
+// ---- request / response helpers -------------------------------------------------------------
+
+const OFF = { chat_template_kwargs: { enable_thinking: false } };
+const user = (content) => ({ role: 'user', content });
+const sys = (content) => ({ role: 'system', content });
+const req = (messages, extra = {}) => ({ model: MODEL_ID, messages, temperature: 0, ...extra });
+const textOf = (resp) => {
+  const m = resp.choices[0].message;
+  return { reasoning: m.reasoning_content ?? '', content: m.content ?? '' };
+};
+const cachedOf = (resp) => resp.usage?.prompt_tokens_details?.cached_tokens;
+// The assistant turn exactly as the server returned it (3.4 History).
+const asAssistant = (resp) => {
+  const m = resp.choices[0].message;
+  const a = { role: 'assistant', content: m.content ?? null };
+  if (m.reasoning_content !== undefined) a.reasoning_content = m.reasoning_content;
+  return a;
+};
+
+function checkUsage(u, what = 'usage') {
+  assert(u && typeof u === 'object', `${what} missing`);
+  for (const k of ['prompt_tokens', 'completion_tokens', 'total_tokens']) {
+    assert(Number.isInteger(u[k]) && u[k] >= 0, `${what}.${k} not a non-negative integer: ${show(u)}`);
+  }
+  assert(u.prompt_tokens > 0, `${what}.prompt_tokens is 0`);
+  eq(u.total_tokens, u.prompt_tokens + u.completion_tokens, `${what}.total_tokens = prompt + completion`);
+  const c = u.prompt_tokens_details?.cached_tokens;
+  assert(Number.isInteger(c) && c >= 0 && c < u.prompt_tokens,
+         `${what}.prompt_tokens_details.cached_tokens must be an integer in [0, prompt_tokens): ${show(u)}`);
+  const rt = u.completion_tokens_details?.reasoning_tokens;
+  if (rt !== undefined) assert(Number.isInteger(rt) && rt >= 0 && rt <= u.completion_tokens, `${what}.completion_tokens_details.reasoning_tokens out of range: ${show(u)}`);
+}
+
+// Checks a non-streaming chat answer (already parsed) beyond the schema.
+function checkCompletion(j, { maxTokens } = {}) {
+  validateResponse(j);
+  eq(j.object, 'chat.completion', 'object');
+  assert(/^chatcmpl-/.test(j.id), `id should start with chatcmpl-: ${j.id}`);
+  eq(j.model, MODEL_ID, 'model');
+  assert(Math.abs(j.created - Date.now() / 1000) < 600, `created is not the current time: ${j.created}`);
+  eq(j.choices.length, 1, 'choices.length');
+  eq(j.choices[0].index, 0, 'choices[0].index');
+  eq(j.choices[0].message.role, 'assistant', 'message.role');
+  const rc = j.choices[0].message.reasoning_content;
+  if (rc !== undefined) assert(typeof rc === 'string' && rc.length > 0, `reasoning_content present but not a non-empty string: ${show(rc)}`);
+  checkUsage(j.usage);
+  if (maxTokens !== undefined) assert(j.usage.completion_tokens <= maxTokens, `completion_tokens ${j.usage.completion_tokens} > max ${maxTokens}`);
+  if (j.x_k3?.reuse !== undefined) assert(['live', 'checkpoint', 'none'].includes(j.x_k3.reuse), `x_k3.reuse invalid: ${j.x_k3.reuse}`);
+  if (j.timings) {
+    const t = j.timings;
+    eq(t.predicted_n, j.usage.completion_tokens, 'timings.predicted_n = usage.completion_tokens');
+    eq(t.cache_n, cachedOf(j), 'timings.cache_n = cached_tokens');
+    eq(t.prompt_n + t.cache_n, j.usage.prompt_tokens, 'timings.prompt_n + cache_n = prompt_tokens');
+  }
+  return j;
+}
+
+async function complete(s, body, opts = {}) {
+  const r = await chat(s, body, opts);
+  assert(r.status === 200, () => `expected 200, got ${r.status} ${show(r.text, 500)}`);
+  assert(r.utf8ok, 'response body is not valid UTF-8');
+  assert(String(r.headers['content-type']).startsWith('application/json'), `content-type ${r.headers['content-type']}`);
+  assert(r.headers['x-request-id'], 'no x-request-id header');
+  assert(/^\d+$/.test(String(r.headers['x-queue-wait-ms'] ?? '')), `x-queue-wait-ms header missing or not an integer: ${r.headers['x-queue-wait-ms']}`);
+  checkCompletion(r.json, { maxTokens: body.max_tokens ?? body.max_completion_tokens });
+  r.json._headers = r.headers;
+  return r.json;
+}
+
+// Validates a whole SSE exchange (3.6.3) and returns the accumulated text.
+// usageKeyRule: check that "usage" appears on every chunk iff include_usage (3.6.3); off in checks
+// about something else, so that one defect fails one check.
+function checkStream(st, { includeUsage, usageKeyRule = true }) {
+  assert(st.status === 200, () => `stream: expected 200, got ${st.status} ${show(st.text ?? st.json, 500)}`);
+  const h = st.headers;
+  assert(String(h['content-type']).startsWith('text/event-stream'), `content-type ${h['content-type']}`);
+  assert(/no-cache/.test(String(h['cache-control'])), `cache-control should be no-cache: ${h['cache-control']}`);
+  assert(h['x-request-id'], 'no x-request-id header');
+  assert(/^\d+$/.test(String(h['x-queue-wait-ms'] ?? '')), `x-queue-wait-ms header missing: ${h['x-queue-wait-ms']}`);
+  assert(st.badUtf8.length === 0, `SSE events with invalid UTF-8: ${st.badUtf8[0]}`);
+  const bad = st.events.filter((e) => e.kind === 'bad' || e.kind === 'other');
+  assert(bad.length === 0, () => `SSE events that are not JSON data, [DONE] or comments: ${show(bad[0].text)}`);
+  const data = st.events.filter((e) => e.kind === 'data').map((e) => e.json);
+  const last = st.events[st.events.length - 1];
+  assert(last && last.kind === 'done', () => `stream must end with data: [DONE]; last event ${show(last)}`);
+  assert(st.events.filter((e) => e.kind === 'done').length === 1, 'more than one [DONE]');
+  assert(!st.trailing.trim(), `bytes after the last event: ${show(st.trailing)}`);
+  assert(data.length >= 2, `too few chunks: ${data.length}`);
+  data.forEach((c, i) => {
+    try { validateChunk(c); } catch (e) { throw new Error(`chunk ${i}: ${e.message}`); }
+    eq(c.object, 'chat.completion.chunk', `chunk ${i} object`);
+    eq(c.id, data[0].id, `chunk ${i} id (same for all chunks)`);
+    eq(c.created, data[0].created, `chunk ${i} created (same for all chunks)`);
+    eq(c.model, MODEL_ID, `chunk ${i} model`);
+    if (usageKeyRule && includeUsage) assert('usage' in c, `chunk ${i} lacks the "usage" key (include_usage is on)`);
+    else if (usageKeyRule) assert(!('usage' in c), `chunk ${i} has "usage" although include_usage is off: ${show(c)}`);
+  });
+  assert(/^chatcmpl-/.test(data[0].id), `id should start with chatcmpl-: ${data[0].id}`);
+  const first = data[0].choices[0];
+  assert(first && first.delta.role === 'assistant', `first chunk must carry delta.role "assistant": ${show(data[0])}`);
+  let reasoning = '', content = '', finish = null, finishIdx = -1, usage = null, nReasoning = 0, nContent = 0;
+  data.forEach((c, i) => {
+    if (c.choices.length === 0) {
+      assert(includeUsage && i === data.length - 1 && c.usage, `chunk ${i} has choices [] but is not the final usage chunk: ${show(c)}`);
+      usage = c.usage;
+      return;
+    }
+    eq(c.choices.length, 1, `chunk ${i} choices.length`);
+    const ch = c.choices[0];
+    eq(ch.index, 0, `chunk ${i} choice index`);
+    if (ch.delta.reasoning_content) { reasoning += ch.delta.reasoning_content; nReasoning++; }
+    if (ch.delta.content) { content += ch.delta.content; nContent++; }
+    if (includeUsage && c.usage !== null) assert(false, `chunk ${i}: usage must be null before the final chunk: ${show(c)}`);
+    if (ch.finish_reason !== null) {
+      assert(finish === null, `more than one finish_reason chunk (chunk ${i})`);
+      finish = ch.finish_reason;
+      finishIdx = i;
+    } else if (finish !== null) {
+      assert(false, `chunk ${i} comes after the finish_reason chunk: ${show(c)}`);
+    }
+  });
+  assert(finish !== null, 'no chunk carries a finish_reason');
+  if (includeUsage) {
+    assert(usage, 'include_usage: no final chunk with choices [] and usage');
+    checkUsage(usage, 'final chunk usage');
+    assert(finishIdx === data.length - 2, 'the usage chunk must directly follow the finish_reason chunk');
+  } else {
+    assert(finishIdx === data.length - 1, 'the finish_reason chunk must be the last chunk');
+  }
+  return { reasoning, content, finish, usage, nReasoning, nContent, data, last: data[data.length - 1] };
+}
+
+// Greedy answer of a fresh `--ckpt 0` server; asserts it really was cold.
+async function coldAnswer(body) {
+  const s = await coldSrv();
+  const j = await complete(s, body);
+  eq(cachedOf(j), 0, 'cold server reference answer must not reuse anything (cached_tokens)');
+  return j;
+}
+
+async function healthJson(s, headers = {}) {
+  const r = await request(s, { path: '/health', headers });
+  return r.json ?? {};
+}
+// Waits until the detailed /health reports `queued` waiters (falls back to a fixed pause when the
+// field is absent, so the test does not depend on it).
+async function waitQueued(s, n, ms = 3000) {
+  const t0 = Date.now();
+  while (Date.now() - t0 < ms) {
+    const h = await healthJson(s);
+    if (h.scheduler?.queued === undefined) { await sleep(600); return false; }
+    if (h.scheduler.queued >= n) return true;
+    await sleep(25);
+  }
+  return false;
+}
+
+// A streaming request that stays active until `release()` (it then disconnects). `firstData`
+// resolves when the first data chunk (the role chunk, sent at Accept) arrives.
+function holdActive(s, body) {
+  let release = false, onFirst;
+  const firstData = new Promise((r) => { onFirst = r; });
+  const done = sse(s, body, {
+    onEvent: (ev) => {
+      if (ev.kind === 'data') onFirst(true);
+      return release ? 'abort' : undefined;
+    },
+  });
+  done.then(() => onFirst(false), () => onFirst(false));
+  return { firstData, done, release: () => { release = true; } };
+}
+
+const CANARY = 'CANARY-' + crypto.randomBytes(6).toString('hex');
+
+// =============================================================================================
+// Basic endpoints
+// =============================================================================================
+
+await check('health.ok', async () => {
+  const s = await mainSrv();
+  const r = await request(s, { path: '/health' });
+  eq(r.status, 200, '/health status');
+  eq(r.json?.status, 'ok', '/health status field');
+  assert(r.headers['x-request-id'], 'no x-request-id on /health');
+  const r2 = await request(s, { path: '/v1/health' });
+  eq(r2.status, 200, '/v1/health (alias) status');
+  for (const seen of s.healthSeen) {
+    eq(seen.status, 503, 'a /health answer while loading');
+    eq(seen.body?.status, 'loading', '/health body while loading');
+    assert(seen.retryAfter, '/health 503 while loading lacks Retry-After');
+  }
+});
+
+await check('health.detailed_without_key', async () => {
+  const s = await mainSrv();
+  const h = await healthJson(s);
+  eq(h.model, MODEL_ID, '/health model');
+  assert(Number.isInteger(h.context_capacity) && h.context_capacity > 0, `/health context_capacity: ${show(h)}`);
+  const sc = h.scheduler;
+  assert(sc && typeof sc === 'object', `/health scheduler missing: ${show(h)}`);
+  for (const k of ['active', 'capacity', 'queued', 'max_queue', 'admitted', 'completed', 'rejected', 'cancelled']) {
+    assert(Number.isInteger(sc[k]), `/health scheduler.${k} missing: ${show(sc)}`);
+  }
+  eq(sc.max_queue, 8, 'default --max-queue');
+  eq(sc.capacity, 1, 'scheduler capacity (one generation at a time)');
+});
+
+await check('privacy.canary_request', async () => {
+  const s = await mainSrv();
+  await complete(s, req([user(`Remember the code ${CANARY} please.`)], { max_tokens: 2 }));
+});
+
+await check('models.list', async () => {
+  const s = await mainSrv();
+  const r = await request(s, { path: '/v1/models' });
+  eq(r.status, 200, 'GET /v1/models status');
+  eq(r.json?.object, 'list', 'object');
+  assert(Array.isArray(r.json.data) && r.json.data.length >= 1, `data: ${show(r.json)}`);
+  const m = r.json.data.find((x) => x.id === MODEL_ID);
+  assert(m, `no ${MODEL_ID} in ${show(r.json)}`);
+  eq(m.object, 'model', 'data[].object');
+  assert(Number.isInteger(m.created), `created: ${show(m)}`);
+  assert(typeof m.owned_by === 'string', `owned_by: ${show(m)}`);
+  const one = await request(s, { path: `/v1/models/${MODEL_ID}` });
+  eq(one.status, 200, `GET /v1/models/${MODEL_ID}`);
+  eq(one.json?.id, MODEL_ID, 'model id');
+  eq(one.json?.object, 'model', 'model object');
+  const c = client(s);
+  const ids = [];
+  for await (const x of c.models.list()) ids.push(x.id);
+  assert(ids.includes(MODEL_ID), `SDK models.list(): ${show(ids)}`);
+  eq((await c.models.retrieve(MODEL_ID)).id, MODEL_ID, 'SDK models.retrieve()');
+});
+
+await check('models.unknown_404', async () => {
+  const s = await mainSrv();
+  expectError(await request(s, { path: '/v1/models/gpt-4o' }), 404, 'model_not_found', { param: 'model' });
+});
+
+// =============================================================================================
+// Chat: non-streaming and streaming shapes
+// =============================================================================================
+
+await check('chat.nonstream_schema_usage', async () => {
+  const s = await mainSrv();
+  const c = client(s);
+  const { data: j, response } = await c.chat.completions
+    .create(req([sys('You are terse.'), user('Name three colours.')], { max_tokens: 8 })).withResponse();
+  checkCompletion(j, { maxTokens: 8 });
+  assert(response.headers.get('x-request-id'), 'no x-request-id');
+  eq(j.choices[0].finish_reason, 'length', 'finish_reason with max_tokens 8');
+  eq(j.usage.completion_tokens, 8, 'completion_tokens with finish_reason length');
+  // The first generation on this server cannot reuse anything except the canary turn's state,
+  // which diverges at the system message.
+  eq(cachedOf(j), 0, 'cached_tokens on a prompt unrelated to earlier requests');
+  assert(textOf(j).reasoning.length > 0, `thinking is on by default: reasoning_content should hold the text: ${show(j.choices[0].message)}`);
+  assert(j.timings, 'timings missing (3.6.2)');
+});
+
+await check('chat.max_completion_tokens', async () => {
+  const s = await mainSrv();
+  const j = await complete(s, req([user('Say something.')], { ...OFF, max_completion_tokens: 5 }));
+  eq(j.choices[0].finish_reason, 'length', 'finish_reason');
+  eq(j.usage.completion_tokens, 5, 'completion_tokens');
+  assert(textOf(j).content.length > 0, 'thinking off: content should hold the text');
+  assert(j.choices[0].message.reasoning_content === undefined, 'thinking off: no reasoning_content expected');
+});
+
+let greedyOn = null;   // {body, json} for stream-vs-nonstream
+await check('stream.include_usage_thinking_on', async () => {
+  const s = await mainSrv();
+  const body = req([user('Describe the sea in one line.')], { max_tokens: 12, stream: true, stream_options: { include_usage: true } });
+  const st = await sse(s, body);
+  const r = checkStream(st, { includeUsage: true });
+  assert(r.nReasoning > 0, 'thinking on: expected reasoning_content deltas');
+  eq(r.usage.completion_tokens, 12, 'usage.completion_tokens');
+  eq(r.finish, 'length', 'finish_reason');
+  eq(st.events.filter((e) => e.kind === 'data')[0].json.choices[0].delta.content, '', 'role chunk carries content ""');
+  greedyOn = { body, stream: r };
+});
+
+let greedyOff = null;
+await check('stream.thinking_off_content', async () => {
+  const s = await mainSrv();
+  const body = req([user('Describe the sky in one line.')], { ...OFF, max_tokens: 12, stream: true, stream_options: { include_usage: true } });
+  const r = checkStream(await sse(s, body), { includeUsage: true });
+  assert(r.nContent > 0, 'thinking off: expected content deltas');
+  eq(r.nReasoning, 0, 'thinking off: reasoning_content deltas');
+  greedyOff = { body, stream: r };
+});
+
+await check('stream.without_include_usage', async () => {
+  const s = await mainSrv();
+  const r = checkStream(await sse(s, req([user('Hello!')], { ...OFF, max_tokens: 4, stream: true })), { includeUsage: false });
+  assert(r.usage === null, 'no usage chunk expected');
+});
+
+await check('stream.equals_nonstream', async () => {
+  const s = await mainSrv();
+  assert(greedyOn && greedyOff, 'prerequisite stream checks failed');
+  for (const g of [greedyOn, greedyOff]) {
+    const { stream: _s, stream_options: _o, ...b } = g.body;
+    const j = await complete(s, b);
+    eq({ reasoning: g.stream.reasoning, content: g.stream.content }, textOf(j), 'streamed text vs non-streamed text (greedy)');
+    eq(g.stream.finish, j.choices[0].finish_reason, 'finish_reason');
+    eq(g.stream.usage.completion_tokens, j.usage.completion_tokens, 'completion_tokens');
+    eq(g.stream.usage.prompt_tokens, j.usage.prompt_tokens, 'prompt_tokens');
+  }
+});
+
+await check('sdk.stream_iterate', async () => {
+  const s = await mainSrv();
+  const c = client(s);
+  const stream = await c.chat.completions.create(req([user('Count to three.')], { ...OFF, max_tokens: 6, stream: true, stream_options: { include_usage: true } }));
+  let n = 0, text = '', usage = null, finish = null;
+  for await (const chunk of stream) {
+    validateChunk(chunk);
+    n++;
+    text += chunk.choices[0]?.delta?.content ?? '';
+    if (chunk.choices[0]?.finish_reason) finish = chunk.choices[0].finish_reason;
+    if (chunk.usage) usage = chunk.usage;
+  }
+  assert(n >= 3 && text.length > 0, `SDK iteration: ${n} chunks, text ${show(text)}`);
+  eq(finish, 'length', 'finish_reason');
+  eq(usage?.completion_tokens, 6, 'usage.completion_tokens');
+});
+
+await check('sdk.stream_helper_final', async () => {
+  const s = await mainSrv();
+  const c = client(s);
+  const base = req([user('Write a short greeting.')], { ...OFF, max_tokens: 16 });
+  const ref = await complete(s, base);
+  const stream = c.chat.completions.stream({ ...base, stream: true, stream_options: { include_usage: true } });
+  let deltas = '';
+  stream.on('content', (d) => { deltas += d; });
+  const fin = await stream.finalChatCompletion();
+  eq(fin.choices[0].message.content, textOf(ref).content, 'finalChatCompletion() content vs non-streamed');
+  eq(deltas, textOf(ref).content, "'content' events vs non-streamed");
+  eq(fin.choices[0].finish_reason, ref.choices[0].finish_reason, 'finish_reason');
+  eq(fin.usage?.completion_tokens, ref.usage.completion_tokens, 'usage from the final chunk');
+  eq(fin.id.startsWith('chatcmpl-'), true, 'id');
+});
+
+await check('sampling.seed_reproducible', async () => {
+  const s = await mainSrv();
+  const b = (seed, extra = {}) => req([user('Invent a word.')], { ...OFF, max_tokens: 8, temperature: 1, seed, ...extra });
+  const a1 = textOf(await complete(s, b(1234))).content;
+  const a2 = textOf(await complete(s, b(1234))).content;
+  const a3 = textOf(await complete(s, b(4321))).content;
+  eq(a2, a1, 'same seed, same prompt → same text');
+  assert(a3 !== a1, `different seeds gave the same 8-token sample: ${show(a1)}`);
+  const k1 = textOf(await complete(s, b(77, { top_k: 40, top_p: 0.9, min_p: 0.01 }))).content;
+  const k2 = textOf(await complete(s, b(77, { top_k: 40, top_p: 0.9, min_p: 0.01 }))).content;
+  eq(k2, k1, 'same seed with top_k/top_p/min_p → same text');
+});
+
+await check('thinking.switches', async () => {
+  const s = await mainSrv();
+  const m = [user('Pick a number.')];
+  const variants = [
+    { chat_template_kwargs: { enable_thinking: false } },
+    { enable_thinking: false },
+    { reasoning_effort: 'none' },
+  ];
+  const outs = [];
+  for (const v of variants) {
+    const j = await complete(s, req(m, { max_tokens: 10, ...v }));
+    assert(j.choices[0].message.reasoning_content === undefined, `${show(v)}: thinking should be off`);
+    outs.push(textOf(j).content);
+  }
+  eq(outs[1], outs[0], 'enable_thinking:false vs chat_template_kwargs');
+  eq(outs[2], outs[0], 'reasoning_effort:"none" vs chat_template_kwargs');
+  for (const v of [{ reasoning_effort: 'high' }, { enable_thinking: true, reasoning_effort: 'none' }, {}]) {
+    const j = await complete(s, req(m, { max_tokens: 10, ...v }));
+    assert(textOf(j).reasoning.length > 0, `${show(v)}: thinking should be on (reasoning_content): ${show(j.choices[0].message)}`);
+  }
+});
+
+await check('messages.parts_and_roles', async () => {
+  const s = await mainSrv();
+  const a = textOf(await complete(s, req([sys('Be brief.'), user('Hi there')], { ...OFF, max_tokens: 8 }))).content;
+  const b = textOf(await complete(s, req([sys('Be brief.'), user([{ type: 'text', text: 'Hi there' }])], { ...OFF, max_tokens: 8 }))).content;
+  const c = textOf(await complete(s, req([{ role: 'developer', content: 'Be brief.' }, user([{ type: 'input_text', text: 'Hi there' }])], { ...OFF, max_tokens: 8 }))).content;
+  eq(b, a, 'text part vs string content');
+  eq(c, a, 'developer role + input_text part vs system + string');
+});
+
+// =============================================================================================
+// Stop sequences
+// =============================================================================================
+
+let stopCase = null;
+await check('stop.nonstream', async () => {
+  const s = await mainSrv();
+  const base = req([user('List some fruits.')], { ...OFF, max_tokens: 40 });
+  const T = textOf(await complete(s, base)).content;
+  const cps = [...T];
+  let stop = null, idx = -1;
+  for (let k = Math.floor(cps.length / 3); k + 3 <= cps.length && stop === null; k++) {
+    const cand = cps.slice(k, k + 3).join('');
+    if (!/\S/.test(cand) || cand.includes('\uFFFD')) continue;
+    const i = T.indexOf(cand);
+    if (i > 0) { stop = cand; idx = i; }
+  }
+  assert(stop !== null, `no usable stop substring in the greedy text ${show(T)}`);
+  const j = await complete(s, { ...base, stop });
+  eq(textOf(j).content, T.slice(0, idx), `content with stop ${show(stop)} (must end right before it)`);
+  eq(j.choices[0].finish_reason, 'stop', 'finish_reason');
+  assert(j.usage.completion_tokens < 40, 'completion_tokens should be below max_tokens');
+  stopCase = { base, stop, expected: T.slice(0, idx) };
+  const j2 = await complete(s, { ...base, stop: ['§never-appears§', stop] });
+  eq(textOf(j2).content, T.slice(0, idx), 'stop given as an array');
+  eq(j2.choices[0].finish_reason, 'stop', 'finish_reason (array)');
+});
+
+await check('stop.stream', async () => {
+  const s = await mainSrv();
+  assert(stopCase, 'prerequisite stop.nonstream failed');
+  const r = checkStream(await sse(s, { ...stopCase.base, stop: stopCase.stop, stream: true }), { includeUsage: false, usageKeyRule: false });
+  eq(r.content, stopCase.expected, 'streamed content with stop');
+  eq(r.finish, 'stop', 'finish_reason');
+  for (const c of r.data) {
+    const d = c.choices[0]?.delta?.content ?? '';
+    assert(!d.includes(stopCase.stop), `a delta contains the stop string: ${show(d)}`);
+  }
+});
+
+// =============================================================================================
+// Tools
+// =============================================================================================
+
+const TOOLS = [{
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Current weather for a city.',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  },
+}];
+await check('tools.declared_accepted', async () => {
+  const s = await mainSrv();
+  const j = await complete(s, req([user('Weather in Paris?')], { ...OFF, max_tokens: 12, tools: TOOLS, tool_choice: 'auto' }));
+  assert(['stop', 'length', 'tool_calls'].includes(j.choices[0].finish_reason), `finish_reason ${j.choices[0].finish_reason}`);
+  const st = await sse(s, req([user('Weather in Rome?')], { ...OFF, max_tokens: 12, tools: TOOLS, stream: true, stream_options: { include_usage: true } }));
+  checkStream(st, { includeUsage: true });
+  const j2 = await complete(s, req([user('Hi')], { ...OFF, max_tokens: 2, tool_choice: 'none' }));
+  assert(j2, 'tool_choice "none" without tools');
+});
+
+// =============================================================================================
+// Prefix reuse and checkpoints (3.10): reused state must give the cold answer
+// =============================================================================================
+
+await check('reuse.follow_up_turn', async () => {
+  const s = await ckSrv();
+  const m1 = [sys('You are a geography bot.'), user('Tell me about rivers.')];
+  const r1 = await complete(s, req(m1, { max_tokens: 24 }));
+  const p1 = r1.usage.prompt_tokens;
+  const m2 = [...m1, asAssistant(r1), user('And lakes?')];
+  const b2 = req(m2, { max_tokens: 16 });
+  const r2 = await complete(s, b2);
+  const cached = cachedOf(r2);
+  assert(cached >= p1, `follow-up turn: cached_tokens ${cached} should be >= the turn-1 prompt (${p1}); x_k3 ${show(r2.x_k3)}`);
+  assert(r2.usage.prompt_tokens > p1 + 2, 'turn-2 prompt should be longer than turn 1');
+  if (r2.x_k3) {
+    assert(['live', 'checkpoint'].includes(r2.x_k3.reuse), `x_k3.reuse ${show(r2.x_k3)}`);
+    if (r2.x_k3.reuse === 'checkpoint') eq(r2.x_k3.checkpoint_restored_at, cached, 'x_k3.checkpoint_restored_at = cached_tokens');
+  }
+  const cold = await coldAnswer(b2);
+  eq(cold.usage.prompt_tokens, r2.usage.prompt_tokens, 'prompt_tokens (warm vs cold)');
+  eq(textOf(r2), textOf(cold), 'greedy answer with reused prefix vs cold server');
+});
+
+// Turn 1, then the same conversation with the assistant turn edited (as when a client re-renders
+// history differently, 1.9.4) and a new last user message: live reuse is impossible (the record
+// holds the generated reply), so the turn-1 prompt-boundary photo (1.9.2 capture point (a), kept
+// by 3.10) must serve: cached_tokens >= the turn-1 prompt. --ckpt 3 leaves room for a server that
+// also photographs the start of the last user message.
+await check('ckpt.edited_assistant_turn_restores_prompt_boundary', async () => {
+  const s = await ck3Srv();
+  const m1 = [sys('You describe places.'), user('Describe a forest.')];
+  const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 12 }));
+  const p1 = r1.usage.prompt_tokens;
+  const b2 = req([...m1, { role: 'assistant', content: 'EDITED: a quiet green place with tall trees.' }, user('Now describe a desert.')],
+                 { ...OFF, max_tokens: 12 });
+  const r2 = await complete(s, b2);
+  const cached = cachedOf(r2);
+  assert(cached >= p1, `cached_tokens ${cached} should be >= turn-1 prompt ${p1} (restored checkpoint); x_k3 ${show(r2.x_k3)}`);
+  assert(r2.x_k3, 'x_k3 missing');
+  eq(r2.x_k3.reuse, 'checkpoint', 'x_k3.reuse (the live record diverges inside the edited reply)');
+  eq(r2.x_k3.checkpoint_restored_at, cached, 'x_k3.checkpoint_restored_at');
+  const cold = await coldAnswer(b2);
+  eq(textOf(r2), textOf(cold), 'greedy answer after checkpoint restore vs cold server');
+});
+
+// Edit of the last user message (the request's brief: with --ckpt 2 a photo must make
+// cached_tokens > 0; note that the 1.9.2 capture points alone — prompt boundary and end of reply —
+// cannot serve this case). The answer must be the cold one and the reported reuse consistent.
+await check('ckpt.edited_user_message_restores', async () => {
+  const s = await ckSrv();
+  const m1 = [sys('You name animals.'), user('Name a bird.')];
+  const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 8 }));
+  const b2 = req([sys('You name animals.'), user('Name a fish.')], { ...OFF, max_tokens: 8 });
+  const r2 = await complete(s, b2);
+  const cached = cachedOf(r2);
+  assert(cached < r1.usage.prompt_tokens, `cached_tokens ${cached} cannot cover the edited message`);
+  assert(cached > 0, `cached_tokens 0: no checkpoint restored for an edited last user message (x_k3 ${show(r2.x_k3)})`);
+  assert(r2.x_k3 && ['checkpoint', 'live'].includes(r2.x_k3.reuse), `x_k3.reuse should be checkpoint or live: ${show(r2.x_k3)}`);
+  if (r2.x_k3.reuse === 'checkpoint') eq(r2.x_k3.checkpoint_restored_at, cached, 'x_k3.checkpoint_restored_at');
+  const cold = await coldAnswer(b2);
+  eq(textOf(r2), textOf(cold), 'greedy answer after an edited user message vs cold server');
+});
+
+// =============================================================================================
+// Cancellation (3.9)
+// =============================================================================================
+
+await check('abort.midstream_then_extend', async () => {
+  const s = await slowSrv();
+  const main = await mainSrv();
+  const c = client(s);
+  const m1 = [user('Write a very long story about a lighthouse keeper.')];
+  const p1 = (await complete(main, req(m1, { ...OFF, max_tokens: 1 }))).usage.prompt_tokens;
+  const ac = new AbortController();
+  let partial = '', n = 0;
+  const stream = await c.chat.completions.create(req(m1, { ...OFF, max_tokens: 400, stream: true }), { signal: ac.signal });
+  try {
+    for await (const ch of stream) {
+      const d = ch.choices[0]?.delta?.content;
+      if (d) { partial += d; if (++n === 6) ac.abort(); }
+    }
+  } catch (e) {
+    if (!/abort/i.test(`${e.name} ${e.message}`)) throw e;
+  }
+  assert(n >= 6, `only ${n} content deltas before the stream ended`);
+  // 400 tokens at 30 ms would keep the slot for ~12 s; a cancelled request frees it at once.
+  const b2 = req([...m1, { role: 'assistant', content: partial }, user('Go on.')], { ...OFF, max_tokens: 12 });
+  const t0 = performance.now();
+  const r2 = await complete(s, b2);
+  const dt = performance.now() - t0;
+  assert(dt < 6000, `the request after the abort took ${Math.round(dt)} ms: the aborted generation kept running`);
+  const cached = cachedOf(r2);
+  assert(cached >= p1, `cached_tokens ${cached} should be >= the aborted turn's prompt ${p1} (prefix reuse); x_k3 ${show(r2.x_k3)}`);
+  const cold = await coldAnswer(b2);
+  eq(textOf(r2), textOf(cold), 'greedy answer after abort + extension vs cold server');
+});
+
+await check('abort.then_same_prompt_equals_cold', async () => {
+  const s = await slowSrv();
+  const m = [user('Tell a slow tale about a clockmaker.')];
+  const h = holdActive(s, req(m, { ...OFF, max_tokens: 400, stream: true }));
+  assert(await h.firstData, 'stream did not start');
+  await sleep(250);
+  h.release();
+  await h.done;
+  const b = req(m, { ...OFF, max_tokens: 10 });
+  const t0 = performance.now();
+  const r = await complete(s, b);
+  assert(performance.now() - t0 < 6000, 'the aborted generation kept the slot');
+  const cold = await coldAnswer(b);
+  eq(textOf(r), textOf(cold), 'same prompt after abort vs cold server');
+});
+
+await check('abort.during_prefill_then_cold', async () => {
+  const s = await slowSrv();
+  const words = [];
+  for (let i = 0; i < 600; i++) words.push(['alpha', 'river', 'stone', 'cloud', 'maple', 'quartz'][i % 6] + (i % 97));
+  const long = words.join(' ');
+  const m = [user(`Summarise: ${long}`)];
+  const st = await sse(s, req(m, { ...OFF, max_tokens: 50, stream: true }), {
+    onEvent: () => undefined,
+    timeoutMs: 400,                      // disconnect after 400 ms, most likely inside the prefill
+  });
+  assert(st.status === 0 || st.status === 200, `unexpected status ${st.status}`);
+  const b = req(m, { ...OFF, max_tokens: 8 });
+  const r = await complete(s, b);
+  const cold = await coldAnswer(b);
+  eq(textOf(r), textOf(cold), 'answer after a cancelled long prefill vs cold server');
+  eq(r.usage.prompt_tokens, cold.usage.prompt_tokens, 'prompt_tokens');
+});
+
+// =============================================================================================
+// Scheduler: FIFO, queue limit (4.7)
+// =============================================================================================
+
+await check('queue.fifo_three_concurrent', async () => {
+  const s = await slowSrv();
+  const bodies = ['first', 'second', 'third'].map((w) => req([user(`Say the ${w} word.`)], { ...OFF, max_tokens: 25 }));
+  const finished = [];
+  const ps = [];
+  for (let i = 0; i < 3; i++) {
+    ps.push(chat(s, bodies[i]).then((r) => { finished.push(i); return r; }));
+    await sleep(150);
+  }
+  const rs = await Promise.all(ps);
+  rs.forEach((r, i) => {
+    assert(r.status === 200, `request ${i}: ${r.status} ${show(r.text)}`);
+    checkCompletion(r.json);
+  });
+  eq(finished, [0, 1, 2], 'completion order (FIFO)');
+  const waits = rs.map((r) => Number(r.headers['x-queue-wait-ms']));
+  assert(waits.every(Number.isFinite), `x-queue-wait-ms: ${show(waits)}`);
+  assert(waits[1] > 0 && waits[2] > waits[1], `x-queue-wait-ms should grow along the queue: ${show(waits)}`);
+});
+
+await check('queue.full_429', async () => {
+  const s = await queueSrv();
+  const a = holdActive(s, req([user('Active request.')], { ...OFF, max_tokens: 300, stream: true }));
+  try {
+    assert(await a.firstData, 'active request did not start');
+    const pb = chat(s, req([user('Queued request.')], { ...OFF, max_tokens: 4 }));
+    await waitQueued(s, 1);
+    const rc = await chat(s, req([user('One too many.')], { ...OFF, max_tokens: 4 }));
+    expectError(rc, 429, 'queue_full', { param: null });
+    const ra = String(rc.headers['retry-after'] ?? '');
+    assert(/^\d+$/.test(ra) && Number(ra) >= 1 && Number(ra) <= 60, `Retry-After should be 1..60 s: ${show(ra)}`);
+    a.release();
+    const rb = await pb;
+    eq(rb.status, 200, 'the queued request is served once the active one is cancelled');
+  } finally {
+    a.release();
+    await a.done;
+  }
+});
+
+await check('queue.disconnected_waiter_removed', async () => {
+  const s = await queueSrv();
+  const a = holdActive(s, req([user('Active again.')], { ...OFF, max_tokens: 300, stream: true }));
+  try {
+    assert(await a.firstData, 'active request did not start');
+    const ac = new AbortController();
+    const pb = chat(s, req([user('I will leave.')], { ...OFF, max_tokens: 4 }), { signal: ac.signal }).catch((e) => e);
+    await waitQueued(s, 1);
+    ac.abort();
+    await pb;
+    await sleep(300);   // the server checks waiters for disconnects at least every 100 ms (3.9)
+    const pc = chat(s, req([user('I take the free place.')], { ...OFF, max_tokens: 4 }));
+    const early = await Promise.race([pc, sleep(500).then(() => null)]);
+    if (early) assert(early.status !== 429, `a disconnected waiter still holds the queue place: ${show(early.text)}`);
+    a.release();
+    const rc = await pc;
+    eq(rc.status, 200, 'request admitted after the waiter left');
+  } finally {
+    a.release();
+    await a.done;
+  }
+});
+
+await check('sse.keepalive_comments', async () => {
+  const s = await pingSrv();
+  const st = await sse(s, req([user('Slowly.')], { ...OFF, max_tokens: 3, stream: true }));
+  checkStream(st, { includeUsage: false, usageKeyRule: false });
+  const comments = st.events.filter((e) => e.kind === 'comment');
+  assert(comments.length >= 1, `no SSE comment (keepalive) in ${st.events.length} events over ~4.5 s with --sse-ping-interval 1`);
+});
+
+// =============================================================================================
+// Bad input: status + OpenAI envelope, and the server keeps serving (3.6.1, 3.8, 4.5)
+// =============================================================================================
+
+const good = { model: MODEL_ID, messages: [user('hi')], max_tokens: 2, temperature: 0 };
+const goodText = JSON.stringify(good);
+const badCases = [
+  ['invalid_json', '{"model": "kimi-k3", "messages": [', 400, 'invalid_json', null],
+  ['trailing_garbage', goodText + ' x', 400, 'invalid_json', null],
+  ['top_level_array', '[1,2,3]', 400, 'invalid_json', null],
+  ['temperature_string', { ...good, temperature: 'hot' }, 400, 'invalid_value', 'temperature'],
+  ['temperature_range', { ...good, temperature: 2.5 }, 400, 'invalid_value', 'temperature'],
+  ['messages_object', { ...good, messages: {} }, 400, 'invalid_value', 'messages'],
+  ['stream_string', { ...good, stream: 'yes' }, 400, 'invalid_value', 'stream'],
+  ['max_tokens_zero', { ...good, max_tokens: 0 }, 400, 'invalid_value', 'max_tokens'],
+  ['max_tokens_fraction', { ...good, max_tokens: 2.5 }, 400, 'invalid_value', 'max_tokens'],
+  ['top_p_zero', { ...good, top_p: 0 }, 400, 'invalid_value', 'top_p'],
+  ['top_k_negative', { ...good, top_k: -1 }, 400, 'invalid_value', 'top_k'],
+  ['min_p_range', { ...good, min_p: 1.5 }, 400, 'invalid_value', 'min_p'],
+  ['seed_string', { ...good, seed: 'abc' }, 400, 'invalid_value', 'seed'],
+  ['stop_17_strings', { ...good, stop: Array.from({ length: 17 }, (_, i) => `s${i}`) }, 400, 'invalid_value', 'stop'],
+  ['stop_empty_string', { ...good, stop: [''] }, 400, 'invalid_value', ['stop', 'stop.0']],
+  ['stop_too_long', { ...good, stop: 'x'.repeat(300) }, 400, 'invalid_value', ['stop', 'stop.0']],
+  ['include_usage_string', { ...good, stream: true, stream_options: { include_usage: 'yes' } }, 400, 'invalid_value', 'stream_options.include_usage'],
+  ['enable_thinking_string', { ...good, chat_template_kwargs: { enable_thinking: 'yes' } }, 400, 'invalid_value', 'chat_template_kwargs.enable_thinking'],
+  ['missing_messages', { model: MODEL_ID }, 400, 'missing_required_parameter', 'messages'],
+  ['missing_model', { messages: [user('hi')] }, 400, 'missing_required_parameter', 'model'],
+  ['unknown_model', { ...good, model: 'gpt-4o' }, 404, 'model_not_found', 'model'],
+  ['empty_messages', { ...good, messages: [] }, 400, 'invalid_value', 'messages'],
+  ['bad_role', { ...good, messages: [{ role: 'wizard', content: 'hi' }] }, 400, 'invalid_value', 'messages.0.role'],
+  ['content_number', { ...good, messages: [{ role: 'user', content: 42 }] }, 400, 'invalid_value', 'messages.0.content'],
+  ['image_part', { ...good, messages: [user([{ type: 'text', text: 'what is this?' }, { type: 'image_url', image_url: { url: 'http://example.invalid/x.png' } }])] },
+   400, 'unsupported_content_type', 'messages.0.content.1'],
+  ['audio_part', { ...good, messages: [user([{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }])] },
+   400, 'unsupported_content_type', 'messages.0.content.0'],
+  ['n_2', { ...good, n: 2 }, 400, 'unsupported_value', 'n'],
+  ['frequency_penalty', { ...good, frequency_penalty: 0.5 }, 400, 'unsupported_parameter', 'frequency_penalty'],
+  ['logprobs', { ...good, logprobs: true }, 400, 'unsupported_parameter', 'logprobs'],
+  ['response_format_json', { ...good, response_format: { type: 'json_object' } }, 400, 'unsupported_parameter', 'response_format'],
+  ['reasoning_effort_unknown', { ...good, reasoning_effort: 'extreme' }, 400, 'unsupported_value', 'reasoning_effort'],
+  ['lone_surrogate', '{"model":"kimi-k3","messages":[{"role":"user","content":"a\\ud800b"}]}', 400, ['invalid_json', 'invalid_value'], undefined],
+  ['invalid_utf8', Buffer.concat([Buffer.from('{"model":"kimi-k3","messages":[{"role":"user","content":"a'), Buffer.from([0xff, 0xfe]), Buffer.from('b"}]}')]),
+   400, ['invalid_json', 'invalid_value'], undefined],
+  ['nul_in_content', '{"model":"kimi-k3","messages":[{"role":"user","content":"a\\u0000b"}]}', 400, ['invalid_json', 'invalid_value'], undefined],
+  ['nesting_depth_100', `{"model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"x":${'['.repeat(100)}${']'.repeat(100)}}`, 400, 'invalid_json', null],
+];
+for (const [name, body, status, code, param] of badCases) {
+  await check(`errors.${name}`, async () => {
+    const s = await mainSrv();
+    const r = await chat(s, body);
+    const e = expectError(r, status, Array.isArray(code) ? undefined : code, { codes: Array.isArray(code) ? code : undefined });
+    if (Array.isArray(param)) assert(param.includes(e.param), `error.param should be one of ${show(param)}: ${show(r.json)}`);
+    else if (param !== undefined) eq(e.param, param, `error.param (${show(r.json)})`);
+  });
+}
+
+await check('errors.content_type_text_plain_415', async () => {
+  const s = await mainSrv();
+  expectError(await chat(s, goodText, { headers: { 'content-type': 'text/plain' } }), 415, 'unsupported_media_type');
+  expectError(await chat(s, goodText, { headers: { 'content-type': 'application/x-www-form-urlencoded' } }), 415, 'unsupported_media_type');
+  expectError(await chat(s, goodText, { headers: { 'content-type': null } }), 415, 'unsupported_media_type');
+});
+
+await check('errors.unknown_path_404_and_method_405', async () => {
+  const s = await mainSrv();
+  expectError(await request(s, { path: '/v1/nope' }), 404, 'not_found', { param: null });
+  const r = await request(s, { path: '/v1/chat/completions' });
+  expectError(r, 405, 'method_not_allowed');
+  assert(/POST/.test(String(r.headers.allow ?? '')), `405 needs an Allow header naming POST: ${show(r.headers.allow)}`);
+});
+
+await check('errors.sdk_maps_errors', async () => {
+  const s = await mainSrv();
+  const c = client(s);
+  try {
+    await c.chat.completions.create({ ...good, model: 'no-such-model' });
+    assert(false, 'expected an error');
+  } catch (e) {
+    eq(e.status, 404, 'SDK error status');
+    eq(e.code, 'model_not_found', 'SDK error code');
+    eq(e.param, 'model', 'SDK error param');
+  }
+  try {
+    await c.chat.completions.create({ ...good, n: 2 });
+    assert(false, 'expected an error');
+  } catch (e) {
+    eq(e.status, 400, 'SDK error status (n=2)');
+    eq(e.constructor.name, 'BadRequestError', 'SDK error class');
+  }
+});
+
+await check('accept.tolerated_inputs', async () => {
+  const s = await mainSrv();
+  const ok = async (what, body, headers = {}) => {
+    const r = await chat(s, body, { headers });
+    assert(r.status === 200, () => `${what}: expected 200, got ${r.status} ${show(r.text)}`);
+    checkCompletion(r.json);
+    return r.json;
+  };
+  const dup = '{"model":"nope","model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":2}';
+  await ok('duplicate keys: the last one wins', dup);
+  expectError(await chat(s, '{"model":"kimi-k3","model":"nope","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'),
+              404, 'model_not_found', { param: 'model' });
+  const j = await ok('integer written as 3.0', '{"model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":3.0,"temperature":0}');
+  assert(j.usage.completion_tokens <= 3, 'max_tokens 3.0 honoured');
+  await ok('unknown and informational keys ignored', { ...good, foo_bar: 1, user: 'u1', metadata: { a: 'b' }, store: false, service_tier: 'auto' });
+  await ok('charset parameter', goodText, { 'content-type': 'application/json; charset=utf-8' });
+  await ok('n: 1', { ...good, n: 1 });
+  await ok('assistant content null and reasoning alias',
+           { ...good, messages: [user('a'), { role: 'assistant', content: null, reasoning: 'thought' }, user('b')] });
+  await ok('frequency_penalty 0', { ...good, frequency_penalty: 0, presence_penalty: 0 });
+  await ok('response_format text', { ...good, response_format: { type: 'text' } });
+});
+
+await check('errors.server_still_serves', async () => {
+  const s = await mainSrv();
+  eq((await request(s, { path: '/health' })).status, 200, '/health after the bad inputs');
+  await complete(s, req([user('Still there?')], { max_tokens: 3 }));
+});
+
+await check('host.foreign_host_403_main', async () => {
+  const s = await mainSrv();
+  expectError(await request(s, { path: '/v1/models', headers: { host: 'evil.example' } }), 403, 'host_not_allowed');
+  expectError(await chat(s, good, { headers: { host: `evil.example:${s.port}` } }), 403, 'host_not_allowed');
+  const o = await request(s, { method: 'OPTIONS', path: '/v1/chat/completions',
+                               headers: { host: 'evil.example', origin: 'http://evil.example', 'access-control-request-method': 'POST' } });
+  eq(o.status, 403, 'OPTIONS with a foreign Host');
+  for (const h of [`localhost:${s.port}`, `127.0.0.1:${s.port}`, `[::1]:${s.port}`, 'localhost']) {
+    eq((await request(s, { path: '/v1/models', headers: { host: h } })).status, 200, `Host ${h}`);
+  }
+});
+
+await check('tokenize.roundtrip', async () => {
+  const s = await mainSrv();
+  const oracle = (text) => {
+    const r = spawnSync(coli, ['tokenize', modelDir], { input: JSON.stringify({ text }) + '\n', encoding: 'utf8' });
+    assert(r.status === 0, `coli tokenize failed: ${r.stderr}`);
+    return JSON.parse(r.stdout.trim()).ids;
+  };
+  for (const text of ['hello', 'Grüße, 世界! 🙂\nnew line\ttab']) {
+    const t = await postJson(s, '/tokenize', { content: text });
+    eq(t.status, 200, `/tokenize status (${show(t.text)})`);
+    assert(Array.isArray(t.json?.tokens) && t.json.tokens.every(Number.isInteger), `/tokenize body ${show(t.json)}`);
+    eq(t.json.tokens, oracle(text), `/tokenize ids vs coli tokenize for ${show(text)}`);
+    const d = await postJson(s, '/detokenize', { tokens: t.json.tokens });
+    eq(d.status, 200, `/detokenize status (${show(d.text)})`);
+    eq(d.json?.content, text, '/detokenize round trip');
+  }
+  expectError(await postJson(s, '/tokenize', { content: 5 }), 400, 'invalid_value', { param: 'content' });
+  expectError(await postJson(s, '/detokenize', { tokens: [1, 'x'] }), 400, 'invalid_value');
+  expectError(await postJson(s, '/detokenize', { tokens: [999999999] }), 400, 'invalid_value');
+});
+
+// =============================================================================================
+// Auth, Host, CORS, size limits, context (Part 4) on one locked-down server
+// =============================================================================================
+
+await check('auth.required_on_protected_routes', async () => {
+  const s = await limitsSrv();
+  const routes = [['GET', '/v1/models', null], ['GET', `/v1/models/${MODEL_ID}`, null],
+                  ['POST', '/v1/chat/completions', good], ['POST', '/tokenize', { content: 'hi' }],
+                  ['POST', '/detokenize', { tokens: [1] }]];
+  for (const [method, p, body] of routes) {
+    const r = await request(s, { method, path: p, body, auth: false });
+    expectError(r, 401, 'invalid_api_key', { param: null });
+    assert(/^Bearer/i.test(String(r.headers['www-authenticate'] ?? '')), `${method} ${p}: 401 without WWW-Authenticate: Bearer`);
+  }
+});
+
+await check('auth.same_answer_missing_or_wrong', async () => {
+  const s = await limitsSrv();
+  const missing = await request(s, { path: '/v1/models', auth: false });
+  const wrong = await request(s, { path: '/v1/models', auth: false, headers: { authorization: `Bearer ${WRONG_KEY}` } });
+  const wrongShort = await request(s, { path: '/v1/models', auth: false, headers: { 'x-api-key': 'k' } });
+  const basic = await request(s, { path: '/v1/models', auth: false, headers: { authorization: `Basic ${API_KEY}` } });
+  for (const r of [missing, wrong, wrongShort, basic]) expectError(r, 401, 'invalid_api_key');
+  eq(wrong.json, missing.json, 'wrong key vs missing key body');
+  eq(basic.json, missing.json, 'non-Bearer scheme counts as missing');
+});
+
+await check('auth.bearer_and_x_api_key', async () => {
+  const s = await limitsSrv();
+  eq((await request(s, { path: '/v1/models', auth: false, headers: { authorization: `Bearer ${API_KEY}` } })).status, 200, 'Bearer');
+  eq((await request(s, { path: '/v1/models', auth: false, headers: { 'x-api-key': API_KEY } })).status, 200, 'x-api-key');
+  const r = await chat(s, { ...good, ...OFF }, { auth: false, headers: { 'x-api-key': API_KEY } });
+  eq(r.status, 200, `chat with x-api-key (${show(r.text)})`);
+  const ids = [];
+  for await (const m of client(s).models.list()) ids.push(m.id);
+  assert(ids.includes(MODEL_ID), 'SDK with apiKey');
+  const bad = new OpenAI({ apiKey: WRONG_KEY, baseURL: `${s.url}/v1`, maxRetries: 0 });
+  try { await bad.models.list(); assert(false, 'wrong key accepted'); } catch (e) { eq(e.status, 401, 'SDK with a wrong key'); }
+});
+
+await check('auth.health_public_minimal', async () => {
+  const s = await limitsSrv();
+  const pub = await request(s, { path: '/health', auth: false });
+  eq(pub.status, 200, '/health without a key');
+  eq(pub.json?.status, 'ok', '/health status');
+  for (const k of ['scheduler', 'model', 'memory', 'state', 'context_capacity']) {
+    assert(!(k in (pub.json ?? {})), `/health without a key must be minimal; it has "${k}": ${show(pub.json)}`);
+  }
+  const priv = await request(s, { path: '/health' });
+  eq(priv.json?.context_capacity, 256, 'authenticated /health context_capacity = --ctx');
+  assert(priv.json?.scheduler, 'authenticated /health has scheduler');
+  const o = await request(s, { method: 'OPTIONS', path: '/v1/chat/completions', auth: false,
+                               headers: { origin: GOOD_ORIGIN, 'access-control-request-method': 'POST' } });
+  eq(o.status, 204, 'OPTIONS preflight needs no key');
+});
+
+await check('host.allowlist', async () => {
+  const s = await limitsSrv();
+  for (const [method, p, body] of [['GET', '/v1/models', null], ['POST', '/v1/chat/completions', good], ['GET', '/health', null]]) {
+    expectError(await request(s, { method, path: p, body, headers: { host: 'evil.example' } }), 403, 'host_not_allowed', { param: null });
+  }
+  eq((await request(s, { path: '/v1/models', headers: { host: 'good.example' } })).status, 200, '--allowed-host good.example');
+  eq((await request(s, { path: '/v1/models', headers: { host: 'good.example:8443' } })).status, 200, '--allowed-host, port ignored');
+});
+
+await check('cors.preflight_and_origin', async () => {
+  const s = await limitsSrv();
+  const pre = (origin) => request(s, { method: 'OPTIONS', path: '/v1/chat/completions', auth: false,
+    headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization,content-type' } });
+  const ok = await pre(GOOD_ORIGIN);
+  eq(ok.status, 204, 'preflight status');
+  eq(ok.headers['access-control-allow-origin'], GOOD_ORIGIN, 'Access-Control-Allow-Origin echoes the allowlisted origin');
+  assert(/(^|,\s*)origin(\s*,|$)/i.test(String(ok.headers.vary ?? '')), `Vary: Origin missing: ${show(ok.headers.vary)}`);
+  const ah = String(ok.headers['access-control-allow-headers'] ?? '').toLowerCase();
+  for (const h of ['authorization', 'content-type', 'x-api-key']) assert(ah.includes(h), `Access-Control-Allow-Headers lacks ${h}: ${ah}`);
+  assert(/POST/.test(String(ok.headers['access-control-allow-methods'] ?? '')), 'Access-Control-Allow-Methods lacks POST');
+  assert(!('access-control-allow-credentials' in ok.headers), 'no Access-Control-Allow-Credentials expected');
+  const no = await pre('http://evil.example');
+  assert(!('access-control-allow-origin' in no.headers), `unlisted origin got Access-Control-Allow-Origin: ${no.headers['access-control-allow-origin']}`);
+  expectError(await chat(s, good, { headers: { origin: 'http://evil.example' } }), 403, 'origin_not_allowed');
+  const r = await chat(s, { ...good, ...OFF }, { headers: { origin: GOOD_ORIGIN } });
+  eq(r.status, 200, `POST from the allowlisted origin (${show(r.text)})`);
+  eq(r.headers['access-control-allow-origin'], GOOD_ORIGIN, 'ACAO on the POST answer');
+});
+
+const parseRawJson = (text) => { try { return JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4)); } catch { return undefined; } };
+const head = (s, lines) => `${lines.join('\r\n')}\r\nHost: 127.0.0.1:${s.port}\r\nAuthorization: Bearer ${s.key}\r\n\r\n`;
+
+await check('limits.body_413_without_reading', async () => {
+  const s = await limitsSrv();
+  const size = 2 * 1024 * 1024;
+  const r = await rawSocket(s.port, [head(s, ['POST /v1/chat/completions HTTP/1.1', 'Content-Type: application/json', `Content-Length: ${size}`])],
+                            { readTimeoutMs: 3000 });
+  assert(r.status !== 0, 'no answer within 3 s to a 2 MiB Content-Length before the body was sent (must answer 413 without reading it)');
+  eq(r.status, 413, `status (${show(r.text.slice(0, 300))})`);
+  const j = parseRawJson(r.text);
+  eq(j?.error?.code, 'request_too_large', 'error.code');
+});
+
+await check('limits.body_413_sent', async () => {
+  const s = await limitsSrv();
+  const size = 2 * 1024 * 1024;
+  const body = Buffer.alloc(size, 0x20);
+  body.write('{"model":"kimi-k3","messages":[{"role":"user","content":"', 0);
+  const parts = [head(s, ['POST /v1/chat/completions HTTP/1.1', 'Content-Type: application/json', `Content-Length: ${size}`])];
+  for (let i = 0; i < size; i += 65536) parts.push(body.subarray(i, i + 65536));
+  const r = await rawSocket(s.port, parts, { stopWritingOnResponse: true });
+  eq(r.status, 413, `status (${show(r.text.slice(0, 300))})`);
+  eq(parseRawJson(r.text)?.error?.code, 'request_too_large', 'error.code');
+  const chunk = Buffer.alloc(256 * 1024, 0x20).toString();
+  const cparts = [head(s, ['POST /v1/chat/completions HTTP/1.1', 'Content-Type: application/json', 'Transfer-Encoding: chunked'])];
+  for (let i = 0; i < 8; i++) cparts.push(`${(chunk.length).toString(16)}\r\n${chunk}\r\n`);
+  cparts.push('0\r\n\r\n');
+  const rc = await rawSocket(s.port, cparts, { stopWritingOnResponse: true });
+  assert(rc.status === 413 || rc.status === 411, `chunked body over the cap: expected 413 (or 411), got ${show(rc.text.slice(0, 300))}`);
+});
+
+await check('limits.http_framing', async () => {
+  const s = await limitsSrv();
+  const big = [];
+  for (let i = 0; i < 17; i++) big.push(`X-Filler-${i}: ${'a'.repeat(1000)}`);
+  const r431 = await rawSocket(s.port, [head(s, ['GET /v1/models HTTP/1.1', ...big])]);
+  eq(r431.status, 431, `17 KiB of headers (${show(r431.text.slice(0, 200))})`);
+  const r411 = await rawSocket(s.port, [head(s, ['POST /v1/chat/completions HTTP/1.1', 'Content-Type: application/json', 'Connection: close'])]);
+  eq(r411.status, 411, `POST without Content-Length (${show(r411.text.slice(0, 200))})`);
+  const both = await rawSocket(s.port, [head(s, ['POST /v1/chat/completions HTTP/1.1', 'Content-Type: application/json',
+                                                 'Content-Length: 5', 'Transfer-Encoding: chunked']) + '0\r\n\r\n']);
+  eq(both.status, 400, `Content-Length and Transfer-Encoding together (${show(both.text.slice(0, 200))})`);
+  for (const cl of ['-5', 'abc']) {
+    const r = await rawSocket(s.port, [head(s, ['POST /v1/chat/completions HTTP/1.1', 'Content-Type: application/json', `Content-Length: ${cl}`])]);
+    eq(r.status, 400, `Content-Length: ${cl} (${show(r.text.slice(0, 200))})`);
+  }
+  eq((await request(s, { path: '/health' })).status, 200, 'server alive after framing errors');
+});
+
+// After an early rejection (4.5: 401, 403, 413, 415 answer without reading the body, then close),
+// the unread body must never be parsed as further requests on the same connection: a body that
+// carries an HTTP request would otherwise run it (a text/plain cross-site POST refused with 403
+// or 415 could smuggle a JSON POST without Origin past the guards of 4.3).
+const BODY_CANARY = 'BODYCANARY-' + crypto.randomBytes(6).toString('hex');
+await check('limits.no_request_smuggling_after_early_rejection', async () => {
+  const s = await limitsSrv();
+  const smuggled = `GET /v1/models?${BODY_CANARY} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${s.key}\r\n\r\n`;
+  const pad = (n, prefix) => prefix + ' '.repeat(n - prefix.length);
+  const H = (lines) => `${lines.join('\r\n')}\r\n\r\n`;
+  const auth = `Authorization: Bearer ${s.key}`;
+  const N = 65536;
+  const problems = [];
+  const cases = [
+    ['413 (body over the cap, sent late)', [H(['POST /v1/chat/completions HTTP/1.1', 'Host: 127.0.0.1', auth, 'Content-Type: application/json', `Content-Length: ${2 * 1024 * 1024}`]), 500, pad(N, smuggled)], true],
+    ['415 (text/plain, body sent late)', [H(['POST /v1/chat/completions HTTP/1.1', 'Host: 127.0.0.1', auth, 'Content-Type: text/plain', `Content-Length: ${N}`]), 500, pad(N, smuggled)], false],
+    ['403 (foreign Origin, body sent late)', [H(['POST /v1/chat/completions HTTP/1.1', 'Host: 127.0.0.1', auth, 'Origin: http://evil.example', 'Content-Type: text/plain', `Content-Length: ${N}`]), 500, pad(N, smuggled)], false],
+    ['401 (no key, body sent late)', [H(['POST /v1/chat/completions HTTP/1.1', 'Host: 127.0.0.1', 'Content-Type: application/json', `Content-Length: ${N}`]), 500, pad(N, smuggled)], false],
+  ];
+  // The browser case: one write, the embedded request at offset 4096 of the connection.
+  const head403 = H(['POST /v1/chat/completions HTTP/1.1', 'Host: 127.0.0.1', 'Origin: http://evil.example', 'Content-Type: text/plain', `Content-Length: ${N}`]);
+  const lead = 'x'.repeat(4096 - head403.length);
+  cases.push(['403 (foreign Origin, one write, request at offset 4096)', [head403 + pad(N, lead + smuggled)], false]);
+  for (const [what, parts, mustClose] of cases) {
+    const r = await rawSocket(s.port, parts, { readTimeoutMs: 6000, lingerMs: 1500 });
+    const statuses = [...r.text.matchAll(/HTTP\/1\.[01] (\d{3})/g)].map((m) => Number(m[1]));
+    if (statuses.length !== 1) problems.push(`${what}: ${statuses.length} responses on one connection (${statuses.join(', ')}); the body was parsed as requests`);
+    else if (mustClose && !r.closed) problems.push(`${what}: the connection stayed open after the early rejection (4.5: close instead of draining)`);
+  }
+  assert(problems.length === 0, problems.join('\n'));
+});
+
+await check('privacy.rejected_body_not_logged', async () => {
+  const s = await limitsSrv();
+  assert(!s.log.includes(BODY_CANARY), 'bytes of a rejected request body appear in the server log');
+  assert(!s.log.includes('xxxxxxxxxxxxxxxx'), 'bytes of a rejected request body appear in the server log');
+});
+
+await check('context.prompt_too_long_400', async () => {
+  const s = await limitsSrv();
+  const long = 'lorem ipsum dolor sit amet consectetur '.repeat(60);
+  for (const stream of [false, true]) {
+    const r = await chat(s, req([user(long)], { ...OFF, max_tokens: 4, stream }));
+    const e = expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
+    assert(/256/.test(e.message), `message should state the capacity 256: ${e.message}`);
+  }
+  eq((await request(s, { path: '/health' })).status, 200, 'server alive after context_length_exceeded');
+});
+
+await check('context.max_tokens_clamped', async () => {
+  const s = await limitsSrv();
+  const j = await complete(s, req([user('Go.')], { ...OFF, max_tokens: 1000 }));
+  assert(j.usage.completion_tokens <= 64, `max_tokens 1000 must be clamped to --max-tokens 64: ${j.usage.completion_tokens}`);
+  const j2 = await complete(s, req([user('Again.')], { ...OFF }));
+  assert(j2.usage.completion_tokens <= 64, `default max_tokens must be the ceiling 64: ${j2.usage.completion_tokens}`);
+  // Prompt close to --ctx 256: generation is clamped to the room left.
+  const unit = 'river stone cloud ';
+  const p = async (k) => (await complete(s, req([user(unit.repeat(k))], { ...OFF, max_tokens: 1 }))).usage.prompt_tokens;
+  const p10 = await p(10), p20 = await p(20);
+  const per = (p20 - p10) / 10;
+  assert(per > 0, 'prompt tokens do not grow with the prompt');
+  const k = Math.floor(10 + (230 - p10) / per);
+  const j3 = await complete(s, req([user(unit.repeat(k))], { ...OFF, max_tokens: 64 }));
+  const room = 256 - j3.usage.prompt_tokens;
+  assert(room > 0 && room < 64, `calibration: prompt ${j3.usage.prompt_tokens} tokens should leave 1..63 of 256`);
+  assert(j3.usage.completion_tokens <= room, `completion_tokens ${j3.usage.completion_tokens} exceeds the room ${room} left by --ctx 256`);
+});
+
+await check('models.meta_context_length', async () => {
+  const s = await limitsSrv();
+  const r = await request(s, { path: '/v1/models' });
+  const m = r.json?.data?.find((x) => x.id === MODEL_ID);
+  eq(m?.meta?.context_length, 256, '/v1/models meta.context_length = --ctx');
+  eq(m?.meta?.max_output_tokens, 64, '/v1/models meta.max_output_tokens = --max-tokens');
+});
+
+await check('privacy.no_key_in_logs', async () => {
+  const s = await limitsSrv();
+  assert(!s.log.includes(API_KEY), 'the API key appears in the server log');
+  assert(!s.log.includes(WRONG_KEY), 'a presented (wrong) key appears in the server log');
+});
+
+// =============================================================================================
+// Checkpoint files (4.8)
+// =============================================================================================
+
+const modeOf = (p) => fs.statSync(p).mode & 0o777;
+await check('auth.env_key', async () => {
+  const s = await diskSrv();
+  expectError(await request(s, { path: '/v1/models', auth: false }), 401, 'invalid_api_key');
+  eq((await request(s, { path: '/v1/models' })).status, 200, 'COLI_API_KEY from the environment');
+});
+
+await check('ckpt.disk_files_private', async () => {
+  const s = await diskSrv();
+  const m1 = [user('Photos on disk, please.')];
+  const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 6 }));
+  await complete(s, req([...m1, asAssistant(r1), user('More.')], { ...OFF, max_tokens: 6 }));
+  let files = [];
+  for (let i = 0; i < 60 && files.length === 0; i++) {
+    files = fs.existsSync(CKDIR) ? fs.readdirSync(CKDIR) : [];
+    if (!files.length) await sleep(50);
+  }
+  assert(files.length > 0, `no checkpoint files in ${CKDIR}`);
+  eq(modeOf(CKDIR).toString(8), '700', 'checkpoint directory mode');
+  for (const f of files) eq(modeOf(path.join(CKDIR, f)).toString(8), '600', `mode of ${f}`);
+});
+
+await check('ckpt.disk_files_removed_on_exit', async () => {
+  const s = await diskSrv();
+  const e = await s.stop();
+  eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
+  const left = fs.existsSync(CKDIR) ? fs.readdirSync(CKDIR) : [];
+  eq(left, [], `files left in ${CKDIR} after a clean exit`);
+});
+
+await check('ckpt.keep', async () => {
+  const s = await keepSrv();
+  await complete(s, req([user('Keep my photos.')], { ...OFF, max_tokens: 6 }));
+  await sleep(200);
+  const e = await s.stop();
+  eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
+  const left = fs.existsSync(CKDIR_KEEP) ? fs.readdirSync(CKDIR_KEEP) : [];
+  assert(left.length > 0, '--ckpt-keep: photos should survive the exit');
+  for (const f of left) eq(modeOf(path.join(CKDIR_KEEP, f)).toString(8), '600', `mode of ${f}`);
+});
+
+// =============================================================================================
+// Bind address (4.1) and shutdown (3.9)
+// =============================================================================================
+
+await check('bind.nonloopback_refused_without_key', async () => {
+  const s = new Server(coli, modelDir, 'bind-refused', ['--host', '0.0.0.0']);
+  allServers.push(s);
+  s.spawnProcess();
+  const e = await Promise.race([s.exited, sleep(20_000).then(() => null)]);
+  if (!e) { await s.stop({ signal: 'SIGKILL' }); assert(false, '--host 0.0.0.0 without a key kept running'); }
+  eq(e.code, 2, `exit code (stderr: ${s.err.trim().slice(0, 200)})`);
+});
+
+await check('bind.insecure_override', async () => {
+  const s = new Server(coli, modelDir, 'bind-insecure', ['--host', '0.0.0.0', '--insecure-bind']);
+  allServers.push(s);
+  await s.start({ urlPattern: /(http:\/\/[^\s/]+:(\d+))/ });
+  eq((await request(s, { path: '/health' })).status, 200, '/health');
+  eq(await s.stop(), { code: 0, signal: null }, 'exit after SIGTERM');
+});
+
+await check('shutdown.sigterm_drains', async () => {
+  const s = await queueSrv();
+  const events = [];
+  let onFirst;
+  const first = new Promise((r) => { onFirst = r; });
+  const pa = sse(s, req([user('Finish me during the drain.')], { ...OFF, max_tokens: 30, stream: true }),
+                 { onEvent: (ev) => { events.push(ev); if (ev.kind === 'data') onFirst(); } });
+  await Promise.race([first, sleep(10_000)]);
+  const pb = chat(s, req([user('Queued at shutdown.')], { ...OFF, max_tokens: 4 })).catch((e) => ({ status: 0, error: e }));
+  await waitQueued(s, 1);
+  s.kill('SIGTERM');
+  const rb = await pb;
+  const st = await pa;
+  const e = await s.exited;
+  expectError(rb, 503, 'shutting_down');
+  const r = checkStream(st, { includeUsage: false, usageKeyRule: false });
+  eq(r.finish, 'length', 'the active request runs to its end during the drain');
+  eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
+});
+
+// =============================================================================================
+// End: logs, clean exits, model directory
+// =============================================================================================
+
+await check('privacy.no_prompt_in_logs', async () => {
+  const s = await mainSrv();
+  assert(!s.log.includes(CANARY), 'a prompt canary appears in the server log without --log-prompts');
+});
+
+await check('shutdown.all_exit_0', async () => {
+  const bad = [];
+  await Promise.all(allServers.map(async (s) => {
+    if (!s.proc || s.name === 'bind-refused') return;
+    const e = await s.stop();
+    if (!(e && e.code === 0 && e.signal === null)) bad.push(`${s.name}: ${show(e)}`);
+  }));
+  assert(bad.length === 0, `servers that did not exit 0 on SIGTERM: ${bad.join('; ')}`);
+});
+
+await check('model_dir.untouched', async () => {
+  eq(listing(modelDir), modelListingBefore, 'model directory listing before/after (the server must not write there)');
+});
+
+cancelTimeout();
+killAll();
+const ok = R.summary();
+if (ok) fs.rmSync(tmp, { recursive: true, force: true });
+else console.log(`(temporary files kept in ${tmp})`);
+process.exit(ok ? 0 : 1);
