@@ -1,10 +1,979 @@
-// apps/coli_chat.cpp — `coli chat` (placeholder until the terminal chat lands).
+// apps/coli_chat.cpp — `coli chat`: a terminal chat with the model loaded once, in process
+// (SERVING.md §3.4, run through EngineService instead of a private HTTP server).
+//
+//   * GNU readline for line editing and history (Alt-Enter inserts a newline, pastes keep their
+//     newlines); without a terminal on stdin, lines are read as they come.
+//   * Replies stream as they are generated: reasoning dimmed (or collapsed with /think hide),
+//     content with light Markdown styling (--raw or no terminal: plain text).
+//   * Ctrl-C during a reply cancels it (EngineService::cancel, within one layer or token) and keeps
+//     the partial answer marked "[interrupted]"; Ctrl-C at the prompt clears the line, at an empty
+//     prompt shows a hint, and a second one within 2 s quits (so does Ctrl-D or /exit).
+//   * The history keeps each assistant turn's content and reasoning exactly as streamed and sends
+//     them back, so the next prompt starts with what the engine already fed (prefix reuse).
+//   * After each reply a footer: `57 tok · 1.2 s · 47.5 tok/s · prompt 412 (cached 380)`.
+//   * The reply budget: --ngen (K3_NGEN) when given, else --max-tokens (16384); either way no
+//     more than the context room (--ctx, 8192 by default).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <readline/history.h>
+#include <readline/readline.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
 #include "apps/coli_commands.h"
+#include "engine/service.h"
+#include "server/api.h"
+#include "text/chat.h"
+#include "text/prompt.h"
+#include "text/pyjson.h"
+#include "util/sys.h"
 
 namespace coli {
+namespace {
 
-int chat(const k3::Options&, const std::map<std::string, std::string>&, const std::vector<std::string>&) {
-  throw UsageError("coli chat is not built yet");
+using k3::ServiceEvent;
+using k3::text::PyValue;
+
+std::atomic<bool> g_interrupt{false};
+std::atomic<bool> g_resized{false};
+
+extern "C" void on_sigint(int) { g_interrupt.store(true); }
+extern "C" void on_sigwinch(int) { g_resized.store(true); }
+
+const char* const kDim = "\x1b[2m";
+const char* const kBold = "\x1b[1m";
+const char* const kReset = "\x1b[0m";
+const char* const kRed = "\x1b[31m";
+const char* const kCyan = "\x1b[36m";
+
+std::string format(const char* fmt, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, value);
+  return buf;
+}
+
+std::string seconds_text(double s) { return s < 10 ? format("%.1f s", s) : format("%.0f s", s); }
+
+std::string trim(std::string_view s) {
+  size_t a = 0, b = s.size();
+  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
+  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
+  return std::string(s.substr(a, b - a));
+}
+
+// stdout with the little the chat needs: whether the cursor is at a line start, an in-place
+// status line (terminal only) that the next real output replaces.
+class Screen {
+ public:
+  explicit Screen(bool tty) : tty_(tty) {}
+  bool tty() const { return tty_; }
+
+  void print(std::string_view text) {
+    if (text.empty()) return;
+    clear_status();
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    // The last visible character decides line_start_ (SGR sequences "\x1b[...m" do not count).
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text[i] == '\x1b') {
+        while (i < text.size() && !std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+        continue;
+      }
+      line_start_ = text[i] == '\n';
+    }
+    std::fflush(stdout);
+  }
+  void line(std::string_view text) {
+    print(text);
+    print("\n");
+  }
+  // Moves to a fresh line if the cursor is not at one.
+  void end_line() {
+    if (!line_start_) print("\n");
+  }
+  void status(const std::string& text) {
+    if (!tty_ || !line_start_) return;
+    std::string out = "\r\x1b[2K";
+    out += kDim;
+    out += text;
+    out += kReset;
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    status_shown_ = true;
+  }
+  void clear_status() {
+    if (!status_shown_) return;
+    std::fputs("\r\x1b[2K", stdout);
+    status_shown_ = false;
+  }
+  std::string dim(const std::string& s) const { return tty_ ? kDim + s + kReset : s; }
+  std::string bold(const std::string& s) const { return tty_ ? kBold + s + kReset : s; }
+  std::string red(const std::string& s) const { return tty_ ? kRed + s + kReset : s; }
+
+ private:
+  bool tty_;
+  bool line_start_ = true;
+  bool status_shown_ = false;
+};
+
+// Streaming Markdown for the terminal: ``` fences (cyan), `code` (cyan), **bold**, # headings
+// (bold), "- " / "* " / "+ " bullets (•). A marker split across two deltas is held back until
+// the next one decides it. Plain text when `styled` is false.
+class Markdown {
+ public:
+  explicit Markdown(bool styled) : styled_(styled) {}
+
+  std::string push(std::string_view text) {
+    if (!styled_) return std::string(text);
+    pending_ += text;
+    return consume(false);
+  }
+  std::string finish() {
+    if (!styled_) return {};
+    std::string out = consume(true);
+    if (current_ != kReset) out += kReset;
+    fence_ = code_ = bold_ = heading_ = false;
+    current_ = kReset;
+    line_start_ = true;
+    return out;
+  }
+
+ private:
+  // The SGR sequence for the current state, or nothing when it is already in force.
+  std::string style() {
+    std::string s = kReset;
+    if (fence_ || code_) s += kCyan;
+    if (bold_ || heading_) s += kBold;
+    if (s == current_) return {};
+    current_ = s;
+    return s;
+  }
+
+  std::string consume(bool final) {
+    std::string out;
+    size_t i = 0;
+    const std::string& p = pending_;
+    auto starts = [&](size_t at, std::string_view what) { return p.compare(at, what.size(), what) == 0; };
+    // True when p[at..] is a proper prefix of `what` (more input could complete it).
+    auto partial = [&](size_t at, std::string_view what) {
+      return !final && p.size() - at < what.size() && what.compare(0, p.size() - at, p, at, p.size() - at) == 0;
+    };
+    while (i < p.size()) {
+      const char c = p[i];
+      if (line_start_) {
+        if (c == ' ' || c == '\t') {
+          out += c;
+          ++i;
+          continue;
+        }
+        if (partial(i, "```")) break;
+        if (starts(i, "```")) {  // the fence line itself is dimmed up to its newline
+          fence_ = !fence_;
+          code_ = false;
+          out += kReset;
+          out += kDim;
+          current_ = std::string(kReset) + kDim;
+          out += "```";
+          i += 3;
+          line_start_ = false;
+          continue;
+        }
+        if (!fence_) {
+          if (c == '#') {
+            size_t j = i;
+            while (j < p.size() && p[j] == '#') ++j;
+            if (j == p.size() && !final) break;
+            if (j < p.size() && p[j] == ' ' && j - i <= 6) {
+              heading_ = true;
+              out += style();
+              i = j + 1;
+              line_start_ = false;
+              continue;
+            }
+          } else if (c == '-' || c == '*' || c == '+') {
+            if (i + 1 == p.size() && !final) break;
+            if (i + 1 < p.size() && p[i + 1] == ' ') {
+              out += "• ";
+              i += 2;
+              line_start_ = false;
+              continue;
+            }
+          }
+        }
+        line_start_ = false;
+      }
+      if (c == '\n') {
+        heading_ = false;
+        code_ = false;
+        out += style();
+        out += '\n';
+        line_start_ = true;
+        ++i;
+        continue;
+      }
+      if (fence_) {
+        out += c;
+        ++i;
+        continue;
+      }
+      if (c == '`') {
+        code_ = !code_;
+        out += style();
+        ++i;
+        continue;
+      }
+      if (c == '*') {
+        if (i + 1 == p.size() && !final) break;
+        if (i + 1 < p.size() && p[i + 1] == '*' && !code_) {
+          bold_ = !bold_;
+          out += style();
+          i += 2;
+          continue;
+        }
+      }
+      out += c;
+      ++i;
+    }
+    pending_.erase(0, i);
+    return out;
+  }
+
+  bool styled_;
+  std::string pending_;
+  bool line_start_ = true, fence_ = false, code_ = false, bold_ = false, heading_ = false;
+  std::string current_ = kReset;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Input: readline on a terminal (callback interface, so Ctrl-C is ours), plain lines otherwise.
+
+struct LineState {
+  bool done = false, eof = false;
+  std::string line;
+};
+LineState g_line;
+
+extern "C" void on_line(char* line) {
+  if (!line) {
+    g_line.eof = true;
+  } else {
+    g_line.line = line;
+    std::free(line);
+  }
+  g_line.done = true;
+  rl_callback_handler_remove();  // no prompt redisplay after the line
+}
+
+int insert_newline(int, int) {
+  rl_insert_text("\n");
+  return 0;
+}
+
+class Input {
+ public:
+  enum class Result { line, quit };
+
+  Input(bool tty, Screen& screen) : tty_(tty), screen_(screen) {
+    if (!tty_) return;
+    rl_readline_name = "coli";
+    rl_catch_signals = 0;   // our SIGINT handler; the loop below decides what Ctrl-C does
+    rl_catch_sigwinch = 0;  // resized in the loop
+    rl_outstream = stdout;
+    rl_initialize();
+    rl_bind_keyseq("\\e\\r", insert_newline);  // Alt-Enter
+    rl_bind_keyseq("\\e\\n", insert_newline);
+    rl_bind_key('\t', rl_insert);              // no file-name completion: a tab is a tab
+    using_history();
+    stifle_history(1000);
+  }
+
+  Result read(const std::string& prompt, std::string& out) {
+    return tty_ ? read_tty(prompt, out) : read_plain(prompt, out);
+  }
+
+ private:
+  // Ctrl-C at an empty prompt: a hint, or quit when a second one comes within 2 s.
+  bool second_interrupt() {
+    const double now = k3::now_seconds();
+    if (now - last_interrupt_ < 2.0) return true;
+    last_interrupt_ = now;
+    return false;
+  }
+  static constexpr const char* kHint = "(Ctrl-C again within 2 s to quit; or Ctrl-D, /exit)";
+
+  Result read_tty(const std::string& prompt, std::string& out) {
+    g_line = LineState{};
+    rl_callback_handler_install(prompt.c_str(), on_line);
+    while (!g_line.done) {
+      if (g_resized.exchange(false)) rl_resize_terminal();
+      if (g_interrupt.exchange(false)) {
+        if (rl_end > 0) {  // clear the line, like a shell
+          rl_replace_line("", 0);
+          rl_point = rl_end = 0;
+          std::fputs("^C", stdout);
+          rl_crlf();
+          rl_on_new_line();
+          rl_redisplay();
+          last_interrupt_ = 0;
+          continue;
+        }
+        if (second_interrupt()) {
+          rl_callback_handler_remove();
+          rl_crlf();
+          std::fflush(stdout);
+          return Result::quit;
+        }
+        rl_crlf();
+        std::fputs(screen_.dim(kHint).c_str(), stdout);
+        rl_crlf();
+        rl_on_new_line();
+        rl_redisplay();
+        continue;
+      }
+      pollfd fd{STDIN_FILENO, POLLIN, 0};
+      const int r = ::poll(&fd, 1, 200);
+      if (r > 0) {
+        if (fd.revents & POLLIN) rl_callback_read_char();
+        else if (fd.revents & (POLLHUP | POLLERR | POLLNVAL)) {
+          rl_callback_handler_remove();
+          return Result::quit;
+        }
+      }
+    }
+    if (g_line.eof) {
+      std::fputs("\n", stdout);
+      std::fflush(stdout);
+      return Result::quit;
+    }
+    out = std::move(g_line.line);
+    if (!trim(out).empty()) add_history(out.c_str());
+    return Result::line;
+  }
+
+  Result read_plain(const std::string& prompt, std::string& out) {
+    for (;;) {
+      const size_t nl = buffer_.find('\n');
+      if (nl != std::string::npos || (eof_ && !buffer_.empty())) {
+        out = buffer_.substr(0, nl);
+        buffer_.erase(0, nl == std::string::npos ? buffer_.size() : nl + 1);
+        if (!out.empty() && out.back() == '\r') out.pop_back();
+        screen_.print(prompt + out + "\n");  // a readable transcript
+        return Result::line;
+      }
+      if (eof_) return Result::quit;
+      if (g_interrupt.exchange(false)) {
+        if (second_interrupt()) return Result::quit;
+        screen_.end_line();
+        screen_.line(kHint);
+        continue;
+      }
+      pollfd fd{STDIN_FILENO, POLLIN, 0};
+      if (::poll(&fd, 1, 200) <= 0) continue;
+      char chunk[4096];
+      const ssize_t n = ::read(STDIN_FILENO, chunk, sizeof chunk);
+      if (n > 0) buffer_.append(chunk, static_cast<size_t>(n));
+      else if (n == 0 || errno != EINTR) eof_ = true;
+    }
+  }
+
+  bool tty_;
+  Screen& screen_;
+  double last_interrupt_ = 0;
+  std::string buffer_;
+  bool eof_ = false;
+};
+
+// No echo while a reply streams (keys typed meanwhile wait for the next prompt); Ctrl-C still
+// raises SIGINT.
+class QuietTerminal {
+ public:
+  explicit QuietTerminal(bool tty) {
+    if (!tty || tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+    termios t = saved_;
+    t.c_lflag &= ~static_cast<tcflag_t>(ECHO);
+    t.c_lflag |= ISIG;
+    active_ = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+  }
+  ~QuietTerminal() {
+    if (active_) tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+struct Message {
+  std::string role;  // user, assistant
+  std::string content, reasoning;
+  std::vector<k3::text::ToolCallOut> tool_calls;
+};
+
+enum class FooterMode { compact, full, off };
+
+class Chat {
+ public:
+  Chat(const k3::Options& opt, const std::map<std::string, std::string>& env, const std::vector<std::string>& args,
+       k3::EngineService& service, Screen& screen)
+      : opt_(opt), service_(service), screen_(screen), api_(api_config(opt, env, args)) {
+    system_ = opt.text.system;
+    think_ = opt.text.think;
+    show_think_ = opt.text.show_think;
+    effort_ = opt.text.effort;
+    const bool ngen_given =
+        env.count("K3_NGEN") || std::find(args.begin(), args.end(), "--ngen") != args.end() ||
+        std::any_of(args.begin(), args.end(), [](const std::string& a) { return a.rfind("--ngen=", 0) == 0; });
+    max_tokens_ = ngen_given ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1), api_.max_tokens_ceiling)
+                             : api_.max_tokens_ceiling;
+    styled_ = screen.tty() && !opt.serve.raw;
+  }
+
+  // Runs one command line (starting with / or :). False: quit.
+  bool command(const std::string& input) {
+    const std::string text = trim(input);
+    const size_t space = text.find_first_of(" \t\n");
+    std::string name = text.substr(1, space == std::string::npos ? std::string::npos : space - 1);
+    const std::string arg = space == std::string::npos ? "" : trim(text.substr(space));
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (name == "exit" || name == "quit" || name == "q") return false;
+    if (name == "help" || name == "h" || name == "?") {
+      help();
+    } else if (name == "new" || name == "reset" || name == "clear") {
+      history_.clear();
+      retry_user_.reset();
+      service_.erase_state();
+      erased_ = true;
+      note("new conversation (the engine's cached state was dropped)");
+    } else if (name == "system") {
+      if (arg.empty()) {
+        note(system_.empty() ? "no system prompt (/system TEXT sets one, /system off clears it)"
+                             : "system prompt: " + system_);
+      } else if (arg == "off" || arg == "none" || arg == "clear") {
+        system_.clear();
+        note("system prompt cleared");
+      } else {
+        system_ = arg;
+        note("system prompt set; it applies from the next reply");
+      }
+    } else if (name == "think") {
+      if (arg == "on" || arg == "off") {
+        think_ = arg == "on";
+        note(std::string("thinking ") + (think_ ? "on" : "off"));
+      } else if (arg == "show" || arg == "hide") {
+        show_think_ = arg == "show";
+        note(std::string("reasoning ") + (show_think_ ? "shown" : "hidden"));
+      } else if (arg.empty()) {
+        note(std::string("thinking ") + (think_ ? "on" : "off") + ", reasoning " + (show_think_ ? "shown" : "hidden") +
+             " (/think on|off|show|hide)");
+      } else {
+        error("usage: /think on|off|show|hide");
+      }
+    } else if (name == "hide-think" || name == "show-think") {
+      show_think_ = name == "show-think" ? true : !show_think_;
+      note(std::string("reasoning ") + (show_think_ ? "shown" : "hidden"));
+    } else if (name == "effort") {
+      if (arg == "low" || arg == "high" || arg == "max" || arg == "none") {
+        effort_ = arg;
+        note("thinking effort " + effort_);
+      } else if (arg.empty()) {
+        note("thinking effort " + effort_ + " (/effort low|high|max|none)");
+      } else {
+        error("usage: /effort low|high|max|none");
+      }
+    } else if (name == "stats") {
+      if (arg == "full") footer_ = FooterMode::full;
+      else if (arg == "compact") footer_ = FooterMode::compact;
+      else if (arg == "off") footer_ = FooterMode::off;
+      else if (!arg.empty()) return error("usage: /stats [full|compact|off]"), true;
+      if (arg.empty()) stats();
+      else note("footer " + arg);
+    } else if (name == "retry") {
+      retry();
+    } else if (name == "save") {
+      save(arg);
+    } else {
+      error("unknown command /" + name + " (/help lists them; start a message with // to send a leading /)");
+    }
+    return true;
+  }
+
+  void say(const std::string& text) {
+    history_.push_back({"user", text, {}, {}});
+    retry_user_.reset();
+    generate();
+  }
+
+  std::string prompt_header() const {
+    std::string h = "think " + std::string(think_ ? "on" : "off");
+    if (think_) h += " · effort " + effort_;
+    if (!show_think_) h += " (hidden)";
+    if (!system_.empty()) h += " · system prompt";
+    const k3::ServiceSnapshot s = service_.snapshot();
+    h += " · " + std::to_string(turns()) + (turns() == 1 ? " turn" : " turns");
+    // After /new the snapshot still counts the erased record until the next request runs.
+    h += " · context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" + std::to_string(s.context_capacity);
+    return h;
+  }
+
+ private:
+  int turns() const {
+    return static_cast<int>(std::count_if(history_.begin(), history_.end(), [](const Message& m) { return m.role == "user"; }));
+  }
+  void note(const std::string& text) {
+    screen_.end_line();
+    screen_.line(screen_.dim(text));
+  }
+  void error(const std::string& text) {
+    screen_.end_line();
+    screen_.line(screen_.red("error: " + text));
+  }
+
+  void help() {
+    const char* lines[] = {
+        "Type a message and press Enter (Alt-Enter: a newline; pasted text keeps its newlines).",
+        "  /new                  start over (also /reset); drops the cached state",
+        "  /retry                regenerate the last answer",
+        "  /system TEXT          set the system prompt (/system: show it; /system off: clear it)",
+        "  /think on|off         thinking before answering",
+        "  /think show|hide      show the reasoning dimmed, or hide it (also /hide-think)",
+        "  /effort low|high|max|none   thinking effort",
+        "  /stats                session statistics; /stats full|compact|off: the footer",
+        "  /save FILE            write the conversation as JSON",
+        "  /exit                 quit (also /quit, Ctrl-D, or Ctrl-C twice at an empty prompt)",
+        "Ctrl-C during a reply stops it and keeps what was written. Each reply may be up to",
+        "--ngen tokens when given (else --max-tokens), within the context (--ctx).",
+    };
+    screen_.end_line();
+    for (const char* l : lines) screen_.line(l);
+  }
+
+  void stats() {
+    const k3::ServiceSnapshot s = service_.snapshot();
+    const double cached_pct = s.prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0;
+    auto rate = [](int64_t n, double sec) { return sec > 0 ? format("%.1f tok/s", static_cast<double>(n) / sec) : std::string("-"); };
+    std::vector<std::string> lines = {
+        "replies " + std::to_string(s.completed) + " (interrupted " + std::to_string(s.cancelled_decode + s.cancelled_prefill) +
+            ", failed " + std::to_string(s.failed) + ")",
+        "prompt " + std::to_string(s.prompt_tokens) + " tok, cached " + std::to_string(s.cached_tokens) + format(" (%.0f%%)", cached_pct) +
+            " · prefill " + seconds_text(s.prefill_seconds) + " (" + rate(s.prompt_tokens - s.cached_tokens, s.prefill_seconds) + ")",
+        "generated " + std::to_string(s.generated_tokens) + " tok · decode " + seconds_text(s.decode_seconds) + " (" +
+            rate(s.generated_tokens, s.decode_seconds) + ")",
+        "reuse: live " + std::to_string(s.reuse_live) + ", checkpoint " + std::to_string(s.reuse_checkpoint) + ", none " +
+            std::to_string(s.reuse_none) + " · checkpoints " + s.checkpoints + " (" + std::to_string(s.ckpt_used) + "/" +
+            std::to_string(s.ckpt_slots) + " used)",
+        "context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" + std::to_string(s.context_capacity) + " tok · reply budget " +
+            std::to_string(max_tokens_) + " tok · conversation " + std::to_string(history_.size()) + " messages",
+    };
+    screen_.end_line();
+    for (const std::string& l : lines) screen_.line(screen_.dim(l));
+  }
+
+  void retry() {
+    if (!history_.empty() && history_.back().role == "assistant") {
+      history_.pop_back();
+    } else if (retry_user_) {
+      history_.push_back({"user", *retry_user_, {}, {}});
+      retry_user_.reset();
+    } else if (history_.empty() || history_.back().role != "user") {
+      return error("nothing to retry");
+    }
+    note("regenerating the last answer");
+    generate();
+  }
+
+  void save(const std::string& path) {
+    if (path.empty()) return error("usage: /save FILE");
+    k3::server::json doc = k3::server::json::object();
+    doc["model"] = opt_.model_dir;
+    k3::server::json msgs = k3::server::json::array();
+    if (!system_.empty()) msgs.push_back({{"role", "system"}, {"content", system_}});
+    for (const Message& m : history_) {
+      k3::server::json j = {{"role", m.role}, {"content", m.content}};
+      if (!m.reasoning.empty()) j["reasoning_content"] = m.reasoning;
+      if (!m.tool_calls.empty()) {
+        k3::server::json calls = k3::server::json::array();
+        for (const auto& c : m.tool_calls)
+          calls.push_back({{"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments_json}}}});
+        j["tool_calls"] = std::move(calls);
+      }
+      msgs.push_back(std::move(j));
+    }
+    doc["messages"] = std::move(msgs);
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << doc.dump(2, ' ', false, k3::server::json::error_handler_t::replace) << "\n";
+    if (!out) return error("cannot write " + path);
+    note("saved " + std::to_string(history_.size()) + " messages to " + path);
+  }
+
+  PyValue messages_value() const {
+    PyValue::Array items;
+    auto message = [](const std::string& role, const std::string& content) {
+      PyValue m = PyValue::object();
+      m.set("role", PyValue::string(role));
+      m.set("content", PyValue::string(content));
+      return m;
+    };
+    if (!system_.empty()) items.push_back(message("system", system_));
+    for (const Message& h : history_) {
+      PyValue m = message(h.role, h.content);
+      if (h.role == "assistant" && !h.reasoning.empty()) m.set("reasoning_content", PyValue::string(h.reasoning));
+      if (!h.tool_calls.empty()) {
+        PyValue::Array calls;
+        for (const auto& c : h.tool_calls) {
+          PyValue fn = PyValue::object();
+          fn.set("name", PyValue::string(c.name));
+          fn.set("arguments", PyValue::string(c.arguments_json));
+          PyValue call = PyValue::object();
+          call.set("type", PyValue::string("function"));
+          call.set("function", std::move(fn));
+          calls.push_back(std::move(call));
+        }
+        m.set("tool_calls", PyValue::array(std::move(calls)));
+      }
+      items.push_back(std::move(m));
+    }
+    return PyValue::array(std::move(items));
+  }
+
+  // The conversation's prompt ids, or an error message.
+  std::optional<std::string> render(std::vector<int64_t>& ids) const {
+    const k3::Engine* engine = service_.engine();
+    if (!engine || !engine->tokenizer()) return std::string("the model is not loaded");
+    k3::text::ChatOptions options;
+    options.thinking = think_;
+    if (think_ && effort_ != "none") options.thinking_effort = PyValue::string(effort_);
+    auto segments = k3::text::build_chat_segments(messages_value(), PyValue(), options);
+    if (!segments.ok()) return "the conversation cannot be rendered: " + segments.status().message();
+    std::vector<int32_t> ids32;
+    k3::text::encode_segments(*engine->tokenizer(), *segments, ids32);
+    ids.assign(ids32.begin(), ids32.end());
+    return std::nullopt;
+  }
+
+  uint64_t next_seed() {
+    ++requests_;
+    if (opt_.sampling.seed_set) return opt_.sampling.seed + requests_ - 1;
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
+      seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    return seed;
+  }
+
+  // The user turn at the end of history_ is answered; on failure it is taken back.
+  void generate() {
+    auto take_back = [&] {
+      if (!history_.empty() && history_.back().role == "user") {
+        retry_user_ = history_.back().content;
+        history_.pop_back();
+      }
+    };
+    k3::ServiceRequest request;
+    if (auto e = render(request.prompt)) {
+      take_back();
+      return error(*e);
+    }
+    const int64_t capacity = service_.context_capacity();
+    if (static_cast<int64_t>(request.prompt.size()) >= capacity) {
+      take_back();
+      return error("the conversation has " + std::to_string(request.prompt.size()) + " tokens and the context holds " +
+                   std::to_string(capacity) + ": /new starts over (or raise --ctx)");
+    }
+    request.starts_in_think = think_;
+    request.sampling.temperature = api_.default_temperature;
+    request.sampling.top_p = api_.default_top_p;
+    request.sampling.top_k = api_.default_top_k;
+    request.sampling.min_p = api_.default_min_p;
+    request.sampling.seed = next_seed();
+    request.sampling.seed_set = true;
+    request.max_tokens = max_tokens_;
+    request.cache_prompt = true;
+    request.progress_every = 16;
+
+    g_interrupt.store(false);
+    auto submitted = service_.submit(std::move(request));
+    if (!submitted.ok()) {
+      take_back();
+      return error(submitted.status().message());
+    }
+    const std::shared_ptr<k3::RequestHandle> handle = *submitted;
+
+    QuietTerminal quiet(screen_.tty());
+    Markdown markdown(styled_);
+    Message answer{"assistant", {}, {}, {}};
+    const double started = k3::now_seconds();
+    double first_reasoning = -1, first_content = -1;
+    bool cancel_sent = false, reasoning_open = false, in_reasoning_shown = false;
+    int64_t prompt_tokens = 0, cached = 0, processed = 0;
+    bool accepted = false, prefilled = false;
+    const char* spinner = "-\\|/";
+    int spin = 0;
+    std::optional<k3::GenerationStats> done;
+    std::string failure;
+
+    auto end_reasoning_display = [&] {
+      if (in_reasoning_shown) {
+        if (screen_.tty()) screen_.print(kReset);
+        in_reasoning_shown = false;
+        screen_.end_line();
+      }
+    };
+    auto show_status = [&] {
+      if (!answer.content.empty() || (in_reasoning_shown && show_think_) || !screen_.tty()) return;
+      const double t = k3::now_seconds() - started;
+      std::string s(1, spinner[spin++ % 4]);
+      s += ' ';
+      if (cancel_sent) s += "stopping";
+      else if (!accepted) s += "waiting";
+      else if (!prefilled) s += "prefill " + std::to_string(processed) + "/" + std::to_string(prompt_tokens) + " (cached " + std::to_string(cached) + ")";
+      else if (!answer.reasoning.empty() && !show_think_) s += "thinking";
+      else s += "generating";
+      s += " · " + seconds_text(t);
+      screen_.status(s);
+    };
+
+    ServiceEvent e;
+    while (!done && failure.empty()) {
+      if (g_interrupt.exchange(false) && !cancel_sent) {
+        service_.cancel(handle);
+        cancel_sent = true;
+      }
+      if (!handle->next(e, std::chrono::milliseconds(100))) {
+        show_status();
+        continue;
+      }
+      switch (e.kind) {
+        case ServiceEvent::Kind::accepted:
+          accepted = true;
+          prompt_tokens = e.stats.prompt_tokens;
+          cached = e.stats.cached_tokens;
+          processed = cached;
+          prefilled = cached >= prompt_tokens;
+          show_status();
+          break;
+        case ServiceEvent::Kind::progress:
+          processed = e.processed;
+          prefilled = e.processed >= e.total;
+          show_status();
+          break;
+        case ServiceEvent::Kind::reasoning:
+          if (first_reasoning < 0) first_reasoning = k3::now_seconds();
+          answer.reasoning += e.text;
+          if (show_think_) {
+            if (!in_reasoning_shown) {
+              screen_.clear_status();
+              if (opt_.text.labels && !screen_.tty()) screen_.print("[think] ");
+              if (screen_.tty()) screen_.print(kDim);
+              in_reasoning_shown = true;
+              reasoning_open = true;
+            }
+            screen_.print(e.text);
+          } else {
+            show_status();
+          }
+          break;
+        case ServiceEvent::Kind::content:
+          if (first_content < 0) {
+            first_content = k3::now_seconds();
+            end_reasoning_display();
+            screen_.clear_status();
+            if (!show_think_ && !answer.reasoning.empty())
+              screen_.line(screen_.dim("(thought for " + seconds_text(first_content - (first_reasoning > 0 ? first_reasoning : started)) + ")"));
+            else if (reasoning_open && !screen_.tty()) screen_.print("\n");
+            if (opt_.text.labels && !screen_.tty()) screen_.print("[response] ");
+          }
+          answer.content += e.text;
+          screen_.print(markdown.push(e.text));
+          break;
+        case ServiceEvent::Kind::tool_call:
+          answer.tool_calls.push_back(e.call);
+          end_reasoning_display();
+          screen_.print(markdown.finish());
+          screen_.end_line();
+          screen_.line(screen_.dim("[tool call] " + e.call.name + " " + e.call.arguments_json));
+          break;
+        case ServiceEvent::Kind::done:
+          done = e.stats;
+          break;
+        case ServiceEvent::Kind::error:
+          failure = e.text.empty() ? e.error_code : e.text;
+          if (!e.error_code.empty() && e.error_code != failure) failure += " (" + e.error_code + ")";
+          break;
+      }
+    }
+    screen_.print(markdown.finish());
+    end_reasoning_display();
+    screen_.clear_status();
+    std::fflush(stdout);
+    service_.wait_idle(2.0);  // the worker's bookkeeping (fed tokens, counters) follows its last event
+    erased_ = false;
+
+    if (!failure.empty()) {
+      take_back();
+      screen_.end_line();
+      return error(failure);
+    }
+    const k3::GenerationStats& st = *done;
+    const bool interrupted = st.finish_reason == "cancelled";
+    if (!show_think_ && !answer.reasoning.empty() && first_content < 0)
+      screen_.line(screen_.dim("(thought for " + seconds_text(k3::now_seconds() - (first_reasoning > 0 ? first_reasoning : started)) + ")"));
+    if (interrupted) {
+      screen_.end_line();
+      screen_.line(screen_.dim("[interrupted]"));
+    } else if (st.finish_reason == "length") {
+      screen_.end_line();
+      screen_.line(screen_.dim("[reply budget reached: " + std::to_string(st.completion_tokens) + " tokens]"));
+    }
+    screen_.end_line();
+    if (footer_ != FooterMode::off) screen_.line(screen_.dim(footer(st)));
+
+    const bool empty = answer.content.empty() && answer.reasoning.empty() && answer.tool_calls.empty();
+    if (interrupted && empty) {
+      take_back();  // nothing to keep; /retry asks again
+    } else {
+      history_.push_back(std::move(answer));
+    }
+  }
+
+  std::string footer(const k3::GenerationStats& st) const {
+    const double decode_s = st.decode_ms / 1e3;
+    std::string f = std::to_string(st.completion_tokens) + " tok · " + format(decode_s < 10 ? "%.1f s" : "%.0f s", decode_s) + " · ";
+    f += decode_s > 0 ? format(st.completion_tokens / decode_s < 10 ? "%.2f tok/s" : "%.1f tok/s",
+                               static_cast<double>(st.completion_tokens) / decode_s)
+                      : std::string("- tok/s");
+    f += " · prompt " + std::to_string(st.prompt_tokens) + " (cached " + std::to_string(st.cached_tokens) + ")";
+    if (st.restored_at >= 0) f += " · restored checkpoint @" + std::to_string(st.restored_at);
+    if (footer_ == FooterMode::full) {
+      f += " · prefill " + format("%.0f ms", st.prefill_ms);
+      if (st.prefill_ms > 0)
+        f += format(" (%.1f tok/s)", static_cast<double>(st.prompt_tokens - st.cached_tokens) / (st.prefill_ms / 1e3));
+      f += " · thinking " + std::to_string(st.reasoning_tokens) + " tok · reuse " + k3::reuse_kind_name(st.reuse) +
+           " · " + st.finish_reason;
+    }
+    return f;
+  }
+
+  const k3::Options& opt_;
+  k3::EngineService& service_;
+  Screen& screen_;
+  k3::server::ApiConfig api_;
+  std::vector<Message> history_;
+  std::optional<std::string> retry_user_;  // a user turn taken back (failed or interrupted before any output)
+  std::string system_, effort_;
+  bool think_ = true, show_think_ = true, styled_ = false, erased_ = false;
+  int64_t max_tokens_ = 0;
+  uint64_t requests_ = 0;
+  FooterMode footer_ = FooterMode::compact;
+};
+
+// Waits for the model, showing the load progress. False when it failed (message printed).
+bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& screen) {
+  const bool stderr_tty = isatty(STDERR_FILENO) == 1;
+  const char* spinner = "-\\|/";
+  int spin = 0;
+  for (;;) {
+    const k3::ServiceSnapshot s = service.snapshot();
+    if (s.state == k3::ServiceSnapshot::State::ready) {
+      screen.clear_status();
+      const k3::Engine* engine = service.engine();
+      screen.line(screen.dim("loaded " + opt.model_dir + " in " + seconds_text(s.load_elapsed_s) +
+                             (engine ? " (" + engine->describe() + ")" : std::string()) + "; context " +
+                             std::to_string(s.context_capacity) + " tokens; checkpoints: " + s.checkpoints));
+      return true;
+    }
+    if (s.state == k3::ServiceSnapshot::State::failed) {
+      screen.clear_status();
+      std::fprintf(stderr, "coli chat: cannot load %s: %s\n", opt.model_dir.c_str(), s.load_error.c_str());
+      return false;
+    }
+    if (g_interrupt.load()) {
+      screen.clear_status();
+      std::fputs("coli chat: interrupted while loading\n", stderr);
+      std::fflush(nullptr);
+      std::_Exit(130);  // the loader cannot be stopped midway; do not wait for it
+    }
+    // The engine draws its own bar on a terminal stderr; two writers on one line would fight.
+    if (!stderr_tty)
+      screen.status(std::string(1, spinner[spin++ % 4]) + " loading " + opt.model_dir + " " +
+                  format("%.0f%%", 100 * s.load_progress) + " · " + seconds_text(s.load_elapsed_s));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+}  // namespace
+
+int chat(const k3::Options& opt, const std::map<std::string, std::string>& env, const std::vector<std::string>& args) {
+  const bool tty_in = isatty(STDIN_FILENO) == 1;
+  const bool tty_out = isatty(STDOUT_FILENO) == 1;
+  Screen screen(tty_out);
+
+  // The engine's threads never take our signals: block them while the service starts its
+  // worker (threads inherit the mask), then take them here.
+  sigset_t ours;
+  sigemptyset(&ours);
+  sigaddset(&ours, SIGINT);
+  sigaddset(&ours, SIGWINCH);
+  pthread_sigmask(SIG_BLOCK, &ours, nullptr);
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocking call returns EINTR and the loop looks at the flag
+  sigaction(SIGINT, &sa, nullptr);
+  struct sigaction sw {};
+  sw.sa_handler = on_sigwinch;
+  sigemptyset(&sw.sa_mask);
+  sw.sa_flags = SA_RESTART;
+  sigaction(SIGWINCH, &sw, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  k3::EngineService service(service_options(opt));
+  pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);
+
+  screen.line(screen.bold("coli chat") + screen.dim(" · " + opt.model_dir + " · /help for commands, Ctrl-D quits"));
+  if (!wait_loaded(service, opt, screen)) return 3;
+
+  Chat chat(opt, env, args, service, screen);
+  Input input(tty_in, screen);
+  if (!opt.text.chat.empty()) chat.say(opt.text.chat);
+  // \001 \002 bracket what readline must not count as printed (only readline reads them).
+  const std::string prompt = tty_in && tty_out ? std::string("\001") + kBold + "\002> \001" + kReset + "\002" : "> ";
+  for (;;) {
+    screen.end_line();
+    screen.line(screen.dim(chat.prompt_header()));
+    std::string line;
+    if (input.read(prompt, line) == Input::Result::quit) break;
+    const std::string text = trim(line);
+    if (text.empty()) continue;
+    if (text == "exit" || text == "quit" || text == ":q") break;
+    if ((text[0] == '/' || text[0] == ':') && text.rfind("//", 0) != 0 && text.size() > 1 &&
+        std::isalpha(static_cast<unsigned char>(text[1]))) {
+      if (!chat.command(text)) break;
+      continue;
+    }
+    chat.say(text.rfind("//", 0) == 0 ? text.substr(1) : text);
+  }
+  screen.end_line();
+  return 0;
 }
 
 }  // namespace coli
