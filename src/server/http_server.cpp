@@ -336,6 +336,7 @@ struct HttpServer::Impl {
       }
       if (peer_hung_up(fd)) {
         service.cancel(handle);
+        res.status = 499;  // client closed (logged and counted; nothing is sent)
         return false;
       }
       if (Clock::now() > deadline) {
@@ -418,6 +419,7 @@ struct HttpServer::Impl {
         if (peer_hung_up(fd)) {
           service.cancel(handle);
           drain_until_done(handle);
+          res.status = 499;
           return;
         }
         continue;
