@@ -246,7 +246,7 @@ function statsText(message) {
   const parts = [];
   if (s.ttftMs !== undefined) parts.push(`TTFT ${fmt(s.ttftMs / 1000, 2)} s`);
   if (s.tokensPerSecond) parts.push(`${fmt(s.tokensPerSecond, 1)} tok/s`);
-  else if (message.state === 'streaming' && s.deltas) parts.push(`${s.deltas} tokens`);
+  if (s.completionTokens === undefined && s.deltas) parts.push(`${fmt(s.deltas)} tokens`);
   if (s.promptTokens !== undefined) parts.push(`prompt ${fmt(s.promptTokens)}${s.cachedTokens ? ` (${fmt(s.cachedTokens)} cached)` : ''}`);
   if (s.completionTokens !== undefined) parts.push(`completion ${fmt(s.completionTokens)}`);
   if (s.queueMs !== undefined && s.queueMs !== null) parts.push(`queue ${fmt(s.queueMs)} ms`);
@@ -320,6 +320,7 @@ async function send() {
   updateComposer();
   const body = buildRequestBody(state.settings, model, buildMessages(state.settings.system, history));
   const t0 = performance.now();
+  const timing = { t0, first: 0, last: 0 };
   let lastSave = t0;
   try {
     const response = await fetch('v1/chat/completions', {
@@ -343,7 +344,6 @@ async function send() {
     const decoder = new TextDecoder();
     const parser = new SseParser();
     let finished = false;
-    const timing = { t0, first: 0, last: 0 };
     for (;;) {
       const { value, done } = await reader.read();
       const events = done ? [...parser.push(decoder.decode()), ...parser.finish()]
@@ -358,7 +358,6 @@ async function send() {
       if (performance.now() - lastSave > 2000) { saveConversations(); lastSave = performance.now(); }
     }
     if (finished) reader.cancel().catch(() => {});
-    finishStats(message, timing);
     if (message.state === 'streaming') {
       message.state = finished ? 'done' : 'error';
       if (!finished) message.error = 'The connection closed before the reply was complete.';
@@ -371,7 +370,7 @@ async function send() {
       message.error = e instanceof StreamError ? e.message : `Network error: ${e.message}`;
     }
   } finally {
-    if (message.stats.ttftMs === undefined) delete message.stats.ttftMs;
+    finishStats(message, timing);
     state.active = null;
     conversation.updated = Date.now();
     hidePrefill();
@@ -438,7 +437,7 @@ function applyCompletion(message, body) {
 function finishStats(message, timing) {
   const s = message.stats;
   const tokens = s.completionTokens ?? s.deltas ?? 0;
-  const seconds = (timing.last - timing.first) / 1000;
+  const seconds = timing.first ? (timing.last - timing.first) / 1000 : 0;
   if (s.serverTokensPerSecond) s.tokensPerSecond = s.serverTokensPerSecond;
   else if (tokens > 1 && seconds > 0) s.tokensPerSecond = (tokens - 1) / seconds;
   delete s.serverTokensPerSecond;

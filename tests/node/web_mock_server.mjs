@@ -38,7 +38,7 @@ const apiKey = option(args, '--api-key', '');
 const started = Date.now();
 const requests = [];
 const counters = { prompt: 0, cached: 0, generated: 0, prefill: 0, decode: 0, http: new Map() };
-let active = 0;
+let active = 0, cancelled = 0;
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const loading = () => (Date.now() - started) / 1000 < loadingS;
@@ -79,7 +79,7 @@ function health(req, res) {
     Object.assign(body, {
       model: MODEL, uptime_s: Math.round(elapsed), context_capacity: 8192,
       scheduler: { active, capacity: 1, queued: 0, max_queue: 8, queue_timeout_seconds: 300, admitted: requests.length,
-                   completed: requests.length - active, rejected: 0, timed_out: 0, cancelled: 0 },
+                   completed: requests.length - active - cancelled, rejected: 0, timed_out: 0, cancelled },
       state: { phase: active ? 'decode' : 'idle', fed_tokens: counters.prompt },
       memory: { rss_gb: process.memoryUsage().rss / 1e9 },
     });
@@ -212,7 +212,7 @@ async function chat(req, res) {
       counters.generated++;
     }
     counters.decode += (Date.now() - t1) / 1000;
-    if (closed) return;
+    if (closed) { cancelled++; return; }
     send(chunk({}, finish));
     if (includeUsage) {
       send({ id, object: 'chat.completion.chunk', created, model: MODEL, choices: [],

@@ -277,10 +277,21 @@ async function run() {
   log(`page ready; model ${model}; status: ${(await page.textContent('#health-info')).slice(0, 80)}`);
   checkProblems();
 
-  // 1. Thinking on: streamed reasoning in the reasoning block.
+  // 1. Thinking on: streamed reasoning in the reasoning block; the prefill bar shows progress.
   await setSettings(page, { maxTokens: 48, thinking: true });
+  await page.evaluate(() => {
+    window.__prefillSeen = [];
+    const bar = document.querySelector('#prefill');
+    new MutationObserver(() => {
+      if (!bar.hidden) window.__prefillSeen.push(document.querySelector('#prefill-text').textContent);
+    }).observe(bar, { attributes: true, subtree: true, childList: true, characterData: true });
+  });
   await send(page, 'Hello! What is 2+2? <b>not bold</b>');
   let w = await watchReply(page, 'reasoning');
+  const prefillSeen = await page.evaluate(() => window.__prefillSeen);
+  log(`prefill bar: ${JSON.stringify(prefillSeen.at(-1))} (${prefillSeen.length} updates)`);
+  expect(prefillSeen.some((t) => /Reading the prompt: [\d,]+ \/ [\d,]+ tokens/.test(t)), 'the prefill progress bar never showed');
+  expect(await page.locator('#prefill').isHidden(), 'the prefill bar is still shown after the reply');
   log(`reply 1 (thinking): ${w.final.state}; reasoning ${w.final.reasoning.length} chars seen growing over ${w.growth} samples; content ${w.final.content.length} chars; ${w.final.stats}`);
   expect(w.final.state === 'done', `reply 1 ended in state ${w.final.state}: ${w.final.note}`);
   expect(w.final.reasoning.length > 0 && w.final.reasoningVisible, 'reply 1 (thinking on) shows no reasoning block text');
@@ -368,6 +379,14 @@ async function run() {
   expect(stopped.content.length > 20, 'the partial answer was not kept after Stop');
   await sleep(500);
   expect((await lastReply(page)).content === stopped.content, 'the reply kept growing after Stop');
+  // The abort reached the server: it counts a cancellation and is idle again.
+  let scheduler = null;
+  for (const deadline = Date.now() + 5000; Date.now() < deadline; await sleep(100)) {
+    scheduler = (await (await fetch(new URL('health', url))).json()).scheduler;
+    if (scheduler && scheduler.active === 0 && scheduler.cancelled >= 1) break;
+  }
+  log(`server after Stop: ${JSON.stringify(scheduler)}`);
+  expect(scheduler?.active === 0 && scheduler?.cancelled >= 1, `the server did not record the cancelled request: ${JSON.stringify(scheduler)}`);
   expect(await page.locator('#send').isVisible(), '#send did not come back after Stop');
   const s3 = (await stored(page)).conversations.at(-1).messages.at(-1);
   expect(s3.state === 'interrupted' && s3.content.length > 0, `the stored reply after Stop: ${JSON.stringify(s3).slice(0, 200)}`);
