@@ -114,7 +114,7 @@ export function parsePrometheus(text) {
   for (const raw of String(text).split('\n')) {
     const line = raw.trim();
     if (!line || line[0] === '#') continue;
-    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)/.exec(line);
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^}"]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)/.exec(line);
     if (!m) continue;
     const value = m[3] === '+Inf' ? Infinity : m[3] === '-Inf' ? -Infinity : Number(m[3]);
     if (Number.isNaN(value)) continue;
