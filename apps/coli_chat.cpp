@@ -656,18 +656,18 @@ class Chat {
     return PyValue::array(std::move(items));
   }
 
-  // The conversation's prompt ids, or an error message.
-  std::optional<std::string> render(std::vector<int64_t>& ids) const {
+  // The conversation's prompt ids and anchor (as the server renders them), or an error message.
+  std::optional<std::string> render(k3::ServiceRequest& request) const {
     const k3::Engine* engine = service_.engine();
     if (!engine || !engine->tokenizer()) return std::string("the model is not loaded");
-    k3::text::ChatOptions options;
-    options.thinking = think_;
-    if (think_ && effort_ != "none") options.thinking_effort = PyValue::string(effort_);
-    auto segments = k3::text::build_chat_segments(messages_value(), PyValue(), options);
-    if (!segments.ok()) return "the conversation cannot be rendered: " + segments.status().message();
-    std::vector<int32_t> ids32;
-    k3::text::encode_segments(*engine->tokenizer(), *segments, ids32);
-    ids.assign(ids32.begin(), ids32.end());
+    k3::server::ChatRequest chat;
+    chat.messages = messages_value();
+    chat.thinking = think_;
+    chat.effort = effort_ == "none" ? "" : effort_;
+    auto rendered = k3::server::render_chat_prompt(chat, *engine->tokenizer());
+    if (auto* e = std::get_if<k3::server::ApiError>(&rendered)) return e->message;
+    request.prompt = std::move(std::get<k3::server::RenderedPrompt>(rendered).ids);
+    request.anchor = std::get<k3::server::RenderedPrompt>(rendered).anchor;
     return std::nullopt;
   }
 
@@ -689,7 +689,7 @@ class Chat {
       }
     };
     k3::ServiceRequest request;
-    if (auto e = render(request.prompt)) {
+    if (auto e = render(request)) {
       take_back();
       return error(*e);
     }

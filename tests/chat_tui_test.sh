@@ -10,7 +10,8 @@
 # (the session ends, exit status 0). Thinking is off (/think off): with random weights a
 # thinking reply never leaves the reasoning channel. Replies are capped by --ngen.
 # Every wait polls capture-pane every 0.2 s and gives up after CHAT_TEST_TIMEOUT seconds
-# (default 90), printing the pane. Exit status: 0 pass, 1 fail, 77 skipped (no tmux).
+# (default 90), printing the pane. Exit status: 0 pass, 1 fail (tmux missing is a failure:
+# scripts/setup.sh installs it).
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -21,8 +22,8 @@ coli=$(readlink -f "$1")
 synth=$(readlink -f "$2")
 timeout_s=${CHAT_TEST_TIMEOUT:-90}
 if ! command -v tmux >/dev/null; then
-  echo "SKIP: tmux is not installed"
-  exit 77
+  echo "FAIL: tmux is not installed (make setup installs it)"
+  exit 1
 fi
 
 tmp=$(mktemp -d)

@@ -265,6 +265,7 @@ void EngineService::run() {
         lock.unlock();
         if (session_) session_->reset();
         if (checkpoints_) checkpoints_->clear();
+        publish_state();
         continue;
       }
       handle = queue_.front();
@@ -278,13 +279,19 @@ void EngineService::run() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       active_.reset();
-      stats_.phase = "idle";
-      stats_.fed_tokens = session_->position();
-      stats_.ckpt_used = checkpoints_->used();
-      stats_.ckpt_list = checkpoints_->list();
-      stats_.ckpt = checkpoints_->counters();
     }
     idle_.notify_all();
+  }
+}
+
+void EngineService::publish_state() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.phase = "idle";
+  stats_.fed_tokens = session_ ? session_->position() : 0;
+  if (checkpoints_) {
+    stats_.ckpt_used = checkpoints_->used();
+    stats_.ckpt_list = checkpoints_->list();
+    stats_.ckpt = checkpoints_->counters();
   }
 }
 
@@ -302,6 +309,11 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     stats_.phase = phase;
   };
   auto fail = [&](const std::string& code, const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.failed;
+    }
+    publish_state();
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::error;
     e.error_code = code;
@@ -386,6 +398,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     }
     stats.finish_reason = "cancelled";
     stats.prefill_ms = (now_seconds() - t0) * 1e3;
+    publish_state();
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::done;
     e.stats = stats;
@@ -395,8 +408,6 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     session.set_interrupt(nullptr);
     session.reset();
     std::fprintf(stderr, "[engine] prefill failed: %s\n", e.what());
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.failed;
     fail("engine_error", "engine failure during prefill");
     return;
   }
@@ -464,8 +475,6 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   } catch (const std::exception& e) {
     session.reset();
     std::fprintf(stderr, "[engine] decode failed: %s\n", e.what());
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.failed;
     fail("engine_error", "engine failure during decode");
     return;
   }
@@ -493,6 +502,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     if (finish == "cancelled") ++stats_.cancelled_decode;
     else ++stats_.completed;
   }
+  publish_state();
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;
   e.stats = stats;

@@ -183,6 +183,9 @@ class EngineService {
   void load();
   void serve(const std::shared_ptr<RequestHandle>& handle);
   void fail_waiters(const std::string& code, const std::string& message);
+  // Copies the session's and the store's state into the snapshot (before a terminal event, so a
+  // caller that saw `done` reads fresh numbers).
+  void publish_state();
 
   ServiceOptions options_;
   std::unique_ptr<Engine> engine_;

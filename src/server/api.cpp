@@ -401,6 +401,9 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
       return make_error(400, "invalid_request_error", "unsupported_value",
                         "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh", "reasoning_effort");
     thinking = effort != "none";
+    if (effort == "minimal" || effort == "low") r.effort = "low";
+    else if (effort == "medium" || effort == "high") r.effort = "high";
+    else r.effort = "max";
   }
   if (const json* v = field("thinking")) {
     if (v->is_boolean()) thinking = v->get<bool>();
@@ -444,7 +447,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
 std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request, const text::Tokenizer& tokenizer) {
   text::ChatOptions options;
   options.thinking = request.thinking;
-  if (request.thinking) options.thinking_effort = text::PyValue::string("max");
+  if (request.thinking && !request.effort.empty()) options.thinking_effort = text::PyValue::string(request.effort);
   options.tool_choice = request.tool_choice;
   auto segments = text::build_chat_segments(request.messages, request.tools, options);
   if (!segments.ok()) return invalid_value("messages", "the conversation cannot be rendered: " + segments.status().message());

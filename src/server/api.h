@@ -63,6 +63,9 @@ struct ChatRequest {
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool thinking = true;
+  // The template's thinking-effort message (low, high, max; "" = none). reasoning_effort maps
+  // minimal/low → low, medium/high → high, xhigh/max → max; absent → max, as apply_chat_template.
+  std::string effort = "max";
   bool reasoning_inline = false;     // reasoning_format "none"
 };
 
