@@ -192,6 +192,16 @@ async function run() {
   const origin = new URL(url).origin;
   if (!mock) await waitForHealth(url, 60_000);
 
+  // The binary embeds web/ at build time: say so when it serves something else than the tree.
+  const webDir = path.join(HERE, '..', '..', 'web');
+  const stale = [];
+  for (const name of fs.readdirSync(webDir)) {
+    if (name === 'README.md' || name.startsWith('.')) continue;
+    const served = await fetch(new URL(name, url)).then((r) => (r.ok ? r.arrayBuffer() : null)).catch(() => null);
+    if (!served || !Buffer.from(served).equals(fs.readFileSync(path.join(webDir, name)))) stale.push(name);
+  }
+  if (stale.length) log(`WARNING: the server does not serve web/${stale.join(', web/')} as in the source tree (rebuild coli to test the current page)`);
+
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-chromium-'));
   tempDirs.push(profile);
   browserContext = await chromium.launchPersistentContext(profile, {
