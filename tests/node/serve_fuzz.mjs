@@ -320,6 +320,10 @@ const ok = R.summary();
 const byStatus = {};
 for (const o of outcomes) byStatus[o.status] = (byStatus[o.status] ?? 0) + 1;
 console.log(`status histogram: ${JSON.stringify(byStatus)}`);
+fs.rmSync(modelDir, { recursive: true, force: true });   // 180 MB, regenerated on every run
 if (ok) fs.rmSync(tmp, { recursive: true, force: true });
-else console.log(`(temporary files kept in ${tmp})`);
+else {
+  if (srv) fs.writeFileSync(path.join(tmp, 'fuzz.log'), `${srv.out}\n--- stderr ---\n${srv.err}`);
+  console.log(`(server log kept in ${tmp})`);
+}
 process.exit(ok ? 0 : 1);

@@ -259,6 +259,8 @@ function holdActive(s, body) {
 }
 
 const CANARY = 'CANARY-' + crypto.randomBytes(6).toString('hex');
+const good = { model: MODEL_ID, messages: [user('hi')], max_tokens: 2, temperature: 0 };
+const goodText = JSON.stringify(good);
 
 // =============================================================================================
 // Basic endpoints
@@ -277,6 +279,30 @@ await check('health.ok', async () => {
     eq(seen.body?.status, 'loading', '/health body while loading');
     assert(seen.retryAfter, '/health 503 while loading lacks Retry-After');
   }
+});
+
+// The listener starts before the model loads (3.7.1): right after the listening line, /health is
+// 503 {"status":"loading",...} with Retry-After, and generation is 503 model_loading.
+await check('health.loading_phase', async () => {
+  const s = new Server(coli, modelDir, 'loading', []);
+  allServers.push(s);
+  s.spawnProcess();
+  const t0 = Date.now();
+  while (!/http:\/\/127\.0\.0\.1:\d+/.test(s.out)) {
+    assert(!s.exit && Date.now() - t0 < 30_000, `no listening line\n${s.logTail()}`);
+    await sleep(5);
+  }
+  s.port = Number(s.out.match(/http:\/\/127\.0\.0\.1:(\d+)/)[1]);
+  s.url = `http://127.0.0.1:${s.port}`;
+  const [h, c] = await Promise.all([request(s, { path: '/health' }), chat(s, good)]);
+  eq(h.status, 503, `/health right after the listening line (the load takes ~0.4 s): ${show(h.text)}`);
+  eq(h.json?.status, 'loading', '/health status while loading');
+  assert(h.headers['retry-after'], '/health 503 lacks Retry-After');
+  if (c.status !== 200) {
+    expectError(c, 503, 'model_loading');
+    assert(c.headers['retry-after'], '503 model_loading lacks Retry-After');
+  }
+  await s.stop();
 });
 
 await check('health.detailed_without_key', async () => {
@@ -636,11 +662,16 @@ await check('abort.midstream_then_extend', async () => {
 await check('abort.then_same_prompt_equals_cold', async () => {
   const s = await slowSrv();
   const m = [user('Tell a slow tale about a clockmaker.')];
-  const h = holdActive(s, req(m, { ...OFF, max_tokens: 400, stream: true }));
-  assert(await h.firstData, 'stream did not start');
-  await sleep(250);
-  h.release();
-  await h.done;
+  const stream = await client(s).chat.completions.create(req(m, { ...OFF, max_tokens: 400, stream: true }));
+  let n = 0;
+  try {
+    for await (const ch of stream) {
+      if (ch.choices[0]?.delta?.content && ++n === 4) stream.controller.abort();   // the SDK's own handle
+    }
+  } catch (e) {
+    if (!/abort/i.test(`${e.name} ${e.message}`)) throw e;
+  }
+  assert(n >= 4, `only ${n} content deltas before the stream ended`);
   const b = req(m, { ...OFF, max_tokens: 10 });
   const t0 = performance.now();
   const r = await complete(s, b);
@@ -746,8 +777,6 @@ await check('sse.keepalive_comments', async () => {
 // Bad input: status + OpenAI envelope, and the server keeps serving (3.6.1, 3.8, 4.5)
 // =============================================================================================
 
-const good = { model: MODEL_ID, messages: [user('hi')], max_tokens: 2, temperature: 0 };
-const goodText = JSON.stringify(good);
 const badCases = [
   ['invalid_json', '{"model": "kimi-k3", "messages": [', 400, 'invalid_json', null],
   ['trailing_garbage', goodText + ' x', 400, 'invalid_json', null],
@@ -1038,7 +1067,8 @@ const BODY_CANARY = 'BODYCANARY-' + crypto.randomBytes(6).toString('hex');
 await check('limits.no_request_smuggling_after_early_rejection', async () => {
   const s = await limitsSrv();
   const smuggled = `GET /v1/models?${BODY_CANARY} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${s.key}\r\n\r\n`;
-  const pad = (n, prefix) => prefix + ' '.repeat(n - prefix.length);
+  const filler = `${BODY_CANARY}/`.repeat(Math.ceil(65536 / (BODY_CANARY.length + 1)));
+  const pad = (n, prefix) => prefix + filler.slice(0, n - prefix.length);
   const H = (lines) => `${lines.join('\r\n')}\r\n\r\n`;
   const auth = `Authorization: Bearer ${s.key}`;
   const N = 65536;
@@ -1193,6 +1223,7 @@ await check('shutdown.sigterm_drains', async () => {
   const st = await pa;
   const e = await s.exited;
   expectError(rb, 503, 'shutting_down');
+  assert(rb.headers['retry-after'], '503 shutting_down lacks Retry-After (3.8)');
   const r = checkStream(st, { includeUsage: false, usageKeyRule: false });
   eq(r.finish, 'length', 'the active request runs to its end during the drain');
   eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
@@ -1205,6 +1236,19 @@ await check('shutdown.sigterm_drains', async () => {
 await check('privacy.no_prompt_in_logs', async () => {
   const s = await mainSrv();
   assert(!s.log.includes(CANARY), 'a prompt canary appears in the server log without --log-prompts');
+});
+
+// Positive control for privacy.no_prompt_in_logs (which would pass on a server that logs nothing):
+// with --log-prompts the request text does reach the log.
+await check('privacy.log_prompts_flag', async () => {
+  const s = new Server(coli, modelDir, 'log-prompts', ['--log-prompts']);
+  allServers.push(s);
+  await s.start();
+  const canary = 'LOGGED-' + crypto.randomBytes(6).toString('hex');
+  await complete(s, req([user(`Please log ${canary}.`)], { ...OFF, max_tokens: 2 }));
+  for (let i = 0; i < 40 && !s.log.includes(canary); i++) await sleep(50);
+  assert(s.log.includes(canary), '--log-prompts: the prompt does not appear in the log');
+  await s.stop();
 });
 
 await check('shutdown.all_exit_0', async () => {
@@ -1224,6 +1268,10 @@ await check('model_dir.untouched', async () => {
 cancelTimeout();
 killAll();
 const ok = R.summary();
+fs.rmSync(modelDir, { recursive: true, force: true });   // 180 MB, regenerated on every run
 if (ok) fs.rmSync(tmp, { recursive: true, force: true });
-else console.log(`(temporary files kept in ${tmp})`);
+else {
+  for (const s of allServers) fs.writeFileSync(path.join(tmp, `${s.name}.log`), `${s.out}\n--- stderr ---\n${s.err}`);
+  console.log(`(server logs kept in ${tmp})`);
+}
 process.exit(ok ? 0 : 1);
