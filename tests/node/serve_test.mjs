@@ -14,9 +14,10 @@
 import { spawnSync } from 'node:child_process';
 import crypto from 'node:crypto';
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, chat, eq, expectError, globalTimeout, killAll, makeDemoModel,
+  MODEL_ID, Runner, Server, SkipCheck, assert, chat, eq, expectError, globalTimeout, killAll, makeDemoModel,
   makeTempDir, postJson, rawSocket, request, show, sleep, sse,
 } from './serve_util.mjs';
 
@@ -78,6 +79,8 @@ const ck3Srv = lazy('ckpt3', ['--ckpt', '3']);
 const coldSrv = lazy('cold', ['--ckpt', '0']);
 const slowSrv = lazy('slow', ['--token-delay-ms', '30', '--ckpt', '2']);
 const queueSrv = lazy('queue1', ['--max-queue', '1', '--token-delay-ms', '40']);
+const qtimeoutSrv = lazy('qtimeout', ['--queue-timeout', '1', '--token-delay-ms', '40']);
+const connSrv = lazy('conn', []);
 const pingSrv = lazy('ping', ['--token-delay-ms', '1500', '--sse-ping-interval', '1']);
 const limitsSrv = lazy('limits', ['--api-key', API_KEY, '--max-body-mb', '1', '--ctx', '256', '--max-tokens', '64',
                                   '--allowed-host', 'good.example', '--cors-origin', GOOD_ORIGIN], { key: API_KEY });
@@ -762,6 +765,62 @@ await check('queue.disconnected_waiter_removed', async () => {
   } finally {
     a.release();
     await a.done;
+  }
+});
+
+await check('queue.timeout_429', async () => {
+  const s = await qtimeoutSrv();
+  const a = holdActive(s, req([user('Hold the slot.')], { ...OFF, max_tokens: 300, stream: true }));
+  try {
+    assert(await a.firstData, 'active request did not start');
+    const t0 = performance.now();
+    const r = await chat(s, req([user('I will time out.')], { ...OFF, max_tokens: 4 }), { timeoutMs: 15_000 });
+    const dt = performance.now() - t0;
+    expectError(r, 429, 'queue_timeout', { param: null });
+    assert(r.headers['retry-after'], '429 queue_timeout lacks Retry-After');
+    assert(dt >= 900 && dt < 8000, `the waiter was answered after ${Math.round(dt)} ms with --queue-timeout 1`);
+  } finally {
+    a.release();
+    await a.done;
+  }
+});
+
+// 4.6 / 4.9 item 8: at most 8 live connections per source IP (a ninth is closed), and a flood of
+// idle connections from one address must not stop the server answering others.
+await check('limits.connections_per_ip', async () => {
+  const s = await connSrv();
+  const open = (localAddress) => new Promise((resolve, reject) => {
+    const k = net.connect({ host: '127.0.0.1', port: s.port, localAddress });
+    k.closedByPeer = false;
+    k.on('end', () => { k.closedByPeer = true; });
+    k.on('close', () => { k.closedByPeer = true; });
+    k.on('error', (e) => { k.err = e; if (!k.connected) reject(e); });
+    k.on('connect', () => { k.connected = true; resolve(k); });
+  });
+  const socks = [];
+  try {
+    try { (await open('127.0.0.2')).destroy(); } catch (e) { throw new SkipCheck(`cannot connect from 127.0.0.2: ${e.code ?? e.message}`); }
+    for (let i = 0; i < 64; i++) socks.push(await open('127.0.0.1'));
+    await sleep(1500);
+    const open8 = socks.slice(0, 8).filter((k) => !k.closedByPeer).length;
+    const closedBeyond = socks.slice(8).filter((k) => k.closedByPeer).length;
+    const probe = (localAddress) => new Promise((resolve) => {
+      const k = net.connect({ host: '127.0.0.1', port: s.port, localAddress });
+      let d = '';
+      const t = setTimeout(() => { k.destroy(); resolve(`no answer within 3 s${d ? ` (${d.slice(0, 40)})` : ''}`); }, 3000);
+      k.on('connect', () => k.write(`GET /health HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\nConnection: close\r\n\r\n`));
+      k.on('data', (x) => { d += x; });
+      k.on('close', () => { clearTimeout(t); resolve(d.slice(0, 12)); });
+      k.on('error', (e) => { clearTimeout(t); resolve(`error ${e.code}`); });
+    });
+    const other = await probe('127.0.0.2');
+    const problems = [];
+    if (closedBeyond !== 56) problems.push(`${closedBeyond} of the 56 connections beyond the 8th from one IP were closed (expected all)`);
+    if (open8 !== 8) problems.push(`only ${open8} of the first 8 connections stayed open`);
+    if (!/^HTTP\/1\.[01] 200/.test(other)) problems.push(`GET /health from another address while 64 idle connections are held: ${other}`);
+    assert(problems.length === 0, problems.join('\n'));
+  } finally {
+    for (const k of socks) k.destroy();
   }
 });
 
