@@ -11,8 +11,9 @@
 // error response (error.message shown), Stop in mid-stream (partial answer kept and marked
 // interrupted, the server answers the next message), an API key (sent as Bearer, kept out of
 // localStorage), New chat (empty thread, old conversation still listed, reopens), screenshots
-// (wide, and narrow next to it as *-narrow.png). Any console error, page error or request to
-// another origin fails the run. The mock run adds the loading screen, hostile Markdown and an
+// (wide, and narrow next to it as *-narrow.png); then a second server with --api-key (the page
+// asks for the key, then works). Any console error, page error or request to another origin
+// fails the run. The mock run adds the loading screen, hostile Markdown and an
 // error event mid-stream. Exit status 1 with a reason on failure; everything is over in 120 s.
 import { chromium } from 'playwright-core';
 import { spawn, execFileSync } from 'node:child_process';
@@ -45,31 +46,36 @@ class TestFailure extends Error {}
 const fail = (msg) => { throw new TestFailure(msg); };
 const expect = (ok, msg) => { if (!ok) fail(msg); };
 
-let server = null, serverLog = '', browserContext = null;
+const servers = [];
+let serverLog = '', browserContext = null, modelDir = null;
 const tempDirs = [];
 
 // ---------------------------------------------------------------------------------------------
 // Server
 
-async function startServer() {
+// Starts a server (the mock, or coli web on the demo model, written once) and returns its URL.
+async function startServer(extraArgs = []) {
   let command, args;
   if (mock) {
     command = process.execPath;
-    args = [path.join(HERE, 'web_mock_server.mjs'), '--port', '0', '--token-delay-ms', '30', '--loading-s', '2'];
+    args = [path.join(HERE, 'web_mock_server.mjs'), '--port', '0', '--token-delay-ms', '30', ...extraArgs];
   } else {
-    const synth = path.join(path.dirname(path.resolve(coli)), '..', 'tools', 'k3_synth');
-    expect(fs.existsSync(coli), `no coli binary at ${coli}`);
-    expect(fs.existsSync(synth), `no k3_synth at ${synth} (expected next to coli: <dir of coli>/../tools/k3_synth)`);
-    const modelDir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-model-'));
-    tempDirs.push(modelDir);
-    const t = Date.now();
-    execFileSync(synth, ['--preset', 'demo', '--out', modelDir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 60_000 });
-    log(`demo model written in ${((Date.now() - t) / 1000).toFixed(1)} s`);
+    if (!modelDir) {
+      const synth = path.join(path.dirname(path.resolve(coli)), '..', 'tools', 'k3_synth');
+      expect(fs.existsSync(coli), `no coli binary at ${coli}`);
+      expect(fs.existsSync(synth), `no k3_synth at ${synth} (expected next to coli: <dir of coli>/../tools/k3_synth)`);
+      modelDir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-model-'));
+      tempDirs.push(modelDir);
+      const t = Date.now();
+      execFileSync(synth, ['--preset', 'demo', '--out', modelDir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 60_000 });
+      log(`demo model written in ${((Date.now() - t) / 1000).toFixed(1)} s`);
+    }
     command = coli;
-    args = ['web', '--model', modelDir, '--port', '0', '--token-delay-ms', '30'];
+    args = ['web', '--model', modelDir, '--port', '0', '--token-delay-ms', '30', ...extraArgs];
   }
   log(`starting ${path.basename(command)} ${args.join(' ')}`);
-  server = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, BROWSER: 'true' } });
+  const server = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, BROWSER: 'true' } });
+  servers.push(server);
   server.stderr.on('data', (d) => { serverLog += d; });
   const exited = new Promise((resolve) => server.once('exit', (code, signal) => resolve({ code, signal })));
   const url = await new Promise((resolve, reject) => {
@@ -103,8 +109,8 @@ async function waitForHealth(url, timeoutMs) {
   fail(`GET /health did not answer 200 within ${timeoutMs / 1000} s (last: ${last})`);
 }
 
-async function stopServer() {
-  if (!server || server.exitCode !== null || server.signalCode !== null) return;
+async function stopServer(server) {
+  if (server.exitCode !== null || server.signalCode !== null) return;
   const exited = new Promise((resolve) => server.once('exit', resolve));
   server.kill('SIGTERM');
   const t = setTimeout(() => server.kill('SIGKILL'), 10_000);
@@ -188,7 +194,7 @@ function fromSse(text) {
 // ---------------------------------------------------------------------------------------------
 
 async function run() {
-  const url = await startServer();
+  const url = await startServer(mock ? ['--loading-s', '2'] : []);
   const origin = new URL(url).origin;
   if (!mock) await waitForHealth(url, 60_000);
 
@@ -212,22 +218,25 @@ async function run() {
   // Console errors fail the run, except "Failed to load resource" for a status a step expects.
   const problems = [];
   const expectedStatus = new Set();  // "path status"
-  page.on('console', (m) => {
-    if (m.type() !== 'error') return;
-    const at = m.location()?.url ?? '';
-    const status = /status of (\d+)/.exec(m.text())?.[1];
-    if (status && expectedStatus.has(`${at ? new URL(at).pathname : ''} ${status}`)) return;
-    problems.push(`console error: ${m.text()} (${at})`);
-  });
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('dialog', (d) => { problems.push(`unexpected dialog: ${d.message()}`); d.dismiss().catch(() => {}); });
   const chatRequests = [];
   const chatResponses = [];
-  page.on('request', (r) => {
-    const u = new URL(r.url());
-    if (u.protocol !== 'data:' && u.origin !== origin) problems.push(`request to another origin: ${r.method()} ${r.url()}`);
-    if (u.pathname === '/v1/chat/completions') chatRequests.push({ body: JSON.parse(r.postData() ?? 'null'), headers: r.headers() });
-  });
+  const watchPage = (p, pageOrigin) => {
+    p.on('console', (m) => {
+      if (m.type() !== 'error') return;
+      const at = m.location()?.url ?? '';
+      const status = /status of (\d+)/.exec(m.text())?.[1];
+      if (status && expectedStatus.has(`${at ? new URL(at).pathname : ''} ${status}`)) return;
+      problems.push(`console error: ${m.text()} (${at})`);
+    });
+    p.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+    p.on('dialog', (d) => { problems.push(`unexpected dialog: ${d.message()}`); d.dismiss().catch(() => {}); });
+    p.on('request', (r) => {
+      const u = new URL(r.url());
+      if (u.protocol !== 'data:' && u.origin !== pageOrigin) problems.push(`request to another origin: ${r.method()} ${r.url()}`);
+      if (u.pathname === '/v1/chat/completions') chatRequests.push({ body: JSON.parse(r.postData() ?? 'null'), headers: r.headers() });
+    });
+  };
+  watchPage(page, origin);
   page.on('response', (r) => {
     if (new URL(r.url()).pathname === '/v1/chat/completions') chatResponses.push({ status: r.status(), headers: r.headers() });
   });
@@ -477,6 +486,27 @@ async function run() {
   expect(await page.locator('#conversations .conv').count() === 1 && await page.locator('#thread .msg').count() === 0,
          'deleting the open conversation did not remove it');
   checkProblems();
+
+  // 7. A server that wants an API key: the page says so, then works once the key is set.
+  const keyedUrl = await startServer(['--api-key', 'k3-web-secret']);
+  if (!mock) await waitForHealth(keyedUrl, 60_000);
+  const keyed = await browserContext.newPage();
+  watchPage(keyed, new URL(keyedUrl).origin);
+  expectedStatus.add('/v1/models 401');
+  expectedStatus.add('/metrics 401');
+  await keyed.goto(keyedUrl, { waitUntil: 'load' });
+  await keyed.waitForSelector('#notice:not([hidden])', { timeout: 10_000 });
+  const askText = await keyed.textContent('#notice');
+  expect(/API key/.test(askText) && !(await keyed.inputValue('#model')), `without a key the page shows ${JSON.stringify(askText)}`);
+  await setSettings(keyed, { apiKey: 'k3-web-secret', maxTokens: 8, thinking: false });
+  await keyed.waitForFunction(() => document.querySelector('#model')?.value, null, { timeout: 10_000 });
+  expect(await keyed.locator('#notice').isHidden(), 'the API-key notice stays after the key is set');
+  await send(keyed, 'Hello with a key');
+  w = await watchReply(keyed, 'content');
+  log(`with an API key: notice ${JSON.stringify(askText)}; reply ${w.final.state}, ${w.final.content.length} chars`);
+  expect(w.final.state === 'done', `with the key set the reply ended ${w.final.state}: ${w.final.note}`);
+  expect(chatRequests.at(-1).headers.authorization === 'Bearer k3-web-secret', 'the key was not sent as Bearer');
+  checkProblems();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,7 +518,7 @@ const overall = setTimeout(() => {
 
 async function cleanup() {
   await browserContext?.close().catch(() => {});
-  await stopServer().catch(() => {});
+  await Promise.all(servers.map((s) => stopServer(s).catch(() => {})));
   for (const d of tempDirs) fs.rmSync(d, { recursive: true, force: true });
 }
 
