@@ -297,7 +297,7 @@ async function run() {
   checkProblems();
 
   // 1. Thinking on: streamed reasoning in the reasoning block; the prefill bar shows progress.
-  await setSettings(page, { maxTokens: 48, thinking: true });
+  await setSettings(page, { maxTokens: 32, thinking: true });
   await page.evaluate(() => {
     window.__prefillSeen = [];
     const bar = document.querySelector('#prefill');
@@ -321,7 +321,7 @@ async function run() {
   let req = chatRequests.at(-1).body;
   expect(req.stream === true && req.stream_options?.include_usage === true && req.return_progress === true,
          `request 1 lacks stream / include_usage / return_progress: ${JSON.stringify(req).slice(0, 300)}`);
-  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === 48 && req.model === model,
+  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === 32 && req.model === model,
          `request 1 settings: ${JSON.stringify({ kw: req.chat_template_kwargs, max: req.max_completion_tokens, model: req.model })}`);
   const sse1 = await chatBody(0);
   const got1 = fromSse(sse1);
