@@ -413,9 +413,10 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   }
   const double t1 = now_seconds();
   stats.prefill_ms = (t1 - t0) * 1e3;
-  // The prompt's end is photographed only when no anchor was given: with one, the anchor photo
-  // (taken above, or restored to start this request) is the one an edit or a regenerate needs.
-  if (!(req.anchor > 0 && req.anchor < n)) checkpoints_->save(session);
+  // The prompt's end is photographed when no anchor was given, or when there are slots to spare
+  // (3+): with 2, the anchor photo (taken above, or restored to start this request) and the
+  // reply's end are the ones a follow-up, an edit or a regenerate need.
+  if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3) checkpoints_->save(session);
   set_phase("decode");
 
   // 4. Decode.

@@ -257,6 +257,8 @@ std::variant<json, ApiError> parse_json_object(std::string_view body) {
   } catch (const json::parse_error& e) {
     return make_error(400, "invalid_request_error", "invalid_json",
                       "the body is not valid UTF-8 JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception&) {  // out_of_range: a number beyond a double (1e400)
+    return make_error(400, "invalid_request_error", "invalid_json", "the body holds a number out of range");
   }
   if (!parsed.is_object())
     return make_error(400, "invalid_request_error", "invalid_json", "the body must be a JSON object");
@@ -564,7 +566,8 @@ json chunk_base(const ResponseIds& ids, const ApiConfig& config) {
 }
 }  // namespace
 
-json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason) {
+json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason,
+                bool include_usage) {
   json c = chunk_base(ids, config);
   json choice = json::object();
   choice["index"] = 0;
@@ -572,7 +575,7 @@ json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, con
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
   c["choices"] = json::array({std::move(choice)});
-  c["usage"] = nullptr;
+  if (include_usage) c["usage"] = nullptr;
   return c;
 }
 

@@ -103,7 +103,9 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request, 
 json usage_json(const GenerationStats& stats);
 json timings_json(const GenerationStats& stats);
 // One streamed chunk with `delta` (role, content, reasoning_content, tool_calls) or a finish.
-json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason);
+// `"usage": null` is present only when the client asked for the usage chunk (as OpenAI does).
+json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason,
+                bool include_usage = true);
 json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats);
 json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total, int64_t cached,
                          int64_t processed, double time_ms);

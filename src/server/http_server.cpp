@@ -13,6 +13,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <sstream>
 
@@ -60,44 +61,210 @@ std::string random_hex(size_t bytes) {
   return out;
 }
 
-// The connection's socket, found by its addresses: cpp-httplib 0.11 does not hand it to
-// handlers, and a waiting handler must notice a client that hung up (SERVING.md §3.9: within
-// 100 ms). The fd stays ours while the handler runs (httplib closes it after).
-int find_connection_socket(const httplib::Request& req) {
+// cpp-httplib 0.11 hands neither the accepted socket to its task queue nor the connection's
+// socket to handlers. Both are needed: the accept path enforces connection caps (SERVING.md
+// §4.6), and a waiting handler must notice a client that hung up (§3.9: within 100 ms) or close
+// a connection it refused early (§4.5). So sockets are found by their addresses among this
+// process's descriptors (the fd stays valid while its connection is being served).
+struct Peer {
+  int fd = -1;
+  std::string ip;
+  int port = -1, local_port = -1;
+  bool retired = false;  // ConnectionGate: answered its last request, no longer counted
+  bool operator==(const Peer& o) const { return fd == o.fd && ip == o.ip && port == o.port && local_port == o.local_port; }
+};
+
+std::optional<Peer> socket_peer(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
+  sockaddr_storage peer{}, local{};
+  socklen_t pl = sizeof peer, ll = sizeof local;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return std::nullopt;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return std::nullopt;
+  char ip[INET6_ADDRSTRLEN] = {};
+  Peer p;
+  p.fd = fd;
+  if (peer.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, ip, sizeof ip);
+    p.port = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
+    p.local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+  } else if (peer.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, ip, sizeof ip);
+    p.port = ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port);
+    p.local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+  } else {
+    return std::nullopt;
+  }
+  p.ip = ip;
+  return p;
+}
+
+template <class Visit>
+void for_each_connected_socket(Visit visit) {
   DIR* dir = ::opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
+  if (!dir) return;
   while (dirent* entry = ::readdir(dir)) {
     const int fd = std::atoi(entry->d_name);
     if (fd <= 2) continue;
-    struct stat st{};
-    if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
-    char ip[INET6_ADDRSTRLEN] = {};
-    int peer_port = -1, local_port = -1;
-    if (peer.ss_family == AF_INET) {
-      auto* p = reinterpret_cast<sockaddr_in*>(&peer);
-      ::inet_ntop(AF_INET, &p->sin_addr, ip, sizeof ip);
-      peer_port = ntohs(p->sin_port);
-      local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-    } else if (peer.ss_family == AF_INET6) {
-      auto* p = reinterpret_cast<sockaddr_in6*>(&peer);
-      ::inet_ntop(AF_INET6, &p->sin6_addr, ip, sizeof ip);
-      peer_port = ntohs(p->sin6_port);
-      local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    } else {
-      continue;
-    }
-    if (peer_port == req.remote_port && local_port == req.local_port && req.remote_addr == ip) {
-      found = fd;
-      break;
-    }
+    if (auto p = socket_peer(fd); p && !visit(*p)) break;
   }
   ::closedir(dir);
+}
+
+int find_connection_socket(const httplib::Request& req) {
+  int found = -1;
+  for_each_connected_socket([&](const Peer& p) {
+    if (p.port == req.remote_port && p.local_port == req.local_port && p.ip == req.remote_addr) found = p.fd;
+    return found < 0;
+  });
   return found;
+}
+
+// Live connections, admitted on the accept thread: over the global or the per-IP cap a new
+// connection is shut down before any thread reads from it.
+class ConnectionGate {
+ public:
+  ConnectionGate(size_t max_total, size_t max_per_ip) : max_total_(max_total), max_per_ip_(max_per_ip) {}
+  void set_port(int port) { port_ = port; }
+
+  // The socket just accepted: registered (returns its id) or refused and shut down (0).
+  uint64_t admit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::optional<Peer> fresh;
+    std::vector<uint64_t> seen;
+    for_each_connected_socket([&](const Peer& p) {
+      if (p.local_port != port_) return true;
+      for (const auto& [id, known] : live_)
+        if (known == p) {
+          seen.push_back(id);
+          return true;
+        }
+      if (!fresh) fresh = p;
+      return true;
+    });
+    // Connections already closed whose thread has not released them yet do not count.
+    for (auto it = live_.begin(); it != live_.end();) {
+      if (std::find(seen.begin(), seen.end(), it->first) != seen.end()) {
+        ++it;
+        continue;
+      }
+      uncount(it->second);
+      it = live_.erase(it);
+    }
+    if (!fresh) return kUntracked;
+    if (live_.size() - retired_ >= max_total_ || per_ip_[fresh->ip] >= max_per_ip_) {
+      ::shutdown(fresh->fd, SHUT_RDWR);
+      ++refused_;
+      return 0;
+    }
+    const uint64_t id = next_id_++;
+    live_[id] = *fresh;
+    ++per_ip_[fresh->ip];
+    return id;
+  }
+  // The connection of `fd` must serve nothing more (see end_connection).
+  void poison(int fd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto p = socket_peer(fd)) poisoned_.push_back(*p);
+  }
+  bool poisoned(const httplib::Request& req) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const Peer& p : poisoned_)
+      if (p.port == req.remote_port && p.local_port == req.local_port && p.ip == req.remote_addr) return true;
+    return false;
+  }
+  // The connection of `fd` has answered its last request: it stops counting against the caps
+  // now, not when its thread gets around to closing it.
+  void retire(int fd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto p = socket_peer(fd);
+    if (!p) return;
+    for (auto& [id, known] : live_)
+      if (known == *p && !known.retired) {
+        uncount(known);
+        known.retired = true;
+        ++retired_;
+      }
+  }
+  void release(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(id);
+    if (it == live_.end()) return;
+    poisoned_.erase(std::remove(poisoned_.begin(), poisoned_.end(), it->second), poisoned_.end());
+    uncount(it->second);
+    live_.erase(it);
+  }
+  static constexpr uint64_t kUntracked = ~uint64_t{0};
+
+ private:
+  void uncount(Peer& p) {  // REQUIRES mutex_
+    if (p.retired) {
+      --retired_;
+    } else if (--per_ip_[p.ip] == 0) {
+      per_ip_.erase(p.ip);
+    }
+    p.retired = false;
+  }
+
+  size_t max_total_, max_per_ip_;
+  int port_ = -1;
+  std::mutex mutex_;
+  std::map<uint64_t, Peer> live_;
+  std::map<std::string, size_t> per_ip_;
+  std::vector<Peer> poisoned_;
+  uint64_t next_id_ = 1;
+  int64_t refused_ = 0;
+  size_t retired_ = 0;
+};
+
+class GatedQueue : public httplib::TaskQueue {
+ public:
+  GatedQueue(size_t threads, ConnectionGate& gate) : pool_(threads), gate_(gate) {}
+  void enqueue(std::function<void()> fn) override {
+    const uint64_t id = gate_.admit();
+    if (id == 0) {  // refused: the socket is shut down, so the library reads EOF and closes it
+      fn();
+      return;
+    }
+    pool_.enqueue([this, id, fn = std::move(fn)] {
+      fn();
+      if (id != ConnectionGate::kUntracked) gate_.release(id);
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  ConnectionGate& gate_;
+};
+
+// Set on the connection's thread when a request is refused before its body was read (or read
+// in full); read by the logger, which runs on the same thread once the response is written.
+thread_local bool t_unread_body = false;
+
+// Ends a connection whose response said "Connection: close", once that response is written
+// (the library's writes check that the socket still reads, so not before). Bytes the client
+// sent after its headers must never be parsed as a next request (smuggling, SERVING.md §4.5):
+// the write side is shut (FIN after the response), a refused body is drained for up to 2 s so
+// the client reads its 413/415 instead of a reset, then reading stops; the connection is
+// marked so that a request the library had already buffered is refused unanswered.
+void end_connection(int fd, bool drain) {
+  if (fd < 0) return;
+  ::shutdown(fd, SHUT_WR);
+  if (drain) {
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    char buf[65536];
+    for (uint64_t total = 0; total < (uint64_t{256} << 20);) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) break;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left)) <= 0) break;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n <= 0) break;
+      total += static_cast<uint64_t>(n);
+    }
+  }
+  ::shutdown(fd, SHUT_RD);
 }
 
 bool peer_hung_up(int fd) {
@@ -151,6 +318,7 @@ struct HttpServer::Impl {
   EngineService& service;
   ServerOptions options;
   httplib::Server http;
+  ConnectionGate gate{static_cast<size_t>(options.max_connections), static_cast<size_t>(options.max_connections_per_ip)};
   RequestCounters counters;
   std::atomic<bool> draining{false};
   double started = now_seconds();
@@ -179,9 +347,15 @@ struct HttpServer::Impl {
     add_cors(req, res);
     size_t header_bytes = req.method.size() + req.target.size() + 12;
     for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
+    if (gate.poisoned(req)) {  // bytes after a refused request: never served
+      res.status = 400;
+      res.set_header("Connection", "close");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     auto refuse = [&](const ApiError& e) {
       set_error(res, e);
       res.set_header("Connection", "close");
+      t_unread_body = req.method == "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
       return httplib::Server::HandlerResponse::Handled;
     };
     if (header_bytes > options.max_header_bytes || req.headers.size() > 100)
@@ -474,7 +648,7 @@ struct HttpServer::Impl {
             json delta = json::object();
             delta["role"] = "assistant";
             delta["content"] = "";
-            if (!send(chunk_json(ids, api, delta, nullptr))) return give_up();
+            if (!send(chunk_json(ids, api, delta, nullptr, request->include_usage))) return give_up();
           }
           auto last_write = Clock::now();
           ServiceEvent e;
@@ -516,7 +690,7 @@ struct HttpServer::Impl {
                 break;
               }
               case ServiceEvent::Kind::done: {
-                if (!send(chunk_json(ids, api, json::object(), e.stats.finish_reason.c_str()))) return give_up();
+                if (!send(chunk_json(ids, api, json::object(), e.stats.finish_reason.c_str(), request->include_usage))) return give_up();
                 if (request->include_usage && !send(usage_chunk_json(ids, api, e.stats))) return give_up();
                 static const char done[] = "data: [DONE]\n\n";
                 sink.write(done, sizeof done - 1);
@@ -533,7 +707,7 @@ struct HttpServer::Impl {
               }
               default: continue;
             }
-            if (!send(chunk_json(ids, api, std::move(delta), nullptr))) return give_up();
+            if (!send(chunk_json(ids, api, std::move(delta), nullptr, request->include_usage))) return give_up();
           }
         },
         [this, handle](bool success) {
@@ -565,11 +739,13 @@ struct HttpServer::Impl {
       });
       if (too_large) {
         res.set_header("Connection", "close");
+        t_unread_body = true;
         return set_error(res, simple_error(413, "invalid_request_error", "request_too_large",
                                            "the body exceeds " + std::to_string(options.max_body_bytes) + " bytes"));
       }
       if (!complete) {
         res.set_header("Connection", "close");
+        t_unread_body = true;
         return set_error(res, simple_error(400, "invalid_request_error", "invalid_json", "the body could not be read"));
       }
       handler(req, res, body);
@@ -579,6 +755,16 @@ struct HttpServer::Impl {
   void install_routes() {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return guard(req, res); });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      // Runs once the response is written: a response that said "Connection: close" (an early
+      // refusal, an SSE stream) ends the connection here, so bytes the client sent after its
+      // headers are never read as a next request.
+      if (res.get_header_value("Connection") == "close") {
+        const int fd = find_connection_socket(req);
+        if (fd >= 0) gate.poison(fd);
+        end_connection(fd, t_unread_body);
+        if (fd >= 0) gate.retire(fd);
+      }
+      t_unread_body = false;
       std::string route = req.path;
       if (route.rfind("/v1/models/", 0) == 0) route = "/v1/models/{id}";
       else if (route.rfind("/v1/", 0) != 0 && route != "/health" && route != "/metrics" && route != "/tokenize" &&
@@ -677,7 +863,7 @@ struct HttpServer::Impl {
 HttpServer::HttpServer(EngineService& service, ServerOptions options)
     : impl_(std::make_unique<Impl>(service, std::move(options))) {
   Impl& s = *impl_;
-  s.http.new_task_queue = [n = std::max(4, s.options.max_connections)] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  s.http.new_task_queue = [&s] { return new GatedQueue(static_cast<size_t>(std::max(4, s.options.max_connections)) + 2, s.gate); };
   s.http.set_payload_max_length(s.options.max_body_bytes);
   s.http.set_read_timeout(static_cast<time_t>(s.options.read_timeout_s), 0);
   s.http.set_write_timeout(60, 0);
@@ -695,6 +881,7 @@ int HttpServer::bind() {
   else if (!s.http.bind_to_port(host, port)) port = -1;
   if (port <= 0) throw Error("cannot listen on " + host + ":" + std::to_string(s.options.port) + ": " + std::strerror(errno));
   s.options.security.port = port;
+  s.gate.set_port(port);
   return port;
 }
 

@@ -38,7 +38,8 @@ struct ServerOptions {
   double queue_timeout_s = 300;
   double sse_ping_s = 10;           // 0 = no keep-alive comments
   double drain_timeout_s = 30;
-  int max_connections = 64;         // worker threads of the HTTP pool
+  int max_connections = 64;         // live connections (more are closed at accept)
+  int max_connections_per_ip = 8;
   double read_timeout_s = 30;
   bool log_prompts = false;
   bool web_ui = true;
