@@ -27,52 +27,60 @@ double Sampler::next_uniform() {
 
 int64_t Sampler::sample(std::span<const float> logits) {
   if (options_.temperature <= 0.0 || logits.empty()) return argmax(logits);
-  std::vector<int64_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  auto by_logit = [&](int64_t a, int64_t b) {
-    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-    return la != lb ? la > lb : a < b;
-  };
-  size_t keep = order.size();
-  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < keep) keep = static_cast<size_t>(options_.top_k);
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(), by_logit);
-  order.resize(keep);
+  // Probabilities relative to the most likely token (1.0), in one pass; min-p is a threshold on
+  // them; top-k and top-p select their set in linear time. Nothing is sorted: the draw walks
+  // the kept set in the (deterministic) order selection left it, so a seed reproduces.
   const double inv_t = 1.0 / options_.temperature;
-  const double top = logits[static_cast<size_t>(order[0])];
-  std::vector<double> prob(keep);
+  const float top = logits[static_cast<size_t>(argmax(logits))];
+  candidates_.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double p = std::exp((static_cast<double>(logits[i]) - top) * inv_t);
+    if (p >= options_.min_p) candidates_.push_back({static_cast<int64_t>(i), logits[i], p});
+  }
+  auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit != b.logit ? a.logit > b.logit : a.id < b.id; };
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < candidates_.size()) {
+    std::nth_element(candidates_.begin(), candidates_.begin() + options_.top_k, candidates_.end(), by_logit);
+    candidates_.resize(static_cast<size_t>(options_.top_k));
+  }
   double total = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    prob[i] = std::exp((logits[static_cast<size_t>(order[i])] - top) * inv_t);
-    total += prob[i];
-  }
-  if (options_.min_p > 0.0) {  // prob[0] is the top token's (unnormalised) probability
-    size_t cut = 1;
-    while (cut < keep && prob[cut] >= options_.min_p * prob[0]) ++cut;
-    prob.resize(cut);
-    order.resize(cut);
-    keep = cut;
-    total = std::accumulate(prob.begin(), prob.end(), 0.0);
-  }
+  for (const Candidate& c : candidates_) total += c.prob;
   if (options_.top_p < 1.0) {
-    double mass = 0.0;
-    size_t cut = keep;
-    for (size_t i = 0; i < keep; ++i) {
-      mass += prob[i] / total;
-      if (mass >= options_.top_p) {
-        cut = i + 1;
-        break;
+    // Quickselect by mass: the smallest set of most likely tokens whose mass reaches top_p,
+    // in expected linear time (a flat distribution keeps most of the vocabulary).
+    const double needed = options_.top_p * total;
+    size_t lo = 0, hi = candidates_.size(), cut = candidates_.size();
+    double above = 0.0;  // mass of [0, lo): tokens known to be in the set
+    while (lo < hi) {
+      const Candidate pivot = candidates_[lo + (hi - lo) / 2];
+      auto first = candidates_.begin() + static_cast<std::ptrdiff_t>(lo);
+      auto last = candidates_.begin() + static_cast<std::ptrdiff_t>(hi);
+      auto split = std::partition(first, last, [&](const Candidate& c) { return by_logit(c, pivot); });
+      std::iter_swap(split, std::find_if(split, last, [&](const Candidate& c) { return c.id == pivot.id; }));
+      const size_t mid = static_cast<size_t>(split - candidates_.begin());
+      double higher = 0.0;
+      for (size_t i = lo; i < mid; ++i) higher += candidates_[i].prob;
+      if (above + higher >= needed) {
+        hi = mid;  // the cut lies among the more likely ones
+        cut = mid;
+      } else {
+        above += higher + candidates_[mid].prob;
+        if (above >= needed) {
+          cut = mid + 1;
+          break;
+        }
+        lo = mid + 1;
       }
     }
-    prob.resize(cut);
-    order.resize(cut);
-    total = std::accumulate(prob.begin(), prob.end(), 0.0);
+    candidates_.resize(std::max<size_t>(cut, 1));
+    total = 0.0;
+    for (const Candidate& c : candidates_) total += c.prob;
   }
   double r = next_uniform() * total;
-  for (size_t i = 0; i < prob.size(); ++i) {
-    r -= prob[i];
-    if (r < 0.0) return order[i];
+  for (const Candidate& c : candidates_) {
+    r -= c.prob;
+    if (r < 0.0) return c.id;
   }
-  return order.back();
+  return candidates_.back().id;
 }
 
 }  // namespace k3

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "options/options.h"
 
@@ -17,8 +18,14 @@ class Sampler {
 
  private:
   double next_uniform();  // [0, 1)
+  struct Candidate {
+    int64_t id;
+    float logit;
+    double prob;  // relative to the most likely token
+  };
   SamplingOptions options_;
   uint64_t state_;
+  std::vector<Candidate> candidates_;  // [vocab] at most; reused between calls
 };
 
 // Index of the largest logit; ties -> lowest index.
