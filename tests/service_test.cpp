@@ -360,5 +360,25 @@ TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
   EXPECT_EQ(out["choices"][0]["finish_reason"], "tool_calls");
 }
 
+// An engine fault mid-reply (here: a scripted id outside the vocabulary reaches the model) fails
+// that request with engine_error after its text so far, resets the session, and the service
+// keeps serving.
+TEST(Service, EngineFaultFailsTheRequestAndServingGoesOn) {
+  ServiceOptions o = options(2);
+  o.scripted_tokens = {1000, 1001, 1002, -5};  // the 4th is fed back and faults
+  EngineService service(o);
+  wait_ready(service);
+  const auto prompt = encode(service, "Tell me a story");
+  const Outcome failed = run(service, greedy(prompt, 8));
+  EXPECT_NE(failed.error.find("engine_error"), std::string::npos) << failed.error;
+  EXPECT_FALSE(failed.content.empty());  // what was generated before the fault was delivered
+  EXPECT_EQ(service.snapshot().failed, 1);
+  EXPECT_EQ(service.snapshot().fed_tokens, 0);  // reset, not half-fed
+  const Outcome next = run(service, greedy(prompt, 3));  // the last token is never fed: no fault
+  EXPECT_TRUE(next.error.empty()) << next.error;
+  EXPECT_EQ(next.done.completion_tokens, 3);
+  EXPECT_EQ(next.done.cached_tokens, 0);
+}
+
 }  // namespace
 }  // namespace k3
