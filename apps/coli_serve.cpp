@@ -54,6 +54,7 @@ k3::ServiceOptions service_options(const k3::Options& opt) {
   s.token_delay_ms = opt.serve.token_delay_ms;
   s.prefix_log = opt.serve.prefix_log;
   s.threads = opt.runtime.threads;
+  s.scripted_tokens = opt.serve.script_ids;
   return s;
 }
 

@@ -232,6 +232,11 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.serve.prefix_log = parse_bool(v, s); }, true},
       {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", "0", "debug: sleep this long after every generated token (client testing)",
        [](Options& o, const std::string& v, const std::string& s) { o.serve.token_delay_ms = static_cast<int>(parse_int(v, s, 0, 60000)); }},
+      {"--script-ids", nullptr, "", "debug: the first generated ids of every reply come from this list (drives tool calls and faults through test models)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (!v.empty()) o.serve.script_ids = parse_id_list(v);
+         (void)s;
+       }},
       {"--raw", nullptr, "0", "chat: print replies as plain text (no Markdown styling)",
        [](Options& o, const std::string& v, const std::string& s) { o.serve.raw = parse_bool(v, s); }, true},
   };

@@ -93,6 +93,7 @@ struct ServeOptions {
   bool ckpt_keep = false;
   bool prefix_log = false;
   int token_delay_ms = 0;
+  std::vector<int64_t> script_ids;       // debug: scripted generated ids
   bool raw = false;                      // chat: plain text
 };
 

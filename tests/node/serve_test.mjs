@@ -564,6 +564,63 @@ await check('tools.declared_accepted', async () => {
   assert(j2, 'tool_choice "none" without tools');
 });
 
+// Random weights never write a valid call, so a server with --script-ids (debug: the first
+// generated ids of each reply are scripted) writes one: the XTML turn comes back as
+// reasoning_content, content and OpenAI tool_calls (both shapes, the SDK's accumulating helper).
+const CALL_TEXT = 'Weather needs a tool.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>' +
+  '<|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>' +
+  '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>' +
+  '<|open|>argument key="days" type="number"<|sep|>2<|close|>argument<|sep|>' +
+  '<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>';
+async function scriptedServer(name, ids) {
+  const s = new Server(coli, modelDir, name, ['--script-ids', ids.join(',')], {});
+  allServers.push(s);
+  return s.start({});
+}
+await check('tools.scripted_call_both_shapes', async () => {
+  const tk = await postJson(await mainSrv(), '/tokenize', { content: CALL_TEXT, parse_special: true });
+  eq(tk.status, 200, '/tokenize status');
+  const s = await scriptedServer('script-tool', tk.json.tokens);
+  const body = req([user('Weather in Paris?')], { tools: TOOLS, max_tokens: 300 });
+  const j = await complete(s, body);
+  eq(j.choices[0].finish_reason, 'tool_calls', 'finish_reason');
+  const m = j.choices[0].message;
+  eq(m.reasoning_content, 'Weather needs a tool.', 'reasoning_content');
+  eq(m.content, 'Checking.', 'content');
+  eq(m.tool_calls?.length, 1, 'tool_calls.length');
+  eq(m.tool_calls[0].type, 'function', 'tool_calls[0].type');
+  eq(m.tool_calls[0].function.name, 'get_weather', 'tool name');
+  eq(JSON.stringify(JSON.parse(m.tool_calls[0].function.arguments)), '{"city":"Paris","days":2}', 'arguments');
+  assert(typeof m.tool_calls[0].id === 'string' && m.tool_calls[0].id.length > 0, 'tool call id');
+  const st = await sse(s, { ...body, stream: true, stream_options: { include_usage: true } });
+  const acc = checkStream(st, { includeUsage: true });
+  eq(acc.finish, 'tool_calls', 'stream finish_reason');
+  eq(acc.content, 'Checking.', 'stream content');
+  const deltas = acc.data.flatMap((c) => c.choices[0]?.delta?.tool_calls ?? []);
+  assert(deltas.length >= 1 && deltas[0].index === 0 && deltas[0].function?.name === 'get_weather' && deltas[0].id,
+         () => `tool_call deltas: ${show(deltas)}`);
+  eq(JSON.stringify(JSON.parse(deltas.map((d) => d.function?.arguments ?? '').join(''))), '{"city":"Paris","days":2}', 'streamed arguments');
+  const final = await client(s).chat.completions.stream({ ...body, stream: true }).finalChatCompletion();
+  eq(final.choices[0].message.tool_calls?.[0]?.function?.name, 'get_weather', 'SDK helper: tool name');
+  eq(final.choices[0].finish_reason, 'tool_calls', 'SDK helper: finish_reason');
+});
+
+// An engine fault after the stream is committed: one error event in OpenAI's shape, then
+// [DONE]; the server goes on serving. (A scripted id outside the vocabulary reaches the model.)
+await check('stream.engine_fault_after_commit', async () => {
+  const s = await scriptedServer('script-fault', [1000, 1001, 1002, 999999999]);
+  const st = await sse(s, req([user('Go.')], { ...OFF, max_tokens: 10, stream: true }));
+  eq(st.status, 200, 'status (committed before the fault)');
+  const data = st.events.filter((e) => e.kind === 'data').map((e) => e.json);
+  const err = data.find((c) => c.error);
+  assert(err, () => `no error event: ${show(st.events.map((e) => e.text))}`);
+  assert(err.error.type === 'server_error' && typeof err.error.message === 'string', `error shape: ${show(err)}`);
+  assert(!data.some((c) => c.choices?.[0]?.finish_reason), 'a finish_reason chunk after an engine fault');
+  eq(st.events[st.events.length - 1].kind, 'done', 'last event');
+  const j = await complete(s, req([user('Go.')], { ...OFF, max_tokens: 3 }));
+  eq(j.usage.completion_tokens, 3, 'the server still serves');
+});
+
 // =============================================================================================
 // Prefix reuse and checkpoints (3.10): reused state must give the cold answer
 // =============================================================================================
