@@ -203,8 +203,10 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.serve.drain_timeout = parse_double(v, s, 0, 86400); }},
       {"--max-connections", "COLI_MAX_CONNECTIONS", "64", "serve: live connections; more are closed at once",
        [](Options& o, const std::string& v, const std::string& s) { o.serve.max_connections = parse_int(v, s, 1, 4096); }},
-      {"--max-connections-per-ip", nullptr, "8", "serve: live connections from one address",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_connections_per_ip = parse_int(v, s, 1, 4096); }},
+      {"--max-connections-per-ip", nullptr, "auto", "serve: live connections from one address (auto: 8 per remote address; local clients share the global cap)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.serve.max_connections_per_ip = v == "auto" ? -1 : parse_int(v, s, 1, 4096);
+       }},
       {"--log-prompts", nullptr, "0", "serve: log request bodies (off: prompts never reach the log)",
        [](Options& o, const std::string& v, const std::string& s) { o.serve.log_prompts = parse_bool(v, s); }, true},
       {"--no-webui", nullptr, "0", "serve: do not serve the web page",

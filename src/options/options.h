@@ -83,7 +83,8 @@ struct ServeOptions {
   double max_body_mb = 8;
   double sse_ping = 10;
   double drain_timeout = 30;
-  int64_t max_connections = 64, max_connections_per_ip = 8;
+  int64_t max_connections = 64;
+  int64_t max_connections_per_ip = -1;   // -1 = auto: 8 per remote address, loopback uncapped
   bool log_prompts = false;
   bool no_webui = false;
   bool reasoning = true;                 // thinking when a request does not say

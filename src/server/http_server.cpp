@@ -124,7 +124,8 @@ int find_connection_socket(const httplib::Request& req) {
 // connection is shut down before any thread reads from it.
 class ConnectionGate {
  public:
-  ConnectionGate(size_t max_total, size_t max_per_ip) : max_total_(max_total), max_per_ip_(max_per_ip) {}
+  ConnectionGate(size_t max_total, size_t max_per_ip, bool cap_loopback)
+      : max_total_(max_total), max_per_ip_(max_per_ip), cap_loopback_(cap_loopback) {}
   void set_port(int port) { port_ = port; }
 
   // The socket just accepted: registered (returns its id) or refused and shut down (0).
@@ -152,7 +153,8 @@ class ConnectionGate {
       it = live_.erase(it);
     }
     if (!fresh) return kUntracked;
-    if (live_.size() - retired_ >= max_total_ || per_ip_[fresh->ip] >= max_per_ip_) {
+    const bool capped = cap_loopback_ || !(is_loopback_host(fresh->ip) || fresh->ip.rfind("::ffff:127.", 0) == 0);
+    if (live_.size() - retired_ >= max_total_ || (capped && per_ip_[fresh->ip] >= max_per_ip_)) {
       ::shutdown(fresh->fd, SHUT_RDWR);
       ++refused_;
       return 0;
@@ -207,6 +209,7 @@ class ConnectionGate {
   }
 
   size_t max_total_, max_per_ip_;
+  bool cap_loopback_;
   int port_ = -1;
   std::mutex mutex_;
   std::map<uint64_t, Peer> live_;
@@ -318,7 +321,8 @@ struct HttpServer::Impl {
   EngineService& service;
   ServerOptions options;
   httplib::Server http;
-  ConnectionGate gate{static_cast<size_t>(options.max_connections), static_cast<size_t>(options.max_connections_per_ip)};
+  ConnectionGate gate{static_cast<size_t>(options.max_connections), static_cast<size_t>(options.max_connections_per_ip),
+                      options.cap_loopback};
   RequestCounters counters;
   std::atomic<bool> draining{false};
   double started = now_seconds();
@@ -465,7 +469,6 @@ struct HttpServer::Impl {
     auto it = b.find("content");
     if (it == b.end() || !it->is_string()) return set_error(res, invalid_value("content", "'content' must be a string"));
     bool special = false;
-    if (auto s = b.find("add_special"); s != b.end() && s->is_boolean()) special = s->get<bool>();
     if (auto s = b.find("parse_special"); s != b.end() && s->is_boolean()) special = s->get<bool>();
     const text::Tokenizer* tokenizer = tokenizer_or_503(res);
     if (!tokenizer) return;

@@ -39,7 +39,11 @@ struct ServerOptions {
   double sse_ping_s = 10;           // 0 = no keep-alive comments
   double drain_timeout_s = 30;
   int max_connections = 64;         // live connections (more are closed at accept)
+  // Live connections from one remote address; loopback clients (every local process shares
+  // 127.0.0.1: an agent's connection pool, the web page, a script) only count against the
+  // global cap unless `cap_loopback`.
   int max_connections_per_ip = 8;
+  bool cap_loopback = false;
   double read_timeout_s = 30;
   bool log_prompts = false;
   bool web_ui = true;

@@ -80,7 +80,7 @@ const coldSrv = lazy('cold', ['--ckpt', '0']);
 const slowSrv = lazy('slow', ['--token-delay-ms', '30', '--ckpt', '2']);
 const queueSrv = lazy('queue1', ['--max-queue', '1', '--token-delay-ms', '40']);
 const qtimeoutSrv = lazy('qtimeout', ['--queue-timeout', '1', '--token-delay-ms', '40']);
-const connSrv = lazy('conn', []);
+const connSrv = lazy('conn', ['--max-connections-per-ip', '8']);  // explicit: loopback is capped too
 const pingSrv = lazy('ping', ['--token-delay-ms', '1500', '--sse-ping-interval', '1']);
 const limitsSrv = lazy('limits', ['--api-key', API_KEY, '--max-body-mb', '1', '--ctx', '256', '--max-tokens', '64',
                                   '--allowed-host', 'good.example', '--cors-origin', GOOD_ORIGIN], { key: API_KEY });
@@ -800,6 +800,30 @@ await check('queue.full_429', async () => {
     a.release();
     await a.done;
   }
+});
+
+// Default limits, one local client (an SDK's connection pool): 12 concurrent requests give one
+// running, eight queued and three 429s — never a refused connection.
+await check('queue.default_overflow_from_one_client', async () => {
+  const s = await slowSrv();
+  const c = client(s);
+  const controllers = [];
+  const outcomes = [];
+  let n429 = 0;
+  await Promise.all(Array.from({ length: 12 }, (_, i) => {
+    const ac = new AbortController();
+    controllers.push(ac);
+    return c.chat.completions.create(req([user(`Request ${i}.`)], { ...OFF, max_tokens: 200 }), { signal: ac.signal })
+      .then(() => 'ok', (e) => (e.status === 429 ? '429' : `${e.constructor.name} ${e.status ?? ''}`.trim()))
+      .then((o) => {
+        outcomes.push(o);
+        // Three refusals expected: give a fourth 300 ms to show up, then end the others.
+        if (o === '429' && ++n429 === 3) setTimeout(() => controllers.forEach((x) => x.abort()), 300);
+      });
+  }));
+  const other = outcomes.filter((o) => o !== '429' && o !== 'ok' && o !== 'APIUserAbortError');
+  eq(n429, 3, `429s among 12 concurrent requests (outcomes ${show(outcomes)})`);
+  eq(other.length, 0, `requests that failed otherwise: ${show(other)}`);
 });
 
 await check('queue.disconnected_waiter_removed', async () => {
