@@ -104,6 +104,7 @@ int serve(const k3::Options& opt, bool web, const std::map<std::string, std::str
   so.sse_ping_s = opt.serve.sse_ping;
   so.drain_timeout_s = opt.serve.drain_timeout;
   so.max_connections = static_cast<int>(opt.serve.max_connections);
+  so.read_timeout_s = opt.serve.read_deadline;
   so.max_connections_per_ip = opt.serve.max_connections_per_ip < 0 ? 8 : static_cast<int>(opt.serve.max_connections_per_ip);
   so.cap_loopback = opt.serve.max_connections_per_ip > 0;  // an explicit cap applies to every address
   so.log_prompts = opt.serve.log_prompts;

@@ -207,6 +207,8 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) {
          o.serve.max_connections_per_ip = v == "auto" ? -1 : parse_int(v, s, 1, 4096);
        }},
+      {"--read-deadline", "COLI_READ_DEADLINE", "30", "serve: seconds a client has to send a whole request (line, headers, body); then 408 / closed",
+       [](Options& o, const std::string& v, const std::string& s) { o.serve.read_deadline = parse_double(v, s, 0.5, 3600); }},
       {"--log-prompts", nullptr, "0", "serve: log request bodies (off: prompts never reach the log)",
        [](Options& o, const std::string& v, const std::string& s) { o.serve.log_prompts = parse_bool(v, s); }, true},
       {"--no-webui", nullptr, "0", "serve: do not serve the web page",

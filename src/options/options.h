@@ -84,6 +84,7 @@ struct ServeOptions {
   double sse_ping = 10;
   double drain_timeout = 30;
   int64_t max_connections = 64;
+  double read_deadline = 30;
   int64_t max_connections_per_ip = -1;   // -1 = auto: 8 per remote address, loopback uncapped
   bool log_prompts = false;
   bool no_webui = false;

@@ -16,6 +16,7 @@
 #include <optional>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "server/web_assets.h"
 #include "text/utf8.h"
@@ -71,6 +72,8 @@ struct Peer {
   std::string ip;
   int port = -1, local_port = -1;
   bool retired = false;  // ConnectionGate: answered its last request, no longer counted
+  bool busy = false;     // ConnectionGate: a request's headers are in, its response not yet out
+  double since = 0;      // ConnectionGate: now_seconds() of the accept or the last response
   bool operator==(const Peer& o) const { return fd == o.fd && ip == o.ip && port == o.port && local_port == o.local_port; }
 };
 
@@ -160,9 +163,31 @@ class ConnectionGate {
       return 0;
     }
     const uint64_t id = next_id_++;
+    fresh->since = now_seconds();
     live_[id] = *fresh;
     ++per_ip_[fresh->ip];
     return id;
+  }
+  // A request of this connection is being served (busy) or has been answered.
+  void mark(const httplib::Request& req, bool busy) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [id, p] : live_)
+      if (p.port == req.remote_port && p.local_port == req.local_port && p.ip == req.remote_addr) {
+        p.busy = busy;
+        p.since = now_seconds();
+      }
+  }
+  // Shuts connections that have sent no complete request line and headers within `deadline`
+  // seconds of their accept or their last response (slowloris: a per-read timeout alone does
+  // not stop a client dripping a byte at a time). A request being served is never touched.
+  void reap(double deadline) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const double now = now_seconds();
+    for (auto& [id, p] : live_) {
+      if (p.busy || p.retired || now - p.since < deadline) continue;
+      if (const auto current = socket_peer(p.fd); current && *current == p) ::shutdown(p.fd, SHUT_RDWR);
+      p.since = now;  // once
+    }
   }
   // The connection of `fd` must serve nothing more (see end_connection).
   void poison(int fd) {
@@ -244,6 +269,8 @@ class GatedQueue : public httplib::TaskQueue {
 // Set on the connection's thread when a request is refused before its body was read (or read
 // in full); read by the logger, which runs on the same thread once the response is written.
 thread_local bool t_unread_body = false;
+// now_seconds() when the current request's headers were complete (the body's read deadline).
+thread_local double t_request_start = 0;
 
 // Ends a connection whose response said "Connection: close", once that response is written
 // (the library's writes check that the socket still reads, so not before). Bytes the client
@@ -347,6 +374,8 @@ struct HttpServer::Impl {
 
   // Everything that can be refused before the body is read.
   httplib::Server::HandlerResponse guard(const httplib::Request& req, httplib::Response& res) {
+    gate.mark(req, true);
+    t_request_start = now_seconds();
     res.set_header("x-request-id", "req-" + random_hex(8));
     add_cors(req, res);
     size_t header_bytes = req.method.size() + req.target.size() + 12;
@@ -731,15 +760,25 @@ struct HttpServer::Impl {
   void post(const std::string& path, std::function<void(const httplib::Request&, httplib::Response&, const std::string&)> handler) {
     http.Post(path, [this, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
-      bool too_large = false;
+      bool too_large = false, too_slow = false;
       const bool complete = reader([&](const char* data, size_t length) {
         if (body.size() + length > options.max_body_bytes) {
           too_large = true;
           return false;
         }
+        if (now_seconds() - t_request_start > options.read_timeout_s) {
+          too_slow = true;
+          return false;
+        }
         body.append(data, length);
         return true;
       });
+      if (too_slow) {
+        res.set_header("Connection", "close");
+        t_unread_body = true;
+        return set_error(res, simple_error(408, "invalid_request_error", "request_timeout",
+                                           "the body was not received within " + std::to_string(static_cast<int>(options.read_timeout_s)) + " s"));
+      }
       if (too_large) {
         res.set_header("Connection", "close");
         t_unread_body = true;
@@ -768,6 +807,7 @@ struct HttpServer::Impl {
         if (fd >= 0) gate.retire(fd);
       }
       t_unread_body = false;
+      gate.mark(req, false);
       std::string route = req.path;
       if (route.rfind("/v1/models/", 0) == 0) route = "/v1/models/{id}";
       else if (route.rfind("/v1/", 0) != 0 && route != "/health" && route != "/metrics" && route != "/tokenize" &&
@@ -888,7 +928,19 @@ int HttpServer::bind() {
   return port;
 }
 
-void HttpServer::run() { impl_->http.listen_after_bind(); }
+void HttpServer::run() {
+  Impl& s = *impl_;
+  std::atomic<bool> done{false};
+  std::thread reaper([&] {  // the cumulative request-read deadline (see ConnectionGate::reap)
+    while (!done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      s.gate.reap(s.options.read_timeout_s);
+    }
+  });
+  s.http.listen_after_bind();
+  done.store(true);
+  reaper.join();
+}
 
 void HttpServer::shutdown() {
   Impl& s = *impl_;

@@ -44,7 +44,7 @@ struct ServerOptions {
   // global cap unless `cap_loopback`.
   int max_connections_per_ip = 8;
   bool cap_loopback = false;
-  double read_timeout_s = 30;
+  double read_timeout_s = 30;       // cumulative: request line + headers (+ body), then closed / 408
   bool log_prompts = false;
   bool web_ui = true;
 };

@@ -905,6 +905,39 @@ await check('limits.connections_per_ip', async () => {
   }
 });
 
+// The request-read deadline is cumulative (4.6): a client dripping its headers a byte at a time
+// is closed at the deadline; a body dripped the same way gets 408; a response that takes longer
+// than the deadline (a long generation) is never cut.
+const deadlineSrv = lazy('deadline', ['--read-deadline', '2', '--token-delay-ms', '40']);
+await check('limits.read_deadline_cumulative', async () => {
+  const s = await deadlineSrv();
+  const drip = (head, tail) => new Promise((resolve) => {
+    const k = net.connect({ host: '127.0.0.1', port: s.port });
+    const t0 = Date.now();
+    let data = '', i = 0, timer = null;
+    const finish = (why) => { clearInterval(timer); k.destroy(); resolve({ why, ms: Date.now() - t0, data }); };
+    k.on('connect', () => {
+      k.write(head);
+      timer = setInterval(() => {
+        if (i < tail.length) k.write(tail[i++]);
+        if (Date.now() - t0 > 8000) finish('still open after 8 s');
+      }, 150);
+    });
+    k.on('data', (x) => { data += x; });
+    k.on('close', () => finish('closed'));
+    k.on('error', () => finish('closed'));
+  });
+  const headers = await drip('GET /health HTTP/1.1\r\n', `Host: 127.0.0.1:${s.port}\r\nX-Slow: ${'a'.repeat(200)}\r\n\r\n`);
+  eq(headers.why, 'closed', 'a client dripping its headers');
+  assert(headers.ms >= 1500 && headers.ms < 5000, `closed after ${headers.ms} ms (deadline 2 s)`);
+  const body = await drip(`POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n`, ' '.repeat(200));
+  assert(/^HTTP\/1\.1 408/.test(body.data), `a dripped body: ${show(body.data.slice(0, 60))} after ${body.ms} ms`);
+  const t0 = Date.now();
+  const j = await complete(s, req([user('Take your time.')], { ...OFF, max_tokens: 80 }));
+  assert(Date.now() - t0 > 2500, 'the generation was expected to outlast the deadline');
+  eq(j.usage.completion_tokens, 80, 'a long response is not cut by the read deadline');
+});
+
 await check('sse.keepalive_comments', async () => {
   const s = await pingSrv();
   const st = await sse(s, req([user('Slowly.')], { ...OFF, max_tokens: 3, stream: true }));
