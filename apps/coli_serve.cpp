@@ -87,6 +87,8 @@ int serve(const k3::Options& opt, bool web, const std::map<std::string, std::str
     for (std::string& k : read_key_file(opt.serve.api_key_file)) so.security.api_keys.push_back(std::move(k));
   for (const std::string& k : so.security.api_keys)
     if (k.size() > k3::server::kMaxApiKeyBytes) throw UsageError("an API key is longer than 512 bytes");
+  if (std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--api-key" || a.rfind("--api-key=", 0) == 0; }))
+    std::fprintf(stderr, "coli: warning: a key on the command line is visible to other users (ps); prefer COLI_API_KEY or --api-key-file\n");
   so.security.allowed_hosts = opt.serve.allowed_hosts;
   so.security.cors_origins = opt.serve.cors_origins;
   const bool loopback = k3::server::is_loopback_host(opt.serve.host);

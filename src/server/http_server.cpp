@@ -11,6 +11,8 @@
 #include <httplib.h>
 
 #include <cinttypes>
+#include <cmath>
+#include <deque>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -303,6 +305,41 @@ bool peer_hung_up(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// A brute-force brake (SERVING.md §4.2): 20 failed keys from one address within 60 s answer 429
+// for the next 60 s, whatever the key.
+class AuthBrake {
+ public:
+  // Seconds the address stays blocked (0 = not blocked).
+  int blocked_for(const std::string& ip) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocked_until_.find(ip);
+    if (it == blocked_until_.end()) return 0;
+    const double left = it->second - now_seconds();
+    if (left <= 0) {
+      blocked_until_.erase(it);
+      return 0;
+    }
+    return static_cast<int>(std::ceil(left));
+  }
+  void failed(const std::string& ip) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const double now = now_seconds();
+    auto& times = failures_[ip];
+    times.push_back(now);
+    while (!times.empty() && now - times.front() > 60) times.pop_front();
+    if (times.size() >= 20) {
+      blocked_until_[ip] = now + 60;
+      times.clear();
+    }
+    if (failures_.size() > 4096) failures_.clear();  // bounded memory under a spoofing flood
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::deque<double>> failures_;
+  std::map<std::string, double> blocked_until_;
+};
+
 struct RequestCounters {
   std::mutex mutex;
   std::map<std::pair<std::string, int>, int64_t> by_route_status;
@@ -351,6 +388,7 @@ struct HttpServer::Impl {
   ConnectionGate gate{static_cast<size_t>(options.max_connections), static_cast<size_t>(options.max_connections_per_ip),
                       options.cap_loopback};
   RequestCounters counters;
+  AuthBrake brake;
   std::atomic<bool> draining{false};
   double started = now_seconds();
   std::once_flag shutdown_once;
@@ -410,8 +448,15 @@ struct HttpServer::Impl {
     }
     const bool api_route = req.path.rfind("/v1/", 0) == 0 || req.path == "/metrics" || req.path.rfind("/slots", 0) == 0 ||
                            req.path == "/tokenize" || req.path == "/detokenize";
-    if (api_route && !authorised(req))
-      return refuse(simple_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));
+    if (api_route && !options.security.api_keys.empty()) {
+      if (const int wait = brake.blocked_for(req.remote_addr))
+        return refuse(simple_error(429, "rate_limit_error", "too_many_auth_failures",
+                                   "too many failed API keys from this address", wait));
+      if (!authorised(req)) {
+        brake.failed(req.remote_addr);
+        return refuse(simple_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));
+      }
+    }
     if (req.method == "POST") {
       if (!origin_ok)
         return refuse(simple_error(403, "permission_error", "origin_not_allowed", "the request's Origin is not allowed"));
