@@ -140,6 +140,50 @@ TEST(ServeApi, AcceptsWhatSdksSend) {
   EXPECT_EQ(accepted(with(R"("tool_choice":"none")")).tool_choice.as_string(), "none");
 }
 
+TEST(ServeApi, CompletionRequests) {
+  auto parse = [](const std::string& body) { return parse_completion_request(body, ApiConfig{}); };
+  auto text = parse(R"({"model":"kimi-k3","prompt":"Once upon","stop":["\n"],"seed":3})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(text));
+  EXPECT_EQ(std::get<CompletionRequest>(text).prompt, "Once upon");
+  EXPECT_EQ(std::get<CompletionRequest>(text).max_tokens, 16);  // OpenAI's default for completions
+  auto one = parse(R"({"model":"kimi-k3","prompt":["Once"]})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(one));
+  auto ids = parse(R"({"model":"kimi-k3","prompt":[1,2,3],"max_tokens":5})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ids));
+  EXPECT_TRUE(std::get<CompletionRequest>(ids).ids_given);
+  EXPECT_EQ(std::get<CompletionRequest>(ids).prompt_ids, (std::vector<int64_t>{1, 2, 3}));
+  const std::vector<Case> cases = {
+      {R"({"model":"kimi-k3"})", 400, "missing_required_parameter", "prompt"},
+      {R"({"model":"kimi-k3","prompt":["a","b"]})", 400, "unsupported_value", "prompt"},
+      {R"({"model":"kimi-k3","prompt":[1,-2]})", 400, "invalid_value", "prompt.1"},
+      {R"({"model":"kimi-k3","prompt":""})", 400, "invalid_value", "prompt"},
+      {R"({"model":"kimi-k3","prompt":"x","echo":true})", 400, "unsupported_parameter", "echo"},
+      {R"({"model":"kimi-k3","prompt":"x","suffix":"y"})", 400, "unsupported_parameter", "suffix"},
+      {R"({"model":"kimi-k3","prompt":"x","best_of":2})", 400, "unsupported_value", "best_of"},
+      {R"({"model":"kimi-k3","prompt":"x","logprobs":3})", 400, "unsupported_parameter", "logprobs"},
+      {R"({"model":"kimi-k3","prompt":"x","n":3})", 400, "unsupported_value", "n"},
+      {R"({"model":"kimi-k3","prompt":"x","temperature":-1})", 400, "invalid_value", "temperature"},
+      {R"({"model":"other","prompt":"x"})", 404, "model_not_found", "model"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse(c.body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << c.body;
+    EXPECT_EQ(std::get<ApiError>(r).code, c.code) << c.body;
+    EXPECT_EQ(std::get<ApiError>(r).status, c.status) << c.body;
+    EXPECT_EQ(std::get<ApiError>(r).param.value_or(""), c.param) << c.body;
+  }
+  GenerationStats stats;
+  stats.finish_reason = "stop";
+  stats.prompt_tokens = 3;
+  stats.completion_tokens = 2;
+  const ResponseIds rid = new_response_ids("cmpl-");
+  const json out = completion_json(" there", stats, "kimi-k3", ApiConfig{}, rid);
+  EXPECT_EQ(out["object"], "text_completion");
+  EXPECT_EQ(out["choices"][0]["text"], " there");
+  EXPECT_EQ(out["usage"]["total_tokens"], 5);
+  EXPECT_FALSE(completion_chunk_json(rid, ApiConfig{}, "x", nullptr).contains("usage"));
+}
+
 TEST(ServeApi, ResponseShapes) {
   ChatResult result;
   result.reasoning = "Because.";

@@ -422,8 +422,16 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   // 4. Decode.
   Sampler sampler(req.sampling, req.sampling.seed);
   text::OutputParser parser(tokenizer, req.starts_in_think);
-  StopMatcher reasoning_stop(req.stop), content_stop(req.stop);
   std::vector<text::OutputEvent> events;
+  text::Utf8StreamDecoder raw_decoder;  // req.raw: the bytes of every id but a stop id, as content
+  auto raw_event = [&](std::string text) {
+    if (text.empty()) return;
+    text::OutputEvent ev;
+    ev.kind = text::OutputEvent::Kind::content;
+    ev.text = std::move(text);
+    events.push_back(std::move(ev));
+  };
+  StopMatcher reasoning_stop(req.stop), content_stop(req.stop);
   bool stopped_by_string = false, in_reasoning = req.starts_in_think;
   std::string finish = "length";
   auto emit = [&](std::vector<text::OutputEvent>& out) {
@@ -454,7 +462,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
                                                                                  : sampler.sample(logits);
       ++stats.completion_tokens;
       const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-      parser.push(static_cast<int32_t>(id), events);
+      if (!req.raw) parser.push(static_cast<int32_t>(id), events);
+      else if (!is_stop_id) raw_event(raw_decoder.push(tokenizer.token_bytes(static_cast<int32_t>(id))));
       if (in_reasoning) ++stats.reasoning_tokens;
       emit(events);
       if (is_stop_id || stopped_by_string || handle->stop_.load()) {
@@ -480,7 +489,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     return;
   }
   if (finish != "cancelled") {
-    parser.finish(events);
+    if (!req.raw) parser.finish(events);
+    else raw_event(raw_decoder.finish());
     emit(events);
     if (!stopped_by_string)
       for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop},

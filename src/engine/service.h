@@ -51,6 +51,7 @@ const char* reuse_kind_name(ReuseKind kind);  // "none", "live", "checkpoint"
 struct ServiceRequest {
   std::vector<int64_t> prompt;   // rendered chat prompt ids
   bool starts_in_think = true;   // the prompt opened the think channel
+  bool raw = false;              // plain completion: output bytes as content, no XTML channels
   SamplingOptions sampling;      // seed used as given
   int64_t max_tokens = 16;       // clamped to the context room
   std::vector<std::string> stop; // stop strings (withheld from the output)

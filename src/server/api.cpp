@@ -232,6 +232,86 @@ std::optional<ApiError> check_tools(const json& tools) {
   return std::nullopt;
 }
 
+
+// The generation fields shared by /v1/chat/completions and /v1/completions.
+std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config, int64_t default_max_tokens,
+                                         GenerationParams& r) {
+  r.temperature = config.default_temperature;
+  r.top_p = config.default_top_p;
+  r.top_k = config.default_top_k;
+  r.min_p = config.default_min_p;
+  r.max_tokens = std::min(default_max_tokens, config.max_tokens_ceiling);
+  auto field = [&](const char* key) -> const json* {
+    auto it = b.find(key);
+    return it == b.end() || it->is_null() ? nullptr : &*it;
+  };
+  for (const char* key : {"frequency_penalty", "presence_penalty", "repetition_penalty"})
+    if (const json* v = field(key); v && !(v->is_number() && v->get<double>() == 0.0))
+      return unsupported_parameter(key, std::string("'") + key + "' is not supported (only 0)");
+  if (const json* v = field("logit_bias"); v && !(v->is_object() && v->empty()))
+    return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
+  if (const json* v = field("n")) {
+    int64_t n = 0;
+    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), n)) return e;
+    if (n != 1) return make_error(400, "invalid_request_error", "unsupported_value", "'n' must be 1: one choice per request", "n");
+  }
+
+  // Sampling and budget.
+  if (const json* v = field("stream"); v) if (auto e = get_bool(*v, "stream", r.stream)) return e;
+  if (const json* v = field("stream_options")) {
+    if (!v->is_object()) return invalid_value("stream_options", "'stream_options' must be an object");
+    if (auto it = v->find("include_usage"); it != v->end() && !it->is_null())
+      if (auto e = get_bool(*it, "stream_options.include_usage", r.include_usage)) return e;
+  }
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (const json* v = field(key)) {
+      int64_t n = 0;
+      if (auto e = get_int(*v, key, 1, (int64_t{1} << 31) - 1, n)) return e;
+      r.max_tokens = std::min(n, config.max_tokens_ceiling);  // max_completion_tokens (later) wins
+    }
+  }
+  if (const json* v = field("temperature")) if (auto e = get_number(*v, "temperature", 0.0, 2.0, false, r.temperature)) return e;
+  if (const json* v = field("top_p")) if (auto e = get_number(*v, "top_p", 0.0, 1.0, true, r.top_p)) return e;
+  if (const json* v = field("min_p")) if (auto e = get_number(*v, "min_p", 0.0, 1.0, false, r.min_p)) return e;
+  if (const json* v = field("top_k")) if (auto e = get_int(*v, "top_k", 0, int64_t{1} << 30, r.top_k)) return e;
+  if (const json* v = field("seed")) {
+    if (!is_int(*v)) return invalid_value("seed", "'seed' must be an integer");
+    if (v->is_number_unsigned()) r.seed = v->get<uint64_t>();
+    else if (v->is_number_integer()) r.seed = static_cast<uint64_t>(v->get<int64_t>());
+    else r.seed = static_cast<uint64_t>(static_cast<int64_t>(v->get<double>()));
+  }
+  if (const json* v = field("stop")) {
+    if (v->is_string()) {
+      if (v->get_ref<const std::string&>().empty()) return invalid_value("stop", "'stop' must not be empty");
+      if (v->get_ref<const std::string&>().size() > 256) return invalid_value("stop", "a stop string is longer than 256 bytes");
+      r.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 16) return invalid_value("stop", "'stop' holds more than 16 strings");
+      for (size_t i = 0; i < v->size(); ++i) {
+        const json& s = (*v)[i];
+        const std::string at = "stop." + std::to_string(i);
+        if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 256)
+          return invalid_value(at, "'" + at + "' must be a non-empty string of at most 256 bytes");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return invalid_value("stop", "'stop' must be a string or an array of strings");
+    }
+  }
+
+  if (const json* v = field("return_progress")) if (auto e = get_bool(*v, "return_progress", r.return_progress)) return e;
+  if (const json* v = field("cache_prompt")) if (auto e = get_bool(*v, "cache_prompt", r.cache_prompt)) return e;
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
+  if (!config.accept_any_model && model != config.model_id &&
+      std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
+    return make_error(404, "invalid_request_error", "model_not_found",
+                      "the model '" + model + "' does not exist; this server serves '" + config.model_id + "'", "model");
+  return std::nullopt;
+}
+
 }  // namespace
 
 json error_body(const ApiError& error) {
@@ -270,12 +350,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& b = std::get<json>(parsed);
   ChatRequest r;
-  r.temperature = config.default_temperature;
-  r.top_p = config.default_top_p;
-  r.top_k = config.default_top_k;
-  r.min_p = config.default_min_p;
   r.thinking = config.default_thinking;
-  r.max_tokens = config.max_tokens_ceiling;
   auto field = [&](const char* key) -> const json* {
     auto it = b.find(key);
     return it == b.end() || it->is_null() ? nullptr : &*it;
@@ -291,13 +366,9 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
   if (messages->empty()) return invalid_value("messages", "'messages' must contain at least one message");
   if (messages->size() > 4096) return invalid_value("messages", "'messages' holds more than 4096 messages");
+  if (auto e = parse_generation(b, config, config.max_tokens_ceiling, r)) return *e;
 
   // Features we do not implement: refused by name, never dropped silently.
-  for (const char* key : {"frequency_penalty", "presence_penalty", "repetition_penalty"})
-    if (const json* v = field(key); v && !(v->is_number() && v->get<double>() == 0.0))
-      return unsupported_parameter(key, std::string("'") + key + "' is not supported (only 0)");
-  if (const json* v = field("logit_bias"); v && !(v->is_object() && v->empty()))
-    return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
   if (const json* v = field("logprobs"); v && !(v->is_boolean() && !v->get<bool>()))
     return unsupported_parameter("logprobs", "'logprobs' is not supported");
   if (const json* v = field("top_logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
@@ -315,12 +386,6 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     for (const json& m : *v)
       if (m != "text") return unsupported_parameter("modalities", "only the 'text' modality is supported");
   }
-  if (const json* v = field("n")) {
-    int64_t n = 0;
-    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), n)) return *e;
-    if (n != 1) return make_error(400, "invalid_request_error", "unsupported_value", "'n' must be 1: one choice per request", "n");
-  }
-
   // Messages.
   json normalised = json::array();
   for (size_t i = 0; i < messages->size(); ++i) {
@@ -348,49 +413,6 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   if (const json* v = field("parallel_tool_calls")) {
     bool ignored = false;
     if (auto e = get_bool(*v, "parallel_tool_calls", ignored)) return *e;
-  }
-
-  // Sampling and budget.
-  if (const json* v = field("stream"); v) if (auto e = get_bool(*v, "stream", r.stream)) return *e;
-  if (const json* v = field("stream_options")) {
-    if (!v->is_object()) return invalid_value("stream_options", "'stream_options' must be an object");
-    if (auto it = v->find("include_usage"); it != v->end() && !it->is_null())
-      if (auto e = get_bool(*it, "stream_options.include_usage", r.include_usage)) return *e;
-  }
-  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    if (const json* v = field(key)) {
-      int64_t n = 0;
-      if (auto e = get_int(*v, key, 1, (int64_t{1} << 31) - 1, n)) return *e;
-      r.max_tokens = std::min(n, config.max_tokens_ceiling);  // max_completion_tokens (later) wins
-    }
-  }
-  if (const json* v = field("temperature")) if (auto e = get_number(*v, "temperature", 0.0, 2.0, false, r.temperature)) return *e;
-  if (const json* v = field("top_p")) if (auto e = get_number(*v, "top_p", 0.0, 1.0, true, r.top_p)) return *e;
-  if (const json* v = field("min_p")) if (auto e = get_number(*v, "min_p", 0.0, 1.0, false, r.min_p)) return *e;
-  if (const json* v = field("top_k")) if (auto e = get_int(*v, "top_k", 0, int64_t{1} << 30, r.top_k)) return *e;
-  if (const json* v = field("seed")) {
-    if (!is_int(*v)) return invalid_value("seed", "'seed' must be an integer");
-    if (v->is_number_unsigned()) r.seed = v->get<uint64_t>();
-    else if (v->is_number_integer()) r.seed = static_cast<uint64_t>(v->get<int64_t>());
-    else r.seed = static_cast<uint64_t>(static_cast<int64_t>(v->get<double>()));
-  }
-  if (const json* v = field("stop")) {
-    if (v->is_string()) {
-      if (v->get_ref<const std::string&>().empty()) return invalid_value("stop", "'stop' must not be empty");
-      if (v->get_ref<const std::string&>().size() > 256) return invalid_value("stop", "a stop string is longer than 256 bytes");
-      r.stop.push_back(v->get<std::string>());
-    } else if (v->is_array()) {
-      if (v->size() > 16) return invalid_value("stop", "'stop' holds more than 16 strings");
-      for (size_t i = 0; i < v->size(); ++i) {
-        const json& s = (*v)[i];
-        const std::string at = "stop." + std::to_string(i);
-        if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 256)
-          return invalid_value(at, "'" + at + "' must be a non-empty string of at most 256 bytes");
-        r.stop.push_back(s.get<std::string>());
-      }
-    } else {
-      return invalid_value("stop", "'stop' must be a string or an array of strings");
-    }
   }
 
   // Thinking: reasoning_effort is a switch (none = off); an explicit enable_thinking wins.
@@ -435,14 +457,53 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
       return make_error(400, "invalid_request_error", "unsupported_value", "'reasoning_format' must be deepseek or none", "reasoning_format");
     r.reasoning_inline = *v == "none";
   }
-  if (const json* v = field("return_progress")) if (auto e = get_bool(*v, "return_progress", r.return_progress)) return *e;
-  if (const json* v = field("cache_prompt")) if (auto e = get_bool(*v, "cache_prompt", r.cache_prompt)) return *e;
 
   // The model last: a bad body is a 400 whatever the model says.
-  if (!config.accept_any_model && r.model != config.model_id &&
-      std::find(config.aliases.begin(), config.aliases.end(), r.model) == config.aliases.end())
-    return make_error(404, "invalid_request_error", "model_not_found",
-                      "the model '" + r.model + "' does not exist; this server serves '" + config.model_id + "'", "model");
+  if (auto e = check_model(r.model, config)) return *e;
+  return r;
+}
+
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, const ApiConfig& config) {
+  auto parsed = parse_json_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& b = std::get<json>(parsed);
+  auto field = [&](const char* key) -> const json* {
+    auto it = b.find(key);
+    return it == b.end() || it->is_null() ? nullptr : &*it;
+  };
+  CompletionRequest r;
+  const json* model = field("model");
+  if (!model) return make_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
+  if (!model->is_string()) return invalid_value("model", "'model' must be a string");
+  r.model = model->get<std::string>();
+  const json* prompt = field("prompt");
+  if (!prompt) return make_error(400, "invalid_request_error", "missing_required_parameter", "'prompt' is required", "prompt");
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
+  if (prompt->is_string()) {
+    if (auto e = check_text(*prompt, "prompt")) return *e;
+    if (prompt->get_ref<const std::string&>().empty()) return invalid_value("prompt", "'prompt' must not be empty");
+    r.prompt = prompt->get<std::string>();
+  } else if (prompt->is_array() && !prompt->empty() && std::all_of(prompt->begin(), prompt->end(), [](const json& x) { return x.is_number_integer(); })) {
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      const int64_t id = (*prompt)[i].get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) return invalid_value("prompt." + std::to_string(i), "not a token id");
+      r.prompt_ids.push_back(id);
+    }
+    r.ids_given = true;
+  } else {
+    return make_error(400, "invalid_request_error", "unsupported_value",
+                      "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+  }
+  if (const json* v = field("echo"); v && !(v->is_boolean() && !v->get<bool>()))
+    return unsupported_parameter("echo", "'echo' is not supported");
+  if (const json* v = field("suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
+    return unsupported_parameter("suffix", "'suffix' is not supported");
+  if (const json* v = field("best_of"); v && !(is_int(*v) && v->get<double>() == 1))
+    return make_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1", "best_of");
+  if (const json* v = field("logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
+    return unsupported_parameter("logprobs", "'logprobs' is not supported");
+  if (auto e = parse_generation(b, config, 16, r)) return *e;
+  if (auto e = check_model(r.model, config)) return *e;
   return r;
 }
 
@@ -597,7 +658,52 @@ json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_
   return c;
 }
 
-ResponseIds new_response_ids() {
+json completion_json(const std::string& text, const GenerationStats& stats, const std::string& model,
+                     const ApiConfig& config, const ResponseIds& ids) {
+  json choice = json::object();
+  choice["text"] = text;
+  choice["index"] = 0;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = stats.finish_reason;
+  json out = json::object();
+  out["id"] = ids.id;
+  out["object"] = "text_completion";
+  out["created"] = ids.created;
+  out["model"] = model;
+  out["system_fingerprint"] = config.fingerprint;
+  out["choices"] = json::array({std::move(choice)});
+  out["usage"] = usage_json(stats);
+  out["timings"] = timings_json(stats);
+  out["x_k3"] = x_k3_json(stats);
+  return out;
+}
+
+json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, const std::string& text,
+                           const char* finish_reason) {
+  json choice = json::object();
+  choice["text"] = text;
+  choice["index"] = 0;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
+  json c = json::object();
+  c["id"] = ids.id;
+  c["object"] = "text_completion";
+  c["created"] = ids.created;
+  c["model"] = config.model_id;
+  c["system_fingerprint"] = config.fingerprint;
+  c["choices"] = json::array({std::move(choice)});
+  return c;
+}
+
+json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats) {
+  json c = completion_chunk_json(ids, config, "", nullptr);
+  c["choices"] = json::array();
+  c["usage"] = usage_json(stats);
+  c["timings"] = timings_json(stats);
+  return c;
+}
+
+ResponseIds new_response_ids(const char* prefix) {
   unsigned char bytes[16] = {};
   if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
     const uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -605,7 +711,7 @@ ResponseIds new_response_ids() {
   }
   static const char* hex = "0123456789abcdef";
   ResponseIds ids;
-  ids.id = "chatcmpl-";
+  ids.id = prefix;
   for (unsigned char b : bytes) {
     ids.id += hex[b >> 4];
     ids.id += hex[b & 15];

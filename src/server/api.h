@@ -48,11 +48,8 @@ struct ApiConfig {
   std::string fingerprint = "kimi_k3-1.0.0-cpu";
 };
 
-struct ChatRequest {
-  std::string model;
-  text::PyValue messages;            // normalised for the renderer (roles, text parts, reasoning)
-  text::PyValue tools;               // null when none
-  text::PyValue tool_choice;         // null when absent
+// What both generation endpoints take (sampling, budget, stop, streaming).
+struct GenerationParams {
   bool stream = false;
   bool include_usage = false;
   bool return_progress = false;
@@ -62,6 +59,13 @@ struct ChatRequest {
   int64_t top_k = 0;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+};
+
+struct ChatRequest : GenerationParams {
+  std::string model;
+  text::PyValue messages;            // normalised for the renderer (roles, text parts, reasoning)
+  text::PyValue tools;               // null when none
+  text::PyValue tool_choice;         // null when absent
   bool thinking = true;
   // The template's thinking-effort message (low, high, max; "" = none). reasoning_effort maps
   // minimal/low → low, medium/high → high, xhigh/max → max; absent → max, as apply_chat_template.
@@ -72,6 +76,17 @@ struct ChatRequest {
 // Parses and validates a /v1/chat/completions body. Unknown keys are ignored; a feature we do
 // not implement is refused with a 400 naming it.
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ApiConfig& config);
+
+// POST /v1/completions: raw text (or token ids) in, raw text out; no chat template.
+struct CompletionRequest : GenerationParams {
+  std::string model;
+  std::string prompt;                // text, tokenized as plain text (specials stay text)
+  std::vector<int64_t> prompt_ids;   // or token ids
+  bool ids_given = false;
+};
+// max_tokens defaults to 16, as OpenAI's. `echo`, `suffix`, `best_of` > 1 and logprobs are
+// refused by name.
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, const ApiConfig& config);
 
 // Parses a JSON body for the small endpoints: an object, depth <= kMaxJsonDepth, valid UTF-8.
 std::variant<json, ApiError> parse_json_object(std::string_view body);
@@ -114,7 +129,15 @@ json tool_call_json(const text::ToolCallOut& call, const ResponseIds& ids);
 // reasoning deltas under the configured field name(s).
 void put_reasoning(json& delta, const std::string& text, const ApiConfig& config);
 
-// A fresh response id ("chatcmpl-" + 32 hex from a random source) and the current time.
-ResponseIds new_response_ids();
+// A fresh response id (`prefix` + 32 hex from a random source) and the current time.
+ResponseIds new_response_ids(const char* prefix = "chatcmpl-");
+
+// /v1/completions shapes (object "text_completion").
+json completion_json(const std::string& text, const GenerationStats& stats, const std::string& model,
+                     const ApiConfig& config, const ResponseIds& ids);
+// Completion chunks carry no "usage": null (the completion schema allows only an object there).
+json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, const std::string& text,
+                           const char* finish_reason);
+json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats);
 
 }  // namespace k3::server

@@ -604,6 +604,86 @@ struct HttpServer::Impl {
     return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
   }
 
+  // The generation settings shared by both endpoints (a random seed unless one was given).
+  static void apply_generation(const GenerationParams& g, ServiceRequest& sr) {
+    sr.sampling.temperature = g.temperature;
+    sr.sampling.top_p = g.top_p;
+    sr.sampling.top_k = g.top_k;
+    sr.sampling.min_p = g.min_p;
+    if (g.seed) {
+      sr.sampling.seed = *g.seed;
+    } else {
+      uint64_t seed = 0;
+      if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+      sr.sampling.seed = seed;
+    }
+    sr.sampling.seed_set = true;
+    sr.max_tokens = g.max_tokens;
+    sr.stop = g.stop;
+    sr.cache_prompt = g.cache_prompt;
+  }
+
+  // Context check, submission, and the wait for the worker's acceptance (the 200 is committed
+  // only after it). Returns the handle, or nullptr with `res` set (or the client gone).
+  std::shared_ptr<RequestHandle> admit(ServiceRequest sr, const char* prompt_param, const httplib::Request& req,
+                                       httplib::Response& res, const std::string& body, int& fd, ServiceEvent& accepted) {
+    const int64_t capacity = service.context_capacity();
+    if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
+      ApiError e = simple_error(400, "invalid_request_error", "context_length_exceeded",
+                                "the prompt has " + std::to_string(sr.prompt.size()) + " tokens; the context holds " +
+                                    std::to_string(capacity) + " (and one must be left to generate)");
+      e.param = prompt_param;
+      set_error(res, e);
+      return nullptr;
+    }
+    if (options.log_prompts)
+      std::fprintf(stderr, "[prompt] %s %s\n", res.get_header_value("x-request-id").c_str(), body.c_str());
+    auto submitted = service.submit(std::move(sr));
+    if (!submitted.ok()) {
+      const Status st = submitted.status();
+      if (st.code() == Status::Code::resource_exhausted)
+        set_error(res, simple_error(429, "rate_limit_error", "queue_full", st.message(), retry_after()));
+      else if (st.code() == Status::Code::unavailable)
+        set_error(res, simple_error(503, "server_error", draining.load() ? "shutting_down" : "model_loading", st.message(), 5));
+      else
+        set_error(res, invalid_value(prompt_param, st.message()));
+      return nullptr;
+    }
+    std::shared_ptr<RequestHandle> handle = *submitted;
+    fd = find_connection_socket(req);
+    if (!await_acceptance(handle, fd, res, accepted)) return nullptr;
+    const std::string wait_ms = std::to_string(static_cast<int64_t>(accepted.stats.queue_wait_ms));
+    res.set_header("x-queue-wait-ms", wait_ms);
+    res.set_header("x-colibri-queue-wait-ms", wait_ms);
+    return handle;
+  }
+
+  // Non-streaming: collects events until done. False (res set, or the client gone) otherwise.
+  bool collect(const std::shared_ptr<RequestHandle>& handle, int fd, httplib::Response& res, ChatResult& result) {
+    ServiceEvent e;
+    for (;;) {
+      if (!handle->next(e, std::chrono::milliseconds(100))) {
+        if (peer_hung_up(fd)) {
+          service.cancel(handle);
+          drain_until_done(handle);
+          res.status = 499;
+          return false;
+        }
+        continue;
+      }
+      switch (e.kind) {
+        case ServiceEvent::Kind::reasoning: result.reasoning += e.text; break;
+        case ServiceEvent::Kind::content: result.content += e.text; break;
+        case ServiceEvent::Kind::tool_call: result.tool_calls.push_back(e.call); break;
+        case ServiceEvent::Kind::done: result.stats = e.stats; return true;
+        case ServiceEvent::Kind::error:
+          set_error(res, simple_error(500, "server_error", "engine_error", "the engine failed"));
+          return false;
+        default: break;
+      }
+    }
+  }
+
   void chat(const httplib::Request& req, httplib::Response& res, const std::string& body) {
     const ApiConfig& api = options.api;
     auto parsed = parse_chat_request(body, api);
@@ -618,75 +698,100 @@ struct HttpServer::Impl {
     ServiceRequest sr;
     sr.prompt = std::move(std::get<RenderedPrompt>(prompt).ids);
     sr.anchor = std::get<RenderedPrompt>(prompt).anchor;
-    const int64_t capacity = service.context_capacity();
-    if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
-      ApiError e = simple_error(400, "invalid_request_error", "context_length_exceeded",
-                                "the prompt has " + std::to_string(sr.prompt.size()) + " tokens; the context holds " +
-                                    std::to_string(capacity) + " (and one must be left to generate)");
-      e.param = "messages";
-      return set_error(res, e);
-    }
     sr.starts_in_think = request->thinking;
-    sr.sampling.temperature = request->temperature;
-    sr.sampling.top_p = request->top_p;
-    sr.sampling.top_k = request->top_k;
-    sr.sampling.min_p = request->min_p;
-    if (request->seed) {
-      sr.sampling.seed = *request->seed;
-    } else {
-      uint64_t seed = 0;
-      if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-      sr.sampling.seed = seed;
-    }
-    sr.sampling.seed_set = true;
-    sr.max_tokens = request->max_tokens;
-    sr.stop = request->stop;
-    sr.cache_prompt = request->cache_prompt;
-    if (options.log_prompts)
-      std::fprintf(stderr, "[prompt] %s %s\n", res.get_header_value("x-request-id").c_str(), body.c_str());
-    auto submitted = service.submit(std::move(sr));
-    if (!submitted.ok()) {
-      const Status st = submitted.status();
-      if (st.code() == Status::Code::resource_exhausted)
-        return set_error(res, simple_error(429, "rate_limit_error", "queue_full", st.message(), retry_after()));
-      if (st.code() == Status::Code::unavailable)
-        return set_error(res, simple_error(503, "server_error", draining.load() ? "shutting_down" : "model_loading", st.message(), 5));
-      return set_error(res, invalid_value("messages", st.message()));
-    }
-    std::shared_ptr<RequestHandle> handle = *submitted;
-    const int fd = find_connection_socket(req);
+    apply_generation(*request, sr);
+    int fd = -1;
     ServiceEvent accepted;
-    if (!await_acceptance(handle, fd, res, accepted)) return;
-    const std::string wait_ms = std::to_string(static_cast<int64_t>(accepted.stats.queue_wait_ms));
-    res.set_header("x-queue-wait-ms", wait_ms);
-    res.set_header("x-colibri-queue-wait-ms", wait_ms);
+    auto handle = admit(std::move(sr), "messages", req, res, body, fd, accepted);
+    if (!handle) return;
     const ResponseIds ids = new_response_ids();
     if (request->stream) return stream(request, handle, fd, ids, accepted, res);
-
     ChatResult result;
-    ServiceEvent e;
-    for (;;) {
-      if (!handle->next(e, std::chrono::milliseconds(100))) {
-        if (peer_hung_up(fd)) {
-          service.cancel(handle);
-          drain_until_done(handle);
-          res.status = 499;
-          return;
-        }
-        continue;
-      }
-      switch (e.kind) {
-        case ServiceEvent::Kind::reasoning: result.reasoning += e.text; break;
-        case ServiceEvent::Kind::content: result.content += e.text; break;
-        case ServiceEvent::Kind::tool_call: result.tool_calls.push_back(e.call); break;
-        case ServiceEvent::Kind::done:
-          result.stats = e.stats;
-          return set_json(res, 200, chat_completion_json(result, *request, api, ids));
-        case ServiceEvent::Kind::error:
-          return set_error(res, simple_error(500, "server_error", "engine_error", "the engine failed"));
-        default: break;
-      }
+    if (collect(handle, fd, res, result)) set_json(res, 200, chat_completion_json(result, *request, api, ids));
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    const ApiConfig& api = options.api;
+    auto parsed = parse_completion_request(body, api);
+    if (auto* e = std::get_if<ApiError>(&parsed)) return set_error(res, *e);
+    auto request = std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
+    if (draining.load())
+      return set_error(res, simple_error(503, "server_error", "shutting_down", "the server is shutting down", 5));
+    const text::Tokenizer* tokenizer = tokenizer_or_503(res);
+    if (!tokenizer) return;
+    ServiceRequest sr;
+    if (request->ids_given) {
+      for (size_t i = 0; i < request->prompt_ids.size(); ++i)
+        if (request->prompt_ids[i] >= service.engine()->config().vocab_size)
+          return set_error(res, invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
+      sr.prompt = request->prompt_ids;
+    } else {
+      std::vector<int32_t> ids32;
+      tokenizer->encode(request->prompt, false, ids32);
+      sr.prompt.assign(ids32.begin(), ids32.end());
     }
+    sr.raw = true;
+    sr.starts_in_think = false;
+    apply_generation(*request, sr);
+    int fd = -1;
+    ServiceEvent accepted;
+    auto handle = admit(std::move(sr), "prompt", req, res, body, fd, accepted);
+    if (!handle) return;
+    const ResponseIds ids = new_response_ids("cmpl-");
+    if (!request->stream) {
+      ChatResult result;
+      if (collect(handle, fd, res, result)) set_json(res, 200, completion_json(result.content, result.stats, request->model, api, ids));
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_header("Connection", "close");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, request, handle, fd, ids](size_t, httplib::DataSink& sink) {
+          const ApiConfig& config = options.api;
+          auto send = [&](const json& chunk) {
+            const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
+          auto give_up = [&] {
+            service.cancel(handle);
+            drain_until_done(handle);
+            return false;
+          };
+          auto last_write = Clock::now();
+          ServiceEvent e;
+          for (;;) {
+            if (!handle->next(e, std::chrono::milliseconds(100))) {
+              if (peer_hung_up(fd)) return give_up();
+              if (options.sse_ping_s > 0 && Clock::now() - last_write > std::chrono::duration<double>(options.sse_ping_s)) {
+                static const char ping[] = ": ping\n\n";
+                if (!sink.write(ping, sizeof ping - 1)) return give_up();
+                last_write = Clock::now();
+              }
+              continue;
+            }
+            last_write = Clock::now();
+            static const char done[] = "data: [DONE]\n\n";
+            if (e.kind == ServiceEvent::Kind::content) {
+              if (!send(completion_chunk_json(ids, config, e.text, nullptr))) return give_up();
+            } else if (e.kind == ServiceEvent::Kind::done) {
+              if (!send(completion_chunk_json(ids, config, "", e.stats.finish_reason.c_str()))) return give_up();
+              if (request->include_usage && !send(completion_usage_chunk_json(ids, config, e.stats))) return give_up();
+              sink.write(done, sizeof done - 1);
+              sink.done();
+              return true;
+            } else if (e.kind == ServiceEvent::Kind::error) {
+              send(error_body(simple_error(500, "server_error", "engine_error", "engine failure during generation")));
+              sink.write(done, sizeof done - 1);
+              sink.done();
+              return true;
+            }
+          }
+        },
+        [this, handle](bool success) {
+          if (!success) service.cancel(handle);
+        });
   }
 
   void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
@@ -902,6 +1007,7 @@ struct HttpServer::Impl {
       set_json(r, 200, model_entry(id));
     });
     post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { chat(q, r, b); });
+    post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { completions(q, r, b); });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       std::vector<std::pair<std::string, int64_t>> requests;
       {
@@ -921,7 +1027,7 @@ struct HttpServer::Impl {
     post("/tokenize", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { tokenize(q, r, b); });
     post("/detokenize", [this](const httplib::Request& q, httplib::Response& r, const std::string& b) { detokenize(q, r, b); });
     // Wrong methods on known routes.
-    for (const char* path : {"/v1/chat/completions", "/tokenize", "/detokenize"})
+    for (const char* path : {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
       http.Get(path, [](const httplib::Request&, httplib::Response& r) {
         r.set_header("Allow", "POST, OPTIONS");
         set_json(r, 405, error_body(simple_error(405, "invalid_request_error", "method_not_allowed", "use POST")));

@@ -6,7 +6,8 @@
 //   defaults: /work/shared/openai/openapi.json → tests/data/openai/chat_schemas.json
 //
 // Output: {"$comment", "info": {...provenance...}, "components": {"schemas": {...}}} holding the
-// $ref closure of CreateChatCompletionResponse and CreateChatCompletionStreamResponse, copied
+// $ref closure of CreateChatCompletionResponse, CreateChatCompletionStreamResponse and
+// CreateCompletionResponse (/v1/completions), copied
 // verbatim (keys sorted for stable diffs). Every $ref keeps its `#/components/schemas/X` form and
 // resolves inside the output file. The `nullable: true` rewrite is NOT applied here; the loader
 // (tests/node/openai_schemas.mjs) applies it when compiling, so the file stays upstream text.
@@ -17,7 +18,7 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const src = process.argv[2] ?? '/work/shared/openai/openapi.json';
 const out = process.argv[3] ?? path.join(here, '..', 'data', 'openai', 'chat_schemas.json');
-const ROOTS = ['CreateChatCompletionResponse', 'CreateChatCompletionStreamResponse'];
+const ROOTS = ['CreateChatCompletionResponse', 'CreateChatCompletionStreamResponse', 'CreateCompletionResponse'];
 const PREFIX = '#/components/schemas/';
 
 const api = JSON.parse(fs.readFileSync(src, 'utf8'));

@@ -62,6 +62,7 @@ const compile = (name) => {
 };
 const vResponse = compile('CreateChatCompletionResponse');
 const vChunk = compile('CreateChatCompletionStreamResponse');
+const vCompletion = compile('CreateCompletionResponse');
 
 const clip = (s, n = 300) => (s.length > n ? s.slice(0, n) + '…' : s);
 function describe(errors, obj) {
@@ -87,3 +88,4 @@ function check(v, what, obj) {
 
 export const validateResponse = (obj) => check(vResponse, 'CreateChatCompletionResponse', obj);
 export const validateChunk = (obj) => check(vChunk, 'CreateChatCompletionStreamResponse', obj);
+export const validateCompletion = (obj) => check(vCompletion, 'CreateCompletionResponse', obj);

@@ -28,10 +28,10 @@ if (!coliArg) {
 }
 const coli = path.resolve(coliArg);
 
-let OpenAI, validateResponse, validateChunk;
+let OpenAI, validateResponse, validateChunk, validateCompletion;
 try {
   ({ default: OpenAI } = await import('openai'));
-  ({ validateResponse, validateChunk } = await import('./openai_schemas.mjs'));
+  ({ validateResponse, validateChunk, validateCompletion } = await import('./openai_schemas.mjs'));
 } catch (e) {
   console.error(`FAIL: the npm test oracles are not installed (${e.code ?? e.message}).\n` +
                 'Run `make test`: it installs them (npm ci --prefix tests/node) before running ctest.');
@@ -619,6 +619,41 @@ await check('stream.engine_fault_after_commit', async () => {
   eq(st.events[st.events.length - 1].kind, 'done', 'last event');
   const j = await complete(s, req([user('Go.')], { ...OFF, max_tokens: 3 }));
   eq(j.usage.completion_tokens, 3, 'the server still serves');
+});
+
+// POST /v1/completions: raw text (or token ids) in, raw text out, no chat template.
+await check('completions.text_and_ids', async () => {
+  const s = await mainSrv();
+  const c = client(s);
+  const a = await c.completions.create({ model: MODEL_ID, prompt: 'The capital of France is', max_tokens: 8, temperature: 0 });
+  validateCompletion(a);
+  eq(a.object, 'text_completion', 'object');
+  eq(a.choices[0].finish_reason, 'length', 'finish_reason');
+  eq(a.usage.completion_tokens, 8, 'completion_tokens');
+  assert(typeof a.choices[0].text === 'string' && a.choices[0].text.length > 0, 'text');
+  const b = await c.completions.create({ model: MODEL_ID, prompt: 'The capital of France is', max_tokens: 8, temperature: 0, stream: true,
+                                         stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null;
+  for await (const chunk of b) {
+    if (chunk.choices.length) {
+      text += chunk.choices[0].text;
+      if (chunk.choices[0].finish_reason) {
+        finish = chunk.choices[0].finish_reason;
+        validateCompletion(chunk);
+      }
+    } else {
+      usage = chunk.usage;
+    }
+  }
+  eq(text, a.choices[0].text, 'streamed text = non-streamed text (greedy)');
+  eq(finish, 'length', 'streamed finish_reason');
+  eq(usage?.completion_tokens, 8, 'streamed usage');
+  const tk = await postJson(s, '/tokenize', { content: 'The capital of France is' });
+  const ids = await c.completions.create({ model: MODEL_ID, prompt: tk.json.tokens, max_tokens: 8, temperature: 0 });
+  eq(ids.choices[0].text, a.choices[0].text, 'token-id prompt = text prompt');
+  expectError(await postJson(s, '/v1/completions', { model: MODEL_ID, prompt: 'x', echo: true }), 400, 'unsupported_parameter', { param: 'echo' });
+  expectError(await postJson(s, '/v1/completions', { model: MODEL_ID }), 400, 'missing_required_parameter', { param: 'prompt' });
+  expectError(await postJson(s, '/v1/completions', { model: MODEL_ID, prompt: { a: 1 } }), 400, 'unsupported_value', { param: 'prompt' });
 });
 
 // =============================================================================================
