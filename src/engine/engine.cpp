@@ -17,6 +17,7 @@ ModelOptions model_options(const LoadOptions& load) {
   m.precision.head_bits = load.head_bits;
   m.idot = load.idot;
   m.experts_in_memory = load.experts_in_memory;
+  m.chunk = std::clamp<int64_t>(load.chunk, 1, 512);
   if (load.isa == "auto") {
     m.isa = best_isa();
   } else if (!parse_isa(load.isa, &m.isa)) {
@@ -60,7 +61,7 @@ std::string Engine::describe() const {
 }
 
 Session::Session(const Engine& engine, int64_t capacity)
-    : engine_(engine), state_(engine.model().new_state(capacity)) {
+    : engine_(engine), state_(engine.model().new_state(capacity)), chunk_(engine.model().options().chunk) {
   tokens_.reserve(static_cast<size_t>(capacity));
   logits_.reserve(static_cast<size_t>(engine.config().vocab_size));
 }
@@ -74,13 +75,21 @@ void Session::set_input_rows(std::vector<float> x0) {
 }
 
 void Session::feed(int64_t id, ForwardObserver* observer) {
-  const Model& model = engine_.model();
-  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
+  check_id(id);
+  float* x0 = state_.work.x0.data();  // [hidden]
+  input_row(id, static_cast<size_t>(state_.position), x0);
+  engine_.model().forward(state_, x0, state_.work.final_hidden.data(), observer);
+  tokens_.push_back(id);
+}
+
+void Session::check_id(int64_t id) const {
   if (id < 0 || id >= engine_.config().vocab_size)
     throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                 std::to_string(engine_.config().vocab_size) + ")");
-  float* x0 = state_.work.x0.data();  // [hidden]
-  const size_t pos = static_cast<size_t>(state_.position);
+}
+
+void Session::input_row(int64_t id, size_t pos, float* x0) {
+  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
   if (!x0_.empty()) {
     if ((pos + 1) * D > x0_.size())
       throw Error("K3_X0 holds " + std::to_string(x0_.size() / D) + " rows but position " +
@@ -88,27 +97,50 @@ void Session::feed(int64_t id, ForwardObserver* observer) {
     std::copy(x0_.begin() + static_cast<std::ptrdiff_t>(pos * D),
               x0_.begin() + static_cast<std::ptrdiff_t>((pos + 1) * D), x0);
   } else {
-    model.embed(state_, id, x0);
+    engine_.model().embed(state_, id, x0);
   }
-  model.forward(state_, x0, state_.work.final_hidden.data(), observer);
-  tokens_.push_back(id);
+}
+
+void Session::feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer) {
+  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
+  const size_t n = ids.size();
+  for (int64_t id : ids) check_id(id);
+  chunk_x0_.resize(n * D);
+  chunk_hidden_.resize(n * D);
+  for (size_t t = 0; t < n; ++t) input_row(ids[t], static_cast<size_t>(state_.position) + t, chunk_x0_.data() + t * D);
+  engine_.model().forward_chunk(state_, chunk_x0_.data(), n, chunk_hidden_.data(), observer);
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
 }
 
 const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const PrefillHooks& hooks) {
   const Model& model = engine_.model();
   const size_t V = static_cast<size_t>(engine_.config().vocab_size);
+  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
   if (state_.position + static_cast<int64_t>(ids.size()) > state_.capacity)
     throw Error("prompt of " + std::to_string(ids.size()) + " tokens does not fit: " +
                 std::to_string(state_.position) + " of " + std::to_string(state_.capacity) +
                 " positions used (raise K3_MAXT / --maxt)");
   if (hooks.all_logits) hooks.all_logits->clear();
   logits_.clear();
-  for (size_t t = 0; t < ids.size(); ++t) {
-    feed(ids[t], hooks.observer);
-    const bool last = t + 1 == ids.size();
-    if (model.has_head() && (last || hooks.all_logits)) {
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(chunk_, 1));
+  for (size_t t0 = 0; t0 < ids.size();) {
+    const size_t n = std::min(chunk, ids.size() - t0);
+    // A chunk of one (decode, K3_CHUNK=1, a one-token tail) takes the one-token path.
+    const float* hidden = nullptr;  // [n][hidden] final hidden rows of this chunk
+    if (n == 1) {
+      feed(ids[t0], hooks.observer);
+      hidden = state_.work.final_hidden.data();
+    } else {
+      feed_chunk(ids.subspan(t0, n), hooks.observer);
+      hidden = chunk_hidden_.data();
+    }
+    t0 += n;
+    const bool last = t0 == ids.size();
+    if (!model.has_head() || !(last || hooks.all_logits)) continue;
+    // The head on the chunk's last row only, or on every row when all logits are asked for.
+    for (size_t t = hooks.all_logits ? 0 : n - 1; t < n; ++t) {
       logits_.resize(V);
-      model.head(state_, state_.work.final_hidden.data(), logits_.data());
+      model.head(state_, hidden + t * D, logits_.data());
       if (hooks.all_logits) hooks.all_logits->insert(hooks.all_logits->end(), logits_.begin(), logits_.end());
     }
   }

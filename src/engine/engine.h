@@ -71,8 +71,15 @@ class Session {
   // Feeds `ids` in order and returns the logits of the last one ([vocab]; empty when the
   // snapshot has no head). The reference stays valid until the next prefill/step. Throws
   // k3::Error (context full, bad id); the state is then undefined: call reset().
+  // The ids go through the model in layer-major chunks of prefill_chunk() tokens
+  // (Model::forward_chunk; a chunk of one takes the one-token path); the logits are
+  // bit-identical for every chunk size.
   const std::vector<float>& prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
-  // Feeds one token and returns its logits (same lifetime rule). Allocates nothing.
+  // Tokens per prefill chunk: the engine's K3_CHUNK unless overridden (values < 1 mean 1).
+  int64_t prefill_chunk() const { return chunk_; }
+  void set_prefill_chunk(int64_t chunk) { chunk_ = chunk; }
+  // Feeds one token (the one-token path) and returns its logits (same lifetime rule).
+  // Allocates nothing.
   const std::vector<float>& step(int64_t id);
   // Seconds per stage since the session started (or the last reset).
   const StageStats& stats() const { return state_.stats; }
@@ -95,13 +102,19 @@ class Session {
   void set_interrupt(const std::atomic<bool>* flag) { state_.interrupt = flag; }
 
  private:
+  void check_id(int64_t id) const;
+  // x0[hidden] = the input row of `id` at absolute position `pos` (embedding or K3_X0 row).
+  void input_row(int64_t id, size_t pos, float* x0);
   void feed(int64_t id, ForwardObserver* observer);
+  void feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer);
 
   const Engine& engine_;
   ModelState state_;
   std::vector<int64_t> tokens_;
   std::vector<float> logits_;  // [vocab]
   std::vector<float> x0_;  // [rows][hidden], optional
+  int64_t chunk_ = 1;      // tokens per prefill chunk
+  std::vector<float> chunk_x0_, chunk_hidden_;  // [chunk][hidden] input rows and final hidden rows
 };
 
 }  // namespace k3

@@ -39,4 +39,36 @@ std::string StageStats::summary() const {
   return out;
 }
 
+bool row_stable(const KernelTable& k, const WeightMatrix& W) {
+  // f32, int8 and the integer-dot paths accumulate each (row, output) pair in an order that does
+  // not depend on the row count. int4 on f32 activations takes a different decode and summation
+  // order for one row, a few rows and many rows on AVX2 / AVX-512 (kernels/impl/dense_*.cpp).
+  return W.format != WeightFormat::kInt4G64 || W.int8_activations || k.isa == Isa::kScalar;
+}
+
+bool mxfp4_exact_row_stable(const KernelTable& k) {
+  // AVX-512 switches from in-register decode (<= 4 rows) to a decoded buffer (more rows), which
+  // sums in another order; scalar and AVX2 (one weight row x up to 8 activation rows) do not.
+  return k.isa != Isa::kAvx512;
+}
+
+void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y) {
+  const KernelTable& kt = *compute.kernels;
+  if (row_stable(kt, W)) {
+    matmul(kt, W, X, n, Y);
+    return;
+  }
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  for (size_t t = 0; t < n; ++t) matmul(kt, W, X + t * cols, 1, Y + t * rows);
+}
+
+void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y) {
+  const KernelTable& kt = *compute.kernels;
+  if (mxfp4_exact_row_stable(kt)) {
+    matmul_mxfp4_exact(kt, W, X, n, Y);
+    return;
+  }
+  for (size_t t = 0; t < n; ++t) matmul_mxfp4_exact(kt, W, X + t * W.cols, 1, Y + t * W.rows);
+}
+
 }  // namespace k3

@@ -18,6 +18,7 @@ const char* stage_name(Stage stage);
 // Seconds spent per stage. Owned by a sequence's state; not thread-safe.
 struct StageStats {
   double seconds[static_cast<int>(Stage::kCount)] = {};
+  uint64_t expert_reads = 0;  // ExpertStore::read calls (a chunk reads each distinct expert once)
   void add(Stage stage, double s) { seconds[static_cast<int>(stage)] += s; }
   double total() const;
   // "attention(KDA) 1.23 s 40% | MLA ... " over the stages that took any time.
@@ -43,5 +44,18 @@ struct Compute {
   const KernelTable* kernels = nullptr;
   bool idot = false;  // MXFP4 experts on the integer-dot path
 };
+
+// The many-row forms used by chunked prefill. Each output row is bit-identical to the one-row
+// call on that row alone (what the token-at-a-time path computes): the many-row kernel is used
+// where its per-row result does not depend on the number of rows (see row_stable below and
+// chunked_prefill_test), the rows are looped otherwise.
+//   Y[t] = W X[t] for t < n.  X: [n][W.cols], Y: [n][W.rows].
+void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y);
+//   Y[t] = W X[t] on the exact float MXFP4 path.  X: [n][W.cols], Y: [n][W.rows].
+void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y);
+// True when matmul(W, X, n) gives every row the bits of matmul(W, X[t], 1) on this kernel table.
+bool row_stable(const KernelTable& kernels, const WeightMatrix& W);
+// The same for the exact float MXFP4 kernel.
+bool mxfp4_exact_row_stable(const KernelTable& kernels);
 
 }  // namespace k3

@@ -21,4 +21,12 @@ void situ_mlp_forward(const K3Config& config, const Compute& compute, const Matr
 void situ_down(const K3Config& config, const Compute& compute, const Matrix& down, float* g,
                const float* u, float* out);
 
+// The chunk forms (n rows, each bit-identical to the one-row call): X [n][gate.cols],
+// out [n][down.rows]; situ_down_chunk takes G, U [n][down.cols] (G overwritten).
+void situ_mlp_forward_chunk(const K3Config& config, const Compute& compute, const Matrix& gate,
+                            const Matrix& up, const Matrix& down, ChunkWorkspace& chunk,
+                            const float* X, size_t n, float* out);
+void situ_down_chunk(const K3Config& config, const Compute& compute, const Matrix& down, float* G,
+                     const float* U, size_t n, float* out);
+
 }  // namespace k3

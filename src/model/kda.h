@@ -23,4 +23,11 @@ namespace k3 {
 void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& weights,
                  KdaState& state, Workspace& work, const float* x, float* out);
 
+// The same for n rows X [n][hidden] of consecutive tokens (chunked prefill): projections batched
+// over the rows, conv windows and recurrence advanced token by token; out: [n][hidden]. Every
+// row bit-identical to n calls of kda_forward.
+void kda_forward_chunk(const K3Config& config, const Compute& compute, const KdaWeights& weights,
+                       KdaState& state, Workspace& work, ChunkWorkspace& chunk, const float* X,
+                       size_t n, float* out);
+
 }  // namespace k3

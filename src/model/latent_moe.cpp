@@ -8,6 +8,46 @@
 
 namespace k3 {
 
+namespace {
+
+// One routed expert applied to m rows: down[j] = W2 SiTU(W1 z_j, W3 z_j) for j < m. The idot
+// path takes z pre-quantised (zq8 [m][R], zd [m][R/32]); the float path z [m][R]. gate, up:
+// [m][I] scratch; hq8 [m][I], hd [m][I/32] scratch; down: [m][R]. Every row is bit-identical to
+// m = 1 on that row (the kernels' per-row results do not depend on m; matmul_*_chunk).
+void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e, size_t m, const float* z,
+                  const int8_t* zq8, const float* zd, float* gate, float* up, int8_t* hq8, float* hd,
+                  float* down) {
+  const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
+  const size_t I = static_cast<size_t>(c.moe_intermediate_size);
+  const float beta = static_cast<float>(c.activation_situ_beta);
+  const float beta_linear = static_cast<float>(c.activation_situ_linear_beta);
+  const KernelTable& kt = *compute.kernels;
+  const Mxfp4Matrix gate_w{e.gate_packed, e.gate_scale, I, R}, up_w{e.up_packed, e.up_scale, I, R};
+  const Mxfp4Matrix down_w{e.down_packed, e.down_scale, R, I};
+  if (compute.idot) {
+    matmul_mxfp4_idot(kt, gate_w, zq8, zd, m, gate);
+    matmul_mxfp4_idot(kt, up_w, zq8, zd, m, up);
+    // SiTU fused with the down projection's activation quantisation, one 32-group at a time.
+    for (size_t g = 0; g < m * I / 32; ++g) {
+      for (size_t i = g * 32; i < g * 32 + 32; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+      kt.quantize_q8_32(gate + g * 32, 32, hq8 + g * 32, hd + g);
+    }
+    matmul_mxfp4_idot(kt, down_w, hq8, hd, m, down);
+  } else {
+    matmul_mxfp4_exact_chunk(compute, gate_w, z, m, gate);
+    matmul_mxfp4_exact_chunk(compute, up_w, z, m, up);
+    for (size_t i = 0; i < m * I; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+    matmul_mxfp4_exact_chunk(compute, down_w, gate, m, down);
+  }
+}
+
+// acc[i] += weight * down[i] for i < n (the routed sum, experts in ascending id order).
+void add_scaled(float* acc, float weight, const float* down, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += weight * down[i];
+}
+
+}  // namespace
+
 void route(const K3Config& c, const MoeWeights& w, const float* logits, Workspace& ws, RoutingResult* r) {
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t k = static_cast<size_t>(c.num_experts_per_token);
@@ -38,9 +78,6 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
                         const float* x, float* out, RoutingResult* r) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
-  const size_t I = static_cast<size_t>(c.moe_intermediate_size);
-  const float beta = static_cast<float>(c.activation_situ_beta);
-  const float beta_linear = static_cast<float>(c.activation_situ_linear_beta);
   const KernelTable& kt = *compute.kernels;
   const bool shared = c.num_shared_experts > 0;
   float* z = ws.moe_z.data();       // [R]
@@ -63,28 +100,10 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     if (compute.idot) quantize_q8_32(kt, z, 1, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
     for (size_t j = 0; j < r->ids.size(); ++j) {
       const ExpertView e = experts.read(layer, r->ids[j], ws.expert_bytes);
-      const Mxfp4Matrix gate_w{e.gate_packed, e.gate_scale, I, R}, up_w{e.up_packed, e.up_scale, I, R};
-      const Mxfp4Matrix down_w{e.down_packed, e.down_scale, R, I};
-      if (compute.idot) {
-        matmul_mxfp4_idot(kt, gate_w, ws.moe_z_q8.data(), ws.moe_z_d.data(), 1, gate);
-        matmul_mxfp4_idot(kt, up_w, ws.moe_z_q8.data(), ws.moe_z_d.data(), 1, up);
-      } else {
-        matmul_mxfp4_exact(kt, gate_w, z, 1, gate);
-        matmul_mxfp4_exact(kt, up_w, z, 1, up);
-      }
-      if (compute.idot) {
-        // SiTU fused with the down projection's activation quantisation, one 32-group at a time.
-        for (size_t g = 0; g < I / 32; ++g) {
-          for (size_t i = g * 32; i < g * 32 + 32; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
-          kt.quantize_q8_32(gate + g * 32, 32, ws.moe_h_q8.data() + g * 32, ws.moe_h_d.data() + g);
-        }
-        matmul_mxfp4_idot(kt, down_w, ws.moe_h_q8.data(), ws.moe_h_d.data(), 1, down);
-      } else {
-        for (size_t i = 0; i < I; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
-        matmul_mxfp4_exact(kt, down_w, gate, 1, down);
-      }
-      const float weight = r->weights[j];
-      for (size_t i = 0; i < R; ++i) acc[i] += weight * down[i];
+      ++stats.expert_reads;
+      apply_expert(c, compute, e, 1, z, ws.moe_z_q8.data(), ws.moe_z_d.data(), gate, up, ws.moe_h_q8.data(),
+                   ws.moe_h_d.data(), down);
+      add_scaled(acc, r->weights[j], down, R);
     }
     rmsnorm(acc, w.latent_norm.data(), R, c.rms_norm_eps, acc);
     matmul(kt, w.latent_up, acc, 1, routed);  // [D]
@@ -95,6 +114,76 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     for (size_t i = 0; i < D; ++i) out[i] += routed[i];
   } else {
     std::copy(routed, routed + D, out);
+  }
+}
+
+void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const MoeWeights& w,
+                              const ExpertStore& experts, int64_t layer, Workspace& ws, ChunkWorkspace& cw,
+                              StageStats& stats, const float* X, size_t n, float* out) {
+  const size_t D = static_cast<size_t>(c.hidden_size);
+  const size_t E = static_cast<size_t>(c.num_experts);
+  const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
+  const KernelTable& kt = *compute.kernels;
+  const bool shared = c.num_shared_experts > 0;
+  float* z = cw.moe_z.data();          // [n][R]
+  float* acc = cw.moe_acc.data();      // [n][R]
+  float* routed = cw.moe_routed.data();  // [n][D]
+  {
+    StageTimer timer(stats, Stage::kRouter);
+    matmul_chunk(compute, w.router, X, n, cw.moe_logits.data());
+    matmul_chunk(compute, w.latent_down, X, n, z);
+    if (shared) {
+      matmul_chunk(compute, w.shared_gate, X, n, cw.mlp_gate.data());
+      matmul_chunk(compute, w.shared_up, X, n, cw.mlp_up.data());
+    }
+    for (size_t t = 0; t < n; ++t) route(c, w, cw.moe_logits.data() + t * E, ws, &cw.routing[t]);
+  }
+  {
+    StageTimer timer(stats, Stage::kExperts);
+    std::fill(acc, acc + n * R, 0.0f);
+    if (compute.idot) quantize_q8_32(kt, z, n, R, cw.moe_z_q8.data(), cw.moe_z_d.data());
+    // The chunk's union of experts, ascending id; per expert its rows ascending (so every row
+    // still adds its experts in ascending id order, as alone).
+    struct Pick {
+      int64_t expert;
+      size_t row;
+      float weight;
+    };
+    std::vector<Pick> picks;
+    picks.reserve(n * static_cast<size_t>(c.num_experts_per_token));
+    for (size_t t = 0; t < n; ++t)
+      for (size_t j = 0; j < cw.routing[t].ids.size(); ++j) picks.push_back({cw.routing[t].ids[j], t, cw.routing[t].weights[j]});
+    std::stable_sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) { return a.expert < b.expert; });
+    for (size_t p0 = 0; p0 < picks.size();) {
+      size_t p1 = p0;
+      while (p1 < picks.size() && picks[p1].expert == picks[p0].expert) ++p1;
+      const size_t m = p1 - p0;
+      // Gather the expert's rows.
+      for (size_t j = 0; j < m; ++j) {
+        const size_t t = picks[p0 + j].row;
+        if (compute.idot) {
+          std::copy(cw.moe_z_q8.data() + t * R, cw.moe_z_q8.data() + (t + 1) * R, cw.ex_z_q8.data() + j * R);
+          std::copy(cw.moe_z_d.data() + t * (R / 32), cw.moe_z_d.data() + (t + 1) * (R / 32), cw.ex_z_d.data() + j * (R / 32));
+        } else {
+          std::copy(z + t * R, z + (t + 1) * R, cw.ex_z.data() + j * R);
+        }
+      }
+      const ExpertView e = experts.read(layer, picks[p0].expert, ws.expert_bytes);
+      ++stats.expert_reads;
+      apply_expert(c, compute, e, m, cw.ex_z.data(), cw.ex_z_q8.data(), cw.ex_z_d.data(), cw.ex_gate.data(),
+                   cw.ex_up.data(), cw.ex_h_q8.data(), cw.ex_h_d.data(), cw.ex_down.data());
+      for (size_t j = 0; j < m; ++j) add_scaled(acc + picks[p0 + j].row * R, picks[p0 + j].weight, cw.ex_down.data() + j * R, R);
+      p0 = p1;
+    }
+    for (size_t t = 0; t < n; ++t) rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
+    matmul_chunk(compute, w.latent_up, acc, n, routed);  // [n][D]
+  }
+  StageTimer timer(stats, Stage::kShared);
+  if (shared) {
+    situ_down_chunk(c, compute, w.shared_down, cw.mlp_gate.data(), cw.mlp_up.data(), n, out);
+    for (size_t i = 0; i < n * D; ++i) out[i] += routed[i];
+  } else {
+    std::copy(routed, routed + n * D, out);
   }
 }
 

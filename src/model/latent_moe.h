@@ -31,4 +31,13 @@ void latent_moe_forward(const K3Config& config, const Compute& compute, const Mo
                         const ExpertStore& experts, int64_t layer, Workspace& work,
                         StageStats& stats, const float* x, float* out, RoutingResult* routing);
 
+// The same for n rows X [n][hidden] (chunked prefill): router, latent down/up and shared experts
+// batched over the rows; each distinct routed expert of the chunk read once and applied to all
+// its rows; chunk.routing[t] receives row t's choice; out: [n][hidden]. Every row bit-identical
+// to latent_moe_forward on that row alone.
+void latent_moe_forward_chunk(const K3Config& config, const Compute& compute, const MoeWeights& weights,
+                              const ExpertStore& experts, int64_t layer, Workspace& work,
+                              ChunkWorkspace& chunk, StageStats& stats, const float* X, size_t n,
+                              float* out);
+
 }  // namespace k3

@@ -7,32 +7,20 @@
 
 namespace k3 {
 
-void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache,
-                 Workspace& ws, int64_t position, const float* x, float* out) {
+namespace {
+
+// The attention of one token over cache rows [0, T) (its own latent already appended), shared by
+// the one-token and the chunk forms. Q: [H][qk] its query, G: [H][v] its gate logits;
+// ctx: [H][v] the gated per-head context.
+void mla_attend(const K3Config& c, const KernelTable& kt, const MlaWeights& w, const MlaCache& cache,
+                Workspace& ws, size_t T, const float* Q, const float* G, float* ctx) {
   const size_t H = static_cast<size_t>(c.num_attention_heads);
-  const size_t qlr = static_cast<size_t>(c.q_lora_rank);
   const size_t kvr = static_cast<size_t>(c.kv_lora_rank);
   const size_t nope = static_cast<size_t>(c.qk_nope_head_dim);
   const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
   const size_t vdim = static_cast<size_t>(c.v_head_dim);
   const size_t qk = nope + rope;
-  const size_t T = static_cast<size_t>(position) + 1;  // positions attended, current included
   const size_t cap = static_cast<size_t>(cache.latent.size() / kvr);
-  const KernelTable& kt = *compute.kernels;
-
-  float* cq = ws.mla_cq.data();     // [q_lora]
-  float* Q = ws.mla_q.data();       // [H][qk]
-  float* ckv = ws.mla_ckv.data();   // [kv_lora + rope]
-  float* G = ws.mla_gate.data();    // [H][v]
-  float* ctx = ws.mla_ctx.data();   // [H][v]
-  const MatmulJob jobs[] = {{&w.q_a_proj, cq}, {&w.kv_a_proj, ckv}, {&w.g_proj, G}};
-  matmul_batch(kt, jobs, std::size(jobs), x);
-  rmsnorm(cq, w.q_a_norm.data(), qlr, K3Config::kMlaLowRankNormEps, cq);
-  matmul(kt, w.q_b_proj, cq, 1, Q);
-  float* c_t = cache.latent.data() + static_cast<size_t>(position) * kvr;
-  rmsnorm(ckv, w.kv_a_norm.data(), kvr, K3Config::kMlaLowRankNormEps, c_t);
-  std::copy(ckv + kvr, ckv + kvr + rope, cache.rope.data() + static_cast<size_t>(position) * rope);
-
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk)));
   const int64_t heads = static_cast<int64_t>(H);
 #pragma omp parallel for schedule(static) if (H * T * kvr > 16384)
@@ -51,7 +39,62 @@ void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w,
     matmul_rows(kt, w.kv_b_proj, wuk_row + nope, wuk_row + nope + vdim, lat, ctx_h);  // W_UV_h lat
     for (size_t d = 0; d < vdim; ++d) ctx_h[d] *= sigmoid(G[h * vdim + d]);
   }
+}
+
+// Appends (normalised c_t, k_pe_t) of ckv [kv_lora + rope] to the cache at `position`.
+void mla_append(const K3Config& c, const MlaWeights& w, MlaCache& cache, int64_t position, const float* ckv) {
+  const size_t kvr = static_cast<size_t>(c.kv_lora_rank);
+  const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
+  float* c_t = cache.latent.data() + static_cast<size_t>(position) * kvr;
+  rmsnorm(ckv, w.kv_a_norm.data(), kvr, K3Config::kMlaLowRankNormEps, c_t);
+  std::copy(ckv + kvr, ckv + kvr + rope, cache.rope.data() + static_cast<size_t>(position) * rope);
+}
+
+}  // namespace
+
+void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache,
+                 Workspace& ws, int64_t position, const float* x, float* out) {
+  const size_t qlr = static_cast<size_t>(c.q_lora_rank);
+  const KernelTable& kt = *compute.kernels;
+  float* cq = ws.mla_cq.data();     // [q_lora]
+  float* Q = ws.mla_q.data();       // [H][qk]
+  float* ckv = ws.mla_ckv.data();   // [kv_lora + rope]
+  float* G = ws.mla_gate.data();    // [H][v]
+  float* ctx = ws.mla_ctx.data();   // [H][v]
+  const MatmulJob jobs[] = {{&w.q_a_proj, cq}, {&w.kv_a_proj, ckv}, {&w.g_proj, G}};
+  matmul_batch(kt, jobs, std::size(jobs), x);
+  rmsnorm(cq, w.q_a_norm.data(), qlr, K3Config::kMlaLowRankNormEps, cq);
+  matmul(kt, w.q_b_proj, cq, 1, Q);
+  mla_append(c, w, cache, position, ckv);
+  mla_attend(c, kt, w, cache, ws, static_cast<size_t>(position) + 1, Q, G, ctx);
   matmul(kt, w.o_proj, ctx, 1, out);
+}
+
+void mla_forward_chunk(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache,
+                       Workspace& ws, ChunkWorkspace& cw, int64_t position, const float* X, size_t n,
+                       float* out) {
+  const size_t H = static_cast<size_t>(c.num_attention_heads);
+  const size_t qlr = static_cast<size_t>(c.q_lora_rank);
+  const size_t qk = static_cast<size_t>(c.qk_head_dim());
+  const size_t vdim = static_cast<size_t>(c.v_head_dim);
+  const size_t ckv_dim = static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim);
+  const KernelTable& kt = *compute.kernels;
+  float* cq = cw.mla_cq.data();    // [n][q_lora]
+  float* Q = cw.mla_q.data();      // [n][H][qk]
+  float* ckv = cw.mla_ckv.data();  // [n][kv_lora + rope]
+  float* G = cw.mla_gate.data();   // [n][H][v]
+  float* ctx = cw.mla_ctx.data();  // [n][H][v]
+  matmul_chunk(compute, w.q_a_proj, X, n, cq);
+  matmul_chunk(compute, w.kv_a_proj, X, n, ckv);
+  matmul_chunk(compute, w.g_proj, X, n, G);
+  for (size_t t = 0; t < n; ++t) rmsnorm(cq + t * qlr, w.q_a_norm.data(), qlr, K3Config::kMlaLowRankNormEps, cq + t * qlr);
+  matmul_chunk(compute, w.q_b_proj, cq, n, Q);
+  // The whole chunk's latent rows first; row t then reads positions <= position + t only.
+  for (size_t t = 0; t < n; ++t) mla_append(c, w, cache, position + static_cast<int64_t>(t), ckv + t * ckv_dim);
+  for (size_t t = 0; t < n; ++t)
+    mla_attend(c, kt, w, cache, ws, static_cast<size_t>(position) + t + 1, Q + t * H * qk, G + t * H * vdim,
+               ctx + t * H * vdim);
+  matmul_chunk(compute, w.o_proj, ctx, n, out);
 }
 
 }  // namespace k3

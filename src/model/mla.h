@@ -23,4 +23,11 @@ namespace k3 {
 void mla_forward(const K3Config& config, const Compute& compute, const MlaWeights& weights,
                  MlaCache& cache, Workspace& work, int64_t position, const float* x, float* out);
 
+// The same for n rows X [n][hidden] at positions [position, position + n) (chunked prefill):
+// projections batched, the n latent rows appended first, then each row attends over the
+// positions up to its own; out: [n][hidden]. Every row bit-identical to n calls of mla_forward.
+void mla_forward_chunk(const K3Config& config, const Compute& compute, const MlaWeights& weights,
+                       MlaCache& cache, Workspace& work, ChunkWorkspace& chunk, int64_t position,
+                       const float* X, size_t n, float* out);
+
 }  // namespace k3

@@ -133,6 +133,97 @@ void Model::forward(ModelState& state, const float* x0, float* final_hidden,
   ++state.position;
 }
 
+void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* final_hidden,
+                          ForwardObserver* observer) const {
+  if (state.position + static_cast<int64_t>(n) > state.capacity)
+    throw Error("context is full: " + std::to_string(state.capacity) +
+                " positions (raise K3_MAXT / --maxt)");
+  const size_t D = static_cast<size_t>(config_.hidden_size);
+  const size_t NB = static_cast<size_t>(config_.num_blocks());
+  const double eps = config_.rms_norm_eps;
+  const int64_t L = num_layers();
+  Workspace& ws = state.work;
+  ChunkWorkspace& cw = state.chunk;
+  StageStats& stats = state.stats;
+  cw.reserve(config_, n);
+
+  size_t num_blocks = 0;  // blocks appended so far (the same for every row)
+  float* partial = cw.partial.data();  // [n][hidden] running sum inside the current block
+  float* mixed = cw.mixed.data();      // [n][hidden]
+  float* normed = cw.normed.data();    // [n][hidden]
+  float* branch = cw.branch.data();    // [n][hidden]
+  auto block = [&](size_t t, size_t b) { return cw.blocks.data() + (t * NB + b) * D; };  // row t's block b
+  std::copy(x0, x0 + n * D, partial);
+
+  // mixed[t] = Mix(blocks of row t + [partial[t]], query), row by row.
+  auto mix = [&](const std::vector<float>& query) {
+    StageTimer timer(stats, Stage::kAttnRes);
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t b = 0; b < num_blocks; ++b) ws.sources[b] = block(t, b);
+      ws.sources[num_blocks] = partial + t * D;
+      attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, mixed + t * D);
+    }
+  };
+  auto observe = [&](int64_t layer, ForwardObserver::Site site, const float* rows) {
+    if (observer)
+      for (size_t t = 0; t < n; ++t) observer->on_tensor(layer, site, rows + t * D);
+  };
+
+  for (int64_t l = 0; l < L; ++l) {
+    if (state.interrupt && state.interrupt->load(std::memory_order_relaxed)) throw Interrupted();
+    const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
+    // Attention.
+    if (num_blocks == 0)
+      std::copy(partial, partial + n * D, mixed);
+    else
+      mix(lw.attn_res_query);
+    observe(l, ForwardObserver::Site::kAttnIn, mixed);
+    const bool block_start = config_.is_block_start(l);
+    if (block_start) {
+      for (size_t t = 0; t < n; ++t) std::copy(partial + t * D, partial + (t + 1) * D, block(t, num_blocks));
+      ++num_blocks;
+    }
+    for (size_t t = 0; t < n; ++t) rmsnorm(mixed + t * D, lw.input_norm.data(), D, eps, normed + t * D);
+    if (lw.kda) {
+      StageTimer timer(stats, Stage::kKda);
+      kda_forward_chunk(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, cw, normed, n, branch);
+    } else {
+      StageTimer timer(stats, Stage::kMla);
+      mla_forward_chunk(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, cw, state.position, normed, n,
+                        branch);
+    }
+    observe(l, ForwardObserver::Site::kAttnOut, branch);
+    if (block_start)
+      std::copy(branch, branch + n * D, partial);
+    else
+      for (size_t i = 0; i < n * D; ++i) partial[i] += branch[i];
+    // Feed-forward.
+    mix(lw.mlp_res_query);
+    observe(l, ForwardObserver::Site::kMlpIn, mixed);
+    for (size_t t = 0; t < n; ++t) rmsnorm(mixed + t * D, lw.post_attn_norm.data(), D, eps, normed + t * D);
+    if (lw.dense) {
+      StageTimer timer(stats, Stage::kDense);
+      situ_mlp_forward_chunk(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, cw, normed, n,
+                             branch);
+    } else {
+      latent_moe_forward_chunk(config_, compute_, *lw.moe, *weights_.experts, l, ws, cw, stats, normed, n, branch);
+      if (observer)
+        for (size_t t = 0; t < n; ++t) observer->on_routing(l, cw.routing[t]);
+    }
+    observe(l, ForwardObserver::Site::kMlpOut, branch);
+    for (size_t i = 0; i < n * D; ++i) partial[i] += branch[i];
+    observe(l, ForwardObserver::Site::kLayerOut, partial);
+  }
+  if (weights_.output_res_query.empty()) {
+    std::copy(partial, partial + n * D, final_hidden);
+  } else {
+    mix(weights_.output_res_query);
+    std::copy(mixed, mixed + n * D, final_hidden);
+  }
+  observe(-1, ForwardObserver::Site::kFinalHidden, final_hidden);
+  state.position += static_cast<int64_t>(n);
+}
+
 void Model::head(ModelState& state, const float* final_hidden, float* logits) const {
   StageTimer timer(state.stats, Stage::kHead);
   const size_t D = static_cast<size_t>(config_.hidden_size);

@@ -27,7 +27,9 @@
 
 namespace k3 {
 
-// Receives intermediate tensors of one token's forward pass (validation traces).
+// Receives intermediate tensors of the forward passes (validation traces). For each (layer,
+// site) the calls come in position order; a chunked prefill makes them layer-major inside a
+// chunk (all rows of layer l, then layer l + 1), so an observer must key by layer and site.
 class ForwardObserver {
  public:
   enum class Site { kAttnIn, kAttnOut, kMlpIn, kMlpOut, kLayerOut, kFinalHidden };
@@ -44,6 +46,7 @@ struct ModelOptions {
   bool idot = false;        // MXFP4 experts and int4 matrices on the integer-dot path (q8 activations)
   Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
   bool experts_in_memory = false;  // read every routed expert into RAM at load
+  int64_t chunk = 32;       // prompt tokens per layer-major prefill chunk (1 = token at a time)
   std::function<void(double fraction)> on_load_progress;  // optional: after each loaded layer
 };
 
@@ -72,6 +75,15 @@ class Model {
   // writes the output AttnRes mix to final_hidden[hidden]. Throws k3::Error when the state is full.
   void forward(ModelState& state, const float* x0, float* final_hidden,
                ForwardObserver* observer) const;
+
+  // Runs n consecutive tokens (rows x0 [n][hidden], positions state.position + t) layer-major:
+  // every layer for all n rows, then the next; dense matrices, router, latent projections and
+  // shared experts batched over the rows, each distinct routed expert read once for all its
+  // rows, the sequential state (KDA, MLA cache, AttnRes) advanced token by token in order.
+  // Writes final_hidden [n][hidden]. Every row bit-identical to n calls of forward(). Polls
+  // state.interrupt before every layer. Throws k3::Error when the n rows do not fit.
+  void forward_chunk(ModelState& state, const float* x0, size_t n, float* final_hidden,
+                     ForwardObserver* observer) const;
 
   // logits[vocab] = lm_head RMSNorm(final_hidden, model.norm). REQUIRES has_head().
   void head(ModelState& state, const float* final_hidden, float* logits) const;

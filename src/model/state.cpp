@@ -63,6 +63,39 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
   w.mlp_up.assign(mlp, 0.0f);
 }
 
+void ChunkWorkspace::reserve(const K3Config& c, size_t n) {
+  if (n <= rows) return;
+  rows = n;
+  const size_t D = static_cast<size_t>(c.hidden_size);
+  const size_t P = static_cast<size_t>(c.kda_projection_size());
+  const size_t H = static_cast<size_t>(c.num_attention_heads);
+  const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
+  const size_t I = static_cast<size_t>(c.moe_intermediate_size);
+  blocks.assign(n * static_cast<size_t>(c.num_blocks()) * D, 0.0f);
+  for (auto* v : {&partial, &mixed, &normed, &branch, &moe_routed}) v->assign(n * D, 0.0f);
+  for (auto* v : {&kda_q, &kda_k, &kda_v, &kda_gate, &kda_decay, &kda_out}) v->assign(n * P, 0.0f);
+  kda_decay_low.assign(n * static_cast<size_t>(c.kda_head_dim), 0.0f);
+  kda_beta.assign(n * static_cast<size_t>(c.kda_num_heads), 0.0f);
+  mla_cq.assign(n * static_cast<size_t>(c.q_lora_rank), 0.0f);
+  mla_q.assign(n * H * static_cast<size_t>(c.qk_head_dim()), 0.0f);
+  mla_ckv.assign(n * static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 0.0f);
+  mla_gate.assign(n * H * static_cast<size_t>(c.v_head_dim), 0.0f);
+  mla_ctx.assign(n * H * static_cast<size_t>(c.v_head_dim), 0.0f);
+  moe_logits.assign(n * static_cast<size_t>(c.num_experts), 0.0f);
+  for (auto* v : {&moe_z, &moe_acc, &ex_z, &ex_down}) v->assign(n * R, 0.0f);
+  moe_z_q8.assign(n * R, 0);
+  ex_z_q8.assign(n * R, 0);
+  moe_z_d.assign(n * (R / 32), 0.0f);
+  ex_z_d.assign(n * (R / 32), 0.0f);
+  for (auto* v : {&ex_gate, &ex_up}) v->assign(n * I, 0.0f);
+  ex_h_q8.assign(n * I, 0);
+  ex_h_d.assign(n * (I / 32), 0.0f);
+  routing.resize(n);
+  const size_t mlp = static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
+  mlp_gate.assign(n * mlp, 0.0f);
+  mlp_up.assign(n * mlp, 0.0f);
+}
+
 void ModelState::reset() {
   position = 0;
   for (auto& s : kda) {

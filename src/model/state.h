@@ -71,6 +71,43 @@ struct Workspace {
   std::vector<float> head_normed;  // [hidden]
 };
 
+// Scratch of one layer-major chunk of C prompt rows (Model::forward_chunk): the stack walk's
+// per-row vectors and the batched projections' inputs and outputs, [rows][...] each. Grown by
+// reserve() on the first chunk of a size and reused (a decode step never touches it).
+struct ChunkWorkspace {
+  size_t rows = 0;  // rows the buffers hold
+  // Stack walk.
+  std::vector<float> blocks;   // [rows][num_blocks][hidden]
+  std::vector<float> partial, mixed, normed, branch;  // [rows][hidden] each
+  // KDA.
+  std::vector<float> kda_q, kda_k, kda_v, kda_gate, kda_decay, kda_out;  // [rows][kda_projection]
+  std::vector<float> kda_decay_low;  // [rows][kda_head_dim]
+  std::vector<float> kda_beta;       // [rows][kda_num_heads]
+  // MLA.
+  std::vector<float> mla_cq;    // [rows][q_lora_rank]
+  std::vector<float> mla_q;     // [rows][heads][qk_head_dim]
+  std::vector<float> mla_ckv;   // [rows][kv_lora_rank + qk_rope_head_dim]
+  std::vector<float> mla_gate, mla_ctx;  // [rows][heads][v_head_dim]
+  // MoE (router logits, latent z and its q8 form, routed sums) and SiTU MLPs.
+  std::vector<float> moe_logits;                  // [rows][num_experts]
+  std::vector<float> moe_z, moe_acc;              // [rows][routed_expert_hidden_size]
+  std::vector<int8_t> moe_z_q8;                   // [rows][routed_expert_hidden_size]
+  std::vector<float> moe_z_d;                     // [rows][routed_expert_hidden_size / 32]
+  std::vector<float> moe_routed;                  // [rows][hidden]
+  std::vector<RoutingResult> routing;             // [rows]
+  // One expert's rows of the chunk, gathered: inputs, gate/up, SiTU output, down.
+  std::vector<float> ex_z, ex_down;               // [rows][routed_expert_hidden_size]
+  std::vector<int8_t> ex_z_q8;                    // [rows][routed_expert_hidden_size]
+  std::vector<float> ex_z_d;                      // [rows][routed_expert_hidden_size / 32]
+  std::vector<float> ex_gate, ex_up;              // [rows][moe_intermediate_size]
+  std::vector<int8_t> ex_h_q8;                    // [rows][moe_intermediate_size]
+  std::vector<float> ex_h_d;                      // [rows][moe_intermediate_size / 32]
+  std::vector<float> mlp_gate, mlp_up;            // [rows][max(intermediate, shared_intermediate)]
+
+  // Sizes every buffer for `rows` rows of `config` (no-op when already that large).
+  void reserve(const K3Config& config, size_t rows);
+};
+
 struct ModelState {
   int64_t position = 0;   // tokens fed so far
   int64_t capacity = 0;   // positions the MLA caches can hold
@@ -78,6 +115,7 @@ struct ModelState {
   std::vector<MlaCache> mla;  // [layers]; empty entries for KDA layers
   StageStats stats;
   Workspace work;
+  ChunkWorkspace chunk;
   // Polled before every layer of a forward pass; when it reads true the pass throws Interrupted
   // and leaves the state part-advanced (the owner restores a photo or resets). nullptr = never.
   const std::atomic<bool>* interrupt = nullptr;

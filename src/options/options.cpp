@@ -154,6 +154,8 @@ const std::vector<OptionRow>& option_rows() {
            throw Error(s + ": expected auto, scalar, avx2 or avx512, got \"" + v + "\"");
          o.load.isa = v;
        }},
+      {"--chunk", "K3_CHUNK", "32", "prefill: prompt tokens run layer-major together, 1..512 (1 = token at a time; same logits)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.chunk = parse_int(v, s, 1, 512); }},
       {"--experts-in-memory", nullptr, "0", "read every routed expert into RAM at load (models that fit)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.experts_in_memory = parse_bool(v, s); }, true},
       {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",

@@ -21,6 +21,7 @@ struct LoadOptions {
   int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
   std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
+  int64_t chunk = 32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
   static LoadOptions exact() {
