@@ -7,7 +7,8 @@
 //       int4_idot), and ggml's MXFP4 dot product as a peer when the npm package
 //       @node-llama-cpp/linux-x64 is installed under bench/node_modules.
 //   k3_bench decode [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
-//       Decode tokens/s with every expert in memory, with the per-stage breakdown. Without
+//       Decode tokens/s with every expert in memory, with the per-stage breakdown, and prefill
+//       tokens/s token at a time (K3_CHUNK=1) vs chunked (32) with the expert dedup factor. Without
 //       MODEL_DIR a `k3_synth --preset slice` checkpoint is written once into DIR and reused.
 //
 // Every figure is also printed as one machine-readable line:
@@ -941,7 +942,26 @@ int run_decode(const DecodeArgs& a) {
   const int64_t P = std::max<int64_t>(1, a.prefill);
   k3::Session session(engine, P + a.tokens + 2);
   std::vector<int64_t> prompt;
-  for (int64_t i = 0; i < P; ++i) prompt.push_back(1 + i);
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(1 + (i * 7919) % (c.vocab_size - 1));
+  // Prefill token at a time (C = 1) against chunked (C = 32): speed and routed-expert reads per
+  // token (the chunk's dedup factor). Same logits by construction (chunked_prefill_test).
+  double reads_per_token[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t chunk = k == 0 ? 1 : 32;
+    k3::Session s(engine, P + 2);
+    s.set_prefill_chunk(chunk);
+    const double p0 = k3::now_seconds();
+    s.prefill(prompt);
+    const double ps = k3::now_seconds() - p0;
+    reads_per_token[k] = static_cast<double>(s.stats().expert_reads) / static_cast<double>(P);
+    std::printf("prefill C=%-2lld: %lld tokens in %.3f s = %.2f tok/s, %.1f expert reads/token\n",
+                static_cast<long long>(chunk), static_cast<long long>(P), ps, static_cast<double>(P) / ps,
+                reads_per_token[k]);
+    add_result(name + "_prefill_C" + std::to_string(chunk), static_cast<double>(P) / ps, "tok/s", std::nan(""));
+  }
+  if (reads_per_token[1] > 0)
+    add_result(name + "_prefill_dedup_C32", reads_per_token[0] / reads_per_token[1], "x",
+               reads_per_token[0] / reads_per_token[1]);
   double t0 = k3::now_seconds();
   std::vector<float> logits = session.prefill(prompt);
   const double prefill_s = k3::now_seconds() - t0;
