@@ -174,6 +174,10 @@ int serve(const k3::Options& opt, bool web, const std::map<std::string, std::str
   pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes sigwait if no signal came
   signal_thread.join();
   announcer.join();
+  if (const k3::Engine* engine = service.engine()) {
+    std::fprintf(stderr, "coli: %s\n", engine->describe_experts().c_str());
+    engine->save_history();
+  }
   return exit_code.load();
 }
 

@@ -359,12 +359,13 @@ int run(int argc, char** argv) {
   if (opt.debug.stats)
     std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(), session.stats().summary().c_str());
   std::fprintf(stderr,
-               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | threads %d | peak RSS %.1f MB%s\n",
+               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | threads %d | peak RSS %.1f MB | %s%s\n",
                engine.load_seconds(), prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
                static_cast<long long>(result.decode_steps),
                decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0, k3::finish_reason_name(result.finish),
-               omp_get_max_threads(), static_cast<double>(k3::peak_rss_bytes()) / 1e6,
+               omp_get_max_threads(), static_cast<double>(k3::peak_rss_bytes()) / 1e6, engine.describe_experts().c_str(),
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
+  engine.save_history();
   return g_interrupted ? 130 : 0;
 }
 

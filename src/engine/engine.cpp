@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <unistd.h>
 
 #include "util/error.h"
 #include "util/sys.h"
@@ -46,6 +47,19 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load,
                   " ids but config.json vocab_size is " + std::to_string(config_.vocab_size));
   }
   ModelOptions model_opts = model_options(load);
+  model_opts.cache.expert_gb = load.cache.expert_gb;
+  model_opts.cache.direct = load.cache.direct;
+  model_opts.cache.pin = load.cache.pin;
+  {
+    // The routing history: K3_STATE_DIR, else beside the model; never written into a read-only
+    // model directory.
+    const std::string dir = load.cache.state_dir.empty() ? model_dir : load.cache.state_dir;
+    const std::string path = dir + "/.coli_usage";
+    const std::string beside_model = model_dir + "/.coli_usage";
+    model_opts.cache.history_path = ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
+    if (::access(dir.c_str(), W_OK) == 0) model_opts.cache.history_save_path = path;
+    else history_note_ = dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+  }
   model_opts.on_load_progress = on_progress;
   model_ = std::make_unique<Model>(*snapshot_, config_, model_opts);
   load_seconds_ = now_seconds() - start;
@@ -58,6 +72,26 @@ std::string Engine::describe() const {
                 o.precision.bits, o.precision.mla_bits, o.precision.head_bits, o.idot ? 1 : 0,
                 static_cast<double>(model_->resident_bytes()) / 1e6);
   return buf;
+}
+
+std::string Engine::describe_experts() const {
+  const ExpertCacheStats s = model_->experts().stats();
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s",
+                static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses), 100.0 * s.hit_ratio(),
+                static_cast<double>(s.bytes_read) / 1e9,
+                s.read_seconds > 0 ? static_cast<double>(s.bytes_read) / 1e9 / s.read_seconds : 0.0);
+  return buf;
+}
+
+void Engine::save_history() const {
+  ExpertCache& cache = model_->experts();
+  if (cache.history_total() == 0) return;
+  if (!history_note_.empty()) {
+    std::fprintf(stderr, "routing history not saved: %s\n", history_note_.c_str());
+    return;
+  }
+  cache.save_history();
 }
 
 Session::Session(const Engine& engine, int64_t capacity)

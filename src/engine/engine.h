@@ -35,6 +35,12 @@ class Engine {
   double load_seconds() const { return load_seconds_; }
   // "isa avx512 | bits 4/8/8 | idot 1 | resident 123.4 MB": what the engine computes with.
   std::string describe() const;
+  // "experts: 12 hits / 34 misses (26.1% hit) | 0.60 GB read at 2.31 GB/s": the expert cache's
+  // counters since load.
+  std::string describe_experts() const;
+  // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
+  // directory allows; notes on stderr when it cannot. Never throws. Call at exit.
+  void save_history() const;
 
  private:
   std::unique_ptr<Snapshot> snapshot_;
@@ -42,6 +48,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   double load_seconds_ = 0;
+  std::string history_note_;  // why the history cannot be saved ("" = it can)
 };
 
 // Optional observers of a prefill (validation hooks).

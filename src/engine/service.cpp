@@ -204,6 +204,7 @@ ServiceSnapshot EngineService::snapshot() const {
   if (s.state == ServiceSnapshot::State::loading) s.load_elapsed_s = now_seconds() - load_started_;
   s.active = active_ ? 1 : 0;
   s.queued = queue_.size();
+  if (const Engine* e = engine()) s.experts = e->model().experts().stats();
   return s;
 }
 

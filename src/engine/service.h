@@ -148,6 +148,7 @@ struct ServiceSnapshot {
   int64_t reuse_live = 0, reuse_checkpoint = 0, reuse_none = 0;
   CheckpointCounters ckpt;
   double active_started = 0;     // now_seconds() of the active request's acceptance
+  ExpertCacheStats experts;      // the routed-expert cache's counters (zero while loading)
 };
 
 class EngineService {

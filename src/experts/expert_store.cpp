@@ -62,6 +62,89 @@ void ExpertStore::load_all() {
   }
 }
 
+namespace {
+
+std::string expert_name(int64_t layer, int64_t expert) {
+  return "expert " + std::to_string(expert) + " of layer " + std::to_string(layer);
+}
+
+}  // namespace
+
+ExpertStore::Location ExpertStore::location(int64_t layer, int64_t expert) const {
+  const LocatedTensor& first = entry(layer, expert).tensors[0];
+  return {&first.shard->file(), first.info->file_offset};
+}
+
+void ExpertStore::advise(int64_t layer, int64_t expert) const {
+  const Entry& e = entry(layer, expert);
+  for (const LocatedTensor& t : e.tensors) {
+    t.shard->file().will_need(t.info->file_offset, t.info->nbytes);
+    if (e.contiguous) {
+      t.shard->file().will_need(t.info->file_offset, geometry_.expert_bytes());
+      break;
+    }
+  }
+}
+
+// Checks the three scale tensors of an expert whose bytes start at `bytes` for exponent 255.
+void ExpertStore::validate(const Entry& e, const uint8_t* bytes, int64_t layer, int64_t expert) const {
+  uint64_t offset = 0;
+  for (size_t i = 0; i < 6; ++i) {
+    const uint64_t n = e.tensors[i].info->nbytes;
+    if (i % 2 == 1) {
+      const uint8_t* s = bytes + offset;
+      if (std::find(s, s + n, uint8_t{255}) != s + n)
+        throw Error(e.tensors[i].shard->path() + ": tensor " + e.tensors[i].info->name +
+                    " holds exponent byte 255 (NaN in MXFP4); " + expert_name(layer, expert) + " is unusable");
+    }
+    offset += n;
+  }
+}
+
+const uint8_t* ExpertStore::read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const {
+  const Entry& e = entry(layer, expert);
+  const uint64_t bytes = geometry_.expert_bytes();
+  uint8_t* data = slot;
+  try {
+    if (e.contiguous) {
+      const LocatedTensor& first = e.tensors[0];
+      const File& file = first.shard->file();
+      const uint64_t offset = first.info->file_offset;
+      bool done = false;
+      if (direct) {
+        // The aligned window around the expert: [start, start + length) with start rounded
+        // down and the end rounded up, or down to the last whole block inside the file.
+        const uint64_t start = offset / kDirectAlign * kDirectAlign;
+        const uint64_t pad = offset - start;
+        const uint64_t want = pad + bytes;
+        uint64_t length = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+        const uint64_t size = file.size();
+        if (start + length > size) length = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
+        if (length == 0 || file.read_direct(slot, length, start, first.info->name)) {
+          if (length < want) {
+            // The expert ends in the file's last, partial block: that tail is read buffered.
+            const uint64_t from = std::max(length, pad);
+            file.read_exact(slot + from, want - from, start + from, first.info->name);
+          }
+          data = slot + pad;
+          done = true;
+        }
+      }
+      if (!done) file.read_exact(slot, bytes, offset, first.info->name);
+    } else {
+      uint64_t at = 0;
+      for (const LocatedTensor& t : e.tensors) {
+        t.shard->file().read_exact(slot + at, t.info->nbytes, t.info->file_offset, t.info->name);
+        at += t.info->nbytes;
+      }
+    }
+  } catch (const Error& err) {
+    throw Error(std::string(err.what()) + " (" + expert_name(layer, expert) + ")");
+  }
+  validate(e, data, layer, expert);
+  return data;
+}
+
 ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const {
   const Entry& e = entry(layer, expert);
   if (e.resident) return view(e.resident);
@@ -72,9 +155,6 @@ ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>
     parts[i] = buffer.data() + offset;
     offset += e.tensors[i].info->nbytes;
   }
-  // The message naming the expert is built only on failure: this runs for every routed expert
-  // of every token.
-  const auto what = [&] { return "expert " + std::to_string(expert) + " of layer " + std::to_string(layer); };
   try {
     if (e.contiguous) {
       const LocatedTensor& first = e.tensors[0];
@@ -86,15 +166,9 @@ ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>
       }
     }
   } catch (const Error& err) {
-    throw Error(std::string(err.what()) + " (" + what() + ")");
+    throw Error(std::string(err.what()) + " (" + expert_name(layer, expert) + ")");
   }
-  for (size_t i : {size_t{1}, size_t{3}, size_t{5}}) {
-    const uint8_t* s = parts[i];
-    const uint64_t n = e.tensors[i].info->nbytes;
-    if (std::find(s, s + n, uint8_t{255}) != s + n)
-      throw Error(e.tensors[i].shard->path() + ": tensor " + e.tensors[i].info->name +
-                  " holds exponent byte 255 (NaN in MXFP4); " + what() + " is unusable");
-  }
+  validate(e, buffer.data(), layer, expert);
   return view(buffer.data());
 }
 

@@ -1,8 +1,9 @@
 // experts/expert_store.h — where each routed expert's bytes live, and reading them.
 // Owns: per (layer, expert) the six MXFP4 tensors' locations taken from the shard headers (never
 // computed from the id), the contiguity check (one read per expert, six otherwise), byte counts
-// checked against the geometry, exponent-byte validation. Does not own: caching or background
-// I/O (later: ExpertCache / ExpertLoader) or the tensor names (model/tensor_names).
+// checked against the geometry, exponent-byte validation, the O_DIRECT read with its 4 KiB
+// alignment at both ends. Does not own: caching (ExpertCache), background I/O or the tensor
+// names (model/tensor_names).
 #pragma once
 
 #include <array>
@@ -62,11 +63,36 @@ class ExpertStore {
   // Thread-safe for distinct buffers.
   ExpertView read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const;
 
+  // Where an expert starts on disk (its first tensor), for issuing a batch in disk order.
+  struct Location {
+    const File* file = nullptr;
+    uint64_t offset = 0;
+  };
+  Location location(int64_t layer, int64_t expert) const;
+
+  // Bytes a slot for read_into needs: the expert plus one alignment block at each end.
+  uint64_t slot_bytes() const { return geometry_.expert_bytes() + 2 * kDirectAlign; }
+  // Reads the expert into `slot` (REQUIRES: kDirectAlign-aligned, slot_bytes() long) and returns
+  // where its bytes start inside it. `direct`: a contiguous expert is read with O_DIRECT from
+  // the enclosing aligned window (offset rounded down, end rounded up, or down to the last whole
+  // block before end of file with the tail read buffered), no copy; the file falls back to
+  // buffered reads when it has no direct descriptor. Otherwise buffered (posix_fadvise
+  // read-ahead advice is the caller's, via advise()). Validated like read(); throws k3::Error
+  // naming the file, layer and expert. Thread-safe for distinct slots.
+  const uint8_t* read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const;
+  // Read-ahead advice for a buffered read of the expert soon.
+  void advise(int64_t layer, int64_t expert) const;
+  // Views of an expert whose bytes start at `bytes`.
+  ExpertView view(const uint8_t* bytes) const;
+  // The resident copy's views after load_all() (nullptr bytes otherwise).
+  const uint8_t* resident(int64_t layer, int64_t expert) const { return entry(layer, expert).resident; }
+
   // Reads every registered expert into RAM once (validated); later reads copy nothing. For
   // models whose routed experts fit in memory (tests, benchmarks, small checkpoints).
   void load_all();
   // Bytes of all registered experts.
   uint64_t total_bytes() const { return geometry_.expert_bytes() * entries_.size(); }
+  bool has(int64_t layer, int64_t expert) const { return entries_.count({layer, expert}) != 0; }
 
  private:
   struct Entry {
@@ -74,8 +100,8 @@ class ExpertStore {
     bool contiguous = false;
     const uint8_t* resident = nullptr;  // into arena_ after load_all()
   };
-  ExpertView view(const uint8_t* bytes) const;
   const Entry& entry(int64_t layer, int64_t expert) const;
+  void validate(const Entry& e, const uint8_t* bytes, int64_t layer, int64_t expert) const;
 
   ExpertGeometry geometry_;
   std::map<std::pair<int64_t, int64_t>, Entry> entries_;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -16,8 +17,12 @@ namespace {
 
 class PosixFile : public File {
  public:
-  PosixFile(std::string path, int fd, uint64_t size) : path_(std::move(path)), fd_(fd), size_(size) {}
-  ~PosixFile() override { ::close(fd_); }
+  PosixFile(std::string path, int fd, int direct_fd, uint64_t size)
+      : path_(std::move(path)), fd_(fd), direct_fd_(direct_fd), size_(size) {}
+  ~PosixFile() override {
+    ::close(fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
+  }
   const std::string& path() const override { return path_; }
   uint64_t size() const override { return size_; }
 
@@ -42,9 +47,46 @@ class PosixFile : public File {
     }
   }
 
+  bool read_direct(void* dst, uint64_t length, uint64_t offset, const std::string& what) const override {
+    if (direct_fd_ < 0 || !direct_ok_.load(std::memory_order_relaxed)) return false;
+    auto* out = static_cast<uint8_t*>(dst);
+    uint64_t done = 0;
+    while (done < length) {
+      const uint64_t piece = std::min(length - done, kMaxReadPiece);
+      const ssize_t got = ::pread(direct_fd_, out + done, piece, static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EINVAL) {
+          // The filesystem accepted O_DIRECT at open but refuses the read (tmpfs, some FUSE and
+          // overlay mounts): buffered from here on, for this file.
+          direct_ok_.store(false, std::memory_order_relaxed);
+          if (done == 0) return false;
+          read_exact(out + done, length - done, offset + done, what);
+          return true;
+        }
+        throw Error(path_ + ": read of " + what + " failed at offset " + std::to_string(offset + done) + ": " +
+                    std::strerror(errno));
+      }
+      if (got == 0 || static_cast<uint64_t>(got) % kDirectAlign != 0) {
+        // A partial block only happens at end of file: the file is shorter than at open.
+        throw Error(path_ + ": short read of " + what + ": wanted " + std::to_string(length) + " bytes at offset " +
+                    std::to_string(offset) + ", got " + std::to_string(done + static_cast<uint64_t>(got)) +
+                    " (file truncated?)");
+      }
+      done += static_cast<uint64_t>(got);
+    }
+    return true;
+  }
+
+  void will_need(uint64_t offset, uint64_t length) const override {
+    ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
+  }
+
  private:
   std::string path_;
   int fd_;
+  int direct_fd_;  // O_DIRECT twin of fd_; -1 when the filesystem refuses it
+  mutable std::atomic<bool> direct_ok_{true};
   uint64_t size_;
 };
 
@@ -63,7 +105,9 @@ std::unique_ptr<File> open_posix_file(const std::string& path) {
     ::close(fd);
     throw Error(path + ": not a regular file");
   }
-  return std::make_unique<PosixFile>(path, fd, static_cast<uint64_t>(st.st_size));
+  // Opened eagerly, so picking the direct descriptor later is a plain read, safe from any thread.
+  const int direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  return std::make_unique<PosixFile>(path, fd, direct_fd, static_cast<uint64_t>(st.st_size));
 }
 
 void MemFile::read_exact(void* dst, uint64_t length, uint64_t offset,

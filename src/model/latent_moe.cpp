@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <span>
 
 #include "kernels/vec.h"
 #include "model/dense_mlp.h"
@@ -74,7 +75,7 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, Workspac
 }
 
 void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w,
-                        const ExpertStore& experts, int64_t layer, Workspace& ws, StageStats& stats,
+                        ExpertCache& experts, int64_t layer, Workspace& ws, StageStats& stats,
                         const float* x, float* out, RoutingResult* r) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
@@ -98,12 +99,18 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     StageTimer timer(stats, Stage::kExperts);
     std::fill(acc, acc + R, 0.0f);
     if (compute.idot) quantize_q8_32(kt, z, 1, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
-    for (size_t j = 0; j < r->ids.size(); ++j) {
-      const ExpertView e = experts.read(layer, r->ids[j], ws.expert_bytes);
-      ++stats.expert_reads;
-      apply_expert(c, compute, e, 1, z, ws.moe_z_q8.data(), ws.moe_z_d.data(), gate, up, ws.moe_h_q8.data(),
-                   ws.moe_h_d.data(), down);
-      add_scaled(acc, r->weights[j], down, R);
+    experts.record(layer, r->ids);
+    for (size_t j0 = 0; j0 < r->ids.size(); j0 += ExpertCache::kMaxBatch) {
+      const size_t j1 = std::min(r->ids.size(), j0 + ExpertCache::kMaxBatch);
+      experts.acquire(layer, std::span<const int64_t>(r->ids).subspan(j0, j1 - j0), ExpertCache::Use::kToken,
+                      ws.expert_batch);
+      for (size_t j = j0; j < j1; ++j) {
+        ++stats.expert_reads;
+        apply_expert(c, compute, ws.expert_batch[j - j0], 1, z, ws.moe_z_q8.data(), ws.moe_z_d.data(), gate, up,
+                     ws.moe_h_q8.data(), ws.moe_h_d.data(), down);
+        add_scaled(acc, r->weights[j], down, R);
+      }
+      ws.expert_batch.release();
     }
     rmsnorm(acc, w.latent_norm.data(), R, c.rms_norm_eps, acc);
     matmul(kt, w.latent_up, acc, 1, routed);  // [D]
@@ -118,7 +125,7 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
 }
 
 void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const MoeWeights& w,
-                              const ExpertStore& experts, int64_t layer, Workspace& ws, ChunkWorkspace& cw,
+                              ExpertCache& experts, int64_t layer, Workspace& ws, ChunkWorkspace& cw,
                               StageStats& stats, const float* X, size_t n, float* out) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t E = static_cast<size_t>(c.num_experts);
@@ -154,26 +161,39 @@ void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const M
     for (size_t t = 0; t < n; ++t)
       for (size_t j = 0; j < cw.routing[t].ids.size(); ++j) picks.push_back({cw.routing[t].ids[j], t, cw.routing[t].weights[j]});
     std::stable_sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) { return a.expert < b.expert; });
-    for (size_t p0 = 0; p0 < picks.size();) {
-      size_t p1 = p0;
-      while (p1 < picks.size() && picks[p1].expert == picks[p0].expert) ++p1;
-      const size_t m = p1 - p0;
-      // Gather the expert's rows.
-      for (size_t j = 0; j < m; ++j) {
-        const size_t t = picks[p0 + j].row;
-        if (compute.idot) {
-          std::copy(cw.moe_z_q8.data() + t * R, cw.moe_z_q8.data() + (t + 1) * R, cw.ex_z_q8.data() + j * R);
-          std::copy(cw.moe_z_d.data() + t * (R / 32), cw.moe_z_d.data() + (t + 1) * (R / 32), cw.ex_z_d.data() + j * (R / 32));
-        } else {
-          std::copy(z + t * R, z + (t + 1) * R, cw.ex_z.data() + j * R);
-        }
+    for (size_t t = 0; t < n; ++t) experts.record(layer, cw.routing[t].ids);
+    // The union's groups [start, end) in picks, ascending expert id.
+    std::vector<size_t> starts;
+    std::vector<int64_t> ids;
+    for (size_t p = 0; p < picks.size(); ++p) {
+      if (p == 0 || picks[p].expert != picks[p - 1].expert) {
+        starts.push_back(p);
+        ids.push_back(picks[p].expert);
       }
-      const ExpertView e = experts.read(layer, picks[p0].expert, ws.expert_bytes);
-      ++stats.expert_reads;
-      apply_expert(c, compute, e, m, cw.ex_z.data(), cw.ex_z_q8.data(), cw.ex_z_d.data(), cw.ex_gate.data(),
-                   cw.ex_up.data(), cw.ex_h_q8.data(), cw.ex_h_d.data(), cw.ex_down.data());
-      for (size_t j = 0; j < m; ++j) add_scaled(acc + picks[p0 + j].row * R, picks[p0 + j].weight, cw.ex_down.data() + j * R, R);
-      p0 = p1;
+    }
+    starts.push_back(picks.size());
+    for (size_t g0 = 0; g0 < ids.size(); g0 += ExpertCache::kMaxBatch) {
+      const size_t g1 = std::min(ids.size(), g0 + ExpertCache::kMaxBatch);
+      experts.acquire(layer, std::span<const int64_t>(ids).subspan(g0, g1 - g0), ExpertCache::Use::kChunk,
+                      ws.expert_batch);
+      for (size_t g = g0; g < g1; ++g) {
+        const size_t p0 = starts[g], m = starts[g + 1] - p0;
+        // Gather the expert's rows.
+        for (size_t j = 0; j < m; ++j) {
+          const size_t t = picks[p0 + j].row;
+          if (compute.idot) {
+            std::copy(cw.moe_z_q8.data() + t * R, cw.moe_z_q8.data() + (t + 1) * R, cw.ex_z_q8.data() + j * R);
+            std::copy(cw.moe_z_d.data() + t * (R / 32), cw.moe_z_d.data() + (t + 1) * (R / 32), cw.ex_z_d.data() + j * (R / 32));
+          } else {
+            std::copy(z + t * R, z + (t + 1) * R, cw.ex_z.data() + j * R);
+          }
+        }
+        ++stats.expert_reads;
+        apply_expert(c, compute, ws.expert_batch[g - g0], m, cw.ex_z.data(), cw.ex_z_q8.data(), cw.ex_z_d.data(),
+                     cw.ex_gate.data(), cw.ex_up.data(), cw.ex_h_q8.data(), cw.ex_h_d.data(), cw.ex_down.data());
+        for (size_t j = 0; j < m; ++j) add_scaled(acc + picks[p0 + j].row * R, picks[p0 + j].weight, cw.ex_down.data() + j * R, R);
+      }
+      ws.expert_batch.release();
     }
     for (size_t t = 0; t < n; ++t) rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
     matmul_chunk(compute, w.latent_up, acc, n, routed);  // [n][D]

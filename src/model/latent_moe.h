@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "experts/expert_store.h"
+#include "experts/expert_cache.h"
 #include "model/compute.h"
 #include "model/config.h"
 #include "model/state.h"
@@ -26,9 +26,10 @@ void route(const K3Config& config, const MoeWeights& weights, const float* logit
            Workspace& work, RoutingResult* routing);
 
 // x: [hidden] normalised input; out: [hidden]. `routing` receives the choice. Stage times go to
-// `stats` (router, experts, shared).
+// `stats` (router, experts, shared). The routed experts come from `experts` (a token batch);
+// their selections are recorded in its routing history.
 void latent_moe_forward(const K3Config& config, const Compute& compute, const MoeWeights& weights,
-                        const ExpertStore& experts, int64_t layer, Workspace& work,
+                        ExpertCache& experts, int64_t layer, Workspace& work,
                         StageStats& stats, const float* x, float* out, RoutingResult* routing);
 
 // The same for n rows X [n][hidden] (chunked prefill): router, latent down/up and shared experts
@@ -36,7 +37,7 @@ void latent_moe_forward(const K3Config& config, const Compute& compute, const Mo
 // its rows; chunk.routing[t] receives row t's choice; out: [n][hidden]. Every row bit-identical
 // to latent_moe_forward on that row alone.
 void latent_moe_forward_chunk(const K3Config& config, const Compute& compute, const MoeWeights& weights,
-                              const ExpertStore& experts, int64_t layer, Workspace& work,
+                              ExpertCache& experts, int64_t layer, Workspace& work,
                               ChunkWorkspace& chunk, StageStats& stats, const float* X, size_t n,
                               float* out);
 

@@ -22,6 +22,18 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOption
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = options_.idot && m.format == WeightFormat::kInt4G64; });
   if (options_.experts_in_memory) weights_.experts->load_all();
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < num_layers; ++l)
+    if (weights_.layers[static_cast<size_t>(l)].moe) moe_layers.push_back(l);
+  ExpertCacheOptions cache = options_.cache;
+  cache.all_resident = options_.experts_in_memory;
+  cache.history_layers = config_.num_hidden_layers;
+  cache.model_identity = "kimi_k3 layers " + std::to_string(config_.num_hidden_layers) + " experts " +
+                         std::to_string(config_.num_experts) + " top " + std::to_string(config_.num_experts_per_token) +
+                         " hidden " + std::to_string(config_.hidden_size) + " routed " +
+                         std::to_string(config_.routed_expert_hidden_size) + " inter " +
+                         std::to_string(config_.moe_intermediate_size);
+  experts_ = std::make_unique<ExpertCache>(*weights_.experts, std::move(moe_layers), config_.num_experts, std::move(cache));
 }
 
 uint64_t Model::resident_bytes() const {
@@ -116,7 +128,7 @@ void Model::forward(ModelState& state, const float* x0, float* final_hidden,
       StageTimer timer(stats, Stage::kDense);
       situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, ws, normed, branch);
     } else {
-      latent_moe_forward(config_, compute_, *lw.moe, *weights_.experts, l, ws, stats, normed, branch, &ws.routing);
+      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, branch, &ws.routing);
       if (observer) observer->on_routing(l, ws.routing);
     }
     observe(l, ForwardObserver::Site::kMlpOut, branch);
@@ -206,7 +218,7 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
       situ_mlp_forward_chunk(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, cw, normed, n,
                              branch);
     } else {
-      latent_moe_forward_chunk(config_, compute_, *lw.moe, *weights_.experts, l, ws, cw, stats, normed, n, branch);
+      latent_moe_forward_chunk(config_, compute_, *lw.moe, *experts_, l, ws, cw, stats, normed, n, branch);
       if (observer)
         for (size_t t = 0; t < n; ++t) observer->on_routing(l, cw.routing[t]);
     }

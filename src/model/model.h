@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ struct ModelOptions {
   bool idot = false;        // MXFP4 experts and int4 matrices on the integer-dot path (q8 activations)
   Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
   bool experts_in_memory = false;  // read every routed expert into RAM at load
+  // The routed-expert cache (budget, O_DIRECT, history). all_resident, history_layers and
+  // model_identity are filled in by the model.
+  ExpertCacheOptions cache;
   int64_t chunk = 32;       // prompt tokens per layer-major prefill chunk (1 = token at a time)
   std::function<void(double fraction)> on_load_progress;  // optional: after each loaded layer
 };
@@ -58,6 +62,8 @@ class Model {
 
   const K3Config& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
+  // The routed experts (counters, history). Thread-safe.
+  ExpertCache& experts() const { return *experts_; }
   // Bytes of resident weights (dense matrices in their RAM formats and vectors).
   uint64_t resident_bytes() const;
   int64_t num_layers() const { return static_cast<int64_t>(weights_.layers.size()); }
@@ -94,6 +100,7 @@ class Model {
   ModelOptions options_;
   Compute compute_;
   ModelWeights weights_;
+  std::unique_ptr<ExpertCache> experts_;
 };
 
 }  // namespace k3

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "experts/expert_cache.h"
 #include "model/compute.h"
 #include "model/config.h"
 
@@ -63,7 +64,7 @@ struct Workspace {
   std::vector<int8_t> moe_z_q8, moe_h_q8;       // [routed_expert_hidden_size], [moe_intermediate_size]
   std::vector<float> moe_z_d, moe_h_d;          // [.. / 32]
   std::vector<float> moe_routed;                // [hidden]
-  std::vector<uint8_t> expert_bytes;            // [one expert]
+  ExpertBatch expert_batch;                     // the routed experts of the running step
   RoutingResult routing;
   // SiTU MLP (dense layers and shared experts).
   std::vector<float> mlp_gate, mlp_up;  // [max(intermediate_size, shared_intermediate)]

@@ -158,6 +158,17 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.load.chunk = parse_int(v, s, 1, 512); }},
       {"--experts-in-memory", nullptr, "0", "read every routed expert into RAM at load (models that fit)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.experts_in_memory = parse_bool(v, s); }, true},
+      {"--expert-gb", "K3_EXPERT_GB", "8", "routed-expert cache in RAM, GB over all MoE layers (at least one slot per layer; lowered when memory is short)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.load.cache.expert_gb = parse_double(v, s, 0.0, 1e6);
+         if (o.load.cache.expert_gb <= 0.0) throw Error(s + ": must be greater than 0");
+       }},
+      {"--direct", "K3_DIRECT", "1", "expert reads with O_DIRECT (0 = buffered with read-ahead advice; automatic where the filesystem refuses it)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.direct = parse_bool(v, s); }},
+      {"--pin", "K3_PIN", "1", "pin each layer's most used experts (up to half its slots) from the routing history",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.pin = parse_bool(v, s); }},
+      {"--state-dir", "K3_STATE_DIR", "", "directory for the routing history .coli_usage (default: beside the model when writable)",
+       [](Options& o, const std::string& v, const std::string&) { o.load.cache.state_dir = v; }},
       {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",
        [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
       {"--prompt-ids", "K3_CHAT_IDS", "0", "print the prompt's token ids (after tokenizing / chat rendering) to stderr",

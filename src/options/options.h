@@ -11,6 +11,14 @@
 
 namespace k3 {
 
+// The routed-expert cache (experts/expert_cache.h).
+struct CacheOptions {
+  double expert_gb = 8;    // K3_EXPERT_GB: RAM for cached experts over all MoE layers, GB (>= 1 slot per layer)
+  bool direct = true;      // K3_DIRECT: O_DIRECT expert reads (0 = buffered with read-ahead advice)
+  bool pin = true;         // K3_PIN: pin each layer's most used experts from the routing history
+  std::string state_dir;   // K3_STATE_DIR: where .coli_usage is kept ("" = beside the model when writable)
+};
+
 // How dense matrices are held in RAM and how experts are computed (ARCHITECTURE.md §5). The
 // member defaults are the release defaults of the option table; exact() is the f32 reference.
 struct LoadOptions {
@@ -22,6 +30,7 @@ struct LoadOptions {
   std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
   int64_t chunk = 32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
+  CacheOptions cache;
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
   static LoadOptions exact() {

@@ -376,6 +376,10 @@ std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<s
   metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring photos", s.ckpt.restore_seconds);
   metric("k3_checkpoint_rejected_total", "counter", "disk photos that failed their header check", static_cast<double>(s.ckpt.rejected));
   metric("k3_requests_rejected_total", "counter", "generations refused with 429", static_cast<double>(s.rejected));
+  metric("k3_expert_cache_hits_total", "counter", "routed experts found in the cache", static_cast<double>(s.experts.hits));
+  metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk", static_cast<double>(s.experts.misses));
+  metric("k3_expert_bytes_read_total", "counter", "bytes of routed experts read from disk", static_cast<double>(s.experts.bytes_read));
+  metric("k3_expert_cache_hit_ratio", "gauge", "hits / (hits + misses) over the server's life", s.experts.hit_ratio());
   metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
   metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
   return o.str();

@@ -1,0 +1,355 @@
+// The routed-expert cache over fake and real files: eviction order, pins, tiny budgets, the RAM
+// clamp, the routing history (load, save, refusal, malformed lines), read errors surfacing as
+// k3::Error naming the expert, O_DIRECT alignment, and streaming logits identical to resident.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/engine.h"
+#include "experts/expert_cache.h"
+#include "io/file.h"
+#include "io/safetensors_writer.h"
+#include "synth_lib.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace {
+
+using k3::ExpertCache;
+using k3::ExpertCacheOptions;
+using k3::testing::TempDir;
+
+constexpr int64_t kExperts = 8;
+const k3::ExpertGeometry kGeometry{32, 32};  // 1632 bytes per expert
+
+uint8_t pattern(int64_t layer, int64_t expert, int tensor, uint64_t k) {
+  return static_cast<uint8_t>((layer * 31 + expert * 7 + tensor * 3 + static_cast<int64_t>(k)) % 200);
+}
+
+std::string tensor_name(int64_t layer, int64_t expert, int tensor) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "l%lld.e%lld.t%d", static_cast<long long>(layer), static_cast<long long>(expert), tensor);
+  return buf;
+}
+
+// A shard holding experts of `layers` (kExperts each), after a `lead`-byte pad tensor.
+std::string write_shard(const std::string& path, const std::vector<int64_t>& layers, int64_t lead) {
+  k3::SafetensorsWriter w;
+  if (lead > 0) w.add("pad", k3::DType::kU8, {lead}, [](uint8_t* d, uint64_t n) { std::memset(d, 1, n); });
+  const uint64_t sizes[6] = {kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes(), kGeometry.down_packed_bytes(),
+                             kGeometry.down_scale_bytes(), kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes()};
+  for (int64_t l : layers)
+    for (int64_t e = kExperts - 1; e >= 0; --e)  // not in id order on disk
+      for (int i = 0; i < 6; ++i)
+        w.add(tensor_name(l, e, i), k3::DType::kU8,
+              {static_cast<int64_t>(sizes[i])}, [=](uint8_t* d, uint64_t n) {
+                for (uint64_t k = 0; k < n; ++k) d[k] = pattern(l, e, i, k);
+              });
+  w.write(path);
+  return path;
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+struct Fixture {
+  std::unique_ptr<k3::SafetensorsShard> shard;
+  k3::ExpertStore store{kGeometry};
+  std::vector<int64_t> layers;
+  // `file` replaces the shard's file (fakes); default: a MemFile of the written bytes.
+  Fixture(const std::string& dir, std::vector<int64_t> moe_layers, int64_t fail_expert = -1, int64_t fail_layer = -1,
+          bool posix = false, int64_t lead = 0)
+      : layers(std::move(moe_layers)) {
+    const std::string path = write_shard(dir + "/experts.safetensors", layers, lead);
+    if (posix) {
+      shard = std::make_unique<k3::SafetensorsShard>(k3::open_posix_file(path));
+    } else {
+      std::vector<uint8_t> bytes = file_bytes(path);
+      int64_t fail_at = -1;
+      if (fail_expert >= 0) {
+        const k3::SafetensorsShard probe(std::make_unique<k3::MemFile>(path, bytes));
+        fail_at = static_cast<int64_t>(
+            probe.find(tensor_name(fail_layer, fail_expert, 3))->file_offset + 5);
+      }
+      shard = std::make_unique<k3::SafetensorsShard>(std::make_unique<k3::MemFile>(path, std::move(bytes), fail_at));
+    }
+    for (int64_t l : layers)
+      for (int64_t e = 0; e < kExperts; ++e) {
+        k3::ExpertTensors t;
+        for (int i = 0; i < 6; ++i) {
+          t[static_cast<size_t>(i)].shard = shard.get();
+          t[static_cast<size_t>(i)].info = shard->find(tensor_name(l, e, i));
+        }
+        store.add(l, e, t);
+      }
+  }
+  // The budget for `slots` slots in every layer.
+  double gb_for(int64_t slots) const {
+    return static_cast<double>(store.slot_bytes() * layers.size() * static_cast<uint64_t>(slots)) / 1e9;
+  }
+};
+
+ExpertCacheOptions quiet(std::vector<std::string>* notes = nullptr) {
+  ExpertCacheOptions o;
+  o.memory_limit = int64_t{1} << 40;
+  o.pin = false;
+  o.note = [notes](const std::string& line) {
+    if (notes) notes->push_back(line);
+  };
+  return o;
+}
+
+void expect_bytes(const k3::ExpertView& v, int64_t layer, int64_t expert) {
+  for (uint64_t k = 0; k < kGeometry.gate_packed_bytes(); ++k) ASSERT_EQ(v.gate_packed[k], pattern(layer, expert, 0, k));
+  for (uint64_t k = 0; k < kGeometry.down_scale_bytes(); ++k) ASSERT_EQ(v.down_scale[k], pattern(layer, expert, 3, k));
+  for (uint64_t k = 0; k < kGeometry.gate_scale_bytes(); ++k) ASSERT_EQ(v.up_scale[k], pattern(layer, expert, 5, k));
+}
+
+void touch(ExpertCache& cache, int64_t layer, std::vector<int64_t> ids, ExpertCache::Use use = ExpertCache::Use::kToken) {
+  k3::ExpertBatch batch;
+  cache.acquire(layer, ids, use, batch);
+  ASSERT_EQ(batch.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) expect_bytes(batch[i], layer, ids[i]);
+}
+
+TEST(ExpertCache, LruEvictionOrderWithinALayer) {
+  TempDir dir("cache-lru");
+  Fixture f(dir.path(), {1, 2});
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  ASSERT_EQ(cache.slots_per_layer(), 3);
+  touch(cache, 1, {0});
+  touch(cache, 1, {1});
+  touch(cache, 1, {2});
+  EXPECT_EQ(cache.cached(1), (std::vector<int64_t>{2, 1, 0}));
+  touch(cache, 1, {0});  // hit: 0 becomes most recent
+  touch(cache, 1, {3});  // evicts 1, the least recent
+  EXPECT_EQ(cache.cached(1), (std::vector<int64_t>{3, 0, 2}));
+  EXPECT_TRUE(cache.cached(2).empty());  // layers do not share slots
+  const k3::ExpertCacheStats s = cache.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 4u);
+  EXPECT_EQ(s.bytes_read, 4 * kGeometry.expert_bytes());
+}
+
+TEST(ExpertCache, TinyBudgetKeepsOneSlotAndServesWholeBatches) {
+  TempDir dir("cache-tiny");
+  Fixture f(dir.path(), {1, 2, 3});
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = 0.000001;
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  EXPECT_EQ(cache.slots_per_layer(), 1);
+  // Four experts of one token, one slot: all four stay valid while the batch runs.
+  touch(cache, 2, {5, 1, 7, 3});
+  EXPECT_EQ(cache.cached(2).size(), 1u);
+  EXPECT_EQ(cache.stats().transient, 3u);
+  touch(cache, 2, {5, 1, 7, 3});
+}
+
+TEST(ExpertCache, PrefillMissesEnterAtTheTailAndDoNotFlushDecode) {
+  TempDir dir("cache-prefill");
+  Fixture f(dir.path(), {1});
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  touch(cache, 1, {0, 1});  // the decode working set
+  touch(cache, 1, {4, 5, 6, 7}, ExpertCache::Use::kChunk);
+  std::vector<int64_t> have = cache.cached(1);
+  EXPECT_EQ(have.size(), 3u);
+  EXPECT_EQ(have[0], 1);
+  EXPECT_EQ(have[1], 0);  // still there
+  touch(cache, 1, {6, 2}, ExpertCache::Use::kChunk);  // 6 was one-off: only the probation slot turns over
+  have = cache.cached(1);
+  EXPECT_NE(std::find(have.begin(), have.end(), 0), have.end());
+  EXPECT_NE(std::find(have.begin(), have.end(), 1), have.end());
+}
+
+TEST(ExpertCache, BudgetClampedToMemoryAndRefusedBelowOneSlot) {
+  TempDir dir("cache-clamp");
+  Fixture f(dir.path(), {1, 2});
+  std::vector<std::string> notes;
+  ExpertCacheOptions o = quiet(&notes);
+  o.expert_gb = 100;
+  o.memory_limit = static_cast<int64_t>(f.store.slot_bytes() * 2 * 5);
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  EXPECT_EQ(cache.slots_per_layer(), 5);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("K3_EXPERT_GB=100"), std::string::npos) << notes[0];
+  o.memory_limit = static_cast<int64_t>(f.store.slot_bytes());  // less than one slot per layer
+  EXPECT_THROW(ExpertCache(f.store, f.layers, kExperts, o), k3::Error);
+}
+
+TEST(ExpertCache, ReadErrorsNameFileLayerAndExpert) {
+  TempDir dir("cache-eio");
+  Fixture f(dir.path(), {1, 2}, /*fail_expert=*/6, /*fail_layer=*/2);
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = f.gb_for(2);
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  k3::ExpertBatch batch;
+  try {
+    cache.acquire(2, std::vector<int64_t>{1, 6}, ExpertCache::Use::kToken, batch);
+    FAIL() << "no error";
+  } catch (const k3::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("experts.safetensors"), std::string::npos) << m;
+    EXPECT_NE(m.find("expert 6 of layer 2"), std::string::npos) << m;
+    EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
+  }
+  EXPECT_EQ(batch.size(), 0u);
+  touch(cache, 2, {1, 0});  // the cache is still usable; the failed slot was freed
+  touch(cache, 1, {6});
+}
+
+TEST(ExpertCache, ShrunkFileIsAShortReadErrorBothWays) {
+  for (bool direct : {true, false}) {
+    TempDir dir("cache-shrink");
+    Fixture f(dir.path(), {1}, -1, -1, /*posix=*/true, /*lead=*/4093);
+    const k3::TensorInfo* last = f.shard->find(tensor_name(1, 0, 0));  // written last
+    std::filesystem::resize_file(dir.file("experts.safetensors"), last->file_offset + 100);
+    ExpertCacheOptions o = quiet();
+    o.direct = direct;
+    ExpertCache cache(f.store, f.layers, kExperts, o);
+    k3::ExpertBatch batch;
+    try {
+      cache.acquire(1, std::vector<int64_t>{0}, ExpertCache::Use::kToken, batch);
+      FAIL() << "no error";
+    } catch (const k3::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("short read"), std::string::npos) << m;
+      EXPECT_NE(m.find("expert 0 of layer 1"), std::string::npos) << m;
+    }
+  }
+}
+
+TEST(ExpertCache, DirectReadsAreByteExactAtUnalignedOffsetsAndAtEndOfFile) {
+  for (int64_t lead : {0, 1, 4093, 4096, 5000}) {
+    TempDir dir("cache-direct");
+    Fixture f(dir.path(), {1, 2}, -1, -1, /*posix=*/true, lead);
+    for (bool direct : {true, false}) {
+      ExpertCacheOptions o = quiet();
+      o.direct = direct;
+      o.expert_gb = f.gb_for(kExperts);
+      ExpertCache cache(f.store, f.layers, kExperts, o);
+      for (int64_t l : f.layers) touch(cache, l, {0, 1, 2, 3, 4, 5, 6, 7});  // expert 0 of layer 2 ends the file
+      EXPECT_EQ(cache.stats().misses, 16u);
+    }
+  }
+}
+
+TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
+  TempDir dir("cache-history");
+  Fixture f(dir.path(), {1, 2});
+  const std::string path = dir.file(".coli_usage");
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = f.gb_for(4);
+  o.history_path = o.history_save_path = path;
+  o.history_layers = 3;
+  o.model_identity = "model A";
+  {
+    ExpertCache cache(f.store, f.layers, kExperts, o);
+    for (int i = 0; i < 100000; ++i) {
+      cache.record(1, std::vector<int64_t>{3, 5});
+      cache.record(2, std::vector<int64_t>{7});
+    }
+    EXPECT_TRUE(cache.save_history());
+  }
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  const std::string text = k3::read_text_file(path);
+  EXPECT_EQ(text.rfind("-1 3 8\n-2 1 ", 0), 0u) << text;
+  EXPECT_NE(text.find("\n1 3 100000\n1 5 100000\n2 7 100000\n"), std::string::npos) << text;
+  {
+    o.pin = true;
+    ExpertCache cache(f.store, f.layers, kExperts, o);
+    EXPECT_EQ(cache.history_total(), 300000u);
+    EXPECT_EQ(cache.pinned(1), 2);  // half of 4 slots, the two most used
+    EXPECT_EQ(cache.pinned(2), 1);
+    EXPECT_EQ(cache.stats().misses, 0u);  // start-up reads are not counted
+    for (int64_t e : {0, 1, 2, 4, 6, 7}) touch(cache, 1, {e});
+    const std::vector<int64_t> have = cache.cached(1);
+    EXPECT_NE(std::find(have.begin(), have.end(), 3), have.end());
+    EXPECT_NE(std::find(have.begin(), have.end(), 5), have.end());
+  }
+  {
+    // Another model's file: refused, counted as nothing, never overwritten.
+    std::vector<std::string> notes;
+    ExpertCacheOptions other = o;
+    other.note = [&](const std::string& l) { notes.push_back(l); };
+    other.model_identity = "model B";
+    ExpertCache cache(f.store, f.layers, kExperts, other);
+    EXPECT_EQ(cache.history_total(), 0u);
+    EXPECT_EQ(cache.pinned(1), 0);
+    ASSERT_FALSE(notes.empty());
+    EXPECT_NE(notes[0].find("refused"), std::string::npos) << notes[0];
+    cache.record(1, std::vector<int64_t>{0});
+    EXPECT_FALSE(cache.save_history());
+    EXPECT_EQ(k3::read_text_file(path), text);
+    other.model_identity = "model A";
+    other.history_layers = 4;  // other geometry
+    notes.clear();
+    ExpertCache geometry(f.store, f.layers, kExperts, other);
+    EXPECT_EQ(geometry.history_total(), 0u);
+    ASSERT_FALSE(notes.empty());
+  }
+  {
+    // Malformed lines are skipped with one note; the rest is kept.
+    std::ofstream(path) << text << "1 2\n1 2 3 4\nx y z\n9 1 1\n1 99 1\n1 2 -5\n-7 1 1\n1 2 10\n";
+    std::vector<std::string> notes;
+    ExpertCacheOptions o2 = o;
+    o2.pin = false;
+    o2.note = [&](const std::string& l) { notes.push_back(l); };
+    ExpertCache cache(f.store, f.layers, kExperts, o2);
+    EXPECT_EQ(cache.history_total(), 300010u);
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_NE(notes[0].find("6 malformed"), std::string::npos) << notes[0];
+  }
+  {
+    // An empty history is a zero-byte file.
+    std::ofstream(path).close();
+    ExpertCache cache(f.store, f.layers, kExperts, o);
+    EXPECT_EQ(cache.history_total(), 0u);
+  }
+}
+
+// End to end: a synthetic checkpoint streamed through a one-slot cache gives the logits of the
+// resident run, bit for bit, token at a time and chunked.
+TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
+  TempDir dir("cache-e2e");
+  k3::synth::SynthSpec spec = k3::synth::preset_spec("tiny");
+  k3::synth::apply_overrides(&spec, -1, 64);
+  spec.progress = false;
+  k3::synth::write_checkpoint(spec, dir.path());
+  k3::LoadOptions resident;
+  resident.experts_in_memory = true;
+  k3::LoadOptions streamed;
+  streamed.cache.expert_gb = 0.000001;
+  streamed.cache.state_dir = dir.path();
+  const k3::Engine a(dir.path(), resident), b(dir.path(), streamed);
+  ASSERT_EQ(b.model().experts().slots_per_layer(), 1);
+  std::vector<int64_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % spec.vocab_size);
+  for (int64_t chunk : {1, 16}) {
+    k3::Session sa(a, 48), sb(b, 48);
+    sa.set_prefill_chunk(chunk);
+    sb.set_prefill_chunk(chunk);
+    const std::vector<float> la = sa.prefill(prompt), lb = sb.prefill(prompt);
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "chunk " << chunk;
+    for (int64_t id : {3, 1, 4}) {
+      const std::vector<float> da = sa.step(id), db = sb.step(id);
+      EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0) << "decode, chunk " << chunk;
+    }
+  }
+  const k3::ExpertCacheStats s = b.model().experts().stats();
+  EXPECT_GT(s.misses, 0u);
+  b.save_history();
+  EXPECT_TRUE(std::filesystem::exists(dir.file(".coli_usage")));
+}
+
+}  // namespace
