@@ -329,7 +329,7 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
   resident.experts_in_memory = true;
   k3::LoadOptions streamed;
   streamed.cache.expert_gb = 0.000001;
-  streamed.cache.state_dir = dir.path();
+  streamed.cache.state_dir = dir.path() + "/state";
   const k3::Engine a(dir.path(), resident), b(dir.path(), streamed);
   ASSERT_EQ(b.model().experts().slots_per_layer(), 1);
   std::vector<int64_t> prompt;
@@ -349,7 +349,12 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
   const k3::ExpertCacheStats s = b.model().experts().stats();
   EXPECT_GT(s.misses, 0u);
   b.save_history();
-  EXPECT_TRUE(std::filesystem::exists(dir.file(".coli_usage")));
+  // Saved in the state directory, one file per model; the model directory is left untouched.
+  int saved = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/state"))
+    saved += entry.path().extension() == ".coli_usage" ? 1 : 0;
+  EXPECT_EQ(saved, 1);
+  EXPECT_FALSE(std::filesystem::exists(dir.file(".coli_usage")));
 }
 
 }  // namespace

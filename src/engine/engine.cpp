@@ -1,8 +1,11 @@
 #include "engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
-#include <unistd.h>
+#include <cstdlib>
+#include <filesystem>
 
 #include "util/error.h"
 #include "util/sys.h"
@@ -51,14 +54,31 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load,
   model_opts.cache.direct = load.cache.direct;
   model_opts.cache.pin = load.cache.pin;
   {
-    // The routing history: K3_STATE_DIR, else beside the model; never written into a read-only
-    // model directory.
-    const std::string dir = load.cache.state_dir.empty() ? model_dir : load.cache.state_dir;
-    const std::string path = dir + "/.coli_usage";
+    // The routing history lives in the state directory (K3_STATE_DIR; by default the per-user
+    // cache directory), one file per model (named by a hash of the model's real path), and is
+    // never written into the model directory (SERVING.md §4.8: it may be read-only, and a
+    // served model's files must stay untouched). A `.coli_usage` beside the model (the
+    // anchor's place) is read when the state directory has none yet.
     const std::string beside_model = model_dir + "/.coli_usage";
-    model_opts.cache.history_path = ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
-    if (::access(dir.c_str(), W_OK) == 0) model_opts.cache.history_save_path = path;
-    else history_note_ = dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+    std::string path;
+    if (!load.cache.state_dir.empty()) {
+      char* real = ::realpath(model_dir.c_str(), nullptr);
+      const std::string key = real ? real : model_dir;
+      std::free(real);
+      uint64_t h = 1469598103934665603ull;
+      for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+      char name[64];
+      std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage", static_cast<unsigned long long>(h));
+      path = load.cache.state_dir + name;
+      std::error_code ec;
+      std::filesystem::create_directories(load.cache.state_dir, ec);
+      if (!ec) std::filesystem::permissions(load.cache.state_dir, std::filesystem::perms::owner_all, ec);
+    }
+    model_opts.cache.history_path = !path.empty() && ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
+    if (path.empty()) {
+      // No HOME and no K3_STATE_DIR: the history is read-only this run (silently: it is a cache).
+    } else if (::access(load.cache.state_dir.c_str(), W_OK) == 0) model_opts.cache.history_save_path = path;
+    else history_note_ = load.cache.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
   }
   model_opts.on_load_progress = on_progress;
   model_ = std::make_unique<Model>(*snapshot_, config_, model_opts);

@@ -167,7 +167,7 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.load.cache.direct = parse_bool(v, s); }},
       {"--pin", "K3_PIN", "1", "pin each layer's most used experts (up to half its slots) from the routing history",
        [](Options& o, const std::string& v, const std::string& s) { o.load.cache.pin = parse_bool(v, s); }},
-      {"--state-dir", "K3_STATE_DIR", "", "directory for the routing history .coli_usage (default: beside the model when writable)",
+      {"--state-dir", "K3_STATE_DIR", "", "directory for the routing history (default $XDG_CACHE_HOME/kimi_k3 or ~/.cache/kimi_k3; never the model directory)",
        [](Options& o, const std::string& v, const std::string&) { o.load.cache.state_dir = v; }},
       {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",
        [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
@@ -358,6 +358,10 @@ Options parse_options(const std::string& program, const std::vector<std::string>
     }
     r.set(o, value, source);
     o.effective.push_back(std::string(r.env ? r.env : r.flag) + "=" + value);
+  }
+  if (o.load.cache.state_dir.empty()) {  // the per-user cache directory
+    if (env.count("XDG_CACHE_HOME") && !env.at("XDG_CACHE_HOME").empty()) o.load.cache.state_dir = env.at("XDG_CACHE_HOME") + "/kimi_k3";
+    else if (env.count("HOME") && !env.at("HOME").empty()) o.load.cache.state_dir = env.at("HOME") + "/.cache/kimi_k3";
   }
   if (!model_positional.empty()) o.model_dir = model_positional;
   o.prompt = prompt_positional;
