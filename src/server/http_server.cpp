@@ -747,13 +747,38 @@ struct HttpServer::Impl {
       if (collect(handle, fd, res, result)) set_json(res, 200, completion_json(result.content, result.stats, request->model, api, ids));
       return;
     }
+    serve_sse(res, handle, fd, {}, [this, request, ids](const ServiceEvent& e) {
+      const ApiConfig& config = options.api;
+      if (e.kind == ServiceEvent::Kind::content) return std::vector<json>{completion_chunk_json(ids, config, e.text, nullptr)};
+      if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
+      std::vector<json> out{completion_chunk_json(ids, config, "", e.stats.finish_reason.c_str())};
+      if (request->include_usage) out.push_back(completion_usage_chunk_json(ids, config, e.stats));
+      return out;
+    });
+  }
+
+  void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
+    ServiceEvent e;
+    for (int i = 0; i < 600; ++i)  // the worker acknowledges within one layer or one token
+      if (handle->next(e, std::chrono::milliseconds(100)) &&
+          (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error))
+        return;
+  }
+
+  // An SSE response fed by the worker's events: `first` is sent at the start, `chunks` turns each
+  // event into JSON chunks; the terminal event (done, or an engine error sent as one error event)
+  // is followed by `data: [DONE]`. A failed write or a client that hung up cancels the request;
+  // silence is filled with `: ping` comments.
+  using SseChunks = std::function<std::vector<json>(const ServiceEvent&)>;
+  void serve_sse(httplib::Response& res, std::shared_ptr<RequestHandle> handle, int fd, std::vector<json> first,
+                 SseChunks chunks) {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_header("Connection", "close");
+    auto opened = std::make_shared<bool>(false);
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, request, handle, fd, ids](size_t, httplib::DataSink& sink) {
-          const ApiConfig& config = options.api;
+        [this, handle, fd, first = std::move(first), chunks = std::move(chunks), opened](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& chunk) {
             const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
             return sink.write(line.data(), line.size());
@@ -763,6 +788,11 @@ struct HttpServer::Impl {
             drain_until_done(handle);
             return false;
           };
+          if (!*opened) {
+            *opened = true;
+            for (const json& c : first)
+              if (!send(c)) return give_up();
+          }
           auto last_write = Clock::now();
           ServiceEvent e;
           for (;;) {
@@ -776,17 +806,14 @@ struct HttpServer::Impl {
               continue;
             }
             last_write = Clock::now();
-            static const char done[] = "data: [DONE]\n\n";
-            if (e.kind == ServiceEvent::Kind::content) {
-              if (!send(completion_chunk_json(ids, config, e.text, nullptr))) return give_up();
-            } else if (e.kind == ServiceEvent::Kind::done) {
-              if (!send(completion_chunk_json(ids, config, "", e.stats.finish_reason.c_str()))) return give_up();
-              if (request->include_usage && !send(completion_usage_chunk_json(ids, config, e.stats))) return give_up();
-              sink.write(done, sizeof done - 1);
-              sink.done();
-              return true;
-            } else if (e.kind == ServiceEvent::Kind::error) {
-              send(error_body(simple_error(500, "server_error", "engine_error", "engine failure during generation")));
+            const bool failed = e.kind == ServiceEvent::Kind::error;
+            const std::vector<json> out =
+                failed ? std::vector<json>{error_body(simple_error(500, "server_error", "engine_error", "engine failure during generation"))}
+                       : chunks(e);
+            for (const json& c : out)
+              if (!send(c) && !failed) return give_up();
+            if (failed || e.kind == ServiceEvent::Kind::done) {
+              static const char done[] = "data: [DONE]\n\n";
               sink.write(done, sizeof done - 1);
               sink.done();
               return true;
@@ -796,109 +823,50 @@ struct HttpServer::Impl {
         [this, handle](bool success) {
           if (!success) service.cancel(handle);
         });
-  }
-
-  void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
-    ServiceEvent e;
-    for (int i = 0; i < 600; ++i)  // the worker acknowledges within one layer or one token
-      if (handle->next(e, std::chrono::milliseconds(100)) &&
-          (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error))
-        return;
   }
 
   void stream(std::shared_ptr<ChatRequest> request, std::shared_ptr<RequestHandle> handle, int fd, ResponseIds ids,
               ServiceEvent accepted, httplib::Response& res) {
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_header("Connection", "close");
+    const ApiConfig& api = options.api;
     struct StreamState {
-      bool started = false, finished = false, saw_think_close = false;
+      bool saw_think_close = false;
       int tool_index = 0;
     };
     auto state = std::make_shared<StreamState>();
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, request, handle, fd, ids, accepted, state](size_t, httplib::DataSink& sink) {
-          const ApiConfig& api = options.api;
-          auto send = [&](const json& chunk) {
-            const std::string line = "data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-            return sink.write(line.data(), line.size());
-          };
-          auto give_up = [&] {
-            service.cancel(handle);
-            drain_until_done(handle);
-            return false;
-          };
-          if (!state->started) {
-            state->started = true;
-            json delta = json::object();
-            delta["role"] = "assistant";
-            delta["content"] = "";
-            if (!send(chunk_json(ids, api, delta, nullptr, request->include_usage))) return give_up();
-          }
-          auto last_write = Clock::now();
-          ServiceEvent e;
-          for (;;) {
-            if (!handle->next(e, std::chrono::milliseconds(100))) {
-              if (peer_hung_up(fd)) return give_up();
-              if (options.sse_ping_s > 0 &&
-                  Clock::now() - last_write > std::chrono::duration<double>(options.sse_ping_s)) {
-                static const char ping[] = ": ping\n\n";
-                if (!sink.write(ping, sizeof ping - 1)) return give_up();
-                last_write = Clock::now();
-              }
-              continue;
-            }
-            last_write = Clock::now();
-            json delta = json::object();
-            switch (e.kind) {
-              case ServiceEvent::Kind::progress:
-                if (request->return_progress &&
-                    !send(progress_chunk_json(ids, api, e.total, accepted.stats.cached_tokens, e.processed, e.elapsed_ms)))
-                  return give_up();
-                continue;
-              case ServiceEvent::Kind::reasoning:
-                if (request->reasoning_inline) delta["content"] = e.text;
-                else put_reasoning(delta, e.text, api);
-                break;
-              case ServiceEvent::Kind::content:
-                if (request->reasoning_inline && !state->saw_think_close) {
-                  state->saw_think_close = true;
-                  delta["content"] = "</think>" + e.text;
-                } else {
-                  delta["content"] = e.text;
-                }
-                break;
-              case ServiceEvent::Kind::tool_call: {
-                json call = tool_call_json(e.call, ids);
-                call["index"] = state->tool_index++;
-                delta["tool_calls"] = json::array({std::move(call)});
-                break;
-              }
-              case ServiceEvent::Kind::done: {
-                if (!send(chunk_json(ids, api, json::object(), e.stats.finish_reason.c_str(), request->include_usage))) return give_up();
-                if (request->include_usage && !send(usage_chunk_json(ids, api, e.stats))) return give_up();
-                static const char done[] = "data: [DONE]\n\n";
-                sink.write(done, sizeof done - 1);
-                sink.done();
-                return true;
-              }
-              case ServiceEvent::Kind::error: {
-                ApiError err = simple_error(500, "server_error", "engine_error", "engine failure during generation");
-                send(error_body(err));
-                static const char done[] = "data: [DONE]\n\n";
-                sink.write(done, sizeof done - 1);
-                sink.done();
-                return true;
-              }
-              default: continue;
-            }
-            if (!send(chunk_json(ids, api, std::move(delta), nullptr, request->include_usage))) return give_up();
-          }
-        },
-        [this, handle](bool success) {
-          if (!success) service.cancel(handle);
-        });
+    json role = json::object();
+    role["role"] = "assistant";
+    role["content"] = "";
+    std::vector<json> first{chunk_json(ids, api, role, nullptr, request->include_usage)};
+    serve_sse(res, handle, fd, std::move(first), [this, request, ids, accepted, state](const ServiceEvent& e) {
+      const ApiConfig& config = options.api;
+      const bool usage = request->include_usage;
+      json delta = json::object();
+      switch (e.kind) {
+        case ServiceEvent::Kind::progress:
+          if (!request->return_progress) return std::vector<json>{};
+          return std::vector<json>{progress_chunk_json(ids, config, e.total, accepted.stats.cached_tokens, e.processed, e.elapsed_ms)};
+        case ServiceEvent::Kind::reasoning:
+          if (request->reasoning_inline) delta["content"] = e.text;
+          else put_reasoning(delta, e.text, config);
+          break;
+        case ServiceEvent::Kind::content:
+          delta["content"] = request->reasoning_inline && !std::exchange(state->saw_think_close, true) ? "</think>" + e.text : e.text;
+          break;
+        case ServiceEvent::Kind::tool_call: {
+          json call = tool_call_json(e.call, ids);
+          call["index"] = state->tool_index++;
+          delta["tool_calls"] = json::array({std::move(call)});
+          break;
+        }
+        case ServiceEvent::Kind::done: {
+          std::vector<json> out{chunk_json(ids, config, json::object(), e.stats.finish_reason.c_str(), usage)};
+          if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
+          return out;
+        }
+        default: return std::vector<json>{};
+      }
+      return std::vector<json>{chunk_json(ids, config, std::move(delta), nullptr, usage)};
+    });
   }
 
   void slots(const httplib::Request&, httplib::Response& res) {
