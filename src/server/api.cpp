@@ -573,6 +573,17 @@ json timings_json(const GenerationStats& stats) {
 }
 
 namespace {
+// The fields every response and chunk opens with.
+json envelope(const ResponseIds& ids, const char* object, const std::string& model, const ApiConfig& config) {
+  json c = json::object();
+  c["id"] = ids.id;
+  c["object"] = object;
+  c["created"] = ids.created;
+  c["model"] = model;
+  c["system_fingerprint"] = config.fingerprint;
+  return c;
+}
+
 json x_k3_json(const GenerationStats& stats) {
   json x = json::object();
   x["reuse"] = reuse_kind_name(stats.reuse);
@@ -602,12 +613,7 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request, 
   choice["message"] = std::move(message);
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = result.stats.finish_reason;
-  json out = json::object();
-  out["id"] = ids.id;
-  out["object"] = "chat.completion";
-  out["created"] = ids.created;
-  out["model"] = request.model;
-  out["system_fingerprint"] = config.fingerprint;
+  json out = envelope(ids, "chat.completion", request.model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(result.stats);
   out["timings"] = timings_json(result.stats);
@@ -617,13 +623,7 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request, 
 
 namespace {
 json chunk_base(const ResponseIds& ids, const ApiConfig& config) {
-  json c = json::object();
-  c["id"] = ids.id;
-  c["object"] = "chat.completion.chunk";
-  c["created"] = ids.created;
-  c["model"] = config.model_id;
-  c["system_fingerprint"] = config.fingerprint;
-  return c;
+  return envelope(ids, "chat.completion.chunk", config.model_id, config);
 }
 }  // namespace
 
@@ -665,12 +665,7 @@ json completion_json(const std::string& text, const GenerationStats& stats, cons
   choice["index"] = 0;
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = stats.finish_reason;
-  json out = json::object();
-  out["id"] = ids.id;
-  out["object"] = "text_completion";
-  out["created"] = ids.created;
-  out["model"] = model;
-  out["system_fingerprint"] = config.fingerprint;
+  json out = envelope(ids, "text_completion", model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(stats);
   out["timings"] = timings_json(stats);
@@ -685,12 +680,7 @@ json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, cons
   choice["index"] = 0;
   choice["logprobs"] = nullptr;
   choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
-  json c = json::object();
-  c["id"] = ids.id;
-  c["object"] = "text_completion";
-  c["created"] = ids.created;
-  c["model"] = config.model_id;
-  c["system_fingerprint"] = config.fingerprint;
+  json c = envelope(ids, "text_completion", config.model_id, config);
   c["choices"] = json::array({std::move(choice)});
   return c;
 }
