@@ -20,6 +20,7 @@ ModelOptions model_options(const LoadOptions& load) {
   m.precision.mla_bits = load.mla_bits;
   m.precision.head_bits = load.head_bits;
   m.idot = load.idot;
+  m.expert_top_p = load.expert_top_p;
   m.experts_in_memory = load.experts_in_memory;
   m.chunk = std::clamp<int64_t>(load.chunk, 1, 512);
   if (load.isa == "auto") {

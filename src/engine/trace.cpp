@@ -42,6 +42,11 @@ void TraceRecorder::on_routing(int64_t layer, const RoutingResult& routing) {
   ids.insert(ids.end(), routing.ids.begin(), routing.ids.end());
   auto& w = weights_[base + "topk_weights"];
   w.insert(w.end(), routing.weights.begin(), routing.weights.end());
+  // K3_TOPP may keep fewer than top_k experts: the row is padded with id -1, weight 0.
+  for (size_t j = routing.ids.size(); j < static_cast<size_t>(top_k_); ++j) {
+    ids.push_back(-1);
+    w.push_back(0.0f);
+  }
 }
 
 void TraceRecorder::write(const std::string& path, const std::vector<int64_t>& prompt_ids,

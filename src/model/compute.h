@@ -43,6 +43,7 @@ class StageTimer {
 struct Compute {
   const KernelTable* kernels = nullptr;
   bool idot = false;  // MXFP4 experts on the integer-dot path
+  double expert_top_p = 0.0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = all)
 };
 
 // The many-row forms used by chunked prefill. Each output row is bit-identical to the one-row

@@ -49,7 +49,7 @@ void add_scaled(float* acc, float weight, const float* down, size_t n) {
 
 }  // namespace
 
-void route(const K3Config& c, const MoeWeights& w, const float* logits, Workspace& ws, RoutingResult* r) {
+void route(const K3Config& c, const MoeWeights& w, const float* logits, double top_p, Workspace& ws, RoutingResult* r) {
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t k = static_cast<size_t>(c.num_experts_per_token);
   float* scores = ws.moe_scores.data();  // [E]
@@ -70,8 +70,26 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, Workspac
   float sum = 0.0f;
   for (int64_t id : r->ids) sum += scores[static_cast<size_t>(id)];
   const float scale = static_cast<float>(c.routed_scaling_factor);
-  r->weights.resize(k);
-  for (size_t j = 0; j < k; ++j) r->weights[j] = scores[static_cast<size_t>(r->ids[j])] / (sum + 1e-20f) * scale;
+  if (top_p > 0.0 && top_p < 1.0) {
+    // K3_TOPP (STREAMING_PERF.md §1.4 step 2): the shortest prefix of the picks by weight
+    // (ties: lower id) whose cumulative normalised weight reaches p, renormalised over itself.
+    std::vector<int64_t> by_weight = r->ids;
+    std::sort(by_weight.begin(), by_weight.end(), [&](int64_t a, int64_t b) {
+      const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
+      return sa != sb ? sa > sb : a < b;
+    });
+    float mass = 0.0f;
+    size_t keep = 0;
+    while (keep < by_weight.size() && mass / (sum + 1e-20f) < static_cast<float>(top_p))
+      mass += scores[static_cast<size_t>(by_weight[keep++])];
+    by_weight.resize(std::max<size_t>(keep, 1));
+    std::sort(by_weight.begin(), by_weight.end());
+    r->ids = by_weight;
+    sum = 0.0f;
+    for (int64_t id : r->ids) sum += scores[static_cast<size_t>(id)];
+  }
+  r->weights.resize(r->ids.size());
+  for (size_t j = 0; j < r->ids.size(); ++j) r->weights[j] = scores[static_cast<size_t>(r->ids[j])] / (sum + 1e-20f) * scale;
 }
 
 void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w,
@@ -93,7 +111,7 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     const MatmulJob jobs[] = {{&w.router, ws.moe_scores.data()}, {&w.latent_down, z},
                               {&w.shared_gate, ws.mlp_gate.data()}, {&w.shared_up, ws.mlp_up.data()}};
     matmul_batch(kt, jobs, shared ? 4 : 2, x);
-    route(c, w, ws.moe_scores.data(), ws, r);
+    route(c, w, ws.moe_scores.data(), compute.expert_top_p, ws, r);
   }
   {
     StageTimer timer(stats, Stage::kExperts);
@@ -143,7 +161,7 @@ void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const M
       matmul_chunk(compute, w.shared_gate, X, n, cw.mlp_gate.data());
       matmul_chunk(compute, w.shared_up, X, n, cw.mlp_up.data());
     }
-    for (size_t t = 0; t < n; ++t) route(c, w, cw.moe_logits.data() + t * E, ws, &cw.routing[t]);
+    for (size_t t = 0; t < n; ++t) route(c, w, cw.moe_logits.data() + t * E, compute.expert_top_p, ws, &cw.routing[t]);
   }
   {
     StageTimer timer(stats, Stage::kExperts);

@@ -21,8 +21,10 @@
 namespace k3 {
 
 // Selection and combine weights from router logits [num_experts] (scratch in `work`; `logits`
-// may be work.moe_scores itself).
-void route(const K3Config& config, const MoeWeights& weights, const float* logits,
+// may be work.moe_scores itself): the top num_experts_per_token by sigmoid + bias, weights the
+// sigmoids normalised over the picks. `top_p` in (0, 1) (K3_TOPP) keeps only the shortest
+// prefix of the picks by weight reaching that cumulative weight, renormalised; 0 keeps all.
+void route(const K3Config& config, const MoeWeights& weights, const float* logits, double top_p,
            Workspace& work, RoutingResult* routing);
 
 // x: [hidden] normalised input; out: [hidden]. `routing` receives the choice. Stage times go to

@@ -16,6 +16,7 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOption
     : snapshot_(snapshot), config_(config), options_(options) {
   compute_.kernels = &kernel_table(options_.isa);
   compute_.idot = options_.idot;
+  compute_.expert_top_p = options_.expert_top_p;
   int64_t num_layers = options_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
   weights_ = load_weights(snapshot_, config_, num_layers, options_.precision, options_.on_load_progress);

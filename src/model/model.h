@@ -45,6 +45,7 @@ struct ModelOptions {
   int64_t layers = 0;       // run only the first N layers (0 = all)
   LoadPrecision precision;  // dense-matrix formats (32 = f32)
   bool idot = false;        // MXFP4 experts and int4 matrices on the integer-dot path (q8 activations)
+  double expert_top_p = 0;  // K3_TOPP: routed experts kept up to this cumulative weight (0 = all)
   Isa isa = Isa::kScalar;   // kernel variant (callers pass best_isa() unless forced)
   bool experts_in_memory = false;  // read every routed expert into RAM at load
   // The routed-expert cache (budget, O_DIRECT, history). all_resident, history_layers and

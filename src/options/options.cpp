@@ -156,6 +156,11 @@ const std::vector<OptionRow>& option_rows() {
        }},
       {"--chunk", "K3_CHUNK", "32", "prefill: prompt tokens run layer-major together, 1..512 (1 = token at a time; same logits)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.chunk = parse_int(v, s, 1, 512); }},
+      {"--topp", "K3_TOPP", "0", "quality lever: keep routed experts up to this cumulative weight (0 < p < 1), renormalised; 0 = all (compare logits before use)",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.load.expert_top_p = parse_double(v, s, 0.0, 1.0);
+         if (o.load.expert_top_p >= 1.0) o.load.expert_top_p = 0.0;
+       }},
       {"--experts-in-memory", nullptr, "0", "read every routed expert into RAM at load (models that fit)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.experts_in_memory = parse_bool(v, s); }, true},
       {"--expert-gb", "K3_EXPERT_GB", "8", "routed-expert cache in RAM, GB over all MoE layers (at least one slot per layer; lowered when memory is short)",
