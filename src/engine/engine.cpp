@@ -38,7 +38,7 @@ ModelOptions model_options(const LoadOptions& load) {
 Engine::Engine(const std::string& model_dir, const LoadOptions& load,
                const std::function<void(double)>& on_progress) {
   const double start = now_seconds();
-  snapshot_ = std::make_unique<Snapshot>(model_dir);
+  snapshot_ = std::make_unique<Snapshot>(model_dir, load.extra_dirs);
   config_ = parse_k3_config(snapshot_->config_root(), model_dir + "/config.json");
   if (load.layers > config_.num_hidden_layers)
     throw Error("K3_LAYERS=" + std::to_string(load.layers) + " exceeds the model's " +

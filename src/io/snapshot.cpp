@@ -13,7 +13,10 @@ bool is_vision_tensor(const std::string& name) {
   return name.rfind("vision_tower", 0) == 0 || name.rfind("mm_projector", 0) == 0;
 }
 
-Snapshot::Snapshot(const std::string& dir) : dir_(dir) {
+Snapshot::Snapshot(const std::string& dir, std::vector<std::string> extra_dirs)
+    : extra_dirs_(std::move(extra_dirs)), dir_(dir) {
+  for (const std::string& extra : extra_dirs_)
+    if (!fs::is_directory(extra)) throw Error(extra + ": K3_DIRS names a directory that does not exist");
   if (!fs::is_directory(dir)) throw Error(dir + ": not a model directory");
   const std::string config_path = (fs::path(dir) / "config.json").string();
   try {
@@ -53,11 +56,16 @@ Snapshot::Snapshot(const std::string& dir) : dir_(dir) {
                     file.get<std::string>() + " but that shard does not hold it");
     }
   } else {
-    std::vector<std::string> files;
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string n = entry.path().filename().string();
-      if (entry.is_regular_file() && n.size() > 12 && n.ends_with(".safetensors")) files.push_back(n);
-    }
+    std::vector<std::string> files;  // each name once: the first directory holding it wins
+    std::vector<std::string> dirs{dir};
+    dirs.insert(dirs.end(), extra_dirs_.begin(), extra_dirs_.end());
+    for (const std::string& d : dirs)
+      for (const auto& entry : fs::directory_iterator(d)) {
+        const std::string n = entry.path().filename().string();
+        if (entry.is_regular_file() && n.size() > 12 && n.ends_with(".safetensors") &&
+            std::find(files.begin(), files.end(), n) == files.end())
+          files.push_back(n);
+      }
     std::sort(files.begin(), files.end());
     if (files.empty()) throw Error(dir + ": no *.safetensors shards and no model.safetensors.index.json");
     for (const auto& f : files) open_shard(f);
@@ -68,7 +76,13 @@ Snapshot::Snapshot(const std::string& dir) : dir_(dir) {
 }
 
 void Snapshot::open_shard(const std::string& file_name) {
-  const std::string path = (fs::path(dir_) / file_name).string();
+  std::string path = (fs::path(dir_) / file_name).string();
+  if (!fs::exists(path))
+    for (const std::string& extra : extra_dirs_)
+      if (fs::exists(fs::path(extra) / file_name)) {
+        path = (fs::path(extra) / file_name).string();
+        break;
+      }
   auto shard = std::make_unique<SafetensorsShard>(open_posix_file(path));
   for (const auto& t : shard->tensors()) {
     const auto [it, inserted] = by_name_.emplace(t.name, LocatedTensor{shard.get(), &t});

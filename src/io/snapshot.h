@@ -23,8 +23,10 @@ struct LocatedTensor {
 class Snapshot {
  public:
   // Opens `dir`: reads config.json and the shard headers of every shard holding text tensors.
-  // Throws k3::Error naming the file on any problem.
-  explicit Snapshot(const std::string& dir);
+  // Shards are looked up in `dir`, then in each of `extra_dirs` (K3_DIRS: a model split over
+  // several drives, each shard on exactly one; a name found earlier wins); config and tokenizer
+  // are read from `dir` only. Throws k3::Error naming the file on any problem.
+  explicit Snapshot(const std::string& dir, std::vector<std::string> extra_dirs = {});
 
   const std::string& dir() const { return dir_; }
   // The whole config.json and its text part (text_config, or the root when absent).
@@ -48,6 +50,7 @@ class Snapshot {
 
  private:
   void open_shard(const std::string& file_name);
+  std::vector<std::string> extra_dirs_;
 
   std::string dir_;
   nlohmann::json config_root_;

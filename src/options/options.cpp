@@ -1,6 +1,7 @@
 #include "options/options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <charconv>
 #include <functional>
 #include <optional>
@@ -156,6 +157,12 @@ const std::vector<OptionRow>& option_rows() {
        }},
       {"--chunk", "K3_CHUNK", "32", "prefill: prompt tokens run layer-major together, 1..512 (1 = token at a time; same logits)",
        [](Options& o, const std::string& v, const std::string& s) { o.load.chunk = parse_int(v, s, 1, 512); }},
+      {"--dirs", "K3_DIRS", "", "more directories holding shards of the model (a split over drives; ',' or ';' separated; each shard in one place)",
+       [](Options& o, const std::string& v, const std::string&) {
+         std::string list = v;
+         std::replace(list.begin(), list.end(), ';', ',');
+         o.load.extra_dirs = split_list(list);
+       }},
       {"--topp", "K3_TOPP", "0", "quality lever: keep routed experts up to this cumulative weight (0 < p < 1), renormalised; 0 = all (compare logits before use)",
        [](Options& o, const std::string& v, const std::string& s) {
          o.load.expert_top_p = parse_double(v, s, 0.0, 1.0);

@@ -29,6 +29,7 @@ struct LoadOptions {
   int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
   std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
+  std::vector<std::string> extra_dirs;  // K3_DIRS: more directories holding shards (one drive each)
   double expert_top_p = 0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = off)
   int64_t chunk = 32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
   CacheOptions cache;
