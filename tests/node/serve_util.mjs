@@ -329,7 +329,6 @@ export function rawSocket(port, parts, { readTimeoutMs = 10_000, stopWritingOnRe
 // ---- assertions -----------------------------------------------------------------------------
 
 export class CheckError extends Error {}
-export class SkipCheck extends Error {}   // the environment cannot run this check (not a failure)
 export function assert(cond, msg) { if (!cond) throw new CheckError(typeof msg === 'function' ? msg() : msg); }
 export const show = (v, n = 400) => {
   const s = typeof v === 'string' ? JSON.stringify(v) : JSON.stringify(v);
@@ -380,11 +379,6 @@ export class Runner {
       this.results.push({ name, ok: true });
       console.log(`PASS  ${name}  (${Math.round(performance.now() - t)} ms)`);
     } catch (e) {
-      if (e instanceof SkipCheck) {
-        this.results.push({ name, ok: true, skipped: true });
-        console.log(`SKIP  ${name}  (${e.message})`);
-        return;
-      }
       const msg = e instanceof CheckError ? e.message : (e?.stack ?? String(e));
       this.results.push({ name, ok: false, msg });
       console.log(`FAIL  ${name}  (${Math.round(performance.now() - t)} ms)\n      ${msg.replace(/\n/g, '\n      ')}`);
@@ -393,9 +387,7 @@ export class Runner {
   summary() {
     const failed = this.results.filter((r) => !r.ok);
     const s = ((performance.now() - this.t0) / 1000).toFixed(1);
-    const skipped = this.results.filter((r) => r.skipped).length;
-    console.log(`\n${this.title}: ${this.results.length - failed.length - skipped} passed, ${failed.length} failed` +
-                `${skipped ? `, ${skipped} skipped` : ''} (${s} s)`);
+    console.log(`\n${this.title}: ${this.results.length - failed.length} passed, ${failed.length} failed (${s} s)`);
     if (failed.length) console.log('failed: ' + failed.map((r) => r.name).join(', '));
     return failed.length === 0;
   }
