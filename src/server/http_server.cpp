@@ -171,6 +171,16 @@ class ConnectionGate {
     return id;
   }
   // A request of this connection is being served (busy) or has been answered.
+  // The socket of the connection `req` came on: from the live table when the gate admitted it,
+  // else by a scan of the process's descriptors.
+  int socket_of(const httplib::Request& req) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [id, p] : live_)
+        if (p.port == req.remote_port && p.local_port == req.local_port && p.ip == req.remote_addr) return p.fd;
+    }
+    return find_connection_socket(req);
+  }
   void mark(const httplib::Request& req, bool busy) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [id, p] : live_)
@@ -654,7 +664,7 @@ struct HttpServer::Impl {
       return nullptr;
     }
     std::shared_ptr<RequestHandle> handle = *submitted;
-    fd = find_connection_socket(req);
+    fd = gate.socket_of(req);
     if (!await_acceptance(handle, fd, res, accepted)) return nullptr;
     const std::string wait_ms = std::to_string(static_cast<int64_t>(accepted.stats.queue_wait_ms));
     res.set_header("x-queue-wait-ms", wait_ms);
@@ -923,7 +933,7 @@ struct HttpServer::Impl {
       // refusal, an SSE stream) ends the connection here, so bytes the client sent after its
       // headers are never read as a next request.
       if (res.get_header_value("Connection") == "close") {
-        const int fd = find_connection_socket(req);
+        const int fd = gate.socket_of(req);
         if (fd >= 0) gate.poison(fd);
         end_connection(fd, t_unread_body);
         if (fd >= 0) gate.retire(fd);
