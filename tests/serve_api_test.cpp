@@ -11,15 +11,6 @@ namespace {
 
 ApiConfig config() { return ApiConfig{}; }
 
-ApiError refused(const std::string& body) {
-  auto r = parse_chat_request(body, config());
-  if (!std::holds_alternative<ApiError>(r)) {
-    ADD_FAILURE() << "accepted: " << body;
-    return {};
-  }
-  return std::get<ApiError>(r);
-}
-
 ChatRequest accepted(const std::string& body) {
   auto r = parse_chat_request(body, config());
   if (auto* e = std::get_if<ApiError>(&r)) {
@@ -39,6 +30,23 @@ struct Case {
   std::string code;
   std::string param;  // "" = null
 };
+
+// Each body is refused with its status, code and parameter, in OpenAI's error envelope.
+template <class Parse>
+void expect_refusals(const std::vector<Case>& cases, Parse parse) {
+  for (const Case& c : cases) {
+    const auto r = parse(c.body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << "accepted: " << c.body;
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.status, c.status) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.body;
+    EXPECT_FALSE(e.message.empty());
+    const json body = error_body(e);
+    EXPECT_TRUE(body["error"].contains("message") && body["error"].contains("type") && body["error"].contains("param") &&
+                body["error"].contains("code"));
+  }
+}
 
 TEST(ServeApi, RefusalsNameTheParameter) {
   const std::vector<Case> cases = {
@@ -91,16 +99,7 @@ TEST(ServeApi, RefusalsNameTheParameter) {
       {with(R"("tools":[{"type":"function","function":{}}])"), 400, "invalid_value", "tools.0.function.name"},
       {with(R"("tool_choice":"sometimes")"), 400, "unsupported_value", "tool_choice"},
   };
-  for (const Case& c : cases) {
-    const ApiError e = refused(c.body);
-    EXPECT_EQ(e.status, c.status) << c.body;
-    EXPECT_EQ(e.code, c.code) << c.body;
-    EXPECT_EQ(e.param.value_or(""), c.param) << c.body;
-    EXPECT_FALSE(e.message.empty());
-    const json body = error_body(e);
-    EXPECT_TRUE(body["error"].contains("message") && body["error"].contains("type") && body["error"].contains("param") &&
-                body["error"].contains("code"));
-  }
+  expect_refusals(cases, [](const std::string& body) { return parse_chat_request(body, config()); });
 }
 
 TEST(ServeApi, AcceptsWhatSdksSend) {
@@ -165,13 +164,7 @@ TEST(ServeApi, CompletionRequests) {
       {R"({"model":"kimi-k3","prompt":"x","temperature":-1})", 400, "invalid_value", "temperature"},
       {R"({"model":"other","prompt":"x"})", 404, "model_not_found", "model"},
   };
-  for (const Case& c : cases) {
-    auto r = parse(c.body);
-    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << c.body;
-    EXPECT_EQ(std::get<ApiError>(r).code, c.code) << c.body;
-    EXPECT_EQ(std::get<ApiError>(r).status, c.status) << c.body;
-    EXPECT_EQ(std::get<ApiError>(r).param.value_or(""), c.param) << c.body;
-  }
+  expect_refusals(cases, parse);
   GenerationStats stats;
   stats.finish_reason = "stop";
   stats.prompt_tokens = 3;
