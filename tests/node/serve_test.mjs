@@ -919,8 +919,9 @@ await check('limits.connections_per_ip', async () => {
     (await open('127.0.0.2')).destroy();
     for (let i = 0; i < 64; i++) socks.push(await open('127.0.0.1'));
     await sleep(1500);
-    const open8 = socks.slice(0, 8).filter((k) => !k.closedByPeer).length;
-    const closedBeyond = socks.slice(8).filter((k) => k.closedByPeer).length;
+    // The server counts in its accept order, which under load need not be the order in which
+    // the client's connects completed: exactly 8 of the 64 stay open, whichever they are.
+    const stillOpen = socks.filter((k) => !k.closedByPeer).length;
     const probe = (localAddress) => new Promise((resolve) => {
       const k = net.connect({ host: '127.0.0.1', port: s.port, localAddress });
       let d = '';
@@ -932,8 +933,7 @@ await check('limits.connections_per_ip', async () => {
     });
     const other = await probe('127.0.0.2');
     const problems = [];
-    if (closedBeyond !== 56) problems.push(`${closedBeyond} of the 56 connections beyond the 8th from one IP were closed (expected all)`);
-    if (open8 !== 8) problems.push(`only ${open8} of the first 8 connections stayed open`);
+    if (stillOpen !== 8) problems.push(`${stillOpen} of 64 connections from one IP stayed open (expected exactly 8)`);
     if (!/^HTTP\/1\.[01] 200/.test(other)) problems.push(`GET /health from another address while 64 idle connections are held: ${other}`);
     assert(problems.length === 0, problems.join('\n'));
   } finally {
