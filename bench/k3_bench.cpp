@@ -39,12 +39,14 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "ggml_peer.h"
+#include "io/read_queue.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 #include "kernels/mxfp4.h"
 #include "kernels/quant.h"
 #include "model/compute.h"
 #include "synth_lib.h"
+#include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -995,6 +997,223 @@ int run_decode(const DecodeArgs& a) {
   return 0;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// stream: routed experts read from disk (O_DIRECT) during decode, against the drive's own rate
+
+struct StreamArgs {
+  std::string model_dir;  // an existing checkpoint; empty = the cached slice
+  int64_t layers = 4;     // slice layers (the first is dense)
+  int64_t experts = 128;  // slice routed experts per MoE layer
+  int64_t tokens = 8;     // decode tokens per configuration
+  int64_t prefill = 64;   // prompt tokens (chunked, C = 32)
+  double expert_gb = 1;   // expert cache budget: small, so decode streams
+  double probe_gb = 3;    // bytes dd reads for the drive rate
+  std::string dir;
+  std::string isa = "auto";
+  std::string io_engine = "auto";
+  int threads = 0;
+};
+
+// The drive's sequential O_DIRECT rate over the checkpoint's largest shards (dd iflag=direct,
+// bs=4M), in GB/s; 0 when dd is unavailable.
+double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what) {
+  std::vector<std::pair<uintmax_t, fs::path>> shards;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") shards.emplace_back(e.file_size(), e.path());
+  std::sort(shards.rbegin(), shards.rend());
+  const uint64_t block = uint64_t{4} << 20;
+  uint64_t left = static_cast<uint64_t>(probe_gb * 1e9);
+  uint64_t bytes = 0;
+  double seconds = 0;
+  for (const auto& [size, path] : shards) {
+    if (left < block) break;
+    const uint64_t count = std::min<uint64_t>(left, size) / block;
+    if (count == 0) continue;
+    const std::string cmd = "dd if='" + path.string() + "' of=/dev/null iflag=direct bs=4M count=" +
+                            std::to_string(count) + " 2>&1";
+    const double t0 = k3::now_seconds();
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return 0;
+    char line[512];
+    std::string out;
+    while (std::fgets(line, sizeof line, p)) out += line;
+    const int rc = ::pclose(p);
+    const double dt = k3::now_seconds() - t0;
+    if (rc != 0) {
+      std::printf("dd failed: %s\n", trim(out).c_str());
+      return 0;
+    }
+    bytes += count * block;
+    seconds += dt;
+    left -= count * block;
+    *what += (what->empty() ? "" : ", ") + path.filename().string();
+  }
+  return seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0;
+}
+
+// The same drive read the way the engine reads it: O_DIRECT through k3::ReadQueue (io_uring when
+// available), `depth` requests of `request_mb` in flight, sequential over the largest shards.
+double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint64_t request_bytes, std::string* engine) {
+  std::vector<std::pair<uintmax_t, fs::path>> shards;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") shards.emplace_back(e.file_size(), e.path());
+  std::sort(shards.rbegin(), shards.rend());
+  std::unique_ptr<k3::ReadQueue> queue = k3::make_read_queue({});
+  *engine = queue->engine();
+  std::vector<std::unique_ptr<k3::ReadTicket>> tickets;
+  std::vector<uint8_t*> buffers;
+  for (int i = 0; i < depth; ++i) {
+    tickets.push_back(std::make_unique<k3::ReadTicket>());
+    buffers.push_back(static_cast<uint8_t*>(std::aligned_alloc(k3::kDirectAlign, request_bytes)));
+  }
+  uint64_t left = static_cast<uint64_t>(probe_gb * 1e9), bytes = 0;
+  const double t0 = k3::now_seconds();
+  for (const auto& [size, path] : shards) {
+    if (left < request_bytes) break;
+    const std::unique_ptr<k3::File> file = k3::open_posix_file(path.string());
+    const uint64_t n = std::min<uint64_t>(left, size) / request_bytes;
+    for (uint64_t r = 0; r < n; ++r) {
+      const size_t slot = static_cast<size_t>(r % static_cast<uint64_t>(depth));
+      tickets[slot]->wait();
+      if (!tickets[slot]->error().empty()) throw k3::Error(tickets[slot]->error());
+      const k3::ReadRequest req{file.get(), buffers[slot], request_bytes, r * request_bytes, true};
+      queue->submit(*tickets[slot], {&req, 1});
+    }
+    for (auto& t : tickets) t->wait();
+    bytes += n * request_bytes;
+    left -= n * request_bytes;
+  }
+  const double dt = k3::now_seconds() - t0;
+  for (uint8_t* b : buffers) std::free(b);
+  return dt > 0 ? static_cast<double>(bytes) / 1e9 / dt : 0;
+}
+
+// A prompt of real text (README.md through the release tokenizer), or a fixed id pattern when
+// the tokenizer is not beside the binary's source tree.
+std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* what) {
+  std::error_code ec;
+  const fs::path root = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path().parent_path();
+  std::vector<int64_t> ids;
+  try {
+    const k3::text::Tokenizer tok = k3::text::Tokenizer::load(root / "tests/data/k3-release");
+    std::ifstream in(root / "README.md");
+    const std::string text{std::istreambuf_iterator<char>(in), {}};
+    for (int32_t id : tok.encode(text, false))
+      if (static_cast<int64_t>(ids.size()) < n && id < vocab) ids.push_back(id);
+    *what = "README.md, release tokenizer";
+  } catch (const std::exception&) {
+  }
+  if (static_cast<int64_t>(ids.size()) < n) {
+    ids.clear();
+    for (int64_t i = 0; i < n; ++i) ids.push_back(1 + (i * 7919) % (vocab - 1));
+    *what = "fixed id pattern (no tokenizer found)";
+  }
+  return ids;
+}
+
+int run_stream(const StreamArgs& a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const k3::Isa isa = resolve_isa(a.isa);
+  print_machine(isa);
+  std::string dir = a.model_dir;
+  if (dir.empty()) {
+    dir = a.dir.empty() ? default_slice_dir() + "-stream" : a.dir;
+    std::printf("\n== stream on a slice checkpoint (%lld layers, %lld experts of real size)\n",
+                static_cast<long long>(a.layers), static_cast<long long>(a.experts));
+    ensure_slice(dir, a.layers, a.experts);
+  } else {
+    std::printf("\n== stream on %s\n", dir.c_str());
+  }
+  std::string shards;
+  const double drive = drive_rate_dd(dir, a.probe_gb, &shards);
+  std::printf("drive: dd iflag=direct bs=4M over %.1f GB of %s: %.3f GB/s\n", a.probe_gb, shards.c_str(), drive);
+  std::string engine_name;
+  const double deep = drive_rate_queue(dir, a.probe_gb, 32, uint64_t{4} << 20, &engine_name);
+  std::printf("drive: O_DIRECT via %s, 32 x 4 MiB in flight, same shards: %.3f GB/s (%.2fx dd)\n", engine_name.c_str(),
+              deep, drive > 0 ? deep / drive : 0);
+  add_result("stream_drive_dd", drive, "GB/s", 1.0);
+  add_result("stream_drive_queue", deep, "GB/s", drive > 0 ? deep / drive : std::nan(""));
+
+  const std::string state = (fs::temp_directory_path() / ("k3_bench-state-" + std::to_string(::getpid()))).string();
+  k3::LoadOptions load;
+  load.isa = a.isa;
+  load.cache.expert_gb = a.expert_gb;
+  load.cache.pin = false;
+  load.cache.state_dir = state;  // the benchmark's routing never seeds a user's pins
+  load.cache.io_engine = a.io_engine;
+  k3::Engine engine(dir, load);
+  fs::remove_all(state);
+  k3::ExpertCache& cache = engine.model().experts();
+  const k3::K3Config& c = engine.config();
+  const int64_t moe_layers = engine.model().num_layers() - std::min(engine.model().num_layers(), c.first_k_dense_replace);
+  std::printf("engine: %s, loaded in %.2f s\n", engine.describe().c_str(), engine.load_seconds());
+  std::printf("experts: %lld MoE layers x %lld, %.1f MB each, %lld slots/layer (K3_EXPERT_GB=%g), reads via %s\n",
+              static_cast<long long>(moe_layers), static_cast<long long>(c.num_experts),
+              static_cast<double>(k3::ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size}.expert_bytes()) / 1e6,
+              static_cast<long long>(cache.slots_per_layer()), a.expert_gb, cache.stats().io_engine);
+
+  // Prefill dedup at C = 32: token at a time reads k experts per token per MoE layer; a chunk
+  // reads each distinct expert of its rows once.
+  std::string what;
+  const std::vector<int64_t> prompt = realistic_prompt(a.prefill, c.vocab_size, &what);
+  k3::Session session(engine, a.prefill + 3 * a.tokens + 2);
+  session.set_prefill_chunk(32);
+  double t0 = k3::now_seconds();
+  std::vector<float> logits = session.prefill(prompt);
+  const double prefill_s = k3::now_seconds() - t0;
+  const double selections = static_cast<double>(a.prefill * c.num_experts_per_token * moe_layers);
+  const double dedup = selections / static_cast<double>(session.stats().expert_reads);
+  std::printf("prefill: %lld tokens (%s), C=32: %.1f s, %llu expert reads for %.0f selections: dedup %.2fx\n",
+              static_cast<long long>(a.prefill), what.c_str(), prefill_s,
+              static_cast<unsigned long long>(session.stats().expert_reads), selections, dedup);
+  add_result("stream_prefill_dedup_C32", dedup, "x", dedup);
+
+  struct Config {
+    const char* name;
+    bool pipe, prefetch;
+  };
+  const Config configs[] = {{"wait_all", false, false}, {"pipe", true, false}, {"pipe_prefetch", true, true}};
+  std::printf("\n%-14s %9s %8s %9s %7s %7s %8s %8s %8s\n", "config", "s/token", "GB read", "exp GB/s", "x dd",
+              "x queue", "busy", "wait", "recall");
+  for (const Config& cfg : configs) {
+    cache.set_pipe(cfg.pipe);
+    engine.model().set_prefetch(cfg.prefetch);
+    cache.clear();
+    const k3::ExpertCacheStats s0 = cache.stats();
+    t0 = k3::now_seconds();
+    for (int64_t i = 0; i < a.tokens; ++i) logits = session.step(k3::argmax(logits));
+    const double dt = k3::now_seconds() - t0;
+    const k3::ExpertCacheStats s1 = cache.stats();
+    const double gb = static_cast<double>(s1.bytes_read - s0.bytes_read) / 1e9;
+    const double busy = s1.busy_seconds - s0.busy_seconds;
+    const double wait = s1.wait_seconds - s0.wait_seconds;
+    const double rate = busy > 0 ? gb / busy : 0;
+    const double total = static_cast<double>(s1.predicted_total - s0.predicted_total);
+    const double recall = total > 0 ? static_cast<double>(s1.predicted_hits - s0.predicted_hits) / total : std::nan("");
+    std::printf("%-14s %9.3f %8.2f %9.3f %7.2f %7.2f %7.0f%% %7.0f%% %7.1f%%\n", cfg.name,
+                dt / static_cast<double>(a.tokens), gb, rate, drive > 0 ? rate / drive : 0, deep > 0 ? rate / deep : 0,
+                100 * busy / dt, 100 * wait / dt, 100 * recall);
+    const std::string n = std::string("stream_") + cfg.name;
+    add_result(n + "_decode", dt / static_cast<double>(a.tokens), "s/token", std::nan(""));
+    add_result(n + "_expert_gbps", rate, "GB/s", drive > 0 ? rate / drive : std::nan(""));
+    add_result(n + "_expert_vs_queue_probe", deep > 0 ? rate / deep : 0, "x", deep > 0 ? rate / deep : std::nan(""));
+    add_result(n + "_unhidden_wait", wait / dt, "fraction", wait / dt);
+    add_result(n + "_drive_busy", busy / dt, "fraction", busy / dt);
+    if (cfg.prefetch) {
+      add_result(n + "_recall", recall, "fraction", recall);
+      const double issued = static_cast<double>(s1.prefetch_issued - s0.prefetch_issued);
+      add_result(n + "_prefetch_used", issued > 0 ? static_cast<double>(s1.prefetch_used - s0.prefetch_used) / issued : 0,
+                 "fraction", std::nan(""));
+    }
+  }
+  std::printf("(busy = time with a read in flight / decode time; wait = compute thread blocked on reads / decode time;\n"
+              " exp GB/s = expert bytes / busy time; recall = selections the read-ahead predicted / selections)\n");
+  std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
+  print_results();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1038,9 +1257,28 @@ int main(int argc, char** argv) {
   decode->add_option("--threads", da.threads, "OpenMP threads (0 = OpenMP default)")
       ->capture_default_str();
 
+  StreamArgs sa;
+  CLI::App* stream = app.add_subcommand("stream", "decode with experts streamed from disk vs the drive's O_DIRECT rate");
+  stream->add_option("model_dir", sa.model_dir, "an existing checkpoint (default: a cached slice with many experts)");
+  stream->add_option("--layers", sa.layers, "slice layers")->capture_default_str();
+  stream->add_option("--experts", sa.experts, "slice routed experts")->capture_default_str();
+  stream->add_option("--tokens", sa.tokens, "decode tokens per configuration")->capture_default_str();
+  stream->add_option("--prefill", sa.prefill, "prompt tokens (C = 32)")->capture_default_str();
+  stream->add_option("--expert-gb", sa.expert_gb, "expert cache budget (small: decode streams)")->capture_default_str();
+  stream->add_option("--probe-gb", sa.probe_gb, "bytes dd reads for the drive rate")->capture_default_str();
+  stream->add_option("--dir", sa.dir, "cache directory of the slice (default <build>/bench-slice-stream)");
+  stream->add_option("--isa", sa.isa, "kernel variant: auto, scalar, avx2, avx512")->capture_default_str();
+  stream->add_option("--io-engine", sa.io_engine, "expert reads: auto, uring, threads")->capture_default_str();
+  stream->add_option("--threads", sa.threads, "OpenMP threads (0 = OpenMP default)")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (kernels->parsed()) return run_kernels(ka);
+    if (stream->parsed()) {
+      if (sa.layers < 2 || sa.experts < 1 || sa.tokens < 1 || sa.prefill < 1)
+        throw k3::Error("--layers must be >= 2; --experts, --tokens, --prefill >= 1");
+      return run_stream(sa);
+    }
     if (da.layers < 1 || da.experts < 1 || da.tokens < 1)
       throw k3::Error("--layers, --experts, --tokens must be >= 1");
     return run_decode(da);

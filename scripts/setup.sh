@@ -2,7 +2,7 @@
 # Installs the Debian packages the build and the tests need. Idempotent: apt-get runs only
 # when something is missing, so a prepared machine pays nothing.
 set -euo pipefail
-packages=(g++ cmake make pkg-config nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
+packages=(g++ cmake make pkg-config liburing-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
           libbenchmark-dev python3-numpy libcpp-httplib-dev libreadline-dev
           chromium tmux)
 missing=()

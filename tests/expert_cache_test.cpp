@@ -115,7 +115,7 @@ void touch(ExpertCache& cache, int64_t layer, std::vector<int64_t> ids, ExpertCa
   k3::ExpertBatch batch;
   cache.acquire(layer, ids, use, batch);
   ASSERT_EQ(batch.size(), ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) expect_bytes(batch[i], layer, ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) expect_bytes(batch.view(i), layer, ids[i]);
 }
 
 TEST(ExpertCache, LruEvictionOrderWithinALayer) {
@@ -191,20 +191,32 @@ TEST(ExpertCache, ReadErrorsNameFileLayerAndExpert) {
   Fixture f(dir.path(), {1, 2}, /*fail_expert=*/6, /*fail_layer=*/2);
   ExpertCacheOptions o = quiet();
   o.expert_gb = f.gb_for(2);
-  ExpertCache cache(f.store, f.layers, kExperts, o);
-  k3::ExpertBatch batch;
-  try {
-    cache.acquire(2, std::vector<int64_t>{1, 6}, ExpertCache::Use::kToken, batch);
-    FAIL() << "no error";
-  } catch (const k3::Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("experts.safetensors"), std::string::npos) << m;
-    EXPECT_NE(m.find("expert 6 of layer 2"), std::string::npos) << m;
-    EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
+  for (bool pipe : {true, false}) {
+    o.pipe = pipe;
+    ExpertCache cache(f.store, f.layers, kExperts, o);
+    k3::ExpertBatch batch;
+    try {
+      // Piped: the error surfaces at the failed expert's view (on this thread); else at acquire.
+      cache.acquire(2, std::vector<int64_t>{1, 6}, ExpertCache::Use::kToken, batch);
+      EXPECT_TRUE(pipe);
+      expect_bytes(batch.view(0), 2, 1);
+      batch.view(1);
+      FAIL() << "no error";
+    } catch (const k3::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("experts.safetensors"), std::string::npos) << m;
+      EXPECT_NE(m.find("expert 6 of layer 2"), std::string::npos) << m;
+      EXPECT_NE(m.find("Input/output error"), std::string::npos) << m;
+    }
+    if (!pipe) {
+      EXPECT_EQ(batch.size(), 0u);
+    }
+    batch.release();
+    EXPECT_EQ(cache.cached(2), std::vector<int64_t>{1});  // the failed read was not kept
+    touch(cache, 2, {1, 0});  // the cache is still usable
+    touch(cache, 1, {6});
+    EXPECT_THROW(touch(cache, 2, {6}), k3::Error);  // and the failure is not cached either
   }
-  EXPECT_EQ(batch.size(), 0u);
-  touch(cache, 2, {1, 0});  // the cache is still usable; the failed slot was freed
-  touch(cache, 1, {6});
 }
 
 TEST(ExpertCache, ShrunkFileIsAShortReadErrorBothWays) {
@@ -219,6 +231,7 @@ TEST(ExpertCache, ShrunkFileIsAShortReadErrorBothWays) {
     k3::ExpertBatch batch;
     try {
       cache.acquire(1, std::vector<int64_t>{0}, ExpertCache::Use::kToken, batch);
+      batch.view(0);
       FAIL() << "no error";
     } catch (const k3::Error& e) {
       const std::string m = e.what();
@@ -229,12 +242,16 @@ TEST(ExpertCache, ShrunkFileIsAShortReadErrorBothWays) {
 }
 
 TEST(ExpertCache, DirectReadsAreByteExactAtUnalignedOffsetsAndAtEndOfFile) {
+  using Engine = k3::ReadQueueOptions::Engine;
   for (int64_t lead : {0, 1, 4093, 4096, 5000}) {
     TempDir dir("cache-direct");
     Fixture f(dir.path(), {1, 2}, -1, -1, /*posix=*/true, lead);
-    for (bool direct : {true, false}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool direct = variant % 2 == 0;
       ExpertCacheOptions o = quiet();
       o.direct = direct;
+      o.io.engine = variant < 2 ? Engine::kUring : Engine::kThreads;
+      o.io.extent_bytes = 4096;  // experts split over several extents in flight
       o.expert_gb = f.gb_for(kExperts);
       ExpertCache cache(f.store, f.layers, kExperts, o);
       for (int64_t l : f.layers) touch(cache, l, {0, 1, 2, 3, 4, 5, 6, 7});  // expert 0 of layer 2 ends the file
@@ -317,6 +334,83 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
   }
 }
 
+TEST(ExpertCache, PrefetchStagesReadsWithoutEvictingAndCountsRecall) {
+  TempDir dir("cache-prefetch");
+  Fixture f(dir.path(), {1, 2}, -1, -1, /*posix=*/true, /*lead=*/777);
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  touch(cache, 1, {0, 1});
+  const std::vector<int64_t> before = cache.cached(1);
+  cache.prefetch(1, std::vector<int64_t>{2, 3, 0});  // 0 is cached: not read again
+  EXPECT_EQ(cache.stats().prefetch_issued, 2u);
+  EXPECT_EQ(cache.cached(1), before);  // staged reads evict nothing
+  touch(cache, 1, {2, 5});  // 2 was read ahead, 5 was not predicted
+  k3::ExpertCacheStats s = cache.stats();
+  EXPECT_EQ(s.prefetch_used, 1u);
+  EXPECT_EQ(s.predicted_total, 2u);
+  EXPECT_EQ(s.predicted_hits, 1u);
+  EXPECT_EQ(s.misses, 5u);  // 0, 1, then 2 and 3 read ahead, then 5
+  cache.finish_layer(1);  // 3 was a wrong guess: dropped
+  touch(cache, 1, {3});
+  s = cache.stats();
+  EXPECT_EQ(s.prefetch_used, 1u);
+  EXPECT_EQ(s.predicted_total, 2u);  // no prediction after finish_layer
+  EXPECT_EQ(s.misses, 6u);  // a dropped guess is read again when really needed
+  // A new prediction replaces the old one (its reads are dropped, not waited for).
+  std::vector<int64_t> many;
+  for (int64_t e = 0; e < kExperts; ++e) many.push_back(e);
+  cache.prefetch(2, many);
+  cache.prefetch(2, std::vector<int64_t>{4});
+  touch(cache, 2, {4, 6});
+  s = cache.stats();
+  EXPECT_EQ(s.prefetch_used, 2u);
+  EXPECT_EQ(s.predicted_hits, 2u);
+  EXPECT_GT(s.busy_seconds, 0.0);
+  cache.finish_layer(2);
+}
+
+TEST(ExpertCache, SharedInFlightReadsAndSlotsHeldByAnotherBatch) {
+  TempDir dir("cache-shared");
+  Fixture f(dir.path(), {1}, -1, -1, /*posix=*/true, /*lead=*/4096);
+  ExpertCacheOptions o = quiet();
+  o.expert_gb = f.gb_for(1);
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  k3::ExpertBatch a, b;
+  cache.acquire(1, std::vector<int64_t>{2, 3}, ExpertCache::Use::kToken, a);
+  cache.acquire(1, std::vector<int64_t>{3, 4}, ExpertCache::Use::kToken, b);  // 3 is read once
+  EXPECT_EQ(cache.stats().misses, 3u);
+  expect_bytes(b.view(0), 1, 3);
+  expect_bytes(a.view(1), 1, 3);
+  a.release();  // promotes 2 into the only slot
+  EXPECT_EQ(cache.cached(1), std::vector<int64_t>{2});
+  k3::ExpertBatch c;
+  cache.acquire(1, std::vector<int64_t>{2}, ExpertCache::Use::kToken, c);  // holds the slot
+  b.release();  // 3 and 4 cannot take a held slot
+  EXPECT_EQ(cache.cached(1), std::vector<int64_t>{2});
+  expect_bytes(c.view(0), 1, 2);
+  EXPECT_EQ(cache.stats().transient, 2u);  // 3 and 4 could not take the held slot
+}
+
+TEST(ExpertCache, HistoryDecayRoundsAndKeepsOnes) {
+  EXPECT_EQ(k3::decayed(100000, 0.5), 50000u);
+  EXPECT_EQ(k3::decayed(3, 0.5), 2u);  // 1.5 rounds half away from zero
+  EXPECT_EQ(k3::decayed(1, 0.01), 1u);
+  EXPECT_EQ(k3::decayed(0, 0.5), 0u);
+  EXPECT_EQ(k3::decayed(7, 1.0), 7u);
+  TempDir dir("cache-decay");
+  Fixture f(dir.path(), {1});
+  ExpertCacheOptions o = quiet();
+  o.history_save_path = dir.file(".coli_usage");
+  o.history_decay = 0.99;
+  ExpertCache cache(f.store, f.layers, kExperts, o);
+  for (int i = 0; i < 1000; ++i) cache.record(1, std::vector<int64_t>{2});
+  cache.record(1, std::vector<int64_t>{5});
+  ASSERT_TRUE(cache.save_history());
+  const std::string text = k3::read_text_file(o.history_save_path);
+  EXPECT_NE(text.find("\n1 2 990\n1 5 1\n"), std::string::npos) << text;
+}
+
 // End to end: a synthetic checkpoint streamed through a one-slot cache gives the logits of the
 // resident run, bit for bit, token at a time and chunked.
 TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
@@ -330,7 +424,13 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
   k3::LoadOptions streamed;
   streamed.cache.expert_gb = 0.000001;
   streamed.cache.state_dir = dir.path() + "/state";
-  const k3::Engine a(dir.path(), resident), b(dir.path(), streamed);
+  // Read-ahead of the next layer's predicted experts and waiting for all reads change timing only.
+  k3::LoadOptions ahead = streamed;
+  ahead.cache.prefetch = true;
+  ahead.cache.io_engine = "threads";
+  k3::LoadOptions unpiped = streamed;
+  unpiped.cache.pipe = false;
+  const k3::Engine a(dir.path(), resident), b(dir.path(), streamed), p(dir.path(), ahead), u(dir.path(), unpiped);
   ASSERT_EQ(b.model().experts().slots_per_layer(), 1);
   std::vector<int64_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % spec.vocab_size);
@@ -338,16 +438,26 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
     k3::Session sa(a, 48), sb(b, 48);
     sa.set_prefill_chunk(chunk);
     sb.set_prefill_chunk(chunk);
-    const std::vector<float> la = sa.prefill(prompt), lb = sb.prefill(prompt);
+    k3::Session sp(p, 48), su(u, 48);
+    sp.set_prefill_chunk(chunk);
+    su.set_prefill_chunk(chunk);
+    const std::vector<float> la = sa.prefill(prompt), lb = sb.prefill(prompt), lp = sp.prefill(prompt), lu = su.prefill(prompt);
     ASSERT_EQ(la.size(), lb.size());
     EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "chunk " << chunk;
+    EXPECT_EQ(std::memcmp(la.data(), lp.data(), la.size() * sizeof(float)), 0) << "prefetch, chunk " << chunk;
+    EXPECT_EQ(std::memcmp(la.data(), lu.data(), la.size() * sizeof(float)), 0) << "unpiped, chunk " << chunk;
     for (int64_t id : {3, 1, 4}) {
-      const std::vector<float> da = sa.step(id), db = sb.step(id);
+      const std::vector<float> da = sa.step(id), db = sb.step(id), dp = sp.step(id);
       EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0) << "decode, chunk " << chunk;
+      EXPECT_EQ(std::memcmp(da.data(), dp.data(), da.size() * sizeof(float)), 0) << "decode, prefetch, chunk " << chunk;
     }
   }
   const k3::ExpertCacheStats s = b.model().experts().stats();
   EXPECT_GT(s.misses, 0u);
+  const k3::ExpertCacheStats sp = p.model().experts().stats();
+  EXPECT_GT(sp.prefetch_issued, 0u);
+  EXPECT_GT(sp.predicted_total, 0u);
+  EXPECT_STREQ(sp.io_engine, "threads");
   b.save_history();
   // Saved in the state directory, one file per model; the model directory is left untouched.
   int saved = 0;

@@ -54,6 +54,13 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load,
   model_opts.cache.expert_gb = load.cache.expert_gb;
   model_opts.cache.direct = load.cache.direct;
   model_opts.cache.pin = load.cache.pin;
+  model_opts.cache.history_decay = load.cache.usage_decay;
+  model_opts.cache.pipe = load.cache.pipe;
+  model_opts.cache.io.threads = load.cache.load_threads;
+  model_opts.cache.io.engine = load.cache.io_engine == "uring"     ? ReadQueueOptions::Engine::kUring
+                               : load.cache.io_engine == "threads" ? ReadQueueOptions::Engine::kThreads
+                                                                   : ReadQueueOptions::Engine::kAuto;
+  model_opts.prefetch = load.cache.prefetch;
   {
     // The routing history lives in the state directory (K3_STATE_DIR; by default the per-user
     // cache directory), one file per model (named by a hash of the model's real path), and is
@@ -97,11 +104,16 @@ std::string Engine::describe() const {
 
 std::string Engine::describe_experts() const {
   const ExpertCacheStats s = model_->experts().stats();
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s",
-                static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses), 100.0 * s.hit_ratio(),
-                static_cast<double>(s.bytes_read) / 1e9,
-                s.read_seconds > 0 ? static_cast<double>(s.bytes_read) / 1e9 / s.read_seconds : 0.0);
+  char buf[360];
+  int n = std::snprintf(buf, sizeof buf,
+                        "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s busy | wait %.2f s",
+                        static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
+                        100.0 * s.hit_ratio(), static_cast<double>(s.bytes_read) / 1e9,
+                        s.busy_seconds > 0 ? static_cast<double>(s.bytes_read) / 1e9 / s.busy_seconds : 0.0, s.wait_seconds);
+  if (s.prefetch_issued > 0 && n > 0 && static_cast<size_t>(n) < sizeof buf)
+    std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), " | prefetch %llu read, %.1f%% used, recall %.1f%%",
+                  static_cast<unsigned long long>(s.prefetch_issued),
+                  100.0 * static_cast<double>(s.prefetch_used) / static_cast<double>(s.prefetch_issued), 100.0 * s.recall());
   return buf;
 }
 

@@ -31,6 +31,11 @@ uint8_t* alloc_aligned(uint64_t bytes) {
 
 }  // namespace
 
+uint64_t decayed(uint64_t count, double decay) {
+  if (count == 0 || decay >= 1.0) return count;
+  return std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(static_cast<double>(count) * decay)));
+}
+
 uint32_t history_hash(const std::string& text) {
   uint32_t h = 2166136261u;
   for (unsigned char ch : text) h = (h ^ ch) * 16777619u;
@@ -55,11 +60,25 @@ struct ExpertCache::Layer {
   uint64_t clock = 0;
 };
 
+// A working-set entry: one expert read in flight or arrived, beyond the budget.
+struct ExpertCache::Entry {
+  ReadTicket ticket;
+  uint8_t* buffer = nullptr;        // [store.slot_bytes()], aligned; swapped with a slot's on promotion
+  const uint8_t* data = nullptr;    // the expert's bytes inside buffer
+  int64_t layer = -1, expert = -1;  // what it holds or reads (-1: free)
+  int refs = 0;                     // batches holding it
+  bool staged = false;              // read ahead on a prediction, not yet taken
+  bool checked = false;             // the read ended and was validated (error set on failure)
+  std::string error;
+  bool free() const { return refs == 0 && !staged; }
+};
+
 ExpertCache::ExpertCache(const ExpertStore& store, std::vector<int64_t> moe_layers, int64_t num_experts,
                          ExpertCacheOptions options)
     : store_(store), options_(std::move(options)), num_experts_(num_experts), moe_layers_(std::move(moe_layers)) {
   const int64_t max_layer = moe_layers_.empty() ? -1 : *std::max_element(moe_layers_.begin(), moe_layers_.end());
   layers_.resize(static_cast<size_t>(max_layer + 1));
+  predicted_.resize(layers_.size());
   for (int64_t l : moe_layers_) {
     auto layer = std::make_unique<Layer>();
     layer->index.assign(static_cast<size_t>(num_experts_), -1);
@@ -71,6 +90,7 @@ ExpertCache::ExpertCache(const ExpertStore& store, std::vector<int64_t> moe_laye
     load_history();
     return;
   }
+  queue_ = make_read_queue(options_.io);
   const uint64_t slot = store_.slot_bytes();
   const uint64_t per_slot_row = slot * moe_layers_.size();  // one slot in every layer
   const double wanted = std::floor(options_.expert_gb * 1e9 / static_cast<double>(per_slot_row));
@@ -101,10 +121,13 @@ ExpertCache::ExpertCache(const ExpertStore& store, std::vector<int64_t> moe_laye
 }
 
 ExpertCache::~ExpertCache() {
+  for (auto& e : entries_) {
+    e->ticket.wait();  // a dropped prefetch may still be reading into its buffer
+    std::free(e->buffer);
+  }
   for (auto& layer : layers_)
     if (layer)
       for (Slot& s : layer->slots) std::free(s.buffer);
-  for (uint8_t* b : spare_) std::free(b);
 }
 
 void ExpertCache::say(const std::string& line) const {
@@ -118,35 +141,61 @@ ExpertCache::Layer* ExpertCache::layer_of(int64_t layer) const {
   return layers_[static_cast<size_t>(layer)].get();
 }
 
-uint8_t* ExpertCache::take_transient() {
-  {
-    std::lock_guard<std::mutex> lock(transient_mu_);
-    if (!spare_.empty()) {
-      uint8_t* b = spare_.back();
-      spare_.pop_back();
-      return b;
-    }
+ExpertCache::Entry* ExpertCache::take_entry(bool staged) {
+  if (staged) {
+    const size_t n = static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(), [](const auto& e) { return e->staged; }));
+    if (n >= kMaxStaged) return nullptr;
   }
-  return alloc_aligned(store_.slot_bytes());
+  Entry* found = nullptr;
+  for (auto& e : entries_)
+    if (e->free() && e->ticket.done()) {
+      found = e.get();
+      break;
+    }
+  if (!found) {
+    entries_.push_back(std::make_unique<Entry>());
+    found = entries_.back().get();
+  }
+  if (!found->buffer) found->buffer = alloc_aligned(store_.slot_bytes());
+  found->data = nullptr;
+  found->checked = false;
+  found->error.clear();
+  found->staged = staged;
+  found->refs = 0;
+  return found;
 }
 
-void ExpertCache::read_batch(int64_t layer, std::span<const int64_t> ids, std::span<uint8_t* const> dst,
-                             std::span<const uint8_t*> data) {
+void ExpertCache::submit_reads(int64_t layer, std::span<Entry* const> entries) {
   // Disk-offset order: experts are not stored in id order inside a shard.
-  std::vector<size_t> order(ids.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::vector<ExpertStore::Location> where(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) where[i] = store_.location(layer, ids[i]);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return std::tie(where[a].file, where[a].offset) < std::tie(where[b].file, where[b].offset);
+  std::vector<std::pair<ExpertStore::Location, Entry*>> order;
+  order.reserve(entries.size());
+  for (Entry* e : entries) order.emplace_back(store_.location(layer, e->expert), e);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.first.file, a.first.offset) < std::tie(b.first.file, b.first.offset);
   });
-  if (!options_.direct)
-    for (size_t i : order) store_.advise(layer, ids[i]);
-  const double start = now_seconds();
-  for (size_t i : order) data[i] = store_.read_into(layer, ids[i], dst[i], options_.direct);
-  read_ns_ += static_cast<uint64_t>((now_seconds() - start) * 1e9);
-  misses_ += ids.size();
-  bytes_ += ids.size() * store_.geometry().expert_bytes();
+  for (auto& [where, e] : order) {
+    const ExpertStore::ReadPlan plan = store_.plan_read(layer, e->expert, e->buffer, options_.direct);
+    if (!options_.direct) store_.advise(layer, e->expert);
+    e->data = plan.data;
+    queue_->submit(e->ticket, {plan.requests.data(), plan.count});
+  }
+  misses_ += entries.size();
+  bytes_ += entries.size() * store_.geometry().expert_bytes();
+}
+
+void ExpertCache::complete(Entry& entry) {
+  const double waited = entry.ticket.wait();
+  wait_ns_ += static_cast<uint64_t>(waited * 1e9);
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  if (!entry.checked) {
+    try {
+      store_.finish_read(entry.layer, entry.expert, entry.data, entry.ticket.error());
+    } catch (const Error& e) {
+      entry.error = e.what();
+    }
+    entry.checked = true;
+  }
+  if (!entry.error.empty()) throw Error(entry.error);
 }
 
 void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, ExpertBatch& batch) {
@@ -155,13 +204,14 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
     throw Error("expert cache: a batch of " + std::to_string(ids.size()) + " experts exceeds " + std::to_string(kMaxBatch));
   batch.cache_ = this;
   batch.layer_ = layer;
-  batch.views_.resize(ids.size());
-  batch.slots_.assign(ids.size(), -1);
+  batch.use_ = static_cast<int>(use);
+  batch.items_.assign(ids.size(), ExpertBatch::Item{});
   if (options_.all_resident) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint8_t* bytes = store_.resident(layer, ids[i]);
       if (!bytes) throw Error("expert " + std::to_string(ids[i]) + " of layer " + std::to_string(layer) + " is not resident");
-      batch.views_[i] = store_.view(bytes);
+      batch.items_[i].view = store_.view(bytes);
+      batch.items_[i].ready = true;
     }
     hits_ += ids.size();
     return;
@@ -169,113 +219,201 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   Layer& L = *layer_of(layer);
   for (int64_t e : ids)
     if (e < 0 || e >= num_experts_) throw Error("expert " + std::to_string(e) + " of layer " + std::to_string(layer) + " is out of range");
-  // Misses: index into ids, the buffer they are read into, and where the bytes land.
-  size_t miss_idx[kMaxBatch];
-  uint8_t* miss_dst[kMaxBatch];
-  const uint8_t* miss_data[kMaxBatch];
-  size_t misses = 0;
-  std::unique_lock<std::mutex> lock(L.mu);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t e = ids[i];
-    const int32_t s = L.index[static_cast<size_t>(e)];
-    if (s >= 0) {
-      Slot& slot = L.slots[static_cast<size_t>(s)];
-      ++slot.refs;
-      slot.used = ++L.clock;
-      slot.probation = false;
-      batch.slots_[i] = s;
-      batch.views_[i] = store_.view(slot.data);
-      ++hits_;
-    } else {
-      miss_idx[misses++] = i;
+  {
+    std::lock_guard<std::mutex> lock(L.mu);
+    std::lock_guard<std::mutex> ws_lock(ws_mu_);
+    const std::vector<int64_t>& predicted = predicted_[static_cast<size_t>(layer)];
+    if (!predicted.empty()) {
+      predicted_total_ += ids.size();
+      for (int64_t e : ids) predicted_hits_ += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
     }
-  }
-  // Targets for the misses, in the batch's order (the first misses win the slots).
-  for (size_t m = 0; m < misses; ++m) {
-    const size_t i = miss_idx[m];
-    int32_t victim = -1;
-    for (size_t s = 0; s < L.slots.size() && victim < 0; ++s)
-      if (L.slots[s].expert < 0 && L.slots[s].refs == 0) victim = static_cast<int32_t>(s);
-    // Oldest evictable slot of a segment (probation or protected).
-    const auto oldest = [&](bool probation) {
-      int32_t best = -1;
-      for (size_t s = 0; s < L.slots.size(); ++s) {
-        const Slot& c = L.slots[s];
-        if (c.pinned || c.refs > 0 || c.probation != probation) continue;
-        if (best < 0 || c.used < L.slots[static_cast<size_t>(best)].used) best = static_cast<int32_t>(s);
+    Entry* fresh[kMaxBatch];
+    size_t reads = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ExpertBatch::Item& item = batch.items_[i];
+      const int64_t e = ids[i];
+      const int32_t s = L.index[static_cast<size_t>(e)];
+      if (s >= 0) {
+        Slot& slot = L.slots[static_cast<size_t>(s)];
+        ++slot.refs;
+        slot.used = ++L.clock;
+        slot.probation = false;
+        item.slot = s;
+        item.view = store_.view(slot.data);
+        item.ready = true;
+        ++hits_;
+        continue;
       }
-      return best;
-    };
-    if (victim < 0) victim = oldest(true);
-    if (victim < 0 && use == Use::kToken) victim = oldest(false);
-    if (victim >= 0) {
-      Slot& slot = L.slots[static_cast<size_t>(victim)];
-      if (slot.expert >= 0) L.index[static_cast<size_t>(slot.expert)] = -1;
-      if (!slot.buffer) slot.buffer = alloc_aligned(store_.slot_bytes());
-      slot.expert = -1;  // filled after the read succeeds
-      slot.data = nullptr;
-      slot.refs = 1;
-      slot.pinned = false;
-      batch.slots_[i] = victim;
-      miss_dst[m] = slot.buffer;
-    } else {
-      uint8_t* b = take_transient();
-      batch.transient_.push_back(b);
-      miss_dst[m] = b;
-      ++transient_count_;
+      // In flight already: staged by a prediction, or held by another running batch.
+      Entry* entry = nullptr;
+      for (auto& en : entries_)
+        if (en->layer == layer && en->expert == e && !en->free() && en->error.empty()) {
+          entry = en.get();
+          break;
+        }
+      if (entry && entry->staged) {
+        entry->staged = false;
+        ++prefetch_used_;
+      }
+      if (!entry) {
+        entry = take_entry(false);
+        entry->layer = layer;
+        entry->expert = e;
+        fresh[reads++] = entry;
+      }
+      ++entry->refs;
+      item.entry = entry;
     }
+    submit_reads(layer, {fresh, reads});
   }
-  if (misses > 0) {
-    int64_t miss_ids[kMaxBatch];
-    for (size_t m = 0; m < misses; ++m) miss_ids[m] = ids[miss_idx[m]];
+  if (!options_.pipe) {
     try {
-      // The layer stays locked while reading: another session needing this layer waits rather
-      // than reading the same experts twice.
-      read_batch(layer, {miss_ids, misses}, {miss_dst, misses}, {miss_data, misses});
+      for (size_t i = 0; i < batch.items_.size(); ++i) batch.view(i);
     } catch (...) {
-      lock.unlock();
       batch.release();
       throw;
     }
-    for (size_t m = 0; m < misses; ++m) {
-      const size_t i = miss_idx[m];
-      batch.views_[i] = store_.view(miss_data[m]);
-      const int32_t s = batch.slots_[i];
-      if (s < 0) continue;
-      Slot& slot = L.slots[static_cast<size_t>(s)];
-      slot.expert = ids[i];
-      slot.data = miss_data[m];
-      slot.used = ++L.clock;
-      slot.probation = use == Use::kChunk;
-      L.index[static_cast<size_t>(ids[i])] = s;
-    }
   }
+}
+
+const ExpertView& ExpertBatch::view(size_t i) {
+  Item& item = items_[i];
+  if (!item.ready) cache_->wait_item(*this, i);
+  return item.view;
+}
+
+bool ExpertBatch::ready(size_t i) const {
+  const Item& item = items_[i];
+  return item.ready || cache_->arrived(item.entry);
+}
+
+bool ExpertCache::arrived(const void* entry) const { return static_cast<const Entry*>(entry)->ticket.done(); }
+
+void ExpertCache::wait_item(ExpertBatch& batch, size_t i) {
+  ExpertBatch::Item& item = batch.items_[i];
+  Entry& entry = *static_cast<Entry*>(item.entry);
+  complete(entry);
+  item.view = store_.view(entry.data);
+  item.ready = true;
 }
 
 void ExpertBatch::release() {
   if (cache_) cache_->release(*this);
   cache_ = nullptr;
-  views_.clear();
-  slots_.clear();
-  transient_.clear();
+  layer_ = -1;
+  items_.clear();
 }
 
 void ExpertCache::release(ExpertBatch& batch) {
-  if (!options_.all_resident && batch.layer_ >= 0) {
-    Layer& L = *layer_of(batch.layer_);
-    std::lock_guard<std::mutex> lock(L.mu);
-    for (int32_t s : batch.slots_) {
-      if (s < 0) continue;
-      Slot& slot = L.slots[static_cast<size_t>(s)];
-      --slot.refs;
-      if (slot.expert < 0) slot.data = nullptr;  // a failed read: the slot stays free
+  if (options_.all_resident || batch.layer_ < 0) return;
+  Layer& L = *layer_of(batch.layer_);
+  std::lock_guard<std::mutex> lock(L.mu);
+  std::lock_guard<std::mutex> ws_lock(ws_mu_);
+  for (const ExpertBatch::Item& item : batch.items_)
+    if (item.slot >= 0) --L.slots[static_cast<size_t>(item.slot)].refs;
+  // Promote the arrived misses. A slot promoted by this release is never the victim of another
+  // (one token's sixteen misses must not churn a four-slot layer).
+  const uint64_t before = L.clock;
+  const bool token = batch.use_ == static_cast<int>(Use::kToken);
+  for (const ExpertBatch::Item& item : batch.items_) {
+    if (!item.entry) continue;
+    Entry& en = *static_cast<Entry*>(item.entry);
+    if (--en.refs > 0 || en.staged) continue;
+    bool kept = false;
+    if (en.ticket.done()) {
+      if (!en.checked) {
+        try {
+          store_.finish_read(en.layer, en.expert, en.data, en.ticket.error());
+        } catch (const Error& e) {
+          en.error = e.what();
+        }
+        en.checked = true;
+      }
+      if (en.error.empty() && L.index[static_cast<size_t>(en.expert)] < 0) {
+        int32_t victim = -1;
+        for (size_t s = 0; s < L.slots.size() && victim < 0; ++s)
+          if (L.slots[s].expert < 0 && L.slots[s].refs == 0) victim = static_cast<int32_t>(s);
+        // Oldest evictable slot of a segment (probation or protected).
+        const auto oldest = [&](bool probation) {
+          int32_t best = -1;
+          for (size_t s = 0; s < L.slots.size(); ++s) {
+            const Slot& c = L.slots[s];
+            if (c.pinned || c.refs > 0 || c.probation != probation || c.used > before) continue;
+            if (best < 0 || c.used < L.slots[static_cast<size_t>(best)].used) best = static_cast<int32_t>(s);
+          }
+          return best;
+        };
+        if (victim < 0) victim = oldest(true);
+        if (victim < 0 && token) victim = oldest(false);
+        if (victim >= 0) {
+          Slot& slot = L.slots[static_cast<size_t>(victim)];
+          if (slot.expert >= 0) L.index[static_cast<size_t>(slot.expert)] = -1;
+          std::swap(slot.buffer, en.buffer);
+          slot.data = en.data;
+          slot.expert = en.expert;
+          slot.used = ++L.clock;
+          slot.probation = !token;
+          slot.pinned = false;
+          L.index[static_cast<size_t>(en.expert)] = victim;
+          kept = true;
+        }
+      }
     }
+    if (!kept && en.error.empty()) ++transient_count_;
+    en.layer = en.expert = -1;
+    en.data = nullptr;
   }
-  std::lock_guard<std::mutex> lock(transient_mu_);
-  for (uint8_t* b : batch.transient_) {
-    if (spare_.size() < kSpareTransients) spare_.push_back(b);
-    else std::free(b);
+  // Working-set entries beyond kWorkingSet are given back once free and idle.
+  for (size_t i = entries_.size(); i-- > 0 && entries_.size() > kWorkingSet;) {
+    Entry& en = *entries_[i];
+    if (!en.free() || !en.ticket.done()) continue;
+    std::free(en.buffer);
+    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
   }
+}
+
+void ExpertCache::drop_staged(int64_t layer) {
+  for (auto& en : entries_)
+    if (en->staged && en->layer == layer) {
+      en->staged = false;
+      if (en->refs == 0) en->layer = en->expert = -1;
+    }
+}
+
+void ExpertCache::prefetch(int64_t layer, std::span<const int64_t> ids) {
+  if (options_.all_resident) return;
+  Layer& L = *layer_of(layer);
+  std::lock_guard<std::mutex> lock(L.mu);
+  std::lock_guard<std::mutex> ws_lock(ws_mu_);
+  drop_staged(layer);
+  std::vector<int64_t>& predicted = predicted_[static_cast<size_t>(layer)];
+  predicted.assign(ids.begin(), ids.end());
+  std::sort(predicted.begin(), predicted.end());
+  Entry* fresh[kMaxStaged];
+  size_t reads = 0;
+  for (int64_t e : ids) {
+    if (reads == kMaxStaged) break;
+    if (e < 0 || e >= num_experts_ || L.index[static_cast<size_t>(e)] >= 0) continue;
+    const bool in_flight = std::any_of(entries_.begin(), entries_.end(), [&](const auto& en) {
+      return en->layer == layer && en->expert == e && !en->free();
+    });
+    if (in_flight) continue;
+    Entry* entry = take_entry(true);
+    if (!entry) break;
+    entry->layer = layer;
+    entry->expert = e;
+    fresh[reads++] = entry;
+  }
+  submit_reads(layer, {fresh, reads});
+  prefetch_issued_ += reads;
+}
+
+void ExpertCache::finish_layer(int64_t layer) {
+  if (options_.all_resident) return;
+  layer_of(layer);
+  std::lock_guard<std::mutex> ws_lock(ws_mu_);
+  drop_staged(layer);
+  predicted_[static_cast<size_t>(layer)].clear();
 }
 
 void ExpertCache::record(int64_t layer, std::span<const int64_t> ids) {
@@ -290,9 +428,31 @@ ExpertCacheStats ExpertCache::stats() const {
   s.hits = hits_.load();
   s.misses = misses_.load();
   s.bytes_read = bytes_.load();
-  s.read_seconds = static_cast<double>(read_ns_.load()) / 1e9;
   s.transient = transient_count_.load();
+  s.wait_seconds = static_cast<double>(wait_ns_.load()) / 1e9;
+  s.prefetch_issued = prefetch_issued_.load();
+  s.prefetch_used = prefetch_used_.load();
+  s.predicted_hits = predicted_hits_.load();
+  s.predicted_total = predicted_total_.load();
+  if (queue_) {
+    const ReadQueueStats q = queue_->stats();
+    s.busy_seconds = q.busy_seconds;
+    s.io_engine = queue_->engine();
+  }
   return s;
+}
+
+void ExpertCache::clear() {
+  for (auto& layer : layers_) {
+    if (!layer) continue;
+    std::lock_guard<std::mutex> lock(layer->mu);
+    for (Slot& slot : layer->slots)
+      if (slot.expert >= 0 && !slot.pinned && slot.refs == 0) {
+        layer->index[static_cast<size_t>(slot.expert)] = -1;
+        slot.expert = -1;
+        slot.data = nullptr;
+      }
+  }
 }
 
 int64_t ExpertCache::pinned(int64_t layer) const {
@@ -403,15 +563,20 @@ void ExpertCache::seed_pins() {
       return ca != cb ? ca > cb : a < b;
     });
     order.resize(n);
-    std::vector<uint8_t*> dst(n);
+    // Read in parallel through the queue, straight into the pinned slots.
+    std::vector<std::unique_ptr<ReadTicket>> tickets;
     std::vector<const uint8_t*> data(n);
     for (size_t i = 0; i < n; ++i) {
       Slot& slot = L.slots[i];
       slot.buffer = alloc_aligned(store_.slot_bytes());
-      dst[i] = slot.buffer;
+      const ExpertStore::ReadPlan plan = store_.plan_read(l, order[i], slot.buffer, options_.direct);
+      data[i] = plan.data;
+      tickets.push_back(std::make_unique<ReadTicket>());
+      queue_->submit(*tickets.back(), {plan.requests.data(), plan.count});
     }
-    read_batch(l, order, dst, data);
     for (size_t i = 0; i < n; ++i) {
+      tickets[i]->wait();
+      store_.finish_read(l, order[i], data[i], tickets[i]->error());
       Slot& slot = L.slots[i];
       slot.expert = order[i];
       slot.data = data[i];
@@ -422,7 +587,6 @@ void ExpertCache::seed_pins() {
   // Start-up reads are not the run's misses.
   misses_ = 0;
   bytes_ = 0;
-  read_ns_ = 0;
 }
 
 bool ExpertCache::save_history() {
@@ -438,7 +602,7 @@ bool ExpertCache::save_history() {
     const Layer& L = *layers_[static_cast<size_t>(l)];
     std::lock_guard<std::mutex> lock(L.mu);
     for (int64_t e = 0; e < num_experts_; ++e)
-      if (L.usage[static_cast<size_t>(e)] > 0) out << l << ' ' << e << ' ' << L.usage[static_cast<size_t>(e)] << '\n';
+      if (const uint64_t c = L.usage[static_cast<size_t>(e)]; c > 0) out << l << ' ' << e << ' ' << decayed(c, options_.history_decay) << '\n';
   }
   const std::string text = out.str();
   try {

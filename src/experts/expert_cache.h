@@ -8,10 +8,9 @@
 // Budget: slots per layer = floor(expert_gb · 1e9 / (expert_bytes · MoE layers)), at least 1,
 // at most num_experts; lowered (one stderr note) when the memory left after the resident weights
 // cannot hold it; refused only when one slot per layer would not fit. A batch (one token's
-// experts, or up to max_batch() of a prefill chunk's) may need more slots than a layer has, or
-// find them all held by another batch: those experts are read into transient buffers, beyond
-// the budget, returned when the batch is released (up to kSpareTransients are kept for reuse, so
-// a decode step allocates nothing).
+// experts, or up to kMaxBatch of a prefill chunk's) may need more slots than a layer has: its
+// misses live in the working set (entries beyond the budget, kWorkingSet kept for reuse so a
+// decode step allocates nothing) until the batch is released.
 //
 // Replacement per layer (segmented LRU): a hit moves the expert to the protected segment's
 // head. A miss of a token batch (decode) takes a free slot, else evicts the probation segment's
@@ -21,14 +20,23 @@
 // a later hit promotes it. Pinned slots (seeded from the history) are never evicted, at most
 // half of a layer's slots.
 //
-// Misses of a batch are read in disk-offset order (file, offset), one expert after another on
-// the calling thread; read_batch() is the seam for overlapped I/O (io_uring) and prefetch.
+// Reads (io/read_queue: io_uring, else a thread pool) land in working-set entries beyond the
+// budget, issued in disk-offset order (file, offset). With `pipe` (K3_PIPE, default) acquire()
+// returns as soon as the misses are submitted and each view waits for its own read
+// (ExpertBatch::view), so compute on the first experts overlaps the reads of the rest; without
+// it acquire() waits for every read (still in parallel). A read error surfaces as k3::Error on
+// the thread asking for the view. When a batch is released, its misses that arrived are promoted
+// into the layer's slots (buffers swapped, no copy) by the replacement rule above (never evicting a slot promoted by the same release); the rest are
+// counted as transient.
 //
-// Routing history: every selection counts one for its (layer, expert). The file has three
-// numeric fields per line: `-1 <n_layers> <n_experts>` (geometry), `-2 <version> <model hash>`
-// (identity), then `<layer> <expert> <count>` for non-zero counts. A file written by another
-// model (geometry or hash differ) is refused with a note and never overwritten; malformed lines
-// are skipped with a note. save_history() writes it atomically (temp + rename).
+// Prefetch: prefetch(layer, ids) starts reads of experts predicted for a layer (staged in the
+// working set, never evicting anything); a later acquire() of that layer takes a staged read as
+// its own (waiting only for what is left of it). Staged reads the layer did not use are dropped
+// at finish_layer() or at the next prediction for that layer. Recall (predicted ∩ used / used)
+// and waste are counted.
+//
+// Routing history decay (COLI_USAGE_DECAY = d in (0, 1]): counters are multiplied by d before
+// saving, rounded, a count of 1 never dropping to 0.
 //
 // Thread-safety: acquire/release/record/stats may be called from several threads (one mutex per
 // layer); a batch's views stay valid until it is released.
@@ -44,6 +52,7 @@
 #include <vector>
 
 #include "experts/expert_store.h"
+#include "io/read_queue.h"
 
 namespace k3 {
 
@@ -60,6 +69,9 @@ struct ExpertCacheOptions {
   std::string history_save_path; // where save_history() writes ("" = nowhere)
   int64_t history_layers = 0;    // the model's full layer count (the file's geometry record)
   std::string model_identity;    // hashed into the file's identity record
+  double history_decay = 1;      // COLI_USAGE_DECAY: counters × this at save (0 < d ≤ 1)
+  bool pipe = true;              // K3_PIPE: views wait for their own read (compute overlaps I/O)
+  ReadQueueOptions io;           // K3_IO_ENGINE / K3_LOAD_THREADS
   std::function<void(const std::string&)> note;  // one-line notes (default: stderr)
 };
 
@@ -67,14 +79,21 @@ struct ExpertCacheStats {
   uint64_t hits = 0;         // experts found in a slot (or resident)
   uint64_t misses = 0;       // experts read from disk
   uint64_t bytes_read = 0;   // bytes of those reads
-  double read_seconds = 0;   // wall time spent reading (on the compute thread)
-  uint64_t transient = 0;    // misses served from transient buffers (not kept)
+  uint64_t transient = 0;    // misses not kept in a slot after their batch
+  double wait_seconds = 0;   // compute thread blocked on reads (un-hidden I/O wait)
+  double busy_seconds = 0;   // wall time with at least one read in flight (drive busy)
+  uint64_t prefetch_issued = 0;   // experts read ahead on a prediction
+  uint64_t prefetch_used = 0;     // of those, taken by the layer's acquire()
+  uint64_t predicted_hits = 0;    // selections that were in the layer's prediction (recall numerator)
+  uint64_t predicted_total = 0;   // selections of layers that had a prediction (recall denominator)
+  const char* io_engine = "";     // "io_uring" or "threads"
+  double recall() const { return predicted_total ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total) : 0; }
   double hit_ratio() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }
 };
 
 class ExpertCache;
 
-// The experts of one acquire(): views in the order asked for, valid until release() (or the
+// The experts of one acquire(): view(i) in the order asked for, valid until release() (or the
 // next acquire into the same batch, or destruction). Reused across calls without allocating.
 class ExpertBatch {
  public:
@@ -87,17 +106,26 @@ class ExpertBatch {
     return *this;
   }
   ~ExpertBatch() { release(); }
-  size_t size() const { return views_.size(); }
-  const ExpertView& operator[](size_t i) const { return views_[i]; }
+  size_t size() const { return items_.size(); }
+  // The i-th expert's bytes, waiting for its read first. Throws k3::Error naming the file,
+  // layer and expert when that read failed.
+  const ExpertView& view(size_t i);
+  // True when view(i) would not wait.
+  bool ready(size_t i) const;
   void release();
 
  private:
   friend class ExpertCache;
+  struct Item {
+    ExpertView view;
+    int32_t slot = -1;      // slot held (a hit), or -1
+    void* entry = nullptr;  // working-set entry held (a miss), or nullptr
+    bool ready = false;
+  };
   ExpertCache* cache_ = nullptr;
   int64_t layer_ = -1;
-  std::vector<ExpertView> views_;
-  std::vector<int32_t> slots_;     // per view: slot index held, or -1
-  std::vector<uint8_t*> transient_;  // transient buffers held
+  int use_ = 0;  // ExpertCache::Use of the acquire
+  std::vector<Item> items_;
 };
 
 class ExpertCache {
@@ -105,7 +133,9 @@ class ExpertCache {
   enum class Use { kToken, kChunk };  // decode (one token) or a prefill chunk
   // Largest batch one acquire() takes (bounds the transient buffers).
   static constexpr size_t kMaxBatch = 64;
-  static constexpr size_t kSpareTransients = 16;
+  // Working-set entries kept allocated between batches, and staged (prefetched) reads at most.
+  static constexpr size_t kWorkingSet = 64;
+  static constexpr size_t kMaxStaged = 64;
 
   // `moe_layers`: the layer indices holding routed experts (all registered in `store`).
   // Throws k3::Error when one slot per layer does not fit the memory limit, or when a pinned
@@ -120,10 +150,20 @@ class ExpertCache {
   // (releasing what it held). Throws k3::Error naming the file, layer and expert on a read
   // error; the batch then holds nothing.
   void acquire(int64_t layer, std::span<const int64_t> ids, Use use, ExpertBatch& batch);
+  // Starts reads of `ids` (most likely first) predicted for `layer`, replacing its previous
+  // prediction. Never evicts; skips experts already cached or in flight. Returns at once.
+  void prefetch(int64_t layer, std::span<const int64_t> ids);
+  // The layer's step is over: its unused staged reads are dropped (buffers reclaimed when the
+  // reads end).
+  void finish_layer(int64_t layer);
   // Counts one routing selection of each of `ids` in the history.
   void record(int64_t layer, std::span<const int64_t> ids);
 
   ExpertCacheStats stats() const;
+  // Empties every unpinned slot not held by a batch (benchmarks start cold).
+  void clear();
+  // K3_PIPE at run time (benchmarks compare both in one process). Not during an acquire().
+  void set_pipe(bool pipe) { options_.pipe = pipe; }
   int64_t slots_per_layer() const { return slots_per_layer_; }
   int64_t pinned(int64_t layer) const;
   // The experts in `layer`'s slots, most recently used first (probation after protected).
@@ -140,12 +180,20 @@ class ExpertCache {
   friend class ExpertBatch;
   struct Slot;
   struct Layer;
+  struct Entry;
   Layer* layer_of(int64_t layer) const;
   void release(ExpertBatch& batch);
-  // Reads the experts `ids` of `layer` into `dst` (one slot buffer each) in disk-offset order.
-  void read_batch(int64_t layer, std::span<const int64_t> ids, std::span<uint8_t* const> dst,
-                  std::span<const uint8_t*> data);
-  uint8_t* take_transient();
+  void wait_item(ExpertBatch& batch, size_t i);
+  bool arrived(const void* entry) const;
+  // A free working-set entry (allocated when none), or nullptr when `staged` and kMaxStaged are
+  // staged already. REQUIRES: ws_mu_ held.
+  Entry* take_entry(bool staged);
+  // Submits the reads of `entries` (of `layer`) in disk-offset order. REQUIRES: ws_mu_ held.
+  void submit_reads(int64_t layer, std::span<Entry* const> entries);
+  // Waits for an entry's read and validates it once; throws its error. REQUIRES: ws_mu_ not held.
+  void complete(Entry& entry);
+  // Drops the staged reads of `layer`. REQUIRES: ws_mu_ held.
+  void drop_staged(int64_t layer);
   void load_history();
   void seed_pins();
   void say(const std::string& line) const;
@@ -156,12 +204,17 @@ class ExpertCache {
   int64_t slots_per_layer_ = 0;
   std::vector<int64_t> moe_layers_;
   std::vector<std::unique_ptr<Layer>> layers_;  // [model layer] (nullptr for dense layers)
-  std::mutex transient_mu_;
-  std::vector<uint8_t*> spare_;                  // transient buffers kept for reuse
+  std::unique_ptr<ReadQueue> queue_;
+  std::mutex ws_mu_;                              // guards the working set and predictions
+  std::vector<std::unique_ptr<Entry>> entries_;  // the working set
+  std::vector<std::vector<int64_t>> predicted_;  // [model layer]: the latest prediction, sorted
   std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_{0}, transient_count_{0};
-  std::atomic<uint64_t> read_ns_{0};
+  std::atomic<uint64_t> wait_ns_{0}, prefetch_issued_{0}, prefetch_used_{0}, predicted_hits_{0}, predicted_total_{0};
   bool history_refused_ = false;
 };
+
+// A history counter after decay d (COLI_USAGE_DECAY): round(count · d), never 1 → 0.
+uint64_t decayed(uint64_t count, double decay);
 
 // 32-bit FNV-1a of `text` (the history's model identity).
 uint32_t history_hash(const std::string& text);

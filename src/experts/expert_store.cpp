@@ -101,48 +101,62 @@ void ExpertStore::validate(const Entry& e, const uint8_t* bytes, int64_t layer, 
   }
 }
 
-const uint8_t* ExpertStore::read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const {
+ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const {
   const Entry& e = entry(layer, expert);
   const uint64_t bytes = geometry_.expert_bytes();
-  uint8_t* data = slot;
+  ReadPlan plan;
+  plan.data = slot;
+  if (!e.contiguous) {
+    uint64_t at = 0;
+    for (const LocatedTensor& t : e.tensors) {
+      plan.requests[plan.count++] = {&t.shard->file(), slot + at, t.info->nbytes, t.info->file_offset, false};
+      at += t.info->nbytes;
+    }
+    return plan;
+  }
+  const File& file = e.tensors[0].shard->file();
+  const uint64_t offset = e.tensors[0].info->file_offset;
+  if (!direct) {
+    plan.requests[plan.count++] = {&file, slot, bytes, offset, false};
+    return plan;
+  }
+  // The aligned window around the expert: [start, start + length) with start rounded down and
+  // the end rounded up, or down to the last whole block inside the file; an expert ending in
+  // the file's last, partial block has that tail read buffered.
+  const uint64_t start = offset / kDirectAlign * kDirectAlign;
+  const uint64_t pad = offset - start;
+  const uint64_t want = pad + bytes;
+  uint64_t length = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const uint64_t size = file.size();
+  if (start + length > size) length = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
+  if (length > 0) plan.requests[plan.count++] = {&file, slot, length, start, true};
+  if (length < want) {
+    const uint64_t from = std::max(length, pad);
+    plan.requests[plan.count++] = {&file, slot + from, want - from, start + from, false};
+  }
+  plan.data = slot + pad;
+  return plan;
+}
+
+void ExpertStore::finish_read(int64_t layer, int64_t expert, const uint8_t* data, const std::string& error) const {
+  if (!error.empty()) throw Error(error + " (" + expert_name(layer, expert) + ")");
+  validate(entry(layer, expert), data, layer, expert);
+}
+
+const uint8_t* ExpertStore::read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const {
+  const ReadPlan plan = plan_read(layer, expert, slot, direct);
+  const std::string& what = entry(layer, expert).tensors[0].info->name;
   try {
-    if (e.contiguous) {
-      const LocatedTensor& first = e.tensors[0];
-      const File& file = first.shard->file();
-      const uint64_t offset = first.info->file_offset;
-      bool done = false;
-      if (direct) {
-        // The aligned window around the expert: [start, start + length) with start rounded
-        // down and the end rounded up, or down to the last whole block inside the file.
-        const uint64_t start = offset / kDirectAlign * kDirectAlign;
-        const uint64_t pad = offset - start;
-        const uint64_t want = pad + bytes;
-        uint64_t length = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-        const uint64_t size = file.size();
-        if (start + length > size) length = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
-        if (length == 0 || file.read_direct(slot, length, start, first.info->name)) {
-          if (length < want) {
-            // The expert ends in the file's last, partial block: that tail is read buffered.
-            const uint64_t from = std::max(length, pad);
-            file.read_exact(slot + from, want - from, start + from, first.info->name);
-          }
-          data = slot + pad;
-          done = true;
-        }
-      }
-      if (!done) file.read_exact(slot, bytes, offset, first.info->name);
-    } else {
-      uint64_t at = 0;
-      for (const LocatedTensor& t : e.tensors) {
-        t.shard->file().read_exact(slot + at, t.info->nbytes, t.info->file_offset, t.info->name);
-        at += t.info->nbytes;
-      }
+    for (size_t i = 0; i < plan.count; ++i) {
+      const ReadRequest& r = plan.requests[i];
+      if (!r.direct || !r.file->read_direct(r.dst, r.length, r.offset, what))
+        r.file->read_exact(r.dst, r.length, r.offset, what);
     }
   } catch (const Error& err) {
-    throw Error(std::string(err.what()) + " (" + expert_name(layer, expert) + ")");
+    finish_read(layer, expert, plan.data, err.what());
   }
-  validate(e, data, layer, expert);
-  return data;
+  finish_read(layer, expert, plan.data, "");
+  return plan.data;
 }
 
 ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const {

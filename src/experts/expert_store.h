@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "io/read_queue.h"
 #include "io/snapshot.h"
 
 namespace k3 {
@@ -80,6 +81,17 @@ class ExpertStore {
   // read-ahead advice is the caller's, via advise()). Validated like read(); throws k3::Error
   // naming the file, layer and expert. Thread-safe for distinct slots.
   const uint8_t* read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const;
+  // The same read as requests for a ReadQueue: up to seven (the aligned O_DIRECT window and a
+  // buffered tail, one buffered read, or six tensor reads) and where the bytes will start.
+  struct ReadPlan {
+    std::array<ReadRequest, 7> requests;
+    size_t count = 0;
+    const uint8_t* data = nullptr;
+  };
+  ReadPlan plan_read(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const;
+  // Completes a planned read: `error` (the ticket's, "" when none) becomes a k3::Error naming the
+  // file, layer and expert; then the bytes at `data` are validated like read_into's.
+  void finish_read(int64_t layer, int64_t expert, const uint8_t* data, const std::string& error) const;
   // Read-ahead advice for a buffered read of the expert soon.
   void advise(int64_t layer, int64_t expert) const;
   // Views of an expert whose bytes start at `bytes`.

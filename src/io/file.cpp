@@ -78,6 +78,12 @@ class PosixFile : public File {
     return true;
   }
 
+  int descriptor(bool direct) const override {
+    if (!direct) return fd_;
+    return direct_ok_.load(std::memory_order_relaxed) ? direct_fd_ : -1;
+  }
+  void refuse_direct() const override { direct_ok_.store(false, std::memory_order_relaxed); }
+
   void will_need(uint64_t offset, uint64_t length) const override {
     ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
   }

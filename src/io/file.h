@@ -33,6 +33,16 @@ class File {
   }
   // Advises the kernel that [offset, offset + length) will be read soon (buffered reads).
   virtual void will_need(uint64_t offset, uint64_t length) const { (void)offset, (void)length; }
+  // The OS descriptor for asynchronous reads (io/read_queue): the O_DIRECT twin when `direct`
+  // (-1 when there is none or direct reads were refused), else the buffered one; -1 for files
+  // without a descriptor (in-memory fakes), which are read with read_exact instead.
+  virtual int descriptor(bool direct) const {
+    (void)direct;
+    return -1;
+  }
+  // Records that the filesystem refused a direct read (EINVAL): later direct reads of this file
+  // go buffered.
+  virtual void refuse_direct() const {}
 };
 
 // The alignment of O_DIRECT reads (buffer, offset and length): 4 KiB, valid for 512e and 4Kn

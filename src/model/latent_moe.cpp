@@ -94,7 +94,7 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
 
 void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w,
                         ExpertCache& experts, int64_t layer, Workspace& ws, StageStats& stats,
-                        const float* x, float* out, RoutingResult* r) {
+                        const float* x, float* out, RoutingResult* r, NextMoe next) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const KernelTable& kt = *compute.kernels;
@@ -103,7 +103,6 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
   float* acc = ws.moe_acc.data();   // [R]
   float* gate = ws.moe_gate.data(); // [I]
   float* up = ws.moe_up.data();     // [I]
-  float* down = ws.moe_down.data(); // [R]
   float* routed = ws.moe_routed.data();  // [D]
   {
     // Everything that reads x, in one parallel region: router logits, latent down, shared gate/up.
@@ -122,14 +121,34 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
       const size_t j1 = std::min(r->ids.size(), j0 + ExpertCache::kMaxBatch);
       experts.acquire(layer, std::span<const int64_t>(r->ids).subspan(j0, j1 - j0), ExpertCache::Use::kToken,
                       ws.expert_batch);
-      for (size_t j = j0; j < j1; ++j) {
-        ++stats.expert_reads;
-        apply_expert(c, compute, ws.expert_batch[j - j0], 1, z, ws.moe_z_q8.data(), ws.moe_z_d.data(), gate, up,
-                     ws.moe_h_q8.data(), ws.moe_h_d.data(), down);
-        add_scaled(acc, r->weights[j], down, R);
+      if (j1 == r->ids.size() && next.weights) {
+        // This layer's misses are queued; the next layer's likely experts go behind them.
+        matmul(kt, next.weights->router, x, 1, ws.moe_predict.data());
+        route(c, *next.weights, ws.moe_predict.data(), compute.expert_top_p, ws, &ws.predicted);
+        experts.prefetch(next.layer, ws.predicted.ids);
       }
+      // Experts computed as their reads land (those already here first, else the next one in
+      // line), each into its own row of `downs`; summed below in ascending id order, so the
+      // result does not depend on the arrival order.
+      float* downs = ws.moe_downs.data();  // [kMaxBatch][R]
+      uint8_t* done = ws.moe_done.data();  // [kMaxBatch]
+      const size_t m = j1 - j0;
+      std::fill(done, done + m, uint8_t{0});
+      for (size_t left = m; left > 0; --left) {
+        size_t pick = m;
+        for (size_t j = 0; j < m && pick == m; ++j)
+          if (!done[j] && ws.expert_batch.ready(j)) pick = j;
+        for (size_t j = 0; j < m && pick == m; ++j)
+          if (!done[j]) pick = j;
+        done[pick] = 1;
+        ++stats.expert_reads;
+        apply_expert(c, compute, ws.expert_batch.view(pick), 1, z, ws.moe_z_q8.data(), ws.moe_z_d.data(), gate, up,
+                     ws.moe_h_q8.data(), ws.moe_h_d.data(), downs + pick * R);
+      }
+      for (size_t j = j0; j < j1; ++j) add_scaled(acc, r->weights[j], downs + (j - j0) * R, R);
       ws.expert_batch.release();
     }
+    experts.finish_layer(layer);
     rmsnorm(acc, w.latent_norm.data(), R, c.rms_norm_eps, acc);
     matmul(kt, w.latent_up, acc, 1, routed);  // [D]
   }
@@ -142,9 +161,35 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
   }
 }
 
+namespace {
+
+// Reads ahead the experts the next MoE layer's router picks for the chunk's rows X [n][hidden],
+// most picked first (at most ExpertCache::kMaxStaged are staged).
+void predict_chunk(const K3Config& c, const Compute& compute, NextMoe next, Workspace& ws, ChunkWorkspace& cw,
+                   const float* X, size_t n, ExpertCache& experts) {
+  const size_t E = static_cast<size_t>(c.num_experts);
+  float* logits = cw.moe_logits.data();  // [n][num_experts] (this layer's routing is done)
+  matmul_chunk(compute, next.weights->router, X, n, logits);
+  std::vector<uint32_t>& count = ws.predict_count;  // [num_experts]
+  count.assign(E, 0);
+  for (size_t t = 0; t < n; ++t) {
+    route(c, *next.weights, logits + t * E, compute.expert_top_p, ws, &ws.predicted);
+    for (int64_t e : ws.predicted.ids) ++count[static_cast<size_t>(e)];
+  }
+  std::vector<int64_t>& order = ws.moe_order;  // [num_experts] scratch
+  order.clear();
+  for (size_t e = 0; e < E; ++e)
+    if (count[e] > 0) order.push_back(static_cast<int64_t>(e));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[static_cast<size_t>(a)] > count[static_cast<size_t>(b)]; });
+  experts.prefetch(next.layer, order);
+  order.resize(E);
+}
+
+}  // namespace
+
 void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const MoeWeights& w,
                               ExpertCache& experts, int64_t layer, Workspace& ws, ChunkWorkspace& cw,
-                              StageStats& stats, const float* X, size_t n, float* out) {
+                              StageStats& stats, const float* X, size_t n, float* out, NextMoe next) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
@@ -194,6 +239,7 @@ void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const M
       const size_t g1 = std::min(ids.size(), g0 + ExpertCache::kMaxBatch);
       experts.acquire(layer, std::span<const int64_t>(ids).subspan(g0, g1 - g0), ExpertCache::Use::kChunk,
                       ws.expert_batch);
+      if (g1 == ids.size() && next.weights) predict_chunk(c, compute, next, ws, cw, X, n, experts);
       for (size_t g = g0; g < g1; ++g) {
         const size_t p0 = starts[g], m = starts[g + 1] - p0;
         // Gather the expert's rows.
@@ -207,12 +253,13 @@ void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const M
           }
         }
         ++stats.expert_reads;
-        apply_expert(c, compute, ws.expert_batch[g - g0], m, cw.ex_z.data(), cw.ex_z_q8.data(), cw.ex_z_d.data(),
+        apply_expert(c, compute, ws.expert_batch.view(g - g0), m, cw.ex_z.data(), cw.ex_z_q8.data(), cw.ex_z_d.data(),
                      cw.ex_gate.data(), cw.ex_up.data(), cw.ex_h_q8.data(), cw.ex_h_d.data(), cw.ex_down.data());
         for (size_t j = 0; j < m; ++j) add_scaled(acc + picks[p0 + j].row * R, picks[p0 + j].weight, cw.ex_down.data() + j * R, R);
       }
       ws.expert_batch.release();
     }
+    experts.finish_layer(layer);
     for (size_t t = 0; t < n; ++t) rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
     matmul_chunk(compute, w.latent_up, acc, n, routed);  // [n][D]
   }

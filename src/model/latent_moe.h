@@ -27,12 +27,20 @@ namespace k3 {
 void route(const K3Config& config, const MoeWeights& weights, const float* logits, double top_p,
            Workspace& work, RoutingResult* routing);
 
+// The next MoE layer, whose experts are read ahead while this one runs (K3_PREFETCH): its
+// router applied to this layer's input predicts them; the real router still decides later.
+struct NextMoe {
+  const MoeWeights* weights = nullptr;  // nullptr: no read-ahead
+  int64_t layer = -1;
+};
+
 // x: [hidden] normalised input; out: [hidden]. `routing` receives the choice. Stage times go to
 // `stats` (router, experts, shared). The routed experts come from `experts` (a token batch);
 // their selections are recorded in its routing history.
 void latent_moe_forward(const K3Config& config, const Compute& compute, const MoeWeights& weights,
                         ExpertCache& experts, int64_t layer, Workspace& work,
-                        StageStats& stats, const float* x, float* out, RoutingResult* routing);
+                        StageStats& stats, const float* x, float* out, RoutingResult* routing,
+                        NextMoe next = {});
 
 // The same for n rows X [n][hidden] (chunked prefill): router, latent down/up and shared experts
 // batched over the rows; each distinct routed expert of the chunk read once and applied to all
@@ -41,6 +49,6 @@ void latent_moe_forward(const K3Config& config, const Compute& compute, const Mo
 void latent_moe_forward_chunk(const K3Config& config, const Compute& compute, const MoeWeights& weights,
                               ExpertCache& experts, int64_t layer, Workspace& work,
                               ChunkWorkspace& chunk, StageStats& stats, const float* X, size_t n,
-                              float* out);
+                              float* out, NextMoe next = {});
 
 }  // namespace k3

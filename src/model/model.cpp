@@ -17,6 +17,7 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOption
   compute_.kernels = &kernel_table(options_.isa);
   compute_.idot = options_.idot;
   compute_.expert_top_p = options_.expert_top_p;
+  prefetch_ = options_.prefetch;
   int64_t num_layers = options_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
   weights_ = load_weights(snapshot_, config_, num_layers, options_.precision, options_.on_load_progress);
@@ -129,7 +130,7 @@ void Model::forward(ModelState& state, const float* x0, float* final_hidden,
       StageTimer timer(stats, Stage::kDense);
       situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, ws, normed, branch);
     } else {
-      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, branch, &ws.routing);
+      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, branch, &ws.routing, next_moe(l));
       if (observer) observer->on_routing(l, ws.routing);
     }
     observe(l, ForwardObserver::Site::kMlpOut, branch);
@@ -219,7 +220,7 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
       situ_mlp_forward_chunk(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, cw, normed, n,
                              branch);
     } else {
-      latent_moe_forward_chunk(config_, compute_, *lw.moe, *experts_, l, ws, cw, stats, normed, n, branch);
+      latent_moe_forward_chunk(config_, compute_, *lw.moe, *experts_, l, ws, cw, stats, normed, n, branch, next_moe(l));
       if (observer)
         for (size_t t = 0; t < n; ++t) observer->on_routing(l, cw.routing[t]);
     }
@@ -235,6 +236,13 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
   }
   observe(-1, ForwardObserver::Site::kFinalHidden, final_hidden);
   state.position += static_cast<int64_t>(n);
+}
+
+NextMoe Model::next_moe(int64_t layer) const {
+  if (!prefetch_.load(std::memory_order_relaxed) || options_.experts_in_memory) return {};
+  for (int64_t l = layer + 1; l < num_layers(); ++l)
+    if (const auto& moe = weights_.layers[static_cast<size_t>(l)].moe) return {&*moe, l};
+  return {};
 }
 
 void Model::head(ModelState& state, const float* final_hidden, float* logits) const {

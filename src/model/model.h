@@ -13,6 +13,7 @@
 // Thread-safety: a Model is read-only after construction; one ModelState per sequence.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,6 +53,9 @@ struct ModelOptions {
   // model_identity are filled in by the model.
   ExpertCacheOptions cache;
   int64_t chunk = 32;       // prompt tokens per layer-major prefill chunk (1 = token at a time)
+  // K3_PREFETCH: while a MoE layer runs, read ahead the experts the next MoE layer's router picks
+  // for this layer's input (timing only: the real router decides).
+  bool prefetch = false;
   std::function<void(double fraction)> on_load_progress;  // optional: after each loaded layer
 };
 
@@ -65,6 +69,10 @@ class Model {
   const ModelOptions& options() const { return options_; }
   // The routed experts (counters, history). Thread-safe.
   ExpertCache& experts() const { return *experts_; }
+  // The read-ahead target of MoE layer `layer`: the next MoE layer, when prefetch is on.
+  NextMoe next_moe(int64_t layer) const;
+  // K3_PREFETCH at run time (benchmarks compare both in one process).
+  void set_prefetch(bool on) const { prefetch_.store(on, std::memory_order_relaxed); }
   // Bytes of resident weights (dense matrices in their RAM formats and vectors).
   uint64_t resident_bytes() const;
   int64_t num_layers() const { return static_cast<int64_t>(weights_.layers.size()); }
@@ -98,6 +106,7 @@ class Model {
  private:
   const Snapshot& snapshot_;
   K3Config config_;
+  mutable std::atomic<bool> prefetch_{false};
   ModelOptions options_;
   Compute compute_;
   ModelWeights weights_;

@@ -50,7 +50,10 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
   w.moe_scores.assign(E, 0.0f);
   w.moe_choice.assign(E, 0.0f);
   w.moe_order.assign(E, 0);
-  for (auto* v : {&w.moe_z, &w.moe_acc, &w.moe_down}) v->assign(R, 0.0f);
+  w.moe_predict.assign(E, 0.0f);
+  for (auto* v : {&w.moe_z, &w.moe_acc}) v->assign(R, 0.0f);
+  w.moe_downs.assign(ExpertCache::kMaxBatch * R, 0.0f);
+  w.moe_done.assign(ExpertCache::kMaxBatch, 0);
   for (auto* v : {&w.moe_gate, &w.moe_up}) v->assign(I, 0.0f);
   w.moe_z_q8.assign(R, 0);
   w.moe_h_q8.assign(I, 0);

@@ -59,11 +59,16 @@ struct Workspace {
   // MoE.
   std::vector<float> moe_scores, moe_choice;  // [num_experts]
   std::vector<int64_t> moe_order;             // [num_experts]
-  std::vector<float> moe_z, moe_acc, moe_down;  // [routed_expert_hidden_size]
+  std::vector<float> moe_predict;             // [num_experts]: the next MoE layer's router logits (read-ahead)
+  std::vector<uint32_t> predict_count;        // [num_experts]: a chunk's predicted picks per expert
+  RoutingResult predicted;                    // the next MoE layer's predicted choice
+  std::vector<float> moe_z, moe_acc;            // [routed_expert_hidden_size]
   std::vector<float> moe_gate, moe_up;          // [moe_intermediate_size]
   std::vector<int8_t> moe_z_q8, moe_h_q8;       // [routed_expert_hidden_size], [moe_intermediate_size]
   std::vector<float> moe_z_d, moe_h_d;          // [.. / 32]
   std::vector<float> moe_routed;                // [hidden]
+  std::vector<float> moe_downs;                 // [ExpertCache::kMaxBatch][routed_expert_hidden_size]
+  std::vector<uint8_t> moe_done;                // [ExpertCache::kMaxBatch]
   ExpertBatch expert_batch;                     // the routed experts of the running step
   RoutingResult routing;
   // SiTU MLP (dense layers and shared experts).

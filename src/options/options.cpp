@@ -179,6 +179,23 @@ const std::vector<OptionRow>& option_rows() {
        [](Options& o, const std::string& v, const std::string& s) { o.load.cache.direct = parse_bool(v, s); }},
       {"--pin", "K3_PIN", "1", "pin each layer's most used experts (up to half its slots) from the routing history",
        [](Options& o, const std::string& v, const std::string& s) { o.load.cache.pin = parse_bool(v, s); }},
+      {"--pipe", "K3_PIPE", "1", "compute on each routed expert as soon as its read lands, while the rest stream (0 = wait for all reads first)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.pipe = parse_bool(v, s); }},
+      {"--load-threads", "K3_LOAD_THREADS", "4", "expert reader threads, 1..16, where io_uring is unavailable (or with K3_IO_ENGINE=threads)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.load_threads = static_cast<int>(parse_int(v, s, 1, 16)); }},
+      {"--io-engine", "K3_IO_ENGINE", "auto", "expert reads: auto (io_uring when the kernel allows, else threads), uring, threads",
+       [](Options& o, const std::string& v, const std::string& s) {
+         if (v != "auto" && v != "uring" && v != "threads")
+           throw Error(s + ": expected auto, uring or threads, got \"" + v + "\"");
+         o.load.cache.io_engine = v;
+       }},
+      {"--prefetch", "K3_PREFETCH", "0", "read ahead the experts the next MoE layer's router picks for the current layer's input (timing only)",
+       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.prefetch = parse_bool(v, s); }},
+      {"--usage-decay", "COLI_USAGE_DECAY", "1", "routing history: counters multiplied by this (0 < d <= 1) when saved; 0.99 = ~69-run half-life",
+       [](Options& o, const std::string& v, const std::string& s) {
+         o.load.cache.usage_decay = parse_double(v, s, 0.0, 1.0);
+         if (o.load.cache.usage_decay <= 0.0) throw Error(s + ": must be greater than 0");
+       }},
       {"--state-dir", "K3_STATE_DIR", "", "directory for the routing history (default $XDG_CACHE_HOME/kimi_k3 or ~/.cache/kimi_k3; never the model directory)",
        [](Options& o, const std::string& v, const std::string&) { o.load.cache.state_dir = v; }},
       {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",

@@ -17,6 +17,11 @@ struct CacheOptions {
   bool direct = true;      // K3_DIRECT: O_DIRECT expert reads (0 = buffered with read-ahead advice)
   bool pin = true;         // K3_PIN: pin each layer's most used experts from the routing history
   std::string state_dir;   // K3_STATE_DIR: where .coli_usage is kept ("" = beside the model when writable)
+  double usage_decay = 1;  // COLI_USAGE_DECAY: history counters × this when saved (0 < d <= 1)
+  bool pipe = true;        // K3_PIPE: compute on arrived experts while the rest are read
+  int load_threads = 4;    // K3_LOAD_THREADS: reader threads where io_uring is unavailable (1..16)
+  std::string io_engine = "auto";  // K3_IO_ENGINE: auto, uring, threads
+  bool prefetch = false;   // K3_PREFETCH: read the next MoE layer's predicted experts ahead
 };
 
 // How dense matrices are held in RAM and how experts are computed (ARCHITECTURE.md §5). The

@@ -1,0 +1,100 @@
+// io/read_queue.h — many file extents read at once in the background (expert streaming).
+// Owns: the asynchronous read engines — io_uring (liburing: one ring, reads split into extents
+// of at most ReadQueueOptions::extent_bytes, up to `depth` extents in flight, completions
+// reaped by a background thread) and a pool of plain threads doing pread where io_uring is
+// unavailable — plus the drive-busy clock (time with at least one read in flight). Does not own:
+// what is read or where it goes (experts/), nor alignment planning (the caller's requests are
+// already aligned when `direct`).
+//
+// A ReadTicket groups requests that complete together (one expert: its aligned O_DIRECT window
+// and possibly a buffered tail, or six buffered tensor reads). The submitter waits on the ticket;
+// errors (EIO, a short read past end of file, a direct read refused mid-way that also fails
+// buffered) are recorded in the ticket as a message naming the file and offset, never thrown on
+// the background thread. A direct read refused with EINVAL (filesystem without O_DIRECT support)
+// is retried buffered.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "io/file.h"
+
+namespace k3 {
+
+struct ReadRequest {
+  const File* file = nullptr;
+  void* dst = nullptr;
+  uint64_t length = 0;
+  uint64_t offset = 0;
+  // O_DIRECT (dst, length and offset multiples of kDirectAlign, offset + length <= size()).
+  bool direct = false;
+};
+
+// One group of requests in flight. Not copyable or movable; must outlive its reads (the
+// destructor waits for them).
+class ReadTicket {
+ public:
+  ReadTicket() = default;
+  ReadTicket(const ReadTicket&) = delete;
+  ReadTicket& operator=(const ReadTicket&) = delete;
+  ~ReadTicket() { wait(); }
+
+  // True once every request finished (successfully or not).
+  bool done() const { return pending_.load(std::memory_order_acquire) == 0; }
+  // Blocks until done(); returns the seconds spent blocked (0 when already done).
+  double wait();
+  // "" when every request succeeded; else the first failure's message (file, offset, reason).
+  // REQUIRES: done().
+  const std::string& error() const { return error_; }
+
+  // For the engines: `count` more extents outstanding / one extent finished (with `error` ""
+  // or a message; the first message is kept).
+  void add_pending(int count) { pending_.fetch_add(count, std::memory_order_relaxed); }
+  void finish_one(const std::string& error);
+  // For the submitter before reuse: clears the error. REQUIRES: done().
+  void reset() { error_.clear(); }
+
+ private:
+  std::atomic<int> pending_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string error_;
+};
+
+struct ReadQueueStats {
+  uint64_t bytes = 0;          // bytes read (successful extents)
+  uint64_t extents = 0;        // extents completed
+  double busy_seconds = 0;     // wall time with at least one extent in flight
+  int max_in_flight = 0;       // deepest queue seen
+};
+
+struct ReadQueueOptions {
+  enum class Engine { kAuto, kUring, kThreads };
+  Engine engine = Engine::kAuto;  // auto: io_uring when the kernel allows it, else threads
+  int threads = 4;                // K3_LOAD_THREADS: workers of the thread engine (1..16)
+  int depth = 64;                 // extents in flight at most (io_uring)
+  uint64_t extent_bytes = uint64_t{1} << 20;  // reads are split into pieces of at most this
+};
+
+class ReadQueue {
+ public:
+  virtual ~ReadQueue() = default;
+  // Starts every request of `requests` as part of `ticket` (REQUIRES: ticket done(); it is reset)
+  // and returns without waiting. Requests on files without a descriptor (in-memory fakes) are
+  // served on the calling thread before returning. Thread-safe.
+  virtual void submit(ReadTicket& ticket, std::span<const ReadRequest> requests) = 0;
+  virtual ReadQueueStats stats() const = 0;
+  // "io_uring" or "threads".
+  virtual const char* engine() const = 0;
+};
+
+// Builds the engine `options` asks for; kAuto falls back to threads when io_uring cannot be set
+// up (old kernel, seccomp). kUring throws k3::Error when io_uring is unavailable.
+std::unique_ptr<ReadQueue> make_read_queue(const ReadQueueOptions& options);
+
+}  // namespace k3
