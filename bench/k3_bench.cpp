@@ -1185,7 +1185,7 @@ int run_stream(const StreamArgs& a) {
     for (int64_t i = 0; i < a.tokens; ++i) logits = session.step(k3::argmax(logits));
     const double dt = k3::now_seconds() - t0;
     const k3::ExpertCacheStats s1 = cache.stats();
-    const double gb = static_cast<double>(s1.bytes_read - s0.bytes_read) / 1e9;
+    const double gb = static_cast<double>(s1.drive_bytes - s0.drive_bytes) / 1e9;
     const double busy = s1.busy_seconds - s0.busy_seconds;
     const double wait = s1.wait_seconds - s0.wait_seconds;
     const double rate = busy > 0 ? gb / busy : 0;
@@ -1202,6 +1202,13 @@ int run_stream(const StreamArgs& a) {
     add_result(n + "_drive_busy", busy / dt, "fraction", busy / dt);
     if (cfg.prefetch) {
       add_result(n + "_recall", recall, "fraction", recall);
+      for (const k3::ExpertCache::LayerRecall& r : cache.recall_by_layer()) {
+        const double v = static_cast<double>(r.predicted_hits) / static_cast<double>(r.predicted_total);
+        std::printf("  read-ahead recall, layer %lld (predicted from layer %lld's input): %.1f%% of %llu selections\n",
+                    static_cast<long long>(r.layer), static_cast<long long>(r.layer - 1), 100 * v,
+                    static_cast<unsigned long long>(r.predicted_total));
+        add_result(n + "_recall_layer" + std::to_string(r.layer), v, "fraction", v);
+      }
       const double issued = static_cast<double>(s1.prefetch_issued - s0.prefetch_issued);
       add_result(n + "_prefetch_used", issued > 0 ? static_cast<double>(s1.prefetch_used - s0.prefetch_used) / issued : 0,
                  "fraction", std::nan(""));

@@ -345,28 +345,36 @@ TEST(ExpertCache, PrefetchStagesReadsWithoutEvictingAndCountsRecall) {
   cache.prefetch(1, std::vector<int64_t>{2, 3, 0});  // 0 is cached: not read again
   EXPECT_EQ(cache.stats().prefetch_issued, 2u);
   EXPECT_EQ(cache.cached(1), before);  // staged reads evict nothing
+  cache.routed(1, std::vector<int64_t>{5, 2});  // 3 was a wrong guess: cancelled
   touch(cache, 1, {2, 5});  // 2 was read ahead, 5 was not predicted
   k3::ExpertCacheStats s = cache.stats();
   EXPECT_EQ(s.prefetch_used, 1u);
   EXPECT_EQ(s.predicted_total, 2u);
   EXPECT_EQ(s.predicted_hits, 1u);
   EXPECT_EQ(s.misses, 5u);  // 0, 1, then 2 and 3 read ahead, then 5
-  cache.finish_layer(1);  // 3 was a wrong guess: dropped
+  cache.finish_layer(1);
   touch(cache, 1, {3});
   s = cache.stats();
   EXPECT_EQ(s.prefetch_used, 1u);
-  EXPECT_EQ(s.predicted_total, 2u);  // no prediction after finish_layer
+  EXPECT_EQ(s.predicted_total, 2u);  // no prediction for this step
   EXPECT_EQ(s.misses, 6u);  // a dropped guess is read again when really needed
   // A new prediction replaces the old one (its reads are dropped, not waited for).
   std::vector<int64_t> many;
   for (int64_t e = 0; e < kExperts; ++e) many.push_back(e);
   cache.prefetch(2, many);
   cache.prefetch(2, std::vector<int64_t>{4});
+  cache.routed(2, std::vector<int64_t>{4, 6});
   touch(cache, 2, {4, 6});
   s = cache.stats();
   EXPECT_EQ(s.prefetch_used, 2u);
   EXPECT_EQ(s.predicted_hits, 2u);
+  EXPECT_EQ(s.predicted_total, 4u);
   EXPECT_GT(s.busy_seconds, 0.0);
+  const std::vector<ExpertCache::LayerRecall> by_layer = cache.recall_by_layer();
+  ASSERT_EQ(by_layer.size(), 2u);
+  EXPECT_EQ(by_layer[0].layer, 1);
+  EXPECT_EQ(by_layer[0].predicted_hits, 1u);
+  EXPECT_EQ(by_layer[1].predicted_total, 2u);
   cache.finish_layer(2);
 }
 

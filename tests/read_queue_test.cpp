@@ -202,6 +202,28 @@ TEST_P(ReadQueueTest, LastDirectWindowAndBufferedTail) {
   EXPECT_EQ(queue->stats().bytes, kFileBytes - start);
 }
 
+TEST_P(ReadQueueTest, CancelWithdrawsWhatHasNotReachedTheDrive) {
+  // One in flight at a time, 4 KiB pieces: almost all of a 9 MiB read is still queued when the
+  // cancel comes; another ticket's queued reads are untouched.
+  auto queue = make(1, 4096, 1);
+  Read big = direct(*file_, 0, kFileBytes / kDirectAlign * kDirectAlign);
+  Read other = buffered(*file_, 777, 100000);
+  ReadTicket ticket, keep;
+  queue->submit(ticket, {&big.request, 1});
+  queue->submit(keep, {&other.request, 1});
+  queue->cancel(ticket);
+  ticket.wait();
+  EXPECT_EQ(ticket.error(), "cancelled");
+  keep.wait();
+  EXPECT_EQ(keep.error(), "");
+  EXPECT_EQ(first_mismatch(other.buffer.get() + 1, bytes_, 777, 100000), -1);
+  const k3::ReadQueueStats s = queue->stats();
+  EXPECT_GT(s.cancelled, 2000u);
+  EXPECT_LT(s.bytes, kFileBytes / 2);
+  queue->cancel(ticket);  // done already: nothing happens
+  EXPECT_TRUE(ticket.done());
+}
+
 TEST_P(ReadQueueTest, ReadsPastTheEndAreShortReads) {
   auto queue = make();
   const uint64_t whole = kFileBytes / kDirectAlign * kDirectAlign;

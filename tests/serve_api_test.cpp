@@ -286,6 +286,12 @@ TEST(ServeApi, MetricsText) {
   s.prompt_tokens = 412;
   s.cached_tokens = 380;
   s.prefill_seconds = 1;
+  s.experts.busy_seconds = 4.5;
+  s.experts.wait_seconds = 0.25;
+  s.experts.prefetch_issued = 40;
+  s.experts.prefetch_used = 30;
+  s.experts.predicted_hits = 3;
+  s.experts.predicted_total = 4;
   const std::string text = metrics_text(s, {{"endpoint=\"/v1/chat/completions\",status=\"200\"", 3}});
   EXPECT_NE(text.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 3\n"), std::string::npos);
   EXPECT_NE(text.find("k3_generated_tokens_total 57\n"), std::string::npos);
@@ -293,6 +299,11 @@ TEST(ServeApi, MetricsText) {
   EXPECT_NE(text.find("k3_decode_tokens_per_second 28.5\n"), std::string::npos);
   EXPECT_NE(text.find("k3_prefill_tokens_per_second 32\n"), std::string::npos);
   EXPECT_NE(text.find("# TYPE k3_requests_queued gauge"), std::string::npos);
+  EXPECT_NE(text.find("k3_expert_read_busy_seconds_total 4.5\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_expert_read_wait_seconds_total 0.25\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_expert_prefetch_reads_total 40\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_expert_prefetch_used_total 30\n"), std::string::npos);
+  EXPECT_NE(text.find("k3_expert_prefetch_recall 0.75\n"), std::string::npos);
 }
 
 }  // namespace

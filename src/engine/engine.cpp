@@ -109,7 +109,7 @@ std::string Engine::describe_experts() const {
                         "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s busy | wait %.2f s",
                         static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
                         100.0 * s.hit_ratio(), static_cast<double>(s.bytes_read) / 1e9,
-                        s.busy_seconds > 0 ? static_cast<double>(s.bytes_read) / 1e9 / s.busy_seconds : 0.0, s.wait_seconds);
+                        s.busy_seconds > 0 ? static_cast<double>(s.drive_bytes) / 1e9 / s.busy_seconds : 0.0, s.wait_seconds);
   if (s.prefetch_issued > 0 && n > 0 && static_cast<size_t>(n) < sizeof buf)
     std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), " | prefetch %llu read, %.1f%% used, recall %.1f%%",
                   static_cast<unsigned long long>(s.prefetch_issued),

@@ -58,6 +58,7 @@ struct ExpertCache::Layer {
   std::vector<int32_t> index;       // [num_experts]: slot holding the expert, or -1
   std::vector<uint64_t> usage;      // [num_experts]: routing selections (history)
   uint64_t clock = 0;
+  uint64_t predicted_hits = 0, predicted_total = 0;  // read-ahead recall (under ws_mu_)
 };
 
 // A working-set entry: one expert read in flight or arrived, beyond the budget.
@@ -222,11 +223,6 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   {
     std::lock_guard<std::mutex> lock(L.mu);
     std::lock_guard<std::mutex> ws_lock(ws_mu_);
-    const std::vector<int64_t>& predicted = predicted_[static_cast<size_t>(layer)];
-    if (!predicted.empty()) {
-      predicted_total_ += ids.size();
-      for (int64_t e : ids) predicted_hits_ += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
-    }
     Entry* fresh[kMaxBatch];
     size_t reads = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -372,12 +368,32 @@ void ExpertCache::release(ExpertBatch& batch) {
   }
 }
 
-void ExpertCache::drop_staged(int64_t layer) {
+void ExpertCache::drop_staged(int64_t layer, std::span<const int64_t> keep) {
   for (auto& en : entries_)
-    if (en->staged && en->layer == layer) {
+    if (en->staged && en->layer == layer && !std::binary_search(keep.begin(), keep.end(), en->expert)) {
       en->staged = false;
+      queue_->cancel(en->ticket);
       if (en->refs == 0) en->layer = en->expert = -1;
     }
+}
+
+void ExpertCache::routed(int64_t layer, std::span<const int64_t> ids) {
+  if (options_.all_resident) return;
+  Layer& L = *layer_of(layer);
+  std::vector<int64_t> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  std::lock_guard<std::mutex> ws_lock(ws_mu_);
+  std::vector<int64_t>& predicted = predicted_[static_cast<size_t>(layer)];
+  if (predicted.empty()) return;
+  uint64_t found = 0;
+  for (int64_t e : sorted) found += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
+  predicted_total_ += sorted.size();
+  predicted_hits_ += found;
+  L.predicted_total += sorted.size();
+  L.predicted_hits += found;
+  predicted.clear();
+  drop_staged(layer, sorted);
 }
 
 void ExpertCache::prefetch(int64_t layer, std::span<const int64_t> ids) {
@@ -437,9 +453,20 @@ ExpertCacheStats ExpertCache::stats() const {
   if (queue_) {
     const ReadQueueStats q = queue_->stats();
     s.busy_seconds = q.busy_seconds;
+    s.drive_bytes = q.bytes;
     s.io_engine = queue_->engine();
   }
   return s;
+}
+
+std::vector<ExpertCache::LayerRecall> ExpertCache::recall_by_layer() const {
+  std::vector<LayerRecall> out;
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  for (int64_t l : moe_layers_) {
+    const Layer& L = *layers_[static_cast<size_t>(l)];
+    if (L.predicted_total > 0) out.push_back({l, L.predicted_hits, L.predicted_total});
+  }
+  return out;
 }
 
 void ExpertCache::clear() {

@@ -31,9 +31,10 @@
 //
 // Prefetch: prefetch(layer, ids) starts reads of experts predicted for a layer (staged in the
 // working set, never evicting anything); a later acquire() of that layer takes a staged read as
-// its own (waiting only for what is left of it). Staged reads the layer did not use are dropped
-// at finish_layer() or at the next prediction for that layer. Recall (predicted ∩ used / used)
-// and waste are counted.
+// its own (waiting only for what is left of it). Once the layer's real routing is known
+// (routed()), staged reads it does not need are cancelled; the rest are dropped at
+// finish_layer() or at the next prediction for that layer. Recall (predicted ∩ used / used) and
+// use of the reads are counted.
 //
 // Routing history decay (COLI_USAGE_DECAY = d in (0, 1]): counters are multiplied by d before
 // saving, rounded, a count of 1 never dropping to 0.
@@ -78,7 +79,8 @@ struct ExpertCacheOptions {
 struct ExpertCacheStats {
   uint64_t hits = 0;         // experts found in a slot (or resident)
   uint64_t misses = 0;       // experts read from disk
-  uint64_t bytes_read = 0;   // bytes of those reads
+  uint64_t bytes_read = 0;   // bytes of those reads (as asked; see drive_bytes)
+  uint64_t drive_bytes = 0;  // bytes that came from the drive (cancelled read-ahead left out)
   uint64_t transient = 0;    // misses not kept in a slot after their batch
   double wait_seconds = 0;   // compute thread blocked on reads (un-hidden I/O wait)
   double busy_seconds = 0;   // wall time with at least one read in flight (drive busy)
@@ -153,13 +155,23 @@ class ExpertCache {
   // Starts reads of `ids` (most likely first) predicted for `layer`, replacing its previous
   // prediction. Never evicts; skips experts already cached or in flight. Returns at once.
   void prefetch(int64_t layer, std::span<const int64_t> ids);
-  // The layer's step is over: its unused staged reads are dropped (buffers reclaimed when the
-  // reads end).
+  // The layer's real choice is known: `ids` are every expert its step will acquire. Staged reads
+  // outside them are cancelled (what has not reached the drive yet never will, so the real
+  // misses do not queue behind wrong guesses) and the prediction's recall is counted.
+  void routed(int64_t layer, std::span<const int64_t> ids);
+  // The layer's step is over: its unused staged reads are dropped and cancelled (buffers
+  // reclaimed when their in-flight pieces end).
   void finish_layer(int64_t layer);
   // Counts one routing selection of each of `ids` in the history.
   void record(int64_t layer, std::span<const int64_t> ids);
 
   ExpertCacheStats stats() const;
+  // Per MoE layer: {layer, selections predicted, selections} of the read-ahead (recall).
+  struct LayerRecall {
+    int64_t layer;
+    uint64_t predicted_hits, predicted_total;
+  };
+  std::vector<LayerRecall> recall_by_layer() const;
   // Empties every unpinned slot not held by a batch (benchmarks start cold).
   void clear();
   // K3_PIPE at run time (benchmarks compare both in one process). Not during an acquire().
@@ -192,8 +204,9 @@ class ExpertCache {
   void submit_reads(int64_t layer, std::span<Entry* const> entries);
   // Waits for an entry's read and validates it once; throws its error. REQUIRES: ws_mu_ not held.
   void complete(Entry& entry);
-  // Drops the staged reads of `layer`. REQUIRES: ws_mu_ held.
-  void drop_staged(int64_t layer);
+  // Drops (and cancels) the staged reads of `layer` whose expert is not in `keep` (sorted).
+  // REQUIRES: ws_mu_ held.
+  void drop_staged(int64_t layer, std::span<const int64_t> keep = {});
   void load_history();
   void seed_pins();
   void say(const std::string& line) const;
@@ -205,7 +218,7 @@ class ExpertCache {
   std::vector<int64_t> moe_layers_;
   std::vector<std::unique_ptr<Layer>> layers_;  // [model layer] (nullptr for dense layers)
   std::unique_ptr<ReadQueue> queue_;
-  std::mutex ws_mu_;                              // guards the working set and predictions
+  mutable std::mutex ws_mu_;                      // guards the working set and predictions
   std::vector<std::unique_ptr<Entry>> entries_;  // the working set
   std::vector<std::vector<int64_t>> predicted_;  // [model layer]: the latest prediction, sorted
   std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_{0}, transient_count_{0};

@@ -131,6 +131,7 @@ class Meter {
     stats_.bytes += bytes;
     ++stats_.extents;
   }
+  void cancelled(uint64_t n) { stats_.cancelled += n; }
   int in_flight() const { return in_flight_; }
   ReadQueueStats snapshot() const {
     ReadQueueStats s = stats_;
@@ -187,7 +188,20 @@ class QueueBase : public ReadQueue {
     return meter_.snapshot();
   }
 
+  void cancel(ReadTicket& ticket) final {
+    if (ticket.done()) return;
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      n = withdraw_locked(&ticket);
+      meter_.cancelled(n);
+    }
+    for (size_t i = 0; i < n; ++i) ticket.finish_one("cancelled");
+  }
+
  protected:
+  // Removes the ticket's extents waiting in the engine's FIFO; returns how many. REQUIRES: mu_.
+  virtual size_t withdraw_locked(const ReadTicket* ticket) = 0;
   // Starts `extents` (already counted in their tickets).
   virtual void enqueue(std::vector<Extent>&& extents) = 0;
 
@@ -260,6 +274,12 @@ class UringQueue final : public QueueBase {
   const char* engine() const override { return "io_uring"; }
 
  protected:
+  size_t withdraw_locked(const ReadTicket* ticket) override {
+    const size_t before = fifo_.size();
+    std::erase_if(fifo_, [&](const std::unique_ptr<Extent>& e) { return e->ticket == ticket; });
+    return before - fifo_.size();
+  }
+
   void enqueue(std::vector<Extent>&& extents) override {
     std::vector<std::unique_ptr<Extent>> owned;
     owned.reserve(extents.size());
@@ -436,6 +456,12 @@ class ThreadQueue final : public QueueBase {
   const char* engine() const override { return "threads"; }
 
  protected:
+  size_t withdraw_locked(const ReadTicket* ticket) override {
+    const size_t before = fifo_.size();
+    std::erase_if(fifo_, [&](const Extent& e) { return e.ticket == ticket; });
+    return before - fifo_.size();
+  }
+
   void enqueue(std::vector<Extent>&& extents) override {
     {
       std::lock_guard<std::mutex> lock(mu_);

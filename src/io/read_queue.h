@@ -69,6 +69,7 @@ class ReadTicket {
 struct ReadQueueStats {
   uint64_t bytes = 0;          // bytes read (successful extents)
   uint64_t extents = 0;        // extents completed
+  uint64_t cancelled = 0;      // extents withdrawn before reaching the drive
   double busy_seconds = 0;     // wall time with at least one extent in flight
   int max_in_flight = 0;       // deepest queue seen
 };
@@ -88,6 +89,10 @@ class ReadQueue {
   // and returns without waiting. Requests on files without a descriptor (in-memory fakes) are
   // served on the calling thread before returning. Thread-safe.
   virtual void submit(ReadTicket& ticket, std::span<const ReadRequest> requests) = 0;
+  // Withdraws the ticket's extents that have not reached the drive yet (they finish with the
+  // error "cancelled"); extents already in flight complete as usual. The ticket is done once
+  // those have. Thread-safe; a no-op for a done ticket.
+  virtual void cancel(ReadTicket& ticket) = 0;
   virtual ReadQueueStats stats() const = 0;
   // "io_uring" or "threads".
   virtual const char* engine() const = 0;

@@ -117,6 +117,7 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     std::fill(acc, acc + R, 0.0f);
     if (compute.idot) quantize_q8_32(kt, z, 1, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
     experts.record(layer, r->ids);
+    experts.routed(layer, r->ids);
     for (size_t j0 = 0; j0 < r->ids.size(); j0 += ExpertCache::kMaxBatch) {
       const size_t j1 = std::min(r->ids.size(), j0 + ExpertCache::kMaxBatch);
       experts.acquire(layer, std::span<const int64_t>(r->ids).subspan(j0, j1 - j0), ExpertCache::Use::kToken,
@@ -235,6 +236,7 @@ void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const M
       }
     }
     starts.push_back(picks.size());
+    experts.routed(layer, ids);
     for (size_t g0 = 0; g0 < ids.size(); g0 += ExpertCache::kMaxBatch) {
       const size_t g1 = std::min(ids.size(), g0 + ExpertCache::kMaxBatch);
       experts.acquire(layer, std::span<const int64_t>(ids).subspan(g0, g1 - g0), ExpertCache::Use::kChunk,

@@ -390,6 +390,13 @@ std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<s
   metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk", static_cast<double>(s.experts.misses));
   metric("k3_expert_bytes_read_total", "counter", "bytes of routed experts read from disk", static_cast<double>(s.experts.bytes_read));
   metric("k3_expert_cache_hit_ratio", "gauge", "hits / (hits + misses) over the server's life", s.experts.hit_ratio());
+  metric("k3_expert_drive_bytes_total", "counter", "bytes of expert reads that reached the drive (cancelled read-ahead excluded)", static_cast<double>(s.experts.drive_bytes));
+  metric("k3_expert_read_busy_seconds_total", "counter", "seconds with at least one expert read in flight (drive busy)", s.experts.busy_seconds);
+  metric("k3_expert_read_wait_seconds_total", "counter", "seconds compute waited for expert reads (un-hidden I/O)", s.experts.wait_seconds);
+  metric("k3_expert_transient_total", "counter", "expert reads not kept in a cache slot", static_cast<double>(s.experts.transient));
+  metric("k3_expert_prefetch_reads_total", "counter", "experts read ahead on a prediction (K3_PREFETCH)", static_cast<double>(s.experts.prefetch_issued));
+  metric("k3_expert_prefetch_used_total", "counter", "read-ahead experts the layer then used", static_cast<double>(s.experts.prefetch_used));
+  metric("k3_expert_prefetch_recall", "gauge", "selections the read-ahead predicted / selections of predicted layers", s.experts.recall());
   metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
   metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
   return o.str();
