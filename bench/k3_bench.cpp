@@ -1174,6 +1174,7 @@ int run_stream(const StreamArgs& a) {
     bool pipe, prefetch;
   };
   const Config configs[] = {{"wait_all", false, false}, {"pipe", true, false}, {"pipe_prefetch", true, true}};
+  std::vector<std::string> stage_lines;
   std::printf("\n%-14s %9s %8s %9s %7s %7s %8s %8s %8s\n", "config", "s/token", "GB read", "exp GB/s", "x dd",
               "x queue", "busy", "wait", "recall");
   for (const Config& cfg : configs) {
@@ -1181,10 +1182,14 @@ int run_stream(const StreamArgs& a) {
     engine.model().set_prefetch(cfg.prefetch);
     cache.clear();
     const k3::ExpertCacheStats s0 = cache.stats();
+    const k3::StageStats stages0 = session.stats();
     t0 = k3::now_seconds();
     for (int64_t i = 0; i < a.tokens; ++i) logits = session.step(k3::argmax(logits));
     const double dt = k3::now_seconds() - t0;
     const k3::ExpertCacheStats s1 = cache.stats();
+    k3::StageStats stages = session.stats();
+    for (int i = 0; i < static_cast<int>(k3::Stage::kCount); ++i) stages.seconds[i] -= stages0.seconds[i];
+    stage_lines.push_back(std::string(cfg.name) + ": " + stages.summary());
     const double gb = static_cast<double>(s1.drive_bytes - s0.drive_bytes) / 1e9;
     const double busy = s1.busy_seconds - s0.busy_seconds;
     const double wait = s1.wait_seconds - s0.wait_seconds;
@@ -1216,6 +1221,9 @@ int run_stream(const StreamArgs& a) {
   }
   std::printf("(busy = time with a read in flight / decode time; wait = compute thread blocked on reads / decode time;\n"
               " exp GB/s = expert bytes / busy time; recall = selections the read-ahead predicted / selections)\n");
+  std::printf("decode stages (experts includes the wait on reads; no expert reads can be pending during embed,\n"
+              "the dense layers and the head):\n");
+  for (const std::string& line : stage_lines) std::printf("  %s\n", line.c_str());
   std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
   print_results();
   return 0;
