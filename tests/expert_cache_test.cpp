@@ -400,6 +400,22 @@ TEST(ExpertCache, SharedInFlightReadsAndSlotsHeldByAnotherBatch) {
   EXPECT_EQ(cache.stats().transient, 2u);  // 3 and 4 could not take the held slot
 }
 
+TEST(ExpertCache, RefusedBatchHoldsNothing) {
+  TempDir dir("cache-refused");
+  Fixture f(dir.path(), {1});
+  ExpertCache cache(f.store, f.layers, kExperts, quiet());
+  {
+    k3::ExpertBatch batch;
+    EXPECT_THROW(cache.acquire(0, std::vector<int64_t>{1}, ExpertCache::Use::kToken, batch), k3::Error);  // dense layer
+    EXPECT_EQ(batch.size(), 0u);
+    EXPECT_THROW(cache.acquire(1, std::vector<int64_t>{1, kExperts}, ExpertCache::Use::kToken, batch), k3::Error);
+    EXPECT_EQ(batch.size(), 0u);
+    cache.acquire(1, std::vector<int64_t>{1}, ExpertCache::Use::kToken, batch);  // still usable
+    expect_bytes(batch.view(0), 1, 1);
+  }  // and destroyed without throwing
+  EXPECT_THROW(cache.routed(0, std::vector<int64_t>{1}), k3::Error);
+}
+
 TEST(ExpertCache, HistoryDecayRoundsAndKeepsOnes) {
   EXPECT_EQ(k3::decayed(100000, 0.5), 50000u);
   EXPECT_EQ(k3::decayed(3, 0.5), 2u);  // 1.5 rounds half away from zero

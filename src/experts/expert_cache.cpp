@@ -203,6 +203,10 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   batch.release();
   if (ids.size() > kMaxBatch)
     throw Error("expert cache: a batch of " + std::to_string(ids.size()) + " experts exceeds " + std::to_string(kMaxBatch));
+  // Checked before the batch is touched: a refused batch holds nothing.
+  if (!options_.all_resident) layer_of(layer);
+  for (int64_t e : ids)
+    if (e < 0 || e >= num_experts_) throw Error("expert " + std::to_string(e) + " of layer " + std::to_string(layer) + " is out of range");
   batch.cache_ = this;
   batch.layer_ = layer;
   batch.use_ = static_cast<int>(use);
@@ -218,13 +222,12 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
     return;
   }
   Layer& L = *layer_of(layer);
-  for (int64_t e : ids)
-    if (e < 0 || e >= num_experts_) throw Error("expert " + std::to_string(e) + " of layer " + std::to_string(layer) + " is out of range");
   {
     std::lock_guard<std::mutex> lock(L.mu);
     std::lock_guard<std::mutex> ws_lock(ws_mu_);
     Entry* fresh[kMaxBatch];
     size_t reads = 0;
+    try {
     for (size_t i = 0; i < ids.size(); ++i) {
       ExpertBatch::Item& item = batch.items_[i];
       const int64_t e = ids[i];
@@ -261,6 +264,22 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
       item.entry = entry;
     }
     submit_reads(layer, {fresh, reads});
+    } catch (...) {
+      // Out of memory for a buffer, or the queue refused: undo, so no entry is left claimed
+      // without a read and the batch holds nothing.
+      for (size_t r = 0; r < reads; ++r) fresh[r]->layer = fresh[r]->expert = -1;
+      for (ExpertBatch::Item& item : batch.items_) {
+        if (item.slot >= 0) --L.slots[static_cast<size_t>(item.slot)].refs;
+        if (item.entry) {
+          Entry& en = *static_cast<Entry*>(item.entry);
+          if (--en.refs == 0) en.layer = en.expert = -1;
+        }
+      }
+      batch.items_.clear();
+      batch.layer_ = -1;
+      batch.cache_ = nullptr;
+      throw;
+    }
   }
   if (!options_.pipe) {
     try {
@@ -407,20 +426,29 @@ void ExpertCache::prefetch(int64_t layer, std::span<const int64_t> ids) {
   std::sort(predicted.begin(), predicted.end());
   Entry* fresh[kMaxStaged];
   size_t reads = 0;
-  for (int64_t e : ids) {
-    if (reads == kMaxStaged) break;
-    if (e < 0 || e >= num_experts_ || L.index[static_cast<size_t>(e)] >= 0) continue;
-    const bool in_flight = std::any_of(entries_.begin(), entries_.end(), [&](const auto& en) {
-      return en->layer == layer && en->expert == e && !en->free();
-    });
-    if (in_flight) continue;
-    Entry* entry = take_entry(true);
-    if (!entry) break;
-    entry->layer = layer;
-    entry->expert = e;
-    fresh[reads++] = entry;
+  try {
+    for (int64_t e : ids) {
+      if (reads == kMaxStaged) break;
+      if (e < 0 || e >= num_experts_ || L.index[static_cast<size_t>(e)] >= 0) continue;
+      const bool in_flight = std::any_of(entries_.begin(), entries_.end(), [&](const auto& en) {
+        return en->layer == layer && en->expert == e && !en->free();
+      });
+      if (in_flight) continue;
+      Entry* entry = take_entry(true);
+      if (!entry) break;
+      entry->layer = layer;
+      entry->expert = e;
+      fresh[reads++] = entry;
+    }
+    submit_reads(layer, {fresh, reads});
+  } catch (...) {
+    for (size_t r = 0; r < reads; ++r) {  // nothing staged is left without its read
+      fresh[r]->staged = false;
+      fresh[r]->layer = fresh[r]->expert = -1;
+    }
+    predicted.clear();
+    throw;
   }
-  submit_reads(layer, {fresh, reads});
   prefetch_issued_ += reads;
 }
 

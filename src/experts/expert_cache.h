@@ -78,7 +78,7 @@ struct ExpertCacheOptions {
 
 struct ExpertCacheStats {
   uint64_t hits = 0;         // experts found in a slot (or resident)
-  uint64_t misses = 0;       // experts read from disk
+  uint64_t misses = 0;       // experts read from disk (read-ahead included, even when cancelled)
   uint64_t bytes_read = 0;   // bytes of those reads (as asked; see drive_bytes)
   uint64_t drive_bytes = 0;  // bytes that came from the drive (cancelled read-ahead left out)
   uint64_t transient = 0;    // misses not kept in a slot after their batch
@@ -87,7 +87,7 @@ struct ExpertCacheStats {
   uint64_t prefetch_issued = 0;   // experts read ahead on a prediction
   uint64_t prefetch_used = 0;     // of those, taken by the layer's acquire()
   uint64_t predicted_hits = 0;    // selections that were in the layer's prediction (recall numerator)
-  uint64_t predicted_total = 0;   // selections of layers that had a prediction (recall denominator)
+  uint64_t predicted_total = 0;   // distinct experts of layer steps that had a prediction (recall denominator)
   const char* io_engine = "";     // "io_uring" or "threads"
   double recall() const { return predicted_total ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total) : 0; }
   double hit_ratio() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }

@@ -177,13 +177,12 @@ void predict_chunk(const K3Config& c, const Compute& compute, NextMoe next, Work
     route(c, *next.weights, logits + t * E, compute.expert_top_p, ws, &ws.predicted);
     for (int64_t e : ws.predicted.ids) ++count[static_cast<size_t>(e)];
   }
-  std::vector<int64_t>& order = ws.moe_order;  // [num_experts] scratch
+  std::vector<int64_t>& order = ws.predict_order;  // [<= num_experts]: picked experts, most picked first
   order.clear();
   for (size_t e = 0; e < E; ++e)
     if (count[e] > 0) order.push_back(static_cast<int64_t>(e));
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[static_cast<size_t>(a)] > count[static_cast<size_t>(b)]; });
   experts.prefetch(next.layer, order);
-  order.resize(E);
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ struct Workspace {
   std::vector<int64_t> moe_order;             // [num_experts]
   std::vector<float> moe_predict;             // [num_experts]: the next MoE layer's router logits (read-ahead)
   std::vector<uint32_t> predict_count;        // [num_experts]: a chunk's predicted picks per expert
+  std::vector<int64_t> predict_order;         // [<= num_experts]: the chunk's predicted experts
   RoutingResult predicted;                    // the next MoE layer's predicted choice
   std::vector<float> moe_z, moe_acc;            // [routed_expert_hidden_size]
   std::vector<float> moe_gate, moe_up;          // [moe_intermediate_size]
