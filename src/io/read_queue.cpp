@@ -202,8 +202,12 @@ class QueueBase : public ReadQueue {
  protected:
   // Removes the ticket's extents waiting in the engine's FIFO; returns how many. REQUIRES: mu_.
   virtual size_t withdraw_locked(const ReadTicket* ticket) = 0;
-  // Starts `extents` (already counted in their tickets).
+  // Starts `extents` (already counted in their tickets). Never throws: what cannot be queued
+  // (out of memory) finishes with an error, so no ticket waits forever.
   virtual void enqueue(std::vector<Extent>&& extents) = 0;
+  static void not_queued(const std::vector<Extent>& extents, size_t queued) {
+    for (size_t i = queued; i < extents.size(); ++i) extents[i].ticket->finish_one("out of memory queuing a read");
+  }
 
   mutable std::mutex mu_;  // the engine's state and meter_
   Meter meter_;
@@ -281,16 +285,23 @@ class UringQueue final : public QueueBase {
   }
 
   void enqueue(std::vector<Extent>&& extents) override {
-    std::vector<std::unique_ptr<Extent>> owned;
-    owned.reserve(extents.size());
-    for (Extent& e : extents) owned.push_back(std::make_unique<Extent>(e));
+    size_t queued = 0;
     bool wake = false;
-    {
+    try {
+      std::vector<std::unique_ptr<Extent>> owned;
+      owned.reserve(extents.size());
+      for (Extent& e : extents) owned.push_back(std::make_unique<Extent>(e));
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& e : owned) fifo_.push_back(std::move(e));
+      for (auto& e : owned) {
+        fifo_.push_back(std::move(e));
+        ++queued;
+      }
       // No wake needed while the reaper is issuing (it looks at the FIFO again afterwards), with
       // depth_ reads in flight (their completions wake it), or with a wake not yet reaped.
       if (!awake_ && !wake_posted_ && meter_.in_flight() < depth_) wake = wake_posted_ = true;
+    } catch (...) {
+      not_queued(extents, queued);
+      wake = queued > 0;
     }
     if (wake) post_nop(kWakeTag);
   }
@@ -463,12 +474,18 @@ class ThreadQueue final : public QueueBase {
   }
 
   void enqueue(std::vector<Extent>&& extents) override {
-    {
+    size_t queued = 0;
+    try {
       std::lock_guard<std::mutex> lock(mu_);
-      fifo_.insert(fifo_.end(), extents.begin(), extents.end());
+      for (const Extent& e : extents) {
+        fifo_.push_back(e);
+        ++queued;
+      }
+    } catch (...) {
+      not_queued(extents, queued);
     }
-    if (extents.size() == 1) cv_.notify_one();
-    else cv_.notify_all();
+    if (queued == 1) cv_.notify_one();
+    else if (queued > 1) cv_.notify_all();
   }
 
  private:
