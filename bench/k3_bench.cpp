@@ -1015,13 +1015,19 @@ struct StreamArgs {
   int threads = 0;
 };
 
-// The drive's sequential O_DIRECT rate over the checkpoint's largest shards (dd iflag=direct,
-// bs=4M), in GB/s; 0 when dd is unavailable.
-double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what) {
+// The checkpoint's shards, largest first: {bytes, path}.
+std::vector<std::pair<uintmax_t, fs::path>> largest_shards(const std::string& dir) {
   std::vector<std::pair<uintmax_t, fs::path>> shards;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") shards.emplace_back(e.file_size(), e.path());
   std::sort(shards.rbegin(), shards.rend());
+  return shards;
+}
+
+// The drive's sequential O_DIRECT rate over the checkpoint's largest shards (dd iflag=direct,
+// bs=4M), in GB/s; 0 when dd is unavailable.
+double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what) {
+  const std::vector<std::pair<uintmax_t, fs::path>> shards = largest_shards(dir);
   const uint64_t block = uint64_t{4} << 20;
   uint64_t left = static_cast<uint64_t>(probe_gb * 1e9);
   uint64_t bytes = 0;
@@ -1055,10 +1061,7 @@ double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what)
 // The same drive read the way the engine reads it: O_DIRECT through k3::ReadQueue (io_uring when
 // available), `depth` requests of `request_mb` in flight, sequential over the largest shards.
 double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint64_t request_bytes, std::string* engine) {
-  std::vector<std::pair<uintmax_t, fs::path>> shards;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".safetensors") shards.emplace_back(e.file_size(), e.path());
-  std::sort(shards.rbegin(), shards.rend());
+  const std::vector<std::pair<uintmax_t, fs::path>> shards = largest_shards(dir);
   std::unique_ptr<k3::ReadQueue> queue = k3::make_read_queue({});
   *engine = queue->engine();
   std::vector<std::unique_ptr<k3::ReadTicket>> tickets;

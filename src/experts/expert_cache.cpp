@@ -188,15 +188,24 @@ void ExpertCache::complete(Entry& entry) {
   const double waited = entry.ticket.wait();
   wait_ns_ += static_cast<uint64_t>(waited * 1e9);
   std::lock_guard<std::mutex> lock(ws_mu_);
-  if (!entry.checked) {
-    try {
-      store_.finish_read(entry.layer, entry.expert, entry.data, entry.ticket.error());
-    } catch (const Error& e) {
-      entry.error = e.what();
-    }
-    entry.checked = true;
-  }
+  check(entry);
   if (!entry.error.empty()) throw Error(entry.error);
+}
+
+void ExpertCache::check(Entry& entry) const {
+  if (entry.checked) return;
+  try {
+    store_.finish_read(entry.layer, entry.expert, entry.data, entry.ticket.error());
+  } catch (const Error& e) {
+    entry.error = e.what();
+  }
+  entry.checked = true;
+}
+
+ExpertCache::Entry* ExpertCache::in_flight(int64_t layer, int64_t expert) const {
+  for (const auto& en : entries_)
+    if (en->layer == layer && en->expert == expert && !en->free()) return en.get();
+  return nullptr;
 }
 
 void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, ExpertBatch& batch) {
@@ -243,13 +252,10 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
         ++hits_;
         continue;
       }
-      // In flight already: staged by a prediction, or held by another running batch.
-      Entry* entry = nullptr;
-      for (auto& en : entries_)
-        if (en->layer == layer && en->expert == e && !en->free() && en->error.empty()) {
-          entry = en.get();
-          break;
-        }
+      // In flight already: staged by a prediction, or held by another running batch (unless
+      // that read failed: this batch reads afresh).
+      Entry* entry = in_flight(layer, e);
+      if (entry && !entry->error.empty()) entry = nullptr;
       if (entry && entry->staged) {
         entry->staged = false;
         ++prefetch_used_;
@@ -336,14 +342,7 @@ void ExpertCache::release(ExpertBatch& batch) {
     if (--en.refs > 0 || en.staged) continue;
     bool kept = false;
     if (en.ticket.done()) {
-      if (!en.checked) {
-        try {
-          store_.finish_read(en.layer, en.expert, en.data, en.ticket.error());
-        } catch (const Error& e) {
-          en.error = e.what();
-        }
-        en.checked = true;
-      }
+      check(en);
       if (en.error.empty() && L.index[static_cast<size_t>(en.expert)] < 0) {
         int32_t victim = -1;
         for (size_t s = 0; s < L.slots.size() && victim < 0; ++s)
@@ -430,10 +429,7 @@ void ExpertCache::prefetch(int64_t layer, std::span<const int64_t> ids) {
     for (int64_t e : ids) {
       if (reads == kMaxStaged) break;
       if (e < 0 || e >= num_experts_ || L.index[static_cast<size_t>(e)] >= 0) continue;
-      const bool in_flight = std::any_of(entries_.begin(), entries_.end(), [&](const auto& en) {
-        return en->layer == layer && en->expert == e && !en->free();
-      });
-      if (in_flight) continue;
+      if (in_flight(layer, e)) continue;
       Entry* entry = take_entry(true);
       if (!entry) break;
       entry->layer = layer;

@@ -204,6 +204,12 @@ class ExpertCache {
   void submit_reads(int64_t layer, std::span<Entry* const> entries);
   // Waits for an entry's read and validates it once; throws its error. REQUIRES: ws_mu_ not held.
   void complete(Entry& entry);
+  // Validates an arrived entry once, keeping a failure in entry.error. REQUIRES: ws_mu_ held,
+  // the entry's read done.
+  void check(Entry& entry) const;
+  // The entry holding or reading (layer, expert) for a batch or a prediction, or nullptr.
+  // REQUIRES: ws_mu_ held.
+  Entry* in_flight(int64_t layer, int64_t expert) const;
   // Drops (and cancels) the staged reads of `layer` whose expert is not in `keep` (sorted).
   // REQUIRES: ws_mu_ held.
   void drop_staged(int64_t layer, std::span<const int64_t> keep = {});

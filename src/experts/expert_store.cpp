@@ -52,12 +52,21 @@ void ExpertStore::load_all() {
   const uint64_t each = geometry_.expert_bytes();
   arena_.resize(each * entries_.size());
   size_t i = 0;
-  std::vector<uint8_t> buffer;
   for (auto& [key, e] : entries_) {
-    e.resident = nullptr;
-    read(key.first, key.second, buffer);
-    std::copy(buffer.begin(), buffer.end(), arena_.begin() + static_cast<std::ptrdiff_t>(i * each));
-    e.resident = arena_.data() + i * each;
+    // Buffered, straight into the arena (no alignment needed).
+    uint8_t* dst = arena_.data() + i * each;
+    const ReadPlan plan = plan_read(key.first, key.second, dst, false);
+    std::string error;
+    try {
+      for (size_t r = 0; r < plan.count; ++r) {
+        const ReadRequest& q = plan.requests[r];
+        q.file->read_exact(q.dst, q.length, q.offset, e.tensors[0].info->name);
+      }
+    } catch (const Error& err) {
+      error = err.what();
+    }
+    finish_read(key.first, key.second, dst, error);
+    e.resident = dst;
     ++i;
   }
 }
@@ -141,49 +150,6 @@ ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint
 void ExpertStore::finish_read(int64_t layer, int64_t expert, const uint8_t* data, const std::string& error) const {
   if (!error.empty()) throw Error(error + " (" + expert_name(layer, expert) + ")");
   validate(entry(layer, expert), data, layer, expert);
-}
-
-const uint8_t* ExpertStore::read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const {
-  const ReadPlan plan = plan_read(layer, expert, slot, direct);
-  const std::string& what = entry(layer, expert).tensors[0].info->name;
-  try {
-    for (size_t i = 0; i < plan.count; ++i) {
-      const ReadRequest& r = plan.requests[i];
-      if (!r.direct || !r.file->read_direct(r.dst, r.length, r.offset, what))
-        r.file->read_exact(r.dst, r.length, r.offset, what);
-    }
-  } catch (const Error& err) {
-    finish_read(layer, expert, plan.data, err.what());
-  }
-  finish_read(layer, expert, plan.data, "");
-  return plan.data;
-}
-
-ExpertView ExpertStore::read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const {
-  const Entry& e = entry(layer, expert);
-  if (e.resident) return view(e.resident);
-  buffer.resize(geometry_.expert_bytes());
-  uint8_t* parts[6];
-  uint64_t offset = 0;
-  for (size_t i = 0; i < 6; ++i) {
-    parts[i] = buffer.data() + offset;
-    offset += e.tensors[i].info->nbytes;
-  }
-  try {
-    if (e.contiguous) {
-      const LocatedTensor& first = e.tensors[0];
-      first.shard->file().read_exact(buffer.data(), buffer.size(), first.info->file_offset, first.info->name);
-    } else {
-      for (size_t i = 0; i < 6; ++i) {
-        const LocatedTensor& t = e.tensors[i];
-        t.shard->file().read_exact(parts[i], t.info->nbytes, t.info->file_offset, t.info->name);
-      }
-    }
-  } catch (const Error& err) {
-    throw Error(std::string(err.what()) + " (" + expert_name(layer, expert) + ")");
-  }
-  validate(e, buffer.data(), layer, expert);
-  return view(buffer.data());
 }
 
 }  // namespace k3

@@ -58,12 +58,6 @@ class ExpertStore {
   // True when the expert's six tensors are back to back in one file (one read).
   bool contiguous(int64_t layer, int64_t expert) const;
 
-  // Reads the expert into `buffer` (resized to expert_bytes()) and returns views into it — or,
-  // after load_all(), views into the resident copy (buffer untouched). Throws k3::Error naming
-  // the file, layer and expert on a read error or an exponent byte of 255 (NaN in OCP MXFP4).
-  // Thread-safe for distinct buffers.
-  ExpertView read(int64_t layer, int64_t expert, std::vector<uint8_t>& buffer) const;
-
   // Where an expert starts on disk (its first tensor), for issuing a batch in disk order.
   struct Location {
     const File* file = nullptr;
@@ -71,18 +65,14 @@ class ExpertStore {
   };
   Location location(int64_t layer, int64_t expert) const;
 
-  // Bytes a slot for read_into needs: the expert plus one alignment block at each end.
+  // Bytes of a slot an expert is read into: the expert plus one alignment block at each end.
   uint64_t slot_bytes() const { return geometry_.expert_bytes() + 2 * kDirectAlign; }
-  // Reads the expert into `slot` (REQUIRES: kDirectAlign-aligned, slot_bytes() long) and returns
-  // where its bytes start inside it. `direct`: a contiguous expert is read with O_DIRECT from
-  // the enclosing aligned window (offset rounded down, end rounded up, or down to the last whole
-  // block before end of file with the tail read buffered), no copy; the file falls back to
-  // buffered reads when it has no direct descriptor. Otherwise buffered (posix_fadvise
-  // read-ahead advice is the caller's, via advise()). Validated like read(); throws k3::Error
-  // naming the file, layer and expert. Thread-safe for distinct slots.
-  const uint8_t* read_into(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const;
-  // The same read as requests for a ReadQueue: up to seven (the aligned O_DIRECT window and a
-  // buffered tail, one buffered read, or six tensor reads) and where the bytes will start.
+  // The read of an expert into `slot` (REQUIRES for `direct`: kDirectAlign-aligned, slot_bytes()
+  // long) as requests for a ReadQueue, and where its bytes will start inside the slot. `direct`:
+  // a contiguous expert is read with O_DIRECT from the enclosing aligned window (offset rounded
+  // down, end rounded up, or down to the last whole block before end of file with the tail read
+  // buffered), no copy. Otherwise one buffered read (six when the tensors are not contiguous;
+  // read-ahead advice is the caller's, via advise()).
   struct ReadPlan {
     std::array<ReadRequest, 7> requests;
     size_t count = 0;
@@ -90,7 +80,8 @@ class ExpertStore {
   };
   ReadPlan plan_read(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const;
   // Completes a planned read: `error` (the ticket's, "" when none) becomes a k3::Error naming the
-  // file, layer and expert; then the bytes at `data` are validated like read_into's.
+  // file, layer and expert; then the bytes at `data` are checked for an exponent byte of 255
+  // (NaN in OCP MXFP4), an error naming the tensor, layer and expert.
   void finish_read(int64_t layer, int64_t expert, const uint8_t* data, const std::string& error) const;
   // Read-ahead advice for a buffered read of the expert soon.
   void advise(int64_t layer, int64_t expert) const;

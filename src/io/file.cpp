@@ -47,37 +47,6 @@ class PosixFile : public File {
     }
   }
 
-  bool read_direct(void* dst, uint64_t length, uint64_t offset, const std::string& what) const override {
-    if (direct_fd_ < 0 || !direct_ok_.load(std::memory_order_relaxed)) return false;
-    auto* out = static_cast<uint8_t*>(dst);
-    uint64_t done = 0;
-    while (done < length) {
-      const uint64_t piece = std::min(length - done, kMaxReadPiece);
-      const ssize_t got = ::pread(direct_fd_, out + done, piece, static_cast<off_t>(offset + done));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EINVAL) {
-          // The filesystem accepted O_DIRECT at open but refuses the read (tmpfs, some FUSE and
-          // overlay mounts): buffered from here on, for this file.
-          direct_ok_.store(false, std::memory_order_relaxed);
-          if (done == 0) return false;
-          read_exact(out + done, length - done, offset + done, what);
-          return true;
-        }
-        throw Error(path_ + ": read of " + what + " failed at offset " + std::to_string(offset + done) + ": " +
-                    std::strerror(errno));
-      }
-      if (got == 0 || static_cast<uint64_t>(got) % kDirectAlign != 0) {
-        // A partial block only happens at end of file: the file is shorter than at open.
-        throw Error(path_ + ": short read of " + what + ": wanted " + std::to_string(length) + " bytes at offset " +
-                    std::to_string(offset) + ", got " + std::to_string(done + static_cast<uint64_t>(got)) +
-                    " (file truncated?)");
-      }
-      done += static_cast<uint64_t>(got);
-    }
-    return true;
-  }
-
   int descriptor(bool direct) const override {
     if (!direct) return fd_;
     return direct_ok_.load(std::memory_order_relaxed) ? direct_fd_ : -1;

@@ -1,8 +1,8 @@
 // io/file.h — random-access read-only files (after leveldb's Env).
 // Owns: the File interface, the POSIX implementation (pread in pieces of at most 1 GiB, EINTR
 // retried, short reads reported), its O_DIRECT twin descriptor and read-ahead advice, and an
-// in-memory fake for tests. Does not own: caching, aligned buffers or background reads (those
-// live in experts/).
+// in-memory fake for tests. Does not own: caching or aligned buffers (experts/), background and
+// O_DIRECT reads (io/read_queue).
 #pragma once
 
 #include <cstddef>
@@ -23,14 +23,6 @@ class File {
   // `what` (usually a tensor name) on a short read or an I/O error. Thread-safe.
   virtual void read_exact(void* dst, uint64_t length, uint64_t offset,
                           const std::string& what) const = 0;
-  // Reads exactly `length` bytes at `offset` bypassing the page cache (O_DIRECT). REQUIRES:
-  // dst, length and offset multiples of kDirectAlign, offset + length <= size(). Returns false,
-  // reading nothing, when the file has no direct descriptor or its filesystem refuses direct
-  // reads (the caller then reads buffered); throws k3::Error like read_exact otherwise.
-  virtual bool read_direct(void* dst, uint64_t length, uint64_t offset, const std::string& what) const {
-    (void)dst, (void)length, (void)offset, (void)what;
-    return false;
-  }
   // Advises the kernel that [offset, offset + length) will be read soon (buffered reads).
   virtual void will_need(uint64_t offset, uint64_t length) const { (void)offset, (void)length; }
   // The OS descriptor for asynchronous reads (io/read_queue): the O_DIRECT twin when `direct`
@@ -40,8 +32,8 @@ class File {
     (void)direct;
     return -1;
   }
-  // Records that the filesystem refused a direct read (EINVAL): later direct reads of this file
-  // go buffered.
+  // Records that the filesystem refused a direct read (EINVAL): descriptor(true) is -1 from
+  // then on, so later reads of this file go buffered.
   virtual void refuse_direct() const {}
 };
 

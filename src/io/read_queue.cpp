@@ -220,9 +220,7 @@ class QueueBase : public ReadQueue {
   void read_here(ReadTicket& ticket, const ReadRequest& r) {
     std::string error;
     try {
-      const std::string what = std::to_string(r.length) + " bytes";
-      if (!r.direct || !r.file->read_direct(r.dst, r.length, r.offset, what))
-        r.file->read_exact(r.dst, r.length, r.offset, what);
+      r.file->read_exact(r.dst, r.length, r.offset, std::to_string(r.length) + " bytes");
     } catch (const std::exception& e) {
       error = e.what();
     }

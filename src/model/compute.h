@@ -18,7 +18,7 @@ const char* stage_name(Stage stage);
 // Seconds spent per stage. Owned by a sequence's state; not thread-safe.
 struct StageStats {
   double seconds[static_cast<int>(Stage::kCount)] = {};
-  uint64_t expert_reads = 0;  // ExpertStore::read calls (a chunk reads each distinct expert once)
+  uint64_t expert_reads = 0;  // routed experts applied (a chunk applies each distinct expert once, to all its rows)
   void add(Stage stage, double s) { seconds[static_cast<int>(stage)] += s; }
   double total() const;
   // "attention(KDA) 1.23 s 40% | MLA ... " over the stages that took any time.
