@@ -1,6 +1,6 @@
 #include "kernels/isa.h"
 
-#include "kernels/impl/kernels_impl.h"
+#include "impl/kernels_impl.h"
 #include "util/error.h"
 
 namespace k3 {

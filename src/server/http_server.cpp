@@ -20,7 +20,7 @@
 #include <sstream>
 #include <thread>
 
-#include "server/web_assets.h"
+#include "web_assets.h"
 #include "text/utf8.h"
 #include "util/error.h"
 #include "util/sys.h"

@@ -4,6 +4,6 @@
 
 namespace k3::text::unicode_detail {
 
-#include "text/unicode_tables.inc"
+#include "unicode_tables.inc"
 
 }  // namespace k3::text::unicode_detail

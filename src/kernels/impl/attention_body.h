@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstddef>
 
-#include "kernels/impl/kernels_impl.h"
+#include "kernels_impl.h"
 
 #define K3_CAT2(a, b) a##b
 #define K3_CAT(a, b) K3_CAT2(a, b)

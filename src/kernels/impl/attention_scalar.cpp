@@ -1,3 +1,3 @@
 // kernels/impl/attention_scalar.cpp — the scalar build of kernels/impl/attention_body.h.
 #define K3_ATTENTION_SUFFIX scalar
-#include "kernels/impl/attention_body.h"
+#include "attention_body.h"

@@ -24,8 +24,8 @@
 #include <new>
 #include <vector>
 
-#include "kernels/impl/kernels_impl.h"
-#include "kernels/impl/x86_common.h"
+#include "kernels_impl.h"
+#include "x86_common.h"
 
 namespace k3::impl {
 namespace {

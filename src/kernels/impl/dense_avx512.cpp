@@ -35,9 +35,9 @@
 #include <new>
 #include <vector>
 
-#include "kernels/impl/avx512_common.h"
-#include "kernels/impl/kernels_impl.h"
-#include "kernels/impl/x86_common.h"
+#include "avx512_common.h"
+#include "kernels_impl.h"
+#include "x86_common.h"
 
 
 

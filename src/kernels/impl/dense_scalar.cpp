@@ -1,7 +1,7 @@
 // kernels/impl/dense_scalar.cpp — the scalar twins of the dense kernels (f32, int8 per row,
 // int4 group-64, and int4 group-64 on int8 activations). The reference every SIMD variant is
 // tested against.
-#include "kernels/impl/kernels_impl.h"
+#include "kernels_impl.h"
 
 namespace k3::impl {
 

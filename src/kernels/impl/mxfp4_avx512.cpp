@@ -37,10 +37,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/impl/avx512_common.h"
-#include "kernels/impl/kernels_impl.h"
-#include "kernels/impl/mxfp4_common.h"
-#include "kernels/impl/x86_common.h"
+#include "avx512_common.h"
+#include "kernels_impl.h"
+#include "mxfp4_common.h"
+#include "x86_common.h"
 #include "kernels/mxfp4.h"
 
 namespace k3::impl {

@@ -3,8 +3,8 @@
 // float reduction).
 #include <cmath>
 
-#include "kernels/impl/kernels_impl.h"
-#include "kernels/impl/mxfp4_common.h"
+#include "kernels_impl.h"
+#include "mxfp4_common.h"
 #include "kernels/mxfp4.h"
 
 namespace k3::impl {
