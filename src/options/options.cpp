@@ -352,7 +352,7 @@ const std::vector<OptionRow>& option_rows() {
        real(FIELD(serve.drain_timeout), 0, 86400)},
       {"--max-connections", "COLI_MAX_CONNECTIONS", Group::kServer, kServe, "live connections; more are closed at once",
        integer(FIELD(serve.max_connections), 1, 4096)},
-      {"--max-connections-per-ip", nullptr, Group::kServer, kServe,
+      {"--max-connections-per-ip", "COLI_MAX_CONNECTIONS_PER_IP", Group::kServer, kServe,
        "live connections from one address (auto: 8 per remote address; local clients share the global cap)",
        auto_or_int(FIELD(serve.max_connections_per_ip), 1, 4096)},
       {"--read-deadline", "COLI_READ_DEADLINE", Group::kServer, kServe,

@@ -165,7 +165,7 @@ Options parse_options(const std::string& program, const std::vector<std::string>
 void check_environment(const std::map<std::string, std::string>& env);
 
 // "<program> <version> (git <hash>, <build type> build; kernels scalar avx2 avx512, this CPU
-// <isa>)", for --version on every binary.
+// runs <isa>)", for --version on every binary.
 std::string version_text(const std::string& program);
 
 // The process environment as a map, from `envp` (apps pass `environ`; nothing below apps/ reads
@@ -175,9 +175,9 @@ std::map<std::string, std::string> environment_map(char** envp);
 // Parses "1,2,3" or "1 2 3" into ids. Throws k3::Error.
 std::vector<int64_t> parse_id_list(const std::string& text);
 
-// The option table as Markdown ("| flag | variable | default | group | meaning |"), every row
-// with kimi_k3's default and the coli default where it differs; README.md holds a copy between
-// "<!-- options-table -->" markers (tools: k3_options_md checks and regenerates it).
+// The option table as Markdown ("| flag | variable | default | range | group | meaning |"), each
+// row with kimi_k3's default and coli's where it differs. README.md holds a copy between
+// "<!-- options-table -->" markers: apps/k3_options_md regenerates it, options_test checks it.
 std::string options_table_markdown();
 
 }  // namespace k3
