@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/file.h"
@@ -446,6 +448,39 @@ TEST(OptionsReadme, TableIsCurrent) {
   ASSERT_NE(end, std::string::npos);
   EXPECT_EQ(readme.substr(begin + open.size(), end - begin - open.size()), k3::options_table_markdown())
       << "README.md's option table is stale: run build/apps/k3_options_md --write README.md";
+}
+
+}  // namespace
+
+namespace {
+
+// Every binary answers --version (program, version, git hash, build type, ISA) and exits 0; every
+// program's --help starts with a usage line naming it.
+TEST(OptionsBinaries, VersionAndHelpOnEveryBinary) {
+  const std::string bin = K3_BINARY_DIR;
+  const std::vector<std::pair<std::string, std::string>> binaries = {
+      {bin + "/apps/kimi_k3", "kimi_k3"},          {bin + "/apps/coli", "coli"},
+      {bin + "/apps/coli serve", "coli serve"},    {bin + "/apps/coli chat", "coli chat"},
+      {bin + "/apps/k3_options_md", "k3_options_md"}, {bin + "/tools/k3_synth", "k3_synth"},
+      {bin + "/bench/k3_bench", "k3_bench"},       {bin + "/bench/k3_tokenizer_bench", "k3_tokenizer_bench"}};
+  for (const auto& [command, name] : binaries) {
+    if (command.find("/bench/") != std::string::npos && !std::ifstream(command.substr(0, command.find(' ')))) continue;
+    const k3::testing::CommandResult r = k3::testing::run_split("env -i " + command + " --version");
+    EXPECT_EQ(r.status, 0) << command << ": " << r.err;
+    EXPECT_EQ(r.out.rfind(name + " ", 0), 0u) << r.out;
+    EXPECT_HAS(r.out, "(git ");
+    EXPECT_HAS(r.out, "this CPU runs ");
+  }
+  for (const char* program : {"kimi_k3", "coli serve", "coli web", "coli chat", "coli tokenize", "coli render"}) {
+    std::string command = bin + "/apps/" + program;
+    const k3::testing::CommandResult r = k3::testing::run_split("env -i " + command + " --help");
+    EXPECT_EQ(r.status, 0) << program << ": " << r.err;
+    EXPECT_EQ(r.out.rfind(std::string("usage: ") + program + " ", 0), 0u) << r.out;
+  }
+  // A mistyped COLI_* variable stops a program before it does anything.
+  const k3::testing::CommandResult typo = k3::testing::run_split("env -i COLI_TMEP=1 " + bin + "/apps/coli serve m");
+  EXPECT_EQ(typo.status, 2);
+  EXPECT_HAS(typo.err, "unknown environment variable COLI_TMEP (did you mean COLI_TEMP?)");
 }
 
 }  // namespace
