@@ -151,13 +151,18 @@ const char* kUsage =
     "             --allow-special turns special-token spellings into special tokens\n"
     "  render     JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} → {\"text\", \"ids\"}\n"
     "             (the K3 chat template; options.entry build_chat_segments | apply_chat_template)\n\n"
-    "The model directory may also come from --model or COLI_MODEL; only tiktoken.model and\n"
-    "tokenizer_config.json are read. Invalid UTF-8 in input text is replaced by U+FFFD.\n";
+    "The model directory may also come from --model or COLI_MODEL; tokenize and render read only\n"
+    "tiktoken.model and tokenizer_config.json. Invalid UTF-8 in input text is replaced by U+FFFD.\n"
+    "`coli <command> --help` lists the command's options; `coli --version` prints the version.\n";
 
 int run(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
     std::fputs(kUsage, stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    std::printf("%s\n", k3::version_text("coli").c_str());
+    return 0;
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
@@ -174,14 +179,13 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());
     return 2;
   }
-  if (opt.show_help) {
-    std::fputs(kUsage, stdout);
-    if (engine_command) std::printf("\n%s", opt.help_text.c_str());
+  if (opt.show_help || opt.show_version) {
+    std::fputs(opt.help_text.c_str(), stdout);
     return 0;
   }
   try {
-    if (command == "serve" || command == "web") return coli::serve(opt, command == "web", env, args);
-    if (command == "chat") return coli::chat(opt, env, args);
+    if (command == "serve" || command == "web") return coli::serve(opt, command == "web");
+    if (command == "chat") return coli::chat(opt);
   } catch (const coli::UsageError& e) {
     std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());
     return 2;

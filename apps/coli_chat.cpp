@@ -434,17 +434,13 @@ enum class FooterMode { compact, full, off };
 
 class Chat {
  public:
-  Chat(const k3::Options& opt, const std::map<std::string, std::string>& env, const std::vector<std::string>& args,
-       k3::EngineService& service, Screen& screen)
-      : opt_(opt), service_(service), screen_(screen), api_(api_config(opt, env, args)) {
+  Chat(const k3::Options& opt, k3::EngineService& service, Screen& screen)
+      : opt_(opt), service_(service), screen_(screen), api_(api_config(opt)) {
     system_ = opt.text.system;
     think_ = opt.text.think;
     show_think_ = opt.text.show_think;
     effort_ = opt.text.effort;
-    const bool ngen_given =
-        env.count("K3_NGEN") || std::find(args.begin(), args.end(), "--ngen") != args.end() ||
-        std::any_of(args.begin(), args.end(), [](const std::string& a) { return a.rfind("--ngen=", 0) == 0; });
-    max_tokens_ = ngen_given ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1), api_.max_tokens_ceiling)
+    max_tokens_ = opt.given("ngen") ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1), api_.max_tokens_ceiling)
                              : api_.max_tokens_ceiling;
     styled_ = screen.tty() && !opt.serve.raw;
   }
@@ -673,7 +669,7 @@ class Chat {
 
   uint64_t next_seed() {
     ++requests_;
-    if (opt_.sampling.seed_set) return opt_.sampling.seed + requests_ - 1;
+    if (opt_.given("seed")) return opt_.sampling.seed + requests_ - 1;
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
       seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -705,7 +701,6 @@ class Chat {
     request.sampling.top_k = api_.default_top_k;
     request.sampling.min_p = api_.default_min_p;
     request.sampling.seed = next_seed();
-    request.sampling.seed_set = true;
     request.max_tokens = max_tokens_;
     request.cache_prompt = true;
     request.progress_every = 16;
@@ -922,7 +917,7 @@ bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& scr
 
 }  // namespace
 
-int chat(const k3::Options& opt, const std::map<std::string, std::string>& env, const std::vector<std::string>& args) {
+int chat(const k3::Options& opt) {
   const bool tty_in = isatty(STDIN_FILENO) == 1;
   const bool tty_out = isatty(STDOUT_FILENO) == 1;
   Screen screen(tty_out);
@@ -952,7 +947,7 @@ int chat(const k3::Options& opt, const std::map<std::string, std::string>& env, 
   screen.line(screen.bold("coli chat") + screen.dim(" · " + opt.model_dir + " · /help for commands, Ctrl-D quits"));
   if (!wait_loaded(service, opt, screen)) return 3;
 
-  Chat chat(opt, env, args, service, screen);
+  Chat chat(opt, service, screen);
   Input input(tty_in, screen);
   if (!opt.text.chat.empty()) chat.say(opt.text.chat);
   // \001 \002 bracket what readline must not count as printed (only readline reads them).

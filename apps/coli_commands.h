@@ -2,10 +2,8 @@
 // (coli_serve.cpp: serve, web; coli_chat.cpp: chat). coli.cpp parses and dispatches.
 #pragma once
 
-#include <map>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "engine/service.h"
 #include "options/options.h"
@@ -21,15 +19,13 @@ class UsageError : public std::runtime_error {
 
 // The engine service settings from the options (shared by serve and chat).
 k3::ServiceOptions service_options(const k3::Options& opt);
-// The request defaults: the model card's sampling (0.6 / 0.95) unless --temp / --top-p (or
-// COLI_TEMP / COLI_TOP_P) were given.
-k3::server::ApiConfig api_config(const k3::Options& opt, const std::map<std::string, std::string>& env,
-                                 const std::vector<std::string>& args);
+// The request defaults: the effective --temp / --top-p / --top-k / --min-p (coli's defaults are
+// the model card's 0.6 / 0.95, from the option table).
+k3::server::ApiConfig api_config(const k3::Options& opt);
 
 // `coli serve` (web = false) and `coli web`. Returns the exit code.
-int serve(const k3::Options& opt, bool web, const std::map<std::string, std::string>& env,
-          const std::vector<std::string>& args);
+int serve(const k3::Options& opt, bool web);
 // `coli chat`. Returns the exit code.
-int chat(const k3::Options& opt, const std::map<std::string, std::string>& env, const std::vector<std::string>& args);
+int chat(const k3::Options& opt);
 
 }  // namespace coli

@@ -58,8 +58,7 @@ k3::ServiceOptions service_options(const k3::Options& opt) {
   return s;
 }
 
-k3::server::ApiConfig api_config(const k3::Options& opt, const std::map<std::string, std::string>& env,
-                                 const std::vector<std::string>& args) {
+k3::server::ApiConfig api_config(const k3::Options& opt) {
   k3::server::ApiConfig api;
   api.model_id = opt.serve.model_id;
   api.aliases = opt.serve.aliases;
@@ -67,19 +66,14 @@ k3::server::ApiConfig api_config(const k3::Options& opt, const std::map<std::str
   api.max_tokens_ceiling = opt.serve.max_tokens;
   api.default_thinking = opt.serve.reasoning;
   api.reasoning_field = opt.serve.reasoning_field;
-  auto given = [&](const char* flag, const char* var) {
-    return env.count(var) || std::find(args.begin(), args.end(), flag) != args.end();
-  };
-  // The server's sampling defaults are the model card's (0.6 / 0.95) unless set explicitly.
-  if (given("--temp", "COLI_TEMP")) api.default_temperature = opt.sampling.temperature;
-  if (given("--top-p", "COLI_TOP_P")) api.default_top_p = opt.sampling.top_p;
+  api.default_temperature = opt.sampling.temperature;
+  api.default_top_p = opt.sampling.top_p;
   api.default_top_k = opt.sampling.top_k;
   api.default_min_p = opt.sampling.min_p;
   return api;
 }
 
-int serve(const k3::Options& opt, bool web, const std::map<std::string, std::string>& env,
-          const std::vector<std::string>& args) {
+int serve(const k3::Options& opt, bool web) {
   k3::server::ServerOptions so;
   so.security.bind_host = opt.serve.host;
   so.security.api_keys = opt.serve.api_keys;
@@ -87,7 +81,7 @@ int serve(const k3::Options& opt, bool web, const std::map<std::string, std::str
     for (std::string& k : read_key_file(opt.serve.api_key_file)) so.security.api_keys.push_back(std::move(k));
   for (const std::string& k : so.security.api_keys)
     if (k.size() > k3::server::kMaxApiKeyBytes) throw UsageError("an API key is longer than 512 bytes");
-  if (std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--api-key" || a.rfind("--api-key=", 0) == 0; }))
+  if (opt.source("api-key") == k3::OptionSource::kFlag)
     std::fprintf(stderr, "coli: warning: a key on the command line is visible to other users (ps); prefer COLI_API_KEY or --api-key-file\n");
   so.security.allowed_hosts = opt.serve.allowed_hosts;
   so.security.cors_origins = opt.serve.cors_origins;
@@ -100,7 +94,7 @@ int serve(const k3::Options& opt, bool web, const std::map<std::string, std::str
   if (any_origin && !loopback && so.security.api_keys.empty())
     throw UsageError("--cors-origin '*' with a non-loopback bind needs an API key");
   so.port = opt.serve.port;
-  so.api = api_config(opt, env, args);
+  so.api = api_config(opt);
   so.max_body_bytes = static_cast<size_t>(opt.serve.max_body_mb * 1024 * 1024);
   so.queue_timeout_s = opt.serve.queue_timeout;
   so.sse_ping_s = opt.serve.sse_ping;
@@ -110,7 +104,7 @@ int serve(const k3::Options& opt, bool web, const std::map<std::string, std::str
   so.max_connections_per_ip = opt.serve.max_connections_per_ip < 0 ? 8 : static_cast<int>(opt.serve.max_connections_per_ip);
   so.cap_loopback = opt.serve.max_connections_per_ip > 0;  // an explicit cap applies to every address
   so.log_prompts = opt.serve.log_prompts;
-  so.web_ui = !opt.serve.no_webui;
+  so.web_ui = opt.serve.web_ui;
 
   // Signals go to one thread that asks the server to drain (blocked before any thread starts).
   sigset_t signals;

@@ -286,27 +286,25 @@ int run(int argc, char** argv) {
   std::signal(SIGINT, on_interrupt);
   const std::vector<std::string> args(argv + 1, argv + argc);
   const k3::Options opt = k3::parse_kimi_k3_options(args, k3::environment_map(environ));
-  if (opt.show_help) {
-    std::printf("usage: kimi_k3 <model_dir> \"prompt\" [--ngen N] [options]\n"
-                "       kimi_k3 <model_dir> --chat \"question\" [--system \"...\"] [--ngen N] [options]\n"
-                "       kimi_k3 <model_dir> --ids 1,2,3 [--ngen N] [options]\n\n%s",
-                opt.help_text.c_str());
+  if (opt.show_help || opt.show_version) {
+    std::fputs(opt.help_text.c_str(), stdout);
     return 0;
   }
+  const bool ids_run = opt.given("ids");
   const bool chat = !opt.text.chat.empty() || !opt.text.system.empty();
   if (!opt.text.chat.empty() && !opt.prompt.empty())
     throw k3::Error("give the question either with --chat or as the prompt, not both");
-  if (opt.ids_given && chat) throw k3::Error("--ids cannot be combined with --chat / --system");
-  if (!opt.ids_given && opt.prompt.empty() && opt.text.chat.empty())
+  if (ids_run && chat) throw k3::Error("--ids cannot be combined with --chat / --system");
+  if (!ids_run && opt.prompt.empty() && opt.text.chat.empty())
     throw k3::Error("no prompt: pass a text prompt, --chat \"question\" or --ids 1,2,3");
   if (opt.runtime.threads > 0) omp_set_num_threads(opt.runtime.threads);
 
   k3::Engine engine(opt.model_dir, opt.load);
   const k3::K3Config& config = engine.config();
   const k3::text::Tokenizer* tokenizer = engine.tokenizer();
-  if (!opt.ids_given && !tokenizer)
+  if (!ids_run && !tokenizer)
     throw k3::Error(opt.model_dir + " has no tiktoken.model, so text prompts cannot be tokenized: pass token ids with --ids");
-  const std::vector<int64_t> prompt = opt.ids_given ? opt.ids : text_prompt(opt, *tokenizer, chat);
+  const std::vector<int64_t> prompt = ids_run ? opt.ids : text_prompt(opt, *tokenizer, chat);
   if (opt.debug.prompt_ids) {
     std::string line = "prompt ids:";
     for (int64_t id : prompt) {
@@ -331,7 +329,7 @@ int run(int argc, char** argv) {
   if (want_all_logits) hooks.all_logits = &all_logits;
   if (!opt.debug.trace_path.empty()) hooks.observer = &recorder;
 
-  const uint64_t seed = opt.sampling.seed_set
+  const uint64_t seed = opt.given("seed")
                             ? opt.sampling.seed
                             : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   k3::Sampler sampler(opt.sampling, seed);
@@ -341,7 +339,7 @@ int run(int argc, char** argv) {
 
   std::unique_ptr<Output> output;
   if (opt.text.jsonl) output = std::make_unique<JsonlOutput>(tokenizer, chat, opt.text.think, settings.stop_ids);
-  else if (opt.ids_given) output = std::make_unique<IdsOutput>();
+  else if (ids_run) output = std::make_unique<IdsOutput>();
   else if (chat) output = std::make_unique<ChatOutput>(*tokenizer, opt.text, isatty(STDOUT_FILENO) == 1, settings.stop_ids);
   else output = std::make_unique<TextOutput>(*tokenizer, settings.stop_ids);
   const auto on_token = [&](int64_t id) {

@@ -45,6 +45,7 @@
 #include "kernels/mxfp4.h"
 #include "kernels/quant.h"
 #include "model/compute.h"
+#include "options/options.h"
 #include "synth_lib.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -1235,7 +1236,8 @@ int run_stream(const StreamArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"k3_bench: kernel bandwidth and decode speed (benchmarks, not tests)"};
+  CLI::App app{"k3_bench: kernel bandwidth and decode speed (benchmarks, not tests)", "k3_bench"};
+  app.set_version_flag("--version", k3::version_text("k3_bench"));
   app.require_subcommand(1);
 
   KernelsArgs ka;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "options/options.h"
 #include "text/tokenizer.h"
 #include "util/sys.h"
 
@@ -34,6 +35,10 @@ uint32_t fnv1a(const std::vector<int32_t>& ids) {
 }
 
 int run(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--version") {
+    std::printf("%s\n", k3::version_text("k3_tokenizer_bench").c_str());
+    return 0;
+  }
   if (argc < 3 || argc > 4) {
     std::fprintf(stderr, "usage: k3_tokenizer_bench <model_dir> <corpus_file> [passes]\n");
     return 2;

@@ -139,14 +139,4 @@ TEST(Cli, HelpListsTheEnvironmentVariables) {
 
 }  // namespace
 
-namespace {
-
-TEST(Cli, ReadmeListsEveryOption) {
-  const Result r = run("", "--help");
-  ASSERT_EQ(r.status, 0) << r.err;
-  const std::string table = r.out.substr(r.out.find("| variable |"));
-  const std::string readme = k3::read_text_file(std::string(K3_SOURCE_DIR) + "/README.md");
-  EXPECT_NE(readme.find(table), std::string::npos) << "README.md's option table is out of date; paste:\n" << table;
-}
-
-}  // namespace
+// README.md's option table: OptionsReadme.TableIsCurrent (tests/options_test.cpp).

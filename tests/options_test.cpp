@@ -1,12 +1,18 @@
 // options_test — run-time options (options/options.h): defaults, flag > environment > default,
-// refusals naming the flag or variable, --ids, --help without a model directory.
+// refusals naming the flag or variable, every boolean form, unknown K3_* / COLI_* variables with
+// the nearest known name, "was it given?", per-program defaults and help, --version, and
+// README.md's copy of the option table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "io/file.h"
 #include "options/options.h"
 #include "util/error.h"
 #include "test_util.h"
@@ -32,7 +38,7 @@ TEST(OptionsDefaults, AllFields) {
   EXPECT_EQ(o.model_dir, "models/k3");
   EXPECT_EQ(o.prompt, "");
   EXPECT_TRUE(o.ids.empty());
-  EXPECT_FALSE(o.ids_given);
+  EXPECT_FALSE(o.given("ids"));
   EXPECT_EQ(o.ngen, 16);
   // The release defaults of the spec's environment table.
   EXPECT_EQ(o.load.bits, 4);
@@ -47,7 +53,7 @@ TEST(OptionsDefaults, AllFields) {
   EXPECT_EQ(o.sampling.temperature, 0.0);
   EXPECT_EQ(o.sampling.top_p, 1.0);
   EXPECT_EQ(o.sampling.top_k, 0);
-  EXPECT_FALSE(o.sampling.seed_set);
+  EXPECT_FALSE(o.given("seed"));
   EXPECT_TRUE(o.debug.trace_path.empty());
   EXPECT_TRUE(o.debug.logits_path.empty());
   EXPECT_TRUE(o.debug.x0_path.empty());
@@ -96,7 +102,8 @@ TEST(OptionsPrecedence, EveryOptionReachable) {
   EXPECT_DOUBLE_EQ(o.sampling.top_p, 0.9);
   EXPECT_EQ(o.sampling.top_k, 40);
   EXPECT_EQ(o.sampling.seed, 42u);
-  EXPECT_TRUE(o.sampling.seed_set);
+  EXPECT_TRUE(o.given("seed"));
+  EXPECT_EQ(o.source("seed"), k3::OptionSource::kEnvironment);
   EXPECT_EQ(o.runtime.max_tokens, 4096);
   EXPECT_EQ(o.runtime.threads, 3);
   EXPECT_EQ(o.load.layers, 2);
@@ -111,7 +118,8 @@ TEST(OptionsPrecedence, EveryOptionReachable) {
   EXPECT_DOUBLE_EQ(f.sampling.top_p, 0.5);
   EXPECT_EQ(f.sampling.top_k, 7);
   EXPECT_EQ(f.sampling.seed, 0u);
-  EXPECT_TRUE(f.sampling.seed_set);
+  EXPECT_TRUE(f.given("seed"));
+  EXPECT_EQ(f.source("seed"), k3::OptionSource::kFlag);
   EXPECT_EQ(f.runtime.max_tokens, 10);
   EXPECT_EQ(f.load.layers, 1);
   EXPECT_EQ(f.debug.trace_path, "a");
@@ -157,7 +165,7 @@ TEST(OptionsReject, UnsupportedQuantisationSettings) {
   EXPECT_HAS(parse_error({"m"}, {{"K3_HEAD_BITS", "2"}}), "K3_HEAD_BITS");
   EXPECT_HAS(parse_error({"m", "--bits", "3"}), "--bits");
   EXPECT_HAS(parse_error({"m"}, {{"K3_IDOT", "2"}}), "K3_IDOT");
-  EXPECT_HAS(parse_error({"m", "--idot", "yes please"}), "--idot");
+  EXPECT_HAS(parse_error({"m", "--idot=yes please"}), "--idot");
   EXPECT_HAS(parse_error({"m"}, {{"K3_ISA", "neon"}}), "K3_ISA");
 
   for (const char* b : {"4", "8", "32"}) {
@@ -166,7 +174,7 @@ TEST(OptionsReject, UnsupportedQuantisationSettings) {
     EXPECT_EQ(o.load.mla_bits, std::stoi(b));
     EXPECT_EQ(o.load.head_bits, std::stoi(b));
   }
-  const k3::Options exact = k3::parse_kimi_k3_options({"m", "--idot", "0", "--isa", "scalar", "--stats"}, {});
+  const k3::Options exact = k3::parse_kimi_k3_options({"m", "--idot=0", "--isa", "scalar", "--stats"}, {});
   EXPECT_FALSE(exact.load.idot);
   EXPECT_EQ(exact.load.isa, "scalar");
   EXPECT_TRUE(exact.debug.stats);
@@ -174,7 +182,7 @@ TEST(OptionsReject, UnsupportedQuantisationSettings) {
 
 TEST(OptionsIds, ParsedFromFlag) {
   const k3::Options o = k3::parse_kimi_k3_options({"m", "--ids", "1,2, 3"}, {});
-  EXPECT_TRUE(o.ids_given);
+  EXPECT_TRUE(o.given("ids"));
   EXPECT_EQ(o.ids, (std::vector<int64_t>{1, 2, 3}));
   const std::string msg = parse_error({"m", "--ids", "1,x"});
   EXPECT_HAS(msg, "--ids");
@@ -209,8 +217,270 @@ TEST(OptionsHelp, WorksWithoutModelDir) {
     EXPECT_HAS(o.help_text, "COLI_TEMP");
   }
   const std::string table = k3::options_table_markdown();
-  EXPECT_HAS(table, "| `K3_NGEN` | `--ngen` | 16 |");
+  EXPECT_HAS(table, "| `--ngen` | `K3_NGEN` | 16 (coli: up to --max-tokens) |");
+  EXPECT_HAS(table, "| `--temp` | `COLI_TEMP` | 0 (coli: 0.6) |");
   EXPECT_HAS(table, "`K3_IDOT`");
+}
+
+k3::Options parse(const std::string& program, const Args& args, const Env& env = {}) {
+  return k3::parse_options(program, args, env);
+}
+
+// Every boolean flag: --x, --no-x, --x=0/1/true/false (and the variable's 0/1), whatever the
+// default.
+TEST(OptionsBool, EveryForm) {
+  auto think = [](const Args& a, const Env& e = {}) { return k3::parse_kimi_k3_options(a, e).text.think; };
+  EXPECT_TRUE(think({"m"}));
+  EXPECT_TRUE(think({"m", "--think"}));
+  EXPECT_FALSE(think({"m", "--no-think"}));
+  EXPECT_FALSE(think({"m", "--think=0"}));
+  EXPECT_FALSE(think({"m", "--think=false"}));
+  EXPECT_FALSE(think({"m", "--think=off"}));
+  EXPECT_TRUE(think({"m", "--think=1"}));
+  EXPECT_TRUE(think({"m", "--think=true"}));
+  EXPECT_TRUE(think({"m", "--no-think=false"}));
+  EXPECT_FALSE(think({"m"}, {{"K3_THINK", "0"}}));
+  EXPECT_TRUE(think({"m", "--think"}, {{"K3_THINK", "0"}}));  // the flag beats the variable
+  EXPECT_FALSE(think({"m", "--think=0"}, {{"K3_THINK", "1"}}));
+
+  auto stats = [](const Args& a) { return k3::parse_kimi_k3_options(a, {}).debug.stats; };
+  EXPECT_FALSE(stats({"m"}));
+  EXPECT_TRUE(stats({"m", "--stats"}));
+  EXPECT_TRUE(stats({"m", "--stats=1"}));
+  EXPECT_TRUE(stats({"m", "--stats=true"}));
+  EXPECT_FALSE(stats({"m", "--stats=0"}));
+  EXPECT_FALSE(stats({"m", "--stats=false"}));
+  EXPECT_FALSE(stats({"m", "--no-stats"}));
+
+  // Every boolean row, on and off, through the flag and (where there is one) the variable.
+  struct Row {
+    const char* name;
+    const char* env;
+    std::function<bool(const k3::Options&)> get;
+  };
+  const std::vector<Row> rows = {
+      {"idot", "K3_IDOT", [](const k3::Options& o) { return o.load.idot; }},
+      {"direct", "K3_DIRECT", [](const k3::Options& o) { return o.load.cache.direct; }},
+      {"pin", "K3_PIN", [](const k3::Options& o) { return o.load.cache.pin; }},
+      {"pipe", "K3_PIPE", [](const k3::Options& o) { return o.load.cache.pipe; }},
+      {"prefetch", "K3_PREFETCH", [](const k3::Options& o) { return o.load.cache.prefetch; }},
+      {"experts-in-memory", nullptr, [](const k3::Options& o) { return o.load.experts_in_memory; }},
+      {"show-think", "COLI_SHOW_THINK", [](const k3::Options& o) { return o.text.show_think; }},
+      {"labels", nullptr, [](const k3::Options& o) { return o.text.labels; }},
+      {"allow-special", nullptr, [](const k3::Options& o) { return o.text.allow_special; }},
+      {"bos", nullptr, [](const k3::Options& o) { return o.text.bos; }},
+      {"prompt-ids", "K3_CHAT_IDS", [](const k3::Options& o) { return o.debug.prompt_ids; }},
+      {"raw", nullptr, [](const k3::Options& o) { return o.serve.raw; }},
+      {"accept-any-model", nullptr, [](const k3::Options& o) { return o.serve.accept_any_model; }},
+      {"insecure-bind", "COLI_ALLOW_INSECURE_BIND", [](const k3::Options& o) { return o.serve.insecure_bind; }},
+      {"log-prompts", nullptr, [](const k3::Options& o) { return o.serve.log_prompts; }},
+      {"webui", nullptr, [](const k3::Options& o) { return o.serve.web_ui; }},
+      {"ckpt-keep", nullptr, [](const k3::Options& o) { return o.serve.ckpt_keep; }},
+      {"prefix-log", "K3_PREFIX_LOG", [](const k3::Options& o) { return o.serve.prefix_log; }},
+  };
+  for (const Row& r : rows) {
+    const std::string flag = std::string("--") + r.name, no = std::string("--no-") + r.name;
+    SCOPED_TRACE(flag);
+    EXPECT_TRUE(r.get(parse("coli serve", {"m", flag})));
+    EXPECT_FALSE(r.get(parse("coli serve", {"m", no})));
+    for (const char* on : {"1", "true", "on", "yes"}) EXPECT_TRUE(r.get(parse("coli serve", {"m", flag + "=" + on})));
+    for (const char* off : {"0", "false", "off", "no"}) EXPECT_FALSE(r.get(parse("coli serve", {"m", flag + "=" + off})));
+    EXPECT_HAS(error_of([&] { parse("coli serve", {"m", flag + "=maybe"}); }), flag);
+    if (r.env) {
+      EXPECT_TRUE(r.get(parse("coli serve", {"m"}, {{r.env, "1"}})));
+      EXPECT_FALSE(r.get(parse("coli serve", {"m"}, {{r.env, "0"}})));
+      EXPECT_HAS(error_of([&] { parse("coli serve", {"m"}, {{r.env, "maybe"}}); }), r.env);
+    }
+  }
+  // The old spellings stay.
+  EXPECT_FALSE(k3::parse_kimi_k3_options({"m", "--hide-think"}, {}).text.show_think);
+  EXPECT_FALSE(parse("coli serve", {"m", "--no-webui"}).serve.web_ui);
+}
+
+TEST(OptionsBool, ValueAfterASpaceIsRefused) {
+  // "--idot 0" would make 0 the prompt: refused, naming the '=' form.
+  const std::string msg = parse_error({"m", "--idot", "0"});
+  EXPECT_HAS(msg, "--idot=0");
+  EXPECT_HAS(parse_error({"--no-think", "false", "m"}), "--think=false");
+  // A real prompt after a flag is fine.
+  EXPECT_EQ(k3::parse_kimi_k3_options({"m", "--no-think", "hello"}, {}).prompt, "hello");
+}
+
+TEST(OptionsReject, UnknownVariablesNameTheNearestKnownOne) {
+  EXPECT_EQ(parse_error({"m"}, {{"COLI_TMEP", "1"}}), "unknown environment variable COLI_TMEP (did you mean COLI_TEMP?)");
+  EXPECT_EQ(parse_error({"m"}, {{"K3_BTIS", "4"}}), "unknown environment variable K3_BTIS (did you mean K3_BITS?)");
+  EXPECT_HAS(parse_error({"m"}, {{"K3_NGNE", "4"}}), "did you mean K3_NGEN?");
+  EXPECT_HAS(parse_error({"m"}, {{"COLI_API_KEYS", "k"}}), "did you mean COLI_API_KEY?");
+  EXPECT_HAS(error_of([] { parse("coli serve", {"m"}, {{"COLI_PROT", "80"}}); }), "did you mean COLI_PORT?");
+  EXPECT_HAS(error_of([] { parse("coli tokenize", {"m"}, {{"COLI_TMEP", "1"}}); }), "COLI_TMEP");
+  // Every variable the table knows, and those the test suites and scripts set, are accepted.
+  const Env known = {{"COLI_MODEL", "m"}, {"COLI_API_KEY", "k"}, {"COLI_API_KEY_FILE", ""},
+                     {"COLI_ALLOW_INSECURE_BIND", "0"}, {"COLI_ALLOWED_HOSTS", "a"}, {"COLI_CORS_ORIGINS", "b"},
+                     {"COLI_HOST", "127.0.0.1"}, {"COLI_PORT", "0"}, {"COLI_MODEL_ID", "x"},
+                     {"COLI_MAX_QUEUE", "1"}, {"COLI_QUEUE_TIMEOUT", "5"}, {"COLI_MAX_TOKENS", "9"},
+                     {"COLI_MAX_BODY_MB", "1"}, {"COLI_SSE_PING", "0"}, {"COLI_MAX_CONNECTIONS", "9"},
+                     {"COLI_READ_DEADLINE", "5"}, {"COLI_REASONING", "off"}, {"COLI_K3_CKPT", "2"},
+                     {"COLI_K3_CKPT_DIR", ""}, {"COLI_TOKEN_DELAY_MS", "0"}, {"COLI_USAGE_DECAY", "0.5"},
+                     {"COLI_SHOW_THINK", "0"}, {"COLI_TEMP", "0.1"}, {"COLI_TOP_P", "0.5"}, {"COLI_TOP_K", "3"},
+                     {"COLI_MIN_P", "0"}, {"COLI_SEED", "1"}, {"K3_PREFIX_LOG", "1"}, {"K3_ISA", "scalar"}};
+  EXPECT_NO_THROW(parse("coli serve", {}, known));
+  EXPECT_NO_THROW(k3::check_environment({{"COLIN", "x"}, {"K3", "y"}, {"MY_K3_THING", "z"}}));
+}
+
+TEST(OptionsPrecedence, GivenIsAnsweredByTheParser) {
+  const k3::Options none = k3::parse_kimi_k3_options({"m"}, {});
+  EXPECT_FALSE(none.given("ngen"));
+  EXPECT_FALSE(none.given("temp"));
+  EXPECT_EQ(none.source("temp"), k3::OptionSource::kDefault);
+  for (const Args& args : {Args{"m", "--ngen", "5"}, Args{"m", "--ngen=5"}}) {
+    const k3::Options o = k3::parse_kimi_k3_options(args, {});
+    EXPECT_TRUE(o.given("ngen"));
+    EXPECT_EQ(o.source("ngen"), k3::OptionSource::kFlag);
+    EXPECT_EQ(o.ngen, 5);
+  }
+  const k3::Options env = k3::parse_kimi_k3_options({"m"}, {{"K3_NGEN", "7"}});
+  EXPECT_EQ(env.source("ngen"), k3::OptionSource::kEnvironment);
+  // Aliases answer to the row's first name.
+  EXPECT_TRUE(k3::parse_kimi_k3_options({"m", "--maxt=64"}, {}).given("ctx"));
+  EXPECT_EQ(k3::parse_kimi_k3_options({"m", "--maxt=64"}, {}).runtime.max_tokens, 64);
+  EXPECT_EQ(parse("coli serve", {"m", "--api-key=k"}).source("api-key"), k3::OptionSource::kFlag);
+  EXPECT_EQ(parse("coli serve", {"m"}, {{"COLI_API_KEY", "k"}}).source("api-key"), k3::OptionSource::kEnvironment);
+}
+
+// coli serve / web / chat sample at the model card's settings unless told otherwise; every
+// spelling of --temp counts (`--temp=0.25` used to be ignored by coli serve).
+TEST(OptionsPrograms, ColiDefaultsAndFlagBeatsEnvBeatsDefault) {
+  for (const char* program : {"coli serve", "coli web", "coli chat"}) {
+    SCOPED_TRACE(program);
+    const k3::Options d = parse(program, {"m"});
+    EXPECT_DOUBLE_EQ(d.sampling.temperature, 0.6);
+    EXPECT_DOUBLE_EQ(d.sampling.top_p, 0.95);
+    EXPECT_EQ(d.runtime.max_tokens, 8192);
+    EXPECT_FALSE(d.given("temp"));
+    EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp=0.25"}).sampling.temperature, 0.25);
+    EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp", "0.25"}).sampling.temperature, 0.25);
+    EXPECT_DOUBLE_EQ(parse(program, {"m"}, {{"COLI_TEMP", "0.7"}}).sampling.temperature, 0.7);
+    EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp=0.25"}, {{"COLI_TEMP", "0.7"}}).sampling.temperature, 0.25);
+    EXPECT_DOUBLE_EQ(parse(program, {"m", "--top-p=0.5"}).sampling.top_p, 0.5);
+    EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp=0"}).sampling.temperature, 0.0);
+  }
+  for (const char* program : {"kimi_k3", "coli tokenize", "coli render"}) {
+    EXPECT_DOUBLE_EQ(parse(program, {"m"}).sampling.temperature, 0.0) << program;
+    EXPECT_EQ(parse(program, {"m"}).runtime.max_tokens, 0) << program;
+  }
+  // The defaults live in the member initialisers: kimi_k3's parse of nothing equals Options{}.
+  const k3::Options o = parse("kimi_k3", {"m"}), fresh;
+  EXPECT_EQ(o.load.bits, fresh.load.bits);
+  EXPECT_EQ(o.load.cache.expert_gb, fresh.load.cache.expert_gb);
+  EXPECT_EQ(o.serve.port, fresh.serve.port);
+  EXPECT_EQ(o.ngen, fresh.ngen);
+  EXPECT_HAS(error_of([] { parse("coli nonsense", {"m"}); }), "coli nonsense");
+  // Only kimi_k3 takes a prompt; elsewhere a stray argument is an error, not ignored.
+  EXPECT_HAS(error_of([] { parse("coli serve", {"m", "extra"}); }), "extra");
+}
+
+// The lines of `help` that list options ("  --flag ..."), by flag.
+bool lists(const std::string& help, const std::string& flag) {
+  for (const char* after : {" ", ",", "\n"})
+    if (help.find("\n  " + flag + after) != std::string::npos) return true;
+  return false;
+}
+
+TEST(OptionsHelp, PerProgramGroupedWithDefaultsAndVariables) {
+  const std::string kimi = parse("kimi_k3", {"--help"}).help_text;
+  const std::string serve = parse("coli serve", {"--help"}).help_text;
+  const std::string chat = parse("coli chat", {"-h"}).help_text;
+  const std::string tokenize = parse("coli tokenize", {"--help"}).help_text;
+  EXPECT_EQ(kimi.rfind("usage: kimi_k3 ", 0), 0u) << kimi;
+  EXPECT_EQ(serve.rfind("usage: coli serve ", 0), 0u) << serve;
+  EXPECT_EQ(chat.rfind("usage: coli chat ", 0), 0u) << chat;
+  EXPECT_EQ(tokenize.rfind("usage: coli tokenize ", 0), 0u) << tokenize;
+  // Groups, in order.
+  size_t at = 0;
+  for (const char* group : {"\nmodel:\n", "\nquantization:\n", "\nexperts & I/O:\n", "\nsampling:\n", "\nserver:\n",
+                            "\nsecurity:\n", "\nvalidation:\n"}) {
+    const size_t found = serve.find(group, at);
+    EXPECT_NE(found, std::string::npos) << group;
+    at = found == std::string::npos ? at : found;
+  }
+  EXPECT_HAS(kimi, "\nchat:\n");
+  EXPECT_EQ(kimi.find("\nserver:\n"), std::string::npos);
+  EXPECT_EQ(kimi.find("\nsecurity:\n"), std::string::npos);
+  // Engine-only and debug flags are not listed by coli serve; server flags not by kimi_k3.
+  for (const char* flag : {"--ids", "--trace", "--x0", "--logits", "--layers", "--stats", "--chat", "--seed", "--ngen"})
+    EXPECT_FALSE(lists(serve, flag)) << flag;
+  for (const char* flag : {"--host", "--port", "--api-key", "--max-queue", "--reasoning", "--ckpt", "--max-tokens"}) {
+    EXPECT_TRUE(lists(serve, flag)) << flag;
+    EXPECT_FALSE(lists(kimi, flag)) << flag;
+  }
+  for (const char* flag : {"--ids", "--trace", "--x0", "--ngen", "--chat", "--seed"}) EXPECT_TRUE(lists(kimi, flag)) << flag;
+  EXPECT_TRUE(lists(tokenize, "--[no-]allow-special"));
+  EXPECT_FALSE(lists(tokenize, "--temp"));
+  // Each line says its default (the program's own) and its variable.
+  EXPECT_HAS(serve, "[default 0.6, env COLI_TEMP]");
+  EXPECT_HAS(serve, "[default 8000, env COLI_PORT]");
+  EXPECT_HAS(kimi, "[default 0, env COLI_TEMP]");
+  EXPECT_HAS(kimi, "[default 16, env K3_NGEN]");
+  EXPECT_HAS(kimi, "--[no-]think");
+  EXPECT_HAS(kimi, "[default on, env K3_THINK]");
+  EXPECT_HAS(chat, "[default up to --max-tokens, env K3_NGEN]");
+  for (const std::string* help : {&kimi, &serve, &chat, &tokenize}) EXPECT_HAS(*help, "--version");
+}
+
+TEST(OptionsHelp, Version) {
+  for (const char* program : {"kimi_k3", "coli serve", "coli tokenize"}) {
+    const k3::Options o = parse(program, {"--version"});
+    EXPECT_TRUE(o.show_version);
+    EXPECT_FALSE(o.show_help);
+    EXPECT_EQ(o.help_text.rfind(std::string(program) + " ", 0), 0u) << o.help_text;
+    EXPECT_HAS(o.help_text, "git ");
+    EXPECT_HAS(o.help_text, " build");
+    EXPECT_HAS(o.help_text, "this CPU runs ");
+  }
+}
+
+// README.md's option table is the generated one (regenerate: build/apps/k3_options_md --write README.md).
+TEST(OptionsReadme, TableIsCurrent) {
+  const std::string readme = k3::read_text_file(std::string(K3_SOURCE_DIR) + "/README.md");
+  const std::string open = "<!-- options-table -->\n", close = "<!-- /options-table -->";
+  const size_t begin = readme.find(open), end = readme.find(close);
+  ASSERT_NE(begin, std::string::npos);
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_EQ(readme.substr(begin + open.size(), end - begin - open.size()), k3::options_table_markdown())
+      << "README.md's option table is stale: run build/apps/k3_options_md --write README.md";
+}
+
+}  // namespace
+
+namespace {
+
+// Every binary answers --version (program, version, git hash, build type, ISA) and exits 0; every
+// program's --help starts with a usage line naming it.
+TEST(OptionsBinaries, VersionAndHelpOnEveryBinary) {
+  const std::string bin = K3_BINARY_DIR;
+  const std::vector<std::pair<std::string, std::string>> binaries = {
+      {bin + "/apps/kimi_k3", "kimi_k3"},          {bin + "/apps/coli", "coli"},
+      {bin + "/apps/coli serve", "coli serve"},    {bin + "/apps/coli chat", "coli chat"},
+      {bin + "/apps/k3_options_md", "k3_options_md"}, {bin + "/tools/k3_synth", "k3_synth"},
+      {bin + "/bench/k3_bench", "k3_bench"},       {bin + "/bench/k3_tokenizer_bench", "k3_tokenizer_bench"}};
+  for (const auto& [command, name] : binaries) {
+    if (command.find("/bench/") != std::string::npos && !std::ifstream(command.substr(0, command.find(' ')))) continue;
+    const k3::testing::CommandResult r = k3::testing::run_split("env -i " + command + " --version");
+    EXPECT_EQ(r.status, 0) << command << ": " << r.err;
+    EXPECT_EQ(r.out.rfind(name + " ", 0), 0u) << r.out;
+    EXPECT_HAS(r.out, "(git ");
+    EXPECT_HAS(r.out, "this CPU runs ");
+  }
+  for (const char* program : {"kimi_k3", "coli serve", "coli web", "coli chat", "coli tokenize", "coli render"}) {
+    std::string command = bin + "/apps/" + program;
+    const k3::testing::CommandResult r = k3::testing::run_split("env -i " + command + " --help");
+    EXPECT_EQ(r.status, 0) << program << ": " << r.err;
+    EXPECT_EQ(r.out.rfind(std::string("usage: ") + program + " ", 0), 0u) << r.out;
+  }
+  // A mistyped COLI_* variable stops a program before it does anything.
+  const k3::testing::CommandResult typo = k3::testing::run_split("env -i COLI_TMEP=1 " + bin + "/apps/coli serve m");
+  EXPECT_EQ(typo.status, 2);
+  EXPECT_HAS(typo.err, "unknown environment variable COLI_TMEP (did you mean COLI_TEMP?)");
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 #include <exception>
 #include <string>
 
+#include "options/options.h"
 #include "synth_lib.h"
 #include "util/error.h"
 #include "util/sys.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Write a synthetic Kimi K3 checkpoint (real layout, random weights)"};
+  CLI::App app{"Write a synthetic Kimi K3 checkpoint (real layout, random weights)", "k3_synth"};
+  app.set_version_flag("--version", k3::version_text("k3_synth"));
   std::string preset;
   std::string out;
   int64_t layers = -1;

@@ -4,24 +4,17 @@
 #include <algorithm>
 #include <charconv>
 #include <functional>
+#include <iomanip>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 
 #include "util/error.h"
 
 namespace k3 {
 namespace {
 
-using Setter = std::function<void(Options&, const std::string& value, const std::string& source)>;
-
-struct OptionRow {
-  const char* flag;     // "--bits"; nullptr when environment-only
-  const char* env;      // "K3_BITS"; nullptr when flag-only
-  const char* fallback; // default, as text (parsed by the setter like any other value)
-  const char* help;
-  Setter set;
-  bool is_switch = false;  // a flag without a value ("--stats" means "1"); the variable takes 0/1
-};
+// ---- values ---------------------------------------------------------------------------------
 
 int64_t parse_int(const std::string& value, const std::string& source, int64_t lo, int64_t hi) {
   int64_t out = 0;
@@ -52,15 +45,7 @@ double parse_double(const std::string& value, const std::string& source, double 
 bool parse_bool(const std::string& value, const std::string& source) {
   if (value == "1" || value == "true" || value == "yes" || value == "on") return true;
   if (value == "0" || value == "false" || value == "no" || value == "off") return false;
-  throw Error(source + ": expected 0 or 1, got \"" + value + "\"");
-}
-
-// Dense-matrix bit widths: 4 (int4 groups of 64), 8 (int8 per row) or 32 (f32).
-int parse_bits(const std::string& value, const std::string& source) {
-  const int64_t bits = parse_int(value, source, 1, 64);
-  if (bits != 4 && bits != 8 && bits != 32)
-    throw Error(source + "=" + value + " is not a supported width: use 4 (int4 g64), 8 (int8) or 32 (f32)");
-  return static_cast<int>(bits);
+  throw Error(source + ": expected 0 or 1 (or true / false), got \"" + value + "\"");
 }
 
 std::vector<std::string> split_list(const std::string& value) {
@@ -75,218 +60,504 @@ std::vector<std::string> split_list(const std::string& value) {
   return out;
 }
 
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : sep) + item;
+  return out;
+}
+
+std::string number_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// How one row's value is parsed into Options and shown back (its default, its effective value).
+struct Value {
+  std::function<void(Options&, const std::string& value, const std::string& source)> set;
+  std::function<std::string(const Options&)> get;
+  std::string range;     // "0..100", "4|8|32", "" (any text)
+  bool is_bool = false;  // a flag: --x, --no-x, --x=0/1/true/false; the variable takes 0/1
+};
+
+// A field of Options, as a captureless lambda: FIELD(sampling.temperature).
+#define FIELD(path) [](Options& o) -> decltype(auto) { return (o.path); }
+template <class F>
+using FieldType = std::remove_reference_t<decltype(std::declval<F>()(std::declval<Options&>()))>;
+template <class F>
+const FieldType<F>& read(F f, const Options& o) {
+  return f(const_cast<Options&>(o));
+}
+
+template <class F>
+Value integer(F f, int64_t lo, int64_t hi) {
+  return {[f, lo, hi](Options& o, const std::string& v, const std::string& s) { f(o) = static_cast<FieldType<F>>(parse_int(v, s, lo, hi)); },
+          [f](const Options& o) { return std::to_string(read(f, o)); },
+          std::to_string(lo) + ".." + (hi >= (int64_t{1} << 24) ? "" : std::to_string(hi))};
+}
+
+// [lo, hi], or (lo, hi] when `above_lo`.
+template <class F>
+Value real(F f, double lo, double hi, bool above_lo = false) {
+  return {[f, lo, hi, above_lo](Options& o, const std::string& v, const std::string& s) {
+            const double x = parse_double(v, s, lo, hi);
+            if (above_lo && x <= lo) throw Error(s + ": must be greater than " + number_text(lo));
+            f(o) = x;
+          },
+          [f](const Options& o) { return number_text(read(f, o)); },
+          (above_lo ? "(" : "[") + number_text(lo) + ", " + number_text(hi) + "]"};
+}
+
+template <class F>
+Value boolean(F f) {
+  return {[f](Options& o, const std::string& v, const std::string& s) { f(o) = parse_bool(v, s); },
+          [f](const Options& o) { return std::string(read(f, o) ? "1" : "0"); }, "0|1", true};
+}
+
+template <class F>
+Value text(F f) {
+  return {[f](Options& o, const std::string& v, const std::string&) { f(o) = v; },
+          [f](const Options& o) { return read(f, o); }, ""};
+}
+
+template <class F>
+Value list(F f) {
+  return {[f](Options& o, const std::string& v, const std::string&) { f(o) = split_list(v); },
+          [f](const Options& o) { return join(read(f, o), ","); }, "a,b,..."};
+}
+
+template <class F>
+Value choice(F f, std::vector<std::string> choices, std::string note = "") {
+  std::string range = join(choices, "|");
+  return {[f, choices, note](Options& o, const std::string& v, const std::string& s) {
+            if (std::find(choices.begin(), choices.end(), v) == choices.end()) {
+              std::string expected;
+              for (size_t i = 0; i < choices.size(); ++i)
+                expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+              throw Error(s + ": expected " + expected + ", got \"" + v + "\"" + note);
+            }
+            f(o) = v;
+          },
+          [f](const Options& o) { return read(f, o); }, range};
+}
+
+// Dense-matrix bit widths: 4 (int4 groups of 64), 8 (int8 per row) or 32 (f32).
+template <class F>
+Value bits(F f) {
+  return {[f](Options& o, const std::string& v, const std::string& s) {
+            const int64_t b = parse_int(v, s, 1, 64);
+            if (b != 4 && b != 8 && b != 32)
+              throw Error(s + "=" + v + " is not a supported width: use 4 (int4 g64), 8 (int8) or 32 (f32)");
+            f(o) = static_cast<int>(b);
+          },
+          [f](const Options& o) { return std::to_string(read(f, o)); }, "4|8|32"};
+}
+
+// "auto" (stored as -1) or an integer in [lo, hi].
+template <class F>
+Value auto_or_int(F f, int64_t lo, int64_t hi) {
+  return {[f, lo, hi](Options& o, const std::string& v, const std::string& s) {
+            f(o) = static_cast<FieldType<F>>(v == "auto" ? -1 : parse_int(v, s, lo, hi));
+          },
+          [f](const Options& o) { return read(f, o) < 0 ? std::string("auto") : std::to_string(read(f, o)); },
+          "auto|" + std::to_string(lo) + ".." + std::to_string(hi)};
+}
+
+// ---- the table ------------------------------------------------------------------------------
+
+enum class Group { kModel, kQuantization, kExperts, kSampling, kChat, kServer, kSecurity, kValidation };
+const Group kGroups[] = {Group::kModel,  Group::kQuantization, Group::kExperts,  Group::kSampling,
+                         Group::kChat,   Group::kServer,       Group::kSecurity, Group::kValidation};
+
+const char* group_name(Group g) {
+  switch (g) {
+    case Group::kModel: return "model";
+    case Group::kQuantization: return "quantization";
+    case Group::kExperts: return "experts & I/O";
+    case Group::kSampling: return "sampling";
+    case Group::kChat: return "chat";
+    case Group::kServer: return "server";
+    case Group::kSecurity: return "security";
+    case Group::kValidation: return "validation";
+  }
+  return "?";
+}
+
+// The programs a row is listed for in --help (every program accepts every flag).
+enum : unsigned { kKimi = 1, kServe = 2, kChatApp = 4, kTokenize = 8, kRender = 16 };
+constexpr unsigned kEngine = kKimi | kServe | kChatApp;
+constexpr unsigned kAll = kEngine | kTokenize | kRender;
+
+struct OptionRow {
+  const char* flags;  // CLI11 names: "--think,!--no-think"; the first is the row's name ("think")
+  const char* env;    // "K3_THINK"; nullptr when flag-only
+  Group group;
+  unsigned listed;    // programs whose --help lists it
+  const char* help;
+  Value value;
+  // coli serve / web / chat's default where it differs from kimi_k3's (the member initialiser);
+  // parsed like any other value.
+  const char* coli_default = nullptr;
+  // Shown instead of the default where the value is worked out at run time (kimi_k3, coli).
+  const char* shown_default = nullptr;
+  const char* coli_shown_default = nullptr;
+};
+
+std::string row_name(const OptionRow& r) {
+  std::string first = r.flags;
+  first = first.substr(0, first.find(','));
+  return first.substr(first.find_first_not_of('-'));
+}
+
 const std::vector<OptionRow>& option_rows() {
   static const std::vector<OptionRow> rows = {
-      {"--model", "COLI_MODEL", "", "model directory (Hugging Face snapshot)",
-       [](Options& o, const std::string& v, const std::string&) { if (!v.empty()) o.model_dir = v; }},
-      {"--ids", nullptr, "", "prompt as token ids, comma or space separated (no BOS added)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v.empty()) return;
-         try {
-           o.ids = parse_id_list(v);
-         } catch (const Error& e) {
-           throw Error(s + ": " + e.what());
-         }
-         o.ids_given = true;
-       }},
-      {"--ngen", "K3_NGEN", "16", "tokens to generate",
-       [](Options& o, const std::string& v, const std::string& s) { o.ngen = parse_int(v, s, 0, int64_t{1} << 24); }},
-      {"--ctx,--maxt", "K3_MAXT", "0", "context capacity in tokens (0 = prompt + ngen; coli serve/chat: 8192)",
-       [](Options& o, const std::string& v, const std::string& s) { o.runtime.max_tokens = parse_int(v, s, 0, int64_t{1} << 24); }},
-      {"--threads", nullptr, "0", "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
-       [](Options& o, const std::string& v, const std::string& s) { o.runtime.threads = static_cast<int>(parse_int(v, s, 0, 1024)); }},
-      {"--temp", "COLI_TEMP", "0", "sampling temperature (0 = greedy)",
-       [](Options& o, const std::string& v, const std::string& s) { o.sampling.temperature = parse_double(v, s, 0.0, 100.0); }},
-      {"--top-p", "COLI_TOP_P", "1", "nucleus sampling mass in (0, 1] (1 = off)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         o.sampling.top_p = parse_double(v, s, 0.0, 1.0);
-         if (o.sampling.top_p <= 0.0) throw Error(s + ": must be greater than 0");
-       }},
-      {"--top-k", "COLI_TOP_K", "0", "keep only the k most likely tokens (0 = off)",
-       [](Options& o, const std::string& v, const std::string& s) { o.sampling.top_k = parse_int(v, s, 0, int64_t{1} << 24); }},
-      {"--min-p", "COLI_MIN_P", "0", "drop tokens less likely than min-p x the most likely one (0 = off)",
-       [](Options& o, const std::string& v, const std::string& s) { o.sampling.min_p = parse_double(v, s, 0.0, 1.0); }},
-      {"--seed", "COLI_SEED", "", "sampling seed (default: from the clock, printed in the summary)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v.empty()) return;
-         o.sampling.seed = static_cast<uint64_t>(parse_int(v, s, 0, INT64_MAX));
-         o.sampling.seed_set = true;
-       }},
-      {"--chat", nullptr, "", "one chat turn: this user message, rendered with the K3 chat template",
-       [](Options& o, const std::string& v, const std::string&) { o.text.chat = v; }},
-      {"--system", nullptr, "", "system message of the chat turn (implies a chat turn)",
-       [](Options& o, const std::string& v, const std::string&) { o.text.system = v; }},
-      {"--think", "K3_THINK", "1", "chat: open the think channel (K3_THINK=0: answer directly)",
-       [](Options& o, const std::string& v, const std::string& s) { o.text.think = parse_bool(v, s); }, true},
-      {"--no-think", nullptr, "0", "chat: answer directly (same as K3_THINK=0)",
-       [](Options& o, const std::string& v, const std::string& s) { if (parse_bool(v, s)) o.text.think = false; }, true},
-      {"--effort", "K3_EFFORT", "max", "chat: thinking effort low, high or max (none = no effort message)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v != "low" && v != "high" && v != "max" && v != "none")
-           throw Error(s + ": expected low, high, max or none, got \"" + v + "\" (the release rejects medium)");
-         o.text.effort = v;
-       }},
-      {nullptr, "COLI_SHOW_THINK", "1", "print the model's reasoning (0 = hide it)",
-       [](Options& o, const std::string& v, const std::string& s) { o.text.show_think = parse_bool(v, s); }},
-      {"--hide-think", nullptr, "0", "do not print the model's reasoning (same as COLI_SHOW_THINK=0)",
-       [](Options& o, const std::string& v, const std::string& s) { if (parse_bool(v, s)) o.text.show_think = false; }, true},
-      {"--labels", nullptr, "0", "print [think] / [response] labels even when stdout is not a terminal",
-       [](Options& o, const std::string& v, const std::string& s) { o.text.labels = parse_bool(v, s); }, true},
-      {"--allow-special", nullptr, "0", "raw text: special-token spellings become special tokens (otherwise they stay plain text)",
-       [](Options& o, const std::string& v, const std::string& s) { o.text.allow_special = parse_bool(v, s); }, true},
-      {"--bos", nullptr, "0", "prepend [BOS] to the prompt (the release never does)",
-       [](Options& o, const std::string& v, const std::string& s) { o.text.bos = parse_bool(v, s); }, true},
-      {"--output", nullptr, "text", "stdout format: text, or jsonl (one JSON event per line: token, tool_call, done)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v != "text" && v != "jsonl") throw Error(s + ": expected text or jsonl, got \"" + v + "\"");
-         o.text.jsonl = v == "jsonl";
-       }},
-      {"--bits", "K3_BITS", "4", "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.bits = parse_bits(v, s); }},
-      {"--mla-bits", "K3_MLA_BITS", "8", "MLA matrices in RAM: 4, 8 or 32",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.mla_bits = parse_bits(v, s); }},
-      {"--head-bits", "K3_HEAD_BITS", "8", "lm_head in RAM: 4, 8 or 32",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.head_bits = parse_bits(v, s); }},
-      {"--idot", "K3_IDOT", "1", "MXFP4 experts and int4 matrices: 1 = integer dots on int8 activations, 0 = float kernels",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.idot = parse_bool(v, s); }},
-      {"--isa", "K3_ISA", "auto", "kernel variant: auto (best this CPU runs), scalar, avx2, avx512",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v != "auto" && v != "scalar" && v != "avx2" && v != "avx512")
-           throw Error(s + ": expected auto, scalar, avx2 or avx512, got \"" + v + "\"");
-         o.load.isa = v;
-       }},
-      {"--chunk", "K3_CHUNK", "32", "prefill: prompt tokens run layer-major together, 1..512 (1 = token at a time; same logits)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.chunk = parse_int(v, s, 1, 512); }},
-      {"--dirs", "K3_DIRS", "", "more directories holding shards of the model (a split over drives; ',' or ';' separated; each shard in one place)",
-       [](Options& o, const std::string& v, const std::string&) {
-         std::string list = v;
-         std::replace(list.begin(), list.end(), ';', ',');
-         o.load.extra_dirs = split_list(list);
-       }},
-      {"--topp", "K3_TOPP", "0", "quality lever: keep routed experts up to this cumulative weight (0 < p < 1), renormalised; 0 = all (compare logits before use)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         o.load.expert_top_p = parse_double(v, s, 0.0, 1.0);
-         if (o.load.expert_top_p >= 1.0) o.load.expert_top_p = 0.0;
-       }},
-      {"--experts-in-memory", nullptr, "0", "read every routed expert into RAM at load (models that fit)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.experts_in_memory = parse_bool(v, s); }, true},
-      {"--expert-gb", "K3_EXPERT_GB", "8", "routed-expert cache in RAM, GB over all MoE layers (at least one slot per layer; lowered when memory is short)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         o.load.cache.expert_gb = parse_double(v, s, 0.0, 1e6);
-         if (o.load.cache.expert_gb <= 0.0) throw Error(s + ": must be greater than 0");
-       }},
-      {"--direct", "K3_DIRECT", "1", "expert reads with O_DIRECT (0 = buffered with read-ahead advice; automatic where the filesystem refuses it)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.direct = parse_bool(v, s); }},
-      {"--pin", "K3_PIN", "1", "pin each layer's most used experts (up to half its slots) from the routing history",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.pin = parse_bool(v, s); }},
-      {"--pipe", "K3_PIPE", "1", "compute on each routed expert as soon as its read lands, while the rest stream (0 = wait for all reads first)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.pipe = parse_bool(v, s); }},
-      {"--load-threads", "K3_LOAD_THREADS", "4", "expert reader threads, 1..16, where io_uring is unavailable (or with K3_IO_ENGINE=threads)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.load_threads = static_cast<int>(parse_int(v, s, 1, 16)); }},
-      {"--io-engine", "K3_IO_ENGINE", "auto", "expert reads: auto (io_uring when the kernel allows, else threads), uring, threads",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v != "auto" && v != "uring" && v != "threads")
-           throw Error(s + ": expected auto, uring or threads, got \"" + v + "\"");
-         o.load.cache.io_engine = v;
-       }},
-      {"--prefetch", "K3_PREFETCH", "0", "read ahead the experts the next MoE layer's router picks for the current layer's input (timing only)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.cache.prefetch = parse_bool(v, s); }},
-      {"--usage-decay", "COLI_USAGE_DECAY", "1", "routing history: counters multiplied by this (0 < d <= 1) when saved; 0.99 = ~69-run half-life",
-       [](Options& o, const std::string& v, const std::string& s) {
-         o.load.cache.usage_decay = parse_double(v, s, 0.0, 1.0);
-         if (o.load.cache.usage_decay <= 0.0) throw Error(s + ": must be greater than 0");
-       }},
-      {"--state-dir", "K3_STATE_DIR", "", "directory for the routing history (default $XDG_CACHE_HOME/kimi_k3 or ~/.cache/kimi_k3; never the model directory)",
-       [](Options& o, const std::string& v, const std::string&) { o.load.cache.state_dir = v; }},
-      {"--stats", "K3_STATS", "0", "print the per-stage time breakdown (1 = on)",
-       [](Options& o, const std::string& v, const std::string& s) { o.debug.stats = parse_bool(v, s); }, true},
-      {"--prompt-ids", "K3_CHAT_IDS", "0", "print the prompt's token ids (after tokenizing / chat rendering) to stderr",
-       [](Options& o, const std::string& v, const std::string& s) { o.debug.prompt_ids = parse_bool(v, s); }, true},
-      {"--layers", "K3_LAYERS", "0", "run only the first N layers (validation; 0 = all)",
-       [](Options& o, const std::string& v, const std::string& s) { o.load.layers = parse_int(v, s, 0, 4096); }},
-      {"--trace", "K3_TRACE", "", "after prefill, write per-layer tensors to this .safetensors file",
-       [](Options& o, const std::string& v, const std::string&) { o.debug.trace_path = v; }},
-      {"--logits", "K3_LOGITS", "", "write raw f32 [T][vocab] logits of every prefill position to this file",
-       [](Options& o, const std::string& v, const std::string&) { o.debug.logits_path = v; }},
-      {"--x0", "K3_X0", "", "raw f32 [T][hidden] file whose rows replace the embedding",
-       [](Options& o, const std::string& v, const std::string&) { o.debug.x0_path = v; }},
-      // coli serve / web / chat.
-      {"--host", "COLI_HOST", "127.0.0.1", "serve: address to listen on (beyond loopback needs an API key or --insecure-bind)",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.host = v; }},
-      {"--port", "COLI_PORT", "8000", "serve: TCP port (0 = any free port, printed at start-up)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.port = static_cast<int>(parse_int(v, s, 0, 65535)); }},
-      {"--model-id", "COLI_MODEL_ID", "kimi-k3", "serve: the model id clients name",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.model_id = v; }},
-      {"--alias", nullptr, "", "serve: more accepted model ids, comma separated",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.aliases = split_list(v); }},
-      {"--accept-any-model", nullptr, "0", "serve: accept any model id",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.accept_any_model = parse_bool(v, s); }, true},
-      {"--api-key", "COLI_API_KEY", "", "serve: required API key(s), comma separated (Bearer or x-api-key)",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.api_keys = split_list(v); }},
-      {"--api-key-file", "COLI_API_KEY_FILE", "", "serve: file of API keys, one per line (# comments); must not be group/world readable",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.api_key_file = v; }},
-      {"--allowed-host", "COLI_ALLOWED_HOSTS", "", "serve: extra Host header names, comma separated (* = no check)",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.allowed_hosts = split_list(v); }},
-      {"--cors-origin", "COLI_CORS_ORIGINS", "", "serve: extra exact CORS origins, comma separated",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.cors_origins = split_list(v); }},
-      {"--insecure-bind", "COLI_ALLOW_INSECURE_BIND", "0", "serve: allow a non-loopback bind without an API key",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.insecure_bind = parse_bool(v, s); }, true},
-      {"--max-queue", "COLI_MAX_QUEUE", "8", "serve: requests that may wait behind the running one (more get 429)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_queue = parse_int(v, s, 0, 1024); }},
-      {"--queue-timeout", "COLI_QUEUE_TIMEOUT", "300", "serve: seconds a request may wait in the queue (then 429)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.queue_timeout = parse_double(v, s, 0.1, 86400); }},
-      {"--max-tokens", "COLI_MAX_TOKENS", "16384", "serve: ceiling on a request's max_tokens",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_tokens = parse_int(v, s, 1, int64_t{1} << 30); }},
-      {"--max-body-mb", "COLI_MAX_BODY_MB", "8", "serve: largest request body in MiB (more gets 413)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_body_mb = parse_double(v, s, 0.001, 1024); }},
-      {"--sse-ping-interval", "COLI_SSE_PING", "10", "serve: seconds of stream silence before a ': ping' comment (0 = off)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.sse_ping = parse_double(v, s, 0, 3600); }},
-      {"--drain-timeout", nullptr, "30", "serve: seconds SIGTERM lets the running request finish",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.drain_timeout = parse_double(v, s, 0, 86400); }},
-      {"--max-connections", "COLI_MAX_CONNECTIONS", "64", "serve: live connections; more are closed at once",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.max_connections = parse_int(v, s, 1, 4096); }},
-      {"--max-connections-per-ip", nullptr, "auto", "serve: live connections from one address (auto: 8 per remote address; local clients share the global cap)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         o.serve.max_connections_per_ip = v == "auto" ? -1 : parse_int(v, s, 1, 4096);
-       }},
-      {"--read-deadline", "COLI_READ_DEADLINE", "30", "serve: seconds a client has to send a whole request (line, headers, body); then 408 / closed",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.read_deadline = parse_double(v, s, 0.5, 3600); }},
-      {"--log-prompts", nullptr, "0", "serve: log request bodies (off: prompts never reach the log)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.log_prompts = parse_bool(v, s); }, true},
-      {"--no-webui", nullptr, "0", "serve: do not serve the web page",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.no_webui = parse_bool(v, s); }, true},
-      {"--reasoning", "COLI_REASONING", "auto", "serve: thinking when a request does not say: on, off, auto (= on)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v != "on" && v != "off" && v != "auto") throw Error(s + ": expected on, off or auto, got \"" + v + "\"");
-         o.serve.reasoning = v != "off";
-       }},
-      {"--reasoning-field", nullptr, "reasoning_content", "serve: reasoning field name: reasoning_content, reasoning or both",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (v != "reasoning_content" && v != "reasoning" && v != "both")
-           throw Error(s + ": expected reasoning_content, reasoning or both, got \"" + v + "\"");
-         o.serve.reasoning_field = v;
-       }},
-      {"--ckpt", "COLI_K3_CKPT", "auto", "recurrent-state photos: auto (2 in RAM when memory allows), or 0-8 slots",
-       [](Options& o, const std::string& v, const std::string& s) {
-         o.serve.ckpt_slots = v == "auto" ? -1 : static_cast<int>(parse_int(v, s, 0, 8));
-       }},
-      {"--ckpt-dir", "COLI_K3_CKPT_DIR", "", "keep the photos in this directory (0700, files 0600) instead of RAM",
-       [](Options& o, const std::string& v, const std::string&) { o.serve.ckpt_dir = v; }},
-      {"--ckpt-keep", nullptr, "0", "leave the disk photos behind at exit",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.ckpt_keep = parse_bool(v, s); }, true},
-      {"--prefix-log", "K3_PREFIX_LOG", "0", "log prefix-reuse and checkpoint decisions on stderr",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.prefix_log = parse_bool(v, s); }, true},
-      {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", "0", "debug: sleep this long after every generated token (client testing)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.token_delay_ms = static_cast<int>(parse_int(v, s, 0, 60000)); }},
-      {"--script-ids", nullptr, "", "debug: the first generated ids of every reply come from this list (drives tool calls and faults through test models)",
-       [](Options& o, const std::string& v, const std::string& s) {
-         if (!v.empty()) o.serve.script_ids = parse_id_list(v);
-         (void)s;
-       }},
-      {"--raw", nullptr, "0", "chat: print replies as plain text (no Markdown styling)",
-       [](Options& o, const std::string& v, const std::string& s) { o.serve.raw = parse_bool(v, s); }, true},
+      // model
+      {"--model", "COLI_MODEL", Group::kModel, kAll, "model directory (Hugging Face snapshot); also the first positional argument",
+       text(FIELD(model_dir))},
+      {"--ids", nullptr, Group::kModel, kKimi, "prompt as token ids, comma or space separated (no BOS added)",
+       {[](Options& o, const std::string& v, const std::string& s) {
+          try {
+            o.ids = parse_id_list(v);
+          } catch (const Error& e) {
+            throw Error(s + ": " + e.what());
+          }
+        },
+        [](const Options& o) {
+          std::vector<std::string> items;
+          for (int64_t id : o.ids) items.push_back(std::to_string(id));
+          return join(items, ",");
+        },
+        "id,id,..."}},
+      {"--ngen", "K3_NGEN", Group::kModel, kKimi | kChatApp,
+       "tokens to generate (coli chat: the reply budget, when given)", integer(FIELD(ngen), 0, int64_t{1} << 24), nullptr,
+       nullptr, "up to --max-tokens"},
+      {"--ctx,--maxt", "K3_MAXT", Group::kModel, kEngine, "context capacity in tokens (kimi_k3: 0 = prompt + ngen)",
+       integer(FIELD(runtime.max_tokens), 0, int64_t{1} << 24), "8192"},
+      {"--threads", nullptr, Group::kModel, kEngine, "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
+       integer(FIELD(runtime.threads), 0, 1024)},
+      {"--chunk", "K3_CHUNK", Group::kModel, kEngine,
+       "prefill: prompt tokens run layer-major together (1 = token at a time; same logits)",
+       integer(FIELD(load.chunk), 1, 512)},
+      // quantization
+      {"--bits", "K3_BITS", Group::kQuantization, kEngine,
+       "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32", bits(FIELD(load.bits))},
+      {"--mla-bits", "K3_MLA_BITS", Group::kQuantization, kEngine, "MLA matrices in RAM", bits(FIELD(load.mla_bits))},
+      {"--head-bits", "K3_HEAD_BITS", Group::kQuantization, kEngine, "lm_head in RAM", bits(FIELD(load.head_bits))},
+      {"--idot,!--no-idot", "K3_IDOT", Group::kQuantization, kEngine,
+       "MXFP4 experts and int4 matrices: integer dots on int8 activations (off = float kernels)",
+       boolean(FIELD(load.idot))},
+      {"--isa", "K3_ISA", Group::kQuantization, kEngine, "kernel variant (auto = the best this CPU runs)",
+       choice(FIELD(load.isa), {"auto", "scalar", "avx2", "avx512"})},
+      // experts & I/O
+      {"--dirs", "K3_DIRS", Group::kExperts, kEngine,
+       "more directories holding shards of the model (a split over drives; ',' or ';' separated; each shard in one place)",
+       {[](Options& o, const std::string& v, const std::string&) {
+          std::string items = v;
+          std::replace(items.begin(), items.end(), ';', ',');
+          o.load.extra_dirs = split_list(items);
+        },
+        [](const Options& o) { return join(o.load.extra_dirs, ","); }, "dir,dir,..."}},
+      {"--topp", "K3_TOPP", Group::kExperts, kEngine,
+       "quality lever: keep routed experts up to this cumulative weight (0 < p < 1), renormalised; 0 = all (compare logits before use)",
+       {[](Options& o, const std::string& v, const std::string& s) {
+          o.load.expert_top_p = parse_double(v, s, 0.0, 1.0);
+          if (o.load.expert_top_p >= 1.0) o.load.expert_top_p = 0.0;
+        },
+        [](const Options& o) { return number_text(o.load.expert_top_p); }, "0..1"}},
+      {"--experts-in-memory,!--no-experts-in-memory", nullptr, Group::kExperts, kEngine,
+       "read every routed expert into RAM at load (models that fit)", boolean(FIELD(load.experts_in_memory))},
+      {"--expert-gb", "K3_EXPERT_GB", Group::kExperts, kEngine,
+       "routed-expert cache in RAM, GB over all MoE layers (at least one slot per layer; lowered when memory is short)",
+       real(FIELD(load.cache.expert_gb), 0.0, 1e6, true)},
+      {"--direct,!--no-direct", "K3_DIRECT", Group::kExperts, kEngine,
+       "expert reads with O_DIRECT (off = buffered with read-ahead advice; automatic where the filesystem refuses it)",
+       boolean(FIELD(load.cache.direct))},
+      {"--pin,!--no-pin", "K3_PIN", Group::kExperts, kEngine,
+       "pin each layer's most used experts (up to half its slots) from the routing history", boolean(FIELD(load.cache.pin))},
+      {"--pipe,!--no-pipe", "K3_PIPE", Group::kExperts, kEngine,
+       "compute on each routed expert as soon as its read lands, while the rest stream (off = wait for all reads first)",
+       boolean(FIELD(load.cache.pipe))},
+      {"--load-threads", "K3_LOAD_THREADS", Group::kExperts, kEngine,
+       "expert reader threads where io_uring is unavailable (or with K3_IO_ENGINE=threads)",
+       integer(FIELD(load.cache.load_threads), 1, 16)},
+      {"--io-engine", "K3_IO_ENGINE", Group::kExperts, kEngine,
+       "expert reads: auto (io_uring when the kernel allows, else threads), uring, threads",
+       choice(FIELD(load.cache.io_engine), {"auto", "uring", "threads"})},
+      {"--prefetch,!--no-prefetch", "K3_PREFETCH", Group::kExperts, kEngine,
+       "read ahead the experts the next MoE layer's router picks for the current layer's input (timing only)",
+       boolean(FIELD(load.cache.prefetch))},
+      {"--usage-decay", "COLI_USAGE_DECAY", Group::kExperts, kEngine,
+       "routing history: counters multiplied by this when saved; 0.99 = ~69-run half-life",
+       real(FIELD(load.cache.usage_decay), 0.0, 1.0, true)},
+      {"--state-dir", "K3_STATE_DIR", Group::kExperts, kEngine, "directory for the routing history (never the model directory)",
+       text(FIELD(load.cache.state_dir)), nullptr, "$XDG_CACHE_HOME/kimi_k3 or ~/.cache/kimi_k3"},
+      // sampling
+      {"--temp", "COLI_TEMP", Group::kSampling, kEngine, "sampling temperature (0 = greedy; coli's default is the model card's)",
+       real(FIELD(sampling.temperature), 0.0, 100.0), "0.6"},
+      {"--top-p", "COLI_TOP_P", Group::kSampling, kEngine, "nucleus sampling mass (1 = off; coli's default is the model card's)",
+       real(FIELD(sampling.top_p), 0.0, 1.0, true), "0.95"},
+      {"--top-k", "COLI_TOP_K", Group::kSampling, kEngine, "keep only the k most likely tokens (0 = off)",
+       integer(FIELD(sampling.top_k), 0, int64_t{1} << 24)},
+      {"--min-p", "COLI_MIN_P", Group::kSampling, kEngine, "drop tokens less likely than min-p x the most likely one (0 = off)",
+       real(FIELD(sampling.min_p), 0.0, 1.0)},
+      {"--seed", "COLI_SEED", Group::kSampling, kKimi | kChatApp,
+       "sampling seed (not given: a random one, printed in kimi_k3's summary; coli chat: +1 per reply)",
+       integer(FIELD(sampling.seed), 0, INT64_MAX), nullptr, "random"},
+      // chat
+      {"--chat", nullptr, Group::kChat, kKimi | kChatApp, "one chat turn: this user message, rendered with the K3 chat template",
+       text(FIELD(text.chat))},
+      {"--system", nullptr, Group::kChat, kKimi | kChatApp, "system message of the chat turn (implies a chat turn)",
+       text(FIELD(text.system))},
+      {"--think,!--no-think", "K3_THINK", Group::kChat, kKimi | kChatApp, "open the think channel (off = answer directly)",
+       boolean(FIELD(text.think))},
+      {"--effort", "K3_EFFORT", Group::kChat, kKimi | kChatApp, "thinking effort (none = no effort message)",
+       choice(FIELD(text.effort), {"low", "high", "max", "none"}, " (the release rejects medium)")},
+      {"--show-think,!--no-show-think,!--hide-think", "COLI_SHOW_THINK", Group::kChat, kKimi | kChatApp,
+       "print the model's reasoning (--hide-think = off)", boolean(FIELD(text.show_think))},
+      {"--labels,!--no-labels", nullptr, Group::kChat, kKimi | kChatApp,
+       "print [think] / [response] labels even when stdout is not a terminal", boolean(FIELD(text.labels))},
+      {"--allow-special,!--no-allow-special", nullptr, Group::kChat, kKimi | kTokenize,
+       "raw text: special-token spellings become special tokens (otherwise they stay plain text)",
+       boolean(FIELD(text.allow_special))},
+      {"--bos,!--no-bos", nullptr, Group::kChat, kKimi, "prepend [BOS] to the prompt (the release never does)",
+       boolean(FIELD(text.bos))},
+      {"--output", nullptr, Group::kChat, kKimi, "stdout format: text, or jsonl (one JSON event per line: token, tool_call, done)",
+       {[](Options& o, const std::string& v, const std::string& s) {
+          if (v != "text" && v != "jsonl") throw Error(s + ": expected text or jsonl, got \"" + v + "\"");
+          o.text.jsonl = v == "jsonl";
+        },
+        [](const Options& o) { return std::string(o.text.jsonl ? "jsonl" : "text"); }, "text|jsonl"}},
+      {"--raw,!--no-raw", nullptr, Group::kChat, kChatApp, "print replies as plain text (no Markdown styling)",
+       boolean(FIELD(serve.raw))},
+      // server
+      {"--host", "COLI_HOST", Group::kServer, kServe, "address to listen on (beyond loopback needs an API key or --insecure-bind)",
+       text(FIELD(serve.host))},
+      {"--port", "COLI_PORT", Group::kServer, kServe, "TCP port (0 = any free port, printed at start-up)",
+       integer(FIELD(serve.port), 0, 65535)},
+      {"--model-id", "COLI_MODEL_ID", Group::kServer, kServe, "the model id clients name", text(FIELD(serve.model_id))},
+      {"--alias", nullptr, Group::kServer, kServe, "more accepted model ids, comma separated", list(FIELD(serve.aliases))},
+      {"--accept-any-model,!--no-accept-any-model", nullptr, Group::kServer, kServe, "accept any model id",
+       boolean(FIELD(serve.accept_any_model))},
+      {"--max-queue", "COLI_MAX_QUEUE", Group::kServer, kServe, "requests that may wait behind the running one (more get 429)",
+       integer(FIELD(serve.max_queue), 0, 1024)},
+      {"--queue-timeout", "COLI_QUEUE_TIMEOUT", Group::kServer, kServe, "seconds a request may wait in the queue (then 429)",
+       real(FIELD(serve.queue_timeout), 0.1, 86400)},
+      {"--max-tokens", "COLI_MAX_TOKENS", Group::kServer, kServe | kChatApp, "ceiling on a request's max_tokens",
+       integer(FIELD(serve.max_tokens), 1, int64_t{1} << 30)},
+      {"--max-body-mb", "COLI_MAX_BODY_MB", Group::kServer, kServe, "largest request body in MiB (more gets 413)",
+       real(FIELD(serve.max_body_mb), 0.001, 1024)},
+      {"--sse-ping-interval", "COLI_SSE_PING", Group::kServer, kServe, "seconds of stream silence before a ': ping' comment (0 = off)",
+       real(FIELD(serve.sse_ping), 0, 3600)},
+      {"--drain-timeout", nullptr, Group::kServer, kServe, "seconds SIGTERM lets the running request finish",
+       real(FIELD(serve.drain_timeout), 0, 86400)},
+      {"--max-connections", "COLI_MAX_CONNECTIONS", Group::kServer, kServe, "live connections; more are closed at once",
+       integer(FIELD(serve.max_connections), 1, 4096)},
+      {"--max-connections-per-ip", "COLI_MAX_CONNECTIONS_PER_IP", Group::kServer, kServe,
+       "live connections from one address (auto: 8 per remote address; local clients share the global cap)",
+       auto_or_int(FIELD(serve.max_connections_per_ip), 1, 4096)},
+      {"--read-deadline", "COLI_READ_DEADLINE", Group::kServer, kServe,
+       "seconds a client has to send a whole request (line, headers, body); then 408 / closed",
+       real(FIELD(serve.read_deadline), 0.5, 3600)},
+      {"--webui,!--no-webui", nullptr, Group::kServer, kServe, "serve the web page at /", boolean(FIELD(serve.web_ui))},
+      {"--reasoning", "COLI_REASONING", Group::kServer, kServe, "thinking when a request does not say (auto = on)",
+       {[](Options& o, const std::string& v, const std::string& s) {
+          if (v != "on" && v != "off" && v != "auto") throw Error(s + ": expected on, off or auto, got \"" + v + "\"");
+          o.serve.reasoning = v != "off";
+        },
+        [](const Options& o) { return std::string(o.serve.reasoning ? "on" : "off"); }, "on|off|auto"}},
+      {"--reasoning-field", nullptr, Group::kServer, kServe, "the reasoning field's name in responses",
+       choice(FIELD(serve.reasoning_field), {"reasoning_content", "reasoning", "both"})},
+      {"--ckpt", "COLI_K3_CKPT", Group::kServer, kServe | kChatApp,
+       "recurrent-state photos for prefix reuse (auto = 2 in RAM when memory allows)", auto_or_int(FIELD(serve.ckpt_slots), 0, 8)},
+      {"--ckpt-dir", "COLI_K3_CKPT_DIR", Group::kServer, kServe | kChatApp,
+       "keep the photos in this directory (0700, files 0600) instead of RAM", text(FIELD(serve.ckpt_dir))},
+      {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp, "leave the disk photos behind at exit",
+       boolean(FIELD(serve.ckpt_keep))},
+      // security
+      {"--api-key", "COLI_API_KEY", Group::kSecurity, kServe,
+       "required API key(s), comma separated (Bearer or x-api-key); prefer the variable or --api-key-file",
+       list(FIELD(serve.api_keys))},
+      {"--api-key-file", "COLI_API_KEY_FILE", Group::kSecurity, kServe,
+       "file of API keys, one per line (# comments); must not be group/world readable", text(FIELD(serve.api_key_file))},
+      {"--allowed-host", "COLI_ALLOWED_HOSTS", Group::kSecurity, kServe, "extra Host header names, comma separated (* = no check)",
+       list(FIELD(serve.allowed_hosts))},
+      {"--cors-origin", "COLI_CORS_ORIGINS", Group::kSecurity, kServe, "extra exact CORS origins, comma separated",
+       list(FIELD(serve.cors_origins))},
+      {"--insecure-bind,!--no-insecure-bind", "COLI_ALLOW_INSECURE_BIND", Group::kSecurity, kServe,
+       "allow a non-loopback bind without an API key", boolean(FIELD(serve.insecure_bind))},
+      {"--log-prompts,!--no-log-prompts", nullptr, Group::kSecurity, kServe,
+       "log request bodies (off: prompts never reach the log)", boolean(FIELD(serve.log_prompts))},
+      // validation
+      {"--stats,!--no-stats", "K3_STATS", Group::kValidation, kKimi, "print the per-stage time breakdown",
+       boolean(FIELD(debug.stats))},
+      {"--prompt-ids,!--no-prompt-ids", "K3_CHAT_IDS", Group::kValidation, kKimi,
+       "print the prompt's token ids (after tokenizing / chat rendering) to stderr", boolean(FIELD(debug.prompt_ids))},
+      {"--layers", "K3_LAYERS", Group::kValidation, kKimi, "run only the first N layers (0 = all)",
+       integer(FIELD(load.layers), 0, 4096)},
+      {"--trace", "K3_TRACE", Group::kValidation, kKimi, "after prefill, write per-layer tensors to this .safetensors file",
+       text(FIELD(debug.trace_path))},
+      {"--logits", "K3_LOGITS", Group::kValidation, kKimi,
+       "write raw f32 [T][vocab] logits of every prefill position to this file", text(FIELD(debug.logits_path))},
+      {"--x0", "K3_X0", Group::kValidation, kKimi, "raw f32 [T][hidden] file whose rows replace the embedding",
+       text(FIELD(debug.x0_path))},
+      {"--prefix-log,!--no-prefix-log", "K3_PREFIX_LOG", Group::kValidation, kServe | kChatApp,
+       "log prefix-reuse and checkpoint decisions on stderr", boolean(FIELD(serve.prefix_log))},
+      {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", Group::kValidation, kServe | kChatApp,
+       "sleep this long after every generated token (client testing)", integer(FIELD(serve.token_delay_ms), 0, 60000)},
+      {"--script-ids", nullptr, Group::kValidation, kServe | kChatApp,
+       "the first generated ids of every reply come from this list (drives tool calls and faults through test models)",
+       {[](Options& o, const std::string& v, const std::string& s) {
+          if (v.empty()) return;
+          try {
+            o.serve.script_ids = parse_id_list(v);
+          } catch (const Error& e) {
+            throw Error(s + ": " + e.what());
+          }
+        },
+        [](const Options& o) {
+          std::vector<std::string> items;
+          for (int64_t id : o.serve.script_ids) items.push_back(std::to_string(id));
+          return join(items, ",");
+        },
+        "id,id,..."}},
   };
   return rows;
+}
+
+#undef FIELD
+
+// ---- programs -------------------------------------------------------------------------------
+
+struct Program {
+  const char* name;
+  unsigned mask;
+  bool coli;              // the coli defaults (OptionRow::coli_default) apply
+  bool prompt;            // takes a positional prompt after the model directory
+  const char* usage;
+};
+
+const Program kPrograms[] = {
+    {"kimi_k3", kKimi, false, true,
+     "usage: kimi_k3 <model_dir> \"prompt\" [--ngen N] [options]\n"
+     "       kimi_k3 <model_dir> --chat \"question\" [--system \"...\"] [--ngen N] [options]\n"
+     "       kimi_k3 <model_dir> --ids 1,2,3 [--ngen N] [options]\n"
+     "Runs Kimi K3 once on a prompt: text streamed to stdout, the summary on stderr.\n"},
+    {"coli serve", kServe, true, false,
+     "usage: coli serve <model_dir> [options]\n"
+     "The OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health,\n"
+     "/metrics, /tokenize, /detokenize) and the web page at /.\n"},
+    {"coli web", kServe, true, false,
+     "usage: coli web <model_dir> [options]\n"
+     "coli serve, printing the web page's URL.\n"},
+    {"coli chat", kChatApp, true, false,
+     "usage: coli chat <model_dir> [options]\n"
+     "A terminal chat with the model loaded once (/help lists the commands).\n"},
+    {"coli tokenize", kTokenize, false, false,
+     "usage: coli tokenize <model_dir> [--allow-special] < lines.jsonl\n"
+     "JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout (other keys copied).\n"},
+    {"coli render", kRender, false, false,
+     "usage: coli render <model_dir> < lines.jsonl\n"
+     "JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} -> {\"text\", \"ids\"} (the K3 chat template).\n"},
+};
+
+const Program& find_program(const std::string& name) {
+  for (const Program& p : kPrograms)
+    if (name == p.name) return p;
+  throw Error("no option table for the program \"" + name + "\"");
+}
+
+// The defaults of `program`: the member initialisers, then the program's own.
+Options program_defaults(const Program& program) {
+  Options o;
+  if (program.coli)
+    for (const OptionRow& r : option_rows())
+      if (r.coli_default) r.value.set(o, r.coli_default, std::string(r.flags) + " (default)");
+  return o;
+}
+
+std::string shown_default(const OptionRow& r, const Options& defaults, bool coli) {
+  if (coli && r.coli_shown_default) return r.coli_shown_default;
+  if (r.shown_default) return r.shown_default;
+  const std::string v = r.value.get(defaults);
+  if (r.value.is_bool) return v == "1" ? "on" : "off";
+  return v.empty() ? "none" : v;
+}
+
+// "--[no-]think", "--show-think, --[no-]show-think, --hide-think", "--ctx, --maxt".
+std::string flag_display(const OptionRow& r) {
+  std::vector<std::string> names = split_list(r.flags), shown;
+  for (const std::string& n : names) {
+    if (n[0] != '!') {
+      const bool has_no = std::find(names.begin(), names.end(), "!--no-" + n.substr(2)) != names.end();
+      shown.push_back(has_no ? "--[no-]" + n.substr(2) : n);
+    } else if (std::find(names.begin(), names.end(), "--" + n.substr(6)) == names.end()) {
+      shown.push_back(n.substr(1));
+    }
+  }
+  return join(shown, ", ");
+}
+
+std::string help_text(const Program& program) {
+  const Options defaults = program_defaults(program);
+  std::ostringstream out;
+  out << program.usage;
+  for (Group g : kGroups) {
+    bool any = false;
+    for (const OptionRow& r : option_rows()) {
+      if (r.group != g || !(r.listed & program.mask)) continue;
+      if (!any) out << "\n" << group_name(g) << ":\n";
+      any = true;
+      std::string left = "  " + flag_display(r);
+      if (!r.value.is_bool) left += " <" + (r.value.range.empty() ? std::string("text") : r.value.range) + ">";
+      out << std::left << std::setw(34) << left;
+      if (left.size() >= 34) out << "\n" << std::string(34, ' ');
+      // The help, then "[default D, env V]" (kept whole), wrapped at 100 columns.
+      std::vector<std::string> words;
+      std::istringstream help_words(r.help);
+      for (std::string w; help_words >> w;) words.push_back(w);
+      words.push_back("[default " + shown_default(r, defaults, program.coli) + (r.env ? std::string(", env ") + r.env : "") + "]");
+      size_t column = 34;
+      for (const std::string& w : words) {
+        if (column > 34 && column + 1 + w.size() > 100) {
+          out << "\n" << std::string(34, ' ');
+          column = 34;
+        } else if (column > 34) {
+          out << ' ';
+          ++column;
+        }
+        out << w;
+        column += w.size();
+      }
+      out << "\n";
+    }
+  }
+  out << "\nother:\n"
+      << std::left << std::setw(34) << "  -h, --help" << "print this help\n"
+      << std::left << std::setw(34) << "  --version" << "print the version, git hash, ISA and build type\n"
+      << "\nA flag beats its environment variable, which beats the default. Boolean flags take\n"
+         "--x, --no-x or --x=0/1/true/false. An unknown K3_* or COLI_* variable is an error.\n";
+  return out.str();
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+bool is_bool_word(const std::string& v) {
+  for (const char* w : {"0", "1", "true", "false", "yes", "no", "on", "off"})
+    if (v == w) return true;
+  return false;
 }
 
 }  // namespace
@@ -319,14 +590,45 @@ std::vector<int64_t> parse_id_list(const std::string& text) {
 }
 
 std::string options_table_markdown() {
+  const Options kimi = program_defaults(find_program("kimi_k3"));
+  const Options coli = program_defaults(find_program("coli serve"));
   std::ostringstream out;
-  out << "| variable | flag | default | meaning |\n|---|---|---|---|\n";
-  for (const auto& r : option_rows()) {
-    out << "| " << (r.env ? std::string("`") + r.env + "`" : "—") << " | "
-        << (r.flag ? std::string("`") + r.flag + "`" : "—") << " | "
-        << (*r.fallback ? r.fallback : "—") << " | " << r.help << " |\n";
+  out << "| flag | variable | default | range | group | meaning |\n|---|---|---|---|---|---|\n";
+  for (Group g : kGroups) {
+    for (const OptionRow& r : option_rows()) {
+      if (r.group != g) continue;
+      std::string def = shown_default(r, kimi, false);
+      if (shown_default(r, coli, true) != def) def += " (coli: " + shown_default(r, coli, true) + ")";
+      std::string flags = flag_display(r);
+      std::string range = r.value.range;
+      std::replace(range.begin(), range.end(), '|', '/');  // a | would end the cell
+      out << "| `" << flags << "` | " << (r.env ? std::string("`") + r.env + "`" : "—") << " | " << def << " | "
+          << (range.empty() ? "text" : range) << " | " << group_name(g) << " | " << r.help << " |\n";
+    }
   }
   return out.str();
+}
+
+void check_environment(const std::map<std::string, std::string>& env) {
+  for (const auto& [name, value] : env) {
+    if (name.rfind("K3_", 0) != 0 && name.rfind("COLI_", 0) != 0) continue;
+    const OptionRow* nearest = nullptr;
+    size_t best = SIZE_MAX;
+    for (const OptionRow& r : option_rows()) {
+      if (!r.env) continue;
+      if (name == r.env) {
+        nearest = nullptr;
+        best = 0;
+        break;
+      }
+      const size_t d = edit_distance(name, r.env);
+      if (d < best) best = d, nearest = &r;
+    }
+    if (best == 0) continue;
+    // A typo must not silently change nothing.
+    throw Error("unknown environment variable " + name +
+                (nearest ? std::string(" (did you mean ") + nearest->env + "?)" : std::string()));
+  }
 }
 
 Options parse_kimi_k3_options(const std::vector<std::string>& args,
@@ -334,34 +636,24 @@ Options parse_kimi_k3_options(const std::vector<std::string>& args,
   return parse_options("kimi_k3", args, env);
 }
 
-Options parse_options(const std::string& program, const std::vector<std::string>& args,
+Options parse_options(const std::string& program_name, const std::vector<std::string>& args,
                       const std::map<std::string, std::string>& env, bool needs_model) {
-  // Unknown K3_* variables are refused: a typo must not silently change nothing.
-  for (const auto& [name, value] : env) {
-    if (name.rfind("K3_", 0) != 0) continue;
-    bool known = false;
-    for (const auto& r : option_rows()) known = known || (r.env && name == r.env);
-    if (!known) throw Error("unknown environment variable " + name + " (see --help for the supported K3_* variables)");
-  }
+  const Program& program = find_program(program_name);
+  check_environment(env);
 
-  CLI::App app{program + " — run Kimi K3 on one machine"};
+  CLI::App app{program_name};
   app.set_help_flag();  // handled below so that --help works without a model directory
-  bool help = false;
-  app.add_flag("-h,--help", help, "print this help");
+  bool help = false, version = false;
+  app.add_flag("-h,--help", help);
+  app.add_flag("--version", version);
   std::string model_positional, prompt_positional;
-  app.add_option("model_dir", model_positional, "model directory");
-  app.add_option("prompt", prompt_positional, "text prompt");
-  std::vector<std::optional<std::string>> given(option_rows().size());
-  for (size_t i = 0; i < option_rows().size(); ++i) {
-    const OptionRow& r = option_rows()[i];
-    if (!r.flag) continue;
-    const std::string help_text = std::string(r.help) + (r.env ? std::string(" [") + r.env + "]" : "") +
-                                  (*r.fallback ? std::string(" (default ") + r.fallback + ")" : "");
-    if (r.is_switch)
-      app.add_flag_callback(r.flag, [&given, i] { given[i] = "1"; }, help_text);
-    else
-      app.add_option_function<std::string>(r.flag, [&given, i](const std::string& v) { given[i] = v; }, help_text);
-  }
+  app.add_option("model_dir", model_positional);
+  CLI::Option* prompt_option = program.prompt ? app.add_option("prompt", prompt_positional) : nullptr;
+  const std::vector<OptionRow>& rows = option_rows();
+  std::vector<std::string> given(rows.size());
+  std::vector<CLI::Option*> cli(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    cli[i] = rows[i].value.is_bool ? app.add_flag(rows[i].flags, given[i]) : app.add_option(rows[i].flags, given[i]);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -369,24 +661,40 @@ Options parse_options(const std::string& program, const std::vector<std::string>
     throw Error(e.what());
   }
 
-  Options o;
-  if (help) {
-    o.show_help = true;
-    o.help_text = app.help() + "\nEnvironment variables:\n" + options_table_markdown();
+  Options o = program_defaults(program);
+  if (help || version) {
+    o.show_help = help;
+    o.show_version = !help;
+    o.help_text = help ? help_text(program) : version_text(program_name) + "\n";
     return o;
   }
-  for (size_t i = 0; i < option_rows().size(); ++i) {
-    const OptionRow& r = option_rows()[i];
-    std::string value = r.fallback, source = std::string(r.flag ? r.flag : r.env) + " (default)";
-    if (given[i]) {
-      value = *given[i];
-      source = r.flag;
+  // A boolean flag takes its value after '=': in "--idot 0" the 0 would be a positional.
+  const std::vector<CLI::Option*>& order = app.parse_order();
+  for (size_t k = 1; k < order.size(); ++k) {
+    if (order[k]->get_name() != "model_dir" && order[k] != prompt_option) continue;
+    const auto previous = std::find(cli.begin(), cli.end(), order[k - 1]);
+    const std::string& positional = order[k] == prompt_option ? prompt_positional : model_positional;
+    if (previous != cli.end() && rows[previous - cli.begin()].value.is_bool && is_bool_word(positional) &&
+        (given[previous - cli.begin()] == "true" || given[previous - cli.begin()] == "false"))
+      throw Error("--" + row_name(rows[previous - cli.begin()]) + " takes its value after '=' (--" +
+                  row_name(rows[previous - cli.begin()]) + "=" + positional + "), not as the next argument");
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const OptionRow& r = rows[i];
+    const std::string name = row_name(r);
+    std::string value;
+    if (cli[i]->count() > 0) {
+      value = given[i];
+      r.value.set(o, value, "--" + name);
+      o.sources[name] = OptionSource::kFlag;
     } else if (r.env && env.count(r.env)) {
       value = env.at(r.env);
-      source = r.env;
+      r.value.set(o, value, r.env);
+      o.sources[name] = OptionSource::kEnvironment;
+    } else {
+      value = r.value.get(o);
     }
-    r.set(o, value, source);
-    o.effective.push_back(std::string(r.env ? r.env : r.flag) + "=" + value);
+    o.effective.push_back(std::string(r.env ? r.env : ("--" + name).c_str()) + "=" + value);
   }
   if (o.load.cache.state_dir.empty()) {  // the per-user cache directory
     if (env.count("XDG_CACHE_HOME") && !env.at("XDG_CACHE_HOME").empty()) o.load.cache.state_dir = env.at("XDG_CACHE_HOME") + "/kimi_k3";
@@ -394,7 +702,7 @@ Options parse_options(const std::string& program, const std::vector<std::string>
   }
   if (!model_positional.empty()) o.model_dir = model_positional;
   o.prompt = prompt_positional;
-  if (!o.prompt.empty() && o.ids_given)
+  if (!o.prompt.empty() && o.given("ids"))
     throw Error("give either a text prompt or --ids, not both");
   if (needs_model && o.model_dir.empty()) throw Error("no model directory: pass it first on the command line, or set --model / COLI_MODEL");
   return o;

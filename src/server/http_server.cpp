@@ -537,6 +537,10 @@ struct HttpServer::Impl {
       body["uptime_s"] = now_seconds() - started;
       body["load_s"] = s.load_elapsed_s;
       body["context_capacity"] = s.context_capacity;
+      // What a request that does not say gets (the effective --temp / --top-p / ... of coli serve).
+      body["defaults"] = json{{"temperature", options.api.default_temperature}, {"top_p", options.api.default_top_p},
+                              {"top_k", options.api.default_top_k}, {"min_p", options.api.default_min_p},
+                              {"max_tokens", options.api.max_tokens_ceiling}, {"thinking", options.api.default_thinking}};
       body["scheduler"] = json{{"active", s.active}, {"capacity", 1}, {"queued", s.queued}, {"max_queue", s.max_queue},
                                {"queue_timeout_seconds", options.queue_timeout_s}, {"admitted", s.admitted},
                                {"completed", s.completed}, {"rejected", s.rejected},
@@ -638,7 +642,6 @@ struct HttpServer::Impl {
       if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
       sr.sampling.seed = seed;
     }
-    sr.sampling.seed_set = true;
     sr.max_tokens = g.max_tokens;
     sr.stop = g.stop;
     sr.cache_prompt = g.cache_prompt;

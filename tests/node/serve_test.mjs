@@ -322,6 +322,22 @@ await check('health.detailed_without_key', async () => {
   eq(sc.capacity, 1, 'scheduler capacity (one generation at a time)');
 });
 
+// The sampling a request gets when it does not say: the model card's 0.6 / 0.95 by default, and
+// --temp / --top-p in every spelling (`--temp=0.25` used to be ignored), a flag beating its
+// variable. /health reports the effective values the request defaults are built from.
+const tempSrv = lazy('temp', ['--temp=0.25', '--top-p', '0.5'], { env: { COLI_TEMP: '0.9', COLI_TOP_K: '7' } });
+await check('options.effective_sampling_defaults', async () => {
+  const d = (await healthJson(await mainSrv())).defaults;
+  assert(d && typeof d === 'object', `/health defaults missing: ${show(d)}`);
+  eq(d.temperature, 0.6, 'default temperature (model card)');
+  eq(d.top_p, 0.95, 'default top_p (model card)');
+  eq(d.top_k, 0, 'default top_k');
+  const t = (await healthJson(await tempSrv())).defaults;
+  eq(t.temperature, 0.25, '--temp=0.25 beats COLI_TEMP=0.9');
+  eq(t.top_p, 0.5, '--top-p 0.5');
+  eq(t.top_k, 7, 'COLI_TOP_K=7');
+});
+
 await check('privacy.canary_request', async () => {
   const s = await mainSrv();
   await complete(s, req([user(`Remember the code ${CANARY} please.`)], { max_tokens: 2 }));

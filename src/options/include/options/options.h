@@ -1,12 +1,16 @@
 // options/options.h — every run-time option, typed, built in exactly one place from one table
-// (flag, environment variable, default, help). A flag beats the environment, which beats the
-// default. An unknown K3_* variable or an unparsable value is an error naming it.
-// Nothing below apps/ reads the environment: apps pass it in.
+// (options.cpp: flag, environment variable, group, programs, help). The defaults are the member
+// initialisers below and nowhere else (the table reads them from a default-constructed Options;
+// a program whose default differs, e.g. coli serve's temperature, says so in its table row).
+// A flag beats the environment, which beats the default. An unknown K3_* or COLI_* variable or
+// an unparsable value is an error naming it. Nothing below apps/ reads the environment: apps
+// pass it in.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace k3 {
@@ -58,8 +62,7 @@ struct SamplingOptions {
   double top_p = 1.0;        // COLI_TOP_P: nucleus mass (1 = off)
   int64_t top_k = 0;         // COLI_TOP_K: keep the k most likely (0 = off)
   double min_p = 0.0;        // COLI_MIN_P: drop tokens below min_p x the top probability (0 = off)
-  uint64_t seed = 0;         // COLI_SEED: sampling seed (0 = from the clock)
-  bool seed_set = false;
+  uint64_t seed = 0;         // COLI_SEED: sampling seed (the apps draw one when --seed is not given)
 };
 
 struct DebugOptions {
@@ -74,9 +77,9 @@ struct DebugOptions {
 struct TextOptions {
   std::string chat;             // --chat: one chat turn with this user message
   std::string system;           // --system: system message (implies a chat turn)
-  bool think = true;            // K3_THINK: open the think channel (0 = answer directly)
+  bool think = true;            // --[no-]think / K3_THINK: open the think channel (0 = answer directly)
   std::string effort = "max";   // K3_EFFORT: thinking effort low | high | max | none
-  bool show_think = true;       // COLI_SHOW_THINK / --hide-think: print the reasoning
+  bool show_think = true;       // --[no-]show-think / --hide-think / COLI_SHOW_THINK: print the reasoning
   bool labels = false;          // --labels: "[think] " / "[response] " labels even off a TTY
   bool allow_special = false;   // --allow-special: special-token spellings in raw text are specials
   bool bos = false;             // --bos: prepend [BOS] (the release never does)
@@ -104,7 +107,7 @@ struct ServeOptions {
   double read_deadline = 30;
   int64_t max_connections_per_ip = -1;   // -1 = auto: 8 per remote address, loopback uncapped
   bool log_prompts = false;
-  bool no_webui = false;
+  bool web_ui = true;                    // --[no-]webui: serve the web page
   bool reasoning = true;                 // thinking when a request does not say
   std::string reasoning_field = "reasoning_content";
   int ckpt_slots = -1;                   // -1 = auto
@@ -116,11 +119,13 @@ struct ServeOptions {
   bool raw = false;                      // chat: plain text
 };
 
+// Where an option's value came from.
+enum class OptionSource { kDefault, kEnvironment, kFlag };
+
 struct Options {
   std::string model_dir;          // positional or --model / COLI_MODEL
   std::string prompt;             // positional text prompt (plain completion)
-  std::vector<int64_t> ids;       // --ids 1,2,3
-  bool ids_given = false;
+  std::vector<int64_t> ids;       // --ids 1,2,3 (given("ids") tells an --ids run)
   int64_t ngen = 16;              // --ngen / K3_NGEN: tokens to generate
   LoadOptions load;
   RuntimeOptions runtime;
@@ -129,19 +134,39 @@ struct Options {
   TextOptions text;
   ServeOptions serve;
   bool show_help = false;
-  std::string help_text;
+  bool show_version = false;
+  std::string help_text;  // --help: the program's help; --version: the version line
   // "name=value" lines of the effective options, for the start-up banner.
   std::vector<std::string> effective;
+  // Where each option came from, by its long flag name without dashes ("temp", "ngen", "ids").
+  std::map<std::string, OptionSource, std::less<>> sources;
+
+  // "Was this option given?" — by a flag or its environment variable (name as in `sources`).
+  bool given(std::string_view name) const { return source(name) != OptionSource::kDefault; }
+  OptionSource source(std::string_view name) const {
+    const auto it = sources.find(name);
+    return it == sources.end() ? OptionSource::kDefault : it->second;
+  }
 };
 
-// Parses argv (argv[0] excluded) and the environment. Throws k3::Error with a one-line message
-// naming the flag or variable on any problem.
+// Parses argv (argv[0] excluded) and the environment for kimi_k3. Throws k3::Error with a
+// one-line message naming the flag or variable on any problem.
 Options parse_kimi_k3_options(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& env);
-// The same table for another program (`program` names it in --help, e.g. "coli tokenize");
-// `needs_model` false lets a subcommand run without a model directory.
+// The same table for another program: "kimi_k3", "coli serve", "coli web", "coli chat",
+// "coli tokenize" or "coli render" (anything else throws). The program picks the help (its
+// groups, the flags it lists) and its defaults. `needs_model` false lets it run without a
+// model directory.
 Options parse_options(const std::string& program, const std::vector<std::string>& args,
                       const std::map<std::string, std::string>& env, bool needs_model = true);
+
+// The unknown K3_* / COLI_* variables of `env`: throws k3::Error "unknown environment variable
+// COLI_TMEP (did you mean COLI_TEMP?)" for the first one. Other names are not ours to judge.
+void check_environment(const std::map<std::string, std::string>& env);
+
+// "<program> <version> (git <hash>, <build type> build; kernels scalar avx2 avx512, this CPU
+// runs <isa>)", for --version on every binary.
+std::string version_text(const std::string& program);
 
 // The process environment as a map, from `envp` (apps pass `environ`; nothing below apps/ reads
 // the environment itself).
@@ -150,8 +175,9 @@ std::map<std::string, std::string> environment_map(char** envp);
 // Parses "1,2,3" or "1 2 3" into ids. Throws k3::Error.
 std::vector<int64_t> parse_id_list(const std::string& text);
 
-// The environment-variable table as Markdown rows ("| var | flag | default | help |"), for the
-// README and --help.
+// The option table as Markdown ("| flag | variable | default | range | group | meaning |"), each
+// row with kimi_k3's default and coli's where it differs. README.md holds a copy between
+// "<!-- options-table -->" markers: apps/k3_options_md regenerates it, options_test checks it.
 std::string options_table_markdown();
 
 }  // namespace k3
