@@ -4,6 +4,7 @@
 
 #include "server/api.h"
 #include "server/http_server.h"
+#include "server/routes.h"
 #include "server/security.h"
 
 namespace k3::server {
