@@ -1,3 +1,5 @@
+// server/api.cpp — validation of the OpenAI request bodies and the response / chunk shapes
+// (see server/api.h).
 #include "server/api.h"
 
 #include <sys/random.h>
