@@ -282,6 +282,15 @@ void set_json(HttpResponse& res, int status, const json& body) {
   res.content_type = "application/json";
 }
 
+void drain_generations(const HandlerContext& c) {
+  c.service.begin_shutdown();
+  if (!c.service.wait_idle(c.options.drain_timeout_s)) {
+    std::fprintf(stderr, "coli: drain timeout: cancelling the active request\n");
+    c.service.cancel_active();
+    c.service.wait_idle(5);
+  }
+}
+
 HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
   HttpResponse res;
   const ServiceSnapshot s = c.service.snapshot();

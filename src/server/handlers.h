@@ -40,6 +40,10 @@ bool authorised(const ServerOptions& options, const HttpRequest& request);
 
 void set_json(HttpResponse& res, int status, const json& body);
 
+// Shutdown: the service stops admitting, the active generation may finish within the drain
+// timeout, then it is cancelled.
+void drain_generations(const HandlerContext& c);
+
 // GET /health, /v1/health: 503 with progress while loading; details only with a valid key.
 HttpResponse health(const HandlerContext& c, const HttpRequest& req);
 // GET /v1/models, /v1/models/{id}.

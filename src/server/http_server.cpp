@@ -107,7 +107,6 @@ void answer(HttpResponse out, httplib::Response& res) {
 }  // namespace
 
 struct HttpServer::Impl {
-  EngineService& service;
   ServerOptions options;
   Router router;
   httplib::Server http;
@@ -116,7 +115,7 @@ struct HttpServer::Impl {
   ReadDeadline deadline{options.read_timeout_s, gate};
   std::once_flag shutdown_once;
 
-  Impl(EngineService& s, ServerOptions o) : service(s), options(o), router(s, std::move(o)) {}
+  Impl(EngineService& s, ServerOptions o) : options(o), router(s, std::move(o)) {}
 
   // The library's request with its body, through the route table; `client_gone` probes the
   // connection's socket (found once, when first asked).
@@ -267,13 +266,7 @@ void HttpServer::run() {
 void HttpServer::shutdown() {
   Impl& s = *impl_;
   std::call_once(s.shutdown_once, [&] {
-    s.router.begin_drain();
-    s.service.begin_shutdown();
-    if (!s.service.wait_idle(s.options.drain_timeout_s)) {
-      std::fprintf(stderr, "coli: drain timeout: cancelling the active request\n");
-      s.service.cancel_active();
-      s.service.wait_idle(5);
-    }
+    s.router.drain();
     s.http.stop();
   });
 }

@@ -257,6 +257,9 @@ std::string Router::label(std::string_view method, std::string_view path) const 
 
 void Router::set_port(int port) { state_->options.security.port = port; }
 
-void Router::begin_drain() { state_->draining.store(true); }
+void Router::drain() {
+  state_->draining.store(true);
+  drain_generations(state_->context);
+}
 
 }  // namespace k3::server

@@ -8,8 +8,11 @@
 
 #include <memory>
 
-#include "engine/service.h"
 #include "server/server_options.h"
+
+namespace k3 {
+class EngineService;
+}
 
 namespace k3::server {
 

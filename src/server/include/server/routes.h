@@ -81,7 +81,9 @@ class Router {
   std::string label(std::string_view method, std::string_view path) const;
 
   void set_port(int port);   // the bound port (the server's own origin)
-  void begin_drain();        // generations answer 503 shutting_down from now on
+  // Graceful stop of the generations: new ones answer 503 shutting_down, the active one may
+  // finish up to the drain timeout, then it is cancelled. Returns once nothing runs.
+  void drain();
 
  private:
   struct State;

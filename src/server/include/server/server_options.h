@@ -4,11 +4,28 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
-#include "server/api.h"
 #include "server/security.h"
 
 namespace k3::server {
+
+// What the server was told at start-up that requests are checked against.
+struct ApiConfig {
+  std::string model_id = "kimi-k3";
+  std::vector<std::string> aliases;
+  bool accept_any_model = false;
+  int64_t max_tokens_ceiling = 16384;
+  double default_temperature = 0.6;
+  double default_top_p = 0.95;
+  int64_t default_top_k = 0;
+  double default_min_p = 0.0;
+  bool default_thinking = true;       // --reasoning on|off
+  std::string reasoning_field = "reasoning_content";  // reasoning_content | reasoning | both
+  std::string fingerprint = "kimi_k3-1.0.0-cpu";
+};
 
 struct ServerOptions {
   SecurityOptions security;         // bind_host is where we listen
