@@ -35,7 +35,8 @@ struct HttpRequest {
   std::string query_value(std::string_view name) const;
 };
 
-// What a streamed body writes to; false once the client can no longer be written to.
+// What a streamed body writes to; false once the client can no longer be written to. Used only
+// on the thread that runs the stream.
 class StreamSink {
  public:
   virtual ~StreamSink() = default;
@@ -47,7 +48,8 @@ struct HttpResponse {
   Fields headers;              // "Connection: close" ends the connection after the response
   std::string content_type;
   std::string body;
-  // A streamed body instead of `body`: runs until the stream ends (true) or is abandoned (false).
+  // A streamed body instead of `body`, run once on the connection's thread after the headers
+  // are sent: until the stream ends (true) or is abandoned (false).
   std::function<bool(StreamSink&)> stream;
   // Called once the response is finished (true) or broken off (false).
   std::function<void(bool)> on_finish;

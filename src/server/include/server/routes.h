@@ -53,6 +53,10 @@ struct Route {
   bool matches(std::string_view method, std::string_view path, std::string* param = nullptr) const;
 };
 
+// Thread-safe: screen(), handle(), serve() and record() may run on many connection threads at
+// once (the brake and the counters are locked; the service is thread-safe). `service` must
+// outlive the Router. A handler may block (a generation waits for the worker and streams), so
+// it runs on its connection's thread, never on a shared one.
 class Router {
  public:
   Router(EngineService& service, ServerOptions options);
@@ -80,7 +84,7 @@ class Router {
   // The label (metrics, log) of the route serving (method, path).
   std::string label(std::string_view method, std::string_view path) const;
 
-  void set_port(int port);   // the bound port (the server's own origin)
+  void set_port(int port);   // the bound port (the server's own origin); before serving
   // Graceful stop of the generations: new ones answer 503 shutting_down, the active one may
   // finish up to the drain timeout, then it is cancelled. Returns once nothing runs.
   void drain();
