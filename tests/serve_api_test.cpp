@@ -1,9 +1,11 @@
-// Handler-level tests of `coli serve` without sockets: request validation (SERVING.md §3.6.1,
-// §3.8, §4.5), response and chunk shapes (§3.6.2–3.6.3), the guards (Part 4) and /metrics.
+// Request-level tests of `coli serve` without sockets: request validation, response and chunk
+// shapes, the security checks and the /metrics text (docs/serving.md). The route table and its
+// handlers are tested in serve_routes_test.cpp.
 #include <gtest/gtest.h>
 
 #include "server/api.h"
 #include "server/http_server.h"
+#include "server/routes.h"
 #include "server/security.h"
 
 namespace k3::server {

@@ -1,3 +1,5 @@
+// server/api.cpp — validation of the OpenAI request bodies and the response / chunk shapes
+// (see server/api.h).
 #include "server/api.h"
 
 #include <sys/random.h>
@@ -15,19 +17,8 @@ namespace {
 
 using Kind = json::value_t;
 
-ApiError make_error(int status, std::string type, std::string code, std::string message,
-                    std::optional<std::string> param = std::nullopt) {
-  ApiError e;
-  e.status = status;
-  e.type = std::move(type);
-  e.code = std::move(code);
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
-}
-
 ApiError unsupported_parameter(const std::string& param, const std::string& why) {
-  return make_error(400, "invalid_request_error", "unsupported_parameter", why, param);
+  return api_error(400, "invalid_request_error", "unsupported_parameter", why, param);
 }
 
 // Nesting depth of a JSON text, counted outside strings, without parsing it (so a 100k-deep
@@ -151,7 +142,7 @@ std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
         return invalid_value(pat + ".type", "'" + pat + ".type' must be a string");
       const std::string type = type_it->get<std::string>();
       if (is_media_part(type))
-        return make_error(400, "invalid_request_error", "unsupported_content_type",
+        return api_error(400, "invalid_request_error", "unsupported_content_type",
                           "content parts of type '" + type + "' are not supported: this model reads text only", pat);
       if (type != "text" && type != "input_text" && type != "output_text")
         return invalid_value(pat + ".type", "unknown content part type '" + type + "'");
@@ -220,7 +211,7 @@ std::optional<ApiError> check_tools(const json& tools) {
     if (!t.is_object()) return invalid_value(at, "'" + at + "' must be an object");
     auto type = t.find("type");
     if (type != t.end() && (!type->is_string() || type->get<std::string>() != "function"))
-      return make_error(400, "invalid_request_error", "unsupported_value", "only tools of type 'function' are supported", at + ".type");
+      return api_error(400, "invalid_request_error", "unsupported_value", "only tools of type 'function' are supported", at + ".type");
     auto fn = t.find("function");
     if (fn == t.end() || !fn->is_object()) return invalid_value(at + ".function", "'" + at + ".function' must be an object");
     auto name = fn->find("name");
@@ -253,7 +244,7 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
   if (const json* v = field("n")) {
     int64_t n = 0;
     if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), n)) return e;
-    if (n != 1) return make_error(400, "invalid_request_error", "unsupported_value", "'n' must be 1: one choice per request", "n");
+    if (n != 1) return api_error(400, "invalid_request_error", "unsupported_value", "'n' must be 1: one choice per request", "n");
   }
 
   // Sampling and budget.
@@ -307,41 +298,28 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
   if (!config.accept_any_model && model != config.model_id &&
       std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
-    return make_error(404, "invalid_request_error", "model_not_found",
+    return api_error(404, "invalid_request_error", "model_not_found",
                       "the model '" + model + "' does not exist; this server serves '" + config.model_id + "'", "model");
   return std::nullopt;
 }
 
 }  // namespace
 
-json error_body(const ApiError& error) {
-  json e = json::object();
-  e["message"] = error.message;
-  e["type"] = error.type;
-  e["param"] = error.param ? json(*error.param) : json(nullptr);
-  e["code"] = error.code.empty() ? json(nullptr) : json(error.code);
-  return json{{"error", std::move(e)}};
-}
-
-ApiError invalid_value(std::string param, std::string message) {
-  return make_error(400, "invalid_request_error", "invalid_value", std::move(message), std::move(param));
-}
-
 std::variant<json, ApiError> parse_json_object(std::string_view body) {
   if (!depth_within(body, kMaxJsonDepth))
-    return make_error(400, "invalid_request_error", "invalid_json",
+    return api_error(400, "invalid_request_error", "invalid_json",
                       "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   json parsed;
   try {
     parsed = json::parse(body.begin(), body.end());
   } catch (const json::parse_error& e) {
-    return make_error(400, "invalid_request_error", "invalid_json",
+    return api_error(400, "invalid_request_error", "invalid_json",
                       "the body is not valid UTF-8 JSON (at byte " + std::to_string(e.byte) + ")");
   } catch (const json::exception&) {  // out_of_range: a number beyond a double (1e400)
-    return make_error(400, "invalid_request_error", "invalid_json", "the body holds a number out of range");
+    return api_error(400, "invalid_request_error", "invalid_json", "the body holds a number out of range");
   }
   if (!parsed.is_object())
-    return make_error(400, "invalid_request_error", "invalid_json", "the body must be a JSON object");
+    return api_error(400, "invalid_request_error", "invalid_json", "the body must be a JSON object");
   return parsed;
 }
 
@@ -358,11 +336,11 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
 
   // Required fields.
   const json* model = field("model");
-  if (!model) return make_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
+  if (!model) return api_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* messages = field("messages");
-  if (!messages) return make_error(400, "invalid_request_error", "missing_required_parameter", "'messages' is required", "messages");
+  if (!messages) return api_error(400, "invalid_request_error", "missing_required_parameter", "'messages' is required", "messages");
   if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
   if (messages->empty()) return invalid_value("messages", "'messages' must contain at least one message");
   if (messages->size() > 4096) return invalid_value("messages", "'messages' holds more than 4096 messages");
@@ -404,7 +382,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     if (v->is_string()) {
       const std::string c = v->get<std::string>();
       if (c != "none" && c != "auto" && c != "required")
-        return make_error(400, "invalid_request_error", "unsupported_value", "'tool_choice' must be none, auto, required or a function", "tool_choice");
+        return api_error(400, "invalid_request_error", "unsupported_value", "'tool_choice' must be none, auto, required or a function", "tool_choice");
     } else if (!v->is_object() || !v->contains("function")) {
       return invalid_value("tool_choice", "'tool_choice' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}");
     }
@@ -422,7 +400,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     const std::string effort = v->get<std::string>();
     static const char* const kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
     if (std::find(std::begin(kEfforts), std::end(kEfforts), effort) == std::end(kEfforts))
-      return make_error(400, "invalid_request_error", "unsupported_value",
+      return api_error(400, "invalid_request_error", "unsupported_value",
                         "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh", "reasoning_effort");
     thinking = effort != "none";
     if (effort == "minimal" || effort == "low") r.effort = "low";
@@ -454,7 +432,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   if (thinking) r.thinking = *thinking;
   if (const json* v = field("reasoning_format")) {
     if (!v->is_string() || (*v != "deepseek" && *v != "none" && *v != "auto"))
-      return make_error(400, "invalid_request_error", "unsupported_value", "'reasoning_format' must be deepseek or none", "reasoning_format");
+      return api_error(400, "invalid_request_error", "unsupported_value", "'reasoning_format' must be deepseek or none", "reasoning_format");
     r.reasoning_inline = *v == "none";
   }
 
@@ -473,11 +451,11 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   };
   CompletionRequest r;
   const json* model = field("model");
-  if (!model) return make_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
+  if (!model) return api_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* prompt = field("prompt");
-  if (!prompt) return make_error(400, "invalid_request_error", "missing_required_parameter", "'prompt' is required", "prompt");
+  if (!prompt) return api_error(400, "invalid_request_error", "missing_required_parameter", "'prompt' is required", "prompt");
   if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
   if (prompt->is_string()) {
     if (auto e = check_text(*prompt, "prompt")) return *e;
@@ -491,7 +469,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     }
     r.ids_given = true;
   } else {
-    return make_error(400, "invalid_request_error", "unsupported_value",
+    return api_error(400, "invalid_request_error", "unsupported_value",
                       "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
   }
   if (const json* v = field("echo"); v && !(v->is_boolean() && !v->get<bool>()))
@@ -499,7 +477,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   if (const json* v = field("suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
     return unsupported_parameter("suffix", "'suffix' is not supported");
   if (const json* v = field("best_of"); v && !(is_int(*v) && v->get<double>() == 1))
-    return make_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1", "best_of");
+    return api_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1", "best_of");
   if (const json* v = field("logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
     return unsupported_parameter("logprobs", "'logprobs' is not supported");
   if (auto e = parse_generation(b, config, 16, r)) return *e;

@@ -1,3 +1,4 @@
+// server/security.cpp — Host, Origin and API-key checks (see server/security.h).
 #include "server/security.h"
 
 #include <algorithm>

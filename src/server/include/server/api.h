@@ -1,7 +1,8 @@
 // server/api.h — the OpenAI-compatible request and response shapes of `coli serve`, as pure
-// functions (no sockets, no engine): body → validated ChatRequest or ApiError (SERVING.md
-// §3.6.1, §3.8, §4.4, §4.5), ChatRequest → prompt ids, engine events → response JSON and SSE
-// chunks (§3.6.2, §3.6.3). The HTTP layer (server/http_server.h) only moves bytes.
+// functions (no sockets, no engine): body → validated ChatRequest or ApiError (server/error.h),
+// ChatRequest → prompt ids, engine events → response JSON and SSE chunks (docs/serving.md).
+// The handlers (server/routes.h) call them; the socket adapter (server/http_server.h) only
+// moves bytes.
 #pragma once
 
 #include <cstdint>
@@ -14,39 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/service.h"
+#include "server/error.h"
+#include "server/server_options.h"
 #include "text/pyjson.h"
 #include "text/tokenizer.h"
 
 namespace k3::server {
-
-using json = nlohmann::ordered_json;
-
-// An error in OpenAI's envelope: {"error":{"message","type","param","code"}}.
-struct ApiError {
-  int status = 400;
-  std::string type = "invalid_request_error";
-  std::string code;
-  std::string message;
-  std::optional<std::string> param;
-  int retry_after = 0;  // seconds; 0 = no Retry-After header
-};
-json error_body(const ApiError& error);
-ApiError invalid_value(std::string param, std::string message);
-
-// What the server was told at start-up that requests are checked against.
-struct ApiConfig {
-  std::string model_id = "kimi-k3";
-  std::vector<std::string> aliases;
-  bool accept_any_model = false;
-  int64_t max_tokens_ceiling = 16384;
-  double default_temperature = 0.6;
-  double default_top_p = 0.95;
-  int64_t default_top_k = 0;
-  double default_min_p = 0.0;
-  bool default_thinking = true;       // --reasoning on|off
-  std::string reasoning_field = "reasoning_content";  // reasoning_content | reasoning | both
-  std::string fingerprint = "kimi_k3-1.0.0-cpu";
-};
 
 // What both generation endpoints take (sampling, budget, stop, streaming).
 struct GenerationParams {

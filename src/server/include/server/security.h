@@ -1,6 +1,6 @@
-// server/security.h — the request guards of `coli serve` as pure functions (SERVING.md Part 4):
+// server/security.h — the request checks of `coli serve` as pure functions (docs/serving.md):
 // bind policy, Host allowlist (DNS rebinding), exact-origin CORS, API keys compared in constant
-// time. The HTTP layer calls them before any body is read.
+// time. The route guard (server/routes.h) calls them before any body is read.
 #pragma once
 
 #include <string>

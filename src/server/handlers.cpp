@@ -1,0 +1,570 @@
+// server/handlers.cpp — the endpoints of `coli serve` (see server/handlers.h): admission of a
+// generation (context check, submission, the wait for the worker's acceptance, so the 200 is
+// committed only once it accepts), the JSON and SSE answers, the small endpoints and the web page.
+#include "handlers.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "server/api.h"
+#include "server/routes.h"
+#include "server/security.h"
+#include "util/sys.h"
+#include "web_assets.h"
+
+namespace k3::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void set_error(HttpResponse& res, const ApiError& error) { res = error_response(error); }
+
+bool gone(const HttpRequest& req) { return req.client_gone && req.client_gone(); }
+
+const text::Tokenizer* tokenizer_or_503(const HandlerContext& c, HttpResponse& res) {
+  const Engine* engine = c.service.engine();
+  if (engine) return engine->tokenizer();
+  const ServiceSnapshot s = c.service.snapshot();
+  if (s.state == ServiceSnapshot::State::failed)
+    set_error(res, api_error(500, "server_error", "engine_error", "the model failed to load"));
+  else
+    set_error(res, api_error(503, "server_error", "model_loading", "the model is still loading", std::nullopt, 5));
+  return nullptr;
+}
+
+json model_entry(const HandlerContext& c, const std::string& id) {
+  return json{{"id", id}, {"object", "model"}, {"created", c.started_unix}, {"owned_by", "local"},
+              {"meta", json{{"context_length", c.service.context_capacity()}, {"max_output_tokens", c.options.api.max_tokens_ceiling},
+                            {"reasoning", true}, {"tools", true}, {"vision", false}, {"aliases", c.options.api.aliases}}}};
+}
+
+int retry_after(const HandlerContext& c) {
+  const ServiceSnapshot s = c.service.snapshot();
+  const double running = s.active ? now_seconds() - s.active_started : 0;
+  return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
+}
+
+ApiError shutting_down() { return api_error(503, "server_error", "shutting_down", "the server is shutting down", std::nullopt, 5); }
+
+// The generation settings shared by both endpoints (a random seed unless one was given).
+void apply_generation(const GenerationParams& g, ServiceRequest& sr) {
+  sr.sampling.temperature = g.temperature;
+  sr.sampling.top_p = g.top_p;
+  sr.sampling.top_k = g.top_k;
+  sr.sampling.min_p = g.min_p;
+  if (g.seed) {
+    sr.sampling.seed = *g.seed;
+  } else {
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    sr.sampling.seed = seed;
+  }
+  sr.max_tokens = g.max_tokens;
+  sr.stop = g.stop;
+  sr.cache_prompt = g.cache_prompt;
+}
+
+void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
+  ServiceEvent e;
+  for (int i = 0; i < 600; ++i)  // the worker acknowledges within one layer or one token
+    if (handle->next(e, std::chrono::milliseconds(100)) &&
+        (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error))
+      return;
+}
+
+// Waits for the worker's acceptance; a hung-up client, a queue timeout or an error ends it.
+// Returns true with `accepted` filled, or false with `res` set (or the client gone).
+bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle, const HttpRequest& req,
+                      HttpResponse& res, ServiceEvent& accepted) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(c.options.queue_timeout_s);
+  for (;;) {
+    if (handle->next(accepted, std::chrono::milliseconds(100))) {
+      if (accepted.kind == ServiceEvent::Kind::accepted) return true;
+      if (accepted.kind == ServiceEvent::Kind::error) {
+        if (accepted.error_code == "shutting_down")
+          set_error(res, shutting_down());
+        else if (accepted.error_code != "cancelled")
+          set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
+        return false;
+      }
+      continue;
+    }
+    if (gone(req)) {
+      c.service.cancel(handle);
+      res.status = 499;  // client closed (logged and counted; nothing is sent)
+      return false;
+    }
+    if (Clock::now() > deadline) {
+      c.service.cancel(handle);
+      set_error(res, api_error(429, "rate_limit_error", "queue_timeout", "waited too long in the queue", std::nullopt,
+                               retry_after(c)));
+      return false;
+    }
+  }
+}
+
+// Context check, submission, and the wait for the worker's acceptance (the 200 is committed
+// only after it). Returns the handle, or nullptr with `res` set (or the client gone).
+std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr, const char* prompt_param,
+                                     const HttpRequest& req, HttpResponse& res, ServiceEvent& accepted) {
+  const int64_t capacity = c.service.context_capacity();
+  if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
+    set_error(res, api_error(400, "invalid_request_error", "context_length_exceeded",
+                             "the prompt has " + std::to_string(sr.prompt.size()) + " tokens; the context holds " +
+                                 std::to_string(capacity) + " (and one must be left to generate)",
+                             prompt_param));
+    return nullptr;
+  }
+  if (c.options.log_prompts) std::fprintf(stderr, "[prompt] %s %s\n", req.request_id.c_str(), req.body.c_str());
+  auto submitted = c.service.submit(std::move(sr));
+  if (!submitted.ok()) {
+    const Status st = submitted.status();
+    if (st.code() == Status::Code::resource_exhausted)
+      set_error(res, api_error(429, "rate_limit_error", "queue_full", st.message(), std::nullopt, retry_after(c)));
+    else if (st.code() == Status::Code::unavailable)
+      set_error(res, api_error(503, "server_error", c.draining.load() ? "shutting_down" : "model_loading", st.message(),
+                               std::nullopt, 5));
+    else
+      set_error(res, invalid_value(prompt_param, st.message()));
+    return nullptr;
+  }
+  std::shared_ptr<RequestHandle> handle = *submitted;
+  if (!await_acceptance(c, handle, req, res, accepted)) return nullptr;
+  const std::string wait_ms = std::to_string(static_cast<int64_t>(accepted.stats.queue_wait_ms));
+  res.set_header("x-queue-wait-ms", wait_ms);
+  res.set_header("x-colibri-queue-wait-ms", wait_ms);
+  return handle;
+}
+
+// Non-streaming: collects events until done. False (res set, or the client gone) otherwise.
+bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle, const HttpRequest& req,
+             HttpResponse& res, ChatResult& result) {
+  ServiceEvent e;
+  for (;;) {
+    if (!handle->next(e, std::chrono::milliseconds(100))) {
+      if (gone(req)) {
+        c.service.cancel(handle);
+        drain_until_done(handle);
+        res.status = 499;
+        return false;
+      }
+      continue;
+    }
+    switch (e.kind) {
+      case ServiceEvent::Kind::reasoning: result.reasoning += e.text; break;
+      case ServiceEvent::Kind::content: result.content += e.text; break;
+      case ServiceEvent::Kind::tool_call: result.tool_calls.push_back(e.call); break;
+      case ServiceEvent::Kind::done: result.stats = e.stats; return true;
+      case ServiceEvent::Kind::error:
+        set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
+        return false;
+      default: break;
+    }
+  }
+}
+
+// An SSE response fed by the worker's events: `first` is sent at the start, `chunks` turns each
+// event into JSON chunks; the terminal event (done, or an engine error sent as one error event)
+// is followed by `data: [DONE]`. A failed write or a client that hung up cancels the request;
+// silence is filled with `: ping` comments.
+using SseChunks = std::function<std::vector<json>(const ServiceEvent&)>;
+void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestHandle> handle,
+               std::vector<json> first, SseChunks chunks) {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_header("Connection", "close");
+  res.content_type = "text/event-stream";
+  EngineService& service = c.service;
+  const double ping_s = c.options.sse_ping_s;
+  std::function<bool()> client_gone = req.client_gone;
+  res.stream = [&service, ping_s, client_gone, handle, first = std::move(first), chunks = std::move(chunks)](StreamSink& sink) {
+    auto send = [&](const json& chunk) {
+      return sink.write("data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+    };
+    auto give_up = [&] {
+      service.cancel(handle);
+      drain_until_done(handle);
+      return false;
+    };
+    for (const json& chunk : first)
+      if (!send(chunk)) return give_up();
+    auto last_write = Clock::now();
+    ServiceEvent e;
+    for (;;) {
+      if (!handle->next(e, std::chrono::milliseconds(100))) {
+        if (client_gone && client_gone()) return give_up();
+        if (ping_s > 0 && Clock::now() - last_write > std::chrono::duration<double>(ping_s)) {
+          if (!sink.write(": ping\n\n")) return give_up();
+          last_write = Clock::now();
+        }
+        continue;
+      }
+      last_write = Clock::now();
+      const bool failed = e.kind == ServiceEvent::Kind::error;
+      const std::vector<json> out =
+          failed ? std::vector<json>{error_body(api_error(500, "server_error", "engine_error", "engine failure during generation"))}
+                 : chunks(e);
+      for (const json& chunk : out)
+        if (!send(chunk) && !failed) return give_up();
+      if (failed || e.kind == ServiceEvent::Kind::done) {
+        sink.write("data: [DONE]\n\n");
+        return true;
+      }
+    }
+  };
+  res.on_finish = [&service, handle](bool success) {
+    if (!success) service.cancel(handle);
+  };
+}
+
+void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& res, std::shared_ptr<ChatRequest> request,
+                 std::shared_ptr<RequestHandle> handle, ResponseIds ids, ServiceEvent accepted) {
+  struct StreamState {
+    bool saw_think_close = false;
+    int tool_index = 0;
+  };
+  auto state = std::make_shared<StreamState>();
+  json role = json::object();
+  role["role"] = "assistant";
+  role["content"] = "";
+  std::vector<json> first{chunk_json(ids, c.options.api, role, nullptr, request->include_usage)};
+  const ApiConfig* api = &c.options.api;
+  serve_sse(c, req, res, handle, std::move(first), [api, request, ids, accepted, state](const ServiceEvent& e) {
+    const ApiConfig& config = *api;
+    const bool usage = request->include_usage;
+    json delta = json::object();
+    switch (e.kind) {
+      case ServiceEvent::Kind::progress:
+        if (!request->return_progress) return std::vector<json>{};
+        return std::vector<json>{progress_chunk_json(ids, config, e.total, accepted.stats.cached_tokens, e.processed, e.elapsed_ms)};
+      case ServiceEvent::Kind::reasoning:
+        if (request->reasoning_inline) delta["content"] = e.text;
+        else put_reasoning(delta, e.text, config);
+        break;
+      case ServiceEvent::Kind::content:
+        delta["content"] = request->reasoning_inline && !std::exchange(state->saw_think_close, true) ? "</think>" + e.text : e.text;
+        break;
+      case ServiceEvent::Kind::tool_call: {
+        json call = tool_call_json(e.call, ids);
+        call["index"] = state->tool_index++;
+        delta["tool_calls"] = json::array({std::move(call)});
+        break;
+      }
+      case ServiceEvent::Kind::done: {
+        std::vector<json> out{chunk_json(ids, config, json::object(), e.stats.finish_reason.c_str(), usage)};
+        if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
+        return out;
+      }
+      default: return std::vector<json>{};
+    }
+    return std::vector<json>{chunk_json(ids, config, std::move(delta), nullptr, usage)};
+  });
+}
+
+}  // namespace
+
+bool authorised(const ServerOptions& options, const HttpRequest& req) {
+  if (options.security.api_keys.empty()) return true;
+  return key_matches(presented_key(req.header("Authorization"), req.header("x-api-key")), options.security.api_keys);
+}
+
+void set_json(HttpResponse& res, int status, const json& body) {
+  res.status = status;
+  res.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  res.content_type = "application/json";
+}
+
+void drain_generations(const HandlerContext& c) {
+  c.service.begin_shutdown();
+  if (!c.service.wait_idle(c.options.drain_timeout_s)) {
+    std::fprintf(stderr, "coli: drain timeout: cancelling the active request\n");
+    c.service.cancel_active();
+    c.service.wait_idle(5);
+  }
+}
+
+HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
+  HttpResponse res;
+  const ServiceSnapshot s = c.service.snapshot();
+  json body = json::object();
+  if (s.state == ServiceSnapshot::State::loading) {
+    body["status"] = "loading";
+    body["phase"] = "weights";
+    body["progress"] = s.load_progress;
+    body["elapsed_s"] = s.load_elapsed_s;
+    res.set_header("Retry-After", "5");
+    set_json(res, 503, body);
+    return res;
+  }
+  if (s.state == ServiceSnapshot::State::failed) {
+    set_json(res, 500, json{{"status", "error"}, {"message", "model load failed"}});
+    return res;
+  }
+  body["status"] = s.state == ServiceSnapshot::State::stopping ? "stopping" : "ok";
+  if (authorised(c.options, req)) {
+    body["model"] = c.options.api.model_id;
+    body["uptime_s"] = now_seconds() - c.started;
+    body["load_s"] = s.load_elapsed_s;
+    body["context_capacity"] = s.context_capacity;
+    // What a request that does not say gets (the effective --temp / --top-p / ... of coli serve).
+    body["defaults"] = json{{"temperature", c.options.api.default_temperature}, {"top_p", c.options.api.default_top_p},
+                            {"top_k", c.options.api.default_top_k}, {"min_p", c.options.api.default_min_p},
+                            {"max_tokens", c.options.api.max_tokens_ceiling}, {"thinking", c.options.api.default_thinking}};
+    body["scheduler"] = json{{"active", s.active}, {"capacity", 1}, {"queued", s.queued}, {"max_queue", s.max_queue},
+                             {"queue_timeout_seconds", c.options.queue_timeout_s}, {"admitted", s.admitted},
+                             {"completed", s.completed}, {"rejected", s.rejected},
+                             {"cancelled", s.cancelled_queue + s.cancelled_prefill + s.cancelled_decode}};
+    body["state"] = json{{"phase", s.phase}, {"fed_tokens", s.fed_tokens},
+                         {"checkpoints", json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
+    body["memory"] = json{{"rss_gb", static_cast<double>(current_rss_bytes()) / 1e9}};
+    if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
+      body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
+  }
+  set_json(res, s.state == ServiceSnapshot::State::stopping ? 503 : 200, body);
+  return res;
+}
+
+HttpResponse list_models(const HandlerContext& c, const HttpRequest&) {
+  HttpResponse res;
+  set_json(res, 200, json{{"object", "list"}, {"data", json::array({model_entry(c, c.options.api.model_id)})}});
+  return res;
+}
+
+HttpResponse get_model(const HandlerContext& c, const HttpRequest& req) {
+  const std::string& id = req.path_param;
+  const auto& aliases = c.options.api.aliases;
+  if (id != c.options.api.model_id && std::find(aliases.begin(), aliases.end(), id) == aliases.end())
+    return error_response(api_error(404, "invalid_request_error", "model_not_found", "the model '" + id + "' does not exist", "model"));
+  HttpResponse res;
+  set_json(res, 200, model_entry(c, id));
+  return res;
+}
+
+HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
+  HttpResponse res;
+  const ApiConfig& api = c.options.api;
+  auto parsed = parse_chat_request(req.body, api);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
+  auto request = std::make_shared<ChatRequest>(std::move(std::get<ChatRequest>(parsed)));
+  if (c.draining.load()) return error_response(shutting_down());
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return res;
+  auto prompt = render_chat_prompt(*request, *tokenizer);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return error_response(*e);
+  ServiceRequest sr;
+  sr.prompt = std::move(std::get<RenderedPrompt>(prompt).ids);
+  sr.anchor = std::get<RenderedPrompt>(prompt).anchor;
+  sr.starts_in_think = request->thinking;
+  apply_generation(*request, sr);
+  ServiceEvent accepted;
+  auto handle = admit(c, std::move(sr), "messages", req, res, accepted);
+  if (!handle) return res;
+  const ResponseIds ids = new_response_ids();
+  if (request->stream) {
+    stream_chat(c, req, res, request, handle, ids, accepted);
+    return res;
+  }
+  ChatResult result;
+  if (collect(c, handle, req, res, result)) set_json(res, 200, chat_completion_json(result, *request, api, ids));
+  return res;
+}
+
+HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
+  HttpResponse res;
+  const ApiConfig& api = c.options.api;
+  auto parsed = parse_completion_request(req.body, api);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
+  auto request = std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
+  if (c.draining.load()) return error_response(shutting_down());
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return res;
+  ServiceRequest sr;
+  if (request->ids_given) {
+    for (size_t i = 0; i < request->prompt_ids.size(); ++i)
+      if (request->prompt_ids[i] >= c.service.engine()->config().vocab_size)
+        return error_response(invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
+    sr.prompt = request->prompt_ids;
+  } else {
+    std::vector<int32_t> ids32;
+    tokenizer->encode(request->prompt, false, ids32);
+    sr.prompt.assign(ids32.begin(), ids32.end());
+  }
+  sr.raw = true;
+  sr.starts_in_think = false;
+  apply_generation(*request, sr);
+  ServiceEvent accepted;
+  auto handle = admit(c, std::move(sr), "prompt", req, res, accepted);
+  if (!handle) return res;
+  const ResponseIds ids = new_response_ids("cmpl-");
+  if (!request->stream) {
+    ChatResult result;
+    if (collect(c, handle, req, res, result))
+      set_json(res, 200, completion_json(result.content, result.stats, request->model, api, ids));
+    return res;
+  }
+  const ApiConfig* config = &api;
+  serve_sse(c, req, res, handle, {}, [config, request, ids](const ServiceEvent& e) {
+    if (e.kind == ServiceEvent::Kind::content) return std::vector<json>{completion_chunk_json(ids, *config, e.text, nullptr)};
+    if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
+    std::vector<json> out{completion_chunk_json(ids, *config, "", e.stats.finish_reason.c_str())};
+    if (request->include_usage) out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
+    return out;
+  });
+  return res;
+}
+
+std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, double value) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
+  };
+  o << "# HELP k3_requests_total HTTP requests by endpoint and status\n# TYPE k3_requests_total counter\n";
+  for (const auto& [label, count] : requests) o << "k3_requests_total{" << label << "} " << count << '\n';
+  metric("k3_requests_active", "gauge", "generations running", static_cast<double>(s.active));
+  metric("k3_requests_queued", "gauge", "generations waiting", static_cast<double>(s.queued));
+  metric("k3_prompt_tokens_total", "counter", "prompt tokens received", static_cast<double>(s.prompt_tokens));
+  metric("k3_prompt_tokens_cached_total", "counter", "prompt tokens reused, not prefilled", static_cast<double>(s.cached_tokens));
+  metric("k3_generated_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
+  metric("k3_prefill_seconds_total", "counter", "seconds spent in prefill", s.prefill_seconds);
+  metric("k3_decode_seconds_total", "counter", "seconds spent in decode", s.decode_seconds);
+  const double prefill_rate = s.prefill_seconds > 0 ? static_cast<double>(s.prompt_tokens - s.cached_tokens) / s.prefill_seconds : 0;
+  const double decode_rate = s.decode_seconds > 0 ? static_cast<double>(s.generated_tokens) / s.decode_seconds : 0;
+  metric("k3_prefill_tokens_per_second", "gauge", "prefilled tokens per second over the server's life", prefill_rate);
+  metric("k3_decode_tokens_per_second", "gauge", "generated tokens per second over the server's life", decode_rate);
+  o << "# HELP k3_cancelled_total cancelled generations by phase\n# TYPE k3_cancelled_total counter\n"
+    << "k3_cancelled_total{phase=\"queue\"} " << s.cancelled_queue << "\nk3_cancelled_total{phase=\"prefill\"} "
+    << s.cancelled_prefill << "\nk3_cancelled_total{phase=\"decode\"} " << s.cancelled_decode << '\n';
+  o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
+    << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} "
+    << s.reuse_checkpoint << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
+  metric("k3_checkpoint_saves_total", "counter", "recurrent-state photos taken", static_cast<double>(s.ckpt.saves));
+  metric("k3_checkpoint_restores_total", "counter", "recurrent-state photos restored", static_cast<double>(s.ckpt.restores));
+  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring photos", s.ckpt.restore_seconds);
+  metric("k3_checkpoint_rejected_total", "counter", "disk photos that failed their header check", static_cast<double>(s.ckpt.rejected));
+  metric("k3_requests_rejected_total", "counter", "generations refused with 429", static_cast<double>(s.rejected));
+  metric("k3_expert_cache_hits_total", "counter", "routed experts found in the cache", static_cast<double>(s.experts.hits));
+  metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk", static_cast<double>(s.experts.misses));
+  metric("k3_expert_bytes_read_total", "counter", "bytes of routed experts read from disk", static_cast<double>(s.experts.bytes_read));
+  metric("k3_expert_cache_hit_ratio", "gauge", "hits / (hits + misses) over the server's life", s.experts.hit_ratio());
+  metric("k3_expert_drive_bytes_total", "counter", "bytes of expert reads that reached the drive (cancelled read-ahead excluded)", static_cast<double>(s.experts.drive_bytes));
+  metric("k3_expert_read_busy_seconds_total", "counter", "seconds with at least one expert read in flight (drive busy)", s.experts.busy_seconds);
+  metric("k3_expert_read_wait_seconds_total", "counter", "seconds compute waited for expert reads (un-hidden I/O)", s.experts.wait_seconds);
+  metric("k3_expert_transient_total", "counter", "expert reads not kept in a cache slot", static_cast<double>(s.experts.transient));
+  metric("k3_expert_prefetch_reads_total", "counter", "experts read ahead on a prediction (K3_PREFETCH)", static_cast<double>(s.experts.prefetch_issued));
+  metric("k3_expert_prefetch_used_total", "counter", "read-ahead experts the layer then used", static_cast<double>(s.experts.prefetch_used));
+  metric("k3_expert_prefetch_recall", "gauge", "selections the read-ahead predicted / selections of predicted layers", s.experts.recall());
+  metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
+  metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
+  return o.str();
+}
+
+HttpResponse metrics(const HandlerContext& c, const HttpRequest&) {
+  std::vector<std::pair<std::string, int64_t>> requests;
+  {
+    std::lock_guard<std::mutex> lock(c.counters.mutex);
+    for (const auto& [key, n] : c.counters.by_route_status)
+      requests.push_back({"endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"", n});
+  }
+  HttpResponse res;
+  res.body = metrics_text(c.service.snapshot(), requests);
+  res.content_type = "text/plain; version=0.0.4";
+  return res;
+}
+
+HttpResponse slots(const HandlerContext& c, const HttpRequest&) {
+  const ServiceSnapshot s = c.service.snapshot();
+  json list = json::array();
+  for (const auto& ck : s.ckpt_list)
+    list.push_back(json{{"slot", ck.slot}, {"pos", ck.position}, {"pinned", false}, {"age_s", ck.age_seconds}});
+  HttpResponse res;
+  set_json(res, 200, json::array({json{{"id", 0}, {"state", s.active ? "busy" : "idle"}, {"n_ctx", s.context_capacity},
+                                       {"fed_tokens", s.fed_tokens}, {"checkpoints", list}}}));
+  return res;
+}
+
+HttpResponse erase_slot(const HandlerContext& c, const HttpRequest& req) {
+  if (req.query_value("action") != "erase") return error_response(invalid_value("action", "the only action is 'erase'"));
+  c.service.erase_state();
+  HttpResponse res;
+  set_json(res, 200, json{{"id_slot", 0}, {"erased", true}});
+  return res;
+}
+
+HttpResponse tokenize(const HandlerContext& c, const HttpRequest& req) {
+  auto parsed = parse_json_object(req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
+  const json& b = std::get<json>(parsed);
+  auto it = b.find("content");
+  if (it == b.end() || !it->is_string()) return error_response(invalid_value("content", "'content' must be a string"));
+  bool special = false;
+  if (auto s = b.find("parse_special"); s != b.end() && s->is_boolean()) special = s->get<bool>();
+  HttpResponse res;
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return res;
+  std::vector<int32_t> ids;
+  tokenizer->encode(it->get_ref<const std::string&>(), special, ids);
+  set_json(res, 200, json{{"tokens", ids}});
+  return res;
+}
+
+HttpResponse detokenize(const HandlerContext& c, const HttpRequest& req) {
+  auto parsed = parse_json_object(req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
+  const json& b = std::get<json>(parsed);
+  auto it = b.find("tokens");
+  if (it == b.end() || !it->is_array()) return error_response(invalid_value("tokens", "'tokens' must be an array of token ids"));
+  HttpResponse res;
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return res;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& t = (*it)[i];
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer->vocab_size())
+      return error_response(invalid_value("tokens." + std::to_string(i), "not a token id of this vocabulary"));
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  set_json(res, 200, json{{"content", tokenizer->decode(ids)}});
+  return res;
+}
+
+HttpResponse web_page(const HandlerContext& c, const HttpRequest& req) {
+  const WebAsset* asset = nullptr;
+  if (c.options.web_ui) {
+    const std::string path = req.path == "/" ? "/index.html" : req.path;
+    const bool hidden = path.find("/.") != std::string::npos || path.find("..") != std::string::npos;
+    asset = hidden ? nullptr : find_web_asset(path.substr(1));
+    if (!asset && !hidden && path.find('.') == std::string::npos) asset = find_web_asset("index.html");
+  }
+  if (!asset) return no_such_path(req);
+  HttpResponse res;
+  res.set_header("Content-Security-Policy",
+                 "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                 "object-src 'none'; base-uri 'none'");
+  res.set_header("X-Content-Type-Options", "nosniff");
+  res.set_header("Referrer-Policy", "no-referrer");
+  res.set_header("Cache-Control", "no-cache");
+  res.body = std::string(asset->bytes);
+  res.content_type = std::string(asset->mime);
+  return res;
+}
+
+HttpResponse no_such_path(const HttpRequest&) {
+  return error_response(api_error(404, "invalid_request_error", "not_found", "no such path"));
+}
+
+HttpResponse not_found(const HttpRequest&) { return error_response(http_status_error(404)); }
+
+HttpResponse post_only(const HttpRequest&) {
+  HttpResponse res = error_response(api_error(405, "invalid_request_error", "method_not_allowed", "use POST"));
+  res.set_header("Allow", "POST, OPTIONS");
+  return res;
+}
+
+}  // namespace k3::server

@@ -1,0 +1,42 @@
+// server/error.h — the one place an error response of `coli serve` is built: the ApiError value
+// (status, OpenAI type and code, message, parameter, Retry-After) and its OpenAI-style JSON body
+// {"error":{"message","type","param","code"}}. Request validation (server/api.h), the guards and
+// the handlers (server/routes.h) and the socket adapter all make their errors here, so every
+// refusal has the same shape (docs/serving.md).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/http_types.h"
+
+namespace k3::server {
+
+using json = nlohmann::ordered_json;
+
+// An error in OpenAI's envelope: {"error":{"message","type","param","code"}}.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string code;
+  std::string message;
+  std::optional<std::string> param;
+  int retry_after = 0;  // seconds; 0 = no Retry-After header
+};
+
+ApiError api_error(int status, std::string type, std::string code, std::string message,
+                   std::optional<std::string> param = std::nullopt, int retry_after = 0);
+// 400 invalid_value naming the parameter.
+ApiError invalid_value(std::string param, std::string message);
+// The error for a status the HTTP library set itself (unknown path on POST, bad request line,
+// URI or headers too long, ...): code from the status, a generic message.
+ApiError http_status_error(int status);
+
+// {"error":{...}}: code null when empty, param null when absent.
+json error_body(const ApiError& error);
+// The response for `error`: status, JSON body, Retry-After when set, WWW-Authenticate on 401.
+HttpResponse error_response(const ApiError& error);
+
+}  // namespace k3::server

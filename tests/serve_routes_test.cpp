@@ -1,0 +1,210 @@
+// The route table of `coli serve` called with no socket (server/routes.h): the API-key guard and
+// its brake, unknown paths and wrong methods, /v1/models and /tokenize answered by the handlers
+// over a demo checkpoint (real tokenizer, random weights), the body limit before and after the
+// body is read, and the labels /metrics counts under.
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "engine/service.h"
+#include "server/routes.h"
+#include "synth_lib.h"
+#include "test_util.h"
+
+namespace k3::server {
+namespace {
+
+const std::string& demo_dir() {
+  static const testing::TempDir dir("routes-demo");
+  static const bool written = [] {
+    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
+    return true;
+  }();
+  (void)written;
+  return dir.path();
+}
+
+ServiceOptions service_options() {
+  ServiceOptions o;
+  o.model_dir = demo_dir();
+  o.context = 256;
+  o.ckpt_slots = 0;
+  return o;
+}
+
+// One service for every test (a Router per test: the brake and the counters start empty).
+EngineService& shared_service() {
+  static EngineService service(service_options());
+  return service;
+}
+
+ServerOptions server_options() {
+  ServerOptions o;
+  o.security.port = 8000;
+  o.security.api_keys = {"sk-test"};
+  o.max_body_bytes = 1024;
+  return o;
+}
+
+HttpRequest request(std::string method, std::string path, std::string body = "", const char* key = "sk-test") {
+  HttpRequest r;
+  r.method = std::move(method);
+  r.path = path;
+  r.target = std::move(path);
+  r.remote_addr = "127.0.0.1";
+  r.headers = {{"Host", "127.0.0.1:8000"}};
+  if (key) r.headers.emplace_back("Authorization", std::string("Bearer ") + key);
+  if (r.method == "POST") {
+    r.headers.emplace_back("Content-Type", "application/json");
+    r.headers.emplace_back("Content-Length", std::to_string(body.size()));
+  }
+  r.body = std::move(body);
+  return r;
+}
+
+json body_of(const HttpResponse& res) { return json::parse(res.body); }
+
+void expect_error(const HttpResponse& res, int status, const std::string& code) {
+  EXPECT_EQ(res.status, status) << res.body;
+  ASSERT_EQ(res.content_type, "application/json");
+  const json b = body_of(res);
+  ASSERT_TRUE(b.contains("error")) << res.body;
+  EXPECT_EQ(b["error"]["code"], code) << res.body;
+  EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") && b["error"].contains("param"));
+  EXPECT_FALSE(res.header("x-request-id").empty());
+}
+
+void wait_ready(EngineService& service) {
+  for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_NE(service.engine(), nullptr) << service.snapshot().load_error;
+}
+
+TEST(ServeApi, RoutesRefuseAMissingOrWrongKey) {
+  EngineService& service = shared_service();
+  Router router(service, server_options());
+  for (const char* key : {static_cast<const char*>(nullptr), "sk-wrong"}) {
+    const HttpResponse res = router.serve(request("GET", "/v1/models", "", key));
+    expect_error(res, 401, "invalid_api_key");
+    EXPECT_EQ(res.header("WWW-Authenticate"), "Bearer");
+    EXPECT_TRUE(res.closes());
+  }
+  // The same class for every API path, known or not, and for another method on it.
+  expect_error(router.serve(request("POST", "/tokenize", "{}", nullptr)), 401, "invalid_api_key");
+  expect_error(router.serve(request("GET", "/v1/nope", "", nullptr)), 401, "invalid_api_key");
+  expect_error(router.serve(request("PUT", "/metrics", "", nullptr)), 401, "invalid_api_key");
+  // /health and the web page are open.
+  EXPECT_NE(router.serve(request("GET", "/health", "", nullptr)).status, 401);
+  EXPECT_EQ(router.serve(request("GET", "/", "", nullptr)).status, 200);
+  // A valid key passes.
+  const HttpResponse ok = router.serve(request("GET", "/v1/models"));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(body_of(ok)["data"][0]["id"], "kimi-k3");
+}
+
+TEST(ServeApi, RoutesBrakeRepeatedKeyFailures) {
+  EngineService& service = shared_service();
+  Router router(service, server_options());
+  for (int i = 0; i < 20; ++i) expect_error(router.serve(request("GET", "/slots", "", "sk-guess")), 401, "invalid_api_key");
+  // Blocked now, even with the right key.
+  const HttpResponse res = router.serve(request("GET", "/slots"));
+  expect_error(res, 429, "too_many_auth_failures");
+  EXPECT_FALSE(res.header("Retry-After").empty());
+  HttpRequest other = request("GET", "/slots");
+  other.remote_addr = "127.0.0.2";  // another address is not blocked
+  EXPECT_EQ(router.serve(other).status, 200);
+}
+
+TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {
+  EngineService& service = shared_service();
+  Router router(service, server_options());
+  expect_error(router.serve(request("GET", "/v1/nope")), 404, "not_found");
+  expect_error(router.serve(request("POST", "/v1/nope", "{}")), 404, "not_found");
+  expect_error(router.serve(request("GET", "/v1/models/")), 404, "not_found");
+  const HttpResponse model = router.serve(request("GET", "/v1/models/gpt-4o"));
+  expect_error(model, 404, "model_not_found");
+  EXPECT_EQ(body_of(model)["error"]["param"], "model");
+  EXPECT_EQ(body_of(router.serve(request("GET", "/v1/models/kimi-k3")))["id"], "kimi-k3");
+  const HttpResponse get = router.serve(request("GET", "/v1/chat/completions"));
+  expect_error(get, 405, "method_not_allowed");
+  EXPECT_EQ(get.header("Allow"), "POST, OPTIONS");
+  expect_error(router.serve(request("POST", "/health", "{}")), 404, "not_found");
+  // The web page: a file, the SPA fallback, and no hidden files.
+  EXPECT_EQ(router.serve(request("GET", "/index.html")).content_type.rfind("text/html", 0), 0u);
+  EXPECT_EQ(router.serve(request("GET", "/some/page")).status, 200);
+  expect_error(router.serve(request("GET", "/.env")), 404, "not_found");
+  // The preflight and a foreign Host.
+  HttpRequest preflight = request("OPTIONS", "/v1/chat/completions", "", nullptr);
+  preflight.headers.emplace_back("Origin", "http://localhost:5173");
+  const HttpResponse cors = router.serve(preflight);
+  EXPECT_EQ(cors.status, 204);
+  EXPECT_EQ(cors.header("Access-Control-Allow-Origin"), "http://localhost:5173");
+  HttpRequest rebound = request("GET", "/v1/models");
+  rebound.headers[0].second = "evil.example";
+  expect_error(router.serve(rebound), 403, "host_not_allowed");
+}
+
+TEST(ServeApi, RoutesTokenizeThroughTheTable) {
+  EngineService& service = shared_service();
+  Router router(service, server_options());
+  wait_ready(service);
+  const HttpResponse res = router.serve(request("POST", "/tokenize", R"({"content":"hello world"})"));
+  ASSERT_EQ(res.status, 200) << res.body;
+  std::vector<int32_t> expected;
+  service.engine()->tokenizer()->encode("hello world", false, expected);
+  EXPECT_EQ(body_of(res)["tokens"].get<std::vector<int32_t>>(), expected);
+  EXPECT_FALSE(expected.empty());
+  const HttpResponse back = router.serve(request("POST", "/detokenize", json{{"tokens", expected}}.dump()));
+  ASSERT_EQ(back.status, 200) << back.body;
+  EXPECT_EQ(body_of(back)["content"], "hello world");
+  expect_error(router.serve(request("POST", "/tokenize", R"({"content":1})")), 400, "invalid_value");
+  // Content-Type is checked before the route runs.
+  HttpRequest text = request("POST", "/tokenize", R"({"content":"x"})");
+  text.headers[2].second = "text/plain";
+  expect_error(router.serve(text), 415, "unsupported_media_type");
+}
+
+TEST(ServeApi, RoutesBodyLimit) {
+  EngineService& service = shared_service();
+  Router router(service, server_options());
+  const std::string big = R"({"content":")" + std::string(2000, 'a') + R"("})";
+  // Refused on its Content-Length, before any body is read: the connection closes, what the
+  // client still sends is drained.
+  HttpRequest head = request("POST", "/tokenize", big);
+  head.body.clear();
+  const HttpResponse early = router.serve(head);
+  expect_error(early, 413, "request_too_large");
+  EXPECT_TRUE(early.closes());
+  EXPECT_TRUE(early.unread_body);
+  // A chunked body (no Content-Length) past the limit once read.
+  HttpRequest chunked = request("POST", "/tokenize", big);
+  chunked.headers.back() = {"Transfer-Encoding", "chunked"};
+  const HttpResponse late = router.serve(chunked);
+  expect_error(late, 413, "request_too_large");
+  EXPECT_TRUE(late.closes());
+  // No length at all.
+  HttpRequest none = request("POST", "/tokenize", "{}");
+  none.headers.pop_back();
+  expect_error(router.serve(none), 411, "length_required");
+  EXPECT_EQ(router.find("POST", "/tokenize")->body_limit, 1024u);
+}
+
+TEST(ServeApi, RouteTableLabelsAndLogging) {
+  EngineService& service = shared_service();
+  Router router(service, server_options());
+  EXPECT_EQ(router.label("GET", "/v1/models/kimi-k3"), "/v1/models/{id}");
+  EXPECT_EQ(router.label("HEAD", "/v1/models"), "/v1/models");
+  EXPECT_EQ(router.label("POST", "/v1/chat/completions"), "/v1/chat/completions");
+  EXPECT_EQ(router.label("GET", "/app.js"), "static");
+  EXPECT_EQ(router.label("GET", "/v1/unknown/a/b"), "/v1/*");
+  EXPECT_EQ(router.find("GET", "/health")->auth, AuthClass::open);
+  EXPECT_EQ(router.find("GET", "/v1/health")->auth, AuthClass::api_key);
+  EXPECT_FALSE(router.record("GET", "/health", 200));  // not logged
+  EXPECT_TRUE(router.record("POST", "/v1/chat/completions", 200));
+  const HttpResponse m = router.serve(request("GET", "/metrics"));
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1\n"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/health\",status=\"200\"} 1\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace k3::server
