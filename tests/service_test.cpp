@@ -180,12 +180,16 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   for (int i = 0; i < 600 && !saw_progress; ++i)
     if ((*handle)->next(e, std::chrono::milliseconds(100)) && e.kind == ServiceEvent::Kind::progress) saw_progress = true;
   ASSERT_TRUE(saw_progress);
-  const double t0 = now_seconds();
   warm.cancel(*handle);
   const Outcome cancelled = collect(*handle);
-  const double latency = now_seconds() - t0;
   EXPECT_EQ(cancelled.done.finish_reason, "cancelled");
-  EXPECT_LT(latency, 2.0);
+  // Cancellation is polled before every layer, so the prefill stops inside the chunk in flight:
+  // bounded in events (progress reports after the cancel, of the tail's ~50 chunks), not seconds.
+  const size_t chunks = (p2.size() - p1.size() + 7) / 8;
+  EXPECT_LT(cancelled.progress.size(), chunks / 2) << "the prefill ran on after the cancel";
+  if (!cancelled.progress.empty()) {
+    EXPECT_LT(cancelled.progress.back().processed, static_cast<int64_t>(p2.size()));
+  }
   EXPECT_EQ(warm.snapshot().cancelled_prefill, 1);
   EXPECT_EQ(warm.snapshot().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
   // The next request extends p1 again: live reuse of the rolled-back state, same as cold.
