@@ -56,14 +56,14 @@ std::vector<Isa> twin_isas() {
   std::vector<Isa> out;
   std::string missing;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    const char* why = !isa_supported(isa) ? "not available on this CPU"
-                      : capped && static_cast<int>(isa) > static_cast<int>(cap) ? "excluded by K3_ISA"
-                                                                                : nullptr;
-    if (!why) {
+    const std::string why = !isa_supported(isa) ? "not available on this CPU"
+                            : capped && static_cast<int>(isa) > static_cast<int>(cap) ? "excluded by K3_ISA=" + std::string(forced)
+                                                                                      : "";
+    if (why.empty()) {
       out.push_back(isa);
       continue;
     }
-    if (name != reported_for) std::printf("ISA %s: %s, its twin tests did not run\n", isa_name(isa), why);
+    if (name != reported_for) std::printf("ISA %s: %s, its twin tests did not run\n", isa_name(isa), why.c_str());
     if (!missing.empty()) missing += ',';
     missing += isa_name(isa);
   }
