@@ -994,8 +994,28 @@ int run_decode(const DecodeArgs& a) {
   std::printf("decode stages: %s\n", decode_stats.summary().c_str());
   std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
   add_result(name, tps, "tok/s", std::nan(""));
+  // The check that nothing is sized for small models only (the slice has the released per-layer
+  // dimensions; it moved here from tests/ because it writes ~9 GB): the last step's logits are
+  // finite and equal the one-shot prefill of every id fed.
+  int status = 0;
+  if (a.tokens > 0) {
+    const std::vector<int64_t> fed = session.tokens();
+    k3::Session oneshot(engine, static_cast<int64_t>(fed.size()) + 1);
+    const std::vector<float> want = oneshot.prefill(fed);
+    double diff2 = 0, ref2 = 0;
+    bool finite = logits.size() == want.size();
+    for (size_t i = 0; finite && i < want.size(); ++i) {
+      finite = std::isfinite(logits[i]);
+      diff2 += (static_cast<double>(logits[i]) - want[i]) * (static_cast<double>(logits[i]) - want[i]);
+      ref2 += static_cast<double>(want[i]) * want[i];
+    }
+    const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
+    status = finite && rel <= 1e-5 ? 0 : 1;
+    std::printf("check: the last decode step vs a one-shot prefill of the %zu ids: rel-L2 %.3g%s -> %s\n", fed.size(),
+                rel, finite ? "" : " (non-finite logits)", status == 0 ? "ok" : "FAILED");
+  }
   print_results();
-  return 0;
+  return status;
 }
 
 

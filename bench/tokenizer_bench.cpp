@@ -6,7 +6,7 @@
 // as one ordinary-text segment (the tokenizer does Moonshot's 400k/25k pre-chunking itself) once to
 // warm up and then `passes` times (default 5), one thread. Prints machine facts, every pass, and
 // one line for bench/tokenizer_bench.mjs:
-//   OURS mb_s=<best> median_mb_s=<median> bytes=<n> ids=<n> fnv=<FNV-1a 32 of the ids>
+//   OURS mb_s=<best> median_mb_s=<median> bytes=<n> ids=<n> fnv=<FNV-1a 32 of the ids' bytes>
 // MB = 10^6 bytes of UTF-8 input. The fnv/ids pair lets the caller check both tokenizers produced
 // the same ids.
 #include <algorithm>
@@ -22,17 +22,15 @@
 
 #include "options/options.h"
 #include "text/tokenizer.h"
+#include "util/hash.h"
 #include "util/sys.h"
 
 namespace {
 
 
 
-uint32_t fnv1a(const std::vector<int32_t>& ids) {
-  uint32_t h = 2166136261u;
-  for (const int32_t id : ids) h = (h ^ static_cast<uint32_t>(id)) * 16777619u;
-  return h;
-}
+// FNV-1a 32 of the ids' bytes (little-endian int32, as tokenizer_bench.mjs hashes them).
+uint32_t fnv1a(const std::vector<int32_t>& ids) { return k3::fnv1a_32_bytes(ids.data(), ids.size() * sizeof(int32_t)); }
 
 int run(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--version") {

@@ -34,7 +34,11 @@ const written = corpusOption ? { bytes: fs.statSync(corpusPath).size } : writeCo
 console.log(`corpus: ${corpusPath}, ${written.bytes} bytes${written.texts ? ` from ${written.texts} texts` : ''}`);
 console.log(`machine: cpu "${os.cpus()[0]?.model ?? 'unknown'}", ${os.cpus().length} cores; node ${process.version}`);
 
-const fnv1a = (h, id) => Math.imul(h ^ id, 16777619) >>> 0;
+// FNV-1a 32 over each id's four bytes, little-endian: what k3_tokenizer_bench hashes (util/hash.h).
+const fnv1a = (h, id) => {
+  for (let b = 0; b < 32; b += 8) h = Math.imul(h ^ ((id >>> b) & 0xff), 16777619) >>> 0;
+  return h;
+};
 const median = (xs) => xs.slice().sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 // ---- tiktoken (WASM) ----

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/isa.h"
+#include "test_util.h"
 
 namespace {
 
@@ -44,7 +45,7 @@ TEST(KernelsKdaHeadStep, EveryIsaMatchesTheEquations) {
       for (size_t j = 0; j < dk; ++j) S[i * dk + j] += k[i] * u[j];
     for (size_t i = 0; i < dk; ++i)
       for (size_t j = 0; j < dk; ++j) o[j] += q[i] * S[i * dk + j];
-    for (k3::Isa isa : k3::supported_isas()) {
+    for (k3::Isa isa : k3::testing::twin_isas()) {
       std::vector<float> state = S0, scratch(dk), out(dk);
       k3::kernel_table(isa).kda_head_step(state.data(), q.data(), k.data(), v.data(), a.data(), beta, dk,
                                           scratch.data(), out.data());
@@ -75,7 +76,7 @@ TEST(KernelsMlaHeadAttend, EveryIsaMatchesTheEquations) {
         for (double& x : s) sum += (x = std::exp(x - mx));
         for (size_t j = 0; j < T; ++j)
           for (size_t r = 0; r < kv; ++r) lat[r] += s[j] / sum * latent[j * kv + r];
-        for (k3::Isa isa : k3::supported_isas()) {
+        for (k3::Isa isa : k3::testing::twin_isas()) {
           std::vector<float> scores(T), out(kv);
           k3::kernel_table(isa).mla_head_attend(qabs.data(), q_pe.data(), latent.data(), pe.data(), T, kv, rope, scale,
                                                 scores.data(), out.data());

@@ -148,7 +148,7 @@ void check_format(WeightFormat format, const std::vector<size_t>& rows_list,
         ranges.push_back({rows - 1, rows});
         for (auto [begin, end] : ranges) {
           const std::vector<float> ys = run_kernel(scalar, c.m, X, n, ldy, begin, end);
-          for (Isa isa : k3::supported_isas()) {
+          for (Isa isa : k3::testing::twin_isas()) {
             SCOPED_TRACE(std::string(k3::isa_name(isa)) + " " + k3::weight_format_name(format) +
                          " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                          " n=" + std::to_string(n) + " range=[" + std::to_string(begin) + "," +
@@ -202,7 +202,7 @@ TEST(KernelsDense, EmptyRangeOrNoRowsWritesNothing) {
   for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64}) {
     const Case c = make_case(format, 9, 128, rng);
     const std::vector<float> X = random_floats(3 * 128, rng);
-    for (Isa isa : k3::supported_isas()) {
+    for (Isa isa : k3::testing::twin_isas()) {
       const KernelTable& k = k3::kernel_table(isa);
       for (const auto& y : {run_kernel(k, c.m, X, 3, 9, 4, 4), run_kernel(k, c.m, X, 0, 9, 0, 9)})
         for (float v : y) EXPECT_EQ(bits_of(v), bits_of(kSentinel)) << k3::isa_name(isa);
@@ -219,7 +219,7 @@ TEST(KernelsDense, RowsIndependentOfRange) {
     const Case c = make_case(format, rows, cols, rng);
     for (size_t n : {1, 2, 6, 13}) {
       const std::vector<float> X = random_floats(n * cols, rng);
-      for (Isa isa : k3::supported_isas()) {
+      for (Isa isa : k3::testing::twin_isas()) {
         const KernelTable& k = k3::kernel_table(isa);
         const std::vector<float> full = run_kernel(k, c.m, X, n, rows, 0, rows);
         std::vector<float> pieces(n * rows, kSentinel);
@@ -247,7 +247,7 @@ TEST(KernelsDenseMatmul, ThreadedEqualsSingleCallExactly) {
     const Case c = make_case(format, rows, cols, rng);
     for (size_t n : {1, 5, 64}) {
       const std::vector<float> X = random_floats(n * cols, rng);
-      for (Isa isa : k3::supported_isas()) {
+      for (Isa isa : k3::testing::twin_isas()) {
         const KernelTable& k = k3::kernel_table(isa);
         const std::vector<float> single = run_kernel(k, c.m, X, n, rows, 0, rows);
         for (int threads : {1, 2, 3}) {
@@ -579,7 +579,7 @@ void expect_idot_identical(const WeightMatrix& m, const Q8Acts& a, size_t n, siz
     for (size_t o = 0; o < ldy; ++o)
       ASSERT_EQ(bits_of(want[t * ldy + o]) == bits_of(idot_sentinel()), o < begin || o >= end)
           << t << " " << o;
-  for (Isa isa : k3::supported_isas()) {
+  for (Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
     const std::vector<float> got = run_idot(k3::kernel_table(isa), m, a, n, ldy, begin, end);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
@@ -714,7 +714,7 @@ TEST(KernelsInt4Idot, CloseToF32ActivationPath) {
   std::vector<float> want(n * rows);
   scalar.matmul_int4(c.m.q4.data(), c.m.scales.data(), cols, X.data(), n, want.data(), rows, 0,
                      rows);
-  for (Isa isa : k3::supported_isas()) {
+  for (Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
     const KernelTable& k = k3::kernel_table(isa);
     Q8Acts a{std::vector<int8_t>(n * cols), std::vector<float>(n * cols / 32)};
@@ -743,7 +743,7 @@ TEST(KernelsInt4Idot, ThreadedWrapperEqualsSingleCall) {
   const WeightMatrix m = random_int4(rows, cols, rng);
   for (size_t n : {1u, 5u, 64u}) {
     const Q8Acts a = quantise_acts(random_floats(n * cols, rng), n, cols);
-    for (Isa isa : k3::supported_isas()) {
+    for (Isa isa : k3::testing::twin_isas()) {
       const KernelTable& k = k3::kernel_table(isa);
       const std::vector<float> single = run_idot(k, m, a, n, rows, 0, rows);
       for (int threads : {1, 2, 3}) {
@@ -802,7 +802,7 @@ void expect_i8dot_identical(const WeightMatrix& m, const Q8Acts& a, size_t n, si
     for (size_t o = 0; o < ldy; ++o)
       ASSERT_EQ(bits_of(want[t * ldy + o]) == bits_of(idot_sentinel()), o < begin || o >= end)
           << t << " " << o;
-  for (Isa isa : k3::supported_isas()) {
+  for (Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
     const std::vector<float> got = run_i8dot(k3::kernel_table(isa), m, a, n, ldy, begin, end);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
@@ -925,7 +925,7 @@ TEST(KernelsInt8Idot, CloseToF32ActivationPath) {
   std::vector<float> want(n * rows);
   scalar.matmul_int8(c.m.q8.data(), c.m.scales.data(), cols, X.data(), n, want.data(), rows, 0,
                      rows);
-  for (Isa isa : k3::supported_isas()) {
+  for (Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
     const KernelTable& k = k3::kernel_table(isa);
     Q8Acts a{std::vector<int8_t>(n * cols), std::vector<float>(n * cols / 32)};
@@ -954,7 +954,7 @@ TEST(KernelsInt8Idot, ThreadedWrapperEqualsSingleCall) {
   const WeightMatrix m = random_int8(rows, cols, rng);
   for (size_t n : {1u, 5u, 64u}) {
     const Q8Acts a = quantise_acts(random_floats(n * cols, rng), n, cols);
-    for (Isa isa : k3::supported_isas()) {
+    for (Isa isa : k3::testing::twin_isas()) {
       const KernelTable& k = k3::kernel_table(isa);
       const std::vector<float> single = run_i8dot(k, m, a, n, rows, 0, rows);
       for (int threads : {1, 2, 3}) {

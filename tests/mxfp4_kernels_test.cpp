@@ -19,6 +19,7 @@
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 #include "kernels/mxfp4.h"
+#include "test_util.h"
 
 namespace {
 
@@ -121,7 +122,7 @@ TEST(Mxfp4IsaQuant, BitIdenticalToScalar) {
       x[2 * cols + 1] = -std::numeric_limits<float>::infinity();
     }
     const Quantised want = quantise(scalar(), x, n, cols);
-    for (k3::Isa isa : k3::supported_isas()) {
+    for (k3::Isa isa : k3::testing::twin_isas()) {
       SCOPED_TRACE(isa_label(isa) + " cols=" + std::to_string(cols));
       const Quantised got = quantise(k3::kernel_table(isa), x, n, cols);
       EXPECT_EQ(std::memcmp(got.q.data(), want.q.data(), want.q.size()), 0);
@@ -136,7 +137,7 @@ TEST(Mxfp4IsaQuant, DocumentedValues) {
   const float vals[8] = {127.0f, 2.5f, -2.5f, 3.5f, -0.5f, 0.5f, 126.5f, -126.5f};
   const int8_t want[8] = {127, 2, -2, 4, 0, 0, 126, -126};
   for (int i = 0; i < 8; ++i) x[i] = vals[i];
-  for (k3::Isa isa : k3::supported_isas()) {
+  for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     const Quantised r = quantise(k3::kernel_table(isa), x, 1, 64);
     EXPECT_EQ(r.d[0], 1.0f);
@@ -155,7 +156,7 @@ void expect_idot_identical(const Matrix& m, const std::vector<int8_t>& q, const 
   std::vector<float> want(n * ldy, sentinel());
   scalar().matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
                              want.data(), ldy, row_begin, row_end);
-  for (k3::Isa isa : k3::supported_isas()) {
+  for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     std::vector<float> got(n * ldy, sentinel());
     k3::kernel_table(isa).matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(),
@@ -241,7 +242,7 @@ TEST(Mxfp4IsaIdot, Nan255AndZeroScales) {
   std::fill(m.scales.begin(), m.scales.begin() + 3, uint8_t{0});
   m.scales[3 * 5 + 1] = 255;  // row 5, group 1
   const Quantised a = quantise(scalar(), random_acts(3, 96, rng, false), 3, 96);
-  for (k3::Isa isa : k3::supported_isas()) {
+  for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     std::vector<float> y(3 * 18), e(3 * 18);
     k3::kernel_table(isa).matmul_mxfp4_idot(m.packed.data(), m.scales.data(), 96, a.q.data(), a.d.data(),
@@ -288,7 +289,7 @@ double expect_exact_close(const Matrix& m, const std::vector<float>& x, size_t n
   std::vector<float> want(n * m.rows);
   scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), m.cols, x.data(), n, want.data(), m.rows, 0, m.rows);
   double worst = 0;
-  for (k3::Isa isa : k3::supported_isas()) {
+  for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     std::vector<float> got(n * m.rows, sentinel());
     k3::kernel_table(isa).matmul_mxfp4_exact(m.packed.data(), m.scales.data(), m.cols, x.data(), n,
@@ -347,7 +348,7 @@ TEST(Mxfp4IsaExact, EdgeScalesAndMagnitudes) {
     }
   std::vector<double> ref, mag;
   double_reference(m, x, n, ref, mag);
-  for (k3::Isa isa : k3::supported_isas()) {
+  for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     std::vector<float> got(n * rows);
     k3::kernel_table(isa).matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n,
@@ -364,7 +365,7 @@ TEST(Mxfp4IsaExact, RowRangesTouchOnlyTheirRows) {
   const size_t rows = 67, cols = 3584, ldy = 69;
   const Matrix m = random_matrix(rows, cols, rng);
   for (size_t n : {2u, 5u}) {
-    for (k3::Isa isa : k3::supported_isas()) {
+    for (k3::Isa isa : k3::testing::twin_isas()) {
       SCOPED_TRACE(isa_label(isa) + " n=" + std::to_string(n));
       const std::vector<float> x = random_acts(n, cols, rng, false);
       std::vector<float> full(n * rows);
@@ -400,7 +401,7 @@ TEST(Mxfp4IsaIdot, CloseToExactPath) {
   const std::vector<float> x = random_acts(n, cols, rng, false);
   std::vector<float> exact(n * rows);
   scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, exact.data(), rows, 0, rows);
-  for (k3::Isa isa : k3::supported_isas()) {
+  for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     const k3::KernelTable& k = k3::kernel_table(isa);
     const Quantised a = quantise(k, x, n, cols);
@@ -429,7 +430,7 @@ TEST(Mxfp4IsaThreaded, WrappersEqualSingleThreadedCalls) {
     const size_t rows = 67, cols = 3584;
     const Matrix m = random_matrix(rows, cols, rng);
     const std::vector<float> x = random_acts(n, cols, rng);
-    for (k3::Isa isa : k3::supported_isas()) {
+    for (k3::Isa isa : k3::testing::twin_isas()) {
       SCOPED_TRACE(isa_label(isa) + " n=" + std::to_string(n));
       const k3::KernelTable& k = k3::kernel_table(isa);
       // quantize_q8_32 wrapper = the kernel row by row.

@@ -1,7 +1,7 @@
-// Every k3_synth preset writes a checkpoint that loads and runs: greedy decode through the
-// cache equals the one-shot prefill of the same ids. The slice preset has the released
-// per-layer dimensions (D 7168, V 163840), so this is also the check that nothing is sized for
-// small models only; it writes about 9 GB and takes about a minute.
+// Every small k3_synth preset writes a checkpoint that loads and runs: greedy decode through the
+// cache equals the one-shot prefill of the same ids. The slice preset (the released per-layer
+// dimensions, D 7168, V 163840: the check that nothing is sized for small models only) writes
+// about 9 GB, so `make bench` runs it (`k3_bench decode` checks the same equality on it).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -58,6 +58,5 @@ void load_and_run(const std::string& preset, int64_t layers, int64_t experts) {
 
 TEST(Presets, TinyLoadsAndRuns) { load_and_run("tiny", -1, -1); }
 TEST(Presets, DemoLoadsAndRuns) { load_and_run("demo", -1, -1); }
-TEST(Presets, SliceWithTheReleasedDimensionsLoadsAndRuns) { load_and_run("slice", 2, 16); }
 
 }  // namespace

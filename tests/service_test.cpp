@@ -141,6 +141,29 @@ TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
   EXPECT_GE(warm.snapshot().reuse_checkpoint, 3);
 }
 
+// A chat (every turn anchored at its last message) with 2 slots: a follow-up whose history is
+// re-rendered differently resumes at the previous prompt's end whatever the reply was (the reply
+// differs by ISA), and an edit of the new last message still finds the anchor photo.
+TEST(Service, AnchoredFollowUpResumesAtThePreviousPromptsEnd) {
+  EngineService warm(options(2)), cold(options(0));
+  wait_ready(warm);
+  wait_ready(cold);
+  const auto head1 = encode(warm, "System: be brief.\n");
+  const auto p1 = concat(head1, encode(warm, "User: name three rivers.\nAssistant:"));
+  run(warm, greedy(p1, 10, static_cast<int64_t>(head1.size())));
+  const auto head2 = concat(p1, encode(warm, " The Nile.\n"));
+  const int64_t anchor2 = static_cast<int64_t>(head2.size());
+  const auto p2 = concat(head2, encode(warm, "User: and three lakes?\nAssistant:"));
+  const Outcome follow = run(warm, greedy(p2, 10, anchor2));
+  EXPECT_EQ(follow.accepted.reuse, ReuseKind::checkpoint);
+  EXPECT_EQ(follow.done.restored_at, static_cast<int64_t>(p1.size()));
+  EXPECT_EQ(follow.content, run(cold, greedy(p2, 10)).content);
+  const auto edited = concat(head2, encode(warm, "User: and three mountains?\nAssistant:"));
+  const Outcome edit = run(warm, greedy(edited, 10, anchor2));
+  EXPECT_EQ(edit.done.restored_at, anchor2);
+  EXPECT_EQ(edit.content, run(cold, greedy(edited, 10)).content);
+}
+
 TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   EngineService warm(options(2)), cold(options(0));
   wait_ready(warm);
@@ -157,12 +180,16 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   for (int i = 0; i < 600 && !saw_progress; ++i)
     if ((*handle)->next(e, std::chrono::milliseconds(100)) && e.kind == ServiceEvent::Kind::progress) saw_progress = true;
   ASSERT_TRUE(saw_progress);
-  const double t0 = now_seconds();
   warm.cancel(*handle);
   const Outcome cancelled = collect(*handle);
-  const double latency = now_seconds() - t0;
   EXPECT_EQ(cancelled.done.finish_reason, "cancelled");
-  EXPECT_LT(latency, 2.0);
+  // Cancellation is polled before every layer, so the prefill stops inside the chunk in flight:
+  // bounded in events (progress reports after the cancel, of the tail's ~50 chunks), not seconds.
+  const size_t chunks = (p2.size() - p1.size() + 7) / 8;
+  EXPECT_LT(cancelled.progress.size(), chunks / 2) << "the prefill ran on after the cancel";
+  if (!cancelled.progress.empty()) {
+    EXPECT_LT(cancelled.progress.back().processed, static_cast<int64_t>(p2.size()));
+  }
   EXPECT_EQ(warm.snapshot().cancelled_prefill, 1);
   EXPECT_EQ(warm.snapshot().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
   // The next request extends p1 again: live reuse of the rolled-back state, same as cold.

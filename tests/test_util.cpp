@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "io/file.h"
@@ -41,6 +42,34 @@ CommandResult run_split(const std::string& command, const std::string& stdin_pat
   if (std::filesystem::exists(err_path, ec)) r.err = k3::read_text_file(err_path.string());
   std::filesystem::remove(err_path, ec);
   return r;
+}
+
+std::vector<Isa> twin_isas() {
+  // K3_ISA=avx2 (as for the engine) caps the variants too, so that a run with it checks what an
+  // AVX2-only machine checks and says so.
+  Isa cap = Isa::kAvx512;
+  const char* forced = std::getenv("K3_ISA");
+  const bool capped = forced && std::string(forced) != "auto" && parse_isa(forced, &cap);
+  static std::string reported_for = "-";  // the test that last printed the lines
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "";
+  std::vector<Isa> out;
+  std::string missing;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const std::string why = !isa_supported(isa) ? "not available on this CPU"
+                            : capped && static_cast<int>(isa) > static_cast<int>(cap) ? "excluded by K3_ISA=" + std::string(forced)
+                                                                                      : "";
+    if (why.empty()) {
+      out.push_back(isa);
+      continue;
+    }
+    if (name != reported_for) std::printf("ISA %s: %s, its twin tests did not run\n", isa_name(isa), why.c_str());
+    if (!missing.empty()) missing += ',';
+    missing += isa_name(isa);
+  }
+  if (name != reported_for && !missing.empty() && test) ::testing::Test::RecordProperty("isa_not_run", missing);
+  reported_for = name;
+  return out;
 }
 
 }  // namespace k3::testing

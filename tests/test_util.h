@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "kernels/isa.h"
 #include "util/error.h"
 
 namespace k3::testing {
@@ -118,5 +119,12 @@ CommandResult run_command(const std::string& command);
 // Runs `command` through /bin/sh with stdin from `stdin_path` (/dev/null when empty), stdout and
 // stderr captured apart.
 CommandResult run_split(const std::string& command, const std::string& stdin_path = "");
+
+// The kernel variants an ISA twin test runs, scalar first: every one this CPU runs, up to K3_ISA
+// when it names one (K3_ISA=avx2 checks what an AVX2-only machine checks). Once per test it
+// prints a line for every variant left out ("ISA avx512: not available on this CPU, its twin
+// tests did not run") and records them as the test property isa_not_run, so a run on an
+// AVX2-only machine says what it did not check instead of passing silently.
+std::vector<Isa> twin_isas();
 
 }  // namespace k3::testing

@@ -11,6 +11,7 @@
 #include "io/safetensors_writer.h"
 #include "model/tensor_names.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/progress.h"
 
 #ifndef K3_SOURCE_DIR
@@ -262,9 +263,7 @@ uint64_t mix(uint64_t a, uint64_t b) {
 }
 
 uint64_t tensor_seed(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xCBF29CE484222325ull;  // FNV-1a
-  for (const char c : name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
-  return mix(seed, h);
+  return mix(seed, fnv1a_64(name));
 }
 
 // Approximately standard normal from one 64-bit draw (Irwin-Hall of four 16-bit uniforms,

@@ -11,6 +11,7 @@
 
 #include "io/file.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/sys.h"
 
 namespace k3 {
@@ -26,13 +27,6 @@ struct FileHeader {
   uint64_t float_count = 0;
   uint64_t checksum = 0;  // FNV-1a 64 of the payload bytes
 };
-
-uint64_t fnv1a(const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
 
 }  // namespace
 
@@ -162,7 +156,7 @@ bool CheckpointStore::write_file(int slot, const StatePhoto& photo) {
   FileHeader header;
   header.position = static_cast<uint64_t>(photo.position);
   header.float_count = photo.kda.size();
-  header.checksum = fnv1a(photo.kda.data(), photo.kda.size() * sizeof(float));
+  header.checksum = fnv1a_64_bytes(photo.kda.data(), photo.kda.size() * sizeof(float));
   try {
     write_file_atomic(slot_path(slot), {ByteSpan{&header, sizeof header}, ByteSpan{photo.kda.data(), photo.kda.size() * sizeof(float)}},
                       0600, false);
@@ -193,7 +187,7 @@ bool CheckpointStore::read_file(int slot, size_t floats, StatePhoto& photo) {
       return reject("size does not match its header");
     photo.kda.resize(header.float_count);
     file->read_exact(photo.kda.data(), header.float_count * sizeof(float), sizeof header, "checkpoint payload");
-    if (fnv1a(photo.kda.data(), photo.kda.size() * sizeof(float)) != header.checksum) return reject("checksum mismatch");
+    if (fnv1a_64_bytes(photo.kda.data(), photo.kda.size() * sizeof(float)) != header.checksum) return reject("checksum mismatch");
   } catch (const Error& e) {
     return reject(e.what());
   }

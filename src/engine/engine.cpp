@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/sys.h"
 
 namespace k3 {
@@ -73,8 +74,9 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load,
       char* real = ::realpath(model_dir.c_str(), nullptr);
       const std::string key = real ? real : model_dir;
       std::free(real);
-      uint64_t h = 1469598103934665603ull;
-      for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+      // FNV-1a 64 from the offset the first release used (FNV's, one digit short), so that the
+      // history files already written keep their names.
+      const uint64_t h = fnv1a_64(key, 1469598103934665603ull);
       char name[64];
       std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage", static_cast<unsigned long long>(h));
       path = load.cache.state_dir + name;

@@ -414,10 +414,9 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   }
   const double t1 = now_seconds();
   stats.prefill_ms = (t1 - t0) * 1e3;
-  // The prompt's end is photographed when no anchor was given, or when there are slots to spare
-  // (3+): with 2, the anchor photo (taken above, or restored to start this request) and the
-  // reply's end are the ones a follow-up, an edit or a regenerate need.
-  if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3) checkpoints_->save(session);
+  // The prompt's end is always photographed: a follow-up whose history is re-rendered differently
+  // (the reply retokenised, reasoning dropped) resumes there.
+  checkpoints_->save(session);
   set_phase("decode");
 
   // 4. Decode.
@@ -505,7 +504,10 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   if (finish == "stop" && stats.tool_calls > 0 && !stopped_by_string) finish = "tool_calls";
   stats.finish_reason = finish;
   stats.decode_ms = (now_seconds() - t1) * 1e3;
-  checkpoints_->save(session);  // the end of the reply
+  // The end of the reply, unless that would evict the anchor photo: with 2 slots and an anchor,
+  // the anchor (an edited or regenerated last message) and the prompt's end (a follow-up) are
+  // kept; the reply's end is the live record, photographed when the next request extends it.
+  if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3) checkpoints_->save(session);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.generated_tokens += stats.completion_tokens;

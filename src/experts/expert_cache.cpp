@@ -10,6 +10,7 @@
 
 #include "io/file.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/sys.h"
 
 namespace k3 {
@@ -36,11 +37,7 @@ uint64_t decayed(uint64_t count, double decay) {
   return std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(static_cast<double>(count) * decay)));
 }
 
-uint32_t history_hash(const std::string& text) {
-  uint32_t h = 2166136261u;
-  for (unsigned char ch : text) h = (h ^ ch) * 16777619u;
-  return h;
-}
+uint32_t history_hash(const std::string& text) { return fnv1a_32(text); }
 
 struct ExpertCache::Slot {
   int64_t expert = -1;

@@ -249,7 +249,7 @@ async function waitQueued(s, n, ms = 3000) {
 // A streaming request that stays active until `release()` (it then disconnects). `firstData`
 // resolves when the first data chunk (the role chunk, sent at Accept) arrives.
 function holdActive(s, body) {
-  let release = false, onFirst;
+  let release = false, settled = false, onFirst;
   const firstData = new Promise((r) => { onFirst = r; });
   const done = sse(s, body, {
     onEvent: (ev) => {
@@ -257,9 +257,12 @@ function holdActive(s, body) {
       return release ? 'abort' : undefined;
     },
   });
-  done.then(() => onFirst(false), () => onFirst(false));
-  return { firstData, done, release: () => { release = true; } };
+  done.then(() => onFirst(false), () => onFirst(false)).finally(() => { settled = true; });
+  return { firstData, done, release: () => { release = true; }, streaming: () => !settled };
 }
+
+// Generations the server counted as cancelled (any phase), from the detailed /health.
+const cancelledCount = async (s) => (await healthJson(s)).scheduler?.cancelled;
 
 const CANARY = 'CANARY-' + crypto.randomBytes(6).toString('hex');
 const good = { model: MODEL_ID, messages: [user('hi')], max_tokens: 2, temperature: 0 };
@@ -746,6 +749,7 @@ await check('abort.midstream_then_extend', async () => {
   const c = client(s);
   const m1 = [user('Write a very long story about a lighthouse keeper.')];
   const p1 = (await complete(main, req(m1, { ...OFF, max_tokens: 1 }))).usage.prompt_tokens;
+  const cancelledBefore = await cancelledCount(s);
   const ac = new AbortController();
   let partial = '', n = 0;
   const stream = await c.chat.completions.create(req(m1, { ...OFF, max_tokens: 400, stream: true }), { signal: ac.signal });
@@ -760,10 +764,10 @@ await check('abort.midstream_then_extend', async () => {
   assert(n >= 6, `only ${n} content deltas before the stream ended`);
   // 400 tokens at 30 ms would keep the slot for ~12 s; a cancelled request frees it at once.
   const b2 = req([...m1, { role: 'assistant', content: partial }, user('Go on.')], { ...OFF, max_tokens: 12 });
-  const t0 = performance.now();
   const r2 = await complete(s, b2);
-  const dt = performance.now() - t0;
-  assert(dt < 6000, `the request after the abort took ${Math.round(dt)} ms: the aborted generation kept running`);
+  // An event, not seconds: the aborted generation was cancelled (had it run its 400 tokens, it
+  // would have completed instead).
+  eq(await cancelledCount(s), cancelledBefore + 1, 'generations cancelled after the abort (/health scheduler.cancelled)');
   const cached = cachedOf(r2);
   assert(cached >= p1, `cached_tokens ${cached} should be >= the aborted turn's prompt ${p1} (prefix reuse); x_k3 ${show(r2.x_k3)}`);
   const cold = await coldAnswer(b2);
@@ -773,6 +777,7 @@ await check('abort.midstream_then_extend', async () => {
 await check('abort.then_same_prompt_equals_cold', async () => {
   const s = await slowSrv();
   const m = [user('Tell a slow tale about a clockmaker.')];
+  const cancelledBefore = await cancelledCount(s);
   const stream = await client(s).chat.completions.create(req(m, { ...OFF, max_tokens: 400, stream: true }));
   let n = 0;
   try {
@@ -784,9 +789,8 @@ await check('abort.then_same_prompt_equals_cold', async () => {
   }
   assert(n >= 4, `only ${n} content deltas before the stream ended`);
   const b = req(m, { ...OFF, max_tokens: 10 });
-  const t0 = performance.now();
   const r = await complete(s, b);
-  assert(performance.now() - t0 < 6000, 'the aborted generation kept the slot');
+  eq(await cancelledCount(s), cancelledBefore + 1, 'the aborted generation was cancelled (/health scheduler.cancelled)');
   const cold = await coldAnswer(b);
   eq(textOf(r), textOf(cold), 'same prompt after abort vs cold server');
 });
@@ -910,7 +914,10 @@ await check('queue.timeout_429', async () => {
     const dt = performance.now() - t0;
     expectError(r, 429, 'queue_timeout', { param: null });
     assert(r.headers['retry-after'], '429 queue_timeout lacks Retry-After');
-    assert(dt >= 900 && dt < 8000, `the waiter was answered after ${Math.round(dt)} ms with --queue-timeout 1`);
+    assert(dt >= 900, `the waiter was answered after ${Math.round(dt)} ms, before --queue-timeout 1`);
+    // The upper bound is an event: the 429 came while the active request (300 tokens at 40 ms)
+    // still held the slot.
+    assert(a.streaming(), 'the waiter was answered only after the active request had ended');
   } finally {
     a.release();
     await a.done;
@@ -967,12 +974,12 @@ await check('limits.read_deadline_cumulative', async () => {
     const k = net.connect({ host: '127.0.0.1', port: s.port });
     const t0 = Date.now();
     let data = '', i = 0, timer = null;
-    const finish = (why) => { clearInterval(timer); k.destroy(); resolve({ why, ms: Date.now() - t0, data }); };
+    const finish = (why) => { clearInterval(timer); k.destroy(); resolve({ why, ms: Date.now() - t0, data, sent: i, total: tail.length }); };
     k.on('connect', () => {
       k.write(head);
       timer = setInterval(() => {
         if (i < tail.length) k.write(tail[i++]);
-        if (Date.now() - t0 > 8000) finish('still open after 8 s');
+        else finish('still open after the whole request was sent');
       }, 150);
     });
     k.on('data', (x) => { data += x; });
@@ -981,7 +988,9 @@ await check('limits.read_deadline_cumulative', async () => {
   });
   const headers = await drip('GET /health HTTP/1.1\r\n', `Host: 127.0.0.1:${s.port}\r\nX-Slow: ${'a'.repeat(200)}\r\n\r\n`);
   eq(headers.why, 'closed', 'a client dripping its headers');
-  assert(headers.ms >= 1500 && headers.ms < 5000, `closed after ${headers.ms} ms (deadline 2 s)`);
+  assert(headers.ms >= 1500, `closed after ${headers.ms} ms, before the 2 s deadline`);
+  // The upper bound is an event: closed while the headers were still being dripped.
+  assert(headers.sent < headers.total, `closed only after ${headers.sent} of ${headers.total} header bytes were sent`);
   const body = await drip(`POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n`, ' '.repeat(200));
   assert(/^HTTP\/1\.1 408/.test(body.data), `a dripped body: ${show(body.data.slice(0, 60))} after ${body.ms} ms`);
   const t0 = Date.now();
