@@ -13,6 +13,7 @@
 #include "server/api.h"
 #include "synth_lib.h"
 #include "test_util.h"
+#include "util/sys.h"
 
 namespace k3 {
 namespace {
@@ -44,7 +45,7 @@ Outcome collect(const std::shared_ptr<RequestHandle>& handle) {
       case ServiceEvent::Kind::reasoning: out.reasoning += e.text; break;
       case ServiceEvent::Kind::content: out.content += e.text; break;
       case ServiceEvent::Kind::done: out.done = e.stats; return out;
-      case ServiceEvent::Kind::error: out.error = e.error_code + ": " + e.text; return out;
+      case ServiceEvent::Kind::error: out.error = std::string(k3::service_error_name(e.error)) + ": " + e.text; return out;
       default: break;
     }
   }
@@ -63,7 +64,7 @@ ServiceOptions options(int slots, const std::string& dir = "") {
 
 void wait_ready(EngineService& service) {
   for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_NE(service.engine(), nullptr) << service.snapshot().load_error;
+  ASSERT_NE(service.engine(), nullptr) << service.stats().load_error;
 }
 
 std::vector<int64_t> encode(EngineService& service, const std::string& text) {
@@ -117,7 +118,7 @@ TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
   wait_ready(cold);
   const auto head = encode(warm, "System: be brief.\nUser: name three rivers.\nAssistant:");
   const auto turn1 = run(warm, greedy(head, 10));
-  EXPECT_EQ(turn1.done.finish_reason, "length");
+  EXPECT_EQ(turn1.done.finish, k3::FinishReason::length);
   // A follow-up that does not extend the record (the reply is re-rendered differently): the
   // photo at the anchor (the start of the last message) is the deepest that matches.
   const auto question2 = encode(warm, " The Nile.\nUser: and three lakes?\nAssistant:");
@@ -138,7 +139,7 @@ TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
   const Outcome again = run(warm, greedy(edited, 10, anchor2));
   EXPECT_EQ(again.done.cached_tokens, anchor2);
   EXPECT_EQ(again.content, edit.content);
-  EXPECT_GE(warm.snapshot().reuse_checkpoint, 3);
+  EXPECT_GE(warm.stats().reuse_checkpoint, 3);
 }
 
 TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
@@ -161,10 +162,10 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   warm.cancel(*handle);
   const Outcome cancelled = collect(*handle);
   const double latency = now_seconds() - t0;
-  EXPECT_EQ(cancelled.done.finish_reason, "cancelled");
+  EXPECT_EQ(cancelled.done.finish, k3::FinishReason::cancelled);
   EXPECT_LT(latency, 2.0);
-  EXPECT_EQ(warm.snapshot().cancelled_prefill, 1);
-  EXPECT_EQ(warm.snapshot().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
+  EXPECT_EQ(warm.stats().cancelled_prefill, 1);
+  EXPECT_EQ(warm.stats().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
   // The next request extends p1 again: live reuse of the rolled-back state, same as cold.
   const auto p3 = concat(p1, encode(warm, " there lived a miller"));
   const Outcome next = run(warm, greedy(p3, 8));
@@ -207,7 +208,7 @@ TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
     const auto edited = concat(head, encode(warm, " Blue.\nUser: why?\nAssistant:"));
     const Outcome after = run(warm, greedy(edited, 6, anchor));
     EXPECT_EQ(after.accepted.reuse, ReuseKind::none);
-    EXPECT_GE(warm.snapshot().ckpt.rejected, 1);
+    EXPECT_GE(warm.stats().ckpt.rejected, 1);
     EXPECT_EQ(after.content, run(cold, greedy(edited, 6)).content);
   }
   struct stat st{};
@@ -232,14 +233,14 @@ TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
   auto refused = service.submit(greedy(prompt, 4));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Status::Code::resource_exhausted);
-  EXPECT_EQ(service.snapshot().queued, 1u);
+  EXPECT_EQ(service.stats().queued, 1u);
   service.cancel(*waiter);
-  EXPECT_EQ(service.snapshot().queued, 0u);  // gone at once, not when the worker gets to it
+  EXPECT_EQ(service.stats().queued, 0u);  // gone at once, not when the worker gets to it
   const Outcome w = collect(*waiter);
   EXPECT_NE(w.error.find("cancelled"), std::string::npos);
   const Outcome a = collect(*active);
   EXPECT_EQ(a.done.completion_tokens, 60);
-  EXPECT_EQ(service.snapshot().admitted, 1);  // the cancelled waiter never reached the engine
+  EXPECT_EQ(service.stats().admitted, 1);  // the cancelled waiter never reached the engine
 }
 
 TEST(Service, StopStringsAreWithheldAndEndTheReply) {
@@ -257,7 +258,7 @@ TEST(Service, StopStringsAreWithheldAndEndTheReply) {
   ServiceRequest r = greedy(prompt, 24);
   r.stop = {"\x01never", stop};
   const Outcome stopped = run(service, r);
-  EXPECT_EQ(stopped.done.finish_reason, "stop");
+  EXPECT_EQ(stopped.done.finish, k3::FinishReason::stop);
   EXPECT_EQ(stopped.content, full.content.substr(0, full.content.find(stop)));
   EXPECT_LT(stopped.done.completion_tokens, 24);
 }
@@ -351,7 +352,7 @@ TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
   }
   EXPECT_EQ(result.reasoning, "Weather needs a tool.");
   EXPECT_EQ(result.content, "Checking.");
-  EXPECT_EQ(result.stats.finish_reason, "tool_calls");
+  EXPECT_EQ(result.stats.finish, k3::FinishReason::tool_calls);
   EXPECT_EQ(result.stats.completion_tokens, static_cast<int64_t>(script32.size()));
   const server::json out = server::chat_completion_json(result, request, api, server::new_response_ids());
   ASSERT_EQ(out["choices"][0]["message"]["tool_calls"].size(), 1u);
@@ -372,8 +373,8 @@ TEST(Service, EngineFaultFailsTheRequestAndServingGoesOn) {
   const Outcome failed = run(service, greedy(prompt, 8));
   EXPECT_NE(failed.error.find("engine_error"), std::string::npos) << failed.error;
   EXPECT_FALSE(failed.content.empty());  // what was generated before the fault was delivered
-  EXPECT_EQ(service.snapshot().failed, 1);
-  EXPECT_EQ(service.snapshot().fed_tokens, 0);  // reset, not half-fed
+  EXPECT_EQ(service.stats().failed, 1);
+  EXPECT_EQ(service.stats().fed_tokens, 0);  // reset, not half-fed
   const Outcome next = run(service, greedy(prompt, 3));  // the last token is never fed: no fault
   EXPECT_TRUE(next.error.empty()) << next.error;
   EXPECT_EQ(next.done.completion_tokens, 3);

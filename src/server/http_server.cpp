@@ -357,7 +357,7 @@ struct RequestCounters {
 
 }  // namespace
 
-std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
+std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help, double value) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
@@ -507,8 +507,8 @@ struct HttpServer::Impl {
   const text::Tokenizer* tokenizer_or_503(httplib::Response& res) {
     const Engine* engine = service.engine();
     if (engine) return engine->tokenizer();
-    const ServiceSnapshot s = service.snapshot();
-    if (s.state == ServiceSnapshot::State::failed)
+    const ServiceStats s = service.stats();
+    if (s.state == ServiceStats::State::failed)
       set_error(res, simple_error(500, "server_error", "engine_error", "the model failed to load"));
     else
       set_error(res, simple_error(503, "server_error", "model_loading", "the model is still loading", 5));
@@ -516,9 +516,9 @@ struct HttpServer::Impl {
   }
 
   void health(const httplib::Request& req, httplib::Response& res) {
-    const ServiceSnapshot s = service.snapshot();
+    const ServiceStats s = service.stats();
     json body = json::object();
-    if (s.state == ServiceSnapshot::State::loading) {
+    if (s.state == ServiceStats::State::loading) {
       body["status"] = "loading";
       body["phase"] = "weights";
       body["progress"] = s.load_progress;
@@ -527,11 +527,11 @@ struct HttpServer::Impl {
       set_json(res, 503, body);
       return;
     }
-    if (s.state == ServiceSnapshot::State::failed) {
+    if (s.state == ServiceStats::State::failed) {
       set_json(res, 500, json{{"status", "error"}, {"message", "model load failed"}});
       return;
     }
-    body["status"] = s.state == ServiceSnapshot::State::stopping ? "stopping" : "ok";
+    body["status"] = s.state == ServiceStats::State::stopping ? "stopping" : "ok";
     if (authorised(req)) {
       body["model"] = options.api.model_id;
       body["uptime_s"] = now_seconds() - started;
@@ -547,7 +547,7 @@ struct HttpServer::Impl {
       if (!is_loopback_host(options.security.bind_host) && options.security.api_keys.empty())
         body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
     }
-    set_json(res, s.state == ServiceSnapshot::State::stopping ? 503 : 200, body);
+    set_json(res, s.state == ServiceStats::State::stopping ? 503 : 200, body);
   }
 
   json model_entry(const std::string& id) const {
@@ -598,9 +598,9 @@ struct HttpServer::Impl {
       if (handle->next(accepted, std::chrono::milliseconds(100))) {
         if (accepted.kind == ServiceEvent::Kind::accepted) return true;
         if (accepted.kind == ServiceEvent::Kind::error) {
-          if (accepted.error_code == "shutting_down")
+          if (accepted.error == ServiceError::shutting_down)
             set_error(res, simple_error(503, "server_error", "shutting_down", "the server is shutting down", 5));
-          else if (accepted.error_code != "cancelled")
+          else if (accepted.error != ServiceError::cancelled)
             set_error(res, simple_error(500, "server_error", "engine_error", "the engine failed"));
           return false;
         }
@@ -620,7 +620,7 @@ struct HttpServer::Impl {
   }
 
   int retry_after() const {
-    const ServiceSnapshot s = service.snapshot();
+    const ServiceStats s = service.stats();
     const double running = s.active ? now_seconds() - s.active_started : 0;
     return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
   }
@@ -743,7 +743,7 @@ struct HttpServer::Impl {
     ServiceRequest sr;
     if (request->ids_given) {
       for (size_t i = 0; i < request->prompt_ids.size(); ++i)
-        if (request->prompt_ids[i] >= service.engine()->config().vocab_size)
+        if (request->prompt_ids[i] >= service.engine()->info().vocab_size)
           return set_error(res, invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
       sr.prompt = request->prompt_ids;
     } else {
@@ -768,7 +768,7 @@ struct HttpServer::Impl {
       const ApiConfig& config = options.api;
       if (e.kind == ServiceEvent::Kind::content) return std::vector<json>{completion_chunk_json(ids, config, e.text, nullptr)};
       if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
-      std::vector<json> out{completion_chunk_json(ids, config, "", e.stats.finish_reason.c_str())};
+      std::vector<json> out{completion_chunk_json(ids, config, "", finish_reason_name(e.stats.finish))};
       if (request->include_usage) out.push_back(completion_usage_chunk_json(ids, config, e.stats));
       return out;
     });
@@ -876,7 +876,7 @@ struct HttpServer::Impl {
           break;
         }
         case ServiceEvent::Kind::done: {
-          std::vector<json> out{chunk_json(ids, config, json::object(), e.stats.finish_reason.c_str(), usage)};
+          std::vector<json> out{chunk_json(ids, config, json::object(), finish_reason_name(e.stats.finish), usage)};
           if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
           return out;
         }
@@ -887,7 +887,7 @@ struct HttpServer::Impl {
   }
 
   void slots(const httplib::Request&, httplib::Response& res) {
-    const ServiceSnapshot s = service.snapshot();
+    const ServiceStats s = service.stats();
     json list = json::array();
     for (const auto& c : s.ckpt_list) list.push_back(json{{"slot", c.slot}, {"pos", c.position}, {"pinned", false}, {"age_s", c.age_seconds}});
     set_json(res, 200, json::array({json{{"id", 0}, {"state", s.active ? "busy" : "idle"}, {"n_ctx", s.context_capacity},
@@ -1004,7 +1004,7 @@ struct HttpServer::Impl {
         for (const auto& [key, n] : counters.by_route_status)
           requests.push_back({"endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"", n});
       }
-      r.set_content(metrics_text(service.snapshot(), requests), "text/plain; version=0.0.4");
+      r.set_content(metrics_text(service.stats(), requests), "text/plain; version=0.0.4");
     });
     http.Get("/slots", [this](const httplib::Request& q, httplib::Response& r) { slots(q, r); });
     http.Post(R"(/slots/0)", [this](const httplib::Request& q, httplib::Response& r) {

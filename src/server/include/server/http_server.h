@@ -68,6 +68,6 @@ class HttpServer {
 };
 
 // The Prometheus text of /metrics from a service snapshot and the HTTP counters.
-std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<std::string, int64_t>>& requests);
+std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests);
 
 }  // namespace k3::server
