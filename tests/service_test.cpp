@@ -1,7 +1,7 @@
 // The engine service on a demo checkpoint (real tokenizer, random weights): reused prefixes and
-// restored photos give the same greedy tokens as a cold run, and the reuse is observed (cached
+// restored checkpoints give the same greedy tokens as a cold run, and the reuse is observed (cached
 // counts, restore positions) so the tests cannot pass vacuously; a cancelled prefill leaves the
-// session as it was; corrupted disk photos are rejected; admission and cancellation of waiters.
+// session as it was; corrupted disk checkpoints are rejected; admission and cancellation of waiters.
 #include <sys/stat.h>
 
 #include <fstream>
@@ -112,7 +112,7 @@ TEST(Service, LiveReuseEqualsCold) {
   EXPECT_EQ(reused.content, fresh.content);
 }
 
-TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
+TEST(Service, FollowUpAndEditedTurnRestoreCheckpointsAndEqualCold) {
   EngineService warm(options(2)), cold(options(0));
   wait_ready(warm);
   wait_ready(cold);
@@ -120,7 +120,7 @@ TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
   const auto turn1 = run(warm, greedy(head, 10));
   EXPECT_EQ(turn1.done.finish, k3::FinishReason::length);
   // A follow-up that does not extend the record (the reply is re-rendered differently): the
-  // photo at the anchor (the start of the last message) is the deepest that matches.
+  // checkpoint at the anchor (the start of the last message) is the deepest that matches.
   const auto question2 = encode(warm, " The Nile.\nUser: and three lakes?\nAssistant:");
   const auto p2 = concat(head, question2);
   const int64_t anchor2 = static_cast<int64_t>(head.size());
@@ -129,13 +129,13 @@ TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
   EXPECT_EQ(follow.done.restored_at, static_cast<int64_t>(head.size()));
   EXPECT_EQ(follow.done.cached_tokens, static_cast<int64_t>(head.size()));
   EXPECT_EQ(follow.content, run(cold, greedy(p2, 10)).content);
-  // The last turn edited: resumes at the anchor photo and prefills only the new last message.
+  // The last turn edited: resumes at the anchor checkpoint and prefills only the new last message.
   const auto edited = concat(head, encode(warm, " The Nile.\nUser: and three mountains?\nAssistant:"));
   const Outcome edit = run(warm, greedy(edited, 10, anchor2));
   EXPECT_EQ(edit.accepted.reuse, ReuseKind::checkpoint);
   EXPECT_EQ(edit.done.cached_tokens, anchor2);
   EXPECT_EQ(edit.content, run(cold, greedy(edited, 10)).content);
-  // Regenerate the same prompt: the record is longer than the prompt, the anchor photo serves.
+  // Regenerate the same prompt: the record is longer than the prompt, the anchor checkpoint serves.
   const Outcome again = run(warm, greedy(edited, 10, anchor2));
   EXPECT_EQ(again.done.cached_tokens, anchor2);
   EXPECT_EQ(again.content, edit.content);
@@ -174,9 +174,9 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   EXPECT_EQ(next.content, run(cold, greedy(p3, 8)).content);
 }
 
-TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
+TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
   const testing::TempDir root("service-ckpt");
-  const std::string dir = root.path() + "/photos";
+  const std::string dir = root.path() + "/checkpoints";
   {
     EngineService warm(options(2, dir)), cold(options(0));
     wait_ready(warm);
@@ -198,7 +198,7 @@ TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
       EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
     }
     EXPECT_EQ(files, 2);
-    // Corrupt every photo's payload: a restore must reject them and fall back to a cold prefill.
+    // Corrupt every checkpoint's payload: a restore must reject them and fall back to a cold prefill.
     for (int slot = 0; slot < 2; ++slot) {
       std::fstream f(dir + "/k3_ckpt_" + std::to_string(slot) + ".bin", std::ios::in | std::ios::out | std::ios::binary);
       f.seekp(100);
@@ -213,7 +213,7 @@ TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
   }
   struct stat st{};
   for (int slot = 0; slot < 2; ++slot)
-    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0) << "photo left behind";
+    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0) << "checkpoint left behind";
 }
 
 TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {

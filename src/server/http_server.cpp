@@ -381,10 +381,10 @@ std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std:
   o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
     << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} "
     << s.reuse_checkpoint << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
-  metric("k3_checkpoint_saves_total", "counter", "recurrent-state photos taken", static_cast<double>(s.ckpt.saves));
-  metric("k3_checkpoint_restores_total", "counter", "recurrent-state photos restored", static_cast<double>(s.ckpt.restores));
-  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring photos", s.ckpt.restore_seconds);
-  metric("k3_checkpoint_rejected_total", "counter", "disk photos that failed their header check", static_cast<double>(s.ckpt.rejected));
+  metric("k3_checkpoint_saves_total", "counter", "recurrent-state checkpoints saved", static_cast<double>(s.ckpt.saves));
+  metric("k3_checkpoint_restores_total", "counter", "recurrent-state checkpoints restored", static_cast<double>(s.ckpt.restores));
+  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring checkpoints", s.ckpt.restore_seconds);
+  metric("k3_checkpoint_rejected_total", "counter", "disk checkpoints that failed their header check", static_cast<double>(s.ckpt.rejected));
   metric("k3_requests_rejected_total", "counter", "generations refused with 429", static_cast<double>(s.rejected));
   metric("k3_expert_cache_hits_total", "counter", "routed experts found in the cache", static_cast<double>(s.experts.hits));
   metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk", static_cast<double>(s.experts.misses));

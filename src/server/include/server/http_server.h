@@ -67,7 +67,7 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// The Prometheus text of /metrics from a service snapshot and the HTTP counters.
+// The Prometheus text of /metrics from the service stats and the HTTP counters.
 std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests);
 
 }  // namespace k3::server
