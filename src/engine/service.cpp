@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "engine/generate.h"
 #include "engine/sampler.h"
@@ -50,6 +51,82 @@ class StopMatcher {
  private:
   const std::vector<std::string>& stops_;
   std::string pending_;
+};
+
+// The output side of one request: generated ids → XTML channels (text::OutputParser) or, for a
+// raw completion, the bytes of every id but a stop id as content; stop strings matched per
+// channel on the decoded text and withheld; the resulting events pushed to the handle.
+class OutputDemux {
+ public:
+  OutputDemux(const text::Tokenizer& tokenizer, const ServiceRequest& req, GenerationStats& stats,
+              const std::function<void(ServiceEvent)>& push)
+      : tokenizer_(tokenizer), raw_(req.raw), parser_(tokenizer, req.starts_in_think), reasoning_stop_(req.stop),
+        content_stop_(req.stop), in_reasoning_(req.starts_in_think), stats_(stats), push_(push) {}
+
+  // One generated id. True when a stop string has matched (the reply ends here).
+  bool token(int64_t id, bool is_stop_id) {
+    if (!raw_) parser_.push(static_cast<int32_t>(id), events_);
+    else if (!is_stop_id) raw_event(raw_decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
+    if (in_reasoning_) ++stats_.reasoning_tokens;
+    emit();
+    return stopped_by_string_;
+  }
+  // The end of the reply (not after a cancel): flushes the parser and the withheld text.
+  void finish() {
+    if (!raw_) parser_.finish(events_);
+    else raw_event(raw_decoder_.finish());
+    emit();
+    if (stopped_by_string_) return;
+    for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop_},
+                                 std::pair{ServiceEvent::Kind::content, &content_stop_}}) {
+      ServiceEvent e;
+      e.kind = kind;
+      e.text = matcher->flush();
+      if (!e.text.empty()) push_(std::move(e));
+    }
+  }
+  bool stopped_by_string() const { return stopped_by_string_; }
+
+ private:
+  void raw_event(std::string text) {
+    if (text.empty()) return;
+    text::OutputEvent ev;
+    ev.kind = text::OutputEvent::Kind::content;
+    ev.text = std::move(text);
+    events_.push_back(std::move(ev));
+  }
+  void emit() {
+    for (text::OutputEvent& ev : events_) {
+      if (stopped_by_string_) break;
+      ServiceEvent e;
+      if (ev.kind == text::OutputEvent::Kind::reasoning || ev.kind == text::OutputEvent::Kind::content) {
+        const bool reasoning = ev.kind == text::OutputEvent::Kind::reasoning;
+        in_reasoning_ = reasoning;
+        e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
+        e.text = (reasoning ? reasoning_stop_ : content_stop_).push(ev.text, stopped_by_string_);
+        if (e.text.empty()) continue;
+      } else if (ev.kind == text::OutputEvent::Kind::tool_call) {
+        in_reasoning_ = false;
+        e.kind = ServiceEvent::Kind::tool_call;
+        e.call = std::move(ev.call);
+        ++stats_.tool_calls;
+      } else {
+        continue;  // end_of_message: the stop id ends the loop anyway
+      }
+      push_(std::move(e));
+    }
+    events_.clear();
+  }
+
+  const text::Tokenizer& tokenizer_;
+  const bool raw_;
+  text::OutputParser parser_;
+  text::Utf8StreamDecoder raw_decoder_;
+  std::vector<text::OutputEvent> events_;
+  StopMatcher reasoning_stop_, content_stop_;
+  bool stopped_by_string_ = false, in_reasoning_;
+  GenerationStats& stats_;
+  const std::function<void(ServiceEvent)>& push_;
 };
 
 }  // namespace
@@ -306,24 +383,10 @@ void EngineService::publish_state() {
   }
 }
 
-void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
-  const ServiceRequest& req = handle->request_;
+int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back) {
   Session& session = *session_;
-  const text::Tokenizer& tokenizer = *engine_->tokenizer();
   const std::span<const int64_t> prompt(req.prompt);
   const int64_t n = static_cast<int64_t>(prompt.size());
-  GenerationStats stats;
-  stats.prompt_tokens = n;
-  stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
-  auto set_phase = [&](const char* phase) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.phase = phase;
-  };
-  auto finish_request = [&](ServiceEvent e) {
-    publish_state();
-    handle->push(std::move(e));
-  };
-
   // 1. Reuse.
   const std::vector<int64_t>& record = session.tokens();
   const int64_t held = static_cast<int64_t>(record.size());
@@ -353,7 +416,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   stats.cached_tokens = start;
   // 2. A checkpoint at the rollback point.
   if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)))) checkpoints_->save(session);
-  const bool can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
+  can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += n;
@@ -362,6 +425,30 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
      : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint : stats_.reuse_none)++;
     stats_.phase = "prefill";
   }
+  return start;
+}
+
+void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
+  const ServiceRequest& req = handle->request_;
+  Session& session = *session_;
+  const text::Tokenizer& tokenizer = *engine_->tokenizer();
+  const std::span<const int64_t> prompt(req.prompt);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  GenerationStats stats;
+  stats.prompt_tokens = n;
+  stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
+  auto set_phase = [&](const char* phase) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.phase = phase;
+  };
+  auto finish_request = [&](ServiceEvent e) {
+    publish_state();
+    handle->push(std::move(e));
+  };
+
+  // 1 and 2: reuse, and a checkpoint at the rollback point.
+  bool can_roll_back = false;
+  const int64_t start = reuse(req, stats, can_roll_back);
   {
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::accepted;
@@ -379,41 +466,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   settings.cancel = &handle->cancel_;
   settings.scripted = options_.scripted_tokens;
 
-  // The output demux: XTML channels (or raw bytes), stop strings matched per channel.
-  text::OutputParser parser(tokenizer, req.starts_in_think);
-  std::vector<text::OutputEvent> events;
-  text::Utf8StreamDecoder raw_decoder;  // req.raw: the bytes of every id but a stop id, as content
-  auto raw_event = [&](std::string text) {
-    if (text.empty()) return;
-    text::OutputEvent ev;
-    ev.kind = text::OutputEvent::Kind::content;
-    ev.text = std::move(text);
-    events.push_back(std::move(ev));
-  };
-  StopMatcher reasoning_stop(req.stop), content_stop(req.stop);
-  bool stopped_by_string = false, in_reasoning = req.starts_in_think;
-  auto emit = [&](std::vector<text::OutputEvent>& out) {
-    for (text::OutputEvent& ev : out) {
-      if (stopped_by_string) break;
-      ServiceEvent e;
-      if (ev.kind == text::OutputEvent::Kind::reasoning || ev.kind == text::OutputEvent::Kind::content) {
-        const bool reasoning = ev.kind == text::OutputEvent::Kind::reasoning;
-        in_reasoning = reasoning;
-        e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
-        e.text = (reasoning ? reasoning_stop : content_stop).push(ev.text, stopped_by_string);
-        if (e.text.empty()) continue;
-      } else if (ev.kind == text::OutputEvent::Kind::tool_call) {
-        in_reasoning = false;
-        e.kind = ServiceEvent::Kind::tool_call;
-        e.call = std::move(ev.call);
-        ++stats.tool_calls;
-      } else {
-        continue;  // end_of_message: the stop id ends the loop anyway
-      }
-      handle->push(std::move(e));
-    }
-    out.clear();
-  };
+  const std::function<void(ServiceEvent)> push = [&](ServiceEvent e) { handle->push(std::move(e)); };
+  OutputDemux demux(tokenizer, req, stats, push);
 
   const double t0 = now_seconds();
   bool decoding = false;
@@ -438,11 +492,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   };
   hooks.on_token = [&](int64_t id) {
     const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-    if (!req.raw) parser.push(static_cast<int32_t>(id), events);
-    else if (!is_stop_id) raw_event(raw_decoder.push(tokenizer.token_bytes(static_cast<int32_t>(id))));
-    if (in_reasoning) ++stats.reasoning_tokens;
-    emit(events);
-    if (stopped_by_string || handle->stop_.load()) return TokenVerdict::stop;
+    if (demux.token(id, is_stop_id) || handle->stop_.load()) return TokenVerdict::stop;
     return handle->cancel_.load() ? TokenVerdict::cancel : TokenVerdict::next;
   };
   if (options_.token_delay_ms > 0)
@@ -485,20 +535,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   }
   stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
   FinishReason finish = result.finish;
-  if (finish != FinishReason::cancelled) {
-    if (!req.raw) parser.finish(events);
-    else raw_event(raw_decoder.finish());
-    emit(events);
-    if (!stopped_by_string)
-      for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop},
-                                   std::pair{ServiceEvent::Kind::content, &content_stop}}) {
-        ServiceEvent e;
-        e.kind = kind;
-        e.text = matcher->flush();
-        if (!e.text.empty()) handle->push(std::move(e));
-      }
-  }
-  if (finish == FinishReason::stop && stats.tool_calls > 0 && !stopped_by_string) finish = FinishReason::tool_calls;
+  if (finish != FinishReason::cancelled) demux.finish();
+  if (finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string()) finish = FinishReason::tool_calls;
   stats.finish = finish;
   stats.decode_ms = result.decode_seconds * 1e3;
   checkpoints_->save(session);  // the end of the reply

@@ -190,6 +190,10 @@ class EngineService {
   void run();
   void load();
   void serve(const std::shared_ptr<RequestHandle>& handle);
+  // Steps 1 and 2 of a request: reuses what the session or a checkpoint holds of the prompt
+  // (resetting otherwise) and returns the position prefilling starts from; `can_roll_back` tells
+  // whether a checkpoint at that position is held.
+  int64_t reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back);
   void fail_waiters(ServiceError error, const std::string& message);
   // Copies the session's and the store's state into stats_ (before a terminal event, so a
   // caller that saw `done` reads fresh numbers).
