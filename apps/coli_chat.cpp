@@ -525,9 +525,9 @@ class Chat {
     if (think_) h += " · effort " + effort_;
     if (!show_think_) h += " (hidden)";
     if (!system_.empty()) h += " · system prompt";
-    const k3::ServiceSnapshot s = service_.snapshot();
+    const k3::ServiceStats s = service_.stats();
     h += " · " + std::to_string(turns()) + (turns() == 1 ? " turn" : " turns");
-    // After /new the snapshot still counts the erased record until the next request runs.
+    // After /new the stats still count the erased record until the next request runs.
     h += " · context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" + std::to_string(s.context_capacity);
     return h;
   }
@@ -565,7 +565,7 @@ class Chat {
   }
 
   void stats() {
-    const k3::ServiceSnapshot s = service_.snapshot();
+    const k3::ServiceStats s = service_.stats();
     const double cached_pct = s.prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0;
     auto rate = [](int64_t n, double sec) { return sec > 0 ? format("%.1f tok/s", static_cast<double>(n) / sec) : std::string("-"); };
     std::vector<std::string> lines = {
@@ -811,8 +811,9 @@ class Chat {
           done = e.stats;
           break;
         case ServiceEvent::Kind::error:
-          failure = e.text.empty() ? e.error_code : e.text;
-          if (!e.error_code.empty() && e.error_code != failure) failure += " (" + e.error_code + ")";
+          const std::string code = k3::service_error_name(e.error);
+          failure = e.text.empty() ? code : e.text;
+          if (!code.empty() && code != failure) failure += " (" + code + ")";
           break;
       }
     }
@@ -829,13 +830,13 @@ class Chat {
       return error(failure);
     }
     const k3::GenerationStats& st = *done;
-    const bool interrupted = st.finish_reason == "cancelled";
+    const bool interrupted = st.finish == k3::FinishReason::cancelled;
     if (!show_think_ && !answer.reasoning.empty() && first_content < 0)
       screen_.line(screen_.dim("(thought for " + seconds_text(k3::now_seconds() - (first_reasoning > 0 ? first_reasoning : started)) + ")"));
     if (interrupted) {
       screen_.end_line();
       screen_.line(screen_.dim("[interrupted]"));
-    } else if (st.finish_reason == "length") {
+    } else if (st.finish == k3::FinishReason::length) {
       screen_.end_line();
       screen_.line(screen_.dim("[reply budget reached: " + std::to_string(st.completion_tokens) + " tokens]"));
     }
@@ -863,7 +864,7 @@ class Chat {
       if (st.prefill_ms > 0)
         f += format(" (%.1f tok/s)", static_cast<double>(st.prompt_tokens - st.cached_tokens) / (st.prefill_ms / 1e3));
       f += " · thinking " + std::to_string(st.reasoning_tokens) + " tok · reuse " + k3::reuse_kind_name(st.reuse) +
-           " · " + st.finish_reason;
+           " · " + k3::finish_reason_name(st.finish);
     }
     return f;
   }
@@ -887,8 +888,8 @@ bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& scr
   const char* spinner = "-\\|/";
   int spin = 0;
   for (;;) {
-    const k3::ServiceSnapshot s = service.snapshot();
-    if (s.state == k3::ServiceSnapshot::State::ready) {
+    const k3::ServiceStats s = service.stats();
+    if (s.state == k3::ServiceStats::State::ready) {
       screen.clear_status();
       const k3::Engine* engine = service.engine();
       screen.line(screen.dim("loaded " + opt.model_dir + " in " + seconds_text(s.load_elapsed_s) +
@@ -896,7 +897,7 @@ bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& scr
                              std::to_string(s.context_capacity) + " tokens; checkpoints: " + s.checkpoints));
       return true;
     }
-    if (s.state == k3::ServiceSnapshot::State::failed) {
+    if (s.state == k3::ServiceStats::State::failed) {
       screen.clear_status();
       std::fprintf(stderr, "coli chat: cannot load %s: %s\n", opt.model_dir.c_str(), s.load_error.c_str());
       return false;

@@ -145,21 +145,21 @@ int serve(const k3::Options& opt, bool web) {
   });
   std::thread announcer([&] {
     for (;;) {
-      const k3::ServiceSnapshot s = service.snapshot();
-      if (s.state == k3::ServiceSnapshot::State::ready) {
+      const k3::ServiceStats s = service.stats();
+      if (s.state == k3::ServiceStats::State::ready) {
         const k3::Engine* engine = service.engine();
         std::fprintf(stderr, "coli: %s loaded in %.1f s (%s); context %lld tokens; checkpoints: %s\n",
                      opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
                      static_cast<long long>(s.context_capacity), s.checkpoints.c_str());
         return;
       }
-      if (s.state == k3::ServiceSnapshot::State::failed) {
+      if (s.state == k3::ServiceStats::State::failed) {
         std::fprintf(stderr, "coli: cannot load %s: %s\n", opt.model_dir.c_str(), s.load_error.c_str());
         exit_code.store(3);
         server.shutdown();
         return;
       }
-      if (stop.load() || s.state == k3::ServiceSnapshot::State::stopping) return;
+      if (stop.load() || s.state == k3::ServiceStats::State::stopping) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });

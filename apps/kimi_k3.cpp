@@ -23,7 +23,6 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/trace.h"
-#include "io/file.h"
 #include "text/output_parser.h"
 #include "text/prompt.h"
 #include "text/utf8.h"
@@ -43,14 +42,6 @@ extern "C" void on_interrupt(int) {
   std::signal(SIGINT, SIG_DFL);
 }
 
-
-std::vector<float> read_f32_file(const std::string& path) {
-  const std::string bytes = k3::read_text_file(path);
-  if (bytes.size() % 4 != 0) throw k3::Error(path + ": size " + std::to_string(bytes.size()) + " is not a multiple of 4 (raw f32 expected)");
-  std::vector<float> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
 
 // Streams a chat reply: reasoning dimmed on a terminal (or hidden), content plain, tool calls on
 // their own lines; "[think] " / "[response] " labels on a terminal or with --labels.
@@ -300,7 +291,7 @@ int run(int argc, char** argv) {
   if (opt.runtime.threads > 0) omp_set_num_threads(opt.runtime.threads);
 
   k3::Engine engine(opt.model_dir, opt.load);
-  const k3::K3Config& config = engine.config();
+  const k3::EngineInfo& config = engine.info();
   const k3::text::Tokenizer* tokenizer = engine.tokenizer();
   if (!ids_run && !tokenizer)
     throw k3::Error(opt.model_dir + " has no tiktoken.model, so text prompts cannot be tokenized: pass token ids with --ids");
@@ -320,7 +311,7 @@ int run(int argc, char** argv) {
     throw k3::Error("K3_MAXT=" + std::to_string(capacity) + " cannot hold the prompt (" + std::to_string(prompt.size()) +
                     " tokens) plus --ngen " + std::to_string(opt.ngen));
   k3::Session session(engine, capacity);
-  if (!opt.debug.x0_path.empty()) session.set_input_rows(read_f32_file(opt.debug.x0_path));
+  if (!opt.debug.x0_path.empty()) session.set_input_rows(k3::read_f32_file(opt.debug.x0_path));
 
   const bool want_all_logits = !opt.debug.logits_path.empty() || !opt.debug.trace_path.empty();
   std::vector<float> all_logits;
@@ -349,13 +340,13 @@ int run(int argc, char** argv) {
   const k3::GenerateResult result = k3::generate(session, prompt, sampler, settings, on_token, hooks);
 
   if (!opt.debug.logits_path.empty())
-    k3::write_file_atomic(opt.debug.logits_path, all_logits.data(), all_logits.size() * sizeof(float));
+    k3::write_f32_file(opt.debug.logits_path, all_logits);
   if (!opt.debug.trace_path.empty()) recorder.write(opt.debug.trace_path, prompt, all_logits, config.vocab_size);
   output->finish(result, prompt.size());
 
   const double prefill_s = result.prefill_seconds, decode_s = result.decode_seconds;
   if (opt.debug.stats)
-    std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(), session.stats().summary().c_str());
+    std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(), session.stats().summary.c_str());
   std::fprintf(stderr,
                "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | threads %d | peak RSS %.1f MB | %s%s\n",
                engine.load_seconds(), prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,

@@ -37,6 +37,7 @@
 #endif
 
 #include "engine/engine.h"
+#include "engine/internal.h"
 #include "engine/sampler.h"
 #include "ggml_peer.h"
 #include "io/read_queue.h"
@@ -938,7 +939,7 @@ int run_decode(const DecodeArgs& a) {
   k3::Engine engine(dir, load);
   std::printf("engine: %s, loaded in %.2f s (experts in memory)\n", engine.describe().c_str(),
               engine.load_seconds());
-  const k3::K3Config& c = engine.config();
+  const k3::K3Config& c = k3::internal::config(engine);
   std::printf("model: D %lld, %lld layers, vocab %lld\n", static_cast<long long>(c.hidden_size),
               static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.vocab_size));
 
@@ -968,7 +969,7 @@ int run_decode(const DecodeArgs& a) {
   double t0 = k3::now_seconds();
   std::vector<float> logits = session.prefill(prompt);
   const double prefill_s = k3::now_seconds() - t0;
-  const k3::StageStats before = session.stats();
+  const k3::StageStats before = k3::internal::stage_stats(session);
 
   std::vector<double> steps;
   const double cpu0 = process_cpu_seconds();
@@ -980,7 +981,7 @@ int run_decode(const DecodeArgs& a) {
   }
   const double dt = k3::now_seconds() - t0;
   const double cpu_share = (process_cpu_seconds() - cpu0) / (dt * omp_get_max_threads());
-  k3::StageStats decode_stats = session.stats();
+  k3::StageStats decode_stats = k3::internal::stage_stats(session);
   for (int i = 0; i < static_cast<int>(k3::Stage::kCount); ++i)
     decode_stats.seconds[i] -= before.seconds[i];
   std::sort(steps.begin(), steps.end());
@@ -1168,9 +1169,9 @@ int run_stream(const StreamArgs& a) {
   load.cache.io_engine = a.io_engine;
   k3::Engine engine(dir, load);
   fs::remove_all(state);
-  k3::ExpertCache& cache = engine.model().experts();
-  const k3::K3Config& c = engine.config();
-  const int64_t moe_layers = engine.model().num_layers() - std::min(engine.model().num_layers(), c.first_k_dense_replace);
+  k3::ExpertCache& cache = k3::internal::model(engine).experts();
+  const k3::K3Config& c = k3::internal::config(engine);
+  const int64_t moe_layers = engine.info().num_layers - std::min(engine.info().num_layers, c.first_k_dense_replace);
   std::printf("engine: %s, loaded in %.2f s\n", engine.describe().c_str(), engine.load_seconds());
   std::printf("experts: %lld MoE layers x %lld, %.1f MB each, %lld slots/layer (K3_EXPERT_GB=%g), reads via %s\n",
               static_cast<long long>(moe_layers), static_cast<long long>(c.num_experts),
@@ -1203,15 +1204,15 @@ int run_stream(const StreamArgs& a) {
               "x queue", "busy", "wait", "recall");
   for (const Config& cfg : configs) {
     cache.set_pipe(cfg.pipe);
-    engine.model().set_prefetch(cfg.prefetch);
+    k3::internal::model(engine).set_prefetch(cfg.prefetch);
     cache.clear();
     const k3::ExpertCacheStats s0 = cache.stats();
-    const k3::StageStats stages0 = session.stats();
+    const k3::StageStats stages0 = k3::internal::stage_stats(session);
     t0 = k3::now_seconds();
     for (int64_t i = 0; i < a.tokens; ++i) logits = session.step(k3::argmax(logits));
     const double dt = k3::now_seconds() - t0;
     const k3::ExpertCacheStats s1 = cache.stats();
-    k3::StageStats stages = session.stats();
+    k3::StageStats stages = k3::internal::stage_stats(session);
     for (int i = 0; i < static_cast<int>(k3::Stage::kCount); ++i) stages.seconds[i] -= stages0.seconds[i];
     stage_lines.push_back(std::string(cfg.name) + ": " + stages.summary());
     const double gb = static_cast<double>(s1.drive_bytes - s0.drive_bytes) / 1e9;

@@ -105,14 +105,14 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
 // The stack: chunked against token-at-a-time.
 
 // Everything a prefill shows: per (layer, site) rows in position order, routing, logits.
-class Recorder : public k3::ForwardObserver {
+class Recorder : public k3::LayerObserver {
  public:
   explicit Recorder(int64_t hidden) : hidden_(static_cast<size_t>(hidden)) {}
   void on_tensor(int64_t layer, Site site, const float* data) override {
     auto& v = rows[std::to_string(layer) + "." + std::to_string(static_cast<int>(site))];
     v.insert(v.end(), data, data + hidden_);
   }
-  void on_routing(int64_t layer, const k3::RoutingResult& r) override {
+  void on_routing(int64_t layer, const Routing& r) override {
     auto& ids = routing_ids[layer];
     ids.insert(ids.end(), r.ids.begin(), r.ids.end());
     auto& w = routing_weights[layer];
@@ -140,7 +140,7 @@ struct PrefillRun {
 };
 
 PrefillRun run_prefill(const k3::Engine& engine, const std::vector<int64_t>& prompt, int64_t chunk) {
-  const k3::K3Config& c = engine.config();
+  const k3::EngineInfo& c = engine.info();
   PrefillRun out{Recorder(c.hidden_size), {}, {}, 0};
   {
     k3::Session s(engine, static_cast<int64_t>(prompt.size()) + 4);
@@ -191,7 +191,7 @@ void check_model(const std::string& dir, const k3::LoadOptions& load, const std:
                  const std::string& label) {
   const k3::Engine engine(dir, load);
   for (size_t T : lengths) {
-    const std::vector<int64_t> prompt = prompt_of(T, engine.config().vocab_size, static_cast<uint32_t>(T));
+    const std::vector<int64_t> prompt = prompt_of(T, engine.info().vocab_size, static_cast<uint32_t>(T));
     const PrefillRun ref = run_prefill(engine, prompt, 1);
     for (int64_t C : {1, 7, 32}) {
       const PrefillRun got = run_prefill(engine, prompt, C);
@@ -241,7 +241,7 @@ TEST_F(ChunkedSynth, Int4FloatActivations) {
 
 TEST_F(ChunkedSynth, EachDistinctExpertReadOncePerChunk) {
   const k3::Engine engine(dir_->path(), default_load());
-  const k3::K3Config& c = engine.config();
+  const k3::EngineInfo& c = engine.info();
   const std::vector<int64_t> prompt = prompt_of(64, c.vocab_size, 9);
   const PrefillRun one = run_prefill(engine, prompt, 1);
   const PrefillRun chunked = run_prefill(engine, prompt, 32);
@@ -263,14 +263,14 @@ TEST_F(ChunkedSynth, EachDistinctExpertReadOncePerChunk) {
 }
 
 // Raises the flag when layer `at` reports its attention input, counts what it sees after.
-class InterruptAt : public k3::ForwardObserver {
+class InterruptAt : public k3::LayerObserver {
  public:
   InterruptAt(std::atomic<bool>& flag, int64_t at) : flag_(flag), at_(at) {}
   void on_tensor(int64_t layer, Site site, const float*) override {
     if (layer == at_ && site == Site::kAttnIn) flag_ = true;
     if (layer > at_) ++seen_after;
   }
-  void on_routing(int64_t, const k3::RoutingResult&) override {}
+  void on_routing(int64_t, const Routing&) override {}
   int64_t seen_after = 0;
 
  private:
@@ -280,7 +280,7 @@ class InterruptAt : public k3::ForwardObserver {
 
 TEST(ChunkedPrefill, InterruptMidChunkStopsBetweenLayers) {
   const k3::Engine engine(kFixture, default_load());
-  const std::vector<int64_t> prompt = prompt_of(20, engine.config().vocab_size, 2);
+  const std::vector<int64_t> prompt = prompt_of(20, engine.info().vocab_size, 2);
   std::atomic<bool> flag{false};
   k3::Session s(engine, 64);
   s.set_prefill_chunk(32);

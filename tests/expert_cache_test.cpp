@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "engine/engine.h"
+#include "engine/internal.h"
 #include "experts/expert_cache.h"
 #include "io/file.h"
 #include "io/safetensors_writer.h"
@@ -455,7 +456,7 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
   k3::LoadOptions unpiped = streamed;
   unpiped.cache.pipe = false;
   const k3::Engine a(dir.path(), resident), b(dir.path(), streamed), p(dir.path(), ahead), u(dir.path(), unpiped);
-  ASSERT_EQ(b.model().experts().slots_per_layer(), 1);
+  ASSERT_EQ(k3::internal::model(b).experts().slots_per_layer(), 1);
   std::vector<int64_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % spec.vocab_size);
   for (int64_t chunk : {1, 16}) {
@@ -476,9 +477,9 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
       EXPECT_EQ(std::memcmp(da.data(), dp.data(), da.size() * sizeof(float)), 0) << "decode, prefetch, chunk " << chunk;
     }
   }
-  const k3::ExpertCacheStats s = b.model().experts().stats();
+  const k3::ExpertCacheStats s = k3::internal::model(b).experts().stats();
   EXPECT_GT(s.misses, 0u);
-  const k3::ExpertCacheStats sp = p.model().experts().stats();
+  const k3::ExpertCacheStats sp = k3::internal::model(p).experts().stats();
   EXPECT_GT(sp.prefetch_issued, 0u);
   EXPECT_GT(sp.predicted_total, 0u);
   EXPECT_STREQ(sp.io_engine, "threads");

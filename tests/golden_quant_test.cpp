@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/trace.h"
+#include "kernels/isa.h"
 #include "test_util.h"
 
 namespace {
@@ -59,10 +60,10 @@ void check(const Setting& s, k3::Isa isa) {
   k3::Engine engine(kFixture, load);
   const auto prompt = golden.i64("prompt_ids");
   const auto decode_ids = golden.i64("decode_ids");
-  const size_t V = static_cast<size_t>(engine.config().vocab_size);
+  const size_t V = static_cast<size_t>(engine.info().vocab_size);
 
   k3::Session session(engine, static_cast<int64_t>(prompt.size() + decode_ids.size()));
-  k3::TraceRecorder recorder(engine.config().hidden_size, engine.config().num_experts_per_token);
+  k3::TraceRecorder recorder(engine.info().hidden_size, engine.info().num_experts_per_token);
   std::vector<float> logits;
   k3::PrefillHooks hooks;
   hooks.observer = &recorder;
@@ -70,7 +71,7 @@ void check(const Setting& s, k3::Isa isa) {
   std::vector<float> last = session.prefill(prompt, hooks);
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("k3_quant_" + s.name + "_" + std::to_string(::getpid()) + ".safetensors")).string();
-  recorder.write(path, prompt, logits, engine.config().vocab_size);
+  recorder.write(path, prompt, logits, engine.info().vocab_size);
   const Tensors trace(path);
 
   double layer0 = 0;
@@ -85,10 +86,10 @@ void check(const Setting& s, k3::Isa isa) {
 
   // Routing agreement: rows whose expert set equals the golden's, over all MoE layers.
   size_t rows = 0, same = 0;
-  for (int64_t l = 1; l < engine.config().num_hidden_layers; ++l) {
+  for (int64_t l = 1; l < engine.info().num_hidden_layers; ++l) {
     const std::string name = "layer." + std::to_string(l) + ".topk_ids";
     const auto got = trace.i64(name), want = golden.i64(name);
-    const size_t k = static_cast<size_t>(engine.config().num_experts_per_token);
+    const size_t k = static_cast<size_t>(engine.info().num_experts_per_token);
     for (size_t r = 0; r < want.size() / k; ++r, ++rows)
       same += std::set<int64_t>(got.begin() + static_cast<std::ptrdiff_t>(r * k), got.begin() + static_cast<std::ptrdiff_t>((r + 1) * k)) ==
               std::set<int64_t>(want.begin() + static_cast<std::ptrdiff_t>(r * k), want.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/trace.h"
+#include "kernels/isa.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -55,7 +56,7 @@ k3::Engine* GoldenTest::engine_ = nullptr;
 
 TEST_F(GoldenTest, TraceMatchesEveryTensor) {
   const auto prompt = golden_->i64("prompt_ids");
-  const k3::K3Config& c = engine_->config();
+  const k3::EngineInfo& c = engine_->info();
   k3::Session session(*engine_, static_cast<int64_t>(prompt.size()));
   k3::TraceRecorder recorder(c.hidden_size, c.num_experts_per_token);
   std::vector<float> logits;
@@ -112,7 +113,7 @@ TEST_F(GoldenTest, GreedyDecodeThroughTheCache) {
   const auto prompt = golden_->i64("prompt_ids");
   const auto decode_ids = golden_->i64("decode_ids");
   const auto decode_logits = golden_->f32("decode_logits");
-  const size_t V = static_cast<size_t>(engine_->config().vocab_size);
+  const size_t V = static_cast<size_t>(engine_->info().vocab_size);
   k3::Session session(*engine_, static_cast<int64_t>(prompt.size() + decode_ids.size()));
   std::vector<float> logits = session.prefill(prompt);
   for (size_t j = 0; j < decode_ids.size(); ++j) {
@@ -127,7 +128,7 @@ TEST_F(GoldenTest, GreedyDecodeThroughTheCache) {
 TEST_F(GoldenTest, IncrementalDecodeEqualsOneShotPrefill) {
   const auto prompt = golden_->i64("prompt_ids");
   const auto decode_ids = golden_->i64("decode_ids");
-  const size_t V = static_cast<size_t>(engine_->config().vocab_size);
+  const size_t V = static_cast<size_t>(engine_->info().vocab_size);
   std::vector<int64_t> all = prompt;
   all.insert(all.end(), decode_ids.begin(), decode_ids.end() - 1);
 
@@ -175,7 +176,7 @@ TEST_F(GoldenTest, ExpertsInMemoryGiveIdenticalLogits) {
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.experts_in_memory = true;
   k3::Engine resident(kFixture, load);
-  EXPECT_GT(resident.model().resident_bytes(), engine_->model().resident_bytes());
+  EXPECT_GT(resident.info().resident_bytes, engine_->info().resident_bytes);
   k3::Session a(resident, static_cast<int64_t>(prompt.size())), b(*engine_, static_cast<int64_t>(prompt.size()));
   EXPECT_EQ(a.prefill(prompt), b.prefill(prompt));
 }
@@ -208,15 +209,15 @@ TEST_F(GoldenTest, TruncatedStackRunsFewerLayers) {
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.layers = 3;
   k3::Engine partial(kFixture, load);
-  EXPECT_EQ(partial.model().num_layers(), 3);
+  EXPECT_EQ(partial.info().num_layers, 3);
   const auto prompt = golden_->i64("prompt_ids");
   k3::Session session(partial, static_cast<int64_t>(prompt.size()));
-  k3::TraceRecorder recorder(partial.config().hidden_size, partial.config().num_experts_per_token);
+  k3::TraceRecorder recorder(partial.info().hidden_size, partial.info().num_experts_per_token);
   k3::PrefillHooks hooks;
   hooks.observer = &recorder;
   session.prefill(prompt, hooks);
   const std::string path = (std::filesystem::temp_directory_path() / "k3_partial_trace.safetensors").string();
-  recorder.write(path, prompt, {}, partial.config().vocab_size);
+  recorder.write(path, prompt, {}, partial.info().vocab_size);
   const Tensors trace(path);
   EXPECT_FALSE(trace.has("layer.3.attn_in"));
   const auto want = golden_->f32("layer.2.layer_out"), got = trace.f32("layer.2.layer_out");
@@ -230,7 +231,7 @@ TEST_F(GoldenTest, InjectedInputRowsReplaceTheEmbedding) {
   const auto prompt = golden_->i64("prompt_ids");
   const auto x0 = golden_->f32("layer.0.attn_in");
   const auto want = golden_->f32("logits");
-  const size_t V = static_cast<size_t>(engine_->config().vocab_size);
+  const size_t V = static_cast<size_t>(engine_->info().vocab_size);
   k3::Session session(*engine_, static_cast<int64_t>(prompt.size() + 1));
   session.set_input_rows(x0);
   std::vector<int64_t> zeros(prompt.size(), 0);

@@ -24,9 +24,9 @@ void load_and_run(const std::string& preset, int64_t layers, int64_t experts) {
   k3::synth::write_checkpoint(spec, dir.string());
 
   k3::Engine engine(dir.string(), k3::LoadOptions::exact());
-  EXPECT_EQ(engine.config().hidden_size, spec.hidden_size);
-  EXPECT_EQ(engine.config().vocab_size, spec.vocab_size);
-  EXPECT_EQ(engine.snapshot().prefix(), "language_model.");
+  EXPECT_EQ(engine.info().hidden_size, spec.hidden_size);
+  EXPECT_EQ(engine.info().vocab_size, spec.vocab_size);
+  EXPECT_EQ(engine.info().tensor_prefix, "language_model.");
   const std::vector<int64_t> prompt = {spec.bos_token_id, 1, 2, 3, 4};
   const size_t V = static_cast<size_t>(spec.vocab_size);
 

@@ -168,7 +168,7 @@ TEST(ServeApi, CompletionRequests) {
   };
   expect_refusals(cases, parse);
   GenerationStats stats;
-  stats.finish_reason = "stop";
+  stats.finish = FinishReason::stop;
   stats.prompt_tokens = 3;
   stats.completion_tokens = 2;
   const ResponseIds rid = new_response_ids("cmpl-");
@@ -183,7 +183,7 @@ TEST(ServeApi, ResponseShapes) {
   ChatResult result;
   result.reasoning = "Because.";
   result.content = "Rome.";
-  result.stats.finish_reason = "stop";
+  result.stats.finish = FinishReason::stop;
   result.stats.prompt_tokens = 412;
   result.stats.cached_tokens = 380;
   result.stats.completion_tokens = 57;
@@ -219,7 +219,7 @@ TEST(ServeApi, ResponseShapes) {
   call.name = "get_weather";
   call.arguments_json = R"({"city":"Paris"})";
   result.tool_calls = {call};
-  result.stats.finish_reason = "tool_calls";
+  result.stats.finish = FinishReason::tool_calls;
   const json t = chat_completion_json(result, accepted(with("")), config(), ids);
   EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
   EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
@@ -282,7 +282,7 @@ TEST(ServeApi, Guards) {
 }
 
 TEST(ServeApi, MetricsText) {
-  ServiceSnapshot s;
+  ServiceStats s;
   s.generated_tokens = 57;
   s.decode_seconds = 2;
   s.prompt_tokens = 412;

@@ -1,7 +1,7 @@
 // The engine service on a demo checkpoint (real tokenizer, random weights): reused prefixes and
-// restored photos give the same greedy tokens as a cold run, and the reuse is observed (cached
+// restored checkpoints give the same greedy tokens as a cold run, and the reuse is observed (cached
 // counts, restore positions) so the tests cannot pass vacuously; a cancelled prefill leaves the
-// session as it was; corrupted disk photos are rejected; admission and cancellation of waiters.
+// session as it was; corrupted disk checkpoints are rejected; admission and cancellation of waiters.
 #include <sys/stat.h>
 
 #include <fstream>
@@ -13,6 +13,7 @@
 #include "server/api.h"
 #include "synth_lib.h"
 #include "test_util.h"
+#include "util/sys.h"
 
 namespace k3 {
 namespace {
@@ -44,7 +45,7 @@ Outcome collect(const std::shared_ptr<RequestHandle>& handle) {
       case ServiceEvent::Kind::reasoning: out.reasoning += e.text; break;
       case ServiceEvent::Kind::content: out.content += e.text; break;
       case ServiceEvent::Kind::done: out.done = e.stats; return out;
-      case ServiceEvent::Kind::error: out.error = e.error_code + ": " + e.text; return out;
+      case ServiceEvent::Kind::error: out.error = std::string(k3::service_error_name(e.error)) + ": " + e.text; return out;
       default: break;
     }
   }
@@ -63,7 +64,7 @@ ServiceOptions options(int slots, const std::string& dir = "") {
 
 void wait_ready(EngineService& service) {
   for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_NE(service.engine(), nullptr) << service.snapshot().load_error;
+  ASSERT_NE(service.engine(), nullptr) << service.stats().load_error;
 }
 
 std::vector<int64_t> encode(EngineService& service, const std::string& text) {
@@ -111,15 +112,15 @@ TEST(Service, LiveReuseEqualsCold) {
   EXPECT_EQ(reused.content, fresh.content);
 }
 
-TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
+TEST(Service, FollowUpAndEditedTurnRestoreCheckpointsAndEqualCold) {
   EngineService warm(options(2)), cold(options(0));
   wait_ready(warm);
   wait_ready(cold);
   const auto head = encode(warm, "System: be brief.\nUser: name three rivers.\nAssistant:");
   const auto turn1 = run(warm, greedy(head, 10));
-  EXPECT_EQ(turn1.done.finish_reason, "length");
+  EXPECT_EQ(turn1.done.finish, k3::FinishReason::length);
   // A follow-up that does not extend the record (the reply is re-rendered differently): the
-  // photo at the anchor (the start of the last message) is the deepest that matches.
+  // checkpoint at the anchor (the start of the last message) is the deepest that matches.
   const auto question2 = encode(warm, " The Nile.\nUser: and three lakes?\nAssistant:");
   const auto p2 = concat(head, question2);
   const int64_t anchor2 = static_cast<int64_t>(head.size());
@@ -128,22 +129,22 @@ TEST(Service, FollowUpAndEditedTurnRestorePhotosAndEqualCold) {
   EXPECT_EQ(follow.done.restored_at, static_cast<int64_t>(head.size()));
   EXPECT_EQ(follow.done.cached_tokens, static_cast<int64_t>(head.size()));
   EXPECT_EQ(follow.content, run(cold, greedy(p2, 10)).content);
-  // The last turn edited: resumes at the anchor photo and prefills only the new last message.
+  // The last turn edited: resumes at the anchor checkpoint and prefills only the new last message.
   const auto edited = concat(head, encode(warm, " The Nile.\nUser: and three mountains?\nAssistant:"));
   const Outcome edit = run(warm, greedy(edited, 10, anchor2));
   EXPECT_EQ(edit.accepted.reuse, ReuseKind::checkpoint);
   EXPECT_EQ(edit.done.cached_tokens, anchor2);
   EXPECT_EQ(edit.content, run(cold, greedy(edited, 10)).content);
-  // Regenerate the same prompt: the record is longer than the prompt, the anchor photo serves.
+  // Regenerate the same prompt: the record is longer than the prompt, the anchor checkpoint serves.
   const Outcome again = run(warm, greedy(edited, 10, anchor2));
   EXPECT_EQ(again.done.cached_tokens, anchor2);
   EXPECT_EQ(again.content, edit.content);
-  EXPECT_GE(warm.snapshot().reuse_checkpoint, 3);
+  EXPECT_GE(warm.stats().reuse_checkpoint, 3);
 }
 
 // A chat (every turn anchored at its last message) with 2 slots: a follow-up whose history is
 // re-rendered differently resumes at the previous prompt's end whatever the reply was (the reply
-// differs by ISA), and an edit of the new last message still finds the anchor photo.
+// differs by ISA), and an edit of the new last message still finds the anchor checkpoint.
 TEST(Service, AnchoredFollowUpResumesAtThePreviousPromptsEnd) {
   EngineService warm(options(2)), cold(options(0));
   wait_ready(warm);
@@ -182,7 +183,7 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   ASSERT_TRUE(saw_progress);
   warm.cancel(*handle);
   const Outcome cancelled = collect(*handle);
-  EXPECT_EQ(cancelled.done.finish_reason, "cancelled");
+  EXPECT_EQ(cancelled.done.finish, k3::FinishReason::cancelled);
   // Cancellation is polled before every layer, so the prefill stops inside the chunk in flight:
   // bounded in events (progress reports after the cancel, of the tail's ~50 chunks), not seconds.
   const size_t chunks = (p2.size() - p1.size() + 7) / 8;
@@ -190,8 +191,8 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   if (!cancelled.progress.empty()) {
     EXPECT_LT(cancelled.progress.back().processed, static_cast<int64_t>(p2.size()));
   }
-  EXPECT_EQ(warm.snapshot().cancelled_prefill, 1);
-  EXPECT_EQ(warm.snapshot().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
+  EXPECT_EQ(warm.stats().cancelled_prefill, 1);
+  EXPECT_EQ(warm.stats().fed_tokens, static_cast<int64_t>(p1.size()));  // rolled back, not reset
   // The next request extends p1 again: live reuse of the rolled-back state, same as cold.
   const auto p3 = concat(p1, encode(warm, " there lived a miller"));
   const Outcome next = run(warm, greedy(p3, 8));
@@ -200,9 +201,9 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   EXPECT_EQ(next.content, run(cold, greedy(p3, 8)).content);
 }
 
-TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
+TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
   const testing::TempDir root("service-ckpt");
-  const std::string dir = root.path() + "/photos";
+  const std::string dir = root.path() + "/checkpoints";
   {
     EngineService warm(options(2, dir)), cold(options(0));
     wait_ready(warm);
@@ -224,7 +225,7 @@ TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
       EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
     }
     EXPECT_EQ(files, 2);
-    // Corrupt every photo's payload: a restore must reject them and fall back to a cold prefill.
+    // Corrupt every checkpoint's payload: a restore must reject them and fall back to a cold prefill.
     for (int slot = 0; slot < 2; ++slot) {
       std::fstream f(dir + "/k3_ckpt_" + std::to_string(slot) + ".bin", std::ios::in | std::ios::out | std::ios::binary);
       f.seekp(100);
@@ -234,12 +235,12 @@ TEST(Service, DiskPhotosArePrivateCheckedAndRemoved) {
     const auto edited = concat(head, encode(warm, " Blue.\nUser: why?\nAssistant:"));
     const Outcome after = run(warm, greedy(edited, 6, anchor));
     EXPECT_EQ(after.accepted.reuse, ReuseKind::none);
-    EXPECT_GE(warm.snapshot().ckpt.rejected, 1);
+    EXPECT_GE(warm.stats().ckpt.rejected, 1);
     EXPECT_EQ(after.content, run(cold, greedy(edited, 6)).content);
   }
   struct stat st{};
   for (int slot = 0; slot < 2; ++slot)
-    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0) << "photo left behind";
+    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0) << "checkpoint left behind";
 }
 
 TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
@@ -259,14 +260,14 @@ TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
   auto refused = service.submit(greedy(prompt, 4));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Status::Code::resource_exhausted);
-  EXPECT_EQ(service.snapshot().queued, 1u);
+  EXPECT_EQ(service.stats().queued, 1u);
   service.cancel(*waiter);
-  EXPECT_EQ(service.snapshot().queued, 0u);  // gone at once, not when the worker gets to it
+  EXPECT_EQ(service.stats().queued, 0u);  // gone at once, not when the worker gets to it
   const Outcome w = collect(*waiter);
   EXPECT_NE(w.error.find("cancelled"), std::string::npos);
   const Outcome a = collect(*active);
   EXPECT_EQ(a.done.completion_tokens, 60);
-  EXPECT_EQ(service.snapshot().admitted, 1);  // the cancelled waiter never reached the engine
+  EXPECT_EQ(service.stats().admitted, 1);  // the cancelled waiter never reached the engine
 }
 
 TEST(Service, StopStringsAreWithheldAndEndTheReply) {
@@ -284,7 +285,7 @@ TEST(Service, StopStringsAreWithheldAndEndTheReply) {
   ServiceRequest r = greedy(prompt, 24);
   r.stop = {"\x01never", stop};
   const Outcome stopped = run(service, r);
-  EXPECT_EQ(stopped.done.finish_reason, "stop");
+  EXPECT_EQ(stopped.done.finish, k3::FinishReason::stop);
   EXPECT_EQ(stopped.content, full.content.substr(0, full.content.find(stop)));
   EXPECT_LT(stopped.done.completion_tokens, 24);
 }
@@ -378,7 +379,7 @@ TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
   }
   EXPECT_EQ(result.reasoning, "Weather needs a tool.");
   EXPECT_EQ(result.content, "Checking.");
-  EXPECT_EQ(result.stats.finish_reason, "tool_calls");
+  EXPECT_EQ(result.stats.finish, k3::FinishReason::tool_calls);
   EXPECT_EQ(result.stats.completion_tokens, static_cast<int64_t>(script32.size()));
   const server::json out = server::chat_completion_json(result, request, api, server::new_response_ids());
   ASSERT_EQ(out["choices"][0]["message"]["tool_calls"].size(), 1u);
@@ -399,8 +400,8 @@ TEST(Service, EngineFaultFailsTheRequestAndServingGoesOn) {
   const Outcome failed = run(service, greedy(prompt, 8));
   EXPECT_NE(failed.error.find("engine_error"), std::string::npos) << failed.error;
   EXPECT_FALSE(failed.content.empty());  // what was generated before the fault was delivered
-  EXPECT_EQ(service.snapshot().failed, 1);
-  EXPECT_EQ(service.snapshot().fed_tokens, 0);  // reset, not half-fed
+  EXPECT_EQ(service.stats().failed, 1);
+  EXPECT_EQ(service.stats().fed_tokens, 0);  // reset, not half-fed
   const Outcome next = run(service, greedy(prompt, 3));  // the last token is never fed: no fault
   EXPECT_TRUE(next.error.empty()) << next.error;
   EXPECT_EQ(next.done.completion_tokens, 3);

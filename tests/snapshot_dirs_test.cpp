@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "io/snapshot.h"
 #include "synth_lib.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -22,7 +23,7 @@ std::vector<float> logits_of(const std::string& dir, const std::vector<std::stri
   const k3::Engine engine(dir, load);
   k3::Session session(engine, 32);
   std::vector<int64_t> prompt;
-  for (int i = 0; i < 10; ++i) prompt.push_back((i * 31 + 5) % engine.config().vocab_size);
+  for (int i = 0; i < 10; ++i) prompt.push_back((i * 31 + 5) % engine.info().vocab_size);
   return session.prefill(prompt);
 }
 

@@ -16,11 +16,17 @@ namespace {
 const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 // The routing of every (layer, position), in feeding order.
-class RoutingLog : public k3::ForwardObserver {
+class RoutingLog : public k3::LayerObserver {
  public:
   void on_tensor(int64_t, Site, const float*) override {}
-  void on_routing(int64_t layer, const k3::RoutingResult& r) override { by_layer[layer].push_back(r); }
-  std::map<int64_t, std::vector<k3::RoutingResult>> by_layer;
+  struct Copy {
+    std::vector<int64_t> ids;
+    std::vector<float> weights;
+  };
+  void on_routing(int64_t layer, const Routing& r) override {
+    by_layer[layer].push_back(Copy{{r.ids.begin(), r.ids.end()}, {r.weights.begin(), r.weights.end()}});
+  }
+  std::map<int64_t, std::vector<Copy>> by_layer;
 };
 
 struct RoutedRun {
@@ -35,7 +41,7 @@ RoutedRun run(double top_p, int64_t chunk) {
   k3::Session session(engine, 64);
   session.set_prefill_chunk(chunk);
   std::vector<int64_t> prompt;
-  for (int i = 0; i < 24; ++i) prompt.push_back((i * 53 + 7) % engine.config().vocab_size);
+  for (int i = 0; i < 24; ++i) prompt.push_back((i * 53 + 7) % engine.info().vocab_size);
   RoutedRun r;
   k3::PrefillHooks hooks;
   hooks.observer = &r.log;

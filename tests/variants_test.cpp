@@ -108,14 +108,14 @@ TEST_P(VariantTest, MatchesTheIndependentReference) {
   // Engine: trace of the prefill, then greedy decode through the cache.
   k3::Engine engine(dir.string(), k3::LoadOptions::exact());
   k3::Session session(engine, v.prompt_length + decode_steps);
-  k3::TraceRecorder recorder(engine.config().hidden_size, engine.config().num_experts_per_token);
+  k3::TraceRecorder recorder(engine.info().hidden_size, engine.info().num_experts_per_token);
   std::vector<float> all_logits;
   k3::PrefillHooks hooks;
   hooks.observer = &recorder;
   hooks.all_logits = &all_logits;
   std::vector<float> logits = session.prefill(prompt, hooks);
   const std::string engine_trace = (dir / "engine.safetensors").string();
-  recorder.write(engine_trace, prompt, all_logits, engine.config().vocab_size);
+  recorder.write(engine_trace, prompt, all_logits, engine.info().vocab_size);
   std::vector<int64_t> decode_ids;
   std::vector<std::vector<float>> decode_logits;
   for (int64_t j = 0; j < decode_steps; ++j) {

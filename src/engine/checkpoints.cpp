@@ -83,15 +83,15 @@ bool CheckpointStore::save(const Session& session) {
   Slot& slot = slots_[target];
   slot.used = false;
   try {
-    session.take_photo(scratch_);
+    session.save_state(scratch_);
     if (policy_.dir.empty()) {
       slot.kda = scratch_.kda;
     } else if (!write_file(static_cast<int>(target), scratch_)) {
       return false;
     }
     slot.ids = ids;
-  } catch (const std::exception& e) {  // std::bad_alloc, k3::Error: drop the photo, keep serving
-    std::fprintf(stderr, "[K3-CKPT] photo at position %lld dropped: %s\n",
+  } catch (const std::exception& e) {  // std::bad_alloc, k3::Error: drop the checkpoint, keep serving
+    std::fprintf(stderr, "[K3-CKPT] checkpoint at position %lld dropped: %s\n",
                  static_cast<long long>(session.position()), e.what());
     slot.kda.clear();
     return false;
@@ -118,14 +118,14 @@ int64_t CheckpointStore::restore_best(Session& session, std::span<const int64_t>
     const double t0 = now_seconds();
     if (policy_.dir.empty()) {
       scratch_.kda = slot.kda;
-    } else if (!read_file(best, session.photo_floats(), scratch_)) {
+    } else if (!read_file(best, session.state_floats(), scratch_)) {
       slot.used = false;  // rejected: try the next deepest
       ++counters_.rejected;
       continue;
     }
     scratch_.position = slot.position;
     scratch_.ids = slot.ids;
-    session.restore_photo(scratch_);
+    session.restore_state(scratch_);
     slot.stamp = ++clock_;
     ++counters_.restores;
     counters_.restore_seconds += now_seconds() - t0;
@@ -152,22 +152,22 @@ int CheckpointStore::used() const {
   return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.used; }));
 }
 
-bool CheckpointStore::write_file(int slot, const StatePhoto& photo) {
+bool CheckpointStore::write_file(int slot, const SavedState& saved) {
   FileHeader header;
-  header.position = static_cast<uint64_t>(photo.position);
-  header.float_count = photo.kda.size();
-  header.checksum = fnv1a_64_bytes(photo.kda.data(), photo.kda.size() * sizeof(float));
+  header.position = static_cast<uint64_t>(saved.position);
+  header.float_count = saved.kda.size();
+  header.checksum = fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float));
   try {
-    write_file_atomic(slot_path(slot), {ByteSpan{&header, sizeof header}, ByteSpan{photo.kda.data(), photo.kda.size() * sizeof(float)}},
+    write_file_atomic(slot_path(slot), {ByteSpan{&header, sizeof header}, ByteSpan{saved.kda.data(), saved.kda.size() * sizeof(float)}},
                       0600, false);
   } catch (const Error& e) {
-    std::fprintf(stderr, "[K3-CKPT] photo at position %lld dropped: %s\n", static_cast<long long>(photo.position), e.what());
+    std::fprintf(stderr, "[K3-CKPT] checkpoint at position %lld dropped: %s\n", static_cast<long long>(saved.position), e.what());
     return false;
   }
   return true;
 }
 
-bool CheckpointStore::read_file(int slot, size_t floats, StatePhoto& photo) {
+bool CheckpointStore::read_file(int slot, size_t floats, SavedState& saved) {
   const std::string path = slot_path(slot);
   const Slot& meta = slots_[static_cast<size_t>(slot)];
   auto reject = [&](const std::string& why) {
@@ -185,9 +185,9 @@ bool CheckpointStore::read_file(int slot, size_t floats, StatePhoto& photo) {
     if (header.float_count > (file->size() - sizeof header) / sizeof(float) ||
         file->size() != sizeof header + header.float_count * sizeof(float))
       return reject("size does not match its header");
-    photo.kda.resize(header.float_count);
-    file->read_exact(photo.kda.data(), header.float_count * sizeof(float), sizeof header, "checkpoint payload");
-    if (fnv1a_64_bytes(photo.kda.data(), photo.kda.size() * sizeof(float)) != header.checksum) return reject("checksum mismatch");
+    saved.kda.resize(header.float_count);
+    file->read_exact(saved.kda.data(), header.float_count * sizeof(float), sizeof header, "checkpoint payload");
+    if (fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float)) != header.checksum) return reject("checksum mismatch");
   } catch (const Error& e) {
     return reject(e.what());
   }

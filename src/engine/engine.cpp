@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
+#include "engine/internal.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/sys.h"
@@ -34,22 +36,45 @@ ModelOptions model_options(const LoadOptions& load) {
   return m;
 }
 
+// Hands the model's per-layer callbacks to an engine-level observer.
+class ObserverAdapter : public ForwardObserver {
+ public:
+  explicit ObserverAdapter(LayerObserver& to) : to_(to) {}
+  void on_tensor(int64_t layer, Site site, const float* data) override {
+    to_.on_tensor(layer, static_cast<LayerObserver::Site>(static_cast<int>(site)), data);
+  }
+  void on_routing(int64_t layer, const RoutingResult& routing) override {
+    to_.on_routing(layer, LayerObserver::Routing{routing.ids, routing.weights});
+  }
+
+ private:
+  LayerObserver& to_;
+};
+static_assert(static_cast<int>(ForwardObserver::Site::kFinalHidden) == static_cast<int>(LayerObserver::Site::kFinalHidden));
+
 }  // namespace
 
 Engine::Engine(const std::string& model_dir, const LoadOptions& load,
-               const std::function<void(double)>& on_progress) {
+               const std::function<void(double)>& on_progress)
+    : Engine(EngineOptions{model_dir, load, on_progress}) {}
+
+Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
+  const std::string& model_dir = options.model_dir;
+  const LoadOptions& load = options.load;
+  Impl& m = *impl_;
   const double start = now_seconds();
-  snapshot_ = std::make_unique<Snapshot>(model_dir, load.extra_dirs);
-  config_ = parse_k3_config(snapshot_->config_root(), model_dir + "/config.json");
-  if (load.layers > config_.num_hidden_layers)
+  m.files = std::make_unique<Snapshot>(model_dir, load.extra_dirs);
+  m.config = parse_k3_config(m.files->config_root(), model_dir + "/config.json");
+  const K3Config& config = m.config;
+  if (load.layers > config.num_hidden_layers)
     throw Error("K3_LAYERS=" + std::to_string(load.layers) + " exceeds the model's " +
-                std::to_string(config_.num_hidden_layers) + " layers");
+                std::to_string(config.num_hidden_layers) + " layers");
   // The tokenizer first: a broken tiktoken.model fails in a second, not after the weights.
   if (text::Tokenizer::available(model_dir)) {
-    tokenizer_ = std::make_unique<text::Tokenizer>(text::Tokenizer::load(model_dir));
-    if (tokenizer_->vocab_size() > config_.vocab_size)
-      throw Error(model_dir + "/tiktoken.model: the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
-                  " ids but config.json vocab_size is " + std::to_string(config_.vocab_size));
+    m.tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::load(model_dir));
+    if (m.tokenizer->vocab_size() > config.vocab_size)
+      throw Error(model_dir + "/tiktoken.model: the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
+                  " ids but config.json vocab_size is " + std::to_string(config.vocab_size));
   }
   ModelOptions model_opts = model_options(load);
   model_opts.cache.expert_gb = load.cache.expert_gb;
@@ -88,24 +113,62 @@ Engine::Engine(const std::string& model_dir, const LoadOptions& load,
     if (path.empty()) {
       // No HOME and no K3_STATE_DIR: the history is read-only this run (silently: it is a cache).
     } else if (::access(load.cache.state_dir.c_str(), W_OK) == 0) model_opts.cache.history_save_path = path;
-    else history_note_ = load.cache.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+    else m.history_note = load.cache.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
   }
-  model_opts.on_load_progress = on_progress;
-  model_ = std::make_unique<Model>(*snapshot_, config_, model_opts);
-  load_seconds_ = now_seconds() - start;
+  model_opts.on_load_progress = options.on_progress;
+  m.model = std::make_unique<Model>(*m.files, config, model_opts);
+  EngineInfo& info = m.info;
+  info.hidden_size = config.hidden_size;
+  info.vocab_size = config.vocab_size;
+  info.num_hidden_layers = config.num_hidden_layers;
+  info.num_layers = m.model->num_layers();
+  info.num_experts = config.num_experts;
+  info.num_experts_per_token = config.num_experts_per_token;
+  info.first_k_dense_replace = config.first_k_dense_replace;
+  info.eos_token_ids = config.eos_token_ids;
+  info.has_embedding = m.model->has_embedding();
+  info.has_head = m.model->has_head();
+  info.resident_bytes = m.model->resident_bytes();
+  info.tensor_prefix = m.files->prefix();
+  m.load_seconds = now_seconds() - start;
 }
 
+Engine::~Engine() = default;
+
+const EngineInfo& Engine::info() const { return impl_->info; }
+const text::Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
+double Engine::load_seconds() const { return impl_->load_seconds; }
+
 std::string Engine::describe() const {
-  const ModelOptions& o = model_->options();
+  const Model& model = *impl_->model;
+  const ModelOptions& o = model.options();
   char buf[160];
   std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB", isa_name(o.isa),
                 o.precision.bits, o.precision.mla_bits, o.precision.head_bits, o.idot ? 1 : 0,
-                static_cast<double>(model_->resident_bytes()) / 1e6);
+                static_cast<double>(model.resident_bytes()) / 1e6);
   return buf;
 }
 
+ExpertStats Engine::expert_stats() const {
+  const ExpertCacheStats c = impl_->model->experts().stats();
+  ExpertStats s;
+  s.hits = c.hits;
+  s.misses = c.misses;
+  s.bytes_read = c.bytes_read;
+  s.drive_bytes = c.drive_bytes;
+  s.transient = c.transient;
+  s.wait_seconds = c.wait_seconds;
+  s.busy_seconds = c.busy_seconds;
+  s.prefetch_issued = c.prefetch_issued;
+  s.prefetch_used = c.prefetch_used;
+  s.predicted_hits = c.predicted_hits;
+  s.predicted_total = c.predicted_total;
+  s.io_engine = c.io_engine ? c.io_engine : "";
+  return s;
+}
+
 std::string Engine::describe_experts() const {
-  const ExpertCacheStats s = model_->experts().stats();
+  const ExpertStats s = expert_stats();
   char buf[360];
   int n = std::snprintf(buf, sizeof buf,
                         "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s busy | wait %.2f s",
@@ -120,100 +183,107 @@ std::string Engine::describe_experts() const {
 }
 
 void Engine::save_history() const {
-  ExpertCache& cache = model_->experts();
+  ExpertCache& cache = impl_->model->experts();
   if (cache.history_total() == 0) return;
-  if (!history_note_.empty()) {
-    std::fprintf(stderr, "routing history not saved: %s\n", history_note_.c_str());
+  if (!impl_->history_note.empty()) {
+    std::fprintf(stderr, "routing history not saved: %s\n", impl_->history_note.c_str());
     return;
   }
   cache.save_history();
 }
 
-Session::Session(const Engine& engine, int64_t capacity)
-    : engine_(engine), state_(engine.model().new_state(capacity)), chunk_(engine.model().options().chunk) {
-  tokens_.reserve(static_cast<size_t>(capacity));
-  logits_.reserve(static_cast<size_t>(engine.config().vocab_size));
+Session::Impl::Impl(const Engine& e, int64_t capacity)
+    : engine(e.impl()), state(engine.model->new_state(capacity)), chunk(engine.model->options().chunk) {
+  tokens.reserve(static_cast<size_t>(capacity));
+  logits.reserve(static_cast<size_t>(engine.config.vocab_size));
 }
 
+Session::Session(const Engine& engine, int64_t capacity) : impl_(std::make_unique<Impl>(engine, capacity)) {}
+Session::~Session() = default;
+
 void Session::set_input_rows(std::vector<float> x0) {
-  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
+  const size_t D = static_cast<size_t>(impl_->engine.config.hidden_size);
   if (x0.size() % D != 0)
     throw Error("input rows: " + std::to_string(x0.size()) + " floats is not a multiple of hidden_size " +
                 std::to_string(D));
-  x0_ = std::move(x0);
+  impl_->x0 = std::move(x0);
 }
 
-void Session::feed(int64_t id, ForwardObserver* observer) {
+void Session::Impl::feed(int64_t id, ForwardObserver* observer) {
   check_id(id);
-  float* x0 = state_.work.x0.data();  // [hidden]
-  input_row(id, static_cast<size_t>(state_.position), x0);
-  engine_.model().forward(state_, x0, state_.work.final_hidden.data(), observer);
-  tokens_.push_back(id);
+  float* row = state.work.x0.data();  // [hidden]
+  input_row(id, static_cast<size_t>(state.position), row);
+  engine.model->forward(state, row, state.work.final_hidden.data(), observer);
+  tokens.push_back(id);
 }
 
-void Session::check_id(int64_t id) const {
-  if (id < 0 || id >= engine_.config().vocab_size)
+void Session::Impl::check_id(int64_t id) const {
+  if (id < 0 || id >= engine.config.vocab_size)
     throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                std::to_string(engine_.config().vocab_size) + ")");
+                std::to_string(engine.config.vocab_size) + ")");
 }
 
-void Session::input_row(int64_t id, size_t pos, float* x0) {
-  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
-  if (!x0_.empty()) {
-    if ((pos + 1) * D > x0_.size())
-      throw Error("K3_X0 holds " + std::to_string(x0_.size() / D) + " rows but position " +
+void Session::Impl::input_row(int64_t id, size_t pos, float* row) {
+  const size_t D = static_cast<size_t>(engine.config.hidden_size);
+  if (!x0.empty()) {
+    if ((pos + 1) * D > x0.size())
+      throw Error("K3_X0 holds " + std::to_string(x0.size() / D) + " rows but position " +
                   std::to_string(pos) + " was processed");
-    std::copy(x0_.begin() + static_cast<std::ptrdiff_t>(pos * D),
-              x0_.begin() + static_cast<std::ptrdiff_t>((pos + 1) * D), x0);
+    std::copy(x0.begin() + static_cast<std::ptrdiff_t>(pos * D),
+              x0.begin() + static_cast<std::ptrdiff_t>((pos + 1) * D), row);
   } else {
-    engine_.model().embed(state_, id, x0);
+    engine.model->embed(state, id, row);
   }
 }
 
-void Session::feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer) {
-  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
+void Session::Impl::feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer) {
+  const size_t D = static_cast<size_t>(engine.config.hidden_size);
   const size_t n = ids.size();
   for (int64_t id : ids) check_id(id);
-  chunk_x0_.resize(n * D);
-  chunk_hidden_.resize(n * D);
-  for (size_t t = 0; t < n; ++t) input_row(ids[t], static_cast<size_t>(state_.position) + t, chunk_x0_.data() + t * D);
-  engine_.model().forward_chunk(state_, chunk_x0_.data(), n, chunk_hidden_.data(), observer);
-  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  chunk_x0.resize(n * D);
+  chunk_hidden.resize(n * D);
+  for (size_t t = 0; t < n; ++t) input_row(ids[t], static_cast<size_t>(state.position) + t, chunk_x0.data() + t * D);
+  engine.model->forward_chunk(state, chunk_x0.data(), n, chunk_hidden.data(), observer);
+  tokens.insert(tokens.end(), ids.begin(), ids.end());
 }
 
 const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const PrefillHooks& hooks) {
-  const Model& model = engine_.model();
-  const size_t V = static_cast<size_t>(engine_.config().vocab_size);
-  const size_t D = static_cast<size_t>(engine_.config().hidden_size);
-  if (state_.position + static_cast<int64_t>(ids.size()) > state_.capacity)
+  Impl& s = *impl_;
+  const Model& model = *s.engine.model;
+  const size_t V = static_cast<size_t>(s.engine.config.vocab_size);
+  const size_t D = static_cast<size_t>(s.engine.config.hidden_size);
+  if (s.state.position + static_cast<int64_t>(ids.size()) > s.state.capacity)
     throw Error("prompt of " + std::to_string(ids.size()) + " tokens does not fit: " +
-                std::to_string(state_.position) + " of " + std::to_string(state_.capacity) +
+                std::to_string(s.state.position) + " of " + std::to_string(s.state.capacity) +
                 " positions used (raise K3_MAXT / --maxt)");
+  std::optional<ObserverAdapter> adapter;
+  if (hooks.observer) adapter.emplace(*hooks.observer);
+  ForwardObserver* observer = adapter ? &*adapter : nullptr;
   if (hooks.all_logits) hooks.all_logits->clear();
-  logits_.clear();
-  const size_t chunk = static_cast<size_t>(std::max<int64_t>(chunk_, 1));
+  s.logits.clear();
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(s.chunk, 1));
   for (size_t t0 = 0; t0 < ids.size();) {
     const size_t n = std::min(chunk, ids.size() - t0);
     // A chunk of one (decode, K3_CHUNK=1, a one-token tail) takes the one-token path.
     const float* hidden = nullptr;  // [n][hidden] final hidden rows of this chunk
     if (n == 1) {
-      feed(ids[t0], hooks.observer);
-      hidden = state_.work.final_hidden.data();
+      s.feed(ids[t0], observer);
+      hidden = s.state.work.final_hidden.data();
     } else {
-      feed_chunk(ids.subspan(t0, n), hooks.observer);
-      hidden = chunk_hidden_.data();
+      s.feed_chunk(ids.subspan(t0, n), observer);
+      hidden = s.chunk_hidden.data();
     }
     t0 += n;
     const bool last = t0 == ids.size();
     if (!model.has_head() || !(last || hooks.all_logits)) continue;
     // The head on the chunk's last row only, or on every row when all logits are asked for.
     for (size_t t = hooks.all_logits ? 0 : n - 1; t < n; ++t) {
-      logits_.resize(V);
-      model.head(state_, hidden + t * D, logits_.data());
-      if (hooks.all_logits) hooks.all_logits->insert(hooks.all_logits->end(), logits_.begin(), logits_.end());
+      s.logits.resize(V);
+      model.head(s.state, hidden + t * D, s.logits.data());
+      if (hooks.all_logits) hooks.all_logits->insert(hooks.all_logits->end(), s.logits.begin(), s.logits.end());
     }
   }
-  return logits_;
+  return s.logits;
 }
 
 const std::vector<float>& Session::step(int64_t id) {
@@ -221,43 +291,56 @@ const std::vector<float>& Session::step(int64_t id) {
   return prefill(one);
 }
 
-size_t Session::photo_floats() const {
+int64_t Session::prefill_chunk() const { return impl_->chunk; }
+void Session::set_prefill_chunk(int64_t chunk) { impl_->chunk = chunk; }
+int64_t Session::position() const { return impl_->state.position; }
+int64_t Session::capacity() const { return impl_->state.capacity; }
+const std::vector<int64_t>& Session::tokens() const { return impl_->tokens; }
+void Session::set_interrupt(const std::atomic<bool>* flag) { impl_->state.interrupt = flag; }
+
+SessionStats Session::stats() const {
+  const StageStats& st = impl_->state.stats;
+  return SessionStats{st.total(), st.expert_reads, st.summary()};
+}
+
+size_t Session::state_floats() const {
   size_t n = 0;
-  for (const KdaState& k : state_.kda) n += k.q_window.size() + k.k_window.size() + k.v_window.size() + k.recurrent.size();
+  for (const KdaState& k : impl_->state.kda) n += k.q_window.size() + k.k_window.size() + k.v_window.size() + k.recurrent.size();
   return n;
 }
 
-void Session::take_photo(StatePhoto& out) const {
-  out.position = state_.position;
-  out.ids = tokens_;
-  out.kda.resize(photo_floats());
+void Session::save_state(SavedState& out) const {
+  out.position = impl_->state.position;
+  out.ids = impl_->tokens;
+  out.kda.resize(state_floats());
   float* dst = out.kda.data();
-  for (const KdaState& k : state_.kda)
+  for (const KdaState& k : impl_->state.kda)
     for (const std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent})
       dst = std::copy(v->begin(), v->end(), dst);
 }
 
-void Session::restore_photo(const StatePhoto& photo) {
-  const size_t pos = static_cast<size_t>(photo.position);
-  if (photo.kda.size() != photo_floats() || photo.ids.size() != pos || pos > tokens_.size() ||
-      !std::equal(photo.ids.begin(), photo.ids.end(), tokens_.begin()))
-    throw Error("state photo at position " + std::to_string(pos) + " does not match this session (" +
-                std::to_string(photo.kda.size()) + " of " + std::to_string(photo_floats()) + " floats, " +
-                std::to_string(tokens_.size()) + " ids fed)");
-  const float* src = photo.kda.data();
-  for (KdaState& k : state_.kda)
+void Session::restore_state(const SavedState& saved) {
+  Impl& s = *impl_;
+  const size_t pos = static_cast<size_t>(saved.position);
+  if (saved.kda.size() != state_floats() || saved.ids.size() != pos || pos > s.tokens.size() ||
+      !std::equal(saved.ids.begin(), saved.ids.end(), s.tokens.begin()))
+    throw Error("saved state at position " + std::to_string(pos) + " does not match this session (" +
+                std::to_string(saved.kda.size()) + " of " + std::to_string(state_floats()) + " floats, " +
+                std::to_string(s.tokens.size()) + " ids fed)");
+  const float* src = saved.kda.data();
+  for (KdaState& k : s.state.kda)
     for (std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent}) {
       std::copy(src, src + v->size(), v->begin());
       src += v->size();
     }
-  state_.position = photo.position;
-  tokens_.resize(pos);
+  s.state.position = saved.position;
+  s.tokens.resize(pos);
 }
 
 void Session::reset() {
-  state_.reset();
-  state_.stats.reset();
-  tokens_.clear();
+  impl_->state.reset();
+  impl_->state.stats.reset();
+  impl_->tokens.clear();
 }
 
 }  // namespace k3

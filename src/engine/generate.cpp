@@ -1,4 +1,4 @@
-// engine/generate.cpp — prefill, then sample/step until stop, budget or cancel.
+// engine/generate.cpp — the one generation loop: prefill, then sample/step until stop, budget or cancel.
 #include "engine/generate.h"
 
 #include <algorithm>
@@ -13,6 +13,7 @@ const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
     case FinishReason::stop: return "stop";
     case FinishReason::length: return "length";
+    case FinishReason::tool_calls: return "tool_calls";
     case FinishReason::cancelled: return "cancelled";
   }
   return "?";
@@ -22,39 +23,83 @@ std::vector<int64_t> stop_ids(const Engine& engine) {
   std::vector<int64_t> ids;
   if (const text::Tokenizer* tokenizer = engine.tokenizer())
     if (const auto end_of_message = tokenizer->special_id("<|end_of_msg|>")) ids.push_back(*end_of_message);
-  for (int64_t id : engine.config().eos_token_ids)
+  for (int64_t id : engine.info().eos_token_ids)
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   return ids;
 }
 
-GenerateResult generate(Session& session, std::span<const int64_t> prompt, Sampler& sampler,
-                        const GenerateSettings& settings, const std::function<bool(int64_t)>& on_token,
-                        const PrefillHooks& hooks) {
+GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler& sampler,
+                        const GenerateSettings& settings, const GenerateHooks& hooks) {
   GenerateResult result;
   const double t0 = now_seconds();
-  std::vector<float> logits = session.prefill(prompt, hooks);
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<float> logits;
+  try {
+    session.set_interrupt(settings.cancel);
+    if (settings.prefill_piece <= 0 && settings.split_at <= 0) {
+      logits = session.prefill(ids, hooks.prefill);
+      if (hooks.on_prefilled) hooks.on_prefilled(n);
+    } else {
+      const bool split = settings.split_at > 0 && settings.split_at < n;
+      for (int64_t p = 0; p < n;) {
+        int64_t end = settings.prefill_piece > 0 ? std::min(n, p + settings.prefill_piece) : n;
+        if (split && p < settings.split_at && end > settings.split_at) end = settings.split_at;
+        logits = session.prefill(ids.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)), hooks.prefill);
+        p = end;
+        if (hooks.on_prefilled) hooks.on_prefilled(p);
+      }
+    }
+    session.set_interrupt(nullptr);
+  } catch (const Interrupted&) {
+    session.set_interrupt(nullptr);
+    result.finish = FinishReason::cancelled;
+    result.cancelled_in_prefill = true;
+    result.prefill_seconds = now_seconds() - t0;
+    return result;
+  } catch (...) {
+    session.set_interrupt(nullptr);
+    throw;
+  }
   const double t1 = now_seconds();
   result.prefill_seconds = t1 - t0;
   if (settings.max_new_tokens > 0 && logits.empty())
-    throw Error("the snapshot has no lm_head, so nothing can be generated");
+    throw Error("the model has no lm_head, so nothing can be generated");
+  if (hooks.on_prefill_done) hooks.on_prefill_done();
+  const auto cancelled = [&] { return settings.cancel && settings.cancel->load(); };
   for (int64_t j = 0; j < settings.max_new_tokens; ++j) {
-    const int64_t id = sampler.sample(logits);
+    const int64_t id = static_cast<size_t>(j) < settings.scripted.size() ? settings.scripted[static_cast<size_t>(j)]
+                                                                          : sampler.sample(logits);
     result.tokens.push_back(id);
-    const bool keep_going = on_token(id);
-    if (std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) != settings.stop_ids.end()) {
+    const TokenVerdict verdict = hooks.on_token(id);
+    if (std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) != settings.stop_ids.end() ||
+        verdict == TokenVerdict::stop) {
       result.finish = FinishReason::stop;
       break;
     }
-    if (!keep_going) {
+    if (verdict == TokenVerdict::cancel || cancelled()) {
       result.finish = FinishReason::cancelled;
       break;
     }
     if (j + 1 == settings.max_new_tokens) break;  // the budget is spent: no wasted step
+    if (hooks.between_tokens) hooks.between_tokens();
+    if (cancelled()) {
+      result.finish = FinishReason::cancelled;
+      break;
+    }
     logits = session.step(id);
     ++result.decode_steps;
   }
   result.decode_seconds = now_seconds() - t1;
   return result;
+}
+
+GenerateResult generate(Session& session, std::span<const int64_t> prompt, Sampler& sampler,
+                        const GenerateSettings& settings, const std::function<bool(int64_t)>& on_token,
+                        const PrefillHooks& prefill) {
+  GenerateHooks hooks;
+  hooks.on_token = [&](int64_t id) { return on_token(id) ? TokenVerdict::next : TokenVerdict::cancel; };
+  hooks.prefill = prefill;
+  return generate(session, prompt, sampler, settings, hooks);
 }
 
 }  // namespace k3

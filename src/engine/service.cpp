@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "engine/generate.h"
 #include "engine/sampler.h"
@@ -52,7 +53,93 @@ class StopMatcher {
   std::string pending_;
 };
 
+// The output side of one request: generated ids → XTML channels (text::OutputParser) or, for a
+// raw completion, the bytes of every id but a stop id as content; stop strings matched per
+// channel on the decoded text and withheld; the resulting events pushed to the handle.
+class OutputDemux {
+ public:
+  OutputDemux(const text::Tokenizer& tokenizer, const ServiceRequest& req, GenerationStats& stats,
+              const std::function<void(ServiceEvent)>& push)
+      : tokenizer_(tokenizer), raw_(req.raw), parser_(tokenizer, req.starts_in_think), reasoning_stop_(req.stop),
+        content_stop_(req.stop), in_reasoning_(req.starts_in_think), stats_(stats), push_(push) {}
+
+  // One generated id. True when a stop string has matched (the reply ends here).
+  bool token(int64_t id, bool is_stop_id) {
+    if (!raw_) parser_.push(static_cast<int32_t>(id), events_);
+    else if (!is_stop_id) raw_event(raw_decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
+    if (in_reasoning_) ++stats_.reasoning_tokens;
+    emit();
+    return stopped_by_string_;
+  }
+  // The end of the reply (not after a cancel): flushes the parser and the withheld text.
+  void finish() {
+    if (!raw_) parser_.finish(events_);
+    else raw_event(raw_decoder_.finish());
+    emit();
+    if (stopped_by_string_) return;
+    for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop_},
+                                 std::pair{ServiceEvent::Kind::content, &content_stop_}}) {
+      ServiceEvent e;
+      e.kind = kind;
+      e.text = matcher->flush();
+      if (!e.text.empty()) push_(std::move(e));
+    }
+  }
+  bool stopped_by_string() const { return stopped_by_string_; }
+
+ private:
+  void raw_event(std::string text) {
+    if (text.empty()) return;
+    text::OutputEvent ev;
+    ev.kind = text::OutputEvent::Kind::content;
+    ev.text = std::move(text);
+    events_.push_back(std::move(ev));
+  }
+  void emit() {
+    for (text::OutputEvent& ev : events_) {
+      if (stopped_by_string_) break;
+      ServiceEvent e;
+      if (ev.kind == text::OutputEvent::Kind::reasoning || ev.kind == text::OutputEvent::Kind::content) {
+        const bool reasoning = ev.kind == text::OutputEvent::Kind::reasoning;
+        in_reasoning_ = reasoning;
+        e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
+        e.text = (reasoning ? reasoning_stop_ : content_stop_).push(ev.text, stopped_by_string_);
+        if (e.text.empty()) continue;
+      } else if (ev.kind == text::OutputEvent::Kind::tool_call) {
+        in_reasoning_ = false;
+        e.kind = ServiceEvent::Kind::tool_call;
+        e.call = std::move(ev.call);
+        ++stats_.tool_calls;
+      } else {
+        continue;  // end_of_message: the stop id ends the loop anyway
+      }
+      push_(std::move(e));
+    }
+    events_.clear();
+  }
+
+  const text::Tokenizer& tokenizer_;
+  const bool raw_;
+  text::OutputParser parser_;
+  text::Utf8StreamDecoder raw_decoder_;
+  std::vector<text::OutputEvent> events_;
+  StopMatcher reasoning_stop_, content_stop_;
+  bool stopped_by_string_ = false, in_reasoning_;
+  GenerationStats& stats_;
+  const std::function<void(ServiceEvent)>& push_;
+};
+
 }  // namespace
+
+const char* service_error_name(ServiceError error) {
+  switch (error) {
+    case ServiceError::none: return "";
+    case ServiceError::engine_error: return "engine_error";
+    case ServiceError::shutting_down: return "shutting_down";
+    case ServiceError::cancelled: return "cancelled";
+  }
+  return "?";
+}
 
 const char* reuse_kind_name(ReuseKind kind) {
   switch (kind) {
@@ -92,12 +179,12 @@ EngineService::~EngineService() {
     shutting_down_ = true;
     if (active_) active_->cancel_.store(true);
   }
-  fail_waiters("shutting_down", "the server is shutting down");
+  fail_waiters(ServiceError::shutting_down, "the server is shutting down");
   wake_.notify_all();
   if (worker_.joinable()) worker_.join();
 }
 
-void EngineService::fail_waiters(const std::string& code, const std::string& message) {
+void EngineService::fail_waiters(ServiceError error, const std::string& message) {
   std::deque<std::shared_ptr<RequestHandle>> waiters;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -107,7 +194,7 @@ void EngineService::fail_waiters(const std::string& code, const std::string& mes
   for (const auto& h : waiters) {
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::error;
-    e.error_code = code;
+    e.error = error;
     e.text = message;
     h->push(std::move(e));
   }
@@ -118,7 +205,7 @@ Result<std::shared_ptr<RequestHandle>> EngineService::submit(ServiceRequest requ
   const int64_t capacity = context_.load();
   if (!ready_.load()) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return Status(Status::Code::unavailable, stats_.state == ServiceSnapshot::State::failed
+    return Status(Status::Code::unavailable, stats_.state == ServiceStats::State::failed
                                                  ? "the model failed to load"
                                                  : "the model is still loading");
   }
@@ -163,7 +250,7 @@ void EngineService::cancel(const std::shared_ptr<RequestHandle>& handle) {
   if (removed) {
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::error;
-    e.error_code = "cancelled";
+    e.error = ServiceError::cancelled;
     e.text = "cancelled while queued";
     handle->push(std::move(e));
     idle_.notify_all();
@@ -174,9 +261,9 @@ void EngineService::begin_shutdown() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     shutting_down_ = true;
-    stats_.state = ServiceSnapshot::State::stopping;
+    stats_.state = ServiceStats::State::stopping;
   }
-  fail_waiters("shutting_down", "the server is shutting down");
+  fail_waiters(ServiceError::shutting_down, "the server is shutting down");
 }
 
 void EngineService::cancel_active() {
@@ -198,13 +285,13 @@ void EngineService::erase_state() {
   wake_.notify_all();
 }
 
-ServiceSnapshot EngineService::snapshot() const {
+ServiceStats EngineService::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  ServiceSnapshot s = stats_;
-  if (s.state == ServiceSnapshot::State::loading) s.load_elapsed_s = now_seconds() - load_started_;
+  ServiceStats s = stats_;
+  if (s.state == ServiceStats::State::loading) s.load_elapsed_s = now_seconds() - load_started_;
   s.active = active_ ? 1 : 0;
   s.queued = queue_.size();
-  if (const Engine* e = engine()) s.experts = e->model().experts().stats();
+  if (const Engine* e = engine()) s.experts = e->expert_stats();
   return s;
 }
 
@@ -215,7 +302,7 @@ void EngineService::load() {
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.load_progress = fraction;
     });
-    if (!engine_->model().has_head() || !engine_->model().has_embedding() || !engine_->tokenizer())
+    if (!engine_->info().has_head || !engine_->info().has_embedding || !engine_->tokenizer())
       throw Error(options_.model_dir + ": serving needs the embedding, the lm_head and tiktoken.model");
     const int64_t capacity = options_.context > 0 ? options_.context : 8192;  // NoPE MLA: no table limit
     session_ = std::make_unique<Session>(*engine_, capacity);
@@ -225,10 +312,10 @@ void EngineService::load() {
     policy.keep_files = options_.ckpt_keep;
     if (options_.ckpt_slots >= 0) {
       policy.slots = options_.ckpt_slots;
-    } else {  // auto: 2 RAM photos when they leave 1 GiB free, else 2 on disk when a dir is set
-      const uint64_t photo_bytes = session_->photo_floats() * sizeof(float);
+    } else {  // auto: 2 RAM checkpoints when they leave 1 GiB free, else 2 on disk when a dir is set
+      const uint64_t state_bytes = session_->state_floats() * sizeof(float);
       const uint64_t available = available_memory_bytes();
-      if (available > 2 * photo_bytes + (uint64_t{1} << 30)) {
+      if (available > 2 * state_bytes + (uint64_t{1} << 30)) {
         policy.slots = 2;
         policy.dir.clear();
       } else {
@@ -243,11 +330,11 @@ void EngineService::load() {
     stats_.ckpt_slots = policy.slots;
     stats_.load_progress = 1.0;
     stats_.load_elapsed_s = now_seconds() - load_started_;
-    stats_.state = shutting_down_ ? ServiceSnapshot::State::stopping : ServiceSnapshot::State::ready;
+    stats_.state = shutting_down_ ? ServiceStats::State::stopping : ServiceStats::State::ready;
     ready_.store(true);
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.state = ServiceSnapshot::State::failed;
+    stats_.state = ServiceStats::State::failed;
     stats_.load_error = e.what();
     stats_.load_elapsed_s = now_seconds() - load_started_;
   }
@@ -296,32 +383,10 @@ void EngineService::publish_state() {
   }
 }
 
-void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
-  const ServiceRequest& req = handle->request_;
+int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back) {
   Session& session = *session_;
-  const text::Tokenizer& tokenizer = *engine_->tokenizer();
   const std::span<const int64_t> prompt(req.prompt);
   const int64_t n = static_cast<int64_t>(prompt.size());
-  GenerationStats stats;
-  stats.prompt_tokens = n;
-  stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
-  auto set_phase = [&](const char* phase) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.phase = phase;
-  };
-  auto fail = [&](const std::string& code, const std::string& message) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.failed;
-    }
-    publish_state();
-    ServiceEvent e;
-    e.kind = ServiceEvent::Kind::error;
-    e.error_code = code;
-    e.text = message;
-    handle->push(std::move(e));
-  };
-
   // 1. Reuse.
   const std::vector<int64_t>& record = session.tokens();
   const int64_t held = static_cast<int64_t>(record.size());
@@ -349,9 +414,9 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   if (options_.prefix_log && stats.reuse == ReuseKind::live)
     std::fprintf(stderr, "[PREFIX] reusing %lld of %lld prompt tokens\n", static_cast<long long>(start), static_cast<long long>(n));
   stats.cached_tokens = start;
-  // 2. A photo at the rollback point.
+  // 2. A checkpoint at the rollback point.
   if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)))) checkpoints_->save(session);
-  const bool can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
+  can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += n;
@@ -360,6 +425,30 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
      : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint : stats_.reuse_none)++;
     stats_.phase = "prefill";
   }
+  return start;
+}
+
+void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
+  const ServiceRequest& req = handle->request_;
+  Session& session = *session_;
+  const text::Tokenizer& tokenizer = *engine_->tokenizer();
+  const std::span<const int64_t> prompt(req.prompt);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  GenerationStats stats;
+  stats.prompt_tokens = n;
+  stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
+  auto set_phase = [&](const char* phase) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.phase = phase;
+  };
+  auto finish_request = [&](ServiceEvent e) {
+    publish_state();
+    handle->push(std::move(e));
+  };
+
+  // 1 and 2: reuse, and a checkpoint at the rollback point.
+  bool can_roll_back = false;
+  const int64_t start = reuse(req, stats, can_roll_back);
   {
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::accepted;
@@ -367,160 +456,104 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     handle->push(std::move(e));
   }
 
-  // 3. Prefill the tail.
+  // 3 and 4: the generation loop over the tail, with this request's hooks.
+  GenerateSettings settings;
+  settings.max_new_tokens = req.max_tokens;
+  settings.stop_ids = stop_ids_;
+  settings.prefill_piece = std::max<int64_t>(1, req.progress_every);
+  const bool anchored = req.anchor > start && req.anchor < n;
+  if (anchored) settings.split_at = req.anchor - start;
+  settings.cancel = &handle->cancel_;
+  settings.scripted = options_.scripted_tokens;
+
+  const std::function<void(ServiceEvent)> push = [&](ServiceEvent e) { handle->push(std::move(e)); };
+  OutputDemux demux(tokenizer, req, stats, push);
+
   const double t0 = now_seconds();
-  std::vector<float> logits;
+  bool decoding = false;
+  GenerateHooks hooks;
+  hooks.on_prefilled = [&](int64_t fed) {
+    const int64_t p = start + fed;
+    if (anchored && p == req.anchor) checkpoints_->save(session);
+    ServiceEvent e;
+    e.kind = ServiceEvent::Kind::progress;
+    e.processed = p;
+    e.total = n;
+    e.elapsed_ms = (now_seconds() - t0) * 1e3;
+    handle->push(std::move(e));
+  };
+  hooks.on_prefill_done = [&] {
+    // The prompt's end is always checkpointed: a follow-up whose history is re-rendered
+    // differently (the reply retokenised, reasoning dropped) resumes there.
+    checkpoints_->save(session);
+    set_phase("decode");
+    decoding = true;
+  };
+  hooks.on_token = [&](int64_t id) {
+    const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+    if (demux.token(id, is_stop_id) || handle->stop_.load()) return TokenVerdict::stop;
+    return handle->cancel_.load() ? TokenVerdict::cancel : TokenVerdict::next;
+  };
+  if (options_.token_delay_ms > 0)
+    hooks.between_tokens = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms)); };
+
+  Sampler sampler(req.sampling, req.sampling.seed);
+  GenerateResult result;
   try {
-    session.set_interrupt(&handle->cancel_);
-    const bool anchored = req.anchor > start && req.anchor < n;
-    for (int64_t p = start; p < n;) {
-      int64_t end = std::min(n, p + std::max<int64_t>(1, req.progress_every));
-      if (anchored && p < req.anchor && end > req.anchor) end = req.anchor;
-      logits = session.prefill(prompt.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)));
-      p = end;
-      if (anchored && p == req.anchor) checkpoints_->save(session);
-      ServiceEvent e;
-      e.kind = ServiceEvent::Kind::progress;
-      e.processed = p;
-      e.total = n;
-      e.elapsed_ms = (now_seconds() - t0) * 1e3;
-      handle->push(std::move(e));
+    result = generate(session, prompt.subspan(static_cast<size_t>(start)), sampler, settings, hooks);
+  } catch (const std::exception& e) {
+    session.reset();
+    std::fprintf(stderr, "[engine] %s failed: %s\n", decoding ? "decode" : "prefill", e.what());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.failed;
     }
-    session.set_interrupt(nullptr);
-  } catch (const Interrupted&) {
-    session.set_interrupt(nullptr);
-    // Roll back to the state before this request's prefill: the photo at `start`, or nothing.
+    ServiceEvent ev;
+    ev.kind = ServiceEvent::Kind::error;
+    ev.error = ServiceError::engine_error;
+    ev.text = decoding ? "engine failure during decode" : "engine failure during prefill";
+    finish_request(std::move(ev));
+    return;
+  }
+  stats.prefill_ms = result.prefill_seconds * 1e3;
+  if (result.cancelled_in_prefill) {
+    // Roll back to the state before this request's prefill: the checkpoint at `start`, or nothing.
     if (!can_roll_back || checkpoints_->restore_best(session, prompt.first(static_cast<size_t>(start)), start) != start)
       session.reset();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ++stats_.cancelled_prefill;
-      stats_.prefill_seconds += now_seconds() - t0;
+      stats_.prefill_seconds += result.prefill_seconds;
     }
-    stats.finish_reason = "cancelled";
-    stats.prefill_ms = (now_seconds() - t0) * 1e3;
-    publish_state();
+    stats.finish = FinishReason::cancelled;
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::done;
     e.stats = stats;
-    handle->push(std::move(e));
-    return;
-  } catch (const std::exception& e) {
-    session.set_interrupt(nullptr);
-    session.reset();
-    std::fprintf(stderr, "[engine] prefill failed: %s\n", e.what());
-    fail("engine_error", "engine failure during prefill");
+    finish_request(std::move(e));
     return;
   }
-  const double t1 = now_seconds();
-  stats.prefill_ms = (t1 - t0) * 1e3;
-  // The prompt's end is always photographed: a follow-up whose history is re-rendered differently
-  // (the reply retokenised, reasoning dropped) resumes there.
-  checkpoints_->save(session);
-  set_phase("decode");
-
-  // 4. Decode.
-  Sampler sampler(req.sampling, req.sampling.seed);
-  text::OutputParser parser(tokenizer, req.starts_in_think);
-  std::vector<text::OutputEvent> events;
-  text::Utf8StreamDecoder raw_decoder;  // req.raw: the bytes of every id but a stop id, as content
-  auto raw_event = [&](std::string text) {
-    if (text.empty()) return;
-    text::OutputEvent ev;
-    ev.kind = text::OutputEvent::Kind::content;
-    ev.text = std::move(text);
-    events.push_back(std::move(ev));
-  };
-  StopMatcher reasoning_stop(req.stop), content_stop(req.stop);
-  bool stopped_by_string = false, in_reasoning = req.starts_in_think;
-  std::string finish = "length";
-  auto emit = [&](std::vector<text::OutputEvent>& out) {
-    for (text::OutputEvent& ev : out) {
-      if (stopped_by_string) break;
-      ServiceEvent e;
-      if (ev.kind == text::OutputEvent::Kind::reasoning || ev.kind == text::OutputEvent::Kind::content) {
-        const bool reasoning = ev.kind == text::OutputEvent::Kind::reasoning;
-        in_reasoning = reasoning;
-        e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
-        e.text = (reasoning ? reasoning_stop : content_stop).push(ev.text, stopped_by_string);
-        if (e.text.empty()) continue;
-      } else if (ev.kind == text::OutputEvent::Kind::tool_call) {
-        in_reasoning = false;
-        e.kind = ServiceEvent::Kind::tool_call;
-        e.call = std::move(ev.call);
-        ++stats.tool_calls;
-      } else {
-        continue;  // end_of_message: the stop id ends the loop anyway
-      }
-      handle->push(std::move(e));
-    }
-    out.clear();
-  };
-  try {
-    for (int64_t j = 0; j < req.max_tokens; ++j) {
-      const int64_t id = static_cast<size_t>(j) < options_.scripted_tokens.size() ? options_.scripted_tokens[static_cast<size_t>(j)]
-                                                                                 : sampler.sample(logits);
-      ++stats.completion_tokens;
-      const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-      if (!req.raw) parser.push(static_cast<int32_t>(id), events);
-      else if (!is_stop_id) raw_event(raw_decoder.push(tokenizer.token_bytes(static_cast<int32_t>(id))));
-      if (in_reasoning) ++stats.reasoning_tokens;
-      emit(events);
-      if (is_stop_id || stopped_by_string || handle->stop_.load()) {
-        finish = "stop";
-        break;
-      }
-      if (handle->cancel_.load()) {
-        finish = "cancelled";
-        break;
-      }
-      if (j + 1 == req.max_tokens) break;
-      if (options_.token_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
-      if (handle->cancel_.load()) {
-        finish = "cancelled";
-        break;
-      }
-      logits = session.step(id);
-    }
-  } catch (const std::exception& e) {
-    session.reset();
-    std::fprintf(stderr, "[engine] decode failed: %s\n", e.what());
-    fail("engine_error", "engine failure during decode");
-    return;
-  }
-  if (finish != "cancelled") {
-    if (!req.raw) parser.finish(events);
-    else raw_event(raw_decoder.finish());
-    emit(events);
-    if (!stopped_by_string)
-      for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop},
-                                   std::pair{ServiceEvent::Kind::content, &content_stop}}) {
-        ServiceEvent e;
-        e.kind = kind;
-        e.text = matcher->flush();
-        if (!e.text.empty()) handle->push(std::move(e));
-      }
-  }
-  if (finish == "stop" && stats.tool_calls > 0 && !stopped_by_string) finish = "tool_calls";
-  stats.finish_reason = finish;
-  stats.decode_ms = (now_seconds() - t1) * 1e3;
-  // The end of the reply, unless that would evict the anchor photo: with 2 slots and an anchor,
-  // the anchor (an edited or regenerated last message) and the prompt's end (a follow-up) are
-  // kept; the reply's end is the live record, photographed when the next request extends it.
+  stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
+  FinishReason finish = result.finish;
+  if (finish != FinishReason::cancelled) demux.finish();
+  if (finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string()) finish = FinishReason::tool_calls;
+  stats.finish = finish;
+  stats.decode_ms = result.decode_seconds * 1e3;
+  // The end of the reply, unless that would evict the anchor checkpoint: with 2 slots and an
+  // anchor, the anchor (an edited or regenerated last message) and the prompt's end (a follow-up)
+  // are kept; the reply's end is the live record, checkpointed when the next request extends it.
   if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3) checkpoints_->save(session);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.generated_tokens += stats.completion_tokens;
-    stats_.prefill_seconds += t1 - t0;
-    stats_.decode_seconds += stats.decode_ms / 1e3;
-    if (finish == "cancelled") ++stats_.cancelled_decode;
+    stats_.prefill_seconds += result.prefill_seconds;
+    stats_.decode_seconds += result.decode_seconds;
+    if (finish == FinishReason::cancelled) ++stats_.cancelled_decode;
     else ++stats_.completed;
   }
-  publish_state();
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;
   e.stats = stats;
-  handle->push(std::move(e));
+  finish_request(std::move(e));
 }
 
 }  // namespace k3

@@ -2,20 +2,21 @@
 
 #include <cstring>
 
+#include "io/file.h"
 #include "io/safetensors_writer.h"
 #include "util/error.h"
 
 namespace k3 {
 namespace {
 
-const char* site_name(ForwardObserver::Site site) {
+const char* site_name(LayerObserver::Site site) {
   switch (site) {
-    case ForwardObserver::Site::kAttnIn: return "attn_in";
-    case ForwardObserver::Site::kAttnOut: return "attn_out";
-    case ForwardObserver::Site::kMlpIn: return "mlp_in";
-    case ForwardObserver::Site::kMlpOut: return "mlp_out";
-    case ForwardObserver::Site::kLayerOut: return "layer_out";
-    case ForwardObserver::Site::kFinalHidden: return "final_hidden";
+    case LayerObserver::Site::kAttnIn: return "attn_in";
+    case LayerObserver::Site::kAttnOut: return "attn_out";
+    case LayerObserver::Site::kMlpIn: return "mlp_in";
+    case LayerObserver::Site::kMlpOut: return "mlp_out";
+    case LayerObserver::Site::kLayerOut: return "layer_out";
+    case LayerObserver::Site::kFinalHidden: return "final_hidden";
   }
   return "?";
 }
@@ -36,7 +37,7 @@ void TraceRecorder::on_tensor(int64_t layer, Site site, const float* data) {
   rows.insert(rows.end(), data, data + hidden_);
 }
 
-void TraceRecorder::on_routing(int64_t layer, const RoutingResult& routing) {
+void TraceRecorder::on_routing(int64_t layer, const Routing& routing) {
   const std::string base = "layer." + std::to_string(layer) + ".";
   auto& ids = ids_[base + "topk_ids"];
   ids.insert(ids.end(), routing.ids.begin(), routing.ids.end());
@@ -64,6 +65,18 @@ void TraceRecorder::write(const std::string& path, const std::vector<int64_t>& p
   for (const auto& [name, ids] : ids_) writer.add_bytes(name, DType::kI64, {T, top_k_}, as_bytes(ids));
   for (const auto& [name, w] : weights_) writer.add_bytes(name, DType::kF32, {T, top_k_}, as_bytes(w));
   writer.write(path);
+}
+
+std::vector<float> read_f32_file(const std::string& path) {
+  const std::string bytes = read_text_file(path);
+  if (bytes.size() % 4 != 0) throw Error(path + ": size " + std::to_string(bytes.size()) + " is not a multiple of 4 (raw f32 expected)");
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+void write_f32_file(const std::string& path, const std::vector<float>& data) {
+  write_file_atomic(path, data.data(), data.size() * sizeof(float));
 }
 
 }  // namespace k3

@@ -590,7 +590,7 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request, 
   choice["index"] = 0;
   choice["message"] = std::move(message);
   choice["logprobs"] = nullptr;
-  choice["finish_reason"] = result.stats.finish_reason;
+  choice["finish_reason"] = finish_reason_name(result.stats.finish);
   json out = envelope(ids, "chat.completion", request.model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(result.stats);
@@ -642,7 +642,7 @@ json completion_json(const std::string& text, const GenerationStats& stats, cons
   choice["text"] = text;
   choice["index"] = 0;
   choice["logprobs"] = nullptr;
-  choice["finish_reason"] = stats.finish_reason;
+  choice["finish_reason"] = finish_reason_name(stats.finish);
   json out = envelope(ids, "text_completion", model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(stats);

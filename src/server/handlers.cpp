@@ -30,8 +30,8 @@ bool gone(const HttpRequest& req) { return req.client_gone && req.client_gone();
 const text::Tokenizer* tokenizer_or_503(const HandlerContext& c, HttpResponse& res) {
   const Engine* engine = c.service.engine();
   if (engine) return engine->tokenizer();
-  const ServiceSnapshot s = c.service.snapshot();
-  if (s.state == ServiceSnapshot::State::failed)
+  const ServiceStats s = c.service.stats();
+  if (s.state == ServiceStats::State::failed)
     set_error(res, api_error(500, "server_error", "engine_error", "the model failed to load"));
   else
     set_error(res, api_error(503, "server_error", "model_loading", "the model is still loading", std::nullopt, 5));
@@ -45,7 +45,7 @@ json model_entry(const HandlerContext& c, const std::string& id) {
 }
 
 int retry_after(const HandlerContext& c) {
-  const ServiceSnapshot s = c.service.snapshot();
+  const ServiceStats s = c.service.stats();
   const double running = s.active ? now_seconds() - s.active_started : 0;
   return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
 }
@@ -87,9 +87,9 @@ bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHand
     if (handle->next(accepted, std::chrono::milliseconds(100))) {
       if (accepted.kind == ServiceEvent::Kind::accepted) return true;
       if (accepted.kind == ServiceEvent::Kind::error) {
-        if (accepted.error_code == "shutting_down")
+        if (accepted.error == ServiceError::shutting_down)
           set_error(res, shutting_down());
-        else if (accepted.error_code != "cancelled")
+        else if (accepted.error != ServiceError::cancelled)
           set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
         return false;
       }
@@ -258,7 +258,7 @@ void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& 
         break;
       }
       case ServiceEvent::Kind::done: {
-        std::vector<json> out{chunk_json(ids, config, json::object(), e.stats.finish_reason.c_str(), usage)};
+        std::vector<json> out{chunk_json(ids, config, json::object(), finish_reason_name(e.stats.finish), usage)};
         if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
         return out;
       }
@@ -292,9 +292,9 @@ void drain_generations(const HandlerContext& c) {
 
 HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
   HttpResponse res;
-  const ServiceSnapshot s = c.service.snapshot();
+  const ServiceStats s = c.service.stats();
   json body = json::object();
-  if (s.state == ServiceSnapshot::State::loading) {
+  if (s.state == ServiceStats::State::loading) {
     body["status"] = "loading";
     body["phase"] = "weights";
     body["progress"] = s.load_progress;
@@ -303,11 +303,11 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
     set_json(res, 503, body);
     return res;
   }
-  if (s.state == ServiceSnapshot::State::failed) {
+  if (s.state == ServiceStats::State::failed) {
     set_json(res, 500, json{{"status", "error"}, {"message", "model load failed"}});
     return res;
   }
-  body["status"] = s.state == ServiceSnapshot::State::stopping ? "stopping" : "ok";
+  body["status"] = s.state == ServiceStats::State::stopping ? "stopping" : "ok";
   if (authorised(c.options, req)) {
     body["model"] = c.options.api.model_id;
     body["uptime_s"] = now_seconds() - c.started;
@@ -327,7 +327,7 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
     if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
   }
-  set_json(res, s.state == ServiceSnapshot::State::stopping ? 503 : 200, body);
+  set_json(res, s.state == ServiceStats::State::stopping ? 503 : 200, body);
   return res;
 }
 
@@ -388,7 +388,7 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   ServiceRequest sr;
   if (request->ids_given) {
     for (size_t i = 0; i < request->prompt_ids.size(); ++i)
-      if (request->prompt_ids[i] >= c.service.engine()->config().vocab_size)
+      if (request->prompt_ids[i] >= c.service.engine()->info().vocab_size)
         return error_response(invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
     sr.prompt = request->prompt_ids;
   } else {
@@ -413,14 +413,14 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   serve_sse(c, req, res, handle, {}, [config, request, ids](const ServiceEvent& e) {
     if (e.kind == ServiceEvent::Kind::content) return std::vector<json>{completion_chunk_json(ids, *config, e.text, nullptr)};
     if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
-    std::vector<json> out{completion_chunk_json(ids, *config, "", e.stats.finish_reason.c_str())};
+    std::vector<json> out{completion_chunk_json(ids, *config, "", finish_reason_name(e.stats.finish))};
     if (request->include_usage) out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
     return out;
   });
   return res;
 }
 
-std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
+std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help, double value) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
@@ -444,10 +444,10 @@ std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<s
   o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
     << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} "
     << s.reuse_checkpoint << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
-  metric("k3_checkpoint_saves_total", "counter", "recurrent-state photos taken", static_cast<double>(s.ckpt.saves));
-  metric("k3_checkpoint_restores_total", "counter", "recurrent-state photos restored", static_cast<double>(s.ckpt.restores));
-  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring photos", s.ckpt.restore_seconds);
-  metric("k3_checkpoint_rejected_total", "counter", "disk photos that failed their header check", static_cast<double>(s.ckpt.rejected));
+  metric("k3_checkpoint_saves_total", "counter", "recurrent-state checkpoints saved", static_cast<double>(s.ckpt.saves));
+  metric("k3_checkpoint_restores_total", "counter", "recurrent-state checkpoints restored", static_cast<double>(s.ckpt.restores));
+  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring checkpoints", s.ckpt.restore_seconds);
+  metric("k3_checkpoint_rejected_total", "counter", "disk checkpoints that failed their header check", static_cast<double>(s.ckpt.rejected));
   metric("k3_requests_rejected_total", "counter", "generations refused with 429", static_cast<double>(s.rejected));
   metric("k3_expert_cache_hits_total", "counter", "routed experts found in the cache", static_cast<double>(s.experts.hits));
   metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk", static_cast<double>(s.experts.misses));
@@ -473,13 +473,13 @@ HttpResponse metrics(const HandlerContext& c, const HttpRequest&) {
       requests.push_back({"endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"", n});
   }
   HttpResponse res;
-  res.body = metrics_text(c.service.snapshot(), requests);
+  res.body = metrics_text(c.service.stats(), requests);
   res.content_type = "text/plain; version=0.0.4";
   return res;
 }
 
 HttpResponse slots(const HandlerContext& c, const HttpRequest&) {
-  const ServiceSnapshot s = c.service.snapshot();
+  const ServiceStats s = c.service.stats();
   json list = json::array();
   for (const auto& ck : s.ckpt_list)
     list.push_back(json{{"slot", ck.slot}, {"pos", ck.position}, {"pinned", false}, {"age_s", ck.age_seconds}});

@@ -1,5 +1,7 @@
 // engine/engine.h — the narrow interface to running Kimi K3: an Engine (loaded weights,
 // read-only, shareable) and Sessions (one sequence's state each) with prefill and step.
+// Both are opaque (the model, its expert cache and its kernels stay behind this header); what a
+// caller may know about them comes back as plain structs (EngineInfo, ExpertStats, SessionStats).
 // Thread-safety: an Engine may be used by several Sessions, one thread per Session.
 #pragma once
 
@@ -11,117 +13,167 @@
 #include <string>
 #include <vector>
 
-#include "io/snapshot.h"
-#include "model/config.h"
-#include "model/model.h"
 #include "options/options.h"
 #include "text/tokenizer.h"
 
 namespace k3 {
 
+// What an Engine is built from: the model directory, how to load it, and an optional observer
+// of the load (the loaded fraction in [0, 1] as the layers come in).
+struct EngineOptions {
+  std::string model_dir;
+  LoadOptions load;
+  std::function<void(double fraction)> on_progress;
+};
+
+// Facts about the loaded model: config.json's dimensions and what was loaded.
+struct EngineInfo {
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t num_hidden_layers = 0;      // in config.json
+  int64_t num_layers = 0;             // loaded (K3_LAYERS may run fewer)
+  int64_t num_experts = 0;
+  int64_t num_experts_per_token = 0;
+  int64_t first_k_dense_replace = 0;
+  std::vector<int64_t> eos_token_ids;
+  bool has_embedding = false;
+  bool has_head = false;              // false: prefill returns no logits
+  uint64_t resident_bytes = 0;        // weights held in memory
+  std::string tensor_prefix;          // "language_model." in the release layout
+};
+
+// The routed-expert cache's counters since load.
+struct ExpertStats {
+  uint64_t hits = 0;         // experts found in a slot (or resident)
+  uint64_t misses = 0;       // experts read from disk
+  uint64_t bytes_read = 0;   // bytes of those reads (as asked)
+  uint64_t drive_bytes = 0;  // bytes that came from the drive
+  uint64_t transient = 0;    // misses not kept in a slot after their batch
+  double wait_seconds = 0;   // compute thread blocked on reads
+  double busy_seconds = 0;   // wall time with at least one read in flight
+  uint64_t prefetch_issued = 0, prefetch_used = 0;
+  uint64_t predicted_hits = 0, predicted_total = 0;
+  std::string io_engine;     // "io_uring" or "threads"
+  double recall() const { return predicted_total ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total) : 0; }
+  double hit_ratio() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }
+};
+
 class Engine {
  public:
-  // Opens the snapshot at `model_dir` and loads the resident weights. Throws k3::Error.
-  // `on_progress` (optional) sees the loaded fraction in [0, 1] as the layers come in.
+  // Opens the model directory and loads the resident weights. Throws k3::Error.
+  explicit Engine(const EngineOptions& options);
   Engine(const std::string& model_dir, const LoadOptions& load,
          const std::function<void(double fraction)>& on_progress = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
-  const K3Config& config() const { return config_; }
-  const Model& model() const { return *model_; }
-  const Snapshot& snapshot() const { return *snapshot_; }
-  // The snapshot's tokenizer (tiktoken.model + tokenizer_config.json); nullptr when it has none
+  const EngineInfo& info() const;
+  // The model's tokenizer (tiktoken.model + tokenizer_config.json); nullptr when it has none
   // (the engine then runs on token ids only).
-  const text::Tokenizer* tokenizer() const { return tokenizer_.get(); }
-  double load_seconds() const { return load_seconds_; }
+  const text::Tokenizer* tokenizer() const;
+  double load_seconds() const;
   // "isa avx512 | bits 4/8/8 | idot 1 | resident 123.4 MB": what the engine computes with.
   std::string describe() const;
   // "experts: 12 hits / 34 misses (26.1% hit) | 0.60 GB read at 2.31 GB/s": the expert cache's
   // counters since load.
   std::string describe_experts() const;
+  ExpertStats expert_stats() const;
   // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
   // directory allows; notes on stderr when it cannot. Never throws. Call at exit.
   void save_history() const;
 
+  struct Impl;  // engine/internal.h
+  const Impl& impl() const { return *impl_; }
+
  private:
-  std::unique_ptr<Snapshot> snapshot_;
-  K3Config config_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<text::Tokenizer> tokenizer_;
-  double load_seconds_ = 0;
-  std::string history_note_;  // why the history cannot be saved ("" = it can)
+  std::unique_ptr<Impl> impl_;
+};
+
+// Validation hook: sees every fed position's per-layer tensors and routing (copies only; a
+// computed value never changes).
+class LayerObserver {
+ public:
+  enum class Site { kAttnIn, kAttnOut, kMlpIn, kMlpOut, kLayerOut, kFinalHidden };
+  struct Routing {
+    std::span<const int64_t> ids;    // [<= num_experts_per_token], ascending
+    std::span<const float> weights;  // aligned with ids
+  };
+  virtual ~LayerObserver() = default;
+  // `layer` is -1 for kFinalHidden. data: [hidden].
+  virtual void on_tensor(int64_t layer, Site site, const float* data) = 0;
+  virtual void on_routing(int64_t layer, const Routing& routing) = 0;
 };
 
 // Optional observers of a prefill (validation hooks).
 struct PrefillHooks {
-  ForwardObserver* observer = nullptr;   // per-layer tensors of every position
+  LayerObserver* observer = nullptr;         // per-layer tensors of every position
   std::vector<float>* all_logits = nullptr;  // receives [T][vocab] logits of every position
 };
 
-// A photo of a session's recurrent state: every KDA layer's three conv windows and matrix state,
+// A copy of a session's recurrent state: every KDA layer's three conv windows and matrix state,
 // flattened, plus the ids fed so far. With the MLA rows still in the live cache for positions
 // below `position`, restoring it resumes the sequence there (SERVING.md §1.9.2).
-struct StatePhoto {
+struct SavedState {
   int64_t position = 0;
   std::vector<int64_t> ids;  // [position]
-  std::vector<float> kda;    // [Session::photo_floats()]
+  std::vector<float> kda;    // [Session::state_floats()]
+};
+
+// Seconds per compute stage and routed-expert applications since a session started.
+struct SessionStats {
+  double total_seconds = 0;
+  uint64_t expert_reads = 0;  // routed experts applied (a chunk applies each distinct expert once)
+  std::string summary;        // "attention(KDA) 1.23 s 40% | MLA ... "
 };
 
 class Session {
  public:
   // A fresh sequence that can hold `capacity` positions.
   Session(const Engine& engine, int64_t capacity);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   // Replaces the embedding of absolute positions [0, rows) by `x0` ([rows][hidden]); a position
-  // past the table is an error (K3_X0).
+  // past the table is an error.
   void set_input_rows(std::vector<float> x0);
 
   // Feeds `ids` in order and returns the logits of the last one ([vocab]; empty when the
-  // snapshot has no head). The reference stays valid until the next prefill/step. Throws
+  // model has no head). The reference stays valid until the next prefill/step. Throws
   // k3::Error (context full, bad id); the state is then undefined: call reset().
-  // The ids go through the model in layer-major chunks of prefill_chunk() tokens
-  // (Model::forward_chunk; a chunk of one takes the one-token path); the logits are
+  // The ids go through the model in layer-major chunks of prefill_chunk() tokens; the logits are
   // bit-identical for every chunk size.
   const std::vector<float>& prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
   // Tokens per prefill chunk: the engine's K3_CHUNK unless overridden (values < 1 mean 1).
-  int64_t prefill_chunk() const { return chunk_; }
-  void set_prefill_chunk(int64_t chunk) { chunk_ = chunk; }
-  // Feeds one token (the one-token path) and returns its logits (same lifetime rule).
-  // Allocates nothing.
+  int64_t prefill_chunk() const;
+  void set_prefill_chunk(int64_t chunk);
+  // Feeds one token and returns its logits (same lifetime rule). Allocates nothing.
   const std::vector<float>& step(int64_t id);
-  // Seconds per stage since the session started (or the last reset).
-  const StageStats& stats() const { return state_.stats; }
+  SessionStats stats() const;
 
-  int64_t position() const { return state_.position; }
-  int64_t capacity() const { return state_.capacity; }
+  int64_t position() const;
+  int64_t capacity() const;
   // The fed-token record: exactly the ids fed, at their positions.
-  const std::vector<int64_t>& tokens() const { return tokens_; }
+  const std::vector<int64_t>& tokens() const;
   void reset();
 
-  // Floats in a photo's `kda` (the same for every photo of this engine).
-  size_t photo_floats() const;
-  void take_photo(StatePhoto& out) const;
-  // Puts the photo's recurrent state back and truncates the record to its position.
-  // REQUIRES: photo.ids == tokens()[0, photo.position) (the MLA rows below it are then valid);
+  // Floats in a SavedState's `kda` (the same for every saved state of this engine).
+  size_t state_floats() const;
+  void save_state(SavedState& out) const;
+  // Puts the saved recurrent state back and truncates the record to its position.
+  // REQUIRES: saved.ids == tokens()[0, saved.position) (the MLA rows below it are then valid);
   // throws k3::Error otherwise.
-  void restore_photo(const StatePhoto& photo);
+  void restore_state(const SavedState& saved);
   // While set, every forward pass polls `flag` before each layer and throws Interrupted when it
-  // reads true; the state is then part-advanced (restore a photo or reset). nullptr = off.
-  void set_interrupt(const std::atomic<bool>* flag) { state_.interrupt = flag; }
+  // reads true; the state is then part-advanced (restore a saved state or reset). nullptr = off.
+  void set_interrupt(const std::atomic<bool>* flag);
+
+  struct Impl;  // engine/internal.h
+  const Impl& impl() const { return *impl_; }
 
  private:
-  void check_id(int64_t id) const;
-  // x0[hidden] = the input row of `id` at absolute position `pos` (embedding or K3_X0 row).
-  void input_row(int64_t id, size_t pos, float* x0);
-  void feed(int64_t id, ForwardObserver* observer);
-  void feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer);
-
-  const Engine& engine_;
-  ModelState state_;
-  std::vector<int64_t> tokens_;
-  std::vector<float> logits_;  // [vocab]
-  std::vector<float> x0_;  // [rows][hidden], optional
-  int64_t chunk_ = 1;      // tokens per prefill chunk
-  std::vector<float> chunk_x0_, chunk_hidden_;  // [chunk][hidden] input rows and final hidden rows
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace k3

@@ -6,24 +6,24 @@
 // ServiceEvents from the RequestHandle they get back:
 //
 //   accepted{prompt_tokens, cached_tokens, reuse}  progress{processed, total}*
-//   (reasoning | content | tool_call)*  done{stats}            — or error{code, message}
+//   (reasoning | content | tool_call)*  done{stats}            — or error{error, message}
 //
 // Order of business for one request:
 //   1. reuse: the record is a strict prefix of the prompt → prefill the tail ("live"); else the
-//      deepest matching photo is restored ("checkpoint"); else the state is reset ("none").
-//   2. before prefilling from p > 0 a photo is held at p (checkpoints on), so a cancelled
+//      deepest matching checkpoint is restored ("checkpoint"); else the state is reset ("none").
+//   2. before prefilling from p > 0 a checkpoint is held at p (checkpoints on), so a cancelled
 //      prefill rolls back to p instead of losing everything; without one it resets.
-//   3. prefill the tail (cancellation polled before every layer), a photo at the anchor (the
+//   3. prefill the tail (cancellation polled before every layer), a checkpoint at the anchor (the
 //      start of the last message: an edited or regenerated turn resumes there) or, without
-//      one, at the prompt's end. With 2 slots the photos kept are then the last anchor and the
+//      one, at the prompt's end. With 2 slots the checkpoints kept are then the last anchor and the
 //      last reply's end, which serve the follow-up, the edit and the regenerate cases alike.
-//   4. decode: sample, demux (text::OutputParser), stop strings matched per channel on decoded
-//      text and withheld, stop ids never fed; cancel polled between tokens; photo at the end.
+//   4. decode (engine/generate.h, the loop kimi_k3 runs too): sample, demux (text::OutputParser), stop strings matched per channel on decoded
+//      text and withheld, stop ids never fed; cancel polled between tokens; a checkpoint at the end.
 // A reused prefix gives the same tokens as a cold run: the state is exactly what feeding the
 // same ids from zero produces.
 //
 // Admission: one generation at a time, a bounded FIFO behind it; a cancelled waiter leaves the
-// queue at once. Engine faults fail the request with `engine_error` and reset the session.
+// queue at once. Engine faults fail the request with ServiceError::engine_error and reset the session.
 #pragma once
 
 #include <atomic>
@@ -39,6 +39,7 @@
 
 #include "engine/checkpoints.h"
 #include "engine/engine.h"
+#include "engine/generate.h"
 #include "options/options.h"
 #include "text/output_parser.h"
 #include "util/status.h"
@@ -57,13 +58,13 @@ struct ServiceRequest {
   std::vector<std::string> stop; // stop strings (withheld from the output)
   bool cache_prompt = true;      // false: ignore reusable state
   int64_t progress_every = 32;   // a progress event every N prefilled tokens (and at the end)
-  // A position worth a photo inside the prompt: the start of the last message, where an edited
-  // or regenerated last turn diverges (0 = none: the photo is taken at the prompt's end).
+  // A position worth a checkpoint inside the prompt: the start of the last message, where an edited
+  // or regenerated last turn diverges (0 = none: the checkpoint is taken at the prompt's end).
   int64_t anchor = 0;
 };
 
 struct GenerationStats {
-  std::string finish_reason;     // stop, length, tool_calls, cancelled
+  FinishReason finish = FinishReason::length;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;     // positions reused (live or restored)
   int64_t completion_tokens = 0;
@@ -74,6 +75,10 @@ struct GenerationStats {
   int tool_calls = 0;
 };
 
+// Why the service failed a request (the server maps each to an HTTP status and error code).
+enum class ServiceError { none, engine_error, shutting_down, cancelled };
+const char* service_error_name(ServiceError error);  // "", "engine_error", "shutting_down", "cancelled"
+
 struct ServiceEvent {
   enum class Kind { accepted, progress, reasoning, content, tool_call, done, error };
   Kind kind = Kind::done;
@@ -82,7 +87,7 @@ struct ServiceEvent {
   int64_t processed = 0, total = 0;  // progress (prompt positions, cached ones included)
   double elapsed_ms = 0;      // progress: since prefill start
   GenerationStats stats;      // accepted (prompt, cached, reuse) and done
-  std::string error_code;     // error: engine_error, queue_timeout, shutting_down, cancelled
+  ServiceError error = ServiceError::none;  // error
 };
 
 class EngineService;
@@ -92,7 +97,7 @@ class RequestHandle {
  public:
   // Waits up to `timeout` for the next event. False on timeout.
   bool next(ServiceEvent& out, std::chrono::milliseconds timeout);
-  // Finish after the current token with finish_reason "stop" (the caller saw enough).
+  // Finish after the current token with FinishReason::stop (the caller saw enough).
   void stop() { stop_.store(true); }
   bool cancelled() const { return cancel_.load(); }
   const ServiceRequest& request() const { return request_; }
@@ -115,7 +120,7 @@ struct ServiceOptions {
   std::string model_dir;
   LoadOptions load;
   int64_t context = 0;           // positions (0 = 8192)
-  int ckpt_slots = -1;           // -1 = auto (2 in RAM when memory allows, else 2 on disk with a dir, else off)
+  int ckpt_slots = -1;           // checkpoint slots; -1 = auto (2 in RAM when memory allows, else 2 on disk with a dir, else off)
   std::string ckpt_dir;
   bool ckpt_keep = false;
   size_t max_queue = 8;          // waiters behind the active request
@@ -127,8 +132,9 @@ struct ServiceOptions {
   std::vector<int64_t> scripted_tokens;
 };
 
-// A consistent copy of the service's state for /health, /metrics and the chat status line.
-struct ServiceSnapshot {
+// A consistent copy of the service's counters and state for /health, /metrics and the chat
+// status line.
+struct ServiceStats {
   enum class State { loading, ready, failed, stopping };
   State state = State::loading;
   double load_progress = 0;      // [0, 1]
@@ -148,12 +154,12 @@ struct ServiceSnapshot {
   int64_t reuse_live = 0, reuse_checkpoint = 0, reuse_none = 0;
   CheckpointCounters ckpt;
   double active_started = 0;     // now_seconds() of the active request's acceptance
-  ExpertCacheStats experts;      // the routed-expert cache's counters (zero while loading)
+  ExpertStats experts;           // the routed-expert cache's counters (zero while loading)
 };
 
 class EngineService {
  public:
-  // Starts the worker, which loads the model (progress in snapshot()).
+  // Starts the worker, which loads the model (progress in stats()).
   explicit EngineService(ServiceOptions options);
   // Cancels whatever runs, fails the waiters, joins the worker.
   ~EngineService();
@@ -163,7 +169,7 @@ class EngineService {
   // Queues a request. Errors: unavailable (loading, failed, shutting down), resource_exhausted
   // (queue full), invalid_argument (the prompt does not fit the context).
   Result<std::shared_ptr<RequestHandle>> submit(ServiceRequest request);
-  // The caller is gone: a waiter leaves the queue at once (an error event "cancelled" is
+  // The caller is gone: a waiter leaves the queue at once (an error event ServiceError::cancelled is
   // pushed), the active request stops within one layer (prefill) or one token (decode).
   void cancel(const std::shared_ptr<RequestHandle>& handle);
   // Stop admitting (submit → unavailable) and fail the waiters with shutting_down.
@@ -172,10 +178,10 @@ class EngineService {
   void cancel_active();
   // Waits until nothing is active or queued; false on timeout.
   bool wait_idle(double timeout_seconds);
-  // Drops reusable state: the record and every photo (runs on the worker between requests).
+  // Drops reusable state: the record and every checkpoint (runs on the worker between requests).
   void erase_state();
 
-  ServiceSnapshot snapshot() const;
+  ServiceStats stats() const;
   // The loaded engine (nullptr until ready). Its tokenizer is safe to use from any thread.
   const Engine* engine() const { return ready_.load() ? engine_.get() : nullptr; }
   int64_t context_capacity() const { return context_.load(); }
@@ -184,8 +190,12 @@ class EngineService {
   void run();
   void load();
   void serve(const std::shared_ptr<RequestHandle>& handle);
-  void fail_waiters(const std::string& code, const std::string& message);
-  // Copies the session's and the store's state into the snapshot (before a terminal event, so a
+  // Steps 1 and 2 of a request: reuses what the session or a checkpoint holds of the prompt
+  // (resetting otherwise) and returns the position prefilling starts from; `can_roll_back` tells
+  // whether a checkpoint at that position is held.
+  int64_t reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back);
+  void fail_waiters(ServiceError error, const std::string& message);
+  // Copies the session's and the store's state into stats_ (before a terminal event, so a
   // caller that saw `done` reads fresh numbers).
   void publish_state();
 
@@ -203,7 +213,7 @@ class EngineService {
   std::deque<std::shared_ptr<RequestHandle>> queue_;
   std::shared_ptr<RequestHandle> active_;
   bool shutting_down_ = false, exiting_ = false, erase_requested_ = false;
-  ServiceSnapshot stats_;
+  ServiceStats stats_;
   double load_started_ = 0;
   std::thread worker_;
 };

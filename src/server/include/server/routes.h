@@ -24,7 +24,7 @@
 
 namespace k3 {
 class EngineService;
-struct ServiceSnapshot;
+struct ServiceStats;
 }
 
 namespace k3::server {
@@ -103,6 +103,6 @@ ApiError body_unreadable();
 
 // The Prometheus text of /metrics from a service snapshot and the HTTP counters (label set,
 // count), e.g. {"endpoint=\"/v1/models\",status=\"200\"", 3}.
-std::string metrics_text(const ServiceSnapshot& s, const std::vector<std::pair<std::string, int64_t>>& requests);
+std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests);
 
 }  // namespace k3::server

@@ -1,0 +1,52 @@
+// engine/internal.h — what is behind engine.h's opaque Engine and Session: the model files, the
+// parsed config, the model and one sequence's model state. For the engine's own files and for
+// the tests and benchmarks that drive the model directly (they link k3_model and add
+// src/engine/internal to their include path); never for the server or the apps.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "io/snapshot.h"
+#include "model/config.h"
+#include "model/model.h"
+
+namespace k3 {
+
+struct Engine::Impl {
+  std::unique_ptr<Snapshot> files;  // the model directory's shards
+  K3Config config;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  EngineInfo info;
+  double load_seconds = 0;
+  std::string history_note;  // why the history cannot be saved ("" = it can)
+};
+
+struct Session::Impl {
+  Impl(const Engine& engine, int64_t capacity);
+  void check_id(int64_t id) const;
+  // x0[hidden] = the input row of `id` at absolute position `pos` (embedding or input row).
+  void input_row(int64_t id, size_t pos, float* x0);
+  void feed(int64_t id, ForwardObserver* observer);
+  void feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer);
+
+  const Engine::Impl& engine;
+  ModelState state;
+  std::vector<int64_t> tokens;
+  std::vector<float> logits;  // [vocab]
+  std::vector<float> x0;      // [rows][hidden], optional
+  int64_t chunk = 1;          // tokens per prefill chunk
+  std::vector<float> chunk_x0, chunk_hidden;  // [chunk][hidden] input rows and final hidden rows
+};
+
+namespace internal {
+inline const Model& model(const Engine& engine) { return *engine.impl().model; }
+inline const K3Config& config(const Engine& engine) { return engine.impl().config; }
+inline const Snapshot& model_files(const Engine& engine) { return *engine.impl().files; }
+inline const StageStats& stage_stats(const Session& session) { return session.impl().state.stats; }
+}  // namespace internal
+
+}  // namespace k3
