@@ -136,7 +136,7 @@ PathRun run_path(k3::LoadOptions load, k3::Isa isa, const Tensors& golden) {
   const auto prompt = golden.i64("prompt_ids");
   const auto decode_ids = golden.i64("decode_ids");
   k3::Session session(engine, static_cast<int64_t>(prompt.size() + decode_ids.size()));
-  k3::TraceRecorder recorder(engine.config().hidden_size, engine.config().num_experts_per_token);
+  k3::TraceRecorder recorder(engine.info().hidden_size, engine.info().num_experts_per_token);
   PathRun out;
   k3::PrefillHooks hooks;
   hooks.observer = &recorder;
@@ -146,10 +146,10 @@ PathRun run_path(k3::LoadOptions load, k3::Isa isa, const Tensors& golden) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("k3_drift_" + std::string(load.isa) + "_" + std::to_string(load.bits) + "_" +
                              std::to_string(::getpid()) + ".safetensors")).string();
-  recorder.write(path, prompt, out.logits, engine.config().vocab_size);
+  recorder.write(path, prompt, out.logits, engine.info().vocab_size);
   {
     const Tensors trace(path);
-    for (int64_t l = 0; l < engine.config().num_hidden_layers; ++l)
+    for (int64_t l = 0; l < engine.info().num_hidden_layers; ++l)
       for (const char* site : {"attn_out", "mlp_out", "layer_out"}) {
         const std::string name = "layer." + std::to_string(l) + "." + site;
         out.rows[name] = trace.f32(name);

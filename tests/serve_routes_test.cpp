@@ -76,7 +76,7 @@ void expect_error(const HttpResponse& res, int status, const std::string& code) 
 
 void wait_ready(EngineService& service) {
   for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_NE(service.engine(), nullptr) << service.snapshot().load_error;
+  ASSERT_NE(service.engine(), nullptr) << service.stats().load_error;
 }
 
 TEST(ServeApi, RoutesRefuseAMissingOrWrongKey) {
