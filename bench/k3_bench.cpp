@@ -38,6 +38,7 @@
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "experts/expert_cache.h"
 #include "ggml_peer.h"
 #include "io/read_queue.h"
 #include "kernels/isa.h"
@@ -1182,7 +1183,7 @@ int run_stream(const StreamArgs& a) {
               "x queue", "busy", "wait", "recall");
   for (const Config& cfg : configs) {
     cache.set_pipe(cfg.pipe);
-    engine.model().set_prefetch(cfg.prefetch);
+    cache.set_prefetch(cfg.prefetch);
     cache.clear();
     const k3::ExpertCacheStats s0 = cache.stats();
     const k3::StageStats stages0 = session.stats();

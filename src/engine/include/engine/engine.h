@@ -48,7 +48,6 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<text::Tokenizer> tokenizer_;
   double load_seconds_ = 0;
-  std::string history_note_;  // why the history cannot be saved ("" = it can)
 };
 
 // Optional observers of a prefill (validation hooks).
@@ -79,13 +78,13 @@ class Session {
   // snapshot has no head). The reference stays valid until the next prefill/step. Throws
   // k3::Error (context full, bad id); the state is then undefined: call reset().
   // The ids go through the model in layer-major chunks of prefill_chunk() tokens
-  // (Model::forward_chunk; a chunk of one takes the one-token path); the logits are
-  // bit-identical for every chunk size.
+  // (Model::forward; decode is a chunk of one); the logits are bit-identical for every chunk
+  // size.
   const std::vector<float>& prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
   // Tokens per prefill chunk: the engine's K3_CHUNK unless overridden (values < 1 mean 1).
   int64_t prefill_chunk() const { return chunk_; }
   void set_prefill_chunk(int64_t chunk) { chunk_ = chunk; }
-  // Feeds one token (the one-token path) and returns its logits (same lifetime rule).
+  // Feeds one token (a chunk of one) and returns its logits (same lifetime rule).
   // Allocates nothing.
   const std::vector<float>& step(int64_t id);
   // Seconds per stage since the session started (or the last reset).
@@ -112,7 +111,6 @@ class Session {
   void check_id(int64_t id) const;
   // x0[hidden] = the input row of `id` at absolute position `pos` (embedding or K3_X0 row).
   void input_row(int64_t id, size_t pos, float* x0);
-  void feed(int64_t id, ForwardObserver* observer);
   void feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer);
 
   const Engine& engine_;
