@@ -117,8 +117,11 @@ class ReadAheadGuess {
     order.clear();
     for (size_t e = 0; e < E; ++e)
       if (count[e] > 0) order.push_back(static_cast<int64_t>(e));
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return count[static_cast<size_t>(a)] > count[static_cast<size_t>(b)]; });
+    // Most picked first, ties by id (std::sort: stable_sort would allocate).
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const uint32_t ca = count[static_cast<size_t>(a)], cb = count[static_cast<size_t>(b)];
+      return ca != cb ? ca > cb : a < b;
+    });
     *layer = next_.layer;
     return order;
   }
@@ -236,7 +239,9 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     picks.clear();
     for (size_t t = 0; t < n; ++t)
       for (size_t j = 0; j < ws.routing[t].ids.size(); ++j) picks.push_back({ws.routing[t].ids[j], t, ws.routing[t].weights[j]});
-    std::stable_sort(picks.begin(), picks.end(), [](const MoePick& a, const MoePick& b) { return a.expert < b.expert; });
+    std::sort(picks.begin(), picks.end(), [](const MoePick& a, const MoePick& b) {
+      return a.expert != b.expert ? a.expert < b.expert : a.row < b.row;  // (std::sort: stable_sort would allocate)
+    });
     for (size_t t = 0; t < n; ++t) experts.record(layer, ws.routing[t].ids);
     ws.pick_ids.clear();
     ws.pick_starts.clear();
