@@ -63,10 +63,6 @@ void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X,
 }
 
 void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X, size_t n) {
-  if (n == 1) {
-    matmul_batch(*compute.kernels, jobs, count, X);
-    return;
-  }
   for (size_t j = 0; j < count; ++j) matmul_chunk(compute, *jobs[j].W, X, n, jobs[j].Y);
 }
 

@@ -54,8 +54,9 @@ struct Compute {
 void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y);
 //   Y[t] = W X[t] on the exact float MXFP4 path.  X: [n][W.cols], Y: [n][W.rows].
 void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y);
-//   Y_j = W_j X for several matrices sharing X [n][cols] (jobs[j].Y: [n][W_j.rows]): one
-//   parallel region for all of them when n = 1 (matmul_batch), each matrix's matmul_chunk else.
+//   Y_j = W_j X for several matrices sharing X [n][cols] (jobs[j].Y: [n][W_j.rows]), each
+//   matrix's matmul_chunk. (One row through matmul_batch, one parallel region for all of them,
+//   measured no faster on decode: kept out, so n = 1 is no special path.)
 void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X, size_t n);
 // True when matmul(W, X, n) gives every row the bits of matmul(W, X[t], 1) on this kernel table.
 bool row_stable(const KernelTable& kernels, const WeightMatrix& W);
