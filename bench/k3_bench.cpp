@@ -39,6 +39,7 @@
 #include "engine/engine.h"
 #include "engine/internal.h"
 #include "engine/sampler.h"
+#include "experts/expert_cache.h"
 #include "ggml_peer.h"
 #include "io/read_queue.h"
 #include "kernels/isa.h"
@@ -1204,7 +1205,7 @@ int run_stream(const StreamArgs& a) {
               "x queue", "busy", "wait", "recall");
   for (const Config& cfg : configs) {
     cache.set_pipe(cfg.pipe);
-    k3::internal::model(engine).set_prefetch(cfg.prefetch);
+    cache.set_prefetch(cfg.prefetch);
     cache.clear();
     const k3::ExpertCacheStats s0 = cache.stats();
     const k3::StageStats stages0 = k3::internal::stage_stats(session);

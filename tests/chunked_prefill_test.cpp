@@ -1,4 +1,4 @@
-// chunked_prefill_test — layer-major chunked prefill (Model::forward_chunk, K3_CHUNK) against
+// chunked_prefill_test — layer-major chunked prefill (Model::forward over n rows, K3_CHUNK) against
 // token-at-a-time: logits, every per-layer trace tensor and the routing bit for bit (memcmp) on
 // the k3-tiny fixture and on a synthetic checkpoint with many experts, for several chunk sizes
 // and prompt lengths that are not multiples of them, at the default precision (bits 4, idot 1)

@@ -21,7 +21,6 @@
 namespace {
 
 using k3::ExpertCache;
-using k3::ExpertCacheOptions;
 using k3::testing::TempDir;
 
 constexpr int64_t kExperts = 8;
@@ -96,11 +95,24 @@ struct Fixture {
   }
 };
 
-ExpertCacheOptions quiet(std::vector<std::string>* notes = nullptr) {
-  ExpertCacheOptions o;
-  o.memory_limit = int64_t{1} << 40;
-  o.pin = false;
-  o.note = [notes](const std::string& line) {
+// A cache's options and the facts beside them.
+struct CacheConfig {
+  k3::CacheOptions options;
+  k3::ExpertCacheSetup setup;
+  // The setup for the fixture's MoE layers.
+  k3::ExpertCacheSetup over(const std::vector<int64_t>& layers) const {
+    k3::ExpertCacheSetup s = setup;
+    s.moe_layers = layers;
+    s.num_experts = kExperts;
+    return s;
+  }
+};
+
+CacheConfig quiet(std::vector<std::string>* notes = nullptr) {
+  CacheConfig o;
+  o.setup.memory_limit = int64_t{1} << 40;
+  o.options.pin = false;
+  o.setup.note = [notes](const std::string& line) {
     if (notes) notes->push_back(line);
   };
   return o;
@@ -122,9 +134,9 @@ void touch(ExpertCache& cache, int64_t layer, std::vector<int64_t> ids, ExpertCa
 TEST(ExpertCache, LruEvictionOrderWithinALayer) {
   TempDir dir("cache-lru");
   Fixture f(dir.path(), {1, 2});
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = f.gb_for(3);
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   ASSERT_EQ(cache.slots_per_layer(), 3);
   touch(cache, 1, {0});
   touch(cache, 1, {1});
@@ -143,9 +155,9 @@ TEST(ExpertCache, LruEvictionOrderWithinALayer) {
 TEST(ExpertCache, TinyBudgetKeepsOneSlotAndServesWholeBatches) {
   TempDir dir("cache-tiny");
   Fixture f(dir.path(), {1, 2, 3});
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = 0.000001;
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet();
+  o.options.expert_gb = 0.000001;
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   EXPECT_EQ(cache.slots_per_layer(), 1);
   // Four experts of one token, one slot: all four stay valid while the batch runs.
   touch(cache, 2, {5, 1, 7, 3});
@@ -157,9 +169,9 @@ TEST(ExpertCache, TinyBudgetKeepsOneSlotAndServesWholeBatches) {
 TEST(ExpertCache, PrefillMissesEnterAtTheTailAndDoNotFlushDecode) {
   TempDir dir("cache-prefill");
   Fixture f(dir.path(), {1});
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = f.gb_for(3);
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   touch(cache, 1, {0, 1});  // the decode working set
   touch(cache, 1, {4, 5, 6, 7}, ExpertCache::Use::kChunk);
   std::vector<int64_t> have = cache.cached(1);
@@ -176,25 +188,25 @@ TEST(ExpertCache, BudgetClampedToMemoryAndRefusedBelowOneSlot) {
   TempDir dir("cache-clamp");
   Fixture f(dir.path(), {1, 2});
   std::vector<std::string> notes;
-  ExpertCacheOptions o = quiet(&notes);
-  o.expert_gb = 100;
-  o.memory_limit = static_cast<int64_t>(f.store.slot_bytes() * 2 * 5);
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet(&notes);
+  o.options.expert_gb = 100;
+  o.setup.memory_limit = static_cast<int64_t>(f.store.slot_bytes() * 2 * 5);
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   EXPECT_EQ(cache.slots_per_layer(), 5);
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].find("K3_EXPERT_GB=100"), std::string::npos) << notes[0];
-  o.memory_limit = static_cast<int64_t>(f.store.slot_bytes());  // less than one slot per layer
-  EXPECT_THROW(ExpertCache(f.store, f.layers, kExperts, o), k3::Error);
+  o.setup.memory_limit = static_cast<int64_t>(f.store.slot_bytes());  // less than one slot per layer
+  EXPECT_THROW(ExpertCache(f.store, o.options, o.over(f.layers)), k3::Error);
 }
 
 TEST(ExpertCache, ReadErrorsNameFileLayerAndExpert) {
   TempDir dir("cache-eio");
   Fixture f(dir.path(), {1, 2}, /*fail_expert=*/6, /*fail_layer=*/2);
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = f.gb_for(2);
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(2);
   for (bool pipe : {true, false}) {
-    o.pipe = pipe;
-    ExpertCache cache(f.store, f.layers, kExperts, o);
+    o.options.pipe = pipe;
+    ExpertCache cache(f.store, o.options, o.over(f.layers));
     k3::ExpertBatch batch;
     try {
       // Piped: the error surfaces at the failed expert's view (on this thread); else at acquire.
@@ -226,9 +238,9 @@ TEST(ExpertCache, ShrunkFileIsAShortReadErrorBothWays) {
     Fixture f(dir.path(), {1}, -1, -1, /*posix=*/true, /*lead=*/4093);
     const k3::TensorInfo* last = f.shard->find(tensor_name(1, 0, 0));  // written last
     std::filesystem::resize_file(dir.file("experts.safetensors"), last->file_offset + 100);
-    ExpertCacheOptions o = quiet();
-    o.direct = direct;
-    ExpertCache cache(f.store, f.layers, kExperts, o);
+    CacheConfig o = quiet();
+    o.options.direct = direct;
+    ExpertCache cache(f.store, o.options, o.over(f.layers));
     k3::ExpertBatch batch;
     try {
       cache.acquire(1, std::vector<int64_t>{0}, ExpertCache::Use::kToken, batch);
@@ -243,18 +255,17 @@ TEST(ExpertCache, ShrunkFileIsAShortReadErrorBothWays) {
 }
 
 TEST(ExpertCache, DirectReadsAreByteExactAtUnalignedOffsetsAndAtEndOfFile) {
-  using Engine = k3::ReadQueueOptions::Engine;
   for (int64_t lead : {0, 1, 4093, 4096, 5000}) {
     TempDir dir("cache-direct");
     Fixture f(dir.path(), {1, 2}, -1, -1, /*posix=*/true, lead);
     for (int variant = 0; variant < 4; ++variant) {
       const bool direct = variant % 2 == 0;
-      ExpertCacheOptions o = quiet();
-      o.direct = direct;
-      o.io.engine = variant < 2 ? Engine::kUring : Engine::kThreads;
-      o.io.extent_bytes = 4096;  // experts split over several extents in flight
-      o.expert_gb = f.gb_for(kExperts);
-      ExpertCache cache(f.store, f.layers, kExperts, o);
+      CacheConfig o = quiet();
+      o.options.direct = direct;
+      o.options.io_engine = variant < 2 ? "uring" : "threads";
+      o.setup.read_extent_bytes = 4096;  // experts split over several extents in flight
+      o.options.expert_gb = f.gb_for(kExperts);
+      ExpertCache cache(f.store, o.options, o.over(f.layers));
       for (int64_t l : f.layers) touch(cache, l, {0, 1, 2, 3, 4, 5, 6, 7});  // expert 0 of layer 2 ends the file
       EXPECT_EQ(cache.stats().misses, 16u);
     }
@@ -265,13 +276,13 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
   TempDir dir("cache-history");
   Fixture f(dir.path(), {1, 2});
   const std::string path = dir.file(".coli_usage");
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = f.gb_for(4);
-  o.history_path = o.history_save_path = path;
-  o.history_layers = 3;
-  o.model_identity = "model A";
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(4);
+  o.setup.history_path = o.setup.history_save_path = path;
+  o.setup.history_layers = 3;
+  o.setup.model_identity = "model A";
   {
-    ExpertCache cache(f.store, f.layers, kExperts, o);
+    ExpertCache cache(f.store, o.options, o.over(f.layers));
     for (int i = 0; i < 100000; ++i) {
       cache.record(1, std::vector<int64_t>{3, 5});
       cache.record(2, std::vector<int64_t>{7});
@@ -283,8 +294,8 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
   EXPECT_EQ(text.rfind("-1 3 8\n-2 1 ", 0), 0u) << text;
   EXPECT_NE(text.find("\n1 3 100000\n1 5 100000\n2 7 100000\n"), std::string::npos) << text;
   {
-    o.pin = true;
-    ExpertCache cache(f.store, f.layers, kExperts, o);
+    o.options.pin = true;
+    ExpertCache cache(f.store, o.options, o.over(f.layers));
     EXPECT_EQ(cache.history_total(), 300000u);
     EXPECT_EQ(cache.pinned(1), 2);  // half of 4 slots, the two most used
     EXPECT_EQ(cache.pinned(2), 1);
@@ -297,10 +308,10 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
   {
     // Another model's file: refused, counted as nothing, never overwritten.
     std::vector<std::string> notes;
-    ExpertCacheOptions other = o;
-    other.note = [&](const std::string& l) { notes.push_back(l); };
-    other.model_identity = "model B";
-    ExpertCache cache(f.store, f.layers, kExperts, other);
+    CacheConfig other = o;
+    other.setup.note = [&](const std::string& l) { notes.push_back(l); };
+    other.setup.model_identity = "model B";
+    ExpertCache cache(f.store, other.options, other.over(f.layers));
     EXPECT_EQ(cache.history_total(), 0u);
     EXPECT_EQ(cache.pinned(1), 0);
     ASSERT_FALSE(notes.empty());
@@ -308,10 +319,10 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
     cache.record(1, std::vector<int64_t>{0});
     EXPECT_FALSE(cache.save_history());
     EXPECT_EQ(k3::read_text_file(path), text);
-    other.model_identity = "model A";
-    other.history_layers = 4;  // other geometry
+    other.setup.model_identity = "model A";
+    other.setup.history_layers = 4;  // other geometry
     notes.clear();
-    ExpertCache geometry(f.store, f.layers, kExperts, other);
+    ExpertCache geometry(f.store, other.options, other.over(f.layers));
     EXPECT_EQ(geometry.history_total(), 0u);
     ASSERT_FALSE(notes.empty());
   }
@@ -319,10 +330,10 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
     // Malformed lines are skipped with one note; the rest is kept.
     std::ofstream(path) << text << "1 2\n1 2 3 4\nx y z\n9 1 1\n1 99 1\n1 2 -5\n-7 1 1\n1 2 10\n";
     std::vector<std::string> notes;
-    ExpertCacheOptions o2 = o;
-    o2.pin = false;
-    o2.note = [&](const std::string& l) { notes.push_back(l); };
-    ExpertCache cache(f.store, f.layers, kExperts, o2);
+    CacheConfig o2 = o;
+    o2.options.pin = false;
+    o2.setup.note = [&](const std::string& l) { notes.push_back(l); };
+    ExpertCache cache(f.store, o2.options, o2.over(f.layers));
     EXPECT_EQ(cache.history_total(), 300010u);
     ASSERT_EQ(notes.size(), 1u);
     EXPECT_NE(notes[0].find("6 malformed"), std::string::npos) << notes[0];
@@ -330,7 +341,7 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
   {
     // An empty history is a zero-byte file.
     std::ofstream(path).close();
-    ExpertCache cache(f.store, f.layers, kExperts, o);
+    ExpertCache cache(f.store, o.options, o.over(f.layers));
     EXPECT_EQ(cache.history_total(), 0u);
   }
 }
@@ -338,9 +349,9 @@ TEST(ExpertCache, HistoryRoundTripPinsAndRefusals) {
 TEST(ExpertCache, PrefetchStagesReadsWithoutEvictingAndCountsRecall) {
   TempDir dir("cache-prefetch");
   Fixture f(dir.path(), {1, 2}, -1, -1, /*posix=*/true, /*lead=*/777);
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = f.gb_for(3);
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   touch(cache, 1, {0, 1});
   const std::vector<int64_t> before = cache.cached(1);
   cache.prefetch(1, std::vector<int64_t>{2, 3, 0});  // 0 is cached: not read again
@@ -382,15 +393,16 @@ TEST(ExpertCache, PrefetchStagesReadsWithoutEvictingAndCountsRecall) {
 TEST(ExpertCache, SharedInFlightReadsAndSlotsHeldByAnotherBatch) {
   TempDir dir("cache-shared");
   Fixture f(dir.path(), {1}, -1, -1, /*posix=*/true, /*lead=*/4096);
-  ExpertCacheOptions o = quiet();
-  o.expert_gb = f.gb_for(1);
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(1);
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   k3::ExpertBatch a, b;
   cache.acquire(1, std::vector<int64_t>{2, 3}, ExpertCache::Use::kToken, a);
   cache.acquire(1, std::vector<int64_t>{3, 4}, ExpertCache::Use::kToken, b);  // 3 is read once
   EXPECT_EQ(cache.stats().misses, 3u);
   expect_bytes(b.view(0), 1, 3);
   expect_bytes(a.view(1), 1, 3);
+  expect_bytes(a.view(0), 1, 2);  // arrived (only an arrived miss is promoted)
   a.release();  // promotes 2 into the only slot
   EXPECT_EQ(cache.cached(1), std::vector<int64_t>{2});
   k3::ExpertBatch c;
@@ -404,7 +416,7 @@ TEST(ExpertCache, SharedInFlightReadsAndSlotsHeldByAnotherBatch) {
 TEST(ExpertCache, RefusedBatchHoldsNothing) {
   TempDir dir("cache-refused");
   Fixture f(dir.path(), {1});
-  ExpertCache cache(f.store, f.layers, kExperts, quiet());
+  ExpertCache cache(f.store, quiet().options, quiet().over(f.layers));
   {
     k3::ExpertBatch batch;
     EXPECT_THROW(cache.acquire(0, std::vector<int64_t>{1}, ExpertCache::Use::kToken, batch), k3::Error);  // dense layer
@@ -425,14 +437,14 @@ TEST(ExpertCache, HistoryDecayRoundsAndKeepsOnes) {
   EXPECT_EQ(k3::decayed(7, 1.0), 7u);
   TempDir dir("cache-decay");
   Fixture f(dir.path(), {1});
-  ExpertCacheOptions o = quiet();
-  o.history_save_path = dir.file(".coli_usage");
-  o.history_decay = 0.99;
-  ExpertCache cache(f.store, f.layers, kExperts, o);
+  CacheConfig o = quiet();
+  o.setup.history_save_path = dir.file(".coli_usage");
+  o.options.usage_decay = 0.99;
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
   for (int i = 0; i < 1000; ++i) cache.record(1, std::vector<int64_t>{2});
   cache.record(1, std::vector<int64_t>{5});
   ASSERT_TRUE(cache.save_history());
-  const std::string text = k3::read_text_file(o.history_save_path);
+  const std::string text = k3::read_text_file(o.setup.history_save_path);
   EXPECT_NE(text.find("\n1 2 990\n1 5 1\n"), std::string::npos) << text;
 }
 

@@ -1,14 +1,12 @@
 #include "engine/engine.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 
 #include "engine/internal.h"
+#include "experts/expert_cache.h"
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/sys.h"
@@ -16,24 +14,13 @@
 namespace k3 {
 namespace {
 
-ModelOptions model_options(const LoadOptions& load) {
-  ModelOptions m;
-  m.layers = load.layers;
-  m.precision.bits = load.bits;
-  m.precision.mla_bits = load.mla_bits;
-  m.precision.head_bits = load.head_bits;
-  m.idot = load.idot;
-  m.expert_top_p = load.expert_top_p;
-  m.experts_in_memory = load.experts_in_memory;
-  m.chunk = std::clamp<int64_t>(load.chunk, 1, 512);
-  if (load.isa == "auto") {
-    m.isa = best_isa();
-  } else if (!parse_isa(load.isa, &m.isa)) {
-    throw Error("K3_ISA: unknown kernel variant \"" + load.isa + "\"");
-  } else if (!isa_supported(m.isa)) {
-    throw Error("K3_ISA=" + load.isa + ": this CPU cannot run the " + load.isa + " kernels");
-  }
-  return m;
+// The kernel variant K3_ISA asks for, checked against this CPU.
+Isa chosen_isa(const std::string& name) {
+  Isa isa = Isa::kScalar;
+  if (name == "auto") return best_isa();
+  if (!parse_isa(name, &isa)) throw Error("K3_ISA: unknown kernel variant \"" + name + "\"");
+  if (!isa_supported(isa)) throw Error("K3_ISA=" + name + ": this CPU cannot run the " + name + " kernels");
+  return isa;
 }
 
 // Hands the model's per-layer callbacks to an engine-level observer.
@@ -76,47 +63,10 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
       throw Error(model_dir + "/tiktoken.model: the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
                   " ids but config.json vocab_size is " + std::to_string(config.vocab_size));
   }
-  ModelOptions model_opts = model_options(load);
-  model_opts.cache.expert_gb = load.cache.expert_gb;
-  model_opts.cache.direct = load.cache.direct;
-  model_opts.cache.pin = load.cache.pin;
-  model_opts.cache.history_decay = load.cache.usage_decay;
-  model_opts.cache.pipe = load.cache.pipe;
-  model_opts.cache.io.threads = load.cache.load_threads;
-  model_opts.cache.io.engine = load.cache.io_engine == "uring"     ? ReadQueueOptions::Engine::kUring
-                               : load.cache.io_engine == "threads" ? ReadQueueOptions::Engine::kThreads
-                                                                   : ReadQueueOptions::Engine::kAuto;
-  model_opts.prefetch = load.cache.prefetch;
-  {
-    // The routing history lives in the state directory (K3_STATE_DIR; by default the per-user
-    // cache directory), one file per model (named by a hash of the model's real path), and is
-    // never written into the model directory (SERVING.md §4.8: it may be read-only, and a
-    // served model's files must stay untouched). A `.coli_usage` beside the model (the
-    // anchor's place) is read when the state directory has none yet.
-    const std::string beside_model = model_dir + "/.coli_usage";
-    std::string path;
-    if (!load.cache.state_dir.empty()) {
-      char* real = ::realpath(model_dir.c_str(), nullptr);
-      const std::string key = real ? real : model_dir;
-      std::free(real);
-      // FNV-1a 64 from the offset the first release used (FNV's, one digit short), so that the
-      // history files already written keep their names.
-      const uint64_t h = fnv1a_64(key, 1469598103934665603ull);
-      char name[64];
-      std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage", static_cast<unsigned long long>(h));
-      path = load.cache.state_dir + name;
-      std::error_code ec;
-      std::filesystem::create_directories(load.cache.state_dir, ec);
-      if (!ec) std::filesystem::permissions(load.cache.state_dir, std::filesystem::perms::owner_all, ec);
-    }
-    model_opts.cache.history_path = !path.empty() && ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
-    if (path.empty()) {
-      // No HOME and no K3_STATE_DIR: the history is read-only this run (silently: it is a cache).
-    } else if (::access(load.cache.state_dir.c_str(), W_OK) == 0) model_opts.cache.history_save_path = path;
-    else m.history_note = load.cache.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
-  }
-  model_opts.on_load_progress = options.on_progress;
-  m.model = std::make_unique<Model>(*m.files, config, model_opts);
+  ModelSetup setup;
+  setup.isa = chosen_isa(load.isa);
+  setup.on_load_progress = options.on_progress;
+  m.model = std::make_unique<Model>(*m.files, config, load, setup);
   EngineInfo& info = m.info;
   info.hidden_size = config.hidden_size;
   info.vocab_size = config.vocab_size;
@@ -141,11 +91,10 @@ double Engine::load_seconds() const { return impl_->load_seconds; }
 
 std::string Engine::describe() const {
   const Model& model = *impl_->model;
-  const ModelOptions& o = model.options();
+  const LoadOptions& o = model.load_options();
   char buf[160];
-  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB", isa_name(o.isa),
-                o.precision.bits, o.precision.mla_bits, o.precision.head_bits, o.idot ? 1 : 0,
-                static_cast<double>(model.resident_bytes()) / 1e6);
+  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB", isa_name(model.isa()),
+                o.bits, o.mla_bits, o.head_bits, o.idot ? 1 : 0, static_cast<double>(model.resident_bytes()) / 1e6);
   return buf;
 }
 
@@ -185,17 +134,16 @@ std::string Engine::describe_experts() const {
 void Engine::save_history() const {
   ExpertCache& cache = impl_->model->experts();
   if (cache.history_total() == 0) return;
-  if (!impl_->history_note.empty()) {
-    std::fprintf(stderr, "routing history not saved: %s\n", impl_->history_note.c_str());
-    return;
-  }
   cache.save_history();
 }
 
 Session::Impl::Impl(const Engine& e, int64_t capacity)
-    : engine(e.impl()), state(engine.model->new_state(capacity)), chunk(engine.model->options().chunk) {
+    : engine(e.impl()), state(engine.model->new_state(capacity)), chunk(engine.model->load_options().chunk) {
   tokens.reserve(static_cast<size_t>(capacity));
   logits.reserve(static_cast<size_t>(engine.config.vocab_size));
+  // A step (one row) allocates nothing.
+  chunk_x0.resize(static_cast<size_t>(engine.config.hidden_size));
+  chunk_hidden.resize(static_cast<size_t>(engine.config.hidden_size));
 }
 
 Session::Session(const Engine& engine, int64_t capacity) : impl_(std::make_unique<Impl>(engine, capacity)) {}
@@ -207,14 +155,6 @@ void Session::set_input_rows(std::vector<float> x0) {
     throw Error("input rows: " + std::to_string(x0.size()) + " floats is not a multiple of hidden_size " +
                 std::to_string(D));
   impl_->x0 = std::move(x0);
-}
-
-void Session::Impl::feed(int64_t id, ForwardObserver* observer) {
-  check_id(id);
-  float* row = state.work.x0.data();  // [hidden]
-  input_row(id, static_cast<size_t>(state.position), row);
-  engine.model->forward(state, row, state.work.final_hidden.data(), observer);
-  tokens.push_back(id);
 }
 
 void Session::Impl::check_id(int64_t id) const {
@@ -243,7 +183,7 @@ void Session::Impl::feed_chunk(std::span<const int64_t> ids, ForwardObserver* ob
   chunk_x0.resize(n * D);
   chunk_hidden.resize(n * D);
   for (size_t t = 0; t < n; ++t) input_row(ids[t], static_cast<size_t>(state.position) + t, chunk_x0.data() + t * D);
-  engine.model->forward_chunk(state, chunk_x0.data(), n, chunk_hidden.data(), observer);
+  engine.model->forward(state, chunk_x0.data(), n, chunk_hidden.data(), observer);
   tokens.insert(tokens.end(), ids.begin(), ids.end());
 }
 
@@ -264,15 +204,8 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const P
   const size_t chunk = static_cast<size_t>(std::max<int64_t>(s.chunk, 1));
   for (size_t t0 = 0; t0 < ids.size();) {
     const size_t n = std::min(chunk, ids.size() - t0);
-    // A chunk of one (decode, K3_CHUNK=1, a one-token tail) takes the one-token path.
-    const float* hidden = nullptr;  // [n][hidden] final hidden rows of this chunk
-    if (n == 1) {
-      s.feed(ids[t0], observer);
-      hidden = s.state.work.final_hidden.data();
-    } else {
-      s.feed_chunk(ids.subspan(t0, n), observer);
-      hidden = s.chunk_hidden.data();
-    }
+    s.feed_chunk(ids.subspan(t0, n), observer);
+    const float* hidden = s.chunk_hidden.data();  // [n][hidden] final hidden rows of this chunk
     t0 += n;
     const bool last = t0 == ids.size();
     if (!model.has_head() || !(last || hooks.all_logits)) continue;

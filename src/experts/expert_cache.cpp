@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <sstream>
 #include <tuple>
 #include <unistd.h>
@@ -39,6 +41,44 @@ uint64_t decayed(uint64_t count, double decay) {
 
 uint32_t history_hash(const std::string& text) { return fnv1a_32(text); }
 
+ReadQueueOptions read_queue_options(const CacheOptions& options) {
+  ReadQueueOptions io;
+  io.threads = options.load_threads;
+  io.engine = options.io_engine == "uring"     ? ReadQueueOptions::Engine::kUring
+              : options.io_engine == "threads" ? ReadQueueOptions::Engine::kThreads
+                                               : ReadQueueOptions::Engine::kAuto;
+  return io;
+}
+
+void locate_history(const CacheOptions& options, const std::string& model_dir, ExpertCacheSetup* setup) {
+  const std::string beside_model = model_dir + "/.coli_usage";
+  std::string path;
+  if (!options.state_dir.empty()) {
+    char* real = ::realpath(model_dir.c_str(), nullptr);
+    const std::string key = real ? real : model_dir;
+    std::free(real);
+    // FNV-1a 64 from the offset the first release used (FNV's, one digit short), so that the
+    // history files already written keep their names.
+    const uint64_t h = fnv1a_64(key, 1469598103934665603ull);
+    char name[64];
+    std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage", static_cast<unsigned long long>(h));
+    path = options.state_dir + name;
+    std::error_code ec;
+    std::filesystem::create_directories(options.state_dir, ec);
+    if (!ec) std::filesystem::permissions(options.state_dir, std::filesystem::perms::owner_all, ec);
+  }
+  setup->history_path = !path.empty() && ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
+  setup->history_save_path.clear();
+  setup->history_unsaved.clear();
+  if (path.empty()) {
+    // No state directory: the history is read-only this run (silently: it is a cache).
+  } else if (::access(options.state_dir.c_str(), W_OK) == 0) {
+    setup->history_save_path = path;
+  } else {
+    setup->history_unsaved = options.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+  }
+}
+
 struct ExpertCache::Slot {
   int64_t expert = -1;
   uint8_t* buffer = nullptr;       // [store.slot_bytes()], kDirectAlign-aligned; lazily allocated
@@ -71,9 +111,9 @@ struct ExpertCache::Entry {
   bool free() const { return refs == 0 && !staged; }
 };
 
-ExpertCache::ExpertCache(const ExpertStore& store, std::vector<int64_t> moe_layers, int64_t num_experts,
-                         ExpertCacheOptions options)
-    : store_(store), options_(std::move(options)), num_experts_(num_experts), moe_layers_(std::move(moe_layers)) {
+ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options, ExpertCacheSetup setup)
+    : store_(store), options_(options), setup_(std::move(setup)), prefetch_(options.prefetch),
+      num_experts_(setup_.num_experts), moe_layers_(setup_.moe_layers) {
   const int64_t max_layer = moe_layers_.empty() ? -1 : *std::max_element(moe_layers_.begin(), moe_layers_.end());
   layers_.resize(static_cast<size_t>(max_layer + 1));
   predicted_.resize(layers_.size());
@@ -83,17 +123,19 @@ ExpertCache::ExpertCache(const ExpertStore& store, std::vector<int64_t> moe_laye
     layer->usage.assign(static_cast<size_t>(num_experts_), 0);
     layers_[static_cast<size_t>(l)] = std::move(layer);
   }
-  if (options_.history_layers <= 0) options_.history_layers = max_layer + 1;
-  if (options_.all_resident || moe_layers_.empty()) {
+  if (setup_.history_layers <= 0) setup_.history_layers = max_layer + 1;
+  if (setup_.all_resident || moe_layers_.empty()) {
     load_history();
     return;
   }
-  queue_ = make_read_queue(options_.io);
+  ReadQueueOptions io = read_queue_options(options_);
+  if (setup_.read_extent_bytes > 0) io.extent_bytes = setup_.read_extent_bytes;
+  queue_ = make_read_queue(io);
   const uint64_t slot = store_.slot_bytes();
   const uint64_t per_slot_row = slot * moe_layers_.size();  // one slot in every layer
   const double wanted = std::floor(options_.expert_gb * 1e9 / static_cast<double>(per_slot_row));
   int64_t slots = std::clamp<int64_t>(static_cast<int64_t>(std::min(wanted, 1e12)), 1, num_experts_);
-  int64_t limit = options_.memory_limit;
+  int64_t limit = setup_.memory_limit;
   if (limit < 0) {
     const double avail = static_cast<double>(available_memory_bytes());
     limit = avail > 0 ? static_cast<int64_t>(std::max(0.0, 0.9 * avail - 2e9)) : INT64_MAX;
@@ -129,7 +171,7 @@ ExpertCache::~ExpertCache() {
 }
 
 void ExpertCache::say(const std::string& line) const {
-  if (options_.note) options_.note(line);
+  if (setup_.note) setup_.note(line);
   else std::fprintf(stderr, "%s\n", line.c_str());
 }
 
@@ -210,14 +252,15 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   if (ids.size() > kMaxBatch)
     throw Error("expert cache: a batch of " + std::to_string(ids.size()) + " experts exceeds " + std::to_string(kMaxBatch));
   // Checked before the batch is touched: a refused batch holds nothing.
-  if (!options_.all_resident) layer_of(layer);
+  if (!setup_.all_resident) layer_of(layer);
   for (int64_t e : ids)
     if (e < 0 || e >= num_experts_) throw Error("expert " + std::to_string(e) + " of layer " + std::to_string(layer) + " is out of range");
   batch.cache_ = this;
   batch.layer_ = layer;
   batch.use_ = static_cast<int>(use);
-  batch.items_.assign(ids.size(), ExpertBatch::Item{});
-  if (options_.all_resident) {
+  for (size_t i = 0; i < ids.size(); ++i) batch.items_[i] = ExpertBatch::Item{};
+  batch.count_ = ids.size();
+  if (setup_.all_resident) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint8_t* bytes = store_.resident(layer, ids[i]);
       if (!bytes) throw Error("expert " + std::to_string(ids[i]) + " of layer " + std::to_string(layer) + " is not resident");
@@ -271,14 +314,14 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
       // Out of memory for a buffer, or the queue refused: undo, so no entry is left claimed
       // without a read and the batch holds nothing.
       for (size_t r = 0; r < reads; ++r) fresh[r]->layer = fresh[r]->expert = -1;
-      for (ExpertBatch::Item& item : batch.items_) {
+      for (ExpertBatch::Item& item : batch.items()) {
         if (item.slot >= 0) --L.slots[static_cast<size_t>(item.slot)].refs;
         if (item.entry) {
           Entry& en = *static_cast<Entry*>(item.entry);
           if (--en.refs == 0) en.layer = en.expert = -1;
         }
       }
-      batch.items_.clear();
+      batch.count_ = 0;
       batch.layer_ = -1;
       batch.cache_ = nullptr;
       throw;
@@ -286,12 +329,45 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   }
   if (!options_.pipe) {
     try {
-      for (size_t i = 0; i < batch.items_.size(); ++i) batch.view(i);
+      for (size_t i = 0; i < batch.count_; ++i) batch.view(i);
     } catch (...) {
       batch.release();
       throw;
     }
   }
+}
+
+void ExpertCache::run(int64_t layer, std::span<const int64_t> ids, ExpertUse use, ExpertWork& work) {
+  routed(layer, ids);
+  ExpertBatch batch;
+  for (size_t g0 = 0; g0 < ids.size(); g0 += kMaxBatch) {
+    const size_t m = std::min(kMaxBatch, ids.size() - g0);
+    acquire(layer, ids.subspan(g0, m), use, batch);
+    if (g0 + m == ids.size() && prefetch_.load(std::memory_order_relaxed) && !setup_.all_resident) {
+      // This layer's misses are queued; the next layer's likely experts go behind them.
+      int64_t next = -1;
+      const std::span<const int64_t> guess = work.read_ahead(&next);
+      if (!guess.empty()) prefetch(next, guess);
+    }
+    // Experts computed as their reads land: the first one not computed yet when it is here,
+    // else the next one here that the work may take ahead of it, else the first (waiting).
+    bool done[kMaxBatch] = {};
+    size_t first = 0;
+    for (size_t left = m; left > 0; --left) {
+      while (done[first]) ++first;
+      size_t pick = first;
+      if (!batch.ready(first))
+        for (size_t j = first + 1; j < m; ++j)
+          if (!done[j] && batch.ready(j) && work.ahead(g0 + j)) {
+            pick = j;
+            break;
+          }
+      done[pick] = true;
+      work.apply(g0 + pick, batch.view(pick));
+    }
+    batch.release();
+  }
+  finish_layer(layer);
 }
 
 const ExpertView& ExpertBatch::view(size_t i) {
@@ -319,21 +395,21 @@ void ExpertBatch::release() {
   if (cache_) cache_->release(*this);
   cache_ = nullptr;
   layer_ = -1;
-  items_.clear();
+  count_ = 0;
 }
 
 void ExpertCache::release(ExpertBatch& batch) {
-  if (options_.all_resident || batch.layer_ < 0) return;
+  if (setup_.all_resident || batch.layer_ < 0) return;
   Layer& L = *layer_of(batch.layer_);
   std::lock_guard<std::mutex> lock(L.mu);
   std::lock_guard<std::mutex> ws_lock(ws_mu_);
-  for (const ExpertBatch::Item& item : batch.items_)
+  for (const ExpertBatch::Item& item : batch.items())
     if (item.slot >= 0) --L.slots[static_cast<size_t>(item.slot)].refs;
   // Promote the arrived misses. A slot promoted by this release is never the victim of another
   // (one token's sixteen misses must not churn a four-slot layer).
   const uint64_t before = L.clock;
   const bool token = batch.use_ == static_cast<int>(Use::kToken);
-  for (const ExpertBatch::Item& item : batch.items_) {
+  for (const ExpertBatch::Item& item : batch.items()) {
     if (!item.entry) continue;
     Entry& en = *static_cast<Entry*>(item.entry);
     if (--en.refs > 0 || en.staged) continue;
@@ -393,14 +469,20 @@ void ExpertCache::drop_staged(int64_t layer, std::span<const int64_t> keep) {
 }
 
 void ExpertCache::routed(int64_t layer, std::span<const int64_t> ids) {
-  if (options_.all_resident) return;
+  if (setup_.all_resident) return;
   Layer& L = *layer_of(layer);
-  std::vector<int64_t> sorted(ids.begin(), ids.end());
-  std::sort(sorted.begin(), sorted.end());
-  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
   std::lock_guard<std::mutex> ws_lock(ws_mu_);
   std::vector<int64_t>& predicted = predicted_[static_cast<size_t>(layer)];
   if (predicted.empty()) return;
+  // A step's ids come sorted and distinct (no copy then).
+  std::vector<int64_t> copy;
+  std::span<const int64_t> sorted = ids;
+  if (std::adjacent_find(ids.begin(), ids.end(), std::greater_equal<int64_t>()) != ids.end()) {
+    copy.assign(ids.begin(), ids.end());
+    std::sort(copy.begin(), copy.end());
+    copy.erase(std::unique(copy.begin(), copy.end()), copy.end());
+    sorted = copy;
+  }
   uint64_t found = 0;
   for (int64_t e : sorted) found += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
   predicted_total_ += sorted.size();
@@ -412,7 +494,7 @@ void ExpertCache::routed(int64_t layer, std::span<const int64_t> ids) {
 }
 
 void ExpertCache::prefetch(int64_t layer, std::span<const int64_t> ids) {
-  if (options_.all_resident) return;
+  if (setup_.all_resident) return;
   Layer& L = *layer_of(layer);
   std::lock_guard<std::mutex> lock(L.mu);
   std::lock_guard<std::mutex> ws_lock(ws_mu_);
@@ -446,7 +528,7 @@ void ExpertCache::prefetch(int64_t layer, std::span<const int64_t> ids) {
 }
 
 void ExpertCache::finish_layer(int64_t layer) {
-  if (options_.all_resident) return;
+  if (setup_.all_resident) return;
   layer_of(layer);
   std::lock_guard<std::mutex> ws_lock(ws_mu_);
   drop_staged(layer);
@@ -534,7 +616,7 @@ uint64_t ExpertCache::history_total() const {
 }
 
 void ExpertCache::load_history() {
-  const std::string& path = options_.history_path;
+  const std::string& path = setup_.history_path;
   if (path.empty() || ::access(path.c_str(), F_OK) != 0) return;
   std::string text;
   try {
@@ -543,7 +625,7 @@ void ExpertCache::load_history() {
     say(std::string("routing history ignored: ") + e.what());
     return;
   }
-  const uint32_t hash = history_hash(options_.model_identity);
+  const uint32_t hash = history_hash(setup_.model_identity);
   std::istringstream in(text);
   std::string line;
   size_t bad = 0, line_no = 0;
@@ -561,9 +643,9 @@ void ExpertCache::load_history() {
     }
     if (a == -1) {
       geometry_seen = true;
-      if (b != options_.history_layers || c != num_experts_) {
+      if (b != setup_.history_layers || c != num_experts_) {
         say(path + ": routing history refused: written for " + std::to_string(b) + " layers x " + std::to_string(c) +
-            " experts, this model has " + std::to_string(options_.history_layers) + " x " + std::to_string(num_experts_) +
+            " experts, this model has " + std::to_string(setup_.history_layers) + " x " + std::to_string(num_experts_) +
             " (another model's file; it is left as it is)");
         history_refused_ = true;
         return;
@@ -638,23 +720,26 @@ void ExpertCache::seed_pins() {
 }
 
 bool ExpertCache::save_history() {
-  if (options_.history_save_path.empty()) return false;
+  if (setup_.history_save_path.empty()) {
+    if (!setup_.history_unsaved.empty()) say("routing history not saved: " + setup_.history_unsaved);
+    return false;
+  }
   if (history_refused_) {
-    say(options_.history_save_path + ": routing history not saved (the file there belongs to another model)");
+    say(setup_.history_save_path + ": routing history not saved (the file there belongs to another model)");
     return false;
   }
   std::ostringstream out;
-  out << "-1 " << options_.history_layers << ' ' << num_experts_ << '\n';
-  out << "-2 " << kHistoryVersion << ' ' << history_hash(options_.model_identity) << '\n';
+  out << "-1 " << setup_.history_layers << ' ' << num_experts_ << '\n';
+  out << "-2 " << kHistoryVersion << ' ' << history_hash(setup_.model_identity) << '\n';
   for (int64_t l : moe_layers_) {
     const Layer& L = *layers_[static_cast<size_t>(l)];
     std::lock_guard<std::mutex> lock(L.mu);
     for (int64_t e = 0; e < num_experts_; ++e)
-      if (const uint64_t c = L.usage[static_cast<size_t>(e)]; c > 0) out << l << ' ' << e << ' ' << decayed(c, options_.history_decay) << '\n';
+      if (const uint64_t c = L.usage[static_cast<size_t>(e)]; c > 0) out << l << ' ' << e << ' ' << decayed(c, options_.usage_decay) << '\n';
   }
   const std::string text = out.str();
   try {
-    write_file_atomic(options_.history_save_path, text.data(), text.size());
+    write_file_atomic(setup_.history_save_path, text.data(), text.size());
   } catch (const Error& e) {
     say(std::string("routing history not saved: ") + e.what());
     return false;

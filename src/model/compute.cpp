@@ -62,6 +62,10 @@ void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X,
   for (size_t t = 0; t < n; ++t) matmul(kt, W, X + t * cols, 1, Y + t * rows);
 }
 
+void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X, size_t n) {
+  for (size_t j = 0; j < count; ++j) matmul_chunk(compute, *jobs[j].W, X, n, jobs[j].Y);
+}
+
 void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y) {
   const KernelTable& kt = *compute.kernels;
   if (mxfp4_exact_row_stable(kt)) {

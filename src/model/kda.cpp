@@ -25,8 +25,7 @@ void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float
   }
 }
 
-// The sequential part of one token, shared by the one-token and the chunk forms: conv windows
-// and the recurrence advance by one token. q, k, v, gate_out, decay: [P] (projections of this
+// The sequential part of one token: conv windows and the recurrence advance by one token. q, k, v, gate_out, decay: [P] (projections of this
 // token; q, k, v, decay overwritten), beta: [H] logits; o: [P] gated, normed head outputs.
 void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& w, KdaState& state,
                Workspace& ws, float* q, float* k, float* v, const float* gate_out, float* decay,
@@ -65,39 +64,22 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
 }  // namespace
 
 void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& w, KdaState& state,
-                 Workspace& ws, const float* x, float* out) {
-  const KernelTable& kt = *compute.kernels;
-  float* decay = ws.kda_decay.data();  // [P]
-  float* beta = ws.kda_beta.data();    // [H]
-  float* o = ws.kda_out.data();        // [P]
-  const MatmulJob jobs[] = {{&w.q_proj, ws.kda_q.data()}, {&w.k_proj, ws.kda_k.data()}, {&w.v_proj, ws.kda_v.data()},
-                            {&w.g_proj, ws.kda_gate.data()}, {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, beta}};
-  matmul_batch(kt, jobs, std::size(jobs), x);
-  matmul(kt, w.f_b_proj, ws.kda_decay_low.data(), 1, decay);  // [P]
-  kda_token(config, kt, w, state, ws, ws.kda_q.data(), ws.kda_k.data(), ws.kda_v.data(), ws.kda_gate.data(), decay,
-            beta, o);
-  matmul(kt, w.o_proj, o, 1, out);
-}
-
-void kda_forward_chunk(const K3Config& config, const Compute& compute, const KdaWeights& w, KdaState& state,
-                       Workspace& ws, ChunkWorkspace& cw, const float* X, size_t n, float* out) {
+                 Workspace& ws, const float* X, size_t n, float* out) {
   const size_t P = static_cast<size_t>(config.kda_projection_size());
   const size_t H = static_cast<size_t>(config.kda_num_heads);
   const KernelTable& kt = *compute.kernels;
-  // Projections of every row, batched (each weight streams once per chunk).
-  matmul_chunk(compute, w.q_proj, X, n, cw.kda_q.data());
-  matmul_chunk(compute, w.k_proj, X, n, cw.kda_k.data());
-  matmul_chunk(compute, w.v_proj, X, n, cw.kda_v.data());
-  matmul_chunk(compute, w.g_proj, X, n, cw.kda_gate.data());
-  matmul_chunk(compute, w.f_a_proj, X, n, cw.kda_decay_low.data());
-  matmul_chunk(compute, w.b_proj, X, n, cw.kda_beta.data());
-  matmul_chunk(compute, w.f_b_proj, cw.kda_decay_low.data(), n, cw.kda_decay.data());
+  // Projections of every row, batched (each weight streams once per pass).
+  const MatmulJob jobs[] = {{&w.q_proj, ws.kda_q.data()},    {&w.k_proj, ws.kda_k.data()},
+                            {&w.v_proj, ws.kda_v.data()},    {&w.g_proj, ws.kda_gate.data()},
+                            {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, ws.kda_beta.data()}};
+  matmul_jobs(compute, jobs, std::size(jobs), X, n);
+  matmul_chunk(compute, w.f_b_proj, ws.kda_decay_low.data(), n, ws.kda_decay.data());
   // Conv windows and recurrence, one token at a time in order.
   for (size_t t = 0; t < n; ++t)
-    kda_token(config, kt, w, state, ws, cw.kda_q.data() + t * P, cw.kda_k.data() + t * P, cw.kda_v.data() + t * P,
-              cw.kda_gate.data() + t * P, cw.kda_decay.data() + t * P, cw.kda_beta.data() + t * H,
-              cw.kda_out.data() + t * P);
-  matmul_chunk(compute, w.o_proj, cw.kda_out.data(), n, out);
+    kda_token(config, kt, w, state, ws, ws.kda_q.data() + t * P, ws.kda_k.data() + t * P, ws.kda_v.data() + t * P,
+              ws.kda_gate.data() + t * P, ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H,
+              ws.kda_out.data() + t * P);
+  matmul_chunk(compute, w.o_proj, ws.kda_out.data(), n, out);
 }
 
 }  // namespace k3

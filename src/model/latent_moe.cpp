@@ -73,7 +73,8 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
   if (top_p > 0.0 && top_p < 1.0) {
     // K3_TOPP (STREAMING_PERF.md §1.4 step 2): the shortest prefix of the picks by weight
     // (ties: lower id) whose cumulative normalised weight reaches p, renormalised over itself.
-    std::vector<int64_t> by_weight = r->ids;
+    std::vector<int64_t>& by_weight = ws.moe_by_weight;
+    by_weight.assign(r->ids.begin(), r->ids.end());
     std::sort(by_weight.begin(), by_weight.end(), [&](int64_t a, int64_t b) {
       const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
       return sa != sb ? sa > sb : a < b;
@@ -84,7 +85,7 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
       mass += scores[static_cast<size_t>(by_weight[keep++])];
     by_weight.resize(std::max<size_t>(keep, 1));
     std::sort(by_weight.begin(), by_weight.end());
-    r->ids = by_weight;
+    r->ids.assign(by_weight.begin(), by_weight.end());
     sum = 0.0f;
     for (int64_t id : r->ids) sum += scores[static_cast<size_t>(id)];
   }
@@ -92,181 +93,174 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
   for (size_t j = 0; j < r->ids.size(); ++j) r->weights[j] = scores[static_cast<size_t>(r->ids[j])] / (sum + 1e-20f) * scale;
 }
 
-void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w,
-                        ExpertCache& experts, int64_t layer, Workspace& ws, StageStats& stats,
-                        const float* x, float* out, RoutingResult* r, NextMoe next) {
-  const size_t D = static_cast<size_t>(c.hidden_size);
-  const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
-  const KernelTable& kt = *compute.kernels;
-  const bool shared = c.num_shared_experts > 0;
-  float* z = ws.moe_z.data();       // [R]
-  float* acc = ws.moe_acc.data();   // [R]
-  float* gate = ws.moe_gate.data(); // [I]
-  float* up = ws.moe_up.data();     // [I]
-  float* routed = ws.moe_routed.data();  // [D]
-  {
-    // Everything that reads x, in one parallel region: router logits, latent down, shared gate/up.
-    StageTimer timer(stats, Stage::kRouter);
-    const MatmulJob jobs[] = {{&w.router, ws.moe_scores.data()}, {&w.latent_down, z},
-                              {&w.shared_gate, ws.mlp_gate.data()}, {&w.shared_up, ws.mlp_up.data()}};
-    matmul_batch(kt, jobs, shared ? 4 : 2, x);
-    route(c, w, ws.moe_scores.data(), compute.expert_top_p, ws, r);
-  }
-  {
-    StageTimer timer(stats, Stage::kExperts);
-    std::fill(acc, acc + R, 0.0f);
-    if (compute.idot) quantize_q8_32(kt, z, 1, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
-    experts.record(layer, r->ids);
-    experts.routed(layer, r->ids);
-    for (size_t j0 = 0; j0 < r->ids.size(); j0 += ExpertCache::kMaxBatch) {
-      const size_t j1 = std::min(r->ids.size(), j0 + ExpertCache::kMaxBatch);
-      experts.acquire(layer, std::span<const int64_t>(r->ids).subspan(j0, j1 - j0), ExpertCache::Use::kToken,
-                      ws.expert_batch);
-      if (j1 == r->ids.size() && next.weights) {
-        // This layer's misses are queued; the next layer's likely experts go behind them.
-        matmul(kt, next.weights->router, x, 1, ws.moe_predict.data());
-        route(c, *next.weights, ws.moe_predict.data(), compute.expert_top_p, ws, &ws.predicted);
-        experts.prefetch(next.layer, ws.predicted.ids);
-      }
-      // Experts computed as their reads land (those already here first, else the next one in
-      // line), each into its own row of `downs`; summed below in ascending id order, so the
-      // result does not depend on the arrival order.
-      float* downs = ws.moe_downs.data();  // [kMaxBatch][R]
-      uint8_t* done = ws.moe_done.data();  // [kMaxBatch]
-      const size_t m = j1 - j0;
-      std::fill(done, done + m, uint8_t{0});
-      for (size_t left = m; left > 0; --left) {
-        size_t pick = m;
-        for (size_t j = 0; j < m && pick == m; ++j)
-          if (!done[j] && ws.expert_batch.ready(j)) pick = j;
-        for (size_t j = 0; j < m && pick == m; ++j)
-          if (!done[j]) pick = j;
-        done[pick] = 1;
-        ++stats.expert_reads;
-        apply_expert(c, compute, ws.expert_batch.view(pick), 1, z, ws.moe_z_q8.data(), ws.moe_z_d.data(), gate, up,
-                     ws.moe_h_q8.data(), ws.moe_h_d.data(), downs + pick * R);
-      }
-      for (size_t j = j0; j < j1; ++j) add_scaled(acc, r->weights[j], downs + (j - j0) * R, R);
-      ws.expert_batch.release();
-    }
-    experts.finish_layer(layer);
-    rmsnorm(acc, w.latent_norm.data(), R, c.rms_norm_eps, acc);
-    matmul(kt, w.latent_up, acc, 1, routed);  // [D]
-  }
-  StageTimer timer(stats, Stage::kShared);
-  if (shared) {
-    situ_down(c, compute, w.shared_down, ws.mlp_gate.data(), ws.mlp_up.data(), out);
-    for (size_t i = 0; i < D; ++i) out[i] += routed[i];
-  } else {
-    std::copy(routed, routed + D, out);
-  }
-}
-
 namespace {
 
-// Reads ahead the experts the next MoE layer's router picks for the chunk's rows X [n][hidden],
-// most picked first (at most ExpertCache::kMaxStaged are staged).
-void predict_chunk(const K3Config& c, const Compute& compute, NextMoe next, Workspace& ws, ChunkWorkspace& cw,
-                   const float* X, size_t n, ExpertCache& experts) {
-  const size_t E = static_cast<size_t>(c.num_experts);
-  float* logits = cw.moe_logits.data();  // [n][num_experts] (this layer's routing is done)
-  matmul_chunk(compute, next.weights->router, X, n, logits);
-  std::vector<uint32_t>& count = ws.predict_count;  // [num_experts]
-  count.assign(E, 0);
-  for (size_t t = 0; t < n; ++t) {
-    route(c, *next.weights, logits + t * E, compute.expert_top_p, ws, &ws.predicted);
-    for (int64_t e : ws.predicted.ids) ++count[static_cast<size_t>(e)];
+// The next MoE layer's likely experts for the step's rows X [n][hidden]: its router applied to
+// this layer's input, the experts most picked over the rows first (ties: lower id).
+class ReadAheadGuess {
+ public:
+  ReadAheadGuess(const K3Config& c, const Compute& compute, NextMoe next, Workspace& ws, const float* X, size_t n)
+      : c_(c), compute_(compute), next_(next), ws_(ws), X_(X), n_(n) {}
+
+  std::span<const int64_t> guess(int64_t* layer) {
+    if (!next_.weights) return {};
+    const size_t E = static_cast<size_t>(c_.num_experts);
+    float* logits = ws_.moe_logits.data();  // [n][num_experts] (this layer's routing is done)
+    matmul_chunk(compute_, next_.weights->router, X_, n_, logits);
+    std::vector<uint32_t>& count = ws_.predict_count;  // [num_experts]
+    std::fill(count.begin(), count.end(), 0u);
+    for (size_t t = 0; t < n_; ++t) {
+      route(c_, *next_.weights, logits + t * E, compute_.expert_top_p, ws_, &ws_.predicted);
+      for (int64_t e : ws_.predicted.ids) ++count[static_cast<size_t>(e)];
+    }
+    std::vector<int64_t>& order = ws_.predict_order;
+    order.clear();
+    for (size_t e = 0; e < E; ++e)
+      if (count[e] > 0) order.push_back(static_cast<int64_t>(e));
+    // Most picked first, ties by id (std::sort: stable_sort would allocate).
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const uint32_t ca = count[static_cast<size_t>(a)], cb = count[static_cast<size_t>(b)];
+      return ca != cb ? ca > cb : a < b;
+    });
+    *layer = next_.layer;
+    return order;
   }
-  std::vector<int64_t>& order = ws.predict_order;  // [<= num_experts]: picked experts, most picked first
-  order.clear();
-  for (size_t e = 0; e < E; ++e)
-    if (count[e] > 0) order.push_back(static_cast<int64_t>(e));
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return count[static_cast<size_t>(a)] > count[static_cast<size_t>(b)]; });
-  experts.prefetch(next.layer, order);
-}
+
+ private:
+  const K3Config& c_;
+  const Compute& compute_;
+  NextMoe next_;
+  Workspace& ws_;
+  const float* X_;
+  size_t n_;
+};
+
+// The routed experts of one step: each distinct expert applied to all its rows, its down rows
+// added to those rows' sums in ascending expert id (an expert computed ahead of an earlier one
+// waits in ws.moe_ahead), so every row's sum is the one it gets alone.
+class RoutedExperts final : public ExpertWork {
+ public:
+  RoutedExperts(const K3Config& c, const Compute& compute, Workspace& ws, StageStats& stats, ReadAheadGuess& guess)
+      : c_(c), compute_(compute), ws_(ws), stats_(stats), guess_(guess), R_(static_cast<size_t>(c.routed_expert_hidden_size)) {
+    ws_.pick_done.assign(ws_.pick_ids.size(), 0);
+    ws_.pick_ahead.assign(ws_.pick_ids.size(), 0);
+  }
+
+  bool ahead(size_t g) override {
+    const size_t m = rows(g);
+    if (ahead_used_ + m > ws_.ahead_rows) return false;
+    ws_.pick_ahead[g] = ahead_used_;
+    ahead_used_ += m;
+    return true;
+  }
+
+  void apply(size_t g, const ExpertView& view) override {
+    const bool in_order = g == next_;
+    float* down = in_order ? ws_.ex_down.data() : ws_.moe_ahead.data() + ws_.pick_ahead[g] * R_;
+    const size_t p0 = ws_.pick_starts[g], m = rows(g);
+    // Gather the expert's rows.
+    for (size_t j = 0; j < m; ++j) {
+      const size_t t = ws_.picks[p0 + j].row;
+      if (compute_.idot) {
+        std::copy(ws_.moe_z_q8.data() + t * R_, ws_.moe_z_q8.data() + (t + 1) * R_, ws_.ex_z_q8.data() + j * R_);
+        std::copy(ws_.moe_z_d.data() + t * (R_ / 32), ws_.moe_z_d.data() + (t + 1) * (R_ / 32),
+                  ws_.ex_z_d.data() + j * (R_ / 32));
+      } else {
+        std::copy(ws_.moe_z.data() + t * R_, ws_.moe_z.data() + (t + 1) * R_, ws_.ex_z.data() + j * R_);
+      }
+    }
+    ++stats_.expert_reads;
+    apply_expert(c_, compute_, view, m, ws_.ex_z.data(), ws_.ex_z_q8.data(), ws_.ex_z_d.data(), ws_.ex_gate.data(),
+                 ws_.ex_up.data(), ws_.ex_h_q8.data(), ws_.ex_h_d.data(), down);
+    if (!in_order) {
+      ws_.pick_done[g] = 1;
+      ++waiting_;
+      return;
+    }
+    add(g, down);
+    // The experts computed ahead that are now next in id order.
+    for (++next_; next_ < ws_.pick_ids.size() && ws_.pick_done[next_]; ++next_, --waiting_)
+      add(next_, ws_.moe_ahead.data() + ws_.pick_ahead[next_] * R_);
+    if (waiting_ == 0) ahead_used_ = 0;  // nothing waits in moe_ahead
+  }
+
+  std::span<const int64_t> read_ahead(int64_t* layer) override { return guess_.guess(layer); }
+
+ private:
+  size_t rows(size_t g) const { return ws_.pick_starts[g + 1] - ws_.pick_starts[g]; }
+  // acc[row] += weight · down[j] for the expert's j-th row.
+  void add(size_t g, const float* down) {
+    const size_t p0 = ws_.pick_starts[g];
+    for (size_t j = 0; j < rows(g); ++j) {
+      const MoePick& p = ws_.picks[p0 + j];
+      add_scaled(ws_.moe_acc.data() + p.row * R_, p.weight, down + j * R_, R_);
+    }
+  }
+
+  const K3Config& c_;
+  const Compute& compute_;
+  Workspace& ws_;
+  StageStats& stats_;
+  ReadAheadGuess& guess_;
+  const size_t R_;
+  size_t next_ = 0;        // the first expert (index into pick_ids) not yet summed
+  size_t ahead_used_ = 0;  // rows of moe_ahead in use
+  size_t waiting_ = 0;     // experts computed ahead, not yet summed
+};
 
 }  // namespace
 
-void latent_moe_forward_chunk(const K3Config& c, const Compute& compute, const MoeWeights& w,
-                              ExpertCache& experts, int64_t layer, Workspace& ws, ChunkWorkspace& cw,
-                              StageStats& stats, const float* X, size_t n, float* out, NextMoe next) {
+void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w, ExpertSource& experts,
+                        int64_t layer, Workspace& ws, StageStats& stats, const float* X, size_t n, float* out,
+                        NextMoe next) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const KernelTable& kt = *compute.kernels;
   const bool shared = c.num_shared_experts > 0;
-  float* z = cw.moe_z.data();          // [n][R]
-  float* acc = cw.moe_acc.data();      // [n][R]
-  float* routed = cw.moe_routed.data();  // [n][D]
+  float* z = ws.moe_z.data();            // [n][R]
+  float* acc = ws.moe_acc.data();        // [n][R]
+  float* routed = ws.moe_routed.data();  // [n][D]
   {
+    // Everything that reads X: router logits, latent down, shared gate/up.
     StageTimer timer(stats, Stage::kRouter);
-    matmul_chunk(compute, w.router, X, n, cw.moe_logits.data());
-    matmul_chunk(compute, w.latent_down, X, n, z);
-    if (shared) {
-      matmul_chunk(compute, w.shared_gate, X, n, cw.mlp_gate.data());
-      matmul_chunk(compute, w.shared_up, X, n, cw.mlp_up.data());
-    }
-    for (size_t t = 0; t < n; ++t) route(c, w, cw.moe_logits.data() + t * E, compute.expert_top_p, ws, &cw.routing[t]);
+    const MatmulJob jobs[] = {{&w.router, ws.moe_logits.data()}, {&w.latent_down, z},
+                              {&w.shared_gate, ws.mlp_gate.data()}, {&w.shared_up, ws.mlp_up.data()}};
+    matmul_jobs(compute, jobs, shared ? 4 : 2, X, n);
+    for (size_t t = 0; t < n; ++t) route(c, w, ws.moe_logits.data() + t * E, compute.expert_top_p, ws, &ws.routing[t]);
   }
   {
     StageTimer timer(stats, Stage::kExperts);
     std::fill(acc, acc + n * R, 0.0f);
-    if (compute.idot) quantize_q8_32(kt, z, n, R, cw.moe_z_q8.data(), cw.moe_z_d.data());
-    // The chunk's union of experts, ascending id; per expert its rows ascending (so every row
+    if (compute.idot) quantize_q8_32(kt, z, n, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
+    // The step's union of experts, ascending id; per expert its rows ascending (so every row
     // still adds its experts in ascending id order, as alone).
-    struct Pick {
-      int64_t expert;
-      size_t row;
-      float weight;
-    };
-    std::vector<Pick> picks;
-    picks.reserve(n * static_cast<size_t>(c.num_experts_per_token));
+    std::vector<MoePick>& picks = ws.picks;
+    picks.clear();
     for (size_t t = 0; t < n; ++t)
-      for (size_t j = 0; j < cw.routing[t].ids.size(); ++j) picks.push_back({cw.routing[t].ids[j], t, cw.routing[t].weights[j]});
-    std::stable_sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) { return a.expert < b.expert; });
-    for (size_t t = 0; t < n; ++t) experts.record(layer, cw.routing[t].ids);
-    // The union's groups [start, end) in picks, ascending expert id.
-    std::vector<size_t> starts;
-    std::vector<int64_t> ids;
+      for (size_t j = 0; j < ws.routing[t].ids.size(); ++j) picks.push_back({ws.routing[t].ids[j], t, ws.routing[t].weights[j]});
+    std::sort(picks.begin(), picks.end(), [](const MoePick& a, const MoePick& b) {
+      return a.expert != b.expert ? a.expert < b.expert : a.row < b.row;  // (std::sort: stable_sort would allocate)
+    });
+    for (size_t t = 0; t < n; ++t) experts.record(layer, ws.routing[t].ids);
+    ws.pick_ids.clear();
+    ws.pick_starts.clear();
     for (size_t p = 0; p < picks.size(); ++p) {
       if (p == 0 || picks[p].expert != picks[p - 1].expert) {
-        starts.push_back(p);
-        ids.push_back(picks[p].expert);
+        ws.pick_starts.push_back(p);
+        ws.pick_ids.push_back(picks[p].expert);
       }
     }
-    starts.push_back(picks.size());
-    experts.routed(layer, ids);
-    for (size_t g0 = 0; g0 < ids.size(); g0 += ExpertCache::kMaxBatch) {
-      const size_t g1 = std::min(ids.size(), g0 + ExpertCache::kMaxBatch);
-      experts.acquire(layer, std::span<const int64_t>(ids).subspan(g0, g1 - g0), ExpertCache::Use::kChunk,
-                      ws.expert_batch);
-      if (g1 == ids.size() && next.weights) predict_chunk(c, compute, next, ws, cw, X, n, experts);
-      for (size_t g = g0; g < g1; ++g) {
-        const size_t p0 = starts[g], m = starts[g + 1] - p0;
-        // Gather the expert's rows.
-        for (size_t j = 0; j < m; ++j) {
-          const size_t t = picks[p0 + j].row;
-          if (compute.idot) {
-            std::copy(cw.moe_z_q8.data() + t * R, cw.moe_z_q8.data() + (t + 1) * R, cw.ex_z_q8.data() + j * R);
-            std::copy(cw.moe_z_d.data() + t * (R / 32), cw.moe_z_d.data() + (t + 1) * (R / 32), cw.ex_z_d.data() + j * (R / 32));
-          } else {
-            std::copy(z + t * R, z + (t + 1) * R, cw.ex_z.data() + j * R);
-          }
-        }
-        ++stats.expert_reads;
-        apply_expert(c, compute, ws.expert_batch.view(g - g0), m, cw.ex_z.data(), cw.ex_z_q8.data(), cw.ex_z_d.data(),
-                     cw.ex_gate.data(), cw.ex_up.data(), cw.ex_h_q8.data(), cw.ex_h_d.data(), cw.ex_down.data());
-        for (size_t j = 0; j < m; ++j) add_scaled(acc + picks[p0 + j].row * R, picks[p0 + j].weight, cw.ex_down.data() + j * R, R);
-      }
-      ws.expert_batch.release();
-    }
-    experts.finish_layer(layer);
+    ws.pick_starts.push_back(picks.size());
+    ReadAheadGuess guess(c, compute, next, ws, X, n);
+    RoutedExperts work(c, compute, ws, stats, guess);
+    experts.run(layer, ws.pick_ids, n == 1 ? ExpertUse::kToken : ExpertUse::kChunk, work);
     for (size_t t = 0; t < n; ++t) rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
     matmul_chunk(compute, w.latent_up, acc, n, routed);  // [n][D]
   }
   StageTimer timer(stats, Stage::kShared);
   if (shared) {
-    situ_down_chunk(c, compute, w.shared_down, cw.mlp_gate.data(), cw.mlp_up.data(), n, out);
+    situ_down(c, compute, w.shared_down, ws.mlp_gate.data(), ws.mlp_up.data(), n, out);
     for (size_t i = 0; i < n * D; ++i) out[i] += routed[i];
   } else {
     std::copy(routed, routed + n * D, out);

@@ -9,8 +9,7 @@ namespace k3 {
 
 namespace {
 
-// The attention of one token over cache rows [0, T) (its own latent already appended), shared by
-// the one-token and the chunk forms. Q: [H][qk] its query, G: [H][v] its gate logits;
+// The attention of one token over cache rows [0, T) (its own latent already appended). Q: [H][qk] its query, G: [H][v] its gate logits;
 // ctx: [H][v] the gated per-head context.
 void mla_attend(const K3Config& c, const KernelTable& kt, const MlaWeights& w, const MlaCache& cache,
                 Workspace& ws, size_t T, const float* Q, const float* G, float* ctx) {
@@ -52,44 +51,24 @@ void mla_append(const K3Config& c, const MlaWeights& w, MlaCache& cache, int64_t
 
 }  // namespace
 
-void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache,
-                 Workspace& ws, int64_t position, const float* x, float* out) {
-  const size_t qlr = static_cast<size_t>(c.q_lora_rank);
-  const KernelTable& kt = *compute.kernels;
-  float* cq = ws.mla_cq.data();     // [q_lora]
-  float* Q = ws.mla_q.data();       // [H][qk]
-  float* ckv = ws.mla_ckv.data();   // [kv_lora + rope]
-  float* G = ws.mla_gate.data();    // [H][v]
-  float* ctx = ws.mla_ctx.data();   // [H][v]
-  const MatmulJob jobs[] = {{&w.q_a_proj, cq}, {&w.kv_a_proj, ckv}, {&w.g_proj, G}};
-  matmul_batch(kt, jobs, std::size(jobs), x);
-  rmsnorm(cq, w.q_a_norm.data(), qlr, K3Config::kMlaLowRankNormEps, cq);
-  matmul(kt, w.q_b_proj, cq, 1, Q);
-  mla_append(c, w, cache, position, ckv);
-  mla_attend(c, kt, w, cache, ws, static_cast<size_t>(position) + 1, Q, G, ctx);
-  matmul(kt, w.o_proj, ctx, 1, out);
-}
-
-void mla_forward_chunk(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache,
-                       Workspace& ws, ChunkWorkspace& cw, int64_t position, const float* X, size_t n,
-                       float* out) {
+void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache, Workspace& ws,
+                 int64_t position, const float* X, size_t n, float* out) {
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t qlr = static_cast<size_t>(c.q_lora_rank);
   const size_t qk = static_cast<size_t>(c.qk_head_dim());
   const size_t vdim = static_cast<size_t>(c.v_head_dim);
   const size_t ckv_dim = static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim);
   const KernelTable& kt = *compute.kernels;
-  float* cq = cw.mla_cq.data();    // [n][q_lora]
-  float* Q = cw.mla_q.data();      // [n][H][qk]
-  float* ckv = cw.mla_ckv.data();  // [n][kv_lora + rope]
-  float* G = cw.mla_gate.data();   // [n][H][v]
-  float* ctx = cw.mla_ctx.data();  // [n][H][v]
-  matmul_chunk(compute, w.q_a_proj, X, n, cq);
-  matmul_chunk(compute, w.kv_a_proj, X, n, ckv);
-  matmul_chunk(compute, w.g_proj, X, n, G);
+  float* cq = ws.mla_cq.data();    // [n][q_lora]
+  float* Q = ws.mla_q.data();      // [n][H][qk]
+  float* ckv = ws.mla_ckv.data();  // [n][kv_lora + rope]
+  float* G = ws.mla_gate.data();   // [n][H][v]
+  float* ctx = ws.mla_ctx.data();  // [n][H][v]
+  const MatmulJob jobs[] = {{&w.q_a_proj, cq}, {&w.kv_a_proj, ckv}, {&w.g_proj, G}};
+  matmul_jobs(compute, jobs, std::size(jobs), X, n);
   for (size_t t = 0; t < n; ++t) rmsnorm(cq + t * qlr, w.q_a_norm.data(), qlr, K3Config::kMlaLowRankNormEps, cq + t * qlr);
   matmul_chunk(compute, w.q_b_proj, cq, n, Q);
-  // The whole chunk's latent rows first; row t then reads positions <= position + t only.
+  // The whole pass's latent rows first; row t then reads positions <= position + t only.
   for (size_t t = 0; t < n; ++t) mla_append(c, w, cache, position + static_cast<int64_t>(t), ckv + t * ckv_dim);
   for (size_t t = 0; t < n; ++t)
     mla_attend(c, kt, w, cache, ws, static_cast<size_t>(position) + t + 1, Q + t * H * qk, G + t * H * vdim,

@@ -7,36 +7,47 @@
 #include "model/dense_mlp.h"
 #include "model/kda.h"
 #include "model/mla.h"
+#include "experts/expert_cache.h"
 #include "model/tensor_names.h"
 #include "util/error.h"
 
 namespace k3 {
 
-Model::Model(const Snapshot& snapshot, const K3Config& config, const ModelOptions& options)
-    : snapshot_(snapshot), config_(config), options_(options) {
-  compute_.kernels = &kernel_table(options_.isa);
-  compute_.idot = options_.idot;
-  compute_.expert_top_p = options_.expert_top_p;
-  prefetch_ = options_.prefetch;
-  int64_t num_layers = options_.layers;
-  if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
-  weights_ = load_weights(snapshot_, config_, num_layers, options_.precision, options_.on_load_progress);
-  // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
-  for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = options_.idot && m.format == WeightFormat::kInt4G64; });
-  if (options_.experts_in_memory) weights_.experts->load_all();
-  std::vector<int64_t> moe_layers;
-  for (int64_t l = 0; l < num_layers; ++l)
-    if (weights_.layers[static_cast<size_t>(l)].moe) moe_layers.push_back(l);
-  ExpertCacheOptions cache = options_.cache;
-  cache.all_resident = options_.experts_in_memory;
-  cache.history_layers = config_.num_hidden_layers;
-  cache.model_identity = "kimi_k3 layers " + std::to_string(config_.num_hidden_layers) + " experts " +
-                         std::to_string(config_.num_experts) + " top " + std::to_string(config_.num_experts_per_token) +
-                         " hidden " + std::to_string(config_.hidden_size) + " routed " +
-                         std::to_string(config_.routed_expert_hidden_size) + " inter " +
-                         std::to_string(config_.moe_intermediate_size);
-  experts_ = std::make_unique<ExpertCache>(*weights_.experts, std::move(moe_layers), config_.num_experts, std::move(cache));
+namespace {
+
+// The history file's identity of a model: its geometry (another checkpoint of the same shape
+// shares it; a different shape never does).
+std::string model_identity(const K3Config& c) {
+  return "kimi_k3 layers " + std::to_string(c.num_hidden_layers) + " experts " + std::to_string(c.num_experts) +
+         " top " + std::to_string(c.num_experts_per_token) + " hidden " + std::to_string(c.hidden_size) + " routed " +
+         std::to_string(c.routed_expert_hidden_size) + " inter " + std::to_string(c.moe_intermediate_size);
 }
+
+}  // namespace
+
+Model::Model(const Snapshot& snapshot, const K3Config& config, const LoadOptions& load, const ModelSetup& setup)
+    : snapshot_(snapshot), config_(config), load_(load) {
+  compute_.kernels = &kernel_table(setup.isa);
+  compute_.idot = load_.idot;
+  compute_.expert_top_p = load_.expert_top_p;
+  int64_t num_layers = load_.layers;
+  if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
+  weights_ = load_weights(snapshot_, config_, num_layers, load_, setup.on_load_progress);
+  // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
+  for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64; });
+  if (load_.experts_in_memory) weights_.experts->load_all();
+  ExpertCacheSetup cache;
+  for (int64_t l = 0; l < num_layers; ++l)
+    if (weights_.layers[static_cast<size_t>(l)].moe) cache.moe_layers.push_back(l);
+  cache.num_experts = config_.num_experts;
+  cache.all_resident = load_.experts_in_memory;
+  cache.history_layers = config_.num_hidden_layers;
+  cache.model_identity = model_identity(config_);
+  locate_history(load_.cache, snapshot_.dir(), &cache);
+  experts_ = std::make_unique<ExpertCache>(*weights_.experts, load_.cache, std::move(cache));
+}
+
+Model::~Model() = default;
 
 uint64_t Model::resident_bytes() const {
   uint64_t total = 0;
@@ -56,7 +67,7 @@ uint64_t Model::resident_bytes() const {
       vec(l.moe->latent_norm);
     }
   }
-  if (options_.experts_in_memory) total += weights_.experts->total_bytes();
+  if (load_.experts_in_memory) total += weights_.experts->total_bytes();
   vec(weights_.final_norm);
   vec(weights_.output_res_query);
   return total;
@@ -66,107 +77,29 @@ void Model::embed(ModelState& state, int64_t token_id, float* out) const {
   StageTimer timer(state.stats, Stage::kEmbed);
   if (!weights_.embedding)
     throw Error(snapshot_.dir() + ": the snapshot has no embedding table (" + snapshot_.prefix() +
-                names::kEmbedTokens + "); supply input rows with K3_X0");
+                names::kEmbedTokens + "); the input rows must be given instead of token ids");
   weights_.embedding->row(token_id, out, state.work.embed_bytes);
 }
 
-void Model::forward(ModelState& state, const float* x0, float* final_hidden,
+void Model::forward(ModelState& state, const float* x0, size_t n, float* final_hidden,
                     ForwardObserver* observer) const {
-  if (state.position >= state.capacity)
-    throw Error("context is full: " + std::to_string(state.capacity) +
-                " positions (raise K3_MAXT / --maxt)");
-  const size_t D = static_cast<size_t>(config_.hidden_size);
-  const double eps = config_.rms_norm_eps;
-  const int64_t L = num_layers();
-  Workspace& ws = state.work;
-  StageStats& stats = state.stats;
-
-  size_t num_blocks = 0;  // blocks appended so far; block b is ws.blocks[b * D, (b + 1) * D)
-  float* partial = ws.partial.data();  // [hidden] running sum inside the current block
-  float* mixed = ws.mixed.data();      // [hidden]
-  float* normed = ws.normed.data();    // [hidden]
-  float* branch = ws.branch.data();    // [hidden]
-  std::copy(x0, x0 + D, partial);
-
-  auto mix = [&](const std::vector<float>& query) {
-    StageTimer timer(stats, Stage::kAttnRes);
-    for (size_t b = 0; b < num_blocks; ++b) ws.sources[b] = ws.blocks.data() + b * D;
-    ws.sources[num_blocks] = partial;
-    attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, mixed);
-  };
-  auto observe = [&](int64_t layer, ForwardObserver::Site site, const float* data) {
-    if (observer) observer->on_tensor(layer, site, data);
-  };
-
-  for (int64_t l = 0; l < L; ++l) {
-    if (state.interrupt && state.interrupt->load(std::memory_order_relaxed)) throw Interrupted();
-    const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
-    // Attention.
-    if (num_blocks == 0)
-      std::copy(partial, partial + D, mixed);
-    else
-      mix(lw.attn_res_query);
-    observe(l, ForwardObserver::Site::kAttnIn, mixed);
-    const bool block_start = config_.is_block_start(l);
-    if (block_start) std::copy(partial, partial + D, ws.blocks.data() + (num_blocks++) * D);
-    rmsnorm(mixed, lw.input_norm.data(), D, eps, normed);
-    if (lw.kda) {
-      StageTimer timer(stats, Stage::kKda);
-      kda_forward(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, normed, branch);
-    } else {
-      StageTimer timer(stats, Stage::kMla);
-      mla_forward(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, state.position, normed, branch);
-    }
-    observe(l, ForwardObserver::Site::kAttnOut, branch);
-    if (block_start)
-      std::copy(branch, branch + D, partial);
-    else
-      for (size_t i = 0; i < D; ++i) partial[i] += branch[i];
-    // Feed-forward.
-    mix(lw.mlp_res_query);
-    observe(l, ForwardObserver::Site::kMlpIn, mixed);
-    rmsnorm(mixed, lw.post_attn_norm.data(), D, eps, normed);
-    if (lw.dense) {
-      StageTimer timer(stats, Stage::kDense);
-      situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, ws, normed, branch);
-    } else {
-      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, branch, &ws.routing, next_moe(l));
-      if (observer) observer->on_routing(l, ws.routing);
-    }
-    observe(l, ForwardObserver::Site::kMlpOut, branch);
-    for (size_t i = 0; i < D; ++i) partial[i] += branch[i];
-    observe(l, ForwardObserver::Site::kLayerOut, partial);
-  }
-  if (weights_.output_res_query.empty()) {
-    std::copy(partial, partial + D, final_hidden);
-  } else {
-    mix(weights_.output_res_query);
-    std::copy(mixed, mixed + D, final_hidden);
-  }
-  observe(-1, ForwardObserver::Site::kFinalHidden, final_hidden);
-  ++state.position;
-}
-
-void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* final_hidden,
-                          ForwardObserver* observer) const {
   if (state.position + static_cast<int64_t>(n) > state.capacity)
-    throw Error("context is full: " + std::to_string(state.capacity) +
-                " positions (raise K3_MAXT / --maxt)");
+    throw Error("context is full: " + std::to_string(n) + " more rows at position " + std::to_string(state.position) +
+                " exceed the context capacity of " + std::to_string(state.capacity) + " positions");
   const size_t D = static_cast<size_t>(config_.hidden_size);
   const size_t NB = static_cast<size_t>(config_.num_blocks());
   const double eps = config_.rms_norm_eps;
   const int64_t L = num_layers();
   Workspace& ws = state.work;
-  ChunkWorkspace& cw = state.chunk;
   StageStats& stats = state.stats;
-  cw.reserve(config_, n);
+  ws.reserve(config_, n);
 
   size_t num_blocks = 0;  // blocks appended so far (the same for every row)
-  float* partial = cw.partial.data();  // [n][hidden] running sum inside the current block
-  float* mixed = cw.mixed.data();      // [n][hidden]
-  float* normed = cw.normed.data();    // [n][hidden]
-  float* branch = cw.branch.data();    // [n][hidden]
-  auto block = [&](size_t t, size_t b) { return cw.blocks.data() + (t * NB + b) * D; };  // row t's block b
+  float* partial = ws.partial.data();  // [n][hidden] running sum inside the current block
+  float* mixed = ws.mixed.data();      // [n][hidden]
+  float* normed = ws.normed.data();    // [n][hidden]
+  float* branch = ws.branch.data();    // [n][hidden]
+  auto block = [&](size_t t, size_t b) { return ws.blocks.data() + (t * NB + b) * D; };  // row t's block b
   std::copy(x0, x0 + n * D, partial);
 
   // mixed[t] = Mix(blocks of row t + [partial[t]], query), row by row.
@@ -175,7 +108,7 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
     for (size_t t = 0; t < n; ++t) {
       for (size_t b = 0; b < num_blocks; ++b) ws.sources[b] = block(t, b);
       ws.sources[num_blocks] = partial + t * D;
-      attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, mixed + t * D);
+      attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, ws.mix_weights.data(), mixed + t * D);
     }
   };
   auto observe = [&](int64_t layer, ForwardObserver::Site site, const float* rows) {
@@ -200,11 +133,10 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
     for (size_t t = 0; t < n; ++t) rmsnorm(mixed + t * D, lw.input_norm.data(), D, eps, normed + t * D);
     if (lw.kda) {
       StageTimer timer(stats, Stage::kKda);
-      kda_forward_chunk(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, cw, normed, n, branch);
+      kda_forward(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, normed, n, branch);
     } else {
       StageTimer timer(stats, Stage::kMla);
-      mla_forward_chunk(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, cw, state.position, normed, n,
-                        branch);
+      mla_forward(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, state.position, normed, n, branch);
     }
     observe(l, ForwardObserver::Site::kAttnOut, branch);
     if (block_start)
@@ -217,12 +149,12 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
     for (size_t t = 0; t < n; ++t) rmsnorm(mixed + t * D, lw.post_attn_norm.data(), D, eps, normed + t * D);
     if (lw.dense) {
       StageTimer timer(stats, Stage::kDense);
-      situ_mlp_forward_chunk(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, cw, normed, n,
-                             branch);
+      situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, ws, normed, n,
+                       branch);
     } else {
-      latent_moe_forward_chunk(config_, compute_, *lw.moe, *experts_, l, ws, cw, stats, normed, n, branch, next_moe(l));
+      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, n, branch, next_moe(l));
       if (observer)
-        for (size_t t = 0; t < n; ++t) observer->on_routing(l, cw.routing[t]);
+        for (size_t t = 0; t < n; ++t) observer->on_routing(l, ws.routing[t]);
     }
     observe(l, ForwardObserver::Site::kMlpOut, branch);
     for (size_t i = 0; i < n * D; ++i) partial[i] += branch[i];
@@ -239,7 +171,6 @@ void Model::forward_chunk(ModelState& state, const float* x0, size_t n, float* f
 }
 
 NextMoe Model::next_moe(int64_t layer) const {
-  if (!prefetch_.load(std::memory_order_relaxed) || options_.experts_in_memory) return {};
   for (int64_t l = layer + 1; l < num_layers(); ++l)
     if (const auto& moe = weights_.layers[static_cast<size_t>(l)].moe) return {&*moe, l};
   return {};

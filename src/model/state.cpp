@@ -4,7 +4,7 @@
 
 namespace k3 {
 
-ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
+ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_, size_t rows)
     : capacity(capacity_) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t P = static_cast<size_t>(c.kda_projection_size());
@@ -12,9 +12,8 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
   const size_t dk = static_cast<size_t>(c.kda_head_dim);
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t kvr = static_cast<size_t>(c.kv_lora_rank);
-  const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
-  const size_t I = static_cast<size_t>(c.moe_intermediate_size);
   const size_t E = static_cast<size_t>(c.num_experts);
+  const size_t K = static_cast<size_t>(c.num_experts_per_token);
   const size_t blocks = static_cast<size_t>(c.num_blocks());
   kda.resize(static_cast<size_t>(num_layers));
   mla.resize(static_cast<size_t>(num_layers));
@@ -30,43 +29,26 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_)
     }
   }
   Workspace& w = work;
-  w.blocks.assign(blocks * D, 0.0f);
-  for (auto* v : {&w.x0, &w.final_hidden, &w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed, &w.head_normed}) v->assign(D, 0.0f);
   w.embed_bytes.reserve(D * sizeof(float));
   w.sources.assign(blocks + 1, nullptr);
   w.mix_weights.assign(blocks + 1, 0.0f);
-  for (auto* v : {&w.kda_q, &w.kda_k, &w.kda_v, &w.kda_gate, &w.kda_decay, &w.kda_out}) v->assign(P, 0.0f);
-  w.kda_decay_low.assign(dk, 0.0f);
-  w.kda_beta.assign(static_cast<size_t>(c.kda_num_heads), 0.0f);
   w.kda_u.assign(static_cast<size_t>(c.kda_num_heads) * dk, 0.0f);
-  w.mla_cq.assign(static_cast<size_t>(c.q_lora_rank), 0.0f);
-  w.mla_q.assign(H * static_cast<size_t>(c.qk_head_dim()), 0.0f);
-  w.mla_ckv.assign(kvr + static_cast<size_t>(c.qk_rope_head_dim), 0.0f);
-  w.mla_gate.assign(H * static_cast<size_t>(c.v_head_dim), 0.0f);
-  w.mla_ctx.assign(H * static_cast<size_t>(c.v_head_dim), 0.0f);
   w.mla_qabs.assign(H * kvr, 0.0f);
   w.mla_lat.assign(H * kvr, 0.0f);
   w.mla_scores.assign(H * static_cast<size_t>(capacity), 0.0f);
   w.moe_scores.assign(E, 0.0f);
   w.moe_choice.assign(E, 0.0f);
   w.moe_order.assign(E, 0);
-  w.moe_predict.assign(E, 0.0f);
-  for (auto* v : {&w.moe_z, &w.moe_acc}) v->assign(R, 0.0f);
-  w.moe_downs.assign(ExpertCache::kMaxBatch * R, 0.0f);
-  w.moe_done.assign(ExpertCache::kMaxBatch, 0);
-  for (auto* v : {&w.moe_gate, &w.moe_up}) v->assign(I, 0.0f);
-  w.moe_z_q8.assign(R, 0);
-  w.moe_h_q8.assign(I, 0);
-  w.moe_z_d.assign(R / 32, 0.0f);
-  w.moe_h_d.assign(I / 32, 0.0f);
-  w.routing.ids.reserve(static_cast<size_t>(c.num_experts_per_token));
-  w.routing.weights.reserve(static_cast<size_t>(c.num_experts_per_token));
-  const size_t mlp = static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
-  w.mlp_gate.assign(mlp, 0.0f);
-  w.mlp_up.assign(mlp, 0.0f);
+  w.moe_by_weight.reserve(K);
+  w.predict_count.assign(E, 0);
+  w.predict_order.reserve(E);
+  w.predicted.ids.reserve(K);
+  w.predicted.weights.reserve(K);
+  w.head_normed.assign(D, 0.0f);
+  w.reserve(c, rows);
 }
 
-void ChunkWorkspace::reserve(const K3Config& c, size_t n) {
+void Workspace::reserve(const K3Config& c, size_t n) {
   if (n <= rows) return;
   rows = n;
   const size_t D = static_cast<size_t>(c.hidden_size);
@@ -74,6 +56,7 @@ void ChunkWorkspace::reserve(const K3Config& c, size_t n) {
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const size_t I = static_cast<size_t>(c.moe_intermediate_size);
+  const size_t K = static_cast<size_t>(c.num_experts_per_token);
   blocks.assign(n * static_cast<size_t>(c.num_blocks()) * D, 0.0f);
   for (auto* v : {&partial, &mixed, &normed, &branch, &moe_routed}) v->assign(n * D, 0.0f);
   for (auto* v : {&kda_q, &kda_k, &kda_v, &kda_gate, &kda_decay, &kda_out}) v->assign(n * P, 0.0f);
@@ -85,6 +68,16 @@ void ChunkWorkspace::reserve(const K3Config& c, size_t n) {
   mla_gate.assign(n * H * static_cast<size_t>(c.v_head_dim), 0.0f);
   mla_ctx.assign(n * H * static_cast<size_t>(c.v_head_dim), 0.0f);
   moe_logits.assign(n * static_cast<size_t>(c.num_experts), 0.0f);
+  routing.resize(n);
+  for (RoutingResult& r : routing) {
+    r.ids.reserve(K);
+    r.weights.reserve(K);
+  }
+  picks.reserve(n * K);
+  pick_ids.reserve(n * K);
+  pick_starts.reserve(n * K + 1);
+  pick_done.reserve(n * K);
+  pick_ahead.reserve(n * K);
   for (auto* v : {&moe_z, &moe_acc, &ex_z, &ex_down}) v->assign(n * R, 0.0f);
   moe_z_q8.assign(n * R, 0);
   ex_z_q8.assign(n * R, 0);
@@ -93,7 +86,9 @@ void ChunkWorkspace::reserve(const K3Config& c, size_t n) {
   for (auto* v : {&ex_gate, &ex_up}) v->assign(n * I, 0.0f);
   ex_h_q8.assign(n * I, 0);
   ex_h_d.assign(n * (I / 32), 0.0f);
-  routing.resize(n);
+  // Room for a decode step's experts all ahead of the first (sixteen rows), or a chunk's rows.
+  ahead_rows = std::max(n, kMoeAheadRows);
+  moe_ahead.assign(ahead_rows * R, 0.0f);
   const size_t mlp = static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
   mlp_gate.assign(n * mlp, 0.0f);
   mlp_up.assign(n * mlp, 0.0f);

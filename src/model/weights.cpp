@@ -182,7 +182,7 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
   }
 }
 
-ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers, const LoadPrecision& precision,
+ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers, const LoadOptions& precision,
                           const std::function<void(double)>& on_progress) {
   using namespace names;
   const int64_t D = c.hidden_size;

@@ -142,13 +142,13 @@ class Session {
   // Feeds `ids` in order and returns the logits of the last one ([vocab]; empty when the
   // model has no head). The reference stays valid until the next prefill/step. Throws
   // k3::Error (context full, bad id); the state is then undefined: call reset().
-  // The ids go through the model in layer-major chunks of prefill_chunk() tokens; the logits are
-  // bit-identical for every chunk size.
+  // The ids go through the model in layer-major chunks of prefill_chunk() tokens (decode is a
+  // chunk of one); the logits are bit-identical for every chunk size.
   const std::vector<float>& prefill(std::span<const int64_t> ids, const PrefillHooks& hooks = {});
   // Tokens per prefill chunk: the engine's K3_CHUNK unless overridden (values < 1 mean 1).
   int64_t prefill_chunk() const;
   void set_prefill_chunk(int64_t chunk);
-  // Feeds one token and returns its logits (same lifetime rule). Allocates nothing.
+  // Feeds one token (a chunk of one) and returns its logits (same lifetime rule). Allocates nothing.
   const std::vector<float>& step(int64_t id);
   SessionStats stats() const;
 

@@ -22,7 +22,6 @@ struct Engine::Impl {
   std::unique_ptr<text::Tokenizer> tokenizer;
   EngineInfo info;
   double load_seconds = 0;
-  std::string history_note;  // why the history cannot be saved ("" = it can)
 };
 
 struct Session::Impl {
@@ -30,7 +29,6 @@ struct Session::Impl {
   void check_id(int64_t id) const;
   // x0[hidden] = the input row of `id` at absolute position `pos` (embedding or input row).
   void input_row(int64_t id, size_t pos, float* x0);
-  void feed(int64_t id, ForwardObserver* observer);
   void feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer);
 
   const Engine::Impl& engine;

@@ -1,9 +1,12 @@
 // experts/expert_cache.h — the routed experts the MoE layers compute with: a RAM cache over
 // ExpertStore with a global budget split per MoE layer, LRU within a layer, history-seeded pins,
 // and a working set that keeps a batch's experts valid while it runs.
+// The ExpertSource a MoE layer asks for its experts' bytes (run(): one layer step, batches,
+// read-ahead, compute as reads land).
 // Owns: slots and their aligned buffers, replacement, the RAM clamp, the routing history file
-// (.coli_usage), hit/miss/byte counters. Does not own: where experts are on disk or how one is
-// read (ExpertStore), or the routing (model/latent_moe).
+// (.coli_usage), hit/miss/byte counters. Configured by CacheOptions (options/options.h) and the
+// model's facts (ExpertCacheSetup). Does not own: where experts are on disk or how one is read
+// (ExpertStore), or the routing (model/latent_moe).
 //
 // Budget: slots per layer = floor(expert_gb · 1e9 / (expert_bytes · MoE layers)), at least 1,
 // at most num_experts; lowered (one stderr note) when the memory left after the resident weights
@@ -43,6 +46,7 @@
 // layer); a batch's views stay valid until it is released.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -52,29 +56,39 @@
 #include <string>
 #include <vector>
 
+#include "experts/expert_source.h"
 #include "experts/expert_store.h"
 #include "io/read_queue.h"
+#include "options/options.h"
 
 namespace k3 {
 
-struct ExpertCacheOptions {
-  double expert_gb = 8;          // K3_EXPERT_GB: budget of all layers' slots, GB (1e9 bytes)
-  bool direct = true;            // K3_DIRECT: O_DIRECT reads (0 = buffered + read-ahead advice)
-  bool all_resident = false;     // --experts-in-memory: every expert read into RAM at start
-  bool pin = true;               // K3_PIN: seed pinned slots from the routing history
+// What the cache needs beside the user's CacheOptions: facts about the model and where its
+// routing history is kept (derived by the model, never option fields).
+struct ExpertCacheSetup {
+  std::vector<int64_t> moe_layers;  // the layer indices holding routed experts (all in the store)
+  int64_t num_experts = 0;
+  bool all_resident = false;        // every expert read into RAM at load (ExpertStore::load_all)
+  int64_t history_layers = 0;       // the model's full layer count (the file's geometry record)
+  std::string model_identity;       // hashed into the file's identity record
+  std::string history_path;         // .coli_usage read at start ("" = no history)
+  std::string history_save_path;    // where save_history() writes ("" = nowhere)
+  std::string history_unsaved;      // why there is nowhere to save ("" = not said)
   // Bytes the cache may occupy at most (the RAM clamp); < 0 = measure: 0.9 · MemAvailable (taken
   // after the resident weights are loaded, so they are already excluded) − 2 GB reserve for
   // activations and page cache.
   int64_t memory_limit = -1;
-  std::string history_path;      // .coli_usage read at start ("" = no history)
-  std::string history_save_path; // where save_history() writes ("" = nowhere)
-  int64_t history_layers = 0;    // the model's full layer count (the file's geometry record)
-  std::string model_identity;    // hashed into the file's identity record
-  double history_decay = 1;      // COLI_USAGE_DECAY: counters × this at save (0 < d ≤ 1)
-  bool pipe = true;              // K3_PIPE: views wait for their own read (compute overlaps I/O)
-  ReadQueueOptions io;           // K3_IO_ENGINE / K3_LOAD_THREADS
+  uint64_t read_extent_bytes = 0;   // pieces reads are split into (0 = the read queue's default)
   std::function<void(const std::string&)> note;  // one-line notes (default: stderr)
 };
+
+// Where the routing history of the model at `model_dir` is read and saved: in
+// options.state_dir (one file per model, named by a hash of the model's real path; the
+// directory is created owner-only), never written into the model directory (it may be
+// read-only, and a served model's files stay untouched). A `.coli_usage` beside the model is
+// read while the state directory has none yet. Fills setup's history_path, history_save_path
+// and history_unsaved.
+void locate_history(const CacheOptions& options, const std::string& model_dir, ExpertCacheSetup* setup);
 
 struct ExpertCacheStats {
   uint64_t hits = 0;         // experts found in a slot (or resident)
@@ -99,6 +113,7 @@ class ExpertCache;
 // next acquire into the same batch, or destruction). Reused across calls without allocating.
 class ExpertBatch {
  public:
+  static constexpr size_t kMaxBatch = 64;  // experts one acquire() takes at most
   ExpertBatch() = default;
   // A batch lives only inside one forward call: copying or moving one (a workspace being
   // copied) yields an empty batch.
@@ -108,7 +123,7 @@ class ExpertBatch {
     return *this;
   }
   ~ExpertBatch() { release(); }
-  size_t size() const { return items_.size(); }
+  size_t size() const { return count_; }
   // The i-th expert's bytes, waiting for its read first. Throws k3::Error naming the file,
   // layer and expert when that read failed.
   const ExpertView& view(size_t i);
@@ -127,27 +142,33 @@ class ExpertBatch {
   ExpertCache* cache_ = nullptr;
   int64_t layer_ = -1;
   int use_ = 0;  // ExpertCache::Use of the acquire
-  std::vector<Item> items_;
+  std::array<Item, kMaxBatch> items_;  // [count_] used (fixed: an acquire allocates nothing)
+  size_t count_ = 0;
+  std::span<Item> items() { return {items_.data(), count_}; }
 };
 
-class ExpertCache {
+class ExpertCache final : public ExpertSource {
  public:
-  enum class Use { kToken, kChunk };  // decode (one token) or a prefill chunk
+  using Use = ExpertUse;
   // Largest batch one acquire() takes (bounds the transient buffers).
-  static constexpr size_t kMaxBatch = 64;
+  static constexpr size_t kMaxBatch = ExpertBatch::kMaxBatch;
   // Working-set entries kept allocated between batches, and staged (prefetched) reads at most.
   static constexpr size_t kWorkingSet = 64;
   static constexpr size_t kMaxStaged = 64;
 
-  // `moe_layers`: the layer indices holding routed experts (all registered in `store`).
-  // Throws k3::Error when one slot per layer does not fit the memory limit, or when a pinned
-  // expert cannot be read.
-  ExpertCache(const ExpertStore& store, std::vector<int64_t> moe_layers, int64_t num_experts,
-              ExpertCacheOptions options);
-  ~ExpertCache();
+  // Over the experts of `store` in setup.moe_layers. Throws k3::Error when one slot per layer
+  // does not fit the memory limit, or when a pinned expert cannot be read.
+  ExpertCache(const ExpertStore& store, const CacheOptions& options, ExpertCacheSetup setup);
+  ~ExpertCache() override;
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
+  // ExpertSource: a MoE layer's step. The ids go through acquire() in batches of kMaxBatch; after
+  // the last batch's misses are queued, the work's read-ahead guess (K3_PREFETCH, when on) is
+  // prefetch()ed; each batch's experts are applied as their reads land.
+  void run(int64_t layer, std::span<const int64_t> ids, ExpertUse use, ExpertWork& work) override;
+
+  // The protocol run() drives (public for tests and benchmarks).
   // Makes the experts `ids` (distinct, at most kMaxBatch) of `layer` available in `batch`
   // (releasing what it held). Throws k3::Error naming the file, layer and expert on a read
   // error; the batch then holds nothing.
@@ -163,7 +184,7 @@ class ExpertCache {
   // reclaimed when their in-flight pieces end).
   void finish_layer(int64_t layer);
   // Counts one routing selection of each of `ids` in the history.
-  void record(int64_t layer, std::span<const int64_t> ids);
+  void record(int64_t layer, std::span<const int64_t> ids) override;
 
   ExpertCacheStats stats() const;
   // Per MoE layer: {layer, selections predicted, selections} of the read-ahead (recall).
@@ -176,16 +197,18 @@ class ExpertCache {
   void clear();
   // K3_PIPE at run time (benchmarks compare both in one process). Not during an acquire().
   void set_pipe(bool pipe) { options_.pipe = pipe; }
+  // K3_PREFETCH at run time (benchmarks compare both in one process).
+  void set_prefetch(bool on) { prefetch_.store(on, std::memory_order_relaxed); }
   int64_t slots_per_layer() const { return slots_per_layer_; }
   int64_t pinned(int64_t layer) const;
   // The experts in `layer`'s slots, most recently used first (probation after protected).
   std::vector<int64_t> cached(int64_t layer) const;
-  bool all_resident() const { return options_.all_resident; }
+  bool all_resident() const { return setup_.all_resident; }
   // Total selections in the history (loaded plus recorded).
   uint64_t history_total() const;
 
-  // Writes the history to history_save_path atomically. Returns false (with a note) when there
-  // is nowhere to write or the write failed; never throws.
+  // Writes the history to history_save_path atomically. Returns false (with a note when the
+  // setup said why, or the write failed) when there is nowhere to write; never throws.
   bool save_history();
 
  private:
@@ -218,7 +241,9 @@ class ExpertCache {
   void say(const std::string& line) const;
 
   const ExpertStore& store_;
-  ExpertCacheOptions options_;
+  CacheOptions options_;
+  ExpertCacheSetup setup_;
+  std::atomic<bool> prefetch_{false};
   int64_t num_experts_;
   int64_t slots_per_layer_ = 0;
   std::vector<int64_t> moe_layers_;
@@ -237,5 +262,8 @@ uint64_t decayed(uint64_t count, double decay);
 
 // 32-bit FNV-1a of `text` (the history's model identity).
 uint32_t history_hash(const std::string& text);
+
+// The read queue CacheOptions asks for (K3_IO_ENGINE, K3_LOAD_THREADS).
+ReadQueueOptions read_queue_options(const CacheOptions& options);
 
 }  // namespace k3

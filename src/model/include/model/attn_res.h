@@ -12,8 +12,9 @@
 
 namespace k3 {
 
-// sources: `count` pointers to vectors of `hidden` floats. out[hidden] (may not alias sources).
+// sources: `count` pointers to vectors of `hidden` floats. weights: [count] scratch (the
+// softmax). out[hidden] (may not alias sources).
 void attn_res_mix(const float* const* sources, size_t count, const float* query, size_t hidden,
-                  double eps, float* out);
+                  double eps, float* weights, float* out);
 
 }  // namespace k3

@@ -46,14 +46,18 @@ struct Compute {
   double expert_top_p = 0.0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = all)
 };
 
-// The many-row forms used by chunked prefill. Each output row is bit-identical to the one-row
-// call on that row alone (what the token-at-a-time path computes): the many-row kernel is used
+// The many-row forms of a forward pass. Each output row is bit-identical to the one-row call on
+// that row alone (what a pass of one row computes): the many-row kernel is used
 // where its per-row result does not depend on the number of rows (see row_stable below and
 // chunked_prefill_test), the rows are looped otherwise.
 //   Y[t] = W X[t] for t < n.  X: [n][W.cols], Y: [n][W.rows].
 void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y);
 //   Y[t] = W X[t] on the exact float MXFP4 path.  X: [n][W.cols], Y: [n][W.rows].
 void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y);
+//   Y_j = W_j X for several matrices sharing X [n][cols] (jobs[j].Y: [n][W_j.rows]), each
+//   matrix's matmul_chunk. (One row through matmul_batch, one parallel region for all of them,
+//   measured no faster on decode: kept out, so n = 1 is no special path.)
+void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X, size_t n);
 // True when matmul(W, X, n) gives every row the bits of matmul(W, X[t], 1) on this kernel table.
 bool row_stable(const KernelTable& kernels, const WeightMatrix& W);
 // The same for the exact float MXFP4 kernel.

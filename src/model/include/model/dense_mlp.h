@@ -11,22 +11,15 @@
 
 namespace k3 {
 
-// x: [gate.cols]; out: [down.rows].
+// n rows X [n][gate.cols] (n = 1 in decode); out: [n][down.rows]. Every row bit-identical to
+// the call on that row alone.
 void situ_mlp_forward(const K3Config& config, const Compute& compute, const Matrix& gate,
-                      const Matrix& up, const Matrix& down, Workspace& work, const float* x,
+                      const Matrix& up, const Matrix& down, Workspace& work, const float* X, size_t n,
                       float* out);
 
 // The second half alone, when gate and up were already computed (batched with other matrices):
-// g[i] = SiTU(g[i], u[i]) in place, then out = down g.
-void situ_down(const K3Config& config, const Compute& compute, const Matrix& down, float* g,
-               const float* u, float* out);
-
-// The chunk forms (n rows, each bit-identical to the one-row call): X [n][gate.cols],
-// out [n][down.rows]; situ_down_chunk takes G, U [n][down.cols] (G overwritten).
-void situ_mlp_forward_chunk(const K3Config& config, const Compute& compute, const Matrix& gate,
-                            const Matrix& up, const Matrix& down, ChunkWorkspace& chunk,
-                            const float* X, size_t n, float* out);
-void situ_down_chunk(const K3Config& config, const Compute& compute, const Matrix& down, float* G,
-                     const float* U, size_t n, float* out);
+// G[i] = SiTU(G[i], U[i]) in place, then out = down G. G, U: [n][down.cols]; out: [n][down.rows].
+void situ_down(const K3Config& config, const Compute& compute, const Matrix& down, float* G,
+               const float* U, size_t n, float* out);
 
 }  // namespace k3

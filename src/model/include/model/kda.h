@@ -1,4 +1,4 @@
-// model/kda.h — Kimi Delta Attention, one token (ARCHITECTURE.md §3.4).
+// model/kda.h — Kimi Delta Attention (ARCHITECTURE.md §3.4), per token:
 //
 //   q0, k0, v0 = Wq x, Wk x, Wv x                      [kda_projection] each
 //   q, k, v    = SiLU(causal depthwise conv_K(stream))  tap K-1 = current token
@@ -19,15 +19,10 @@
 
 namespace k3 {
 
-// x: [hidden] normalised input; out: [hidden]. Advances `state` by one token; scratch in `work`.
+// n rows X [n][hidden] of consecutive tokens (normalised inputs; n = 1 in decode); out:
+// [n][hidden]. Projections batched over the rows, conv windows and recurrence advanced token by
+// token; scratch in `work`. Every row bit-identical to n calls of one row.
 void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& weights,
-                 KdaState& state, Workspace& work, const float* x, float* out);
-
-// The same for n rows X [n][hidden] of consecutive tokens (chunked prefill): projections batched
-// over the rows, conv windows and recurrence advanced token by token; out: [n][hidden]. Every
-// row bit-identical to n calls of kda_forward.
-void kda_forward_chunk(const K3Config& config, const Compute& compute, const KdaWeights& weights,
-                       KdaState& state, Workspace& work, ChunkWorkspace& chunk, const float* X,
-                       size_t n, float* out);
+                 KdaState& state, Workspace& work, const float* X, size_t n, float* out);
 
 }  // namespace k3

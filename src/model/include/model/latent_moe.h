@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "experts/expert_cache.h"
+#include "experts/expert_source.h"
 #include "model/compute.h"
 #include "model/config.h"
 #include "model/state.h"
@@ -27,28 +27,21 @@ namespace k3 {
 void route(const K3Config& config, const MoeWeights& weights, const float* logits, double top_p,
            Workspace& work, RoutingResult* routing);
 
-// The next MoE layer, whose experts are read ahead while this one runs (K3_PREFETCH): its
-// router applied to this layer's input predicts them; the real router still decides later.
+// The next MoE layer, whose experts may be read ahead while this one runs (K3_PREFETCH, the
+// source decides): its router applied to this layer's input predicts them; the real router
+// still decides later.
 struct NextMoe {
   const MoeWeights* weights = nullptr;  // nullptr: no read-ahead
   int64_t layer = -1;
 };
 
-// x: [hidden] normalised input; out: [hidden]. `routing` receives the choice. Stage times go to
-// `stats` (router, experts, shared). The routed experts come from `experts` (a token batch);
-// their selections are recorded in its routing history.
+// n consecutive rows X [n][hidden] (normalised inputs; n = 1 in decode); out: [n][hidden].
+// Router, latent down/up and shared experts batched over the rows; each distinct routed expert of
+// the step asked of `experts` once and applied to all its rows (their choices are recorded in the
+// routing history); ws.routing[t] receives row t's choice. Every row bit-identical to the call on
+// that row alone. Stage times go to `stats` (router, experts, shared).
 void latent_moe_forward(const K3Config& config, const Compute& compute, const MoeWeights& weights,
-                        ExpertCache& experts, int64_t layer, Workspace& work,
-                        StageStats& stats, const float* x, float* out, RoutingResult* routing,
-                        NextMoe next = {});
-
-// The same for n rows X [n][hidden] (chunked prefill): router, latent down/up and shared experts
-// batched over the rows; each distinct routed expert of the chunk read once and applied to all
-// its rows; chunk.routing[t] receives row t's choice; out: [n][hidden]. Every row bit-identical
-// to latent_moe_forward on that row alone.
-void latent_moe_forward_chunk(const K3Config& config, const Compute& compute, const MoeWeights& weights,
-                              ExpertCache& experts, int64_t layer, Workspace& work,
-                              ChunkWorkspace& chunk, StageStats& stats, const float* X, size_t n,
-                              float* out, NextMoe next = {});
+                        ExpertSource& experts, int64_t layer, Workspace& work, StageStats& stats,
+                        const float* X, size_t n, float* out, NextMoe next = {});
 
 }  // namespace k3

@@ -1,4 +1,4 @@
-// model/mla.h — gated NoPE multi-head latent attention, one token (ARCHITECTURE.md §3.5),
+// model/mla.h — gated NoPE multi-head latent attention (ARCHITECTURE.md §3.5), per token,
 // in the absorbed form over the latent cache.
 //
 //   cq   = RMSNorm(Wqa x, q_a_layernorm, 1e-6)          Q = Wqb cq   [heads][nope | rope]
@@ -18,16 +18,12 @@
 
 namespace k3 {
 
-// x: [hidden] normalised input of the token at `position`; out: [hidden]. Appends the token's
-// latent and rope key to `cache` (which must hold position + 1 rows).
+// n rows X [n][hidden] (normalised inputs) of the tokens at positions [position, position + n)
+// (n = 1 in decode); out: [n][hidden]. Projections batched, the n latent rows and rope keys
+// appended to `cache` first (it must hold position + n rows), then each row attends over the
+// positions up to its own. Every row bit-identical to n calls of one row.
 void mla_forward(const K3Config& config, const Compute& compute, const MlaWeights& weights,
-                 MlaCache& cache, Workspace& work, int64_t position, const float* x, float* out);
-
-// The same for n rows X [n][hidden] at positions [position, position + n) (chunked prefill):
-// projections batched, the n latent rows appended first, then each row attends over the
-// positions up to its own; out: [n][hidden]. Every row bit-identical to n calls of mla_forward.
-void mla_forward_chunk(const K3Config& config, const Compute& compute, const MlaWeights& weights,
-                       MlaCache& cache, Workspace& work, ChunkWorkspace& chunk, int64_t position,
-                       const float* X, size_t n, float* out);
+                 MlaCache& cache, Workspace& work, int64_t position, const float* X, size_t n,
+                 float* out);
 
 }  // namespace k3

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "experts/expert_store.h"
+#include "options/options.h"
 #include "io/snapshot.h"
 #include "kernels/quant.h"
 #include "model/config.h"
@@ -18,16 +19,10 @@
 namespace k3 {
 
 // Dense matrices are WeightMatrix (kernels/quant.h): f32, int8 per row or int4 group-64, chosen
-// per class at load (LoadPrecision). Matrices named "f32" below always stay f32.
+// per class at load (LoadOptions bits, mla_bits, head_bits: 4, 8 or 32). Matrices named "f32" below always stay f32.
 using Matrix = WeightMatrix;
 
 // Bits per class of dense matrix (ARCHITECTURE.md §5.1); 32 keeps f32.
-struct LoadPrecision {
-  int bits = 32;       // KDA q/k/v/g/o, latent down/up, shared experts, dense MLP
-  int mla_bits = 32;   // MLA q_a, q_b, kv_a, kv_b, g, o
-  int head_bits = 32;  // lm_head
-};
-
 struct KdaWeights {
   Matrix q_proj, k_proj, v_proj;  // [kda_projection][hidden]
   std::vector<float> q_conv, k_conv, v_conv;  // [kda_projection][short_conv_kernel_size]
@@ -105,11 +100,12 @@ struct ModelWeights {
 // Binds every resident weight of layers [0, num_layers) and the globals. `num_layers` <=
 // config.num_hidden_layers (K3_LAYERS). Throws k3::Error naming the tensor and the expected and
 // actual shape or dtype.
-// Dense matrices are quantised to `precision` as they are loaded (in parallel; the f32 copy of
+// Dense matrices are quantised to `load`'s bits (KDA, latent, shared-expert and dense matrices),
+// mla_bits (MLA projections) and head_bits (lm_head) as they are loaded (in parallel; the f32 copy of
 // one matrix at a time is the peak overhead).
 // `on_progress` (optional) sees the finished fraction after each layer.
 ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers,
-                          const LoadPrecision& precision, const std::function<void(double)>& on_progress = {});
+                          const LoadOptions& load, const std::function<void(double)>& on_progress = {});
 
 // Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all
 // of them: byte counts, load-time flags).
