@@ -50,7 +50,7 @@ asan: setup $(NODE_TEST_DEPS)
 	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test text_review_test \
 	  service_test serve_api_test chunked_prefill_test read_queue_test expert_cache_test coli k3_synth
 	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) \
-	  -R '^(Safetensors|Snapshot|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache)' -E '^Chat.Tmux'
+	  -R '^(Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache)' -E '^Chat.Tmux'
 
 # Benchmarks (timings, never assertions on them): kernel GB/s vs a DRAM probe, then decode tok/s
 # on a slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice; with the released

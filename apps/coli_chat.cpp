@@ -1,5 +1,5 @@
 // apps/coli_chat.cpp — `coli chat`: a terminal chat with the model loaded once, in process
-// (SERVING.md §3.4, run through EngineService instead of a private HTTP server).
+// (docs/serving.md §3.4, run through EngineService instead of a private HTTP server).
 //
 //   * GNU readline for line editing and history (Alt-Enter inserts a newline, pastes keep their
 //     newlines); without a terminal on stdin, lines are read as they come.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent float64 numpy reference of the Kimi K3 text model forward pass.
 
-Derived only from the written specification (ARCHITECTURE.md sections 1-4 and
+Derived only from the written specification (docs/architecture.md sections 1-4 and
 the k3-tiny fixture README), NOT from the C++ engine, so that it can be used to
 catch mistakes in the engine.
 

@@ -1,4 +1,4 @@
-// chat_spec_test — the XTML renderer (text/chat.h) against the rules of TOKENIZER_CHAT.md §6.2–6.6
+// chat_spec_test — the XTML renderer (text/chat.h) against the rules of docs/chat_format.md §6.2–6.6
 // and the "Chat semantics" of tests/data/text/README.md, for behaviour the 71 golden conversations
 // do not exercise. Every expectation is written out segment by segment from the spec's element
 // shape (§6.2):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/chat_tui_test.sh — `coli chat` driven through tmux (SERVING.md §3.4).
+# tests/chat_tui_test.sh — `coli chat` driven through tmux (docs/serving.md §3.4).
 #
 #   tests/chat_tui_test.sh <coli> <k3_synth>
 #

@@ -266,7 +266,7 @@ TEST(KernelsDenseMatmul, ThreadedEqualsSingleCallExactly) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Quantisers (ARCHITECTURE.md §5.2–5.3).
+// Quantisers (docs/quant_formats.md §3–4).
 
 TEST(KernelsQuant, Int8RoundsHalfToEven) {
   // amax 127 -> s = 1, 1/s = 1: the products are the values themselves.

@@ -144,7 +144,7 @@ TEST(OutputParser, TagSpelledWithUnusualTokens) {
 
 // ---- tool calls --------------------------------------------------------------------------
 
-// The assistant turn of TOKENIZER_CHAT.md §6.8 Example F, ids exactly as the renderer built them
+// The assistant turn of docs/chat_format.md §6.8 Example F, ids exactly as the renderer built them
 // (generated after `<|open|>think<|sep|>`).
 TEST(OutputParser, ExampleFToolCall) {
   const std::vector<int32_t> ids = {
@@ -294,7 +294,7 @@ TEST(OutputParser, EscapedAttributeValues) {
 // ---- UTF-8 across tokens -----------------------------------------------------------------
 
 TEST(OutputParser, EmojiSplitAcrossTokensStreamsWholeCharacters) {
-  // ` 👋🏽` = bytes 20 F0 9F 91 | 8B | F0 9F 8F | BD (§5): both code points straddle tokens.
+  // ` 👋🏽` = bytes 20 F0 9F 91 | 8B | F0 9F 8F | BD (docs/tokenizer.md §5): both code points straddle tokens.
   const std::vector<int32_t> wave = {130732, 233, 92949, 121};
   ASSERT_EQ(release().encode(" 👋🏽", false), wave);
   for (bool think : {false, true}) {

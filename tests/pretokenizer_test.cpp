@@ -1,5 +1,5 @@
 // pretokenizer_test — the Unicode 16 property tables (text/unicode.h) against the lists of
-// TOKENIZER_CHAT.md §2.3/§2.5, the Kimi pre-tokenizer scanner (text/pretokenizer.h) on every
+// docs/tokenizer.md §2.3/§2.5, the Kimi pre-tokenizer scanner (text/pretokenizer.h) on every
 // piece example of the spec, the release's 400,000/25,000 pre-chunking, and the scanner against
 // a brute-force backtracking matcher written straight from the regex on random strings.
 #include <gtest/gtest.h>
@@ -98,7 +98,7 @@ void expect_flag_exactly_on(uint16_t flag, const Ranges& ranges, const char* nam
 }
 
 TEST(UnicodeTables, HanIsExactlyTheScriptHanRangesOfTheSpec) {
-  // TOKENIZER_CHAT.md §2.3 (regex-syntax's Unicode 16 Script=Han table).
+  // docs/tokenizer.md §2.3 (regex-syntax's Unicode 16 Script=Han table).
   const Ranges han = {
       {0x2E80, 0x2E99},   {0x2E9B, 0x2EF3},   {0x2F00, 0x2FD5},   {0x3005, 0x3005},
       {0x3007, 0x3007},   {0x3021, 0x3029},   {0x3038, 0x303B},   {0x3400, 0x4DBF},
@@ -179,7 +179,7 @@ TEST(UnicodeTables, SpotChecks) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pieces: the examples of TOKENIZER_CHAT.md
+// Pieces: the examples of docs/tokenizer.md
 
 TEST(Pretokenize, EmptyTextHasNoPieces) {
   std::vector<Piece> pieces;

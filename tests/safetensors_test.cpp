@@ -1,6 +1,6 @@
 // safetensors_test — header parsing and validation of one shard (io/safetensors.h) on in-memory
-// files, and the snapshot directory (io/snapshot.h) on the k3-tiny fixture and damaged copies.
-// Suite names start with Safetensors or Snapshot (the sanitizer target filters on them).
+// files, and the snapshot directory (io/model_files.h) on the k3-tiny fixture and damaged copies.
+// Suite names start with Safetensors or ModelFiles (the sanitizer target filters on them).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,7 +15,7 @@
 
 #include "io/file.h"
 #include "io/safetensors.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 #include "util/error.h"
 #include "test_util.h"
 
@@ -441,7 +441,7 @@ TEST(SafetensorsReject, ReadErrorNamesTheTensor) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Snapshot on the k3-tiny fixture
+// ModelFiles on the k3-tiny fixture
 
 
 // A copy of the fixture directory.
@@ -460,7 +460,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 
 json read_json(const std::string& path) { return json::parse(k3::read_text_file(path)); }
 
-std::vector<std::string> shard_names(const k3::Snapshot& snap) {
+std::vector<std::string> shard_names(const k3::ModelFiles& snap) {
   std::vector<std::string> out;
   for (const auto& s : snap.shards()) out.push_back(fs::path(s->path()).filename().string());
   std::sort(out.begin(), out.end());
@@ -474,7 +474,7 @@ std::string shard_name(int n) {
 }
 
 TEST(SnapshotFixture, OpensTextShardsOnly) {
-  const k3::Snapshot snap(kFixtureDir);
+  const k3::ModelFiles snap(kFixtureDir);
   EXPECT_EQ(snap.dir(), kFixtureDir);
   EXPECT_EQ(snap.prefix(), "language_model.");
   EXPECT_TRUE(snap.config_root().contains("vision_config"));
@@ -489,7 +489,7 @@ TEST(SnapshotFixture, OpensTextShardsOnly) {
 }
 
 TEST(SnapshotFixture, FindAndReadTensors) {
-  const k3::Snapshot snap(kFixtureDir);
+  const k3::ModelFiles snap(kFixtureDir);
   const k3::LocatedTensor emb = snap.find("model.embed_tokens.weight");
   ASSERT_NE(emb.info, nullptr);
   ASSERT_NE(emb.shard, nullptr);
@@ -505,7 +505,7 @@ TEST(SnapshotFixture, FindAndReadTensors) {
   const k3::LocatedTensor a = snap.require("model.layers.0.self_attn.A_log", k3::DType::kF32, {16});
   EXPECT_EQ(fs::path(a.shard->path()).filename().string(), shard_name(1));
   std::vector<float> v(16, -1.0f);
-  k3::Snapshot::read(a, v.data());
+  k3::ModelFiles::read(a, v.data());
   for (int i = 4; i < 16; ++i) EXPECT_EQ(v[static_cast<size_t>(i)], 0.0f) << i;
   EXPECT_TRUE(v[0] != 0.0f || v[1] != 0.0f || v[2] != 0.0f || v[3] != 0.0f);
 
@@ -514,7 +514,7 @@ TEST(SnapshotFixture, FindAndReadTensors) {
                                   {k3::DType::kF8E8M0, k3::DType::kU8}, {32, 2});
   EXPECT_EQ(fs::path(e.shard->path()).filename().string(), shard_name(8));
   std::vector<uint8_t> scales(64);
-  k3::Snapshot::read(e, scales.data());
+  k3::ModelFiles::read(e, scales.data());
   for (uint8_t s : scales) {
     EXPECT_GE(s, 120);
     EXPECT_LE(s, 127);
@@ -522,7 +522,7 @@ TEST(SnapshotFixture, FindAndReadTensors) {
 }
 
 TEST(SnapshotFixture, RequireReportsMismatches) {
-  const k3::Snapshot snap(kFixtureDir);
+  const k3::ModelFiles snap(kFixtureDir);
   const std::string name = "model.layers.0.self_attn.A_log";
   const std::string full = "language_model." + name;
 
@@ -553,7 +553,7 @@ TEST(SnapshotFixture, RequireReportsMismatches) {
 TEST(SnapshotDamaged, GarbageVisionShardIsNeverOpened) {
   const auto dir = fixture_copy("garbage-vision");
   write_bytes(dir->file(kVisionShard), std::string(5000, '\x7f'));
-  const k3::Snapshot snap(dir->path());
+  const k3::ModelFiles snap(dir->path());
   EXPECT_EQ(snap.shards().size(), 9u);
   EXPECT_EQ(snap.prefix(), "language_model.");
   EXPECT_NE(snap.find("model.norm.weight").info, nullptr);
@@ -562,7 +562,7 @@ TEST(SnapshotDamaged, GarbageVisionShardIsNeverOpened) {
 TEST(SnapshotDamaged, MissingVisionShardIsFine) {
   const auto dir = fixture_copy("no-vision");
   fs::remove(dir->file(kVisionShard));
-  const k3::Snapshot snap(dir->path());
+  const k3::ModelFiles snap(dir->path());
   EXPECT_EQ(snap.shards().size(), 9u);
 }
 
@@ -571,7 +571,7 @@ TEST(SnapshotDamaged, WithoutIndexScansEveryShard) {
   fs::remove(dir->file("model.safetensors.index.json"));
   // Every *.safetensors of the directory is opened, the vision shard and (in the fixture)
   // golden.safetensors included.
-  const k3::Snapshot snap(dir->path());
+  const k3::ModelFiles snap(dir->path());
   std::vector<std::string> want = {"golden.safetensors"};
   for (int i = 1; i <= 10; ++i) want.push_back(shard_name(i));
   std::sort(want.begin(), want.end());
@@ -586,7 +586,7 @@ TEST(SnapshotDamaged, WithoutIndexAGarbageShardIsReported) {
   const auto dir = fixture_copy("no-index-garbage");
   fs::remove(dir->file("model.safetensors.index.json"));
   write_bytes(dir->file(kVisionShard), std::string(5000, '\x7f'));
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, kVisionShard);
 }
 
@@ -594,11 +594,11 @@ TEST(SnapshotDamaged, TruncatedLayerShardNamesTheFile) {
   const auto dir = fixture_copy("truncated");
   const std::string victim = shard_name(3);
   fs::resize_file(dir->file(victim), fs::file_size(dir->file(victim)) - 100);
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, victim);
   // Cut so short that not even the header survives.
   fs::resize_file(dir->file(victim), 40);
-  EXPECT_HAS(error_of([&] { k3::Snapshot snap(dir->path()); }), victim);
+  EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), victim);
 }
 
 TEST(SnapshotDamaged, IndexNamingAMissingShard) {
@@ -607,14 +607,14 @@ TEST(SnapshotDamaged, IndexNamingAMissingShard) {
   json index = read_json(index_path);
   index["weight_map"]["language_model.model.norm.weight"] = "model-00042-of-000010.safetensors";
   write_bytes(index_path, index.dump());
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, "model-00042-of-000010.safetensors");
 }
 
 TEST(SnapshotDamaged, IndexShardDeletedFromDisk) {
   const auto dir = fixture_copy("deleted-shard");
   fs::remove(dir->file(shard_name(5)));
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, shard_name(5));
 }
 
@@ -626,7 +626,7 @@ TEST(SnapshotDamaged, IndexPathWithSlashIsRefused) {
     json index = read_json(index_path);
     index["weight_map"]["language_model.model.norm.weight"] = bad;
     write_bytes(index_path, index.dump());
-    const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+    const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
     EXPECT_HAS(msg, "model.safetensors.index.json");
     EXPECT_HAS(msg, "language_model.model.norm.weight");
   }
@@ -638,7 +638,7 @@ TEST(SnapshotDamaged, IndexEntryTheShardDoesNotHold) {
   json index = read_json(index_path);
   index["weight_map"]["language_model.model.layers.0.extra.weight"] = shard_name(1);
   write_bytes(index_path, index.dump());
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, "language_model.model.layers.0.extra.weight");
   EXPECT_HAS(msg, shard_name(1));
 }
@@ -650,7 +650,7 @@ TEST(SnapshotDamaged, IndexEntryNamingTheWrongShard) {
   json index = read_json(index_path);
   index["weight_map"]["language_model.model.norm.weight"] = shard_name(2);
   write_bytes(index_path, index.dump());
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, "language_model.model.norm.weight");
   EXPECT_HAS(msg, shard_name(2));
 }
@@ -659,31 +659,31 @@ TEST(SnapshotDamaged, BadIndexAndConfig) {
   {
     const auto dir = fixture_copy("bad-index-json");
     write_bytes(dir->file("model.safetensors.index.json"), "{\"weight_map\": ");
-    EXPECT_HAS(error_of([&] { k3::Snapshot snap(dir->path()); }), "model.safetensors.index.json");
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "model.safetensors.index.json");
   }
   {
     const auto dir = fixture_copy("no-weight-map");
     write_bytes(dir->file("model.safetensors.index.json"), "{\"metadata\": {}}");
-    EXPECT_HAS(error_of([&] { k3::Snapshot snap(dir->path()); }), "weight_map");
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "weight_map");
   }
   {
     const auto dir = fixture_copy("no-config");
     fs::remove(dir->file("config.json"));
-    EXPECT_HAS(error_of([&] { k3::Snapshot snap(dir->path()); }), "config.json");
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "config.json");
   }
   {
     const auto dir = fixture_copy("bad-config");
     write_bytes(dir->file("config.json"), "{oops");
-    EXPECT_HAS(error_of([&] { k3::Snapshot snap(dir->path()); }), "config.json");
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "config.json");
   }
-  EXPECT_HAS(error_of([&] { k3::Snapshot snap(kFixtureDir + "/does-not-exist"); }), "does-not-exist");
+  EXPECT_HAS(error_of([&] { k3::ModelFiles snap(kFixtureDir + "/does-not-exist"); }), "does-not-exist");
 }
 
 TEST(SnapshotDamaged, DuplicateTensorAcrossShardsIsRefused) {
   const auto dir = fixture_copy("duplicate");
   fs::remove(dir->file("model.safetensors.index.json"));
   fs::copy_file(dir->file(shard_name(9)), dir->file("model-00011-of-000010.safetensors"));
-  const std::string msg = error_of([&] { k3::Snapshot snap(dir->path()); });
+  const std::string msg = error_of([&] { k3::ModelFiles snap(dir->path()); });
   EXPECT_HAS(msg, "language_model.");
   EXPECT_HAS(msg, shard_name(9));
 }

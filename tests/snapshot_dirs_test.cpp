@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 #include "synth_lib.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -62,7 +62,7 @@ TEST(SnapshotDirs, ASplitModelComputesLikeTheWholeOne) {
 
   // A shard present in two places is read from the first (the model directory wins).
   fs::copy_file(fs::path(second) / shards[1], fs::path(main) / shards[1]);
-  const k3::Snapshot snapshot(main, {second, third});
+  const k3::ModelFiles snapshot(main, {second, third});
   bool from_main = false;
   for (const auto& shard : snapshot.shards())
     if (fs::path(shard->path()).filename() == shards[1]) from_main = fs::path(shard->path()).parent_path() == fs::path(main);

@@ -19,7 +19,7 @@
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 #include "model/config.h"
 #include "model/tensor_names.h"
 #include "synth_lib.h"
@@ -91,7 +91,7 @@ float bf16_to_f32(uint16_t h) {
 // Widened values of a F32 or BF16 tensor.
 std::vector<float> read_floats(const k3::LocatedTensor& t) {
   std::vector<uint8_t> raw(t.info->nbytes);
-  k3::Snapshot::read(t, raw.data());
+  k3::ModelFiles::read(t, raw.data());
   std::vector<float> out(t.info->numel());
   for (size_t i = 0; i < out.size(); ++i) {
     if (t.info->dtype == k3::DType::kF32) {
@@ -263,10 +263,10 @@ TEST_F(SynthTiny, SameFilesAsFixture) {
 }
 
 TEST_F(SynthTiny, OpensWithSnapshotAndMatchesFixtureTensors) {
-  k3::Snapshot synth(dir_->path());
-  k3::Snapshot fixture(kFixtureDir);
+  k3::ModelFiles synth(dir_->path());
+  k3::ModelFiles fixture(kFixtureDir);
   EXPECT_EQ(synth.prefix(), "language_model.");
-  // Same text tensors (Snapshot never opens the vision shard), same dtypes and shapes.
+  // Same text tensors (ModelFiles never opens the vision shard), same dtypes and shapes.
   std::map<std::string, Described> a, b;
   for (const auto& s : synth.shards())
     for (const auto& t : s->tensors()) a[t.name] = {t.name, t.dtype, t.shape};
@@ -364,7 +364,7 @@ TEST_F(SynthTiny, IndexAndConfigsMatchFixture) {
 }
 
 TEST_F(SynthTiny, WeightValuesAreSane) {
-  k3::Snapshot s(dir_->path());
+  k3::ModelFiles s(dir_->path());
   namespace n = k3::names;
   // A_log: head_dim entries, the first num_heads non-zero, the rest exactly 0.
   const auto a_log = read_floats(s.require(n::layer(1, n::kKdaALog), k3::DType::kF32, {16}));
@@ -391,7 +391,7 @@ TEST_F(SynthTiny, WeightValuesAreSane) {
   for (int k : {1, 3, 5}) {
     const auto t = s.find(n::expert(4, 9, n::kExpertTensors[k]));
     std::vector<uint8_t> raw(t.info->nbytes);
-    k3::Snapshot::read(t, raw.data());
+    k3::ModelFiles::read(t, raw.data());
     for (uint8_t b : raw) {
       EXPECT_GE(b, 110);
       EXPECT_LE(b, 135);
@@ -430,7 +430,7 @@ TEST(Synth, DeterministicInSeedAndThreads) {
       EXPECT_EQ(slurp(a.file(f)), slurp(c.file(f))) << f;
     }
   }
-  k3::Snapshot snap(a.path());
+  k3::ModelFiles snap(a.path());
   const k3::K3Config cfg = k3::parse_k3_config(snap.config_root(), "det");
   EXPECT_EQ(cfg.num_hidden_layers, 2);
   EXPECT_EQ(cfg.num_experts, 4);
@@ -444,7 +444,7 @@ TEST(Synth, DemoPreset) {
   k3::synth::SynthSpec spec = k3::synth::preset_spec("demo");
   spec.progress = false;
   k3::synth::write_checkpoint(spec, dir.path());
-  k3::Snapshot s(dir.path());
+  k3::ModelFiles s(dir.path());
   EXPECT_EQ(s.prefix(), "language_model.");
   EXPECT_EQ(s.text_config()["vocab_size"], 163840);
   EXPECT_EQ(s.config_root()["bos_token_id"], 163584);
@@ -472,7 +472,7 @@ TEST(Synth, DemoPreset) {
 }
 
 TEST(Synth, SlicePresetMatchesReleasedByteCounts) {
-  // Only the plan (no data): byte counts re-derived in ARCHITECTURE.md §2 from the real shards.
+  // Only the plan (no data): byte counts re-derived in docs/tensor_names.md §10 from the real shards.
   k3::synth::SynthSpec spec = k3::synth::preset_spec("slice");
   EXPECT_EQ(spec.num_hidden_layers, 2);
   EXPECT_EQ(spec.num_experts, 16);

@@ -104,7 +104,7 @@ TEST(Tokenizer, DecodeGivesTheTextBackAtEveryCut) {
 }
 
 TEST(Tokenizer, UserTextNeverBecomesControlTokens) {
-  // TOKENIZER_CHAT.md §3.2: " <|open|>" typed by a user.
+  // docs/tokenizer.md §3.2: " <|open|>" typed by a user.
   EXPECT_EQ(release().encode(" <|open|>", false), (std::vector<int32_t>{22652, 4454, 91, 29}));
   EXPECT_EQ(release().encode("<|open|>", true), (std::vector<int32_t>{163587}));
   EXPECT_EQ(release().encode("a<|reserved_token_163592|>b", true), (std::vector<int32_t>{64, 163592, 65}));

@@ -1,4 +1,4 @@
-// K3_TOPP (STREAMING_PERF.md §1.4 step 2): each token keeps the shortest prefix of its routed
+// K3_TOPP (docs/streaming.md §1.4 step 2): each token keeps the shortest prefix of its routed
 // picks, by weight, that reaches cumulative weight p, renormalised; off (0) keeps all top-k.
 // Checked on the k3-tiny fixture against the full routing of the same input.
 #include <gtest/gtest.h>

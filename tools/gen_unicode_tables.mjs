@@ -74,7 +74,7 @@ async function buildFlags() {
     ['General_Category/Decimal_Number', kNumber],
     ['General_Category/Letter_Number', kNumber],
     ['General_Category/Other_Number', kNumber],
-    // \p{Han} in the regex crate is Script=Han, not Script_Extensions (TOKENIZER_CHAT.md §2.3).
+    // \p{Han} in the regex crate is Script=Han, not Script_Extensions (docs/tokenizer.md §2.3).
     ['Script/Han', kHan],
     // The regex's \s is White_Space.
     ['Binary_Property/White_Space', kWhiteSpace],
@@ -84,7 +84,7 @@ async function buildFlags() {
   // Python's str.isspace() is true for characters whose bidirectional class is WS, B or S or
   // whose category is Zs; in Unicode 16 that set is White_Space plus the four information
   // separators U+001C..U+001F (bidi class B/S, not White_Space). Hard-coded here rather than
-  // derived from Bidi_Class, and checked against the list of TOKENIZER_CHAT.md §2.5 by
+  // derived from Bidi_Class, and checked against the list of docs/tokenizer.md §2.5 by
   // tests/pretokenizer_test.cpp.
   for (let cp = 0x1c; cp <= 0x1f; ++cp) flags[cp] |= kPySpace;
   // Python's str.isprintable() is false for the categories "Other" and "Separator" (Cc Cf Cs Co

@@ -1,4 +1,4 @@
-// web/app.js — the chat page served by `coli serve` / `coli web` (SERVING.md §3.12).
+// web/app.js — the chat page served by `coli serve` / `coli web` (docs/serving.md §3.12).
 //
 // Talks to its own origin only: GET /health (loading screen, status panel), GET /v1/models,
 // GET /metrics (shown when it answers 200), POST /v1/chat/completions streamed as SSE. Model

@@ -50,7 +50,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   const LoadOptions& load = options.load;
   Impl& m = *impl_;
   const double start = now_seconds();
-  m.files = std::make_unique<Snapshot>(model_dir, load.extra_dirs);
+  m.files = std::make_unique<ModelFiles>(model_dir, load.extra_dirs);
   m.config = parse_k3_config(m.files->config_root(), model_dir + "/config.json");
   const K3Config& config = m.config;
   if (load.layers > config.num_hidden_layers)

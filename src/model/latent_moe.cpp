@@ -71,7 +71,7 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
   for (int64_t id : r->ids) sum += scores[static_cast<size_t>(id)];
   const float scale = static_cast<float>(c.routed_scaling_factor);
   if (top_p > 0.0 && top_p < 1.0) {
-    // K3_TOPP (STREAMING_PERF.md §1.4 step 2): the shortest prefix of the picks by weight
+    // K3_TOPP (docs/streaming.md §1.4 step 2): the shortest prefix of the picks by weight
     // (ties: lower id) whose cumulative normalised weight reaches p, renormalised over itself.
     std::vector<int64_t>& by_weight = ws.moe_by_weight;
     by_weight.assign(r->ids.begin(), r->ids.end());

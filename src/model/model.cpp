@@ -25,14 +25,14 @@ std::string model_identity(const K3Config& c) {
 
 }  // namespace
 
-Model::Model(const Snapshot& snapshot, const K3Config& config, const LoadOptions& load, const ModelSetup& setup)
-    : snapshot_(snapshot), config_(config), load_(load) {
+Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions& load, const ModelSetup& setup)
+    : files_(files), config_(config), load_(load) {
   compute_.kernels = &kernel_table(setup.isa);
   compute_.idot = load_.idot;
   compute_.expert_top_p = load_.expert_top_p;
   int64_t num_layers = load_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
-  weights_ = load_weights(snapshot_, config_, num_layers, load_, setup.on_load_progress);
+  weights_ = load_weights(files_, config_, num_layers, load_, setup.on_load_progress);
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64; });
   if (load_.experts_in_memory) weights_.experts->load_all();
@@ -43,7 +43,7 @@ Model::Model(const Snapshot& snapshot, const K3Config& config, const LoadOptions
   cache.all_resident = load_.experts_in_memory;
   cache.history_layers = config_.num_hidden_layers;
   cache.model_identity = model_identity(config_);
-  locate_history(load_.cache, snapshot_.dir(), &cache);
+  locate_history(load_.cache, files_.dir(), &cache);
   experts_ = std::make_unique<ExpertCache>(*weights_.experts, load_.cache, std::move(cache));
 }
 
@@ -76,7 +76,7 @@ uint64_t Model::resident_bytes() const {
 void Model::embed(ModelState& state, int64_t token_id, float* out) const {
   StageTimer timer(state.stats, Stage::kEmbed);
   if (!weights_.embedding)
-    throw Error(snapshot_.dir() + ": the snapshot has no embedding table (" + snapshot_.prefix() +
+    throw Error(files_.dir() + ": the model has no embedding table (" + files_.prefix() +
                 names::kEmbedTokens + "); the input rows must be given instead of token ids");
   weights_.embedding->row(token_id, out, state.work.embed_bytes);
 }

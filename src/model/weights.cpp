@@ -16,7 +16,7 @@ const std::vector<DType> kFloatTypes = {DType::kBF16, DType::kF32, DType::kF16};
 // Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32. Large
 // tensors are read and widened in parallel pieces through small per-thread buffers, so the
 // raw bytes are never held whole next to their f32 copy.
-std::vector<float> read_floats(const Snapshot& snap, const std::string& name,
+std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
                                const std::vector<int64_t>& shape) {
   const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
   const size_t count = t.info->numel();
@@ -50,7 +50,7 @@ std::vector<float> read_floats(const Snapshot& snap, const std::string& name,
 }
 
 // Reads a [rows][cols] matrix and quantises it to `bits` (32 keeps f32).
-Matrix read_matrix(const Snapshot& snap, const std::string& name, int64_t rows, int64_t cols, int bits = 32) {
+Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows, int64_t cols, int bits = 32) {
   Matrix m;
   m.rows = rows;
   m.cols = cols;
@@ -60,14 +60,14 @@ Matrix read_matrix(const Snapshot& snap, const std::string& name, int64_t rows, 
 }
 
 // Conv taps are [channels, 1, K] in the checkpoint; [channels, K] is accepted (same bytes).
-std::vector<float> read_conv(const Snapshot& snap, const std::string& name, int64_t channels, int64_t width) {
+std::vector<float> read_conv(const ModelFiles& snap, const std::string& name, int64_t channels, int64_t width) {
   const LocatedTensor t = snap.find(name);
   if (t.info != nullptr && t.info->shape.size() == 2) return read_floats(snap, name, {channels, width});
   return read_floats(snap, name, {channels, 1, width});
 }
 
 // AttnRes pseudo-query with its scoring-norm weight folded in: w = res_norm ⊙ res_proj[0].
-std::vector<float> read_res_query(const Snapshot& snap, const std::string& norm_name,
+std::vector<float> read_res_query(const ModelFiles& snap, const std::string& norm_name,
                                   const std::string& proj_name, int64_t hidden) {
   std::vector<float> norm = read_floats(snap, norm_name, {hidden});
   const std::vector<float> proj = read_floats(snap, proj_name, {1, hidden});
@@ -75,7 +75,7 @@ std::vector<float> read_res_query(const Snapshot& snap, const std::string& norm_
   return norm;
 }
 
-KdaWeights load_kda(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
+KdaWeights load_kda(const ModelFiles& s, const K3Config& c, int64_t l, int bits) {
   using namespace names;
   const int64_t D = c.hidden_size, P = c.kda_projection_size(), dk = c.kda_head_dim,
                 H = c.kda_num_heads, K = c.short_conv_kernel_size;
@@ -109,7 +109,7 @@ KdaWeights load_kda(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
   return w;
 }
 
-MlaWeights load_mla(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
+MlaWeights load_mla(const ModelFiles& s, const K3Config& c, int64_t l, int bits) {
   using namespace names;
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
   MlaWeights w;
@@ -124,7 +124,7 @@ MlaWeights load_mla(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
   return w;
 }
 
-DenseMlpWeights load_dense(const Snapshot& s, const K3Config& c, int64_t l, int bits) {
+DenseMlpWeights load_dense(const ModelFiles& s, const K3Config& c, int64_t l, int bits) {
   using namespace names;
   DenseMlpWeights w;
   w.gate_proj = read_matrix(s, layer(l, kMlpGateProj), c.intermediate_size, c.hidden_size, bits);
@@ -133,7 +133,7 @@ DenseMlpWeights load_dense(const Snapshot& s, const K3Config& c, int64_t l, int 
   return w;
 }
 
-MoeWeights load_moe(const Snapshot& s, const K3Config& c, int64_t l, int bits, ExpertStore& experts) {
+MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, int bits, ExpertStore& experts) {
   using namespace names;
   const int64_t D = c.hidden_size, E = c.num_experts, R = c.routed_expert_hidden_size,
                 S = c.shared_intermediate_size();
@@ -182,7 +182,7 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
   }
 }
 
-ModelWeights load_weights(const Snapshot& s, const K3Config& c, int64_t num_layers, const LoadOptions& precision,
+ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers, const LoadOptions& precision,
                           const std::function<void(double)>& on_progress) {
   using namespace names;
   const int64_t D = c.hidden_size;

@@ -368,10 +368,10 @@ const std::vector<OptionRow>& option_rows() {
       {"--reasoning-field", nullptr, Group::kServer, kServe, "the reasoning field's name in responses",
        choice(FIELD(serve.reasoning_field), {"reasoning_content", "reasoning", "both"})},
       {"--ckpt", "COLI_K3_CKPT", Group::kServer, kServe | kChatApp,
-       "recurrent-state photos for prefix reuse (auto = 2 in RAM when memory allows)", auto_or_int(FIELD(serve.ckpt_slots), 0, 8)},
+       "recurrent-state checkpoints for prefix reuse (auto = 2 in RAM when memory allows)", auto_or_int(FIELD(serve.ckpt_slots), 0, 8)},
       {"--ckpt-dir", "COLI_K3_CKPT_DIR", Group::kServer, kServe | kChatApp,
-       "keep the photos in this directory (0700, files 0600) instead of RAM", text(FIELD(serve.ckpt_dir))},
-      {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp, "leave the disk photos behind at exit",
+       "keep the checkpoints in this directory (0700, files 0600) instead of RAM", text(FIELD(serve.ckpt_dir))},
+      {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp, "leave the disk checkpoints behind at exit",
        boolean(FIELD(serve.ckpt_keep))},
       // security
       {"--api-key", "COLI_API_KEY", Group::kSecurity, kServe,

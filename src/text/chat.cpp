@@ -1,4 +1,4 @@
-// text/chat.cpp — the Kimi K3 XTML renderer (TOKENIZER_CHAT.md §6.3–6.6), segment for segment
+// text/chat.cpp — the Kimi K3 XTML renderer (docs/chat_format.md §6.3–6.6), segment for segment
 // what Moonshot's `encoding_k3.build_chat_segments` emits.
 //
 // Element shape (C = control segment, T = ordinary text segment; empty texts are dropped):

@@ -1,5 +1,5 @@
 // text/pretokenizer.cpp — the release's pre-chunking (400,000-code-point slices, 25,000-run cuts)
-// and the Kimi split pattern as a hand-written scanner (TOKENIZER_CHAT.md §2.1–§2.5).
+// and the Kimi split pattern as a hand-written scanner (docs/tokenizer.md §2.1–§2.5).
 //
 // The scanner decodes the text once into two byte arrays per code point: a class (the sets the
 // pattern tests, below) and a key (the ASCII value, or a marker for U+017F and for the UTF-8
@@ -122,7 +122,7 @@ class Scanner {
 
   Scanner(const uint8_t* classes, const uint8_t* keys, size_t n) : classes_(classes), keys_(keys), n_(n) {}
 
-  // End of the piece that starts at code point i (TOKENIZER_CHAT.md §2.4, rules in order).
+  // End of the piece that starts at code point i (docs/tokenizer.md §2.4, rules in order).
   size_t piece_end(size_t i) const {
     const uint8_t c = classes_[i];
     if (c & kHanClass) return run_end(i + 1, kHanClass);  // H
@@ -215,7 +215,7 @@ class Scanner {
 }  // namespace
 
 // Walks the code points once: a cut where a new 400,000 slice begins and where a character would
-// make its isspace() class's run 25,001 long (TOKENIZER_CHAT.md §2.5).
+// make its isspace() class's run 25,001 long (docs/tokenizer.md §2.5).
 void chunk_text(std::string_view valid_utf8, std::vector<Piece>& out) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(valid_utf8.data());
   const size_t size = valid_utf8.size();

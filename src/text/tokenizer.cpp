@@ -1,7 +1,7 @@
 // text/tokenizer.cpp — vocabulary loading (tiktoken.model + tokenizer_config.json), special
 // tokens, tiktoken's rank BPE and the encode/decode pipeline of tokenizer.h.
 //
-// BPE of one piece P (TOKENIZER_CHAT.md §3.1): if P is a token, emit it. Otherwise start from
+// BPE of one piece P (docs/tokenizer.md §3.1): if P is a token, emit it. Otherwise start from
 // single bytes and repeatedly merge the adjacent pair whose concatenation has the lowest rank
 // (leftmost on ties) until no adjacent concatenation is a token. Short pieces use tiktoken's
 // vector scan; long ones a linked list + min-heap on (rank, start) with lazy invalidation, so a

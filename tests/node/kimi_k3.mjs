@@ -1,4 +1,4 @@
-// The Kimi K3 tokenizer's definition as OpenAI's tiktoken needs it (TOKENIZER_CHAT.md §1.3, §2.1,
+// The Kimi K3 tokenizer's definition as OpenAI's tiktoken needs it (docs/tokenizer.md §1.3, §2.1,
 // §2.5): the split pattern, the 256 special tokens, and Moonshot's pre-chunking. No npm imports:
 // shared by tests/node/tiktoken_fuzz.mjs and bench/tokenizer_bench.mjs.
 import fs from 'node:fs';

@@ -1,4 +1,4 @@
-// Malformed-input corpus against a real `coli serve` (SERVING.md 4.5, 4.9 item 10): invalid UTF-8,
+// Malformed-input corpus against a real `coli serve` (docs/serving.md §4.5, §4.9): invalid UTF-8,
 // lone surrogate escapes, NUL, nesting depth 100k, huge numbers, duplicate keys, wrong types in
 // every request field, truncations and byte insertions from a seeded PRNG. Every body is invalid
 // by construction, so every answer must be 4xx with the OpenAI error envelope — never 2xx, never

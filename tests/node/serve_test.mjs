@@ -1,6 +1,6 @@
 // End-to-end tests of `coli serve` driven the way users drive it: the official `openai` npm
 // client, raw HTTP for what the SDK cannot send, and OpenAI's published response schemas.
-// Written from SERVING.md (Part 3 §3.5–3.10, 3.14 and Part 4), not from the server's code.
+// Written from docs/serving.md (§3.5–3.10, 3.14 and §4), not from the server's code.
 //
 //   node tests/node/serve_test.mjs <path-to-coli>
 //   (ctest: Serve.OpenAIClient; `make test` installs tests/node/node_modules)
@@ -701,9 +701,9 @@ await check('reuse.follow_up_turn', async () => {
 
 // Turn 1, then the same conversation with the assistant turn edited (as when a client re-renders
 // history differently, 1.9.4) and a new last user message: live reuse is impossible (the record
-// holds the generated reply), so the turn-1 prompt-boundary photo (1.9.2 capture point (a), kept
+// holds the generated reply), so the turn-1 prompt-boundary checkpoint (1.9.2 capture point (a), kept
 // by 3.10) must serve: cached_tokens >= the turn-1 prompt. --ckpt 3 leaves room for a server that
-// also photographs the start of the last user message.
+// also saves the start of the last user message.
 await check('ckpt.edited_assistant_turn_restores_prompt_boundary', async () => {
   const s = await ck3Srv();
   const m1 = [sys('You describe places.'), user('Describe a forest.')];
@@ -721,7 +721,7 @@ await check('ckpt.edited_assistant_turn_restores_prompt_boundary', async () => {
   eq(textOf(r2), textOf(cold), 'greedy answer after checkpoint restore vs cold server');
 });
 
-// Edit of the last user message (the request's brief: with --ckpt 2 a photo must make
+// Edit of the last user message (the request's brief: with --ckpt 2 a checkpoint must make
 // cached_tokens > 0; note that the 1.9.2 capture points alone — prompt boundary and end of reply —
 // cannot serve this case). The answer must be the cold one and the reported reuse consistent.
 await check('ckpt.edited_user_message_restores', async () => {
@@ -1424,12 +1424,12 @@ await check('ckpt.disk_files_removed_on_exit', async () => {
 
 await check('ckpt.keep', async () => {
   const s = await keepSrv();
-  await complete(s, req([user('Keep my photos.')], { ...OFF, max_tokens: 6 }));
+  await complete(s, req([user('Keep my checkpoints.')], { ...OFF, max_tokens: 6 }));
   await sleep(200);
   const e = await s.stop();
   eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
   const left = fs.existsSync(CKDIR_KEEP) ? fs.readdirSync(CKDIR_KEEP) : [];
-  assert(left.length > 0, '--ckpt-keep: photos should survive the exit');
+  assert(left.length > 0, '--ckpt-keep: checkpoints should survive the exit');
   for (const f of left) eq(modeOf(path.join(CKDIR_KEEP, f)).toString(8), '600', `mode of ${f}`);
 });
 

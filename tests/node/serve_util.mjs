@@ -2,7 +2,7 @@
 // model, server processes, raw HTTP (node:http / node:net, for requests the SDK cannot make),
 // an SSE reader that checks framing and UTF-8 byte by byte, and a small check runner.
 //
-// Nothing here knows the server's code: everything follows SERVING.md Part 3 and Part 4.
+// Nothing here knows the server's code: everything follows docs/serving.md §3 and §4.
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -339,7 +339,7 @@ export function eq(actual, expected, what) {
   if (a !== e) throw new CheckError(`${what}: expected ${show(expected)}, got ${show(actual)}`);
 }
 
-// OpenAI error envelope (SERVING.md 3.8): {"error":{"message","type","param","code"}}.
+// OpenAI error envelope (docs/serving.md §3.8): {"error":{"message","type","param","code"}}.
 const TYPE_FOR_STATUS = {
   400: 'invalid_request_error', 401: 'authentication_error', 403: 'permission_error',
   404: 'invalid_request_error', 405: 'invalid_request_error', 408: 'invalid_request_error',

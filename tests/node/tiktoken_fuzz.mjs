@@ -1,6 +1,6 @@
 // Differential fuzz test of `coli tokenize` against OpenAI's tiktoken (npm `tiktoken`, the WASM
 // build of the Rust crate) and, on strings short enough for it, against `js-tiktoken` (a second,
-// independent BPE running on the JavaScript regex engine). TESTING.md §2, TOKENIZER_CHAT.md §2–3.
+// independent BPE running on the JavaScript regex engine). docs/testing.md §2, docs/tokenizer.md §2–3.
 //
 //   node tests/node/tiktoken_fuzz.mjs <coli binary> <model_dir>
 //   (run by ctest as Tokenizer.DifferentialFuzzTiktoken; `make test` installs tests/node/node_modules)

@@ -1,5 +1,5 @@
 // A stand-in for `coli serve` for work on the web page (web/) without a model: serves web/ with
-// the server's security headers and fakes the API the page uses (SERVING.md §3.5–3.7):
+// the server's security headers and fakes the API the page uses (docs/serving.md §3.5–3.7):
 //   GET /health             503 {"status":"loading",...} for --loading-s seconds, then 200
 //   GET /v1/models          one model, "kimi-k3-mock"
 //   GET /metrics            Prometheus text with the k3_* counters the page shows

@@ -1,4 +1,4 @@
-// engine/checkpoints.h — recurrent-state checkpoints (saved KDA state, SERVING.md §1.9.2, §3.10): a few
+// engine/checkpoints.h — recurrent-state checkpoints (saved KDA state, docs/serving.md §3.10.2, §3.10): a few
 // slots holding a session's KDA state at prompt boundaries and at the end of replies, so that an
 // edited or re-rendered conversation resumes from the deepest checkpoint that still matches instead
 // of re-prefilling everything.

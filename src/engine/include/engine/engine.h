@@ -113,7 +113,7 @@ struct PrefillHooks {
 
 // A copy of a session's recurrent state: every KDA layer's three conv windows and matrix state,
 // flattened, plus the ids fed so far. With the MLA rows still in the live cache for positions
-// below `position`, restoring it resumes the sequence there (SERVING.md §1.9.2).
+// below `position`, restoring it resumes the sequence there (docs/serving.md §3.10.2).
 struct SavedState {
   int64_t position = 0;
   std::vector<int64_t> ids;  // [position]

@@ -1,4 +1,4 @@
-// engine/service.h — one engine, one worker thread, many requests (SERVING.md §3.1, §3.9, §3.10).
+// engine/service.h — one engine, one worker thread, many requests (docs/serving.md §3.1, §3.9, §3.10).
 //
 // The worker thread loads the model, then owns the only Session (KDA state, MLA rows, the
 // fed-token record) and the checkpoint store. Callers (HTTP threads, the terminal chat) never

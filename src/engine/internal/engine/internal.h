@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 #include "model/config.h"
 #include "model/model.h"
 
 namespace k3 {
 
 struct Engine::Impl {
-  std::unique_ptr<Snapshot> files;  // the model directory's shards
+  std::unique_ptr<ModelFiles> files;  // the model directory's shards
   K3Config config;
   std::unique_ptr<Model> model;
   std::unique_ptr<text::Tokenizer> tokenizer;
@@ -43,7 +43,7 @@ struct Session::Impl {
 namespace internal {
 inline const Model& model(const Engine& engine) { return *engine.impl().model; }
 inline const K3Config& config(const Engine& engine) { return engine.impl().config; }
-inline const Snapshot& model_files(const Engine& engine) { return *engine.impl().files; }
+inline const ModelFiles& model_files(const Engine& engine) { return *engine.impl().files; }
 inline const StageStats& stage_stats(const Session& session) { return session.impl().state.stats; }
 }  // namespace internal
 

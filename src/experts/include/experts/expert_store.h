@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "io/read_queue.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 
 namespace k3 {
 

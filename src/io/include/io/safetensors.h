@@ -1,6 +1,6 @@
 // io/safetensors.h — one safetensors shard: header parsing with full validation.
 // Owns: dtype table, TensorInfo, header validation (length cap, JSON, dtype, shape x size,
-// ranges inside the data region, no overlaps). Does not own: lookup across shards (snapshot.h)
+// ranges inside the data region, no overlaps). Does not own: lookup across shards (model_files.h)
 // or widening to f32 (kernels/convert.h).
 #pragma once
 

@@ -30,8 +30,8 @@ std::vector<Isa> supported_isas();
 //
 // Numerics (identical contract on every ISA unless stated):
 //   f32:   Y[t][o] = sum_i W[o][i] X[t][i]            (f32 accumulation; order is per-ISA)
-//   int8:  Y[t][o] = s[o] * sum_i q[o][i] X[t][i]     (ARCHITECTURE.md §5.2)
-//   int4:  Y[t][o] = sum_g s[o][g] * sum_{i in g} (nib[o][i] - 8) X[t][i]   (groups of 64, §5.3)
+//   int8:  Y[t][o] = s[o] * sum_i q[o][i] X[t][i]     (docs/quant_formats.md §3)
+//   int4:  Y[t][o] = sum_g s[o][g] * sum_{i in g} (nib[o][i] - 8) X[t][i]   (groups of 64, docs/quant_formats.md §4)
 //   mxfp4 exact: per 32-group g: ga = sum_i E2M1[nib] X[t][i] (f32), acc += ga * 2^(s-127)
 //   mxfp4 idot: integer group sums of q8(X) against doubled e2m1 values, produced exactly (so
 //     bit-identical on every ISA); the float reduction over groups is done by one shared scalar
@@ -85,7 +85,7 @@ struct KernelTable {
                            const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
                            size_t row_end);
 
-  // One KDA head, one token (ARCHITECTURE.md §3.4): S [dk key][dk value] is decayed by a[i]
+  // One KDA head, one token (docs/architecture.md §3.4): S [dk key][dk value] is decayed by a[i]
   // per key row, read with k, written with the delta beta * (v - k^T S), then read with q:
   //   S = Diag(a) S;  u = beta (v - k^T S);  S += k u^T;  o = S^T q.
   // q, k: [dk] (normalised and scaled by the caller), v, a: [dk], o: [dk], u: [dk] scratch.

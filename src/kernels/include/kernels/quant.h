@@ -1,4 +1,4 @@
-// kernels/quant.h — load-time quantisation of dense matrices (ARCHITECTURE.md §5.2–5.3) and the
+// kernels/quant.h — load-time quantisation of dense matrices (docs/quant_formats.md §3–4) and the
 // weight-matrix type the model holds. Bit-exact with the spec's arithmetic so that a repacked
 // container stores the same bytes.
 //

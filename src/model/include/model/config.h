@@ -1,5 +1,5 @@
 // model/config.h — K3Config: every hyperparameter the engine reads from config.json
-// (ARCHITECTURE.md §1.2), range-checked, plus the behaviour keys of §1.3 asserted, plus the
+// (docs/architecture.md §1.2), range-checked, plus the behaviour keys of §1.3 asserted, plus the
 // derived layer schedule (KDA/MLA, dense/MoE, AttnRes block starts).
 // Nothing about dimensions is hard-coded anywhere else: the same binary runs the tiny fixture
 // and the 93-layer model.

@@ -1,4 +1,4 @@
-// model/kda.h — Kimi Delta Attention (ARCHITECTURE.md §3.4), per token:
+// model/kda.h — Kimi Delta Attention (docs/architecture.md §3.4), per token:
 //
 //   q0, k0, v0 = Wq x, Wk x, Wv x                      [kda_projection] each
 //   q, k, v    = SiLU(causal depthwise conv_K(stream))  tap K-1 = current token

@@ -1,4 +1,4 @@
-// model/latent_moe.h — LatentMoE with SiTU experts (ARCHITECTURE.md §3.6).
+// model/latent_moe.h — LatentMoE with SiTU experts (docs/architecture.md §3.6).
 //
 //   s      = sigmoid(Wr x)                         [num_experts]
 //   sel    = top-k of (s + e_score_correction_bias)      (ties -> lower expert id)

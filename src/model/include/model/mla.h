@@ -1,4 +1,4 @@
-// model/mla.h — gated NoPE multi-head latent attention (ARCHITECTURE.md §3.5), per token,
+// model/mla.h — gated NoPE multi-head latent attention (docs/architecture.md §3.5), per token,
 // in the absorbed form over the latent cache.
 //
 //   cq   = RMSNorm(Wqa x, q_a_layernorm, 1e-6)          Q = Wqb cq   [heads][nope | rope]

@@ -1,9 +1,9 @@
 // model/model.h — the Kimi K3 text stack: embedding, AttnRes bookkeeping around each layer's
 // attention (KDA or MLA) and feed-forward (dense or LatentMoE), the output mix and the head.
-// Owns: the per-token walk over layers (ARCHITECTURE.md §3.3):
+// Owns: the per-token walk over layers (docs/architecture.md §3.3):
 //
 //   a_in  = (no blocks yet) ? partial : Mix(blocks + [partial], w_attn[i])
-//   if i % attn_res_block_size == 0: blocks.append(partial)        (snapshot before attention)
+//   if i % attn_res_block_size == 0: blocks.append(partial)        (the block is closed before attention)
 //   att   = Attention_i(RMSNorm(a_in, input_layernorm[i]))
 //   partial = block start ? att : partial + att
 //   m_in  = Mix(blocks + [partial], w_mlp[i])
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "experts/expert_cache.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 #include "kernels/isa.h"
 #include "model/config.h"
 #include "model/compute.h"
@@ -54,9 +54,9 @@ struct ModelSetup {
 class Model {
  public:
   // Binds the weights (quantised per `load`: bits, mla_bits, head_bits, idot) and builds the
-  // routed-expert cache over them (load.cache). `snapshot` must outlive the model. Throws
+  // routed-expert cache over them (load.cache). `files` must outlive the model. Throws
   // k3::Error.
-  Model(const Snapshot& snapshot, const K3Config& config, const LoadOptions& load, const ModelSetup& setup);
+  Model(const ModelFiles& files, const K3Config& config, const LoadOptions& load, const ModelSetup& setup);
   ~Model();
 
   const K3Config& config() const { return config_; }
@@ -76,7 +76,7 @@ class Model {
     return ModelState(config_, num_layers(), capacity, rows);
   }
 
-  // Embedding row of `token_id` into out[hidden]. Throws k3::Error when the snapshot has none.
+  // Embedding row of `token_id` into out[hidden]. Throws k3::Error when the model has none.
   void embed(ModelState& state, int64_t token_id, float* out) const;
 
   // Runs n consecutive tokens whose input rows are x0 [n][hidden] (positions state.position + t;
@@ -98,7 +98,7 @@ class Model {
   // The MoE layer after `layer` (whose experts a read-ahead guesses), or none.
   NextMoe next_moe(int64_t layer) const;
 
-  const Snapshot& snapshot_;
+  const ModelFiles& files_;
   K3Config config_;
   LoadOptions load_;
   Compute compute_;

@@ -116,7 +116,7 @@ struct ModelState {
   StageStats stats;
   Workspace work;
   // Polled before every layer of a forward pass; when it reads true the pass throws Interrupted
-  // and leaves the state part-advanced (the owner restores a photo or resets). nullptr = never.
+  // and leaves the state part-advanced (the owner restores a saved state or resets). nullptr = never.
   const std::atomic<bool>* interrupt = nullptr;
 
   // Zeroed state for `num_layers` layers of `config` holding up to `capacity` positions, its

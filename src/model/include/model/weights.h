@@ -1,5 +1,5 @@
 // model/weights.h — the resident (non-routed) weights of the text model, widened to f32, and
-// the loader that binds them from a Snapshot with every shape and dtype checked.
+// the loader that binds them from a ModelFiles with every shape and dtype checked.
 // Owns: Matrix, per-layer weight structs, the embedding row reader. Does not own: routed
 // experts (experts/ExpertStore) or the math (one file per layer kind).
 #pragma once
@@ -12,7 +12,7 @@
 
 #include "experts/expert_store.h"
 #include "options/options.h"
-#include "io/snapshot.h"
+#include "io/model_files.h"
 #include "kernels/quant.h"
 #include "model/config.h"
 
@@ -22,7 +22,7 @@ namespace k3 {
 // per class at load (LoadOptions bits, mla_bits, head_bits: 4, 8 or 32). Matrices named "f32" below always stay f32.
 using Matrix = WeightMatrix;
 
-// Bits per class of dense matrix (ARCHITECTURE.md §5.1); 32 keeps f32.
+// Bits per class of dense matrix (docs/quant_formats.md §2); 32 keeps f32.
 struct KdaWeights {
   Matrix q_proj, k_proj, v_proj;  // [kda_projection][hidden]
   std::vector<float> q_conv, k_conv, v_conv;  // [kda_projection][short_conv_kernel_size]
@@ -104,7 +104,7 @@ struct ModelWeights {
 // mla_bits (MLA projections) and head_bits (lm_head) as they are loaded (in parallel; the f32 copy of
 // one matrix at a time is the peak overhead).
 // `on_progress` (optional) sees the finished fraction after each layer.
-ModelWeights load_weights(const Snapshot& snapshot, const K3Config& config, int64_t num_layers,
+ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64_t num_layers,
                           const LoadOptions& load, const std::function<void(double)>& on_progress = {});
 
 // Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all

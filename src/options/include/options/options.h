@@ -28,7 +28,7 @@ struct CacheOptions {
   bool prefetch = false;   // K3_PREFETCH: read the next MoE layer's predicted experts ahead
 };
 
-// How dense matrices are held in RAM and how experts are computed (ARCHITECTURE.md §5). The
+// How dense matrices are held in RAM and how experts are computed (docs/quant_formats.md). The
 // member defaults are the release defaults of the option table; exact() is the f32 reference.
 struct LoadOptions {
   int bits = 4;        // K3_BITS: KDA, latent, shared-expert and dense matrices (4, 8, 32)
@@ -73,7 +73,7 @@ struct DebugOptions {
   bool prompt_ids = false;  // K3_CHAT_IDS: print the prompt's token ids to stderr
 };
 
-// The text front end: chat turns, thinking, how output is shown (TOKENIZER_CHAT.md §6).
+// The text front end: chat turns, thinking, how output is shown (docs/chat_format.md §6).
 struct TextOptions {
   std::string chat;             // --chat: one chat turn with this user message
   std::string system;           // --system: system message (implies a chat turn)
@@ -86,7 +86,7 @@ struct TextOptions {
   bool jsonl = false;           // --output jsonl: one JSON event per line on stdout
 };
 
-// coli serve / web / chat (SERVING.md §3.3, Part 4).
+// coli serve / web / chat (docs/serving.md §3.3, §4).
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8000;

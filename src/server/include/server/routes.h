@@ -101,7 +101,7 @@ ApiError body_too_large(size_t limit);
 ApiError body_too_slow(double seconds);
 ApiError body_unreadable();
 
-// The Prometheus text of /metrics from a service snapshot and the HTTP counters (label set,
+// The Prometheus text of /metrics from the service stats and the HTTP counters (label set,
 // count), e.g. {"endpoint=\"/v1/models\",status=\"200\"", 3}.
 std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests);
 

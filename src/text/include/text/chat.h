@@ -1,5 +1,5 @@
 // text/chat.h — the Kimi K3 XTML chat renderer, exact to Moonshot's
-// `encoding_k3.build_chat_segments` (TOKENIZER_CHAT.md §6).
+// `encoding_k3.build_chat_segments` (docs/chat_format.md §6).
 //
 // A conversation becomes a list of segments that the tokenizer encodes one by one: the four
 // control spellings and the image placeholder (special = true, encoded with specials allowed)

@@ -1,6 +1,6 @@
 // text/output_parser.h — the streaming parser of an assistant turn: it turns the token ids the
 // model generates after a chat prompt back into reasoning text, response text and tool calls
-// (TOKENIZER_CHAT.md §5 "Channel demux", §6 XTML).
+// (docs/tokenizer.md §5 "Channel demux", docs/chat_format.md §6 XTML).
 //
 // The model writes XTML elements `<|open|>TAG( KEY="VALUE")*<|sep|>BODY<|close|>TAG<|sep|>`:
 // an optional `think` element, a `response` element, an optional `tools` element holding

@@ -1,4 +1,4 @@
-// text/pretokenizer.h — how Moonshot's release cuts text before BPE (TOKENIZER_CHAT.md §2, §2.5).
+// text/pretokenizer.h — how Moonshot's release cuts text before BPE (docs/tokenizer.md §2, §2.5).
 //
 // 1. chunk_text: the release's pre-chunking: slices of 400,000 code points, each cut further so
 //    that no piece holds a run of more than 25,000 consecutive code points of one class

@@ -1,4 +1,4 @@
-// text/prompt.h — rendered chat segments to token ids (TOKENIZER_CHAT.md §6.2): each segment is
+// text/prompt.h — rendered chat segments to token ids (docs/chat_format.md §6.2): each segment is
 // encoded on its own (segment borders are token borders); control segments with special
 // spellings allowed, ordinary ones as plain text with the 400k/25k chunking.
 #pragma once

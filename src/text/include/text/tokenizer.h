@@ -1,5 +1,5 @@
 // text/tokenizer.h — the Kimi K3 tokenizer, read straight from a snapshot's `tiktoken.model`
-// and `tokenizer_config.json` (TOKENIZER_CHAT.md §1–3, §5).
+// and `tokenizer_config.json` (docs/tokenizer.md §1–3, §5).
 //
 //   encode(text, allow_special):
 //     repair invalid UTF-8 (→ U+FFFD) → chunk_text (400k / 25k) → per chunk: split at special

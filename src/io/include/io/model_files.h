@@ -1,4 +1,4 @@
-// io/snapshot.h — a Hugging Face snapshot directory: config.json, the shard index and shards.
+// io/model_files.h — a Hugging Face snapshot directory: config.json, the shard index and shards.
 // Owns: finding a tensor by name across shards (index json when present, else every
 // *.safetensors), the `language_model.` prefix, the text_config object. Never reads tensors of
 // the vision shards: with an index, shards holding only vision tensors are not even opened.
@@ -20,13 +20,13 @@ struct LocatedTensor {
   const TensorInfo* info = nullptr;
 };
 
-class Snapshot {
+class ModelFiles {
  public:
   // Opens `dir`: reads config.json and the shard headers of every shard holding text tensors.
   // Shards are looked up in `dir`, then in each of `extra_dirs` (K3_DIRS: a model split over
   // several drives, each shard on exactly one; a name found earlier wins); config and tokenizer
   // are read from `dir` only. Throws k3::Error naming the file on any problem.
-  explicit Snapshot(const std::string& dir, std::vector<std::string> extra_dirs = {});
+  explicit ModelFiles(const std::string& dir, std::vector<std::string> extra_dirs = {});
 
   const std::string& dir() const { return dir_; }
   // The whole config.json and its text part (text_config, or the root when absent).

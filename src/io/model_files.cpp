@@ -1,4 +1,4 @@
-#include "io/snapshot.h"
+#include "io/model_files.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -13,7 +13,7 @@ bool is_vision_tensor(const std::string& name) {
   return name.rfind("vision_tower", 0) == 0 || name.rfind("mm_projector", 0) == 0;
 }
 
-Snapshot::Snapshot(const std::string& dir, std::vector<std::string> extra_dirs)
+ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_dirs)
     : extra_dirs_(std::move(extra_dirs)), dir_(dir) {
   for (const std::string& extra : extra_dirs_)
     if (!fs::is_directory(extra)) throw Error(extra + ": K3_DIRS names a directory that does not exist");
@@ -75,7 +75,7 @@ Snapshot::Snapshot(const std::string& dir, std::vector<std::string> extra_dirs)
   if (by_name_.count("language_model.model.layers.0.input_layernorm.weight")) prefix_ = "language_model.";
 }
 
-void Snapshot::open_shard(const std::string& file_name) {
+void ModelFiles::open_shard(const std::string& file_name) {
   std::string path = (fs::path(dir_) / file_name).string();
   if (!fs::exists(path))
     for (const std::string& extra : extra_dirs_)
@@ -92,18 +92,18 @@ void Snapshot::open_shard(const std::string& file_name) {
   shards_.push_back(std::move(shard));
 }
 
-const nlohmann::json& Snapshot::text_config() const {
+const nlohmann::json& ModelFiles::text_config() const {
   const auto it = config_root_.find("text_config");
   if (it != config_root_.end() && it->is_object()) return *it;
   return config_root_;
 }
 
-LocatedTensor Snapshot::find(const std::string& name) const {
+LocatedTensor ModelFiles::find(const std::string& name) const {
   const auto it = by_name_.find(prefix_ + name);
   return it == by_name_.end() ? LocatedTensor{} : it->second;
 }
 
-LocatedTensor Snapshot::require_any(const std::string& name, const std::vector<DType>& dtypes,
+LocatedTensor ModelFiles::require_any(const std::string& name, const std::vector<DType>& dtypes,
                                     const std::vector<int64_t>& shape) const {
   const LocatedTensor t = find(name);
   if (t.info == nullptr)
@@ -120,7 +120,7 @@ LocatedTensor Snapshot::require_any(const std::string& name, const std::vector<D
   return t;
 }
 
-LocatedTensor Snapshot::require(const std::string& name, DType dtype,
+LocatedTensor ModelFiles::require(const std::string& name, DType dtype,
                                 const std::vector<int64_t>& shape) const {
   return require_any(name, {dtype}, shape);
 }
