@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 DEMO := $(BUILD)/demo-model
 
-.PHONY: setup build run test bench asan clean format
+.PHONY: setup build run test bench asan clean format format-check
 
 setup:
 	@bash scripts/setup.sh
@@ -72,6 +72,10 @@ bench: build
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+# Check mode over the files changed since HEAD (CI checks every file: Style.ClangFormat).
+format-check:
+	@bash scripts/check_format.sh --changed
 
 clean:
 	@rm -rf $(BUILD) $(BUILD)-asan

@@ -4,8 +4,9 @@
 //   coli chat <model_dir>    a terminal chat with the model kept loaded          (coli_chat.cpp)
 // Machine interfaces over JSON lines (stdin → stdout), reading only the tokenizer files of a
 // model directory (no weights needed):
-//   coli tokenize <model_dir> [--allow-special]   {"text": ...} → {"ids": [...]} (other keys copied)
-//   coli render <model_dir>                       {"messages", "tools", "options"} → {"text", "ids"}
+//   coli tokenize <model_dir> [--allow-special]   {"text": ...} → {"ids": [...]} (other keys
+//   copied) coli render <model_dir>                       {"messages", "tools", "options"} →
+//   {"text", "ids"}
 // A bad input line gives an {"error": ...} line and the next line is read; nothing stops early.
 #include <unistd.h>
 
@@ -31,7 +32,6 @@ extern char** environ;
 namespace {
 
 using k3::text::PyValue;
-
 
 PyValue ids_value(const std::vector<int32_t>& ids) {
   PyValue::Array items;
@@ -80,7 +80,8 @@ void for_each_line(Handle handle) {
     if (l.text.find_first_not_of(" \t\r") == std::string::npos) return;  // blank: no answer
     const k3::Result<PyValue> parsed = k3::text::parse_pyjson(l.text);
     l.answer = parsed.ok() ? json_line(handle(*parsed, l.number))
-                           : json_line(error_line("malformed JSON: " + parsed.status().message(), l.number, nullptr));
+                           : json_line(error_line("malformed JSON: " + parsed.status().message(),
+                                                  l.number, nullptr));
   };
   auto flush = [&] {
     std::atomic<size_t> next{0};
@@ -112,7 +113,8 @@ int tokenize(const k3::Options& opt) {
   const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(opt.model_dir);
   for_each_line([&](const PyValue& input, size_t line_number) {
     const PyValue* text = input.find("text");
-    if (!text || !text->is_string()) return error_line("expected an object with a string \"text\"", line_number, &input);
+    if (!text || !text->is_string())
+      return error_line("expected an object with a string \"text\"", line_number, &input);
     std::vector<int32_t> ids;
     tokenizer.encode(text->as_string(), opt.text.allow_special, ids);
     PyValue out = PyValue::object();
@@ -126,7 +128,8 @@ int tokenize(const k3::Options& opt) {
 int render(const k3::Options& opt) {
   const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(opt.model_dir);
   for_each_line([&](const PyValue& input, size_t line_number) {
-    if (!input.is_object()) return error_line("expected an object with \"messages\"", line_number, &input);
+    if (!input.is_object())
+      return error_line("expected an object with \"messages\"", line_number, &input);
     const k3::Result<std::vector<k3::text::Segment>> segments = k3::text::render_request(input);
     if (!segments.ok()) return error_line(segments.status().message(), line_number, &input);
     std::vector<int32_t> ids;
@@ -134,7 +137,10 @@ int render(const k3::Options& opt) {
     PyValue out = PyValue::object();
     out.set("text", PyValue::string(k3::text::join_segments(*segments)));
     out.set("ids", ids_value(ids));
-    copy_keys(input, {"messages", "tools", "options", "text", "ids", "segments", "error", "error_type", "error_text"}, out);
+    copy_keys(input,
+              {"messages", "tools", "options", "text", "ids", "segments", "error", "error_type",
+               "error_text"},
+              out);
     return out;
   });
   return 0;
@@ -147,10 +153,13 @@ const char* kUsage =
     "             /health, /metrics, /tokenize, /detokenize) and the web page at /\n"
     "  web        the same, and prints the web page's URL\n"
     "  chat       terminal chat (model loaded once; /help lists the commands)\n"
-    "  tokenize   JSON lines {\"text\": ...} on stdin → {\"ids\": [...]} on stdout (other keys copied);\n"
+    "  tokenize   JSON lines {\"text\": ...} on stdin → {\"ids\": [...]} on stdout (other keys "
+    "copied);\n"
     "             --allow-special turns special-token spellings into special tokens\n"
-    "  render     JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} → {\"text\", \"ids\"}\n"
-    "             (the K3 chat template; options.entry build_chat_segments | apply_chat_template)\n\n"
+    "  render     JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} → "
+    "{\"text\", \"ids\"}\n"
+    "             (the K3 chat template; options.entry build_chat_segments | "
+    "apply_chat_template)\n\n"
     "The model directory may also come from --model or COLI_MODEL; tokenize and render read only\n"
     "tiktoken.model and tokenizer_config.json. Invalid UTF-8 in input text is replaced by U+FFFD.\n"
     "`coli <command> --help` lists the command's options; `coli --version` prints the version.\n";

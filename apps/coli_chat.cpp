@@ -16,14 +16,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <readline/history.h>
+#include <readline/readline.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/random.h>
 #include <termios.h>
 #include <unistd.h>
-
-#include <readline/history.h>
-#include <readline/readline.h>
 
 #include <algorithm>
 #include <atomic>
@@ -57,8 +56,12 @@ using k3::text::PyValue;
 std::atomic<bool> g_interrupt{false};
 std::atomic<bool> g_resized{false};
 
-extern "C" void on_sigint(int) { g_interrupt.store(true); }
-extern "C" void on_sigwinch(int) { g_resized.store(true); }
+extern "C" void on_sigint(int) {
+  g_interrupt.store(true);
+}
+extern "C" void on_sigwinch(int) {
+  g_resized.store(true);
+}
 
 const char* const kDim = "\x1b[2m";
 const char* const kBold = "\x1b[1m";
@@ -72,7 +75,9 @@ std::string format(const char* fmt, double value) {
   return buf;
 }
 
-std::string seconds_text(double s) { return s < 10 ? format("%.1f s", s) : format("%.0f s", s); }
+std::string seconds_text(double s) {
+  return s < 10 ? format("%.1f s", s) : format("%.0f s", s);
+}
 
 std::string trim(std::string_view s) {
   size_t a = 0, b = s.size();
@@ -172,10 +177,13 @@ class Markdown {
     std::string out;
     size_t i = 0;
     const std::string& p = pending_;
-    auto starts = [&](size_t at, std::string_view what) { return p.compare(at, what.size(), what) == 0; };
+    auto starts = [&](size_t at, std::string_view what) {
+      return p.compare(at, what.size(), what) == 0;
+    };
     // True when p[at..] is a proper prefix of `what` (more input could complete it).
     auto partial = [&](size_t at, std::string_view what) {
-      return !final && p.size() - at < what.size() && what.compare(0, p.size() - at, p, at, p.size() - at) == 0;
+      return !final && p.size() - at < what.size() &&
+             what.compare(0, p.size() - at, p, at, p.size() - at) == 0;
     };
     while (i < p.size()) {
       const char c = p[i];
@@ -301,7 +309,7 @@ class Input {
     rl_initialize();
     rl_bind_keyseq("\\e\\r", insert_newline);  // Alt-Enter
     rl_bind_keyseq("\\e\\n", insert_newline);
-    rl_bind_key('\t', rl_insert);              // no file-name completion: a tab is a tab
+    rl_bind_key('\t', rl_insert);  // no file-name completion: a tab is a tab
     using_history();
     stifle_history(1000);
   }
@@ -352,7 +360,8 @@ class Input {
       pollfd fd{STDIN_FILENO, POLLIN, 0};
       const int r = ::poll(&fd, 1, 200);
       if (r > 0) {
-        if (fd.revents & POLLIN) rl_callback_read_char();
+        if (fd.revents & POLLIN)
+          rl_callback_read_char();
         else if (fd.revents & (POLLHUP | POLLERR | POLLNVAL)) {
           rl_callback_handler_remove();
           return Result::quit;
@@ -390,8 +399,10 @@ class Input {
       if (::poll(&fd, 1, 200) <= 0) continue;
       char chunk[4096];
       const ssize_t n = ::read(STDIN_FILENO, chunk, sizeof chunk);
-      if (n > 0) buffer_.append(chunk, static_cast<size_t>(n));
-      else if (n == 0 || errno != EINTR) eof_ = true;
+      if (n > 0)
+        buffer_.append(chunk, static_cast<size_t>(n));
+      else if (n == 0 || errno != EINTR)
+        eof_ = true;
     }
   }
 
@@ -440,8 +451,9 @@ class Chat {
     think_ = opt.text.think;
     show_think_ = opt.text.show_think;
     effort_ = opt.text.effort;
-    max_tokens_ = opt.given("ngen") ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1), api_.max_tokens_ceiling)
-                             : api_.max_tokens_ceiling;
+    max_tokens_ = opt.given("ngen")
+                      ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1), api_.max_tokens_ceiling)
+                      : api_.max_tokens_ceiling;
     styled_ = screen.tty() && !opt.serve.raw;
   }
 
@@ -451,7 +463,8 @@ class Chat {
     const size_t space = text.find_first_of(" \t\n");
     std::string name = text.substr(1, space == std::string::npos ? std::string::npos : space - 1);
     const std::string arg = space == std::string::npos ? "" : trim(text.substr(space));
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
     if (name == "exit" || name == "quit" || name == "q") return false;
     if (name == "help" || name == "h" || name == "?") {
       help();
@@ -480,8 +493,8 @@ class Chat {
         show_think_ = arg == "show";
         note(std::string("reasoning ") + (show_think_ ? "shown" : "hidden"));
       } else if (arg.empty()) {
-        note(std::string("thinking ") + (think_ ? "on" : "off") + ", reasoning " + (show_think_ ? "shown" : "hidden") +
-             " (/think on|off|show|hide)");
+        note(std::string("thinking ") + (think_ ? "on" : "off") + ", reasoning " +
+             (show_think_ ? "shown" : "hidden") + " (/think on|off|show|hide)");
       } else {
         error("usage: /think on|off|show|hide");
       }
@@ -498,18 +511,25 @@ class Chat {
         error("usage: /effort low|high|max|none");
       }
     } else if (name == "stats") {
-      if (arg == "full") footer_ = FooterMode::full;
-      else if (arg == "compact") footer_ = FooterMode::compact;
-      else if (arg == "off") footer_ = FooterMode::off;
-      else if (!arg.empty()) return error("usage: /stats [full|compact|off]"), true;
-      if (arg.empty()) stats();
-      else note("footer " + arg);
+      if (arg == "full")
+        footer_ = FooterMode::full;
+      else if (arg == "compact")
+        footer_ = FooterMode::compact;
+      else if (arg == "off")
+        footer_ = FooterMode::off;
+      else if (!arg.empty())
+        return error("usage: /stats [full|compact|off]"), true;
+      if (arg.empty())
+        stats();
+      else
+        note("footer " + arg);
     } else if (name == "retry") {
       retry();
     } else if (name == "save") {
       save(arg);
     } else {
-      error("unknown command /" + name + " (/help lists them; start a message with // to send a leading /)");
+      error("unknown command /" + name +
+            " (/help lists them; start a message with // to send a leading /)");
     }
     return true;
   }
@@ -528,13 +548,15 @@ class Chat {
     const k3::ServiceStats s = service_.stats();
     h += " · " + std::to_string(turns()) + (turns() == 1 ? " turn" : " turns");
     // After /new the stats still count the erased record until the next request runs.
-    h += " · context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" + std::to_string(s.context_capacity);
+    h += " · context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" +
+         std::to_string(s.context_capacity);
     return h;
   }
 
  private:
   int turns() const {
-    return static_cast<int>(std::count_if(history_.begin(), history_.end(), [](const Message& m) { return m.role == "user"; }));
+    return static_cast<int>(std::count_if(history_.begin(), history_.end(),
+                                          [](const Message& m) { return m.role == "user"; }));
   }
   void note(const std::string& text) {
     screen_.end_line();
@@ -566,20 +588,31 @@ class Chat {
 
   void stats() {
     const k3::ServiceStats s = service_.stats();
-    const double cached_pct = s.prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) / static_cast<double>(s.prompt_tokens) : 0;
-    auto rate = [](int64_t n, double sec) { return sec > 0 ? format("%.1f tok/s", static_cast<double>(n) / sec) : std::string("-"); };
+    const double cached_pct = s.prompt_tokens > 0 ? 100.0 * static_cast<double>(s.cached_tokens) /
+                                                        static_cast<double>(s.prompt_tokens)
+                                                  : 0;
+    auto rate = [](int64_t n, double sec) {
+      return sec > 0 ? format("%.1f tok/s", static_cast<double>(n) / sec) : std::string("-");
+    };
     std::vector<std::string> lines = {
-        "replies " + std::to_string(s.completed) + " (interrupted " + std::to_string(s.cancelled_decode + s.cancelled_prefill) +
-            ", failed " + std::to_string(s.failed) + ")",
-        "prompt " + std::to_string(s.prompt_tokens) + " tok, cached " + std::to_string(s.cached_tokens) + format(" (%.0f%%)", cached_pct) +
-            " · prefill " + seconds_text(s.prefill_seconds) + " (" + rate(s.prompt_tokens - s.cached_tokens, s.prefill_seconds) + ")",
-        "generated " + std::to_string(s.generated_tokens) + " tok · decode " + seconds_text(s.decode_seconds) + " (" +
-            rate(s.generated_tokens, s.decode_seconds) + ")",
-        "reuse: live " + std::to_string(s.reuse_live) + ", checkpoint " + std::to_string(s.reuse_checkpoint) + ", none " +
-            std::to_string(s.reuse_none) + " · checkpoints " + s.checkpoints + " (" + std::to_string(s.ckpt_used) + "/" +
+        "replies " + std::to_string(s.completed) + " (interrupted " +
+            std::to_string(s.cancelled_decode + s.cancelled_prefill) + ", failed " +
+            std::to_string(s.failed) + ")",
+        "prompt " + std::to_string(s.prompt_tokens) + " tok, cached " +
+            std::to_string(s.cached_tokens) + format(" (%.0f%%)", cached_pct) + " · prefill " +
+            seconds_text(s.prefill_seconds) + " (" +
+            rate(s.prompt_tokens - s.cached_tokens, s.prefill_seconds) + ")",
+        "generated " + std::to_string(s.generated_tokens) + " tok · decode " +
+            seconds_text(s.decode_seconds) + " (" + rate(s.generated_tokens, s.decode_seconds) +
+            ")",
+        "reuse: live " + std::to_string(s.reuse_live) + ", checkpoint " +
+            std::to_string(s.reuse_checkpoint) + ", none " + std::to_string(s.reuse_none) +
+            " · checkpoints " + s.checkpoints + " (" + std::to_string(s.ckpt_used) + "/" +
             std::to_string(s.ckpt_slots) + " used)",
-        "context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" + std::to_string(s.context_capacity) + " tok · reply budget " +
-            std::to_string(max_tokens_) + " tok · conversation " + std::to_string(history_.size()) + " messages",
+        "context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" +
+            std::to_string(s.context_capacity) + " tok · reply budget " +
+            std::to_string(max_tokens_) + " tok · conversation " + std::to_string(history_.size()) +
+            " messages",
     };
     screen_.end_line();
     for (const std::string& l : lines) screen_.line(screen_.dim(l));
@@ -610,7 +643,8 @@ class Chat {
       if (!m.tool_calls.empty()) {
         k3::server::json calls = k3::server::json::array();
         for (const auto& c : m.tool_calls)
-          calls.push_back({{"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments_json}}}});
+          calls.push_back({{"type", "function"},
+                           {"function", {{"name", c.name}, {"arguments", c.arguments_json}}}});
         j["tool_calls"] = std::move(calls);
       }
       msgs.push_back(std::move(j));
@@ -633,7 +667,8 @@ class Chat {
     if (!system_.empty()) items.push_back(message("system", system_));
     for (const Message& h : history_) {
       PyValue m = message(h.role, h.content);
-      if (h.role == "assistant" && !h.reasoning.empty()) m.set("reasoning_content", PyValue::string(h.reasoning));
+      if (h.role == "assistant" && !h.reasoning.empty())
+        m.set("reasoning_content", PyValue::string(h.reasoning));
       if (!h.tool_calls.empty()) {
         PyValue::Array calls;
         for (const auto& c : h.tool_calls) {
@@ -692,8 +727,9 @@ class Chat {
     const int64_t capacity = service_.context_capacity();
     if (static_cast<int64_t>(request.prompt.size()) >= capacity) {
       take_back();
-      return error("the conversation has " + std::to_string(request.prompt.size()) + " tokens and the context holds " +
-                   std::to_string(capacity) + ": /new starts over (or raise --ctx)");
+      return error("the conversation has " + std::to_string(request.prompt.size()) +
+                   " tokens and the context holds " + std::to_string(capacity) +
+                   ": /new starts over (or raise --ctx)");
     }
     request.starts_in_think = think_;
     request.sampling.temperature = api_.default_temperature;
@@ -738,11 +774,17 @@ class Chat {
       const double t = k3::now_seconds() - started;
       std::string s(1, spinner[spin++ % 4]);
       s += ' ';
-      if (cancel_sent) s += "stopping";
-      else if (!accepted) s += "waiting";
-      else if (!prefilled) s += "prefill " + std::to_string(processed) + "/" + std::to_string(prompt_tokens) + " (cached " + std::to_string(cached) + ")";
-      else if (!answer.reasoning.empty() && !show_think_) s += "thinking";
-      else s += "generating";
+      if (cancel_sent)
+        s += "stopping";
+      else if (!accepted)
+        s += "waiting";
+      else if (!prefilled)
+        s += "prefill " + std::to_string(processed) + "/" + std::to_string(prompt_tokens) +
+             " (cached " + std::to_string(cached) + ")";
+      else if (!answer.reasoning.empty() && !show_think_)
+        s += "thinking";
+      else
+        s += "generating";
       s += " · " + seconds_text(t);
       screen_.status(s);
     };
@@ -793,8 +835,12 @@ class Chat {
             end_reasoning_display();
             screen_.clear_status();
             if (!show_think_ && !answer.reasoning.empty())
-              screen_.line(screen_.dim("(thought for " + seconds_text(first_content - (first_reasoning > 0 ? first_reasoning : started)) + ")"));
-            else if (reasoning_open && !screen_.tty()) screen_.print("\n");
+              screen_.line(screen_.dim(
+                  "(thought for " +
+                  seconds_text(first_content - (first_reasoning > 0 ? first_reasoning : started)) +
+                  ")"));
+            else if (reasoning_open && !screen_.tty())
+              screen_.print("\n");
             if (opt_.text.labels && !screen_.tty()) screen_.print("[response] ");
           }
           answer.content += e.text;
@@ -821,7 +867,8 @@ class Chat {
     end_reasoning_display();
     screen_.clear_status();
     std::fflush(stdout);
-    service_.wait_idle(2.0);  // the worker's bookkeeping (fed tokens, counters) follows its last event
+    service_.wait_idle(
+        2.0);  // the worker's bookkeeping (fed tokens, counters) follows its last event
     erased_ = false;
 
     if (!failure.empty()) {
@@ -832,18 +879,23 @@ class Chat {
     const k3::GenerationStats& st = *done;
     const bool interrupted = st.finish == k3::FinishReason::cancelled;
     if (!show_think_ && !answer.reasoning.empty() && first_content < 0)
-      screen_.line(screen_.dim("(thought for " + seconds_text(k3::now_seconds() - (first_reasoning > 0 ? first_reasoning : started)) + ")"));
+      screen_.line(screen_.dim(
+          "(thought for " +
+          seconds_text(k3::now_seconds() - (first_reasoning > 0 ? first_reasoning : started)) +
+          ")"));
     if (interrupted) {
       screen_.end_line();
       screen_.line(screen_.dim("[interrupted]"));
     } else if (st.finish == k3::FinishReason::length) {
       screen_.end_line();
-      screen_.line(screen_.dim("[reply budget reached: " + std::to_string(st.completion_tokens) + " tokens]"));
+      screen_.line(screen_.dim("[reply budget reached: " + std::to_string(st.completion_tokens) +
+                               " tokens]"));
     }
     screen_.end_line();
     if (footer_ != FooterMode::off) screen_.line(screen_.dim(footer(st)));
 
-    const bool empty = answer.content.empty() && answer.reasoning.empty() && answer.tool_calls.empty();
+    const bool empty =
+        answer.content.empty() && answer.reasoning.empty() && answer.tool_calls.empty();
     if (interrupted && empty) {
       take_back();  // nothing to keep; /retry asks again
     } else {
@@ -853,18 +905,21 @@ class Chat {
 
   std::string footer(const k3::GenerationStats& st) const {
     const double decode_s = st.decode_ms / 1e3;
-    std::string f = std::to_string(st.completion_tokens) + " tok · " + format(decode_s < 10 ? "%.1f s" : "%.0f s", decode_s) + " · ";
+    std::string f = std::to_string(st.completion_tokens) + " tok · " +
+                    format(decode_s < 10 ? "%.1f s" : "%.0f s", decode_s) + " · ";
     f += decode_s > 0 ? format(st.completion_tokens / decode_s < 10 ? "%.2f tok/s" : "%.1f tok/s",
                                static_cast<double>(st.completion_tokens) / decode_s)
                       : std::string("- tok/s");
-    f += " · prompt " + std::to_string(st.prompt_tokens) + " (cached " + std::to_string(st.cached_tokens) + ")";
+    f += " · prompt " + std::to_string(st.prompt_tokens) + " (cached " +
+         std::to_string(st.cached_tokens) + ")";
     if (st.restored_at >= 0) f += " · restored checkpoint @" + std::to_string(st.restored_at);
     if (footer_ == FooterMode::full) {
       f += " · prefill " + format("%.0f ms", st.prefill_ms);
       if (st.prefill_ms > 0)
-        f += format(" (%.1f tok/s)", static_cast<double>(st.prompt_tokens - st.cached_tokens) / (st.prefill_ms / 1e3));
-      f += " · thinking " + std::to_string(st.reasoning_tokens) + " tok · reuse " + k3::reuse_kind_name(st.reuse) +
-           " · " + k3::finish_reason_name(st.finish);
+        f += format(" (%.1f tok/s)", static_cast<double>(st.prompt_tokens - st.cached_tokens) /
+                                         (st.prefill_ms / 1e3));
+      f += " · thinking " + std::to_string(st.reasoning_tokens) + " tok · reuse " +
+           k3::reuse_kind_name(st.reuse) + " · " + k3::finish_reason_name(st.finish);
     }
     return f;
   }
@@ -874,7 +929,8 @@ class Chat {
   Screen& screen_;
   k3::server::ApiConfig api_;
   std::vector<Message> history_;
-  std::optional<std::string> retry_user_;  // a user turn taken back (failed or interrupted before any output)
+  std::optional<std::string>
+      retry_user_;  // a user turn taken back (failed or interrupted before any output)
   std::string system_, effort_;
   bool think_ = true, show_think_ = true, styled_ = false, erased_ = false;
   int64_t max_tokens_ = 0;
@@ -893,13 +949,15 @@ bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& scr
       screen.clear_status();
       const k3::Engine* engine = service.engine();
       screen.line(screen.dim("loaded " + opt.model_dir + " in " + seconds_text(s.load_elapsed_s) +
-                             (engine ? " (" + engine->describe() + ")" : std::string()) + "; context " +
-                             std::to_string(s.context_capacity) + " tokens; checkpoints: " + s.checkpoints));
+                             (engine ? " (" + engine->describe() + ")" : std::string()) +
+                             "; context " + std::to_string(s.context_capacity) +
+                             " tokens; checkpoints: " + s.checkpoints));
       return true;
     }
     if (s.state == k3::ServiceStats::State::failed) {
       screen.clear_status();
-      std::fprintf(stderr, "coli chat: cannot load %s: %s\n", opt.model_dir.c_str(), s.load_error.c_str());
+      std::fprintf(stderr, "coli chat: cannot load %s: %s\n", opt.model_dir.c_str(),
+                   s.load_error.c_str());
       return false;
     }
     if (g_interrupt.load()) {
@@ -911,7 +969,8 @@ bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& scr
     // The engine draws its own bar on a terminal stderr; two writers on one line would fight.
     if (!stderr_tty)
       screen.status(std::string(1, spinner[spin++ % 4]) + " loading " + opt.model_dir + " " +
-                  format("%.0f%%", 100 * s.load_progress) + " · " + seconds_text(s.load_elapsed_s));
+                    format("%.0f%%", 100 * s.load_progress) + " · " +
+                    seconds_text(s.load_elapsed_s));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -945,14 +1004,16 @@ int chat(const k3::Options& opt) {
   k3::EngineService service(service_options(opt));
   pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);
 
-  screen.line(screen.bold("coli chat") + screen.dim(" · " + opt.model_dir + " · /help for commands, Ctrl-D quits"));
+  screen.line(screen.bold("coli chat") +
+              screen.dim(" · " + opt.model_dir + " · /help for commands, Ctrl-D quits"));
   if (!wait_loaded(service, opt, screen)) return 3;
 
   Chat chat(opt, service, screen);
   Input input(tty_in, screen);
   if (!opt.text.chat.empty()) chat.say(opt.text.chat);
   // \001 \002 bracket what readline must not count as printed (only readline reads them).
-  const std::string prompt = tty_in && tty_out ? std::string("\001") + kBold + "\002> \001" + kReset + "\002" : "> ";
+  const std::string prompt =
+      tty_in && tty_out ? std::string("\001") + kBold + "\002> \001" + kReset + "\002" : "> ";
   for (;;) {
     screen.end_line();
     screen.line(screen.dim(chat.prompt_header()));

@@ -1,8 +1,6 @@
 // apps/coli_serve.cpp — `coli serve` and `coli web`: the engine service behind the HTTP server.
 // The listener is up before the model loads (/health answers 503 with progress meanwhile);
 // SIGTERM / SIGINT drain gracefully (a second signal exits at once).
-#include "apps/coli_commands.h"
-
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -12,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "apps/coli_commands.h"
 #include "engine/service.h"
 #include "server/http_server.h"
 #include "util/error.h"
@@ -22,7 +21,7 @@ namespace {
 
 // Keys from --api-key-file: one per line, '#' comments; refused when group or world readable.
 std::vector<std::string> read_key_file(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw UsageError(path + ": cannot read the API key file");
   if ((st.st_mode & 0077) != 0)
     throw UsageError(path + ": the API key file is readable by other users (chmod 600 it)");
@@ -78,19 +77,25 @@ int serve(const k3::Options& opt, bool web) {
   so.security.bind_host = opt.serve.host;
   so.security.api_keys = opt.serve.api_keys;
   if (!opt.serve.api_key_file.empty())
-    for (std::string& k : read_key_file(opt.serve.api_key_file)) so.security.api_keys.push_back(std::move(k));
+    for (std::string& k : read_key_file(opt.serve.api_key_file))
+      so.security.api_keys.push_back(std::move(k));
   for (const std::string& k : so.security.api_keys)
-    if (k.size() > k3::server::kMaxApiKeyBytes) throw UsageError("an API key is longer than 512 bytes");
+    if (k.size() > k3::server::kMaxApiKeyBytes)
+      throw UsageError("an API key is longer than 512 bytes");
   if (opt.source("api-key") == k3::OptionSource::kFlag)
-    std::fprintf(stderr, "coli: warning: a key on the command line is visible to other users (ps); prefer COLI_API_KEY or --api-key-file\n");
+    std::fprintf(stderr,
+                 "coli: warning: a key on the command line is visible to other users (ps); prefer "
+                 "COLI_API_KEY or --api-key-file\n");
   so.security.allowed_hosts = opt.serve.allowed_hosts;
   so.security.cors_origins = opt.serve.cors_origins;
   const bool loopback = k3::server::is_loopback_host(opt.serve.host);
   if (!loopback && so.security.api_keys.empty() && !opt.serve.insecure_bind)
-    throw UsageError("refusing to listen on " + opt.serve.host +
-                     " without an API key: set --api-key / COLI_API_KEY, or --insecure-bind to accept the risk");
-  const bool any_origin = std::find(so.security.cors_origins.begin(), so.security.cors_origins.end(), "*") !=
-                          so.security.cors_origins.end();
+    throw UsageError(
+        "refusing to listen on " + opt.serve.host +
+        " without an API key: set --api-key / COLI_API_KEY, or --insecure-bind to accept the risk");
+  const bool any_origin =
+      std::find(so.security.cors_origins.begin(), so.security.cors_origins.end(), "*") !=
+      so.security.cors_origins.end();
   if (any_origin && !loopback && so.security.api_keys.empty())
     throw UsageError("--cors-origin '*' with a non-loopback bind needs an API key");
   so.port = opt.serve.port;
@@ -101,8 +106,10 @@ int serve(const k3::Options& opt, bool web) {
   so.drain_timeout_s = opt.serve.drain_timeout;
   so.max_connections = static_cast<int>(opt.serve.max_connections);
   so.read_timeout_s = opt.serve.read_deadline;
-  so.max_connections_per_ip = opt.serve.max_connections_per_ip < 0 ? 8 : static_cast<int>(opt.serve.max_connections_per_ip);
-  so.cap_loopback = opt.serve.max_connections_per_ip > 0;  // an explicit cap applies to every address
+  so.max_connections_per_ip =
+      opt.serve.max_connections_per_ip < 0 ? 8 : static_cast<int>(opt.serve.max_connections_per_ip);
+  so.cap_loopback =
+      opt.serve.max_connections_per_ip > 0;  // an explicit cap applies to every address
   so.log_prompts = opt.serve.log_prompts;
   so.web_ui = opt.serve.web_ui;
 
@@ -117,15 +124,22 @@ int serve(const k3::Options& opt, bool web) {
   k3::EngineService service(service_options(opt));
   k3::server::HttpServer server(service, so);
   const int port = server.bind();
-  const std::string host = opt.serve.host.find(':') != std::string::npos ? "[" + opt.serve.host + "]" : opt.serve.host;
+  const std::string host =
+      opt.serve.host.find(':') != std::string::npos ? "[" + opt.serve.host + "]" : opt.serve.host;
   const std::string url = "http://" + host + ":" + std::to_string(port) + "/";
-  if (web) std::printf("coli web: open %s in your browser (the page waits while the model loads)\n", url.c_str());
-  else std::printf("coli serve: listening on %s (OpenAI API at %sv1)\n", url.c_str(), url.c_str());
+  if (web)
+    std::printf("coli web: open %s in your browser (the page waits while the model loads)\n",
+                url.c_str());
+  else
+    std::printf("coli serve: listening on %s (OpenAI API at %sv1)\n", url.c_str(), url.c_str());
   std::fflush(stdout);
   if (!loopback)
-    std::fprintf(stderr, "coli: listening on %s: reachable from the network%s\n", opt.serve.host.c_str(),
-                 so.security.api_keys.empty() ? " WITHOUT an API key (--insecure-bind)" : " (API key required)");
-  if (opt.serve.log_prompts) std::fprintf(stderr, "coli: --log-prompts: request bodies are written to this log\n");
+    std::fprintf(stderr, "coli: listening on %s: reachable from the network%s\n",
+                 opt.serve.host.c_str(),
+                 so.security.api_keys.empty() ? " WITHOUT an API key (--insecure-bind)"
+                                              : " (API key required)");
+  if (opt.serve.log_prompts)
+    std::fprintf(stderr, "coli: --log-prompts: request bodies are written to this log\n");
 
   std::atomic<bool> stop{false};
   std::atomic<int> exit_code{0};
@@ -148,13 +162,15 @@ int serve(const k3::Options& opt, bool web) {
       const k3::ServiceStats s = service.stats();
       if (s.state == k3::ServiceStats::State::ready) {
         const k3::Engine* engine = service.engine();
-        std::fprintf(stderr, "coli: %s loaded in %.1f s (%s); context %lld tokens; checkpoints: %s\n",
-                     opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
-                     static_cast<long long>(s.context_capacity), s.checkpoints.c_str());
+        std::fprintf(
+            stderr, "coli: %s loaded in %.1f s (%s); context %lld tokens; checkpoints: %s\n",
+            opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
+            static_cast<long long>(s.context_capacity), s.checkpoints.c_str());
         return;
       }
       if (s.state == k3::ServiceStats::State::failed) {
-        std::fprintf(stderr, "coli: cannot load %s: %s\n", opt.model_dir.c_str(), s.load_error.c_str());
+        std::fprintf(stderr, "coli: cannot load %s: %s\n", opt.model_dir.c_str(),
+                     s.load_error.c_str());
         exit_code.store(3);
         server.shutdown();
         return;

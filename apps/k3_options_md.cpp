@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
     const std::string open = "<!-- options-table -->\n", close = "<!-- /options-table -->";
     const size_t begin = text.find(open), end = text.find(close);
     if (begin == std::string::npos || end == std::string::npos || end < begin)
-      throw k3::Error(std::string(argv[2]) + ": no \"<!-- options-table -->\" ... \"<!-- /options-table -->\" section");
+      throw k3::Error(std::string(argv[2]) +
+                      ": no \"<!-- options-table -->\" ... \"<!-- /options-table -->\" section");
     text.replace(begin + open.size(), end - begin - open.size(), table);
     k3::write_file_atomic(argv[2], text.data(), text.size());
   } catch (const std::exception& e) {

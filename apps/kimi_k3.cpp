@@ -6,18 +6,17 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/generate.h"
@@ -41,7 +40,6 @@ extern "C" void on_interrupt(int) {
   g_interrupted = 1;
   std::signal(SIGINT, SIG_DFL);
 }
-
 
 // Streams a chat reply: reasoning dimmed on a terminal (or hidden), content plain, tool calls on
 // their own lines; "[think] " / "[response] " labels on a terminal or with --labels.
@@ -131,7 +129,9 @@ class IdsOutput : public Output {
   }
 };
 
-bool contains(const std::vector<int64_t>& ids, int64_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+bool contains(const std::vector<int64_t>& ids, int64_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
 
 class TextOutput : public Output {
  public:
@@ -141,7 +141,9 @@ class TextOutput : public Output {
     if (contains(stop_ids_, id)) return;
     write_stdout(decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
   }
-  void finish(const k3::GenerateResult&, size_t) override { write_stdout(decoder_.finish() + "\n"); }
+  void finish(const k3::GenerateResult&, size_t) override {
+    write_stdout(decoder_.finish() + "\n");
+  }
 
  private:
   const k3::text::Tokenizer& tokenizer_;
@@ -152,7 +154,8 @@ class TextOutput : public Output {
 // The stop ids that end a chat reply without being shown: every stop id except <|end_of_msg|>
 // (an extra eos_token_id of the config, e.g. [EOS]); <|end_of_msg|> itself goes to the parser,
 // which knows it.
-std::vector<int64_t> silent_stops(std::vector<int64_t> stop_ids, const k3::text::Tokenizer& tokenizer) {
+std::vector<int64_t> silent_stops(std::vector<int64_t> stop_ids,
+                                  const k3::text::Tokenizer& tokenizer) {
   const std::optional<int32_t> end_of_message = tokenizer.special_id("<|end_of_msg|>");
   std::erase_if(stop_ids, [&](int64_t id) { return end_of_message && id == *end_of_message; });
   return stop_ids;
@@ -162,7 +165,8 @@ class ChatOutput : public Output {
  public:
   ChatOutput(const k3::text::Tokenizer& tokenizer, const k3::TextOptions& options, bool tty,
              std::vector<int64_t> stop_ids)
-      : silent_stops_(silent_stops(std::move(stop_ids), tokenizer)), parser_(tokenizer, options.think),
+      : silent_stops_(silent_stops(std::move(stop_ids), tokenizer)),
+        parser_(tokenizer, options.think),
         printer_(options, tty) {}
   void token(int64_t id) override {
     if (contains(silent_stops_, id)) return;
@@ -189,7 +193,8 @@ class ChatOutput : public Output {
 // {"event":"done",...} with the finish reason and the counts and rates.
 class JsonlOutput : public Output {
  public:
-  JsonlOutput(const k3::text::Tokenizer* tokenizer, bool chat, bool think, std::vector<int64_t> stop_ids)
+  JsonlOutput(const k3::text::Tokenizer* tokenizer, bool chat, bool think,
+              std::vector<int64_t> stop_ids)
       : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)) {
     if (chat) {
       parser_.emplace(*tokenizer, think);
@@ -205,7 +210,8 @@ class JsonlOutput : public Output {
     } else {
       const bool stop = contains(stop_ids_, id);
       const std::string text =
-          tokenizer_ && !stop ? decoder_.push(tokenizer_->token_bytes(static_cast<int32_t>(id))) : std::string();
+          tokenizer_ && !stop ? decoder_.push(tokenizer_->token_bytes(static_cast<int32_t>(id)))
+                              : std::string();
       line({{"event", "token"}, {"id", id}, {"channel", "content"}, {"text", text}});
     }
   }
@@ -218,10 +224,16 @@ class JsonlOutput : public Output {
       if (const std::string tail = decoder_.finish(); !tail.empty())
         line({{"event", "token"}, {"id", -1}, {"channel", "content"}, {"text", tail}});
     }
-    const double tps = result.decode_seconds > 0 ? static_cast<double>(result.decode_steps) / result.decode_seconds : 0.0;
-    line({{"event", "done"}, {"finish_reason", k3::finish_reason_name(result.finish)},
-          {"prompt_tokens", prompt_tokens}, {"completion_tokens", result.tokens.size()},
-          {"prefill_s", result.prefill_seconds}, {"decode_s", result.decode_seconds}, {"decode_tps", tps}});
+    const double tps = result.decode_seconds > 0
+                           ? static_cast<double>(result.decode_steps) / result.decode_seconds
+                           : 0.0;
+    line({{"event", "done"},
+          {"finish_reason", k3::finish_reason_name(result.finish)},
+          {"prompt_tokens", prompt_tokens},
+          {"completion_tokens", result.tokens.size()},
+          {"prefill_s", result.prefill_seconds},
+          {"decode_s", result.decode_seconds},
+          {"decode_tps", tps}});
   }
 
  private:
@@ -231,10 +243,15 @@ class JsonlOutput : public Output {
     bool any = false;
     for (const auto& e : events) {
       if (e.kind == Kind::tool_call) {
-        line({{"event", "tool_call"}, {"id", id}, {"name", e.call.name}, {"arguments", e.call.arguments_json},
+        line({{"event", "tool_call"},
+              {"id", id},
+              {"name", e.call.name},
+              {"arguments", e.call.arguments_json},
               {"complete", e.call.complete}});
       } else if (e.kind != Kind::end_of_message) {
-        line({{"event", "token"}, {"id", id}, {"channel", e.kind == Kind::reasoning ? "reasoning" : "content"},
+        line({{"event", "token"},
+              {"id", id},
+              {"channel", e.kind == Kind::reasoning ? "reasoning" : "content"},
               {"text", e.text}});
       } else {
         continue;
@@ -253,7 +270,8 @@ class JsonlOutput : public Output {
 };
 
 // The prompt of a text run: a chat turn (--chat / --system) or plain completion text.
-std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokenizer& tokenizer, bool chat) {
+std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokenizer& tokenizer,
+                                 bool chat) {
   std::vector<int32_t> ids;
   if (opt.text.bos) {
     const auto bos = tokenizer.special_id("[BOS]");
@@ -262,13 +280,17 @@ std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokeniz
   }
   if (chat) {
     const std::string& question = opt.text.chat.empty() ? opt.prompt : opt.text.chat;
-    const auto segments = k3::text::one_turn_segments(opt.text.system, question, opt.text.think, opt.text.effort);
+    const auto segments =
+        k3::text::one_turn_segments(opt.text.system, question, opt.text.think, opt.text.effort);
     if (!segments.ok()) throw k3::Error("chat prompt: " + segments.status().message());
     k3::text::encode_segments(tokenizer, *segments, ids);
   } else {
     size_t replaced = 0;
     tokenizer.encode(opt.prompt, opt.text.allow_special, ids, &replaced);
-    if (replaced) std::fprintf(stderr, "kimi_k3: the prompt had %zu invalid UTF-8 sequence(s), replaced by U+FFFD\n", replaced);
+    if (replaced)
+      std::fprintf(stderr,
+                   "kimi_k3: the prompt had %zu invalid UTF-8 sequence(s), replaced by U+FFFD\n",
+                   replaced);
   }
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
@@ -294,7 +316,9 @@ int run(int argc, char** argv) {
   const k3::EngineInfo& config = engine.info();
   const k3::text::Tokenizer* tokenizer = engine.tokenizer();
   if (!ids_run && !tokenizer)
-    throw k3::Error(opt.model_dir + " has no tiktoken.model, so text prompts cannot be tokenized: pass token ids with --ids");
+    throw k3::Error(
+        opt.model_dir +
+        " has no tiktoken.model, so text prompts cannot be tokenized: pass token ids with --ids");
   const std::vector<int64_t> prompt = ids_run ? opt.ids : text_prompt(opt, *tokenizer, chat);
   if (opt.debug.prompt_ids) {
     std::string line = "prompt ids:";
@@ -305,11 +329,13 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
 
-  const int64_t capacity = opt.runtime.max_tokens > 0 ? opt.runtime.max_tokens
-                                                      : static_cast<int64_t>(prompt.size()) + opt.ngen;
+  const int64_t capacity = opt.runtime.max_tokens > 0
+                               ? opt.runtime.max_tokens
+                               : static_cast<int64_t>(prompt.size()) + opt.ngen;
   if (static_cast<int64_t>(prompt.size()) + opt.ngen > capacity)
-    throw k3::Error("K3_MAXT=" + std::to_string(capacity) + " cannot hold the prompt (" + std::to_string(prompt.size()) +
-                    " tokens) plus --ngen " + std::to_string(opt.ngen));
+    throw k3::Error("K3_MAXT=" + std::to_string(capacity) + " cannot hold the prompt (" +
+                    std::to_string(prompt.size()) + " tokens) plus --ngen " +
+                    std::to_string(opt.ngen));
   k3::Session session(engine, capacity);
   if (!opt.debug.x0_path.empty()) session.set_input_rows(k3::read_f32_file(opt.debug.x0_path));
 
@@ -320,39 +346,50 @@ int run(int argc, char** argv) {
   if (want_all_logits) hooks.all_logits = &all_logits;
   if (!opt.debug.trace_path.empty()) hooks.observer = &recorder;
 
-  const uint64_t seed = opt.given("seed")
-                            ? opt.sampling.seed
-                            : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const uint64_t seed =
+      opt.given("seed")
+          ? opt.sampling.seed
+          : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   k3::Sampler sampler(opt.sampling, seed);
   k3::GenerateSettings settings;
   settings.max_new_tokens = opt.ngen;
   settings.stop_ids = k3::stop_ids(engine);
 
   std::unique_ptr<Output> output;
-  if (opt.text.jsonl) output = std::make_unique<JsonlOutput>(tokenizer, chat, opt.text.think, settings.stop_ids);
-  else if (ids_run) output = std::make_unique<IdsOutput>();
-  else if (chat) output = std::make_unique<ChatOutput>(*tokenizer, opt.text, isatty(STDOUT_FILENO) == 1, settings.stop_ids);
-  else output = std::make_unique<TextOutput>(*tokenizer, settings.stop_ids);
+  if (opt.text.jsonl)
+    output = std::make_unique<JsonlOutput>(tokenizer, chat, opt.text.think, settings.stop_ids);
+  else if (ids_run)
+    output = std::make_unique<IdsOutput>();
+  else if (chat)
+    output = std::make_unique<ChatOutput>(*tokenizer, opt.text, isatty(STDOUT_FILENO) == 1,
+                                          settings.stop_ids);
+  else
+    output = std::make_unique<TextOutput>(*tokenizer, settings.stop_ids);
   const auto on_token = [&](int64_t id) {
     output->token(id);
     return g_interrupted == 0;
   };
-  const k3::GenerateResult result = k3::generate(session, prompt, sampler, settings, on_token, hooks);
+  const k3::GenerateResult result =
+      k3::generate(session, prompt, sampler, settings, on_token, hooks);
 
-  if (!opt.debug.logits_path.empty())
-    k3::write_f32_file(opt.debug.logits_path, all_logits);
-  if (!opt.debug.trace_path.empty()) recorder.write(opt.debug.trace_path, prompt, all_logits, config.vocab_size);
+  if (!opt.debug.logits_path.empty()) k3::write_f32_file(opt.debug.logits_path, all_logits);
+  if (!opt.debug.trace_path.empty())
+    recorder.write(opt.debug.trace_path, prompt, all_logits, config.vocab_size);
   output->finish(result, prompt.size());
 
   const double prefill_s = result.prefill_seconds, decode_s = result.decode_seconds;
   if (opt.debug.stats)
-    std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(), session.stats().summary.c_str());
+    std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(),
+                 session.stats().summary.c_str());
   std::fprintf(stderr,
-               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | threads %d | peak RSS %.1f MB | %s%s\n",
-               engine.load_seconds(), prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
+               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | "
+               "threads %d | peak RSS %.1f MB | %s%s\n",
+               engine.load_seconds(), prompt.size(),
+               prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
                static_cast<long long>(result.decode_steps),
-               decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0, k3::finish_reason_name(result.finish),
-               omp_get_max_threads(), static_cast<double>(k3::peak_rss_bytes()) / 1e6, engine.describe_experts().c_str(),
+               decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0,
+               k3::finish_reason_name(result.finish), omp_get_max_threads(),
+               static_cast<double>(k3::peak_rss_bytes()) / 1e6, engine.describe_experts().c_str(),
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
   engine.save_history();
   return g_interrupted ? 130 : 0;

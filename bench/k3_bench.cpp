@@ -113,7 +113,6 @@ std::string read_line(const std::string& path) {
   return trim(line);
 }
 
-
 // "32768K" -> bytes.
 uint64_t parse_cache_size(const std::string& s) {
   if (s.empty()) return 0;
@@ -764,7 +763,8 @@ int run_kernels(const KernelsArgs& a) {
         if (n == 1) cpu1 = t.cpu_share;
         add_bandwidth(name, gbs, t.cpu_share);
         if (n > 1)
-          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row, std::min(cpu1, t.cpu_share));
+          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                     std::min(cpu1, t.cpu_share));
       };
       if (sel_plain) {
         std::snprintf(title, sizeof title,
@@ -793,7 +793,8 @@ int run_kernels(const KernelsArgs& a) {
             title, sizeof title,
             "%s %lldx%lld on int8 activations (idot; quantize_q8_32 of the rows "
             "once per pass, included), %d distinct matrices rotated (%.0f MB working set)",
-            bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows), static_cast<long long>(sh.cols), count, bytes / 1e6);
+            bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows),
+            static_cast<long long>(sh.cols), count, bytes / 1e6);
         print_header(title);
         const std::string idot_base = idot_fmt + "_" + dims;
         auto idot = [&](const k3::WeightMatrix& W, size_t n) {
@@ -811,8 +812,7 @@ int run_kernels(const KernelsArgs& a) {
               },
               [&] {
                 k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
-                for (const k3::WeightMatrix& W : mats)
-                  idot(W, n);
+                for (const k3::WeightMatrix& W : mats) idot(W, n);
               });
           report(idot_base, n, t);
           const Timing q = measure(
@@ -960,9 +960,10 @@ int run_decode(const DecodeArgs& a) {
     const double ps = k3::now_seconds() - p0;
     reads_per_token[k] = static_cast<double>(s.stats().expert_reads) / static_cast<double>(P);
     std::printf("prefill C=%-2lld: %lld tokens in %.3f s = %.2f tok/s, %.1f expert reads/token\n",
-                static_cast<long long>(chunk), static_cast<long long>(P), ps, static_cast<double>(P) / ps,
-                reads_per_token[k]);
-    add_result(name + "_prefill_C" + std::to_string(chunk), static_cast<double>(P) / ps, "tok/s", std::nan(""));
+                static_cast<long long>(chunk), static_cast<long long>(P), ps,
+                static_cast<double>(P) / ps, reads_per_token[k]);
+    add_result(name + "_prefill_C" + std::to_string(chunk), static_cast<double>(P) / ps, "tok/s",
+               std::nan(""));
   }
   if (reads_per_token[1] > 0)
     add_result(name + "_prefill_dedup_C32", reads_per_token[0] / reads_per_token[1], "x",
@@ -1008,18 +1009,19 @@ int run_decode(const DecodeArgs& a) {
     bool finite = logits.size() == want.size();
     for (size_t i = 0; finite && i < want.size(); ++i) {
       finite = std::isfinite(logits[i]);
-      diff2 += (static_cast<double>(logits[i]) - want[i]) * (static_cast<double>(logits[i]) - want[i]);
+      diff2 +=
+          (static_cast<double>(logits[i]) - want[i]) * (static_cast<double>(logits[i]) - want[i]);
       ref2 += static_cast<double>(want[i]) * want[i];
     }
     const double rel = std::sqrt(diff2) / std::max(std::sqrt(ref2), 1e-30);
     status = finite && rel <= 1e-5 ? 0 : 1;
-    std::printf("check: the last decode step vs a one-shot prefill of the %zu ids: rel-L2 %.3g%s -> %s\n", fed.size(),
-                rel, finite ? "" : " (non-finite logits)", status == 0 ? "ok" : "FAILED");
+    std::printf(
+        "check: the last decode step vs a one-shot prefill of the %zu ids: rel-L2 %.3g%s -> %s\n",
+        fed.size(), rel, finite ? "" : " (non-finite logits)", status == 0 ? "ok" : "FAILED");
   }
   print_results();
   return status;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // stream: routed experts read from disk (O_DIRECT) during decode, against the drive's own rate
@@ -1059,8 +1061,9 @@ double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what)
     if (left < block) break;
     const uint64_t count = std::min<uint64_t>(left, size) / block;
     if (count == 0) continue;
-    const std::string cmd = "dd if='" + path.string() + "' of=/dev/null iflag=direct bs=4M count=" +
-                            std::to_string(count) + " 2>&1";
+    const std::string cmd = "dd if='" + path.string() +
+                            "' of=/dev/null iflag=direct bs=4M count=" + std::to_string(count) +
+                            " 2>&1";
     const double t0 = k3::now_seconds();
     FILE* p = ::popen(cmd.c_str(), "r");
     if (!p) return 0;
@@ -1083,7 +1086,8 @@ double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what)
 
 // The same drive read the way the engine reads it: O_DIRECT through k3::ReadQueue (io_uring when
 // available), `depth` requests of `request_mb` in flight, sequential over the largest shards.
-double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint64_t request_bytes, std::string* engine) {
+double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint64_t request_bytes,
+                        std::string* engine) {
   const std::vector<std::pair<uintmax_t, fs::path>> shards = largest_shards(dir);
   std::unique_ptr<k3::ReadQueue> queue = k3::make_read_queue({});
   *engine = queue->engine();
@@ -1119,7 +1123,8 @@ double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint
 // the tokenizer is not beside the binary's source tree.
 std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* what) {
   std::error_code ec;
-  const fs::path root = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path().parent_path();
+  const fs::path root =
+      fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path().parent_path();
   std::vector<int64_t> ids;
   try {
     const k3::text::Tokenizer tok = k3::text::Tokenizer::load(root / "tests/data/k3-release");
@@ -1153,15 +1158,17 @@ int run_stream(const StreamArgs& a) {
   }
   std::string shards;
   const double drive = drive_rate_dd(dir, a.probe_gb, &shards);
-  std::printf("drive: dd iflag=direct bs=4M over %.1f GB of %s: %.3f GB/s\n", a.probe_gb, shards.c_str(), drive);
+  std::printf("drive: dd iflag=direct bs=4M over %.1f GB of %s: %.3f GB/s\n", a.probe_gb,
+              shards.c_str(), drive);
   std::string engine_name;
   const double deep = drive_rate_queue(dir, a.probe_gb, 32, uint64_t{4} << 20, &engine_name);
-  std::printf("drive: O_DIRECT via %s, 32 x 4 MiB in flight, same shards: %.3f GB/s (%.2fx dd)\n", engine_name.c_str(),
-              deep, drive > 0 ? deep / drive : 0);
+  std::printf("drive: O_DIRECT via %s, 32 x 4 MiB in flight, same shards: %.3f GB/s (%.2fx dd)\n",
+              engine_name.c_str(), deep, drive > 0 ? deep / drive : 0);
   add_result("stream_drive_dd", drive, "GB/s", 1.0);
   add_result("stream_drive_queue", deep, "GB/s", drive > 0 ? deep / drive : std::nan(""));
 
-  const std::string state = (fs::temp_directory_path() / ("k3_bench-state-" + std::to_string(::getpid()))).string();
+  const std::string state =
+      (fs::temp_directory_path() / ("k3_bench-state-" + std::to_string(::getpid()))).string();
   k3::LoadOptions load;
   load.isa = a.isa;
   load.cache.expert_gb = a.expert_gb;
@@ -1172,12 +1179,17 @@ int run_stream(const StreamArgs& a) {
   fs::remove_all(state);
   k3::ExpertCache& cache = k3::internal::model(engine).experts();
   const k3::K3Config& c = k3::internal::config(engine);
-  const int64_t moe_layers = engine.info().num_layers - std::min(engine.info().num_layers, c.first_k_dense_replace);
+  const int64_t moe_layers =
+      engine.info().num_layers - std::min(engine.info().num_layers, c.first_k_dense_replace);
   std::printf("engine: %s, loaded in %.2f s\n", engine.describe().c_str(), engine.load_seconds());
-  std::printf("experts: %lld MoE layers x %lld, %.1f MB each, %lld slots/layer (K3_EXPERT_GB=%g), reads via %s\n",
-              static_cast<long long>(moe_layers), static_cast<long long>(c.num_experts),
-              static_cast<double>(k3::ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size}.expert_bytes()) / 1e6,
-              static_cast<long long>(cache.slots_per_layer()), a.expert_gb, cache.stats().io_engine);
+  std::printf(
+      "experts: %lld MoE layers x %lld, %.1f MB each, %lld slots/layer (K3_EXPERT_GB=%g), reads "
+      "via %s\n",
+      static_cast<long long>(moe_layers), static_cast<long long>(c.num_experts),
+      static_cast<double>(
+          k3::ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size}.expert_bytes()) /
+          1e6,
+      static_cast<long long>(cache.slots_per_layer()), a.expert_gb, cache.stats().io_engine);
 
   // Prefill dedup at C = 32: token at a time reads k experts per token per MoE layer; a chunk
   // reads each distinct expert of its rows once.
@@ -1190,19 +1202,22 @@ int run_stream(const StreamArgs& a) {
   const double prefill_s = k3::now_seconds() - t0;
   const double selections = static_cast<double>(a.prefill * c.num_experts_per_token * moe_layers);
   const double dedup = selections / static_cast<double>(session.stats().expert_reads);
-  std::printf("prefill: %lld tokens (%s), C=32: %.1f s, %llu expert reads for %.0f selections: dedup %.2fx\n",
-              static_cast<long long>(a.prefill), what.c_str(), prefill_s,
-              static_cast<unsigned long long>(session.stats().expert_reads), selections, dedup);
+  std::printf(
+      "prefill: %lld tokens (%s), C=32: %.1f s, %llu expert reads for %.0f selections: dedup "
+      "%.2fx\n",
+      static_cast<long long>(a.prefill), what.c_str(), prefill_s,
+      static_cast<unsigned long long>(session.stats().expert_reads), selections, dedup);
   add_result("stream_prefill_dedup_C32", dedup, "x", dedup);
 
   struct Config {
     const char* name;
     bool pipe, prefetch;
   };
-  const Config configs[] = {{"wait_all", false, false}, {"pipe", true, false}, {"pipe_prefetch", true, true}};
+  const Config configs[] = {
+      {"wait_all", false, false}, {"pipe", true, false}, {"pipe_prefetch", true, true}};
   std::vector<std::string> stage_lines;
-  std::printf("\n%-14s %9s %8s %9s %7s %7s %8s %8s %8s\n", "config", "s/token", "GB read", "exp GB/s", "x dd",
-              "x queue", "busy", "wait", "recall");
+  std::printf("\n%-14s %9s %8s %9s %7s %7s %8s %8s %8s\n", "config", "s/token", "GB read",
+              "exp GB/s", "x dd", "x queue", "busy", "wait", "recall");
   for (const Config& cfg : configs) {
     cache.set_pipe(cfg.pipe);
     cache.set_prefetch(cfg.prefetch);
@@ -1214,41 +1229,54 @@ int run_stream(const StreamArgs& a) {
     const double dt = k3::now_seconds() - t0;
     const k3::ExpertCacheStats s1 = cache.stats();
     k3::StageStats stages = k3::internal::stage_stats(session);
-    for (int i = 0; i < static_cast<int>(k3::Stage::kCount); ++i) stages.seconds[i] -= stages0.seconds[i];
+    for (int i = 0; i < static_cast<int>(k3::Stage::kCount); ++i)
+      stages.seconds[i] -= stages0.seconds[i];
     stage_lines.push_back(std::string(cfg.name) + ": " + stages.summary());
     const double gb = static_cast<double>(s1.drive_bytes - s0.drive_bytes) / 1e9;
     const double busy = s1.busy_seconds - s0.busy_seconds;
     const double wait = s1.wait_seconds - s0.wait_seconds;
     const double rate = busy > 0 ? gb / busy : 0;
     const double total = static_cast<double>(s1.predicted_total - s0.predicted_total);
-    const double recall = total > 0 ? static_cast<double>(s1.predicted_hits - s0.predicted_hits) / total : std::nan("");
+    const double recall = total > 0
+                              ? static_cast<double>(s1.predicted_hits - s0.predicted_hits) / total
+                              : std::nan("");
     std::printf("%-14s %9.3f %8.2f %9.3f %7.2f %7.2f %7.0f%% %7.0f%% %7.1f%%\n", cfg.name,
-                dt / static_cast<double>(a.tokens), gb, rate, drive > 0 ? rate / drive : 0, deep > 0 ? rate / deep : 0,
-                100 * busy / dt, 100 * wait / dt, 100 * recall);
+                dt / static_cast<double>(a.tokens), gb, rate, drive > 0 ? rate / drive : 0,
+                deep > 0 ? rate / deep : 0, 100 * busy / dt, 100 * wait / dt, 100 * recall);
     const std::string n = std::string("stream_") + cfg.name;
     add_result(n + "_decode", dt / static_cast<double>(a.tokens), "s/token", std::nan(""));
     add_result(n + "_expert_gbps", rate, "GB/s", drive > 0 ? rate / drive : std::nan(""));
-    add_result(n + "_expert_vs_queue_probe", deep > 0 ? rate / deep : 0, "x", deep > 0 ? rate / deep : std::nan(""));
+    add_result(n + "_expert_vs_queue_probe", deep > 0 ? rate / deep : 0, "x",
+               deep > 0 ? rate / deep : std::nan(""));
     add_result(n + "_unhidden_wait", wait / dt, "fraction", wait / dt);
     add_result(n + "_drive_busy", busy / dt, "fraction", busy / dt);
     if (cfg.prefetch) {
       add_result(n + "_recall", recall, "fraction", recall);
       for (const k3::ExpertCache::LayerRecall& r : cache.recall_by_layer()) {
-        const double v = static_cast<double>(r.predicted_hits) / static_cast<double>(r.predicted_total);
-        std::printf("  read-ahead recall, layer %lld (predicted from layer %lld's input): %.1f%% of %llu selections\n",
-                    static_cast<long long>(r.layer), static_cast<long long>(r.layer - 1), 100 * v,
-                    static_cast<unsigned long long>(r.predicted_total));
+        const double v =
+            static_cast<double>(r.predicted_hits) / static_cast<double>(r.predicted_total);
+        std::printf(
+            "  read-ahead recall, layer %lld (predicted from layer %lld's input): %.1f%% of %llu "
+            "selections\n",
+            static_cast<long long>(r.layer), static_cast<long long>(r.layer - 1), 100 * v,
+            static_cast<unsigned long long>(r.predicted_total));
         add_result(n + "_recall_layer" + std::to_string(r.layer), v, "fraction", v);
       }
       const double issued = static_cast<double>(s1.prefetch_issued - s0.prefetch_issued);
-      add_result(n + "_prefetch_used", issued > 0 ? static_cast<double>(s1.prefetch_used - s0.prefetch_used) / issued : 0,
+      add_result(n + "_prefetch_used",
+                 issued > 0 ? static_cast<double>(s1.prefetch_used - s0.prefetch_used) / issued : 0,
                  "fraction", std::nan(""));
     }
   }
-  std::printf("(busy = time with a read in flight / decode time; wait = compute thread blocked on reads / decode time;\n"
-              " exp GB/s = expert bytes / busy time; recall = selections the read-ahead predicted / selections)\n");
-  std::printf("decode stages (experts includes the wait on reads; no expert reads can be pending during embed,\n"
-              "the dense layers and the head):\n");
+  std::printf(
+      "(busy = time with a read in flight / decode time; wait = compute thread blocked on reads / "
+      "decode time;\n"
+      " exp GB/s = expert bytes / busy time; recall = selections the read-ahead predicted / "
+      "selections)\n");
+  std::printf(
+      "decode stages (experts includes the wait on reads; no expert reads can be pending during "
+      "embed,\n"
+      "the dense layers and the head):\n");
   for (const std::string& line : stage_lines) std::printf("  %s\n", line.c_str());
   std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
   print_results();
@@ -1300,18 +1328,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   StreamArgs sa;
-  CLI::App* stream = app.add_subcommand("stream", "decode with experts streamed from disk vs the drive's O_DIRECT rate");
-  stream->add_option("model_dir", sa.model_dir, "an existing checkpoint (default: a cached slice with many experts)");
+  CLI::App* stream = app.add_subcommand(
+      "stream", "decode with experts streamed from disk vs the drive's O_DIRECT rate");
+  stream->add_option("model_dir", sa.model_dir,
+                     "an existing checkpoint (default: a cached slice with many experts)");
   stream->add_option("--layers", sa.layers, "slice layers")->capture_default_str();
   stream->add_option("--experts", sa.experts, "slice routed experts")->capture_default_str();
-  stream->add_option("--tokens", sa.tokens, "decode tokens per configuration")->capture_default_str();
+  stream->add_option("--tokens", sa.tokens, "decode tokens per configuration")
+      ->capture_default_str();
   stream->add_option("--prefill", sa.prefill, "prompt tokens (C = 32)")->capture_default_str();
-  stream->add_option("--expert-gb", sa.expert_gb, "expert cache budget (small: decode streams)")->capture_default_str();
-  stream->add_option("--probe-gb", sa.probe_gb, "bytes dd reads for the drive rate")->capture_default_str();
-  stream->add_option("--dir", sa.dir, "cache directory of the slice (default <build>/bench-slice-stream)");
-  stream->add_option("--isa", sa.isa, "kernel variant: auto, scalar, avx2, avx512")->capture_default_str();
-  stream->add_option("--io-engine", sa.io_engine, "expert reads: auto, uring, threads")->capture_default_str();
-  stream->add_option("--threads", sa.threads, "OpenMP threads (0 = OpenMP default)")->capture_default_str();
+  stream->add_option("--expert-gb", sa.expert_gb, "expert cache budget (small: decode streams)")
+      ->capture_default_str();
+  stream->add_option("--probe-gb", sa.probe_gb, "bytes dd reads for the drive rate")
+      ->capture_default_str();
+  stream->add_option("--dir", sa.dir,
+                     "cache directory of the slice (default <build>/bench-slice-stream)");
+  stream->add_option("--isa", sa.isa, "kernel variant: auto, scalar, avx2, avx512")
+      ->capture_default_str();
+  stream->add_option("--io-engine", sa.io_engine, "expert reads: auto, uring, threads")
+      ->capture_default_str();
+  stream->add_option("--threads", sa.threads, "OpenMP threads (0 = OpenMP default)")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -27,10 +27,10 @@
 
 namespace {
 
-
-
 // FNV-1a 32 of the ids' bytes (little-endian int32, as tokenizer_bench.mjs hashes them).
-uint32_t fnv1a(const std::vector<int32_t>& ids) { return k3::fnv1a_32_bytes(ids.data(), ids.size() * sizeof(int32_t)); }
+uint32_t fnv1a(const std::vector<int32_t>& ids) {
+  return k3::fnv1a_32_bytes(ids.data(), ids.size() * sizeof(int32_t));
+}
 
 int run(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--version") {
@@ -45,8 +45,8 @@ int run(int argc, char** argv) {
   const std::string corpus_path = argv[2];
   const int passes = argc == 4 ? std::max(1, std::atoi(argv[3])) : 5;
 
-  std::printf("machine: cpu \"%s\", %u hardware threads, 1 thread used\n", k3::cpu_model_name().c_str(),
-              std::thread::hardware_concurrency());
+  std::printf("machine: cpu \"%s\", %u hardware threads, 1 thread used\n",
+              k3::cpu_model_name().c_str(), std::thread::hardware_concurrency());
 
   const double t_load = k3::now_seconds();
   const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(model_dir);

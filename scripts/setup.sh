@@ -3,7 +3,7 @@
 # when something is missing, so a prepared machine pays nothing.
 set -euo pipefail
 packages=(g++ cmake make pkg-config liburing-dev nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-          libbenchmark-dev python3-numpy libcpp-httplib-dev libreadline-dev
+          libbenchmark-dev python3-numpy clang-format libcpp-httplib-dev libreadline-dev
           chromium tmux)
 missing=()
 for p in "${packages[@]}"; do

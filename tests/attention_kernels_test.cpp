@@ -47,8 +47,8 @@ TEST(KernelsKdaHeadStep, EveryIsaMatchesTheEquations) {
       for (size_t j = 0; j < dk; ++j) o[j] += q[i] * S[i * dk + j];
     for (k3::Isa isa : k3::testing::twin_isas()) {
       std::vector<float> state = S0, scratch(dk), out(dk);
-      k3::kernel_table(isa).kda_head_step(state.data(), q.data(), k.data(), v.data(), a.data(), beta, dk,
-                                          scratch.data(), out.data());
+      k3::kernel_table(isa).kda_head_step(state.data(), q.data(), k.data(), v.data(), a.data(),
+                                          beta, dk, scratch.data(), out.data());
       const std::string what = std::string(k3::isa_name(isa)) + " dk " + std::to_string(dk);
       expect_near_rel(o, out.data(), what + " output");
       expect_near_rel(S, state.data(), what + " state");
@@ -62,7 +62,8 @@ TEST(KernelsMlaHeadAttend, EveryIsaMatchesTheEquations) {
     for (size_t rope : {0u, 3u, 64u}) {
       for (size_t T : {1u, 5u, 17u}) {
         const auto qabs = random_vector(rng, kv, -1, 1), q_pe = random_vector(rng, rope, -1, 1);
-        const auto latent = random_vector(rng, T * kv, -1, 1), pe = random_vector(rng, T * rope, -1, 1);
+        const auto latent = random_vector(rng, T * kv, -1, 1),
+                   pe = random_vector(rng, T * rope, -1, 1);
         const float scale = 0.125f;
         std::vector<double> s(T), lat(kv, 0.0);
         double mx = -1e300, sum = 0;
@@ -78,8 +79,8 @@ TEST(KernelsMlaHeadAttend, EveryIsaMatchesTheEquations) {
           for (size_t r = 0; r < kv; ++r) lat[r] += s[j] / sum * latent[j * kv + r];
         for (k3::Isa isa : k3::testing::twin_isas()) {
           std::vector<float> scores(T), out(kv);
-          k3::kernel_table(isa).mla_head_attend(qabs.data(), q_pe.data(), latent.data(), pe.data(), T, kv, rope, scale,
-                                                scores.data(), out.data());
+          k3::kernel_table(isa).mla_head_attend(qabs.data(), q_pe.data(), latent.data(), pe.data(),
+                                                T, kv, rope, scale, scores.data(), out.data());
           expect_near_rel(lat, out.data(),
                           std::string(k3::isa_name(isa)) + " kv " + std::to_string(kv) + " rope " +
                               std::to_string(rope) + " T " + std::to_string(T));

@@ -1,7 +1,7 @@
-// chat_spec_test — the XTML renderer (text/chat.h) against the rules of docs/chat_format.md §6.2–6.6
-// and the "Chat semantics" of tests/data/text/README.md, for behaviour the 71 golden conversations
-// do not exercise. Every expectation is written out segment by segment from the spec's element
-// shape (§6.2):
+// chat_spec_test — the XTML renderer (text/chat.h) against the rules of docs/chat_format.md
+// §6.2–6.6 and the "Chat semantics" of tests/data/text/README.md, for behaviour the 71 golden
+// conversations do not exercise. Every expectation is written out segment by segment from the
+// spec's element shape (§6.2):
 //   open   C<|open|> T"tag" (T" key" T"=\"" T"escaped value" T"\"")* C<|sep|>
 //   close  C<|close|> T"tag" C<|sep|>           end of message  C<|end_of_msg|>
 //   empty strings give no segment.
@@ -61,7 +61,12 @@ class Want {
   }
   // Non-thinking assistant turn with a plain-string content and no calls.
   Want& assistant_plain(const std::string& content) {
-    return open("message", {{"role", "assistant"}}).open("response").T(content).close("response").close("message").eom();
+    return open("message", {{"role", "assistant"}})
+        .open("response")
+        .T(content)
+        .close("response")
+        .close("message")
+        .eom();
   }
   const std::vector<Segment>& segments() const { return segs_; }
 
@@ -75,9 +80,11 @@ std::string show(const std::vector<Segment>& segs) {
   return out;
 }
 
-k3::Result<std::vector<Segment>> render(const std::string& messages, const std::string& options = "{}",
-                                         const std::string& tools = "null") {
-  const std::string request = R"({"messages": )" + messages + R"(, "tools": )" + tools + R"(, "options": )" + options + "}";
+k3::Result<std::vector<Segment>> render(const std::string& messages,
+                                        const std::string& options = "{}",
+                                        const std::string& tools = "null") {
+  const std::string request =
+      R"({"messages": )" + messages + R"(, "tools": )" + tools + R"(, "options": )" + options + "}";
   auto parsed = k3::text::parse_pyjson(request);
   EXPECT_TRUE(parsed.ok()) << request << ": " << (parsed.ok() ? "" : parsed.status().message());
   if (!parsed.ok()) return parsed.status();
@@ -88,20 +95,21 @@ k3::Result<std::vector<Segment>> render(const std::string& messages, const std::
 constexpr const char* kPlain = R"({"thinking": false, "add_generation_prompt": false})";
 
 // Non-fatal, so every sub-case of a loop is reported.
-#define EXPECT_SEGMENTS(result, want)                                                            \
-  do {                                                                                           \
-    const auto& r_ = (result);                                                                   \
-    if (!r_.ok()) {                                                                              \
-      ADD_FAILURE() << "render failed: " << r_.status().message();                               \
-    } else {                                                                                     \
-      EXPECT_TRUE(r_.value() == (want).segments()) << "got:  " << show(r_.value()) << "\nwant: " \
-                                                   << show((want).segments());                  \
-    }                                                                                            \
+#define EXPECT_SEGMENTS(result, want)                                               \
+  do {                                                                              \
+    const auto& r_ = (result);                                                      \
+    if (!r_.ok()) {                                                                 \
+      ADD_FAILURE() << "render failed: " << r_.status().message();                  \
+    } else {                                                                        \
+      EXPECT_TRUE(r_.value() == (want).segments())                                  \
+          << "got:  " << show(r_.value()) << "\nwant: " << show((want).segments()); \
+    }                                                                               \
   } while (0)
 
 // ---- wire constants (§6.5) ---------------------------------------------------------------------
 
-const std::string kStaticDeclare = "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n";
+const std::string kStaticDeclare =
+    "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n";
 const std::string kDynamicDeclare =
     "## New Tools Available\nThe system dynamically extends the toolset via lazy-loading.\n"
     "You have access to all existing and extended tools.\n"
@@ -116,13 +124,16 @@ std::string effort_body(const std::string& effort) {
 const std::string kChoiceRequired =
     "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.";
 const std::string kChoiceNone =
-    "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.";
+    "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next "
+    "message.";
 const std::string kFormatObject =
     "The system is invoked with `response_format=json_object`.\n"
-    "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.";
+    "Your response must be raw JSON data without markdown code blocks (```json) or any additional "
+    "formatting.";
 std::string format_schema(const std::string& compact_schema) {
   return "The system is invoked with `response_format=json_schema`.\n"
-         "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.\n"
+         "Your response must be raw JSON data without markdown code blocks (```json) or any "
+         "additional formatting.\n"
          "The JSON data must match the following schema:\n```json\n" +
          compact_schema + "\n```";
 }
@@ -163,9 +174,12 @@ TEST(ChatSpecToolOrder, IdsAreComparedAsPythonStr) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
   const std::string tail =
-      "<|open|>message role=\"tool\" tool=\"f1\" index=\"1\"<|sep|>c1<|close|>message<|sep|><|end_of_msg|>"
-      "<|open|>message role=\"tool\" tool=\"f2\" index=\"2\"<|sep|>c2<|close|>message<|sep|><|end_of_msg|>"
-      "<|open|>message role=\"tool\" tool=\"f3\" index=\"3\"<|sep|>c3<|close|>message<|sep|><|end_of_msg|>";
+      "<|open|>message role=\"tool\" tool=\"f1\" "
+      "index=\"1\"<|sep|>c1<|close|>message<|sep|><|end_of_msg|>"
+      "<|open|>message role=\"tool\" tool=\"f2\" "
+      "index=\"2\"<|sep|>c2<|close|>message<|sep|><|end_of_msg|>"
+      "<|open|>message role=\"tool\" tool=\"f3\" "
+      "index=\"3\"<|sep|>c3<|close|>message<|sep|><|end_of_msg|>";
   ASSERT_GE(text.size(), tail.size());
   EXPECT_EQ(text.substr(text.size() - tail.size()), tail) << text;
 }
@@ -260,7 +274,8 @@ TEST(ChatSpecToolOrder, IdFallbackRunsEndAtOtherMessagesAndTheMapPersists) {
                         kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
-  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"fb\" index=\"1\"<|sep|>B<|close|>message<|sep|><|end_of_msg|>"
+  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"fb\" "
+                      "index=\"1\"<|sep|>B<|close|>message<|sep|><|end_of_msg|>"
                       "<|open|>message role=\"user\"<|sep|>u<|close|>message<|sep|><|end_of_msg|>"
                       "<|open|>message role=\"tool\" tool=\"fa\" index=\"2\"<|sep|>A"),
             std::string::npos)
@@ -284,7 +299,9 @@ TEST(ChatSpecToolOrder, MapIsRebuiltAtEveryAssistantMessage) {
   const auto r = render(with(R"(, "name": "given")"), kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
-  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"given\" index=\"1\"<|sep|>A"), std::string::npos) << text;
+  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"given\" index=\"1\"<|sep|>A"),
+            std::string::npos)
+      << text;
 }
 
 // A matched call whose function name is null does not set `tool`; the message keeps its own.
@@ -327,7 +344,9 @@ TEST(ChatSpecToolName, NullToolHidesNameAndEmptyToolGivesAnEmptyAttribute) {
 // A tool message before any assistant message counts from 1 and needs its own name; a counter
 // past the end of the calls is an error.
 TEST(ChatSpecToolName, CounterStartsAtOneAndRunningPastTheCallsIsAnError) {
-  const auto r = render(R"([{"role": "tool", "tool": "early", "content": "x"}, {"role": "tool", "name": 7, "content": "y"}])", kPlain);
+  const auto r = render(
+      R"([{"role": "tool", "tool": "early", "content": "x"}, {"role": "tool", "name": 7, "content": "y"}])",
+      kPlain);
   Want w;
   w.message({{"role", "tool"}, {"tool", "early"}, {"index", "1"}}, "x");
   w.message({{"role", "tool"}, {"tool", "7"}, {"index", "2"}}, "y");
@@ -338,29 +357,41 @@ TEST(ChatSpecToolName, CounterStartsAtOneAndRunningPastTheCallsIsAnError) {
                       kPlain)
                    .ok());
   // An assistant message with an empty tool_calls list resolves nothing.
-  EXPECT_FALSE(render(R"([{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "1"}])", kPlain).ok());
+  EXPECT_FALSE(
+      render(
+          R"([{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "1"}])",
+          kPlain)
+          .ok());
 }
 
 // =================================================================================================
 // §6.3 pre-processing 2 and §6.4: argument normalisation and typed values
 
 std::string one_call(const std::string& arguments) {
-  return R"([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": )" + arguments + "}}]}]";
+  return R"([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": )" +
+         arguments + "}}]}]";
 }
 
 Want call_frame_open() {
   Want w;
-  w.open("message", {{"role", "assistant"}}).open("response").close("response").open("tools").call_open("f", 1);
+  w.open("message", {{"role", "assistant"}})
+      .open("response")
+      .close("response")
+      .open("tools")
+      .call_open("f", 1);
   return w;
 }
-Want& call_frame_close(Want& w) { return w.close("call").close("tools").close("message").eom(); }
+Want& call_frame_close(Want& w) {
+  return w.close("call").close("tools").close("message").eom();
+}
 
 // A dict is used as is: keys in insertion order, nested objects NOT key-sorted, non-string values
 // as json.dumps(ensure_ascii=False) with the default ", " / ": " separators.
 TEST(ChatSpecArguments, DictArgumentsKeepOrderAndUseDefaultSeparators) {
-  const auto r = render(one_call(R"({"b": {"z": 1, "a": [1, "two", false, null, {}]}, "a": null, "t": true,
+  const auto r =
+      render(one_call(R"({"b": {"z": 1, "a": [1, "two", false, null, {}]}, "a": null, "t": true,
                                      "s": "", "": "v", "u": {"é": "中\u0001\u2028"}, "f": 2.50, "i": -0})"),
-                        kPlain);
+             kPlain);
   Want w = call_frame_open();
   w.argument("b", "object", "{\"z\": 1, \"a\": [1, \"two\", false, null, {}]}");
   w.argument("a", "null", "null");
@@ -379,9 +410,10 @@ TEST(ChatSpecArguments, DictArgumentsKeepOrderAndUseDefaultSeparators) {
 // integers exact; leading/trailing JSON whitespace is fine.
 TEST(ChatSpecArguments, JsonStringArgumentsKeepPythonNumberSemantics) {
   // (One JSON string: the outer request JSON may not hold a raw newline inside it.)
-  const auto r = render(one_call(R"(" {\"n\": 1E5, \"m\": -0, \"k\": 1e400, \"j\": -1e-400, \"n\": 7, )"
-                                 R"(\"big\": 123456789012345678901234567890, \"e\": 1e-7, \"x\": [1.0, 1e16]}\n")"),
-                        kPlain);
+  const auto r = render(
+      one_call(R"(" {\"n\": 1E5, \"m\": -0, \"k\": 1e400, \"j\": -1e-400, \"n\": 7, )"
+               R"(\"big\": 123456789012345678901234567890, \"e\": 1e-7, \"x\": [1.0, 1e16]}\n")"),
+      kPlain);
   Want w = call_frame_open();
   w.argument("n", "number", "7");
   w.argument("m", "number", "0");
@@ -399,7 +431,8 @@ TEST(ChatSpecArguments, JsonStringArgumentsKeepPythonNumberSemantics) {
 // although str.strip() would remove it, so the string is not blank), a byte-order mark, trailing
 // data.
 TEST(ChatSpecArguments, WhatJsonLoadsRejectsBecomesAJsonBlock) {
-  for (const std::string raw_json : {R"("{\"a\": \"x\ny\"}")", R"("\f{}")", R"("\ufeff{}")", R"("{} {}")", R"("{\"a\": 01}")"}) {
+  for (const std::string raw_json :
+       {R"("{\"a\": \"x\ny\"}")", R"("\f{}")", R"("\ufeff{}")", R"("{} {}")", R"("{\"a\": 01}")"}) {
     SCOPED_TRACE(raw_json);
     const std::string raw = k3::text::parse_pyjson(raw_json).value().as_string();
     Want w = call_frame_open();
@@ -421,7 +454,8 @@ TEST(ChatSpecArguments, BlankStringsAreEmptyArguments) {
 
 // Valid JSON that is not an object, and arguments of any other type, are errors.
 TEST(ChatSpecArguments, NonObjectJsonAndOtherTypesAreErrors) {
-  for (const std::string bad : {R"("null")", R"("NaN")", R"("[]")", R"("2")", "5", "1.5", "false", R"(["a"])"}) {
+  for (const std::string bad :
+       {R"("null")", R"("NaN")", R"("[]")", R"("2")", "5", "1.5", "false", R"(["a"])"}) {
     SCOPED_TRACE(bad);
     EXPECT_FALSE(render(one_call(bad), kPlain).ok());
   }
@@ -439,8 +473,9 @@ TEST(ChatSpecArguments, CallerSuppliedJsonBlockKeyIsDropped) {
   call_frame_close(w);
   EXPECT_SEGMENTS(wrapped, w);
 
-  const auto flat = render(R"([{"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": "{}", "_xtml_json_block": "raw"}]}])",
-                           kPlain);
+  const auto flat = render(
+      R"([{"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": "{}", "_xtml_json_block": "raw"}]}])",
+      kPlain);
   Want w2 = call_frame_open();
   call_frame_close(w2);
   EXPECT_SEGMENTS(flat, w2);
@@ -470,21 +505,35 @@ TEST(ChatSpecArguments, FlatCallsAndEscapedNamesAndKeys) {
 TEST(ChatSpecArguments, ToolCallsOnNonAssistantMessagesAreOnlyNormalised) {
   Want w;
   w.message({{"role", "user"}}, "x");
-  for (const std::string calls : {R"({"a": 1})", R"("abc")", R"([1, "s", null])", R"([{"function": "f"}])",
-                                  R"([{"function": null, "arguments": "{}"}])"}) {
+  for (const std::string calls :
+       {R"({"a": 1})", R"("abc")", R"([1, "s", null])", R"([{"function": "f"}])",
+        R"([{"function": null, "arguments": "{}"}])"}) {
     SCOPED_TRACE(calls);
-    EXPECT_SEGMENTS(render(R"([{"role": "user", "content": "x", "tool_calls": )" + calls + "}]", kPlain), w);
+    EXPECT_SEGMENTS(
+        render(R"([{"role": "user", "content": "x", "tool_calls": )" + calls + "}]", kPlain), w);
   }
   Want s;
   s.message({{"role", "system"}}, "x");
   EXPECT_SEGMENTS(render(R"([{"role": "system", "content": "x", "tool_calls": [5]}])", kPlain), s);
   Want t;
   t.message({{"role", "tool"}, {"tool", "t"}, {"index", "1"}}, "x");
-  EXPECT_SEGMENTS(render(R"([{"role": "tool", "tool": "t", "content": "x", "tool_calls": {"k": 1}}])", kPlain), t);
-  EXPECT_SEGMENTS(render(R"([{"role": "developer", "content": "x", "tool_calls": [null]}])", kPlain), Want());
-  // These still raise in Python: the arguments themselves are refused, or the value is not iterable.
-  EXPECT_FALSE(render(R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}])", kPlain).ok());
-  EXPECT_FALSE(render(R"([{"role": "user", "content": "x", "tool_calls": [{"function": null, "arguments": "[1]"}]}])", kPlain).ok());
+  EXPECT_SEGMENTS(
+      render(R"([{"role": "tool", "tool": "t", "content": "x", "tool_calls": {"k": 1}}])", kPlain),
+      t);
+  EXPECT_SEGMENTS(
+      render(R"([{"role": "developer", "content": "x", "tool_calls": [null]}])", kPlain), Want());
+  // These still raise in Python: the arguments themselves are refused, or the value is not
+  // iterable.
+  EXPECT_FALSE(
+      render(
+          R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}])",
+          kPlain)
+          .ok());
+  EXPECT_FALSE(
+      render(
+          R"([{"role": "user", "content": "x", "tool_calls": [{"function": null, "arguments": "[1]"}]}])",
+          kPlain)
+          .ok());
   EXPECT_FALSE(render(R"([{"role": "user", "content": "x", "tool_calls": 5}])", kPlain).ok());
 }
 
@@ -520,22 +569,34 @@ constexpr const char* kThinkNoPrompt = R"({"add_generation_prompt": false})";
 TEST(ChatSpecThink, ReasoningFallbackIsPythonOr) {
   // `reasoning_content or reasoning`: a truthy whitespace-only reasoning_content wins over the
   // alias and then fails the strip test, so the channel stays empty.
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "  ", "reasoning": "alias")"), kThinkNoPrompt), think_turn(""));
+  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "  ", "reasoning": "alias")"),
+                         kThinkNoPrompt),
+                  think_turn(""));
   // Falsy non-strings fall through: 0 or False → False, and str(False) = "False" is not blank.
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": 0, "reasoning": false)"), kThinkNoPrompt), think_turn("False"));
+  EXPECT_SEGMENTS(
+      render(assistant_with(R"(, "reasoning_content": 0, "reasoning": false)"), kThinkNoPrompt),
+      think_turn("False"));
   // null or 0 → 0 → "0".
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": null, "reasoning": 0)"), kThinkNoPrompt), think_turn("0"));
+  EXPECT_SEGMENTS(
+      render(assistant_with(R"(, "reasoning_content": null, "reasoning": 0)"), kThinkNoPrompt),
+      think_turn("0"));
   // Neither key: None → empty channel.
   EXPECT_SEGMENTS(render(assistant_with(""), kThinkNoPrompt), think_turn(""));
 }
 
 TEST(ChatSpecThink, StripTestUsesPythonWhitespaceButEmitsUnstripped) {
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\u3000\u001c\u2029\u0085\u00a0")"), kThinkNoPrompt), think_turn(""));
+  EXPECT_SEGMENTS(
+      render(assistant_with(R"(, "reasoning_content": "\u3000\u001c\u2029\u0085\u00a0")"),
+             kThinkNoPrompt),
+      think_turn(""));
   // U+200B is not whitespace for str.strip().
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\u200b")"), kThinkNoPrompt), think_turn("\u200b"));
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\n r \u3000")"), kThinkNoPrompt), think_turn("\n r \u3000"));
+  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\u200b")"), kThinkNoPrompt),
+                  think_turn("\u200b"));
+  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\n r \u3000")"), kThinkNoPrompt),
+                  think_turn("\n r \u3000"));
   // A non-string reasoning is str()-ed.
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": ["a", 1.0])"), kThinkNoPrompt), think_turn("['a', 1.0]"));
+  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": ["a", 1.0])"), kThinkNoPrompt),
+                  think_turn("['a', 1.0]"));
 }
 
 // thinking=false: no think element in any turn, reasoning discarded, prompt opens `response`;
@@ -559,19 +620,32 @@ TEST(ChatSpecNames, NameOnlyWhenTruthyAndStrOfTheValue) {
     SCOPED_TRACE(falsy);
     Want w;
     w.message({{"role", "user"}}, "x");
-    EXPECT_SEGMENTS(render(R"([{"role": "user", "content": "x", "name": )" + falsy + "}]", kPlain), w);
+    EXPECT_SEGMENTS(render(R"([{"role": "user", "content": "x", "name": )" + falsy + "}]", kPlain),
+                    w);
   }
   const std::vector<std::pair<std::string, std::string>> truthy = {
-      {"1.0", "1.0"}, {"true", "True"}, {"1e16", "1e+16"}, {"NaN", "nan"}, {R"(" ")", " "},
-      {R"([1, "a"])", "[1, 'a']"}, {R"({"k": "v\""})", "{'k': 'v&quot;'}"}, {R"("&quot;")", "&amp;quot;"}};
+      {"1.0", "1.0"},
+      {"true", "True"},
+      {"1e16", "1e+16"},
+      {"NaN", "nan"},
+      {R"(" ")", " "},
+      {R"([1, "a"])", "[1, 'a']"},
+      {R"({"k": "v\""})", "{'k': 'v&quot;'}"},
+      {R"("&quot;")", "&amp;quot;"}};
   for (const auto& [json, escaped] : truthy) {
     SCOPED_TRACE(json);
     Want w;
     w.message({{"role", "system"}, {"name", escaped}}, "x");
-    EXPECT_SEGMENTS(render(R"([{"role": "system", "content": "x", "name": )" + json + "}]", kPlain), w);
+    EXPECT_SEGMENTS(render(R"([{"role": "system", "content": "x", "name": )" + json + "}]", kPlain),
+                    w);
   }
   Want a;
-  a.open("message", {{"role", "assistant"}, {"name", "bot"}}).open("response").T("x").close("response").close("message").eom();
+  a.open("message", {{"role", "assistant"}, {"name", "bot"}})
+      .open("response")
+      .T("x")
+      .close("response")
+      .close("message")
+      .eom();
   EXPECT_SEGMENTS(render(R"([{"role": "assistant", "content": "x", "name": "bot"}])", kPlain), a);
 }
 
@@ -581,7 +655,10 @@ TEST(ChatSpecNames, NameOnlyWhenTruthyAndStrOfTheValue) {
 TEST(ChatSpecNames, ReprEscapesEveryNonPrintableCodePoint) {
   Want w;
   w.message({{"role", "user"}, {"name", "['\\u0601', '\\u0378', '\\xad']"}}, "x");
-  EXPECT_SEGMENTS(render(R"([{"role": "user", "content": "x", "name": ["\u0601", "\u0378", "\u00ad"]}])", kPlain), w);
+  EXPECT_SEGMENTS(
+      render(R"([{"role": "user", "content": "x", "name": ["\u0601", "\u0378", "\u00ad"]}])",
+             kPlain),
+      w);
 }
 
 TEST(ChatSpecContent, EmptyShapesGiveNoBodySegment) {
@@ -610,7 +687,8 @@ TEST(ChatSpecContent, PartsAreStrOfTheirText) {
 }
 
 TEST(ChatSpecContent, MalformedContentIsAnError) {
-  for (const std::string bad : {"5", "true", R"({"a": 1})", R"(["text"])", R"([{"text": "no type"}])", R"([{"type": "text"}])"}) {
+  for (const std::string bad : {"5", "true", R"({"a": 1})", R"(["text"])",
+                                R"([{"text": "no type"}])", R"([{"type": "text"}])"}) {
     SCOPED_TRACE(bad);
     EXPECT_FALSE(render(R"([{"role": "user", "content": )" + bad + "}]", kPlain).ok());
   }
@@ -630,7 +708,8 @@ TEST(ChatSpecTools, MessageLevelTools) {
       {"role": "system", "content": "mapping", "tools": {"b": 1, "a": 0}}])",
                         kPlain);
   Want w;
-  w.internal("tool-declare", kDynamicDeclare + "[{\"a\":\"é\",\"z\":{\"a\":2,\"b\":1}}]" + kJsonEnd);
+  w.internal("tool-declare",
+             kDynamicDeclare + "[{\"a\":\"é\",\"z\":{\"a\":2,\"b\":1}}]" + kJsonEnd);
   w.message({{"role", "system"}}, "plain");
   w.message({{"role", "user"}}, "u");
   w.internal("tool-declare", kDynamicDeclare + "{\"a\":0,\"b\":1}" + kJsonEnd);
@@ -640,15 +719,17 @@ TEST(ChatSpecTools, MessageLevelTools) {
 // COMPACT_JSON: keys sorted by code point at every depth, arrays in order, non-ASCII raw,
 // \" \\ \n \t \b \f escaped, other C0 as lowercase \u00xx, DEL and U+2028 raw, Python float repr.
 TEST(ChatSpecTools, CompactJsonOfTools) {
-  const auto r = render("[]", kPlain,
-                        R"([{"name": "é\"\\\n\t\b\f\u0001\u001f\u007f\u2028😀", "b": [{"y": 1.0, "x": 1e16}, 2],
+  const auto r =
+      render("[]", kPlain,
+             R"([{"name": "é\"\\\n\t\b\f\u0001\u001f\u007f\u2028😀", "b": [{"y": 1.0, "x": 1e16}, 2],
                              "a": 100000000000000000000, "Z": -1e-5, "\u00e9": null, "\uffff": 0, "\ud83d\ude00": 0}])");
   Want w;
-  w.internal("tool-declare", kStaticDeclare +
-                                 "[{\"Z\":-1e-05,\"a\":100000000000000000000,\"b\":[{\"x\":1e+16,\"y\":1.0},2],"
-                                 "\"name\":\"é\\\"\\\\\\n\\t\\b\\f\\u0001\\u001f\x7f\u2028😀\","
-                                 "\"é\":null,\"\uffff\":0,\"😀\":0}]" +
-                                 kJsonEnd);
+  w.internal("tool-declare",
+             kStaticDeclare +
+                 "[{\"Z\":-1e-05,\"a\":100000000000000000000,\"b\":[{\"x\":1e+16,\"y\":1.0},2],"
+                 "\"name\":\"é\\\"\\\\\\n\\t\\b\\f\\u0001\\u001f\x7f\u2028😀\","
+                 "\"é\":null,\"\uffff\":0,\"😀\":0}]" +
+                 kJsonEnd);
   EXPECT_SEGMENTS(r, w);
 }
 
@@ -657,9 +738,10 @@ TEST(ChatSpecTools, CompactJsonOfTools) {
 
 // Everything at once: declaration, effort, conversation, tool choice, response format, prompt.
 TEST(ChatSpecInternal, EmissionOrder) {
-  const auto r = render(R"([{"role": "user", "content": "q"}])",
-                        R"({"thinking_effort": "low", "tool_choice": "none", "response_format": {"type": "json_object"}})",
-                        R"([{"t": 1}])");
+  const auto r = render(
+      R"([{"role": "user", "content": "q"}])",
+      R"({"thinking_effort": "low", "tool_choice": "none", "response_format": {"type": "json_object"}})",
+      R"([{"t": 1}])");
   Want w;
   w.internal("tool-declare", kStaticDeclare + "[{\"t\":1}]" + kJsonEnd);
   w.internal("thinking-effort", effort_body("low"));
@@ -671,13 +753,21 @@ TEST(ChatSpecInternal, EmissionOrder) {
 }
 
 TEST(ChatSpecInternal, ToolChoiceOnlyRequiredAndNone) {
-  for (const std::string other : {R"("auto")", R"("REQUIRED")", "null", R"({"type": "function", "function": {"name": "f"}})", R"(["none"])"}) {
+  for (const std::string other :
+       {R"("auto")", R"("REQUIRED")", "null", R"({"type": "function", "function": {"name": "f"}})",
+        R"(["none"])"}) {
     SCOPED_TRACE(other);
-    EXPECT_SEGMENTS(render("[]", R"({"thinking": false, "add_generation_prompt": false, "tool_choice": )" + other + "}"), Want());
+    EXPECT_SEGMENTS(
+        render("[]", R"({"thinking": false, "add_generation_prompt": false, "tool_choice": )" +
+                         other + "}"),
+        Want());
   }
   Want w;
   w.internal("tool-choice", kChoiceRequired);
-  EXPECT_SEGMENTS(render("[]", R"({"thinking": false, "add_generation_prompt": false, "tool_choice": "required"})"), w);
+  EXPECT_SEGMENTS(
+      render("[]",
+             R"({"thinking": false, "add_generation_prompt": false, "tool_choice": "required"})"),
+      w);
 }
 
 std::string with_format(const std::string& extra) {
@@ -693,16 +783,24 @@ TEST(ChatSpecInternal, ResponseFormatStringsAndDicts) {
   null_schema.internal("response-format", format_schema("null"));
   EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": "json_schema")")), null_schema);
   // A dict without `type` is compared as a whole and matches nothing; other types nothing.
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"json_schema": {"schema": {}}})")), Want());
+  EXPECT_SEGMENTS(
+      render("[]", with_format(R"("response_format": {"json_schema": {"schema": {}}})")), Want());
   EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "text"})")), Want());
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "JSON_OBJECT"})")), Want());
+  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "JSON_OBJECT"})")),
+                  Want());
   // response_schema is not used for json_object.
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "json_object"}, "response_schema": {"a": 1})")), object);
+  EXPECT_SEGMENTS(
+      render("[]",
+             with_format(
+                 R"("response_format": {"type": "json_object"}, "response_schema": {"a": 1})")),
+      object);
 }
 
 TEST(ChatSpecInternal, ResponseSchemaExtraction) {
   auto schema_of = [](const std::string& json_schema) {
-    return render("[]", with_format(R"("response_format": {"type": "json_schema", "json_schema": )" + json_schema + "}"));
+    return render("[]",
+                  with_format(R"("response_format": {"type": "json_schema", "json_schema": )" +
+                              json_schema + "}"));
   };
   auto want = [](const std::string& compact) {
     Want w;
@@ -710,20 +808,28 @@ TEST(ChatSpecInternal, ResponseSchemaExtraction) {
     return w;
   };
   // `schema` first, else `json_schema`, else the object itself; deep-sorted.
-  EXPECT_SEGMENTS(schema_of(R"({"json_schema": {"q": 1}, "schema": {"b": [{"d": 1, "c": 2}], "a": 1}})"), want("{\"a\":1,\"b\":[{\"c\":2,\"d\":1}]}"));
-  EXPECT_SEGMENTS(schema_of(R"({"name": "n", "json_schema": {"z": 0, "y": 1}})"), want("{\"y\":1,\"z\":0}"));
-  EXPECT_SEGMENTS(schema_of(R"({"strict": true, "name": "n"})"), want("{\"name\":\"n\",\"strict\":true}"));
+  EXPECT_SEGMENTS(
+      schema_of(R"({"json_schema": {"q": 1}, "schema": {"b": [{"d": 1, "c": 2}], "a": 1}})"),
+      want("{\"a\":1,\"b\":[{\"c\":2,\"d\":1}]}"));
+  EXPECT_SEGMENTS(schema_of(R"({"name": "n", "json_schema": {"z": 0, "y": 1}})"),
+                  want("{\"y\":1,\"z\":0}"));
+  EXPECT_SEGMENTS(schema_of(R"({"strict": true, "name": "n"})"),
+                  want("{\"name\":\"n\",\"strict\":true}"));
   // dict.get("schema", ...) returns a present None: the schema is null.
   EXPECT_SEGMENTS(schema_of(R"({"schema": null, "json_schema": {"a": 1}})"), want("null"));
   // A non-dict json_schema is the schema itself.
   EXPECT_SEGMENTS(schema_of(R"("str")"), want("\"str\""));
   EXPECT_SEGMENTS(schema_of(R"([{"b": 1, "a": 2}])"), want("[{\"a\":2,\"b\":1}]"));
   // No json_schema at all: null.
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "json_schema"})")), want("null"));
+  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "json_schema"})")),
+                  want("null"));
   // An explicit response_schema wins (deep-sorted).
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
+  EXPECT_SEGMENTS(
+      render("[]",
+             with_format(
+                 R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
                                               "response_schema": {"z": {"b": 1, "a": 2}})")),
-                  want("{\"z\":{\"a\":2,\"b\":1}}"));
+      want("{\"z\":{\"a\":2,\"b\":1}}"));
 }
 
 // `if "response_schema" not in kwargs:` — extraction happens only when the key is absent. Every
@@ -732,9 +838,12 @@ TEST(ChatSpecInternal, ResponseSchemaExtraction) {
 TEST(ChatSpecInternal, ExplicitNullResponseSchemaIsNotReplacedByExtraction) {
   Want w;
   w.internal("response-format", format_schema("null"));
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
+  EXPECT_SEGMENTS(
+      render("[]",
+             with_format(
+                 R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
                                               "response_schema": null)")),
-                  w);
+      w);
 }
 
 // apply_chat_template: thinking_effort defaults to "max" only when the key is absent; with
@@ -743,12 +852,19 @@ TEST(ChatSpecInternal, ApplyChatTemplateEffortDefault) {
   Want w;
   w.internal("tool-declare", kStaticDeclare + "[1]" + kJsonEnd);
   w.internal("thinking-effort", effort_body("max"));
-  EXPECT_SEGMENTS(render("[]", R"({"entry": "apply_chat_template", "add_generation_prompt": false})", "[1]"), w);
-  EXPECT_SEGMENTS(render("[]", R"({"entry": "apply_chat_template", "add_generation_prompt": false, "thinking_effort": null})"), Want());
+  EXPECT_SEGMENTS(
+      render("[]", R"({"entry": "apply_chat_template", "add_generation_prompt": false})", "[1]"),
+      w);
+  EXPECT_SEGMENTS(
+      render(
+          "[]",
+          R"({"entry": "apply_chat_template", "add_generation_prompt": false, "thinking_effort": null})"),
+      Want());
   Want off;
   off.open("message", {{"role", "assistant"}}).open("response");
   EXPECT_SEGMENTS(render("[]", R"({"entry": "apply_chat_template", "thinking": false})"), off);
-  EXPECT_FALSE(render("[]", R"({"entry": "apply_chat_template", "thinking_effort": "medium"})").ok());
+  EXPECT_FALSE(
+      render("[]", R"({"entry": "apply_chat_template", "thinking_effort": "medium"})").ok());
 }
 
 // =================================================================================================
@@ -777,16 +893,22 @@ TEST(ChatSpecMessages, FirstElementListTriggersBatchNormalisation) {
   EXPECT_SEGMENTS(render(R"([[{"role": "user", "content": "inner"}], "str"])", kPlain), Want());
   EXPECT_FALSE(render(R"([[], 5])", kPlain).ok());
   EXPECT_FALSE(render(R"([[], null])", kPlain).ok());
-  EXPECT_FALSE(render(R"([[{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]])", kPlain).ok());
+  EXPECT_FALSE(
+      render(
+          R"([[{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]])",
+          kPlain)
+          .ok());
 }
 
 TEST(ChatSpecMessages, UnknownRolesAndNonDictsAreSkippedButARoleIsRequired) {
   Want w;
   w.message({{"role", "user"}}, "kept");
-  EXPECT_SEGMENTS(render(R"([{"role": "developer", "content": "d"}, 1, null, "s", true, {"role": "User", "content": "u"},
+  EXPECT_SEGMENTS(
+      render(
+          R"([{"role": "developer", "content": "d"}, 1, null, "s", true, {"role": "User", "content": "u"},
                             {"role": ["user"]}, {"role": "user", "content": "kept"}])",
-                         kPlain),
-                  w);
+          kPlain),
+      w);
   EXPECT_FALSE(render(R"([{"content": "no role"}])", kPlain).ok());
 }
 

@@ -3,6 +3,8 @@
 // edge cases the goldens do not cover, and the Python-json value type (text/pyjson.h): parse and
 // dumps against hand-checked Python outputs, duplicate keys, the depth limit, malformed input,
 // and the code-point key sort.
+#include "text/chat.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "text/chat.h"
 #include "text/prompt.h"
 #include "text/pyjson.h"
 #include "text/tokenizer.h"
@@ -91,7 +92,8 @@ TEST(ChatGolden, EveryCaseRendersTheGoldenSegments) {
     EXPECT_EQ(k3::text::join_segments(got), c.find("text")->as_string());
     for (const Segment& s : got) {
       if (s.special) {
-        EXPECT_TRUE(s.text == "<|open|>" || s.text == "<|close|>" || s.text == "<|sep|>" || s.text == "<|end_of_msg|>")
+        EXPECT_TRUE(s.text == "<|open|>" || s.text == "<|close|>" || s.text == "<|sep|>" ||
+                    s.text == "<|end_of_msg|>")
             << s.text;
       }
     }
@@ -112,7 +114,8 @@ TEST(ChatGolden, SegmentsEncodeToTheGoldenIds) {
     std::vector<int32_t> ids;
     k3::text::encode_segments(tokenizer, result.value(), ids);
     std::vector<int32_t> want;
-    for (const PyValue& id : c.find("ids")->as_array()) want.push_back(std::stoi(id.integer_decimal()));
+    for (const PyValue& id : c.find("ids")->as_array())
+      want.push_back(std::stoi(id.integer_decimal()));
     EXPECT_EQ(ids, want);
   }
 }
@@ -120,7 +123,8 @@ TEST(ChatGolden, SegmentsEncodeToTheGoldenIds) {
 // ---------------------------------------------------------------------------------------------
 // Renderer behaviour beyond the goldens
 
-k3::Result<std::vector<Segment>> render(std::string_view messages_json, const ChatOptions& options = {},
+k3::Result<std::vector<Segment>> render(std::string_view messages_json,
+                                        const ChatOptions& options = {},
                                         std::string_view tools_json = "null") {
   return k3::text::build_chat_segments(parse(messages_json), parse(tools_json), options);
 }
@@ -141,8 +145,9 @@ ChatOptions no_prompt() {
 // Each image part is the reference's placeholder, a special segment (no `text` needed). It is no
 // vocabulary special, so encoding it with specials allowed gives the ordinary-text ids.
 TEST(ChatRender, ImagePartsAreThePlaceholder) {
-  auto r = render(R"([{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"x"}},{"type":"image"}]}])",
-                  no_prompt());
+  auto r = render(
+      R"([{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"x"}},{"type":"image"}]}])",
+      no_prompt());
   ASSERT_TRUE(r.ok()) << r.status().message();
   const auto& s = r.value();
   ASSERT_EQ(s.size(), 14u);
@@ -154,8 +159,9 @@ TEST(ChatRender, ImagePartsAreThePlaceholder) {
 }
 
 TEST(ChatRender, ContentPartsAreSeparateSegments) {
-  auto r = render(R"([{"role":"user","content":[{"type":"text","text":"你好 "},{"type":"text","text":""},{"type":"text","text":"world"}]}])",
-                  no_prompt());
+  auto r = render(
+      R"([{"role":"user","content":[{"type":"text","text":"你好 "},{"type":"text","text":""},{"type":"text","text":"world"}]}])",
+      no_prompt());
   ASSERT_TRUE(r.ok());
   const auto& s = r.value();
   ASSERT_EQ(s.size(), 13u);
@@ -179,7 +185,8 @@ TEST(ChatRender, EffortIsValidatedOnlyWhenThinking) {
 }
 
 TEST(ChatRender, ArgumentNormalisation) {
-  const std::string call = R"([{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":ARGS}}]}])";
+  const std::string call =
+      R"([{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":ARGS}}]}])";
   auto with = [&](const std::string& args) {
     std::string m = call;
     m.replace(m.find("ARGS"), 4, args);
@@ -190,14 +197,17 @@ TEST(ChatRender, ArgumentNormalisation) {
   const std::string head =
       "<|open|>message role=\"assistant\"<|sep|><|open|>response<|sep|><|close|>response<|sep|>"
       "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>";
-  const std::string tail = "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
+  const std::string tail =
+      "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>";
   EXPECT_EQ(render_text(with("null"), o), head + tail);
   EXPECT_EQ(render_text(with("\"\\u3000\\n\""), o), head + tail);  // blank by str.strip()
-  EXPECT_EQ(render_text(with(R"("{\"a\": 1e400, \"b\": NaN, \"c\": {\"x\": [1, 2.50]}, \"a\": true}")"), o),
+  EXPECT_EQ(render_text(
+                with(R"("{\"a\": 1e400, \"b\": NaN, \"c\": {\"x\": [1, 2.50]}, \"a\": true}")"), o),
             head +
                 "<|open|>argument key=\"a\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|>"
                 "<|open|>argument key=\"b\" type=\"number\"<|sep|>NaN<|close|>argument<|sep|>"
-                "<|open|>argument key=\"c\" type=\"object\"<|sep|>{\"x\": [1, 2.5]}<|close|>argument<|sep|>" +
+                "<|open|>argument key=\"c\" type=\"object\"<|sep|>{\"x\": [1, "
+                "2.5]}<|close|>argument<|sep|>" +
                 tail);
   EXPECT_EQ(render_text(with(R"("{\"a\": 1,}")"), o),
             head + "<|open|>json type=\"object\"<|sep|>{\"a\": 1,}<|close|>json<|sep|>" + tail);
@@ -211,8 +221,9 @@ TEST(ChatRender, ArgumentNormalisation) {
     return with("\"{\\\"a\\\": " + std::string(levels, '[') + std::string(levels, ']') + "}\"");
   };
   EXPECT_EQ(render_text(nested(depth - 1), o),
-            head + "<|open|>argument key=\"a\" type=\"array\"<|sep|>" + std::string(depth - 1, '[') +
-                std::string(depth - 1, ']') + "<|close|>argument<|sep|>" + tail);
+            head + "<|open|>argument key=\"a\" type=\"array\"<|sep|>" +
+                std::string(depth - 1, '[') + std::string(depth - 1, ']') +
+                "<|close|>argument<|sep|>" + tail);
   const auto too_deep = render(nested(depth), o);
   ASSERT_FALSE(too_deep.ok());
   EXPECT_EQ(too_deep.status().code(), Status::Code::too_large);
@@ -231,8 +242,12 @@ TEST(ChatRender, ToolNamesAndIndices) {
           {"role":"user","content":"u"},
           {"role":"tool","content":"C","tool":true}])",
       o);
-  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"a\" index=\"1\"<|sep|>A"), std::string::npos) << text;
-  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"b\" index=\"2\"<|sep|>B"), std::string::npos) << text;
+  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"a\" index=\"1\"<|sep|>A"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"b\" index=\"2\"<|sep|>B"),
+            std::string::npos)
+      << text;
   EXPECT_LT(text.find(">A<"), text.find(">B<"));
   // The counter keeps running after the user message; `tool` is str()-ed.
   EXPECT_NE(text.find("tool=\"True\" index=\"3\"<|sep|>C"), std::string::npos) << text;
@@ -242,8 +257,10 @@ TEST(ChatRender, ToolNamesAndIndices) {
 
 TEST(ChatRender, ResponseFormatAndSchema) {
   ChatOptions o = no_prompt();
-  o.response_format = parse(R"({"type":"json_schema","json_schema":{"json_schema":{"b":1,"a":[{"d":2,"c":3}]}}})");
-  EXPECT_NE(render_text("[]", o).find("```json\n{\"a\":[{\"c\":3,\"d\":2}],\"b\":1}\n```"), std::string::npos);
+  o.response_format =
+      parse(R"({"type":"json_schema","json_schema":{"json_schema":{"b":1,"a":[{"d":2,"c":3}]}}})");
+  EXPECT_NE(render_text("[]", o).find("```json\n{\"a\":[{\"c\":3,\"d\":2}],\"b\":1}\n```"),
+            std::string::npos);
   o.response_schema = parse(R"({"z":1,"y":2})");
   EXPECT_NE(render_text("[]", o).find("```json\n{\"y\":2,\"z\":1}\n```"), std::string::npos);
   o.response_format = parse(R"({"json_schema":{}})");  // no type: nothing
@@ -254,36 +271,43 @@ TEST(ChatRender, ResponseFormatAndSchema) {
 
 TEST(ChatRender, SkipsAndErrors) {
   ChatOptions o = no_prompt();
-  EXPECT_EQ(render_text(R"([1, "x", null, {"role":"developer","content":"d"}, {"role":5}])", o), "");
+  EXPECT_EQ(render_text(R"([1, "x", null, {"role":"developer","content":"d"}, {"role":5}])", o),
+            "");
   EXPECT_FALSE(render(R"([{"content":"no role"}])", o).ok());
   // `messages` is only iterated: a dict gives its keys, a string its characters (no messages);
   // null and numbers are not iterable.
   EXPECT_EQ(render_text(R"({"role":"user"})", o), "");
-  EXPECT_EQ(render_text(R"("abc")"), "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
+  EXPECT_EQ(render_text(R"("abc")"),
+            "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
   EXPECT_FALSE(render("null", o).ok());
   EXPECT_FALSE(render("5", o).ok());
   EXPECT_FALSE(render(R"([{"role":"user","content":5}])", o).ok());
   EXPECT_FALSE(render(R"([{"role":"assistant","tool_calls":{"a":1}}])", o).ok());
-  EXPECT_FALSE(render(R"([{"role":"assistant","tool_calls":[{"function":{"arguments":{}}}]}])", o).ok());
+  EXPECT_FALSE(
+      render(R"([{"role":"assistant","tool_calls":[{"function":{"arguments":{}}}]}])", o).ok());
   // Reasoning: `reasoning_content` falsy → `reasoning`, str()-ed, kept unstripped.
   EXPECT_NE(render_text(R"([{"role":"assistant","reasoning_content":"","reasoning":" r\n"}])", o)
                 .find("<|open|>think<|sep|> r\n<|close|>think<|sep|>"),
             std::string::npos);
   // Tools given as a mapping are declared too.
-  EXPECT_NE(render_text("[]", o, R"({"b":{"y":1,"x":2},"a":1})").find("```json\n{\"a\":1,\"b\":{\"x\":2,\"y\":1}}\n```"),
+  EXPECT_NE(render_text("[]", o, R"({"b":{"y":1,"x":2},"a":1})")
+                .find("```json\n{\"a\":1,\"b\":{\"x\":2,\"y\":1}}\n```"),
             std::string::npos);
 }
 
 TEST(ChatRender, RenderRequestOptions) {
-  const PyValue req = parse(R"({"messages":[{"role":"user","content":"x"}],"options":{"entry":"apply_chat_template"}})");
+  const PyValue req = parse(
+      R"({"messages":[{"role":"user","content":"x"}],"options":{"entry":"apply_chat_template"}})");
   auto r = k3::text::render_request(req);
   ASSERT_TRUE(r.ok());
   EXPECT_NE(k3::text::join_segments(r.value()).find("`thinking_effort=max`"), std::string::npos);
-  EXPECT_FALSE(k3::text::render_request(parse(R"({"messages":[],"options":{"entry":"other"}})")).ok());
+  EXPECT_FALSE(
+      k3::text::render_request(parse(R"({"messages":[],"options":{"entry":"other"}})")).ok());
   EXPECT_FALSE(k3::text::render_request(parse(R"({"options":{}})")).ok());
   auto plain = k3::text::render_request(parse(R"({"messages":[]})"));
   ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(k3::text::join_segments(plain.value()), "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
+  EXPECT_EQ(k3::text::join_segments(plain.value()),
+            "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,21 +377,26 @@ TEST(PyJson, StringsAndEscapes) {
   EXPECT_EQ(roundtrip(R"("\ude00x")"), "\"\uFFFDx\"");
   EXPECT_EQ(roundtrip(R"("\ud83d\u0041")"), "\"\uFFFDA\"");
   // Invalid UTF-8 in the input is repaired first.
-  EXPECT_EQ(parse("\"a\xFF" "b\"").as_string(), "a\uFFFDb");
+  EXPECT_EQ(parse("\"a\xFF"
+                  "b\"")
+                .as_string(),
+            "a\uFFFDb");
   EXPECT_EQ(parse("\"\xE4\xB8\"").as_string(), "\uFFFD");
 }
 
 TEST(PyJson, DumpStyles) {
   const char* doc = R"({"z": 1, "a": [true, null, {"k": "v"}, [], {}], "e": ""})";
   EXPECT_EQ(roundtrip(doc), R"({"z": 1, "a": [true, null, {"k": "v"}, [], {}], "e": ""})");
-  EXPECT_EQ(roundtrip(doc, DumpStyle::kCompact), R"({"z":1,"a":[true,null,{"k":"v"},[],{}],"e":""})");
+  EXPECT_EQ(roundtrip(doc, DumpStyle::kCompact),
+            R"({"z":1,"a":[true,null,{"k":"v"},[],{}],"e":""})");
   EXPECT_EQ(roundtrip(" \t\n\r[ 1 ,\n2 ] \n"), "[1, 2]");
 }
 
 TEST(PyJson, DuplicateKeysKeepFirstPositionLastValue) {
   EXPECT_EQ(roundtrip(R"({"a": 1, "b": 2, "a": 3})"), R"({"a": 3, "b": 2})");
   std::string many = "{";
-  for (int i = 0; i < 40; ++i) many += "\"k" + std::to_string(i) + "\": " + std::to_string(i) + ", ";
+  for (int i = 0; i < 40; ++i)
+    many += "\"k" + std::to_string(i) + "\": " + std::to_string(i) + ", ";
   many += "\"k5\": \"x\", \"k39\": null, \"new\": 0}";
   const PyValue v = parse(many);
   ASSERT_EQ(v.as_object().size(), 41u);
@@ -380,7 +409,8 @@ TEST(PyJson, DuplicateKeysKeepFirstPositionLastValue) {
 TEST(PyJson, DepthLimit) {
   const int ok_depth = k3::text::kMaxPyjsonDepth;
   EXPECT_TRUE(k3::text::parse_pyjson(std::string(ok_depth, '[') + std::string(ok_depth, ']')).ok());
-  auto deep = k3::text::parse_pyjson(std::string(ok_depth + 1, '[') + std::string(ok_depth + 1, ']'));
+  auto deep =
+      k3::text::parse_pyjson(std::string(ok_depth + 1, '[') + std::string(ok_depth + 1, ']'));
   ASSERT_FALSE(deep.ok());
   EXPECT_EQ(deep.status().code(), Status::Code::too_large);
   std::string objects;
@@ -425,10 +455,11 @@ TEST(PyJson, EveryRecursiveFunctionHandlesTheDepthLimit) {
     PyValue calls = PyValue::array();
     calls.as_array().push_back(PyValue::object({{"function", call}}));
     PyValue messages = PyValue::array();
-    messages.as_array().push_back(
-        PyValue::object({{"role", PyValue::string("user")}, {"content", PyValue::string("x")}, {"name", value}}));
     messages.as_array().push_back(PyValue::object(
-        {{"role", PyValue::string("assistant")}, {"content", PyValue::string("")}, {"tool_calls", calls}}));
+        {{"role", PyValue::string("user")}, {"content", PyValue::string("x")}, {"name", value}}));
+    messages.as_array().push_back(PyValue::object({{"role", PyValue::string("assistant")},
+                                                   {"content", PyValue::string("")},
+                                                   {"tool_calls", calls}}));
     ChatOptions options;
     options.response_format = PyValue::string("json_schema");
     options.response_schema = value;
@@ -439,11 +470,20 @@ TEST(PyJson, EveryRecursiveFunctionHandlesTheDepthLimit) {
 }
 
 TEST(PyJson, MalformedInputIsRejected) {
-  for (const char* bad : {"", " ", "[1,]", "{\"a\":1,}", "[,1]", "{'a':1}", "[1 2]", "{\"a\" 1}", "{\"a\":}",
-                          "{1:2}", "\"abc", "\"\\x\"", "\"\\u12\"", "\"\\u12g4\"", "\"\\ud83d\\u12\"", "01", "1.",
-                          ".5", "+1", "-", "--1", "1e", "[1e]", "1.e5", "nan", "infinity", "-NaN", "True", "None",
-                          "nul", "[1]x", "[1]]", "{} {}", "\"a\tb\"", "\"a\nb\"", "\xEF\xBB\xBF[]", "[", "{",
-                          "{\"a\"", "{\"a\":1"}) {
+  for (const char* bad : {"",           " ",           "[1,]",
+                          "{\"a\":1,}", "[,1]",        "{'a':1}",
+                          "[1 2]",      "{\"a\" 1}",   "{\"a\":}",
+                          "{1:2}",      "\"abc",       "\"\\x\"",
+                          "\"\\u12\"",  "\"\\u12g4\"", "\"\\ud83d\\u12\"",
+                          "01",         "1.",          ".5",
+                          "+1",         "-",           "--1",
+                          "1e",         "[1e]",        "1.e5",
+                          "nan",        "infinity",    "-NaN",
+                          "True",       "None",        "nul",
+                          "[1]x",       "[1]]",        "{} {}",
+                          "\"a\tb\"",   "\"a\nb\"",    "\xEF\xBB\xBF[]",
+                          "[",          "{",           "{\"a\"",
+                          "{\"a\":1"}) {
     auto r = k3::text::parse_pyjson(bad);
     EXPECT_FALSE(r.ok()) << "accepted: " << bad;
     if (!r.ok()) {
@@ -453,11 +493,15 @@ TEST(PyJson, MalformedInputIsRejected) {
 }
 
 TEST(PyJson, SortKeysDeepByCodePoint) {
-  const PyValue sorted = k3::text::sort_keys_deep(parse(R"({"z": 1, "é": 2, "Z": 3, "a": {"y": [{"d": 1, "c": 2}], "b": 2}})"));
-  EXPECT_EQ(k3::text::dumps(sorted, DumpStyle::kCompact), R"({"Z":3,"a":{"b":2,"y":[{"c":2,"d":1}]},"z":1,"é":2})");
+  const PyValue sorted = k3::text::sort_keys_deep(
+      parse(R"({"z": 1, "é": 2, "Z": 3, "a": {"y": [{"d": 1, "c": 2}], "b": 2}})"));
+  EXPECT_EQ(k3::text::dumps(sorted, DumpStyle::kCompact),
+            R"({"Z":3,"a":{"b":2,"y":[{"c":2,"d":1}]},"z":1,"é":2})");
   // U+FFFF sorts before U+1F600 (UTF-16 order would put the surrogate pair D83D first).
-  const PyValue astral = k3::text::sort_keys_deep(parse(R"({"\ud83d\ude00": 1, "\uffff": 2, "\uff5e": 3, "\ue000": 4})"));
-  EXPECT_EQ(k3::text::dumps(astral, DumpStyle::kCompact), "{\"\ue000\":4,\"\uff5e\":3,\"\uffff\":2,\"😀\":1}");
+  const PyValue astral = k3::text::sort_keys_deep(
+      parse(R"({"\ud83d\ude00": 1, "\uffff": 2, "\uff5e": 3, "\ue000": 4})"));
+  EXPECT_EQ(k3::text::dumps(astral, DumpStyle::kCompact),
+            "{\"\ue000\":4,\"\uff5e\":3,\"\uffff\":2,\"😀\":1}");
   EXPECT_EQ(roundtrip("[3, 1, 2]"), "[3, 1, 2]");
 }
 

@@ -59,7 +59,9 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
       for (auto& b : packed) b = static_cast<uint8_t>(rng());
       for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 10);
       const k3::Mxfp4Matrix M{packed.data(), scales.data(), rows, cols};
-      const bool claimed = fmt < 4 ? k3::row_stable(kt, W) : fmt == 4 ? k3::mxfp4_exact_row_stable(kt) : true;
+      const bool claimed = fmt < 4    ? k3::row_stable(kt, W)
+                           : fmt == 4 ? k3::mxfp4_exact_row_stable(kt)
+                                      : true;
       for (size_t n : counts) {
         const std::vector<float> X = randn(n * cols, static_cast<uint32_t>(11 + n));
         std::vector<int8_t> q(n * cols);
@@ -68,9 +70,12 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
         // The chunk form (what the model calls) and the one-row call per row.
         auto run = [&](size_t t0, size_t m, float* y) {
           const float* x = X.data() + t0 * cols;
-          if (fmt < 4) k3::matmul_chunk(compute, W, x, m, y);
-          else if (fmt == 4) k3::matmul_mxfp4_exact_chunk(compute, M, x, m, y);
-          else k3::matmul_mxfp4_idot(kt, M, q.data() + t0 * cols, d.data() + t0 * cols / 32, m, y);
+          if (fmt < 4)
+            k3::matmul_chunk(compute, W, x, m, y);
+          else if (fmt == 4)
+            k3::matmul_mxfp4_exact_chunk(compute, M, x, m, y);
+          else
+            k3::matmul_mxfp4_idot(kt, M, q.data() + t0 * cols, d.data() + t0 * cols / 32, m, y);
         };
         std::vector<float> Y(n * rows), Y1(rows);
         run(0, n, Y.data());
@@ -79,23 +84,30 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
           run(t, 1, Y1.data());
           if (std::memcmp(Y1.data(), Y.data() + t * rows, rows * sizeof(float)) != 0) ++differ;
         }
-        EXPECT_EQ(differ, 0u) << k3::isa_name(isa) << " format " << fmt << " n " << n << " (claimed " << claimed << ")";
+        EXPECT_EQ(differ, 0u) << k3::isa_name(isa) << " format " << fmt << " n " << n
+                              << " (claimed " << claimed << ")";
       }
       // The many-row kernel itself, where it is not claimed stable: informational.
       if (!claimed) {
         const size_t n = 33;
         const std::vector<float> X = randn(n * cols, 5);
         std::vector<float> Y(n * rows), Y1(rows);
-        if (fmt < 4) k3::matmul(kt, W, X.data(), n, Y.data());
-        else k3::matmul_mxfp4_exact(kt, M, X.data(), n, Y.data());
+        if (fmt < 4)
+          k3::matmul(kt, W, X.data(), n, Y.data());
+        else
+          k3::matmul_mxfp4_exact(kt, M, X.data(), n, Y.data());
         size_t differ = 0;
         for (size_t t = 0; t < n; ++t) {
-          if (fmt < 4) k3::matmul(kt, W, X.data() + t * cols, 1, Y1.data());
-          else k3::matmul_mxfp4_exact(kt, M, X.data() + t * cols, 1, Y1.data());
+          if (fmt < 4)
+            k3::matmul(kt, W, X.data() + t * cols, 1, Y1.data());
+          else
+            k3::matmul_mxfp4_exact(kt, M, X.data() + t * cols, 1, Y1.data());
           if (std::memcmp(Y1.data(), Y.data() + t * rows, rows * sizeof(float)) != 0) ++differ;
         }
-        std::printf("[ info ] %s format %d: the %zu-row kernel differs from one-row calls on %zu rows (looped)\n",
-                    k3::isa_name(isa), fmt, n, differ);
+        std::printf(
+            "[ info ] %s format %d: the %zu-row kernel differs from one-row calls on %zu rows "
+            "(looped)\n",
+            k3::isa_name(isa), fmt, n, differ);
       }
     }
   }
@@ -134,12 +146,13 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 
 struct PrefillRun {
   Recorder rec;
-  std::vector<float> last;        // logits of the last prompt token (prefill without hooks)
-  std::vector<float> decoded;     // logits of 3 decode steps after the prompt
-  uint64_t expert_reads = 0;      // of the plain prefill
+  std::vector<float> last;     // logits of the last prompt token (prefill without hooks)
+  std::vector<float> decoded;  // logits of 3 decode steps after the prompt
+  uint64_t expert_reads = 0;   // of the plain prefill
 };
 
-PrefillRun run_prefill(const k3::Engine& engine, const std::vector<int64_t>& prompt, int64_t chunk) {
+PrefillRun run_prefill(const k3::Engine& engine, const std::vector<int64_t>& prompt,
+                       int64_t chunk) {
   const k3::EngineInfo& c = engine.info();
   PrefillRun out{Recorder(c.hidden_size), {}, {}, 0};
   {
@@ -177,7 +190,8 @@ void expect_identical(const PrefillRun& want, const PrefillRun& got, const std::
   EXPECT_GT(compared, 0u);
   EXPECT_EQ(want.rec.routing_ids, got.rec.routing_ids) << what << ": routing ids";
   for (const auto& [layer, w] : want.rec.routing_weights)
-    EXPECT_TRUE(same_bits(w, got.rec.routing_weights.at(layer))) << what << ": routing weights of layer " << layer;
+    EXPECT_TRUE(same_bits(w, got.rec.routing_weights.at(layer)))
+        << what << ": routing weights of layer " << layer;
 }
 
 std::vector<int64_t> prompt_of(size_t n, int64_t vocab, uint32_t seed) {
@@ -187,11 +201,12 @@ std::vector<int64_t> prompt_of(size_t n, int64_t vocab, uint32_t seed) {
   return ids;
 }
 
-void check_model(const std::string& dir, const k3::LoadOptions& load, const std::vector<size_t>& lengths,
-                 const std::string& label) {
+void check_model(const std::string& dir, const k3::LoadOptions& load,
+                 const std::vector<size_t>& lengths, const std::string& label) {
   const k3::Engine engine(dir, load);
   for (size_t T : lengths) {
-    const std::vector<int64_t> prompt = prompt_of(T, engine.info().vocab_size, static_cast<uint32_t>(T));
+    const std::vector<int64_t> prompt =
+        prompt_of(T, engine.info().vocab_size, static_cast<uint32_t>(T));
     const PrefillRun ref = run_prefill(engine, prompt, 1);
     for (int64_t C : {1, 7, 32}) {
       const PrefillRun got = run_prefill(engine, prompt, C);
@@ -200,17 +215,24 @@ void check_model(const std::string& dir, const k3::LoadOptions& load, const std:
   }
 }
 
-k3::LoadOptions default_load() { return k3::LoadOptions{}; }
+k3::LoadOptions default_load() {
+  return k3::LoadOptions{};
+}
 
-TEST(ChunkedPrefill, FixtureExact) { check_model(kFixture, k3::LoadOptions::exact(), {12, 45}, "k3-tiny exact"); }
-TEST(ChunkedPrefill, FixtureDefaultPrecision) { check_model(kFixture, default_load(), {12, 45}, "k3-tiny bits 4 idot 1"); }
+TEST(ChunkedPrefill, FixtureExact) {
+  check_model(kFixture, k3::LoadOptions::exact(), {12, 45}, "k3-tiny exact");
+}
+TEST(ChunkedPrefill, FixtureDefaultPrecision) {
+  check_model(kFixture, default_load(), {12, 45}, "k3-tiny bits 4 idot 1");
+}
 
 TEST(ChunkedPrefill, FixtureGoldenPromptTrace) {
   // The fixture's own prompt (12 ids) at C = 7: 7 + 5.
   const k3::testing::Tensors golden(kFixture + "/golden.safetensors");
   const auto prompt = golden.i64("prompt_ids");
   const k3::Engine engine(kFixture, k3::LoadOptions::exact());
-  expect_identical(run_prefill(engine, prompt, 1), run_prefill(engine, prompt, 7), "golden prompt C=7");
+  expect_identical(run_prefill(engine, prompt, 1), run_prefill(engine, prompt, 7),
+                   "golden prompt C=7");
 }
 
 // A synthetic checkpoint with many experts (tiny preset, 64 experts top-4): chunks share some
@@ -230,8 +252,12 @@ class ChunkedSynth : public ::testing::Test {
 };
 TempDir* ChunkedSynth::dir_ = nullptr;
 
-TEST_F(ChunkedSynth, Exact) { check_model(dir_->path(), k3::LoadOptions::exact(), {1, 33, 70}, "synth exact"); }
-TEST_F(ChunkedSynth, DefaultPrecision) { check_model(dir_->path(), default_load(), {1, 33, 70}, "synth bits 4 idot 1"); }
+TEST_F(ChunkedSynth, Exact) {
+  check_model(dir_->path(), k3::LoadOptions::exact(), {1, 33, 70}, "synth exact");
+}
+TEST_F(ChunkedSynth, DefaultPrecision) {
+  check_model(dir_->path(), default_load(), {1, 33, 70}, "synth bits 4 idot 1");
+}
 TEST_F(ChunkedSynth, Int4FloatActivations) {
   // bits 4 with idot 0: the int4 kernel whose many-row form sums differently (looped rows).
   k3::LoadOptions load;
@@ -252,7 +278,8 @@ TEST_F(ChunkedSynth, EachDistinctExpertReadOncePerChunk) {
   for (const auto& entry : one.rec.routing_ids)
     for (size_t t0 = 0; t0 < 64; t0 += 32) {
       std::vector<bool> seen(static_cast<size_t>(c.num_experts), false);
-      for (size_t i = t0 * static_cast<size_t>(c.num_experts_per_token); i < (t0 + 32) * static_cast<size_t>(c.num_experts_per_token); ++i)
+      for (size_t i = t0 * static_cast<size_t>(c.num_experts_per_token);
+           i < (t0 + 32) * static_cast<size_t>(c.num_experts_per_token); ++i)
         if (!seen[static_cast<size_t>(entry.second[i])]) {
           seen[static_cast<size_t>(entry.second[i])] = true;
           ++want;

@@ -42,13 +42,15 @@ TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
 }
 
 TEST(Cli, ModelFromEnvironmentAndSpaceSeparatedIds) {
-  const Result r = run(kExact + " COLI_MODEL=" + kFixture, "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
+  const Result r = run(kExact + " COLI_MODEL=" + kFixture,
+                       "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "144 392 575\n");
 }
 
 TEST(Cli, SamplingIsReproducibleFromTheSeed) {
-  const std::string args = kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --top-k 50 --top-p 0.95 --seed 7";
+  const std::string args =
+      kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --top-k 50 --top-p 0.95 --seed 7";
   const Result a = run("", args), b = run("", args);
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
@@ -60,8 +62,10 @@ TEST(Cli, SamplingIsReproducibleFromTheSeed) {
 TEST(Cli, LogitsAndTraceFilesAreWritten) {
   const fs::path dir = fs::temp_directory_path() / ("k3_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::string logits = (dir / "logits.f32").string(), trace = (dir / "trace.safetensors").string();
-  const Result r = run(kExact + " K3_LOGITS=" + logits + " K3_TRACE=" + trace, kFixture + " --ids " + kPrompt + " --ngen 8");
+  const std::string logits = (dir / "logits.f32").string(),
+                    trace = (dir / "trace.safetensors").string();
+  const Result r = run(kExact + " K3_LOGITS=" + logits + " K3_TRACE=" + trace,
+                       kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n") << "writing traces must not change any value";
   EXPECT_EQ(fs::file_size(logits), 12u * 1024u * 4u);
@@ -79,7 +83,8 @@ TEST(Cli, X0RowsPastTheTableAreAnError) {
   {
     std::ofstream out(x0, std::ios::binary);
     const std::vector<float> rows(2 * 64, 0.01f);
-    out.write(reinterpret_cast<const char*>(rows.data()), static_cast<std::streamsize>(rows.size() * 4));
+    out.write(reinterpret_cast<const char*>(rows.data()),
+              static_cast<std::streamsize>(rows.size() * 4));
   }
   const Result ok = run("K3_X0=" + x0.string(), kFixture + " --ids 1,2 --ngen 1");
   EXPECT_EQ(ok.status, 0) << ok.err;
@@ -123,17 +128,20 @@ TEST(Cli, StatsShowTheSettingsAndTheStages) {
   EXPECT_NE(defaults.err.find("bits 4/8/8 | idot 1"), std::string::npos) << defaults.err;
   for (const char* stage : {"kda", "mla", "router", "experts", "shared", "dense", "head"})
     EXPECT_NE(defaults.err.find(stage), std::string::npos) << stage << ": " << defaults.err;
-  const Result scalar = run(kExact + " K3_ISA=scalar K3_STATS=1", kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result scalar =
+      run(kExact + " K3_ISA=scalar K3_STATS=1", kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(scalar.status, 0) << scalar.err;
   EXPECT_EQ(scalar.out, kGoldenDecode + "\n");
-  EXPECT_NE(scalar.err.find("isa scalar | bits 32/32/32 | idot 0"), std::string::npos) << scalar.err;
+  EXPECT_NE(scalar.err.find("isa scalar | bits 32/32/32 | idot 0"), std::string::npos)
+      << scalar.err;
 }
 
 TEST(Cli, HelpListsTheEnvironmentVariables) {
   const Result r = run("", "--help");
   ASSERT_EQ(r.status, 0) << r.err;
-  for (const char* name : {"K3_BITS", "K3_MLA_BITS", "K3_HEAD_BITS", "K3_IDOT", "K3_ISA", "K3_STATS", "K3_MAXT",
-                           "K3_TRACE", "K3_LOGITS", "K3_X0", "K3_LAYERS", "COLI_TEMP", "COLI_MODEL"})
+  for (const char* name :
+       {"K3_BITS", "K3_MLA_BITS", "K3_HEAD_BITS", "K3_IDOT", "K3_ISA", "K3_STATS", "K3_MAXT",
+        "K3_TRACE", "K3_LOGITS", "K3_X0", "K3_LAYERS", "COLI_TEMP", "COLI_MODEL"})
     EXPECT_NE(r.out.find(name), std::string::npos) << name;
 }
 

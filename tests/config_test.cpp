@@ -1,5 +1,7 @@
 // config_test — K3Config parsing (model/config.h): every field of the k3-tiny fixture config, the
 // released config's layer schedule, flat configs, and a message naming the key for each refusal.
+#include "model/config.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,9 +13,8 @@
 #include <vector>
 
 #include "io/file.h"
-#include "model/config.h"
-#include "util/error.h"
 #include "test_util.h"
+#include "util/error.h"
 
 using nlohmann::json;
 
@@ -21,16 +22,19 @@ namespace {
 
 using k3::testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                                                            \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos)                              \
+#define EXPECT_HAS(msg, sub)                               \
+  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
       << "message: " << (msg) << "\nexpected it to contain: " << (sub)
 
 const std::string kTinyConfig = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny/config.json";
 const std::string kReleaseConfig = std::string(K3_SOURCE_DIR) + "/assets/k3-release/config.json";
 
-json load(const std::string& path) { return json::parse(k3::read_text_file(path)); }
-json tiny() { return load(kTinyConfig); }
-
+json load(const std::string& path) {
+  return json::parse(k3::read_text_file(path));
+}
+json tiny() {
+  return load(kTinyConfig);
+}
 
 // Parses the tiny config after `edit`, expecting an error; returns its message.
 std::string tiny_error(const std::function<void(json&)>& edit) {
@@ -93,7 +97,8 @@ TEST(ConfigTiny, EveryField) {
 TEST(ConfigTiny, LayerSchedule) {
   const k3::K3Config c = k3::parse_k3_config(tiny(), "config.json");
   using A = k3::AttentionKind;
-  const std::vector<A> want = {A::kKDA, A::kKDA, A::kKDA, A::kMLA, A::kKDA, A::kKDA, A::kMLA, A::kMLA};
+  const std::vector<A> want = {A::kKDA, A::kKDA, A::kKDA, A::kMLA,
+                               A::kKDA, A::kKDA, A::kMLA, A::kMLA};
   EXPECT_EQ(c.attention, want);
   ASSERT_EQ(c.ffn.size(), 8u);
   EXPECT_EQ(c.ffn[0], k3::FfnKind::kDense);
@@ -136,7 +141,8 @@ TEST(ConfigRelease, Schedule) {
   EXPECT_EQ(c.shared_intermediate_size(), 6144);
   EXPECT_EQ(c.attn_res_block_size, 12);
   EXPECT_EQ(c.bos_token_id, 163584);
-  EXPECT_NE(std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), 163586), c.eos_token_ids.end());
+  EXPECT_NE(std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), 163586),
+            c.eos_token_ids.end());
   EXPECT_EQ(c.pad_token_id, 163839);
 
   std::vector<int64_t> mla_want;
@@ -221,7 +227,8 @@ TEST(ConfigLayout, NoDenseLayers) {
   const k3::K3Config cfg = k3::parse_k3_config(c, "config.json");
   for (auto f : cfg.ffn) EXPECT_EQ(f, k3::FfnKind::kMoE);
   // With a dense layer the key is required.
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"].erase("intermediate_size"); }), "intermediate_size");
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"].erase("intermediate_size"); }),
+             "intermediate_size");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -232,19 +239,19 @@ TEST(ConfigReject, NotAnObject) {
 }
 
 TEST(ConfigReject, MissingKeys) {
-  for (const char* key : {"hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
-                          "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                          "v_head_dim", "num_experts", "num_experts_per_token",
-                          "moe_intermediate_size", "routed_expert_hidden_size", "num_shared_experts",
-                          "attn_res_block_size", "activation_situ_beta",
-                          "activation_situ_linear_beta", "linear_attn_config",
-                          "first_k_dense_replace"}) {
+  for (const char* key :
+       {"hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads", "q_lora_rank",
+        "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts",
+        "num_experts_per_token", "moe_intermediate_size", "routed_expert_hidden_size",
+        "num_shared_experts", "attn_res_block_size", "activation_situ_beta",
+        "activation_situ_linear_beta", "linear_attn_config", "first_k_dense_replace"}) {
     const std::string msg = tiny_error([&](json& j) { j["text_config"].erase(key); });
     EXPECT_HAS(msg, key);
     EXPECT_HAS(msg, "config.json");
   }
   for (const char* key : {"num_heads", "head_dim", "short_conv_kernel_size", "kda_layers"}) {
-    const std::string msg = tiny_error([&](json& j) { j["text_config"]["linear_attn_config"].erase(key); });
+    const std::string msg =
+        tiny_error([&](json& j) { j["text_config"]["linear_attn_config"].erase(key); });
     EXPECT_HAS(msg, key);
   }
   // null counts as missing.
@@ -259,11 +266,17 @@ TEST(ConfigReject, MissingHiddenSizeNamesTheNestedKey) {
 TEST(ConfigReject, WrongTypes) {
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["hidden_size"] = "64"; }), "hidden_size");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["hidden_size"] = 64.5; }), "hidden_size");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["num_hidden_layers"] = true; }), "num_hidden_layers");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["rms_norm_eps"] = "1e-5"; }), "rms_norm_eps");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"] = 3; }), "linear_attn_config");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["kda_layers"] = 1; }), "kda_layers");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["kda_layers"] = {1, "2"}; }),
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["num_hidden_layers"] = true; }),
+             "num_hidden_layers");
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["rms_norm_eps"] = "1e-5"; }),
+             "rms_norm_eps");
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"] = 3; }),
+             "linear_attn_config");
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["kda_layers"] = 1; }),
+             "kda_layers");
+  EXPECT_HAS(tiny_error([](json& j) {
+               j["text_config"]["linear_attn_config"]["kda_layers"] = {1, "2"};
+             }),
              "kda_layers");
   EXPECT_HAS(tiny_error([](json& j) { j["eos_token_id"] = "770"; }), "eos_token_id");
   EXPECT_HAS(tiny_error([](json& j) { j["eos_token_id"] = {770, 1.5}; }), "eos_token_id");
@@ -272,7 +285,8 @@ TEST(ConfigReject, WrongTypes) {
 TEST(ConfigReject, OutOfRange) {
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["hidden_size"] = 0; }), "hidden_size");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["hidden_size"] = -64; }), "hidden_size");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["num_hidden_layers"] = 0; }), "num_hidden_layers");
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["num_hidden_layers"] = 0; }),
+             "num_hidden_layers");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["num_experts_per_token"] = 17; }),
              "num_experts_per_token");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["num_experts_per_token"] = 0; }),
@@ -280,9 +294,11 @@ TEST(ConfigReject, OutOfRange) {
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["first_k_dense_replace"] = 9; }),
              "first_k_dense_replace");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["rms_norm_eps"] = 0.0; }), "rms_norm_eps");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["attn_res_block_size"] = 0; }), "attn_res_block_size");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["gate_lower_bound"] = 1.0; }),
-             "gate_lower_bound");
+  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["attn_res_block_size"] = 0; }),
+             "attn_res_block_size");
+  EXPECT_HAS(
+      tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["gate_lower_bound"] = 1.0; }),
+      "gate_lower_bound");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["routed_expert_hidden_size"] = 48; }),
              "routed_expert_hidden_size");
   EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["moe_intermediate_size"] = 40; }),
@@ -290,15 +306,18 @@ TEST(ConfigReject, OutOfRange) {
 }
 
 TEST(ConfigReject, KdaLayersOutOfRange) {
-  const std::string zero =
-      tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["kda_layers"] = {0, 1, 2}; });
+  const std::string zero = tiny_error([](json& j) {
+    j["text_config"]["linear_attn_config"]["kda_layers"] = {0, 1, 2};
+  });
   EXPECT_HAS(zero, "kda_layers");
-  const std::string past =
-      tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["kda_layers"] = {1, 2, 9}; });
+  const std::string past = tiny_error([](json& j) {
+    j["text_config"]["linear_attn_config"]["kda_layers"] = {1, 2, 9};
+  });
   EXPECT_HAS(past, "kda_layers");
   EXPECT_HAS(past, "9");
-  const std::string full =
-      tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["full_attn_layers"] = {4, 7, 9}; });
+  const std::string full = tiny_error([](json& j) {
+    j["text_config"]["linear_attn_config"]["full_attn_layers"] = {4, 7, 9};
+  });
   EXPECT_HAS(full, "full_attn_layers");
 }
 
@@ -329,18 +348,23 @@ TEST(ConfigReject, UnsupportedBehaviour) {
     EXPECT_HAS(msg, c.key);
     EXPECT_HAS(msg, "config.json");
   }
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["linear_attn_config"]["use_full_rank_gate"] = false; }),
+  EXPECT_HAS(tiny_error([](json& j) {
+               j["text_config"]["linear_attn_config"]["use_full_rank_gate"] = false;
+             }),
              "use_full_rank_gate");
   EXPECT_HAS(tiny_error([](json& j) { j["tie_word_embeddings"] = true; }), "tie_word_embeddings");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["quantization_config"]["quant_method"] = "gptq"; }),
-             "quant_method");
-  EXPECT_HAS(tiny_error([](json& j) { j["text_config"]["quantization_config"]["format"] = "nvfp4"; }),
-             "format");
+  EXPECT_HAS(
+      tiny_error([](json& j) { j["text_config"]["quantization_config"]["quant_method"] = "gptq"; }),
+      "quant_method");
+  EXPECT_HAS(
+      tiny_error([](json& j) { j["text_config"]["quantization_config"]["format"] = "nvfp4"; }),
+      "format");
 }
 
 TEST(ConfigReject, FullAttnLayersOverlapKdaLayers) {
-  const std::string msg = tiny_error(
-      [](json& j) { j["text_config"]["linear_attn_config"]["full_attn_layers"] = {3, 4, 7, 8}; });
+  const std::string msg = tiny_error([](json& j) {
+    j["text_config"]["linear_attn_config"]["full_attn_layers"] = {3, 4, 7, 8};
+  });
   EXPECT_HAS(msg, "full_attn_layers");
   EXPECT_HAS(msg, "3");
 }

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <random>
@@ -92,12 +92,15 @@ Case make_case(WeightFormat format, size_t rows, size_t cols, std::mt19937& rng)
 }
 
 // One table call over rows [begin, end) into a sentinel-filled Y of row stride ldy.
-std::vector<float> run_kernel(const KernelTable& k, const WeightMatrix& m, const std::vector<float>& X,
-                              size_t n, size_t ldy, size_t begin, size_t end) {
+std::vector<float> run_kernel(const KernelTable& k, const WeightMatrix& m,
+                              const std::vector<float>& X, size_t n, size_t ldy, size_t begin,
+                              size_t end) {
   std::vector<float> Y(n * ldy, kSentinel);
   const size_t cols = static_cast<size_t>(m.cols);
   switch (m.format) {
-    case WeightFormat::kF32: k.matmul_f32(m.f32.data(), cols, X.data(), n, Y.data(), ldy, begin, end); break;
+    case WeightFormat::kF32:
+      k.matmul_f32(m.f32.data(), cols, X.data(), n, Y.data(), ldy, begin, end);
+      break;
     case WeightFormat::kInt8Row:
       k.matmul_int8(m.q8.data(), m.scales.data(), cols, X.data(), n, Y.data(), ldy, begin, end);
       break;
@@ -110,9 +113,12 @@ std::vector<float> run_kernel(const KernelTable& k, const WeightMatrix& m, const
 
 double tolerance(WeightFormat format) {
   switch (format) {
-    case WeightFormat::kF32: return kF32Tol;
-    case WeightFormat::kInt8Row: return kInt8Tol;
-    case WeightFormat::kInt4G64: return kInt4Tol;
+    case WeightFormat::kF32:
+      return kF32Tol;
+    case WeightFormat::kInt8Row:
+      return kInt8Tol;
+    case WeightFormat::kInt4G64:
+      return kInt4Tol;
   }
   return 0.0;
 }
@@ -153,7 +159,8 @@ void check_format(WeightFormat format, const std::vector<size_t>& rows_list,
                          " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                          " n=" + std::to_string(n) + " range=[" + std::to_string(begin) + "," +
                          std::to_string(end) + ")");
-            const std::vector<float> y = run_kernel(k3::kernel_table(isa), c.m, X, n, ldy, begin, end);
+            const std::vector<float> y =
+                run_kernel(k3::kernel_table(isa), c.m, X, n, ldy, begin, end);
             double err_ref = 0.0, err_scalar = 0.0;
             size_t bad_untouched = 0;
             for (size_t t = 0; t < n; ++t)
@@ -164,7 +171,8 @@ void check_format(WeightFormat format, const std::vector<size_t>& rows_list,
                   continue;
                 }
                 err_ref = std::max(err_ref, std::fabs(v - ref[t * rows + o]));
-                err_scalar = std::max(err_scalar, std::fabs(static_cast<double>(v) - ys[t * ldy + o]));
+                err_scalar =
+                    std::max(err_scalar, std::fabs(static_cast<double>(v) - ys[t * ldy + o]));
               }
             EXPECT_EQ(bad_untouched, 0u) << "outputs outside the row range were written";
             EXPECT_LE(err_ref / ymax, tol) << "vs double reference";
@@ -175,7 +183,8 @@ void check_format(WeightFormat format, const std::vector<size_t>& rows_list,
       }
     }
   ::testing::Test::RecordProperty("worst_relative_error", std::to_string(worst));
-  std::printf("%s: worst relative error %.3g (tolerance %.3g)\n", k3::weight_format_name(format), worst, tol);
+  std::printf("%s: worst relative error %.3g (tolerance %.3g)\n", k3::weight_format_name(format),
+              worst, tol);
 }
 
 TEST(KernelsDense, F32EveryIsaMatchesScalarAndDouble) {
@@ -230,7 +239,8 @@ TEST(KernelsDense, RowsIndependentOfRange) {
         }
         for (size_t i = 0; i < full.size(); ++i)
           ASSERT_EQ(bits_of(full[i]), bits_of(pieces[i]))
-              << k3::isa_name(isa) << " " << k3::weight_format_name(format) << " n=" << n << " i=" << i;
+              << k3::isa_name(isa) << " " << k3::weight_format_name(format) << " n=" << n
+              << " i=" << i;
       }
     }
   }
@@ -270,7 +280,8 @@ TEST(KernelsDenseMatmul, ThreadedEqualsSingleCallExactly) {
 
 TEST(KernelsQuant, Int8RoundsHalfToEven) {
   // amax 127 -> s = 1, 1/s = 1: the products are the values themselves.
-  const std::vector<float> w = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.0f, 3.49f, -3.51f};
+  const std::vector<float> w = {0.5f,  1.5f,   2.5f,   -0.5f, -1.5f,
+                                -2.5f, 126.5f, 127.0f, 3.49f, -3.51f};
   const std::vector<int8_t> want = {0, 2, 2, 0, -2, -2, 126, 127, 3, -4};
   std::vector<int8_t> q(w.size());
   float s = 0.0f;
@@ -299,7 +310,8 @@ std::vector<int> unpack_int4(const std::vector<uint8_t>& packed, size_t g) {
 TEST(KernelsQuant, Int4RoundsHalfToEvenPerGroup) {
   // Group 0: amax 7 -> s = 1. Group 1: amax 3.5 -> s = 0.5, 1/s = 2.
   std::vector<float> w(128, 0.0f);
-  const float g0[] = {0.5f, 1.5f, 2.5f, 3.5f, -0.5f, -1.5f, -2.5f, -3.5f, 7.0f, -7.0f, 4.5f, 5.5f, 6.5f, -6.5f};
+  const float g0[] = {0.5f,  1.5f, 2.5f,  3.5f, -0.5f, -1.5f, -2.5f,
+                      -3.5f, 7.0f, -7.0f, 4.5f, 5.5f,  6.5f,  -6.5f};
   const int want0[] = {0, 2, 2, 4, 0, -2, -2, -4, 7, -7, 4, 6, 6, -6};
   const float g1[] = {0.25f, 0.75f, 1.25f, -1.75f, 3.5f, -3.25f, 2.75f};
   const int want1[] = {0, 2, 2, -4, 7, -6, 6};
@@ -311,8 +323,10 @@ TEST(KernelsQuant, Int4RoundsHalfToEvenPerGroup) {
   EXPECT_EQ(scales[0], 1.0f);
   EXPECT_EQ(scales[1], 0.5f);
   const std::vector<int> q0 = unpack_int4(packed, 0), q1 = unpack_int4(packed, 1);
-  for (size_t i = 0; i < std::size(want0); ++i) EXPECT_EQ(q0[i], want0[i]) << "group 0 column " << i;
-  for (size_t i = 0; i < std::size(want1); ++i) EXPECT_EQ(q1[i], want1[i]) << "group 1 column " << i;
+  for (size_t i = 0; i < std::size(want0); ++i)
+    EXPECT_EQ(q0[i], want0[i]) << "group 0 column " << i;
+  for (size_t i = 0; i < std::size(want1); ++i)
+    EXPECT_EQ(q1[i], want1[i]) << "group 1 column " << i;
   for (size_t i = std::size(want0); i < 64; ++i) EXPECT_EQ(q0[i], 0) << i;
   for (size_t i = std::size(want1); i < 64; ++i) EXPECT_EQ(q1[i], 0) << i;
 }
@@ -396,9 +410,10 @@ TEST(KernelsQuant, ExtremeValuesAndClampLimits) {
     std::vector<int8_t> q(192);
     float s = 0.0f;
     k3::quantize_int8_row(w.data(), w.size(), q.data(), &s);
-    const size_t imax = static_cast<size_t>(std::max_element(w.begin(), w.end(), [](float a, float b) {
-                                              return std::fabs(a) < std::fabs(b);
-                                            }) - w.begin());
+    const size_t imax = static_cast<size_t>(
+        std::max_element(w.begin(), w.end(),
+                         [](float a, float b) { return std::fabs(a) < std::fabs(b); }) -
+        w.begin());
     EXPECT_EQ(q[imax], w[imax] > 0 ? 127 : -127);
     for (int8_t v : q) {
       EXPECT_GE(v, -127);
@@ -444,7 +459,7 @@ TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
   for (auto [bits, cols, want] : {std::tuple{8, size_t{100}, WeightFormat::kInt8Row},
                                   std::tuple{8, size_t{128}, WeightFormat::kInt8Row},
                                   std::tuple{4, size_t{128}, WeightFormat::kInt4G64},
-                                  std::tuple{4, size_t{100}, WeightFormat::kInt8Row},   // fallback
+                                  std::tuple{4, size_t{100}, WeightFormat::kInt8Row},    // fallback
                                   std::tuple{4, size_t{96}, WeightFormat::kInt8Row}}) {  // fallback
     SCOPED_TRACE("bits=" + std::to_string(bits) + " cols=" + std::to_string(cols));
     const size_t rows = 7;
@@ -463,7 +478,8 @@ TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
         float s = 0.0f;
         k3::quantize_int8_row(w.data() + o * cols, cols, q.data(), &s);
         EXPECT_EQ(s, m.scales[o]);
-        EXPECT_TRUE(std::equal(q.begin(), q.end(), m.q8.begin() + static_cast<ptrdiff_t>(o * cols))) << o;
+        EXPECT_TRUE(std::equal(q.begin(), q.end(), m.q8.begin() + static_cast<ptrdiff_t>(o * cols)))
+            << o;
       }
     } else {
       ASSERT_EQ(m.q4.size(), rows * cols / 2);
@@ -474,8 +490,12 @@ TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
         std::vector<uint8_t> p(cols / 2);
         std::vector<float> s(cols / 64);
         k3::quantize_int4_g64_row(w.data() + o * cols, cols, p.data(), s.data());
-        EXPECT_TRUE(std::equal(s.begin(), s.end(), m.scales.begin() + static_cast<ptrdiff_t>(o * cols / 64))) << o;
-        EXPECT_TRUE(std::equal(p.begin(), p.end(), m.q4.begin() + static_cast<ptrdiff_t>(o * cols / 2))) << o;
+        EXPECT_TRUE(std::equal(s.begin(), s.end(),
+                               m.scales.begin() + static_cast<ptrdiff_t>(o * cols / 64)))
+            << o;
+        EXPECT_TRUE(
+            std::equal(p.begin(), p.end(), m.q4.begin() + static_cast<ptrdiff_t>(o * cols / 2)))
+            << o;
       }
     }
   }
@@ -509,7 +529,9 @@ TEST(KernelsQuant, QuantizeMatrixIndependentOfThreadCount) {
       EXPECT_EQ(out[i].q8, out[0].q8) << bits;
       EXPECT_EQ(out[i].q4, out[0].q4) << bits;
       ASSERT_EQ(out[i].scales.size(), out[0].scales.size());
-      EXPECT_EQ(std::memcmp(out[i].scales.data(), out[0].scales.data(), out[0].scales.size() * 4), 0) << bits;
+      EXPECT_EQ(std::memcmp(out[i].scales.data(), out[0].scales.data(), out[0].scales.size() * 4),
+                0)
+          << bits;
     }
   }
   omp_set_num_threads(saved);
@@ -657,8 +679,8 @@ TEST(KernelsInt4Idot, ExtremeValues) {
 // here from the unpacked nibbles. (1) Power-of-two scales d = 2^a (a in {-1, 0}) and s = 2^b
 // (b in {0, 1}): every product and partial sum is a multiple of 2^-1 below 2^23 in magnitude
 // (<= 64 half-groups x 32768 x 2), so exact in float, and the result must equal the double
-// exactly (any wrong nibble, column or offset shows). (2) Random scales: the only error is float rounding in the reduction, one rounding
-// of d * s, one of the product and one per addition, so
+// exactly (any wrong nibble, column or offset shows). (2) Random scales: the only error is float
+// rounding in the reduction, one rounding of d * s, one of the product and one per addition, so
 //   |y - ref| <= (H + 2) * 2^-24 * sum_h |isum_h d_h s_h|     (H = cols / 32 half-groups).
 TEST(KernelsInt4Idot, ScalarMatchesDoubleFormula) {
   std::mt19937 rng(602);
@@ -786,8 +808,8 @@ WeightMatrix random_int8(size_t rows, size_t cols, std::mt19937& rng) {
   return m;
 }
 
-std::vector<float> run_i8dot(const KernelTable& k, const WeightMatrix& m, const Q8Acts& a,
-                             size_t n, size_t ldy, size_t begin, size_t end) {
+std::vector<float> run_i8dot(const KernelTable& k, const WeightMatrix& m, const Q8Acts& a, size_t n,
+                             size_t ldy, size_t begin, size_t end) {
   std::vector<float> Y(n * ldy, idot_sentinel());
   k.matmul_int8_idot(m.q8.data(), m.scales.data(), static_cast<size_t>(m.cols), a.q.data(),
                      a.d.data(), n, Y.data(), ldy, begin, end);
@@ -860,7 +882,8 @@ TEST(KernelsInt8Idot, ExtremeValues) {
             run_i8dot(k3::kernel_table(Isa::kScalar), m, a, n, rows, 0, rows);
         const double per_group = 32.0 * wv * qv;  // 2^5 * 16129: partial sums < 2^29 are exact
         for (size_t t = 0; t < n; ++t) {
-          EXPECT_EQ(y[t * rows + 0], static_cast<float>(per_group * static_cast<double>(groups - 1)));
+          EXPECT_EQ(y[t * rows + 0],
+                    static_cast<float>(per_group * static_cast<double>(groups - 1)));
           EXPECT_EQ(y[t * rows + 5], 0.0f);
         }
       }

@@ -1,6 +1,8 @@
 // The routed-expert cache over fake and real files: eviction order, pins, tiny budgets, the RAM
 // clamp, the routing history (load, save, refusal, malformed lines), read errors surfacing as
 // k3::Error naming the expert, O_DIRECT alignment, and streaming logits identical to resident.
+#include "experts/expert_cache.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 
 #include "engine/engine.h"
 #include "engine/internal.h"
-#include "experts/expert_cache.h"
 #include "io/file.h"
 #include "io/safetensors_writer.h"
 #include "synth_lib.h"
@@ -27,26 +28,30 @@ constexpr int64_t kExperts = 8;
 const k3::ExpertGeometry kGeometry{32, 32};  // 1632 bytes per expert
 
 uint8_t pattern(int64_t layer, int64_t expert, int tensor, uint64_t k) {
-  return static_cast<uint8_t>((layer * 31 + expert * 7 + tensor * 3 + static_cast<int64_t>(k)) % 200);
+  return static_cast<uint8_t>((layer * 31 + expert * 7 + tensor * 3 + static_cast<int64_t>(k)) %
+                              200);
 }
 
 std::string tensor_name(int64_t layer, int64_t expert, int tensor) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "l%lld.e%lld.t%d", static_cast<long long>(layer), static_cast<long long>(expert), tensor);
+  std::snprintf(buf, sizeof buf, "l%lld.e%lld.t%d", static_cast<long long>(layer),
+                static_cast<long long>(expert), tensor);
   return buf;
 }
 
 // A shard holding experts of `layers` (kExperts each), after a `lead`-byte pad tensor.
 std::string write_shard(const std::string& path, const std::vector<int64_t>& layers, int64_t lead) {
   k3::SafetensorsWriter w;
-  if (lead > 0) w.add("pad", k3::DType::kU8, {lead}, [](uint8_t* d, uint64_t n) { std::memset(d, 1, n); });
-  const uint64_t sizes[6] = {kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes(), kGeometry.down_packed_bytes(),
-                             kGeometry.down_scale_bytes(), kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes()};
+  if (lead > 0)
+    w.add("pad", k3::DType::kU8, {lead}, [](uint8_t* d, uint64_t n) { std::memset(d, 1, n); });
+  const uint64_t sizes[6] = {kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes(),
+                             kGeometry.down_packed_bytes(), kGeometry.down_scale_bytes(),
+                             kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes()};
   for (int64_t l : layers)
     for (int64_t e = kExperts - 1; e >= 0; --e)  // not in id order on disk
       for (int i = 0; i < 6; ++i)
-        w.add(tensor_name(l, e, i), k3::DType::kU8,
-              {static_cast<int64_t>(sizes[i])}, [=](uint8_t* d, uint64_t n) {
+        w.add(tensor_name(l, e, i), k3::DType::kU8, {static_cast<int64_t>(sizes[i])},
+              [=](uint8_t* d, uint64_t n) {
                 for (uint64_t k = 0; k < n; ++k) d[k] = pattern(l, e, i, k);
               });
   w.write(path);
@@ -63,8 +68,8 @@ struct Fixture {
   k3::ExpertStore store{kGeometry};
   std::vector<int64_t> layers;
   // `file` replaces the shard's file (fakes); default: a MemFile of the written bytes.
-  Fixture(const std::string& dir, std::vector<int64_t> moe_layers, int64_t fail_expert = -1, int64_t fail_layer = -1,
-          bool posix = false, int64_t lead = 0)
+  Fixture(const std::string& dir, std::vector<int64_t> moe_layers, int64_t fail_expert = -1,
+          int64_t fail_layer = -1, bool posix = false, int64_t lead = 0)
       : layers(std::move(moe_layers)) {
     const std::string path = write_shard(dir + "/experts.safetensors", layers, lead);
     if (posix) {
@@ -77,7 +82,8 @@ struct Fixture {
         fail_at = static_cast<int64_t>(
             probe.find(tensor_name(fail_layer, fail_expert, 3))->file_offset + 5);
       }
-      shard = std::make_unique<k3::SafetensorsShard>(std::make_unique<k3::MemFile>(path, std::move(bytes), fail_at));
+      shard = std::make_unique<k3::SafetensorsShard>(
+          std::make_unique<k3::MemFile>(path, std::move(bytes), fail_at));
     }
     for (int64_t l : layers)
       for (int64_t e = 0; e < kExperts; ++e) {
@@ -91,7 +97,8 @@ struct Fixture {
   }
   // The budget for `slots` slots in every layer.
   double gb_for(int64_t slots) const {
-    return static_cast<double>(store.slot_bytes() * layers.size() * static_cast<uint64_t>(slots)) / 1e9;
+    return static_cast<double>(store.slot_bytes() * layers.size() * static_cast<uint64_t>(slots)) /
+           1e9;
   }
 };
 
@@ -119,12 +126,16 @@ CacheConfig quiet(std::vector<std::string>* notes = nullptr) {
 }
 
 void expect_bytes(const k3::ExpertView& v, int64_t layer, int64_t expert) {
-  for (uint64_t k = 0; k < kGeometry.gate_packed_bytes(); ++k) ASSERT_EQ(v.gate_packed[k], pattern(layer, expert, 0, k));
-  for (uint64_t k = 0; k < kGeometry.down_scale_bytes(); ++k) ASSERT_EQ(v.down_scale[k], pattern(layer, expert, 3, k));
-  for (uint64_t k = 0; k < kGeometry.gate_scale_bytes(); ++k) ASSERT_EQ(v.up_scale[k], pattern(layer, expert, 5, k));
+  for (uint64_t k = 0; k < kGeometry.gate_packed_bytes(); ++k)
+    ASSERT_EQ(v.gate_packed[k], pattern(layer, expert, 0, k));
+  for (uint64_t k = 0; k < kGeometry.down_scale_bytes(); ++k)
+    ASSERT_EQ(v.down_scale[k], pattern(layer, expert, 3, k));
+  for (uint64_t k = 0; k < kGeometry.gate_scale_bytes(); ++k)
+    ASSERT_EQ(v.up_scale[k], pattern(layer, expert, 5, k));
 }
 
-void touch(ExpertCache& cache, int64_t layer, std::vector<int64_t> ids, ExpertCache::Use use = ExpertCache::Use::kToken) {
+void touch(ExpertCache& cache, int64_t layer, std::vector<int64_t> ids,
+           ExpertCache::Use use = ExpertCache::Use::kToken) {
   k3::ExpertBatch batch;
   cache.acquire(layer, ids, use, batch);
   ASSERT_EQ(batch.size(), ids.size());
@@ -178,7 +189,8 @@ TEST(ExpertCache, PrefillMissesEnterAtTheTailAndDoNotFlushDecode) {
   EXPECT_EQ(have.size(), 3u);
   EXPECT_EQ(have[0], 1);
   EXPECT_EQ(have[1], 0);  // still there
-  touch(cache, 1, {6, 2}, ExpertCache::Use::kChunk);  // 6 was one-off: only the probation slot turns over
+  touch(cache, 1, {6, 2},
+        ExpertCache::Use::kChunk);  // 6 was one-off: only the probation slot turns over
   have = cache.cached(1);
   EXPECT_NE(std::find(have.begin(), have.end(), 0), have.end());
   EXPECT_NE(std::find(have.begin(), have.end(), 1), have.end());
@@ -195,7 +207,8 @@ TEST(ExpertCache, BudgetClampedToMemoryAndRefusedBelowOneSlot) {
   EXPECT_EQ(cache.slots_per_layer(), 5);
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].find("K3_EXPERT_GB=100"), std::string::npos) << notes[0];
-  o.setup.memory_limit = static_cast<int64_t>(f.store.slot_bytes());  // less than one slot per layer
+  o.setup.memory_limit =
+      static_cast<int64_t>(f.store.slot_bytes());  // less than one slot per layer
   EXPECT_THROW(ExpertCache(f.store, o.options, o.over(f.layers)), k3::Error);
 }
 
@@ -226,7 +239,7 @@ TEST(ExpertCache, ReadErrorsNameFileLayerAndExpert) {
     }
     batch.release();
     EXPECT_EQ(cache.cached(2), std::vector<int64_t>{1});  // the failed read was not kept
-    touch(cache, 2, {1, 0});  // the cache is still usable
+    touch(cache, 2, {1, 0});                              // the cache is still usable
     touch(cache, 1, {6});
     EXPECT_THROW(touch(cache, 2, {6}), k3::Error);  // and the failure is not cached either
   }
@@ -266,7 +279,8 @@ TEST(ExpertCache, DirectReadsAreByteExactAtUnalignedOffsetsAndAtEndOfFile) {
       o.setup.read_extent_bytes = 4096;  // experts split over several extents in flight
       o.options.expert_gb = f.gb_for(kExperts);
       ExpertCache cache(f.store, o.options, o.over(f.layers));
-      for (int64_t l : f.layers) touch(cache, l, {0, 1, 2, 3, 4, 5, 6, 7});  // expert 0 of layer 2 ends the file
+      for (int64_t l : f.layers)
+        touch(cache, l, {0, 1, 2, 3, 4, 5, 6, 7});  // expert 0 of layer 2 ends the file
       EXPECT_EQ(cache.stats().misses, 16u);
     }
   }
@@ -356,9 +370,9 @@ TEST(ExpertCache, PrefetchStagesReadsWithoutEvictingAndCountsRecall) {
   const std::vector<int64_t> before = cache.cached(1);
   cache.prefetch(1, std::vector<int64_t>{2, 3, 0});  // 0 is cached: not read again
   EXPECT_EQ(cache.stats().prefetch_issued, 2u);
-  EXPECT_EQ(cache.cached(1), before);  // staged reads evict nothing
+  EXPECT_EQ(cache.cached(1), before);           // staged reads evict nothing
   cache.routed(1, std::vector<int64_t>{5, 2});  // 3 was a wrong guess: cancelled
-  touch(cache, 1, {2, 5});  // 2 was read ahead, 5 was not predicted
+  touch(cache, 1, {2, 5});                      // 2 was read ahead, 5 was not predicted
   k3::ExpertCacheStats s = cache.stats();
   EXPECT_EQ(s.prefetch_used, 1u);
   EXPECT_EQ(s.predicted_total, 2u);
@@ -369,7 +383,7 @@ TEST(ExpertCache, PrefetchStagesReadsWithoutEvictingAndCountsRecall) {
   s = cache.stats();
   EXPECT_EQ(s.prefetch_used, 1u);
   EXPECT_EQ(s.predicted_total, 2u);  // no prediction for this step
-  EXPECT_EQ(s.misses, 6u);  // a dropped guess is read again when really needed
+  EXPECT_EQ(s.misses, 6u);           // a dropped guess is read again when really needed
   // A new prediction replaces the old one (its reads are dropped, not waited for).
   std::vector<int64_t> many;
   for (int64_t e = 0; e < kExperts; ++e) many.push_back(e);
@@ -403,7 +417,7 @@ TEST(ExpertCache, SharedInFlightReadsAndSlotsHeldByAnotherBatch) {
   expect_bytes(b.view(0), 1, 3);
   expect_bytes(a.view(1), 1, 3);
   expect_bytes(a.view(0), 1, 2);  // arrived (only an arrived miss is promoted)
-  a.release();  // promotes 2 into the only slot
+  a.release();                    // promotes 2 into the only slot
   EXPECT_EQ(cache.cached(1), std::vector<int64_t>{2});
   k3::ExpertBatch c;
   cache.acquire(1, std::vector<int64_t>{2}, ExpertCache::Use::kToken, c);  // holds the slot
@@ -419,9 +433,12 @@ TEST(ExpertCache, RefusedBatchHoldsNothing) {
   ExpertCache cache(f.store, quiet().options, quiet().over(f.layers));
   {
     k3::ExpertBatch batch;
-    EXPECT_THROW(cache.acquire(0, std::vector<int64_t>{1}, ExpertCache::Use::kToken, batch), k3::Error);  // dense layer
+    EXPECT_THROW(cache.acquire(0, std::vector<int64_t>{1}, ExpertCache::Use::kToken, batch),
+                 k3::Error);  // dense layer
     EXPECT_EQ(batch.size(), 0u);
-    EXPECT_THROW(cache.acquire(1, std::vector<int64_t>{1, kExperts}, ExpertCache::Use::kToken, batch), k3::Error);
+    EXPECT_THROW(
+        cache.acquire(1, std::vector<int64_t>{1, kExperts}, ExpertCache::Use::kToken, batch),
+        k3::Error);
     EXPECT_EQ(batch.size(), 0u);
     cache.acquire(1, std::vector<int64_t>{1}, ExpertCache::Use::kToken, batch);  // still usable
     expect_bytes(batch.view(0), 1, 1);
@@ -467,7 +484,8 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
   ahead.cache.io_engine = "threads";
   k3::LoadOptions unpiped = streamed;
   unpiped.cache.pipe = false;
-  const k3::Engine a(dir.path(), resident), b(dir.path(), streamed), p(dir.path(), ahead), u(dir.path(), unpiped);
+  const k3::Engine a(dir.path(), resident), b(dir.path(), streamed), p(dir.path(), ahead),
+      u(dir.path(), unpiped);
   ASSERT_EQ(k3::internal::model(b).experts().slots_per_layer(), 1);
   std::vector<int64_t> prompt;
   for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 11) % spec.vocab_size);
@@ -478,15 +496,20 @@ TEST(ExpertCacheEndToEnd, OneSlotStreamingMatchesExpertsInMemory) {
     k3::Session sp(p, 48), su(u, 48);
     sp.set_prefill_chunk(chunk);
     su.set_prefill_chunk(chunk);
-    const std::vector<float> la = sa.prefill(prompt), lb = sb.prefill(prompt), lp = sp.prefill(prompt), lu = su.prefill(prompt);
+    const std::vector<float> la = sa.prefill(prompt), lb = sb.prefill(prompt),
+                             lp = sp.prefill(prompt), lu = su.prefill(prompt);
     ASSERT_EQ(la.size(), lb.size());
     EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)), 0) << "chunk " << chunk;
-    EXPECT_EQ(std::memcmp(la.data(), lp.data(), la.size() * sizeof(float)), 0) << "prefetch, chunk " << chunk;
-    EXPECT_EQ(std::memcmp(la.data(), lu.data(), la.size() * sizeof(float)), 0) << "unpiped, chunk " << chunk;
+    EXPECT_EQ(std::memcmp(la.data(), lp.data(), la.size() * sizeof(float)), 0)
+        << "prefetch, chunk " << chunk;
+    EXPECT_EQ(std::memcmp(la.data(), lu.data(), la.size() * sizeof(float)), 0)
+        << "unpiped, chunk " << chunk;
     for (int64_t id : {3, 1, 4}) {
       const std::vector<float> da = sa.step(id), db = sb.step(id), dp = sp.step(id);
-      EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0) << "decode, chunk " << chunk;
-      EXPECT_EQ(std::memcmp(da.data(), dp.data(), da.size() * sizeof(float)), 0) << "decode, prefetch, chunk " << chunk;
+      EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size() * sizeof(float)), 0)
+          << "decode, chunk " << chunk;
+      EXPECT_EQ(std::memcmp(da.data(), dp.data(), da.size() * sizeof(float)), 0)
+          << "decode, prefetch, chunk " << chunk;
     }
   }
   const k3::ExpertCacheStats s = k3::internal::model(b).experts().stats();

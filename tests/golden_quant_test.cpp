@@ -9,11 +9,11 @@
 // Layer 0 (KDA + dense MLP, no routing) and the first MoE layer measure the formats themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <algorithm>
-#include <cmath>
-#include <array>
 #include <map>
 #include <set>
 
@@ -34,7 +34,8 @@ struct Setting {
   bool idot;
   double layer0_bound;  // worst rel-L2 over layer 0's tensors
   double layer1_bound;  // layer.1.mlp_out (first MoE layer; routing agrees there)
-  double logits_bound;  // rel-L2 of all prefill logits (with their norm within 0.8x .. 1.25x the golden's)
+  double logits_bound;  // rel-L2 of all prefill logits (with their norm within 0.8x .. 1.25x the
+                        // golden's)
 };
 
 double rel(const std::vector<float>& got, const std::vector<float>& want) {
@@ -69,8 +70,10 @@ void check(const Setting& s, k3::Isa isa) {
   hooks.observer = &recorder;
   hooks.all_logits = &logits;
   std::vector<float> last = session.prefill(prompt, hooks);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("k3_quant_" + s.name + "_" + std::to_string(::getpid()) + ".safetensors")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("k3_quant_" + s.name + "_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
   recorder.write(path, prompt, logits, engine.info().vocab_size);
   const Tensors trace(path);
 
@@ -91,8 +94,10 @@ void check(const Setting& s, k3::Isa isa) {
     const auto got = trace.i64(name), want = golden.i64(name);
     const size_t k = static_cast<size_t>(engine.info().num_experts_per_token);
     for (size_t r = 0; r < want.size() / k; ++r, ++rows)
-      same += std::set<int64_t>(got.begin() + static_cast<std::ptrdiff_t>(r * k), got.begin() + static_cast<std::ptrdiff_t>((r + 1) * k)) ==
-              std::set<int64_t>(want.begin() + static_cast<std::ptrdiff_t>(r * k), want.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+      same += std::set<int64_t>(got.begin() + static_cast<std::ptrdiff_t>(r * k),
+                                got.begin() + static_cast<std::ptrdiff_t>((r + 1) * k)) ==
+              std::set<int64_t>(want.begin() + static_cast<std::ptrdiff_t>(r * k),
+                                want.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
   }
   // Teacher-forced greedy agreement: at each decode step, feed the golden id and compare argmax.
   int agree = 0;
@@ -100,9 +105,11 @@ void check(const Setting& s, k3::Isa isa) {
     agree += k3::argmax(last) == decode_ids[j];
     if (j + 1 < decode_ids.size()) last = session.step(decode_ids[j]);
   }
-  std::printf("%-16s %s | layer0 rel-L2 %.3g | layer1.mlp_out %.3g | logits %.3g (norm x%.3g) | routing rows %zu/%zu | greedy %d/%zu\n",
-              s.name.c_str(), engine.describe().c_str(), layer0, layer1, logits_rel, norm_ratio, same, rows, agree,
-              decode_ids.size());
+  std::printf(
+      "%-16s %s | layer0 rel-L2 %.3g | layer1.mlp_out %.3g | logits %.3g (norm x%.3g) | routing "
+      "rows %zu/%zu | greedy %d/%zu\n",
+      s.name.c_str(), engine.describe().c_str(), layer0, layer1, logits_rel, norm_ratio, same, rows,
+      agree, decode_ids.size());
   EXPECT_LE(layer0, s.layer0_bound);
   EXPECT_LE(layer1, s.layer1_bound);
   EXPECT_LE(logits_rel, s.logits_bound);
@@ -116,7 +123,9 @@ TEST_P(QuantGolden, WithinTheDocumentedBounds) {
   for (k3::Isa isa : k3::testing::twin_isas()) check(GetParam(), isa);
 }
 
-void PrintTo(const Setting& s, std::ostream* os) { *os << s.name; }
+void PrintTo(const Setting& s, std::ostream* os) {
+  *os << s.name;
+}
 
 // The release defaults (int4 g64 dense, int8 MLA and head, integer dots) layer by layer against
 // other paths of the same engine on the same fixture. Against the golden their logits measure
@@ -142,10 +151,12 @@ PathRun run_path(k3::LoadOptions load, k3::Isa isa, const Tensors& golden) {
   hooks.observer = &recorder;
   hooks.all_logits = &out.logits;
   out.decode.push_back(session.prefill(prompt, hooks));
-  for (size_t j = 0; j + 1 < decode_ids.size(); ++j) out.decode.push_back(session.step(decode_ids[j]));
+  for (size_t j = 0; j + 1 < decode_ids.size(); ++j)
+    out.decode.push_back(session.step(decode_ids[j]));
   const std::string path = (std::filesystem::temp_directory_path() /
-                            ("k3_drift_" + std::string(load.isa) + "_" + std::to_string(load.bits) + "_" +
-                             std::to_string(::getpid()) + ".safetensors")).string();
+                            ("k3_drift_" + std::string(load.isa) + "_" + std::to_string(load.bits) +
+                             "_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
   recorder.write(path, prompt, out.logits, engine.info().vocab_size);
   {
     const Tensors trace(path);
@@ -162,17 +173,19 @@ PathRun run_path(k3::LoadOptions load, k3::Isa isa, const Tensors& golden) {
 size_t argmax_agreement(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
   size_t same = 0;
   for (size_t r = 0; r < a.size() / V; ++r)
-    same += std::max_element(a.begin() + static_cast<std::ptrdiff_t>(r * V), a.begin() + static_cast<std::ptrdiff_t>((r + 1) * V)) -
+    same += std::max_element(a.begin() + static_cast<std::ptrdiff_t>(r * V),
+                             a.begin() + static_cast<std::ptrdiff_t>((r + 1) * V)) -
                 a.begin() - static_cast<std::ptrdiff_t>(r * V) ==
-            std::max_element(b.begin() + static_cast<std::ptrdiff_t>(r * V), b.begin() + static_cast<std::ptrdiff_t>((r + 1) * V)) -
+            std::max_element(b.begin() + static_cast<std::ptrdiff_t>(r * V),
+                             b.begin() + static_cast<std::ptrdiff_t>((r + 1) * V)) -
                 b.begin() - static_cast<std::ptrdiff_t>(r * V);
   return same;
 }
 
 struct Drift {
   std::vector<std::array<double, 3>> layers;  // rel-L2 of attn_out, mlp_out, layer_out
-  double logits = 0;                           // rel-L2 of the prefill logits
-  size_t agree = 0, positions = 0;             // argmax agreement, prompt positions + decode steps
+  double logits = 0;                          // rel-L2 of the prefill logits
+  size_t agree = 0, positions = 0;            // argmax agreement, prompt positions + decode steps
 };
 
 constexpr const char* kSites[3] = {"attn_out", "mlp_out", "layer_out"};
@@ -195,11 +208,12 @@ Drift drift(const PathRun& got, const PathRun& ref, const std::string& what) {
   d.logits = rel(got.logits, ref.logits);
   const size_t prompt_agree = argmax_agreement(got.logits, ref.logits, V);
   size_t decode_agree = 0;
-  for (size_t j = 0; j < ref.decode.size(); ++j) decode_agree += argmax_agreement(got.decode[j], ref.decode[j], V);
+  for (size_t j = 0; j < ref.decode.size(); ++j)
+    decode_agree += argmax_agreement(got.decode[j], ref.decode[j], V);
   d.agree = prompt_agree + decode_agree;
   d.positions = ref.logits.size() / V + ref.decode.size();
-  std::printf("  logits %.3g | argmax agreement: prompt %zu/%zu, decode %zu/%zu\n", d.logits, prompt_agree,
-              ref.logits.size() / V, decode_agree, ref.decode.size());
+  std::printf("  logits %.3g | argmax agreement: prompt %zu/%zu, decode %zu/%zu\n", d.logits,
+              prompt_agree, ref.logits.size() / V, decode_agree, ref.decode.size());
   return d;
 }
 
@@ -215,11 +229,14 @@ TEST(QuantDrift, DefaultsAgainstTheF32Path) {
   const Tensors golden(kFixture + "/golden.safetensors");
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
-    const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden), run_path(k3::LoadOptions::exact(), isa, golden),
+    const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden),
+                          run_path(k3::LoadOptions::exact(), isa, golden),
                           std::string("defaults vs f32 (") + k3::isa_name(isa) + ")");
     for (size_t l = 0; l < 2; ++l)
-      for (size_t k = 0; k < 3; ++k) EXPECT_LE(d.layers[l][k], kF32Bound[l][k]) << "layer." << l << "." << kSites[k];
-    EXPECT_GE(d.agree, kF32MinAgreement) << "argmax agreement with the f32 path, of " << d.positions;
+      for (size_t k = 0; k < 3; ++k)
+        EXPECT_LE(d.layers[l][k], kF32Bound[l][k]) << "layer." << l << "." << kSites[k];
+    EXPECT_GE(d.agree, kF32MinAgreement)
+        << "argmax agreement with the f32 path, of " << d.positions;
   }
 }
 
@@ -239,14 +256,16 @@ TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
   float_kernels.idot = false;
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
-    const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden), run_path(float_kernels, isa, golden),
-                          std::string("defaults vs float kernels (") + k3::isa_name(isa) + ")");
+    const Drift d =
+        drift(run_path(k3::LoadOptions{}, isa, golden), run_path(float_kernels, isa, golden),
+              std::string("defaults vs float kernels (") + k3::isa_name(isa) + ")");
     ASSERT_EQ(d.layers.size(), 8u);
     for (size_t l = 0; l < d.layers.size(); ++l)
       for (size_t k = 0; k < 3; ++k)
         EXPECT_LE(d.layers[l][k], kFloatKernelsBound[l][k]) << "layer." << l << "." << kSites[k];
     EXPECT_LE(d.logits, kFloatKernelsLogitsBound);
-    EXPECT_GE(d.agree, kFloatKernelsMinAgreement) << "argmax agreement with the float kernels, of " << d.positions;
+    EXPECT_GE(d.agree, kFloatKernelsMinAgreement)
+        << "argmax agreement with the float kernels, of " << d.positions;
   }
 }
 
@@ -262,7 +281,8 @@ TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
     const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden), scalar,
                           std::string("defaults, ") + k3::isa_name(isa) + " vs scalar");
     for (size_t l = 0; l < d.layers.size(); ++l)
-      for (size_t k = 0; k < 3; ++k) EXPECT_LE(d.layers[l][k], 1e-5) << "layer." << l << "." << kSites[k];
+      for (size_t k = 0; k < 3; ++k)
+        EXPECT_LE(d.layers[l][k], 1e-5) << "layer." << l << "." << kSites[k];
     EXPECT_LE(d.logits, 1e-5);
     EXPECT_EQ(d.agree, d.positions);
   }
@@ -270,7 +290,8 @@ TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
 
 INSTANTIATE_TEST_SUITE_P(
     Settings, QuantGolden,
-    // Measured on every ISA variant (scalar, avx2 and avx512 print the same digits): layer0 / layer1.mlp_out / logits
+    // Measured on every ISA variant (scalar, avx2 and avx512 print the same digits): layer0 /
+    // layer1.mlp_out / logits
     //   f32 + idot:  3.5e-7 / 0.0085 / 0.26   routing 60/84 rows, greedy 5/8
     //   int8 exact:  0.016  / 0.086  / 0.42   routing 53/84, greedy 5/8
     //   int8 + idot: 0.016  / 0.088  / 0.42   routing 52/84, greedy 5/8

@@ -12,8 +12,8 @@
 #include "engine/engine.h"
 #include "engine/sampler.h"
 #include "engine/trace.h"
-#include "kernels/isa.h"
 #include "io/safetensors.h"
+#include "kernels/isa.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -64,7 +64,8 @@ TEST_F(GoldenTest, TraceMatchesEveryTensor) {
   hooks.observer = &recorder;
   hooks.all_logits = &logits;
   session.prefill(prompt, hooks);
-  const std::string path = (std::filesystem::temp_directory_path() / "k3_golden_trace.safetensors").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "k3_golden_trace.safetensors").string();
   recorder.write(path, prompt, logits, c.vocab_size);
   const Tensors trace(path);
 
@@ -118,7 +119,8 @@ TEST_F(GoldenTest, GreedyDecodeThroughTheCache) {
   std::vector<float> logits = session.prefill(prompt);
   for (size_t j = 0; j < decode_ids.size(); ++j) {
     ASSERT_EQ(logits.size(), V);
-    expect_close("decode_logits[" + std::to_string(j) + "]", logits.data(), decode_logits.data() + j * V, V);
+    expect_close("decode_logits[" + std::to_string(j) + "]", logits.data(),
+                 decode_logits.data() + j * V, V);
     const int64_t id = k3::argmax(logits);
     ASSERT_EQ(id, decode_ids[j]) << "step " << j;
     if (j + 1 < decode_ids.size()) logits = session.step(id);
@@ -134,7 +136,8 @@ TEST_F(GoldenTest, IncrementalDecodeEqualsOneShotPrefill) {
 
   k3::Session incremental(*engine_, static_cast<int64_t>(all.size()));
   std::vector<std::vector<float>> steps = {incremental.prefill(prompt)};
-  for (size_t j = 0; j + 1 < decode_ids.size(); ++j) steps.push_back(incremental.step(decode_ids[j]));
+  for (size_t j = 0; j + 1 < decode_ids.size(); ++j)
+    steps.push_back(incremental.step(decode_ids[j]));
 
   k3::Session oneshot(*engine_, static_cast<int64_t>(all.size()));
   std::vector<float> every;
@@ -163,7 +166,8 @@ TEST_F(GoldenTest, EveryKernelVariantMatchesTheGolden) {
     k3::PrefillHooks hooks;
     hooks.all_logits = &every;
     std::vector<float> logits = session.prefill(prompt, hooks);
-    expect_close(std::string("logits on ") + k3::isa_name(isa), every.data(), want.data(), want.size());
+    expect_close(std::string("logits on ") + k3::isa_name(isa), every.data(), want.data(),
+                 want.size());
     for (size_t j = 0; j < decode_ids.size(); ++j) {
       ASSERT_EQ(k3::argmax(logits), decode_ids[j]) << k3::isa_name(isa) << " step " << j;
       if (j + 1 < decode_ids.size()) logits = session.step(decode_ids[j]);
@@ -177,7 +181,8 @@ TEST_F(GoldenTest, ExpertsInMemoryGiveIdenticalLogits) {
   load.experts_in_memory = true;
   k3::Engine resident(kFixture, load);
   EXPECT_GT(resident.info().resident_bytes, engine_->info().resident_bytes);
-  k3::Session a(resident, static_cast<int64_t>(prompt.size())), b(*engine_, static_cast<int64_t>(prompt.size()));
+  k3::Session a(resident, static_cast<int64_t>(prompt.size())),
+      b(*engine_, static_cast<int64_t>(prompt.size()));
   EXPECT_EQ(a.prefill(prompt), b.prefill(prompt));
 }
 
@@ -216,7 +221,8 @@ TEST_F(GoldenTest, TruncatedStackRunsFewerLayers) {
   k3::PrefillHooks hooks;
   hooks.observer = &recorder;
   session.prefill(prompt, hooks);
-  const std::string path = (std::filesystem::temp_directory_path() / "k3_partial_trace.safetensors").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "k3_partial_trace.safetensors").string();
   recorder.write(path, prompt, {}, partial.info().vocab_size);
   const Tensors trace(path);
   EXPECT_FALSE(trace.has("layer.3.attn_in"));

@@ -1,12 +1,12 @@
 // util/hash.h against the published FNV-1a test vectors (Noll's FNV reference suite), at compile
 // time and at run time, over text and over raw bytes, and as a running hash over pieces.
+#include "util/hash.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include "util/hash.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // kernels_test — MXFP4 decoding and its exact matvec (kernels/mxfp4.h), BF16/F16 conversions
-// (kernels/convert.h), the scalar f32 and exact MXFP4 kernels (kernels/isa.h) and the vector helpers
-// (kernels/vec.h), against double-precision references.
+// (kernels/convert.h), the scalar f32 and exact MXFP4 kernels (kernels/isa.h) and the vector
+// helpers (kernels/vec.h), against double-precision references.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +18,9 @@
 namespace {
 
 // The scalar twins through the kernel table, in the shapes these tests were written for.
-const k3::KernelTable& scalar() { return k3::kernel_table(k3::Isa::kScalar); }
+const k3::KernelTable& scalar() {
+  return k3::kernel_table(k3::Isa::kScalar);
+}
 void matvec_mxfp4_f32_exact(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
                             const float* x, float* y) {
   scalar().matmul_mxfp4_exact(packed, scales, cols, x, 1, y, rows, 0, rows);
@@ -87,7 +89,8 @@ TEST(Mxfp4Decode, ExponentBytes) {
     }
   }
   // Every byte 1..254 is an exact power of two: its f32 bits are (s << 23).
-  for (int s = 1; s <= 254; ++s) EXPECT_EQ(bits_of(k3::mxfp4_scale(static_cast<uint8_t>(s))), uint32_t(s) << 23) << s;
+  for (int s = 1; s <= 254; ++s)
+    EXPECT_EQ(bits_of(k3::mxfp4_scale(static_cast<uint8_t>(s))), uint32_t(s) << 23) << s;
 }
 
 TEST(Mxfp4Decode, EdgeBytes) {
@@ -119,7 +122,8 @@ TEST(Mxfp4Decode, NibbleOrderAndScaleLayout) {
       const uint8_t byte = packed[o * 32 + i / 2];
       const int code = (i % 2 == 0) ? (byte & 0xF) : (byte >> 4);
       const double want = kE2M1Ref[code] * std::ldexp(1.0, int(scales[o * 2 + i / 32]) - 127);
-      EXPECT_EQ(static_cast<double>(k3::mxfp4_weight(packed.data(), scales.data(), cols, o, i)), want)
+      EXPECT_EQ(static_cast<double>(k3::mxfp4_weight(packed.data(), scales.data(), cols, o, i)),
+                want)
           << o << "," << i;
     }
   }
@@ -143,7 +147,8 @@ struct Mxfp4Matrix {
 };
 
 Mxfp4Matrix random_mxfp4(size_t rows, size_t cols, std::mt19937& rng) {
-  Mxfp4Matrix m{rows, cols, std::vector<uint8_t>(rows * cols / 2), std::vector<uint8_t>(rows * cols / 32)};
+  Mxfp4Matrix m{rows, cols, std::vector<uint8_t>(rows * cols / 2),
+                std::vector<uint8_t>(rows * cols / 32)};
   for (auto& b : m.packed) b = static_cast<uint8_t>(rng());
   std::uniform_int_distribution<int> sd(118, 132);
   for (auto& s : m.scales) s = static_cast<uint8_t>(sd(rng));
@@ -207,7 +212,8 @@ TEST(Mxfp4Matvec, BitExactToDocumentedOrder) {
       matvec_mxfp4_f32_exact(m.packed.data(), m.scales.data(), rows, cols, x.data(), y.data());
       const std::vector<float> want = mxfp4_hand_rolled(m, x);
       for (size_t o = 0; o < rows; ++o)
-        EXPECT_EQ(bits_of(y[o]), bits_of(want[o])) << "rows " << rows << " cols " << cols << " row " << o;
+        EXPECT_EQ(bits_of(y[o]), bits_of(want[o]))
+            << "rows " << rows << " cols " << cols << " row " << o;
     }
   }
 }
@@ -272,7 +278,8 @@ TEST(KernelsConvert, F32ToBf16RoundsToNearestEven) {
   EXPECT_EQ(k3::f32_to_bf16(-std::numeric_limits<float>::infinity()), 0xFF80);
   EXPECT_EQ(k3::f32_to_bf16(-0.0f), 0x8000);
   // NaN stays NaN, quiet (even a signalling NaN whose payload sits in the low half).
-  EXPECT_TRUE(std::isnan(k3::bf16_to_f32(k3::f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(
+      std::isnan(k3::bf16_to_f32(k3::f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
   const uint16_t snan = k3::f32_to_bf16(float_of(0x7F800001));
   EXPECT_TRUE(std::isnan(k3::bf16_to_f32(snan)));
   EXPECT_TRUE(snan & 0x40);
@@ -486,8 +493,10 @@ TEST(KernelsVec, DotAndActivations) {
   EXPECT_NEAR(k3::silu(2.0f), 2.0 / (1.0 + std::exp(-2.0)), 1e-6);
   for (float g : {-3.0f, -0.5f, 0.0f, 0.7f, 9.0f}) {
     for (float u : {-40.0f, -1.0f, 0.3f, 30.0f}) {
-      const double want = 4.0 * std::tanh(g / 4.0) / (1.0 + std::exp(-double(g))) * 25.0 * std::tanh(u / 25.0);
-      EXPECT_NEAR(k3::situ(g, u, 4.0f, 25.0f), want, 1e-5 * std::max(1.0, std::fabs(want))) << g << " " << u;
+      const double want =
+          4.0 * std::tanh(g / 4.0) / (1.0 + std::exp(-double(g))) * 25.0 * std::tanh(u / 25.0);
+      EXPECT_NEAR(k3::situ(g, u, 4.0f, 25.0f), want, 1e-5 * std::max(1.0, std::fabs(want)))
+          << g << " " << u;
     }
   }
 }

@@ -34,7 +34,8 @@ struct Matrix {
 // Random packed bytes (all 16 codes), scale bytes in 100..140 with the edge bytes 0, 1 and 254
 // sprinkled in when `edges` (255 is NaN and is tested separately).
 Matrix random_matrix(size_t rows, size_t cols, std::mt19937& rng, bool edges = true) {
-  Matrix m{rows, cols, std::vector<uint8_t>(rows * cols / 2), std::vector<uint8_t>(rows * cols / kGroup)};
+  Matrix m{rows, cols, std::vector<uint8_t>(rows * cols / 2),
+           std::vector<uint8_t>(rows * cols / kGroup)};
   for (auto& b : m.packed) b = static_cast<uint8_t>(rng());
   std::uniform_int_distribution<int> sd(100, 140), pick(0, 99);
   const uint8_t edge[3] = {0, 1, 254};
@@ -58,15 +59,33 @@ std::vector<float> random_acts(size_t n, size_t cols, std::mt19937& rng, bool sp
       for (size_t i = 0; i < kGroup; ++i) {
         float v = nd(rng);
         switch (kind) {
-          case 0: v = 0.0f; break;                                        // all-zero group
-          case 1: v = i == 0 ? 127.0f : static_cast<float>(tie(rng)) + 0.5f; break;  // scale 1: ties
-          case 2: v = i == 0 ? -63.5f : (static_cast<float>(tie(rng)) + 0.5f) * 0.5f; break;  // scale 0.5
-          case 3: v *= 1e30f; break;                                      // huge
-          case 4: v *= 1e-30f; break;                                     // below the scale floor
-          case 5: v *= 1e-17f; break;                                     // tiny
-          case 6: v = i % 3 == 0 ? v * 1e6f : v * 1e-6f; break;          // mixed magnitudes
-          case 7: v = i % 2 ? -0.0f : v; break;                           // negative zeros
-          default: if (pick(rng) == 0) v = 0.0f; break;                    // sparse zeros
+          case 0:
+            v = 0.0f;
+            break;  // all-zero group
+          case 1:
+            v = i == 0 ? 127.0f : static_cast<float>(tie(rng)) + 0.5f;
+            break;  // scale 1: ties
+          case 2:
+            v = i == 0 ? -63.5f : (static_cast<float>(tie(rng)) + 0.5f) * 0.5f;
+            break;  // scale 0.5
+          case 3:
+            v *= 1e30f;
+            break;  // huge
+          case 4:
+            v *= 1e-30f;
+            break;  // below the scale floor
+          case 5:
+            v *= 1e-17f;
+            break;  // tiny
+          case 6:
+            v = i % 3 == 0 ? v * 1e6f : v * 1e-6f;
+            break;  // mixed magnitudes
+          case 7:
+            v = i % 2 ? -0.0f : v;
+            break;  // negative zeros
+          default:
+            if (pick(rng) == 0) v = 0.0f;
+            break;  // sparse zeros
         }
         xg[i] = v;
       }
@@ -92,9 +111,13 @@ std::string sci(double v) {
   return buf;
 }
 
-std::string isa_label(k3::Isa isa) { return std::string("isa=") + k3::isa_name(isa); }
+std::string isa_label(k3::Isa isa) {
+  return std::string("isa=") + k3::isa_name(isa);
+}
 
-const k3::KernelTable& scalar() { return k3::kernel_table(k3::Isa::kScalar); }
+const k3::KernelTable& scalar() {
+  return k3::kernel_table(k3::Isa::kScalar);
+}
 
 // A sentinel that no kernel produces (a NaN with a payload), to detect writes outside the range.
 float sentinel() {
@@ -116,7 +139,8 @@ TEST(Mxfp4IsaQuant, BitIdenticalToScalar) {
     if (cols >= 96) {
       for (size_t i : {size_t{40}, size_t{63}, size_t{64}, 3 * cols + 31, 3 * cols + 47})
         x[i] = std::numeric_limits<float>::quiet_NaN();  // first, middle and last in a group
-      for (size_t i = 16; i < 32; ++i) x[4 * cols + i] = std::numeric_limits<float>::quiet_NaN();  // a NaN half
+      for (size_t i = 16; i < 32; ++i)
+        x[4 * cols + i] = std::numeric_limits<float>::quiet_NaN();  // a NaN half
       for (size_t i = 32; i < 48; ++i) x[4 * cols + i] = -std::numeric_limits<float>::quiet_NaN();
       x[cols + 70] = std::numeric_limits<float>::infinity();
       x[2 * cols + 1] = -std::numeric_limits<float>::infinity();
@@ -151,8 +175,9 @@ TEST(Mxfp4IsaQuant, DocumentedValues) {
 // ---------------------------------------------------------------------------------------------
 // Integer-dot path
 
-void expect_idot_identical(const Matrix& m, const std::vector<int8_t>& q, const std::vector<float>& d,
-                           size_t n, size_t row_begin, size_t row_end, size_t ldy) {
+void expect_idot_identical(const Matrix& m, const std::vector<int8_t>& q,
+                           const std::vector<float>& d, size_t n, size_t row_begin, size_t row_end,
+                           size_t ldy) {
   std::vector<float> want(n * ldy, sentinel());
   scalar().matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
                              want.data(), ldy, row_begin, row_end);
@@ -180,7 +205,8 @@ TEST(Mxfp4IsaIdot, BitIdenticalToScalar) {
     for (size_t cols : {32u, 64u, 96u, 3072u, 3584u}) {
       const Matrix m = random_matrix(rows, cols, rng);
       for (size_t n : {1u, 2u, 3u, 5u, 13u, 64u}) {
-        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " n=" + std::to_string(n));
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                     " n=" + std::to_string(n));
         const std::vector<float> x = random_acts(n, cols, rng);
         const Quantised a = quantise(scalar(), x, n, cols);
         expect_idot_identical(m, a.q, a.d, n, 0, rows, rows);
@@ -229,7 +255,8 @@ TEST(Mxfp4IsaIdot, RowRangesTouchOnlyTheirRows) {
   for (size_t n : {1u, 5u, 13u}) {
     const Quantised a = quantise(scalar(), random_acts(n, cols, rng), n, cols);
     for (auto [b, e] : {std::pair<size_t, size_t>{5, 50}, {17, 18}, {0, 9}, {33, 67}, {40, 40}}) {
-      SCOPED_TRACE("n=" + std::to_string(n) + " range=" + std::to_string(b) + ".." + std::to_string(e));
+      SCOPED_TRACE("n=" + std::to_string(n) + " range=" + std::to_string(b) + ".." +
+                   std::to_string(e));
       expect_idot_identical(m, a.q, a.d, n, b, e, ldy);
     }
   }
@@ -245,10 +272,11 @@ TEST(Mxfp4IsaIdot, Nan255AndZeroScales) {
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     std::vector<float> y(3 * 18), e(3 * 18);
-    k3::kernel_table(isa).matmul_mxfp4_idot(m.packed.data(), m.scales.data(), 96, a.q.data(), a.d.data(),
-                                            3, y.data(), 18, 0, 18);
-    k3::kernel_table(isa).matmul_mxfp4_exact(m.packed.data(), m.scales.data(), 96, random_acts(3, 96, rng, false).data(),
-                                             3, e.data(), 18, 0, 18);
+    k3::kernel_table(isa).matmul_mxfp4_idot(m.packed.data(), m.scales.data(), 96, a.q.data(),
+                                            a.d.data(), 3, y.data(), 18, 0, 18);
+    k3::kernel_table(isa).matmul_mxfp4_exact(m.packed.data(), m.scales.data(), 96,
+                                             random_acts(3, 96, rng, false).data(), 3, e.data(), 18,
+                                             0, 18);
     for (size_t t = 0; t < 3; ++t)
       for (size_t o = 0; o < 18; ++o) {
         EXPECT_EQ(std::isnan(y[t * 18 + o]), o == 5) << t << " " << o;
@@ -261,8 +289,8 @@ TEST(Mxfp4IsaIdot, Nan255AndZeroScales) {
 // Exact float path
 
 // Double reference from k3::mxfp4_weight and sum |w x| (the scale of the rounding error).
-void double_reference(const Matrix& m, const std::vector<float>& x, size_t n, std::vector<double>& y,
-                      std::vector<double>& mag) {
+void double_reference(const Matrix& m, const std::vector<float>& x, size_t n,
+                      std::vector<double>& y, std::vector<double>& mag) {
   y.assign(n * m.rows, 0.0);
   mag.assign(n * m.rows, 0.0);
   for (size_t o = 0; o < m.rows; ++o)
@@ -271,7 +299,8 @@ void double_reference(const Matrix& m, const std::vector<float>& x, size_t n, st
       if (std::isinf(w)) {  // |e2m1| >= 2 at 2^127 overflows f32; the double value is finite
         const uint8_t byte = m.packed[o * (m.cols / 2) + i / 2];
         const int code = (i & 1) ? (byte >> 4) : (byte & 0xF);
-        w = static_cast<double>(k3::kE2M1[code]) * std::ldexp(1.0, m.scales[o * (m.cols / kGroup) + i / kGroup] - 127);
+        w = static_cast<double>(k3::kE2M1[code]) *
+            std::ldexp(1.0, m.scales[o * (m.cols / kGroup) + i / kGroup] - 127);
       }
       for (size_t t = 0; t < n; ++t) {
         y[t * m.rows + o] += w * x[t * m.cols + i];
@@ -287,7 +316,8 @@ double expect_exact_close(const Matrix& m, const std::vector<float>& x, size_t n
   std::vector<double> ref, mag;
   double_reference(m, x, n, ref, mag);
   std::vector<float> want(n * m.rows);
-  scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), m.cols, x.data(), n, want.data(), m.rows, 0, m.rows);
+  scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), m.cols, x.data(), n, want.data(),
+                              m.rows, 0, m.rows);
   double worst = 0;
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
@@ -311,7 +341,8 @@ TEST(Mxfp4IsaExact, CloseToScalarAndDoubleReference) {
     for (size_t cols : {32u, 64u, 96u, 3584u}) {
       const Matrix m = random_matrix(rows, cols, rng, false);
       for (size_t n : {1u, 2u, 3u, 5u, 13u}) {
-        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " n=" + std::to_string(n));
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                     " n=" + std::to_string(n));
         worst = std::max(worst, expect_exact_close(m, random_acts(n, cols, rng, false), n));
       }
     }
@@ -335,16 +366,19 @@ TEST(Mxfp4IsaExact, EdgeScalesAndMagnitudes) {
   Matrix m = random_matrix(rows, cols, rng, false);
   std::vector<float> x = random_acts(n, cols, rng, false);
   for (size_t o = 0; o < rows; ++o) {
-    m.scales[o * groups + 0] = 100;                    // huge activations
-    m.scales[o * groups + 6] = o % 2 ? 1 : 0;          // subnormal scales
-    m.scales[o * groups + 7] = 254;                    // 2^127
+    m.scales[o * groups + 0] = 100;            // huge activations
+    m.scales[o * groups + 6] = o % 2 ? 1 : 0;  // subnormal scales
+    m.scales[o * groups + 7] = 254;            // 2^127
   }
   for (size_t t = 0; t < n; ++t)
     for (size_t i = 0; i < cols; ++i) {
       float& v = x[t * cols + i];
-      if (i < 32) v *= 1e30f;                         // group 0: huge
-      else if (i < 64) v *= 1e-30f;                   // group 1: tiny
-      else if (i >= 224) v *= 1e-30f;                 // group 7: tiny against 2^127
+      if (i < 32)
+        v *= 1e30f;  // group 0: huge
+      else if (i < 64)
+        v *= 1e-30f;  // group 1: tiny
+      else if (i >= 224)
+        v *= 1e-30f;  // group 7: tiny against 2^127
     }
   std::vector<double> ref, mag;
   double_reference(m, x, n, ref, mag);
@@ -370,16 +404,19 @@ TEST(Mxfp4IsaExact, RowRangesTouchOnlyTheirRows) {
       const std::vector<float> x = random_acts(n, cols, rng, false);
       std::vector<float> full(n * rows);
       const k3::KernelTable& k = k3::kernel_table(isa);
-      k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, full.data(), rows, 0, rows);
+      k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, full.data(), rows,
+                           0, rows);
       for (auto [b, e] : {std::pair<size_t, size_t>{5, 50}, {17, 18}, {33, 67}, {40, 40}}) {
         std::vector<float> y(n * ldy, sentinel());
-        k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, y.data(), ldy, b, e);
+        k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, y.data(), ldy, b,
+                             e);
         for (size_t t = 0; t < n; ++t)
           for (size_t o = 0; o < ldy; ++o) {
             uint32_t u;
             std::memcpy(&u, &y[t * ldy + o], 4);
             if (o >= b && o < e)
-              ASSERT_EQ(std::memcmp(&y[t * ldy + o], &full[t * rows + o], 4), 0) << t << " " << o;  // range-independent
+              ASSERT_EQ(std::memcmp(&y[t * ldy + o], &full[t * rows + o], 4), 0)
+                  << t << " " << o;  // range-independent
             else
               ASSERT_EQ(u, 0x7FA5A5A5u) << t << " " << o;
           }
@@ -400,13 +437,15 @@ TEST(Mxfp4IsaIdot, CloseToExactPath) {
   const Matrix m = random_matrix(rows, cols, rng, false);
   const std::vector<float> x = random_acts(n, cols, rng, false);
   std::vector<float> exact(n * rows);
-  scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, exact.data(), rows, 0, rows);
+  scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, exact.data(),
+                              rows, 0, rows);
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     const k3::KernelTable& k = k3::kernel_table(isa);
     const Quantised a = quantise(k, x, n, cols);
     std::vector<float> y(n * rows);
-    k.matmul_mxfp4_idot(m.packed.data(), m.scales.data(), cols, a.q.data(), a.d.data(), n, y.data(), rows, 0, rows);
+    k.matmul_mxfp4_idot(m.packed.data(), m.scales.data(), cols, a.q.data(), a.d.data(), n, y.data(),
+                        rows, 0, rows);
     double diff2 = 0, ref2 = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       diff2 += (static_cast<double>(y[i]) - exact[i]) * (static_cast<double>(y[i]) - exact[i]);
@@ -437,18 +476,22 @@ TEST(Mxfp4IsaThreaded, WrappersEqualSingleThreadedCalls) {
       Quantised a = quantise(k, x, n, cols);
       std::vector<int8_t> q1(n * cols);
       std::vector<float> d1(n * cols / kGroup);
-      for (size_t t = 0; t < n; ++t) k.quantize_q8_32(x.data() + t * cols, cols, q1.data() + t * cols, d1.data() + t * cols / kGroup);
+      for (size_t t = 0; t < n; ++t)
+        k.quantize_q8_32(x.data() + t * cols, cols, q1.data() + t * cols,
+                         d1.data() + t * cols / kGroup);
       EXPECT_EQ(a.q, q1);
       EXPECT_EQ(std::memcmp(a.d.data(), d1.data(), d1.size() * sizeof(float)), 0);
 
       std::vector<float> y(n * rows), y1(n * rows);
       k3::matmul_mxfp4_idot(k, m.view(), a.q.data(), a.d.data(), n, y.data());
-      k.matmul_mxfp4_idot(m.packed.data(), m.scales.data(), cols, a.q.data(), a.d.data(), n, y1.data(), rows, 0, rows);
+      k.matmul_mxfp4_idot(m.packed.data(), m.scales.data(), cols, a.q.data(), a.d.data(), n,
+                          y1.data(), rows, 0, rows);
       EXPECT_EQ(std::memcmp(y.data(), y1.data(), y.size() * sizeof(float)), 0);
 
       const std::vector<float> xe = random_acts(n, cols, rng, false);
       k3::matmul_mxfp4_exact(k, m.view(), xe.data(), n, y.data());
-      k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, xe.data(), n, y1.data(), rows, 0, rows);
+      k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, xe.data(), n, y1.data(), rows, 0,
+                           rows);
       EXPECT_EQ(std::memcmp(y.data(), y1.data(), y.size() * sizeof(float)), 0);
     }
   }

@@ -2,6 +2,8 @@
 // refusals naming the flag or variable, every boolean form, unknown K3_* / COLI_* variables with
 // the nearest known name, "was it given?", per-program defaults and help, --version, and
 // README.md's copy of the option table.
+#include "options/options.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,21 +15,19 @@
 #include <vector>
 
 #include "io/file.h"
-#include "options/options.h"
-#include "util/error.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace {
 
 using k3::testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                                                            \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos)                              \
+#define EXPECT_HAS(msg, sub)                               \
+  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
       << "message: " << (msg) << "\nexpected it to contain: " << (sub)
 
 using Args = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
-
 
 std::string parse_error(const Args& args, const Env& env = {}) {
   return error_of([&] { k3::parse_kimi_k3_options(args, env); });
@@ -76,7 +76,8 @@ TEST(OptionsDefaults, PositionalPrompt) {
 
 TEST(OptionsPrecedence, FlagBeatsEnvBeatsDefault) {
   const Env env = {{"COLI_TEMP", "0.7"}};
-  EXPECT_DOUBLE_EQ(k3::parse_kimi_k3_options({"m", "--temp", "0.5"}, env).sampling.temperature, 0.5);
+  EXPECT_DOUBLE_EQ(k3::parse_kimi_k3_options({"m", "--temp", "0.5"}, env).sampling.temperature,
+                   0.5);
   EXPECT_DOUBLE_EQ(k3::parse_kimi_k3_options({"m"}, env).sampling.temperature, 0.7);
   EXPECT_DOUBLE_EQ(k3::parse_kimi_k3_options({"m"}, {}).sampling.temperature, 0.0);
   EXPECT_DOUBLE_EQ(k3::parse_kimi_k3_options({"--temp=0.25", "m"}, env).sampling.temperature, 0.25);
@@ -89,14 +90,16 @@ TEST(OptionsPrecedence, FlagBeatsEnvBeatsDefault) {
 
 TEST(OptionsPrecedence, ModelFromFlagOrEnv) {
   EXPECT_EQ(k3::parse_kimi_k3_options({}, {{"COLI_MODEL", "/env/dir"}}).model_dir, "/env/dir");
-  EXPECT_EQ(k3::parse_kimi_k3_options({"--model", "/flag/dir"}, {{"COLI_MODEL", "/env/dir"}}).model_dir,
-            "/flag/dir");
-  EXPECT_EQ(k3::parse_kimi_k3_options({"/pos/dir"}, {{"COLI_MODEL", "/env/dir"}}).model_dir, "/pos/dir");
+  EXPECT_EQ(
+      k3::parse_kimi_k3_options({"--model", "/flag/dir"}, {{"COLI_MODEL", "/env/dir"}}).model_dir,
+      "/flag/dir");
+  EXPECT_EQ(k3::parse_kimi_k3_options({"/pos/dir"}, {{"COLI_MODEL", "/env/dir"}}).model_dir,
+            "/pos/dir");
 }
 
 TEST(OptionsPrecedence, EveryOptionReachable) {
-  const Env env = {{"COLI_TOP_P", "0.9"}, {"COLI_TOP_K", "40"}, {"COLI_SEED", "42"},
-                   {"K3_MAXT", "4096"},  {"K3_LAYERS", "2"},  {"K3_TRACE", "t.safetensors"},
+  const Env env = {{"COLI_TOP_P", "0.9"},  {"COLI_TOP_K", "40"}, {"COLI_SEED", "42"},
+                   {"K3_MAXT", "4096"},    {"K3_LAYERS", "2"},   {"K3_TRACE", "t.safetensors"},
                    {"K3_LOGITS", "l.bin"}, {"K3_X0", "x0.bin"}};
   const k3::Options o = k3::parse_kimi_k3_options({"m", "--threads", "3"}, env);
   EXPECT_DOUBLE_EQ(o.sampling.top_p, 0.9);
@@ -131,7 +134,8 @@ TEST(OptionsReject, UnknownK3Variable) {
   const std::string msg = parse_error({"m"}, {{"K3_FOO", "1"}});
   EXPECT_HAS(msg, "K3_FOO");
   // Other variables are none of our business.
-  EXPECT_NO_THROW(k3::parse_kimi_k3_options({"m"}, {{"HOME", "/root"}, {"PATH", "/bin"}, {"OMP_NUM_THREADS", "2"}}));
+  EXPECT_NO_THROW(k3::parse_kimi_k3_options(
+      {"m"}, {{"HOME", "/root"}, {"PATH", "/bin"}, {"OMP_NUM_THREADS", "2"}}));
 }
 
 TEST(OptionsReject, UnknownFlag) {
@@ -169,12 +173,14 @@ TEST(OptionsReject, UnsupportedQuantisationSettings) {
   EXPECT_HAS(parse_error({"m"}, {{"K3_ISA", "neon"}}), "K3_ISA");
 
   for (const char* b : {"4", "8", "32"}) {
-    const k3::Options o = k3::parse_kimi_k3_options({"m"}, {{"K3_BITS", b}, {"K3_MLA_BITS", b}, {"K3_HEAD_BITS", b}});
+    const k3::Options o =
+        k3::parse_kimi_k3_options({"m"}, {{"K3_BITS", b}, {"K3_MLA_BITS", b}, {"K3_HEAD_BITS", b}});
     EXPECT_EQ(o.load.bits, std::stoi(b));
     EXPECT_EQ(o.load.mla_bits, std::stoi(b));
     EXPECT_EQ(o.load.head_bits, std::stoi(b));
   }
-  const k3::Options exact = k3::parse_kimi_k3_options({"m", "--idot=0", "--isa", "scalar", "--stats"}, {});
+  const k3::Options exact =
+      k3::parse_kimi_k3_options({"m", "--idot=0", "--isa", "scalar", "--stats"}, {});
   EXPECT_FALSE(exact.load.idot);
   EXPECT_EQ(exact.load.isa, "scalar");
   EXPECT_TRUE(exact.debug.stats);
@@ -229,7 +235,9 @@ k3::Options parse(const std::string& program, const Args& args, const Env& env =
 // Every boolean flag: --x, --no-x, --x=0/1/true/false (and the variable's 0/1), whatever the
 // default.
 TEST(OptionsBool, EveryForm) {
-  auto think = [](const Args& a, const Env& e = {}) { return k3::parse_kimi_k3_options(a, e).text.think; };
+  auto think = [](const Args& a, const Env& e = {}) {
+    return k3::parse_kimi_k3_options(a, e).text.think;
+  };
   EXPECT_TRUE(think({"m"}));
   EXPECT_TRUE(think({"m", "--think"}));
   EXPECT_FALSE(think({"m", "--no-think"}));
@@ -272,7 +280,8 @@ TEST(OptionsBool, EveryForm) {
       {"prompt-ids", "K3_CHAT_IDS", [](const k3::Options& o) { return o.debug.prompt_ids; }},
       {"raw", nullptr, [](const k3::Options& o) { return o.serve.raw; }},
       {"accept-any-model", nullptr, [](const k3::Options& o) { return o.serve.accept_any_model; }},
-      {"insecure-bind", "COLI_ALLOW_INSECURE_BIND", [](const k3::Options& o) { return o.serve.insecure_bind; }},
+      {"insecure-bind", "COLI_ALLOW_INSECURE_BIND",
+       [](const k3::Options& o) { return o.serve.insecure_bind; }},
       {"log-prompts", nullptr, [](const k3::Options& o) { return o.serve.log_prompts; }},
       {"webui", nullptr, [](const k3::Options& o) { return o.serve.web_ui; }},
       {"ckpt-keep", nullptr, [](const k3::Options& o) { return o.serve.ckpt_keep; }},
@@ -283,8 +292,10 @@ TEST(OptionsBool, EveryForm) {
     SCOPED_TRACE(flag);
     EXPECT_TRUE(r.get(parse("coli serve", {"m", flag})));
     EXPECT_FALSE(r.get(parse("coli serve", {"m", no})));
-    for (const char* on : {"1", "true", "on", "yes"}) EXPECT_TRUE(r.get(parse("coli serve", {"m", flag + "=" + on})));
-    for (const char* off : {"0", "false", "off", "no"}) EXPECT_FALSE(r.get(parse("coli serve", {"m", flag + "=" + off})));
+    for (const char* on : {"1", "true", "on", "yes"})
+      EXPECT_TRUE(r.get(parse("coli serve", {"m", flag + "=" + on})));
+    for (const char* off : {"0", "false", "off", "no"})
+      EXPECT_FALSE(r.get(parse("coli serve", {"m", flag + "=" + off})));
     EXPECT_HAS(error_of([&] { parse("coli serve", {"m", flag + "=maybe"}); }), flag);
     if (r.env) {
       EXPECT_TRUE(r.get(parse("coli serve", {"m"}, {{r.env, "1"}})));
@@ -307,22 +318,47 @@ TEST(OptionsBool, ValueAfterASpaceIsRefused) {
 }
 
 TEST(OptionsReject, UnknownVariablesNameTheNearestKnownOne) {
-  EXPECT_EQ(parse_error({"m"}, {{"COLI_TMEP", "1"}}), "unknown environment variable COLI_TMEP (did you mean COLI_TEMP?)");
-  EXPECT_EQ(parse_error({"m"}, {{"K3_BTIS", "4"}}), "unknown environment variable K3_BTIS (did you mean K3_BITS?)");
+  EXPECT_EQ(parse_error({"m"}, {{"COLI_TMEP", "1"}}),
+            "unknown environment variable COLI_TMEP (did you mean COLI_TEMP?)");
+  EXPECT_EQ(parse_error({"m"}, {{"K3_BTIS", "4"}}),
+            "unknown environment variable K3_BTIS (did you mean K3_BITS?)");
   EXPECT_HAS(parse_error({"m"}, {{"K3_NGNE", "4"}}), "did you mean K3_NGEN?");
   EXPECT_HAS(parse_error({"m"}, {{"COLI_API_KEYS", "k"}}), "did you mean COLI_API_KEY?");
-  EXPECT_HAS(error_of([] { parse("coli serve", {"m"}, {{"COLI_PROT", "80"}}); }), "did you mean COLI_PORT?");
+  EXPECT_HAS(error_of([] {
+               parse("coli serve", {"m"}, {{"COLI_PROT", "80"}});
+             }),
+             "did you mean COLI_PORT?");
   EXPECT_HAS(error_of([] { parse("coli tokenize", {"m"}, {{"COLI_TMEP", "1"}}); }), "COLI_TMEP");
   // Every variable the table knows, and those the test suites and scripts set, are accepted.
-  const Env known = {{"COLI_MODEL", "m"}, {"COLI_API_KEY", "k"}, {"COLI_API_KEY_FILE", ""},
-                     {"COLI_ALLOW_INSECURE_BIND", "0"}, {"COLI_ALLOWED_HOSTS", "a"}, {"COLI_CORS_ORIGINS", "b"},
-                     {"COLI_HOST", "127.0.0.1"}, {"COLI_PORT", "0"}, {"COLI_MODEL_ID", "x"},
-                     {"COLI_MAX_QUEUE", "1"}, {"COLI_QUEUE_TIMEOUT", "5"}, {"COLI_MAX_TOKENS", "9"},
-                     {"COLI_MAX_BODY_MB", "1"}, {"COLI_SSE_PING", "0"}, {"COLI_MAX_CONNECTIONS", "9"},
-                     {"COLI_READ_DEADLINE", "5"}, {"COLI_REASONING", "off"}, {"COLI_K3_CKPT", "2"},
-                     {"COLI_K3_CKPT_DIR", ""}, {"COLI_TOKEN_DELAY_MS", "0"}, {"COLI_USAGE_DECAY", "0.5"},
-                     {"COLI_SHOW_THINK", "0"}, {"COLI_TEMP", "0.1"}, {"COLI_TOP_P", "0.5"}, {"COLI_TOP_K", "3"},
-                     {"COLI_MIN_P", "0"}, {"COLI_SEED", "1"}, {"K3_PREFIX_LOG", "1"}, {"K3_ISA", "scalar"}};
+  const Env known = {{"COLI_MODEL", "m"},
+                     {"COLI_API_KEY", "k"},
+                     {"COLI_API_KEY_FILE", ""},
+                     {"COLI_ALLOW_INSECURE_BIND", "0"},
+                     {"COLI_ALLOWED_HOSTS", "a"},
+                     {"COLI_CORS_ORIGINS", "b"},
+                     {"COLI_HOST", "127.0.0.1"},
+                     {"COLI_PORT", "0"},
+                     {"COLI_MODEL_ID", "x"},
+                     {"COLI_MAX_QUEUE", "1"},
+                     {"COLI_QUEUE_TIMEOUT", "5"},
+                     {"COLI_MAX_TOKENS", "9"},
+                     {"COLI_MAX_BODY_MB", "1"},
+                     {"COLI_SSE_PING", "0"},
+                     {"COLI_MAX_CONNECTIONS", "9"},
+                     {"COLI_READ_DEADLINE", "5"},
+                     {"COLI_REASONING", "off"},
+                     {"COLI_K3_CKPT", "2"},
+                     {"COLI_K3_CKPT_DIR", ""},
+                     {"COLI_TOKEN_DELAY_MS", "0"},
+                     {"COLI_USAGE_DECAY", "0.5"},
+                     {"COLI_SHOW_THINK", "0"},
+                     {"COLI_TEMP", "0.1"},
+                     {"COLI_TOP_P", "0.5"},
+                     {"COLI_TOP_K", "3"},
+                     {"COLI_MIN_P", "0"},
+                     {"COLI_SEED", "1"},
+                     {"K3_PREFIX_LOG", "1"},
+                     {"K3_ISA", "scalar"}};
   EXPECT_NO_THROW(parse("coli serve", {}, known));
   EXPECT_NO_THROW(k3::check_environment({{"COLIN", "x"}, {"K3", "y"}, {"MY_K3_THING", "z"}}));
 }
@@ -344,7 +380,8 @@ TEST(OptionsPrecedence, GivenIsAnsweredByTheParser) {
   EXPECT_TRUE(k3::parse_kimi_k3_options({"m", "--maxt=64"}, {}).given("ctx"));
   EXPECT_EQ(k3::parse_kimi_k3_options({"m", "--maxt=64"}, {}).runtime.max_tokens, 64);
   EXPECT_EQ(parse("coli serve", {"m", "--api-key=k"}).source("api-key"), k3::OptionSource::kFlag);
-  EXPECT_EQ(parse("coli serve", {"m"}, {{"COLI_API_KEY", "k"}}).source("api-key"), k3::OptionSource::kEnvironment);
+  EXPECT_EQ(parse("coli serve", {"m"}, {{"COLI_API_KEY", "k"}}).source("api-key"),
+            k3::OptionSource::kEnvironment);
 }
 
 // coli serve / web / chat sample at the model card's settings unless told otherwise; every
@@ -360,7 +397,8 @@ TEST(OptionsPrograms, ColiDefaultsAndFlagBeatsEnvBeatsDefault) {
     EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp=0.25"}).sampling.temperature, 0.25);
     EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp", "0.25"}).sampling.temperature, 0.25);
     EXPECT_DOUBLE_EQ(parse(program, {"m"}, {{"COLI_TEMP", "0.7"}}).sampling.temperature, 0.7);
-    EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp=0.25"}, {{"COLI_TEMP", "0.7"}}).sampling.temperature, 0.25);
+    EXPECT_DOUBLE_EQ(
+        parse(program, {"m", "--temp=0.25"}, {{"COLI_TEMP", "0.7"}}).sampling.temperature, 0.25);
     EXPECT_DOUBLE_EQ(parse(program, {"m", "--top-p=0.5"}).sampling.top_p, 0.5);
     EXPECT_DOUBLE_EQ(parse(program, {"m", "--temp=0"}).sampling.temperature, 0.0);
   }
@@ -397,8 +435,8 @@ TEST(OptionsHelp, PerProgramGroupedWithDefaultsAndVariables) {
   EXPECT_EQ(tokenize.rfind("usage: coli tokenize ", 0), 0u) << tokenize;
   // Groups, in order.
   size_t at = 0;
-  for (const char* group : {"\nmodel:\n", "\nquantization:\n", "\nexperts & I/O:\n", "\nsampling:\n", "\nserver:\n",
-                            "\nsecurity:\n", "\nvalidation:\n"}) {
+  for (const char* group : {"\nmodel:\n", "\nquantization:\n", "\nexperts & I/O:\n",
+                            "\nsampling:\n", "\nserver:\n", "\nsecurity:\n", "\nvalidation:\n"}) {
     const size_t found = serve.find(group, at);
     EXPECT_NE(found, std::string::npos) << group;
     at = found == std::string::npos ? at : found;
@@ -407,13 +445,16 @@ TEST(OptionsHelp, PerProgramGroupedWithDefaultsAndVariables) {
   EXPECT_EQ(kimi.find("\nserver:\n"), std::string::npos);
   EXPECT_EQ(kimi.find("\nsecurity:\n"), std::string::npos);
   // Engine-only and debug flags are not listed by coli serve; server flags not by kimi_k3.
-  for (const char* flag : {"--ids", "--trace", "--x0", "--logits", "--layers", "--stats", "--chat", "--seed", "--ngen"})
+  for (const char* flag : {"--ids", "--trace", "--x0", "--logits", "--layers", "--stats", "--chat",
+                           "--seed", "--ngen"})
     EXPECT_FALSE(lists(serve, flag)) << flag;
-  for (const char* flag : {"--host", "--port", "--api-key", "--max-queue", "--reasoning", "--ckpt", "--max-tokens"}) {
+  for (const char* flag :
+       {"--host", "--port", "--api-key", "--max-queue", "--reasoning", "--ckpt", "--max-tokens"}) {
     EXPECT_TRUE(lists(serve, flag)) << flag;
     EXPECT_FALSE(lists(kimi, flag)) << flag;
   }
-  for (const char* flag : {"--ids", "--trace", "--x0", "--ngen", "--chat", "--seed"}) EXPECT_TRUE(lists(kimi, flag)) << flag;
+  for (const char* flag : {"--ids", "--trace", "--x0", "--ngen", "--chat", "--seed"})
+    EXPECT_TRUE(lists(kimi, flag)) << flag;
   EXPECT_TRUE(lists(tokenize, "--[no-]allow-special"));
   EXPECT_FALSE(lists(tokenize, "--temp"));
   // Each line says its default (the program's own) and its variable.
@@ -439,14 +480,16 @@ TEST(OptionsHelp, Version) {
   }
 }
 
-// README.md's option table is the generated one (regenerate: build/apps/k3_options_md --write README.md).
+// README.md's option table is the generated one (regenerate: build/apps/k3_options_md --write
+// README.md).
 TEST(OptionsReadme, TableIsCurrent) {
   const std::string readme = k3::read_text_file(std::string(K3_SOURCE_DIR) + "/README.md");
   const std::string open = "<!-- options-table -->\n", close = "<!-- /options-table -->";
   const size_t begin = readme.find(open), end = readme.find(close);
   ASSERT_NE(begin, std::string::npos);
   ASSERT_NE(end, std::string::npos);
-  EXPECT_EQ(readme.substr(begin + open.size(), end - begin - open.size()), k3::options_table_markdown())
+  EXPECT_EQ(readme.substr(begin + open.size(), end - begin - open.size()),
+            k3::options_table_markdown())
       << "README.md's option table is stale: run build/apps/k3_options_md --write README.md";
 }
 
@@ -459,26 +502,34 @@ namespace {
 TEST(OptionsBinaries, VersionAndHelpOnEveryBinary) {
   const std::string bin = K3_BINARY_DIR;
   const std::vector<std::pair<std::string, std::string>> binaries = {
-      {bin + "/apps/kimi_k3", "kimi_k3"},          {bin + "/apps/coli", "coli"},
-      {bin + "/apps/coli serve", "coli serve"},    {bin + "/apps/coli chat", "coli chat"},
-      {bin + "/apps/k3_options_md", "k3_options_md"}, {bin + "/tools/k3_synth", "k3_synth"},
-      {bin + "/bench/k3_bench", "k3_bench"},       {bin + "/bench/k3_tokenizer_bench", "k3_tokenizer_bench"}};
+      {bin + "/apps/kimi_k3", "kimi_k3"},
+      {bin + "/apps/coli", "coli"},
+      {bin + "/apps/coli serve", "coli serve"},
+      {bin + "/apps/coli chat", "coli chat"},
+      {bin + "/apps/k3_options_md", "k3_options_md"},
+      {bin + "/tools/k3_synth", "k3_synth"},
+      {bin + "/bench/k3_bench", "k3_bench"},
+      {bin + "/bench/k3_tokenizer_bench", "k3_tokenizer_bench"}};
   for (const auto& [command, name] : binaries) {
-    if (command.find("/bench/") != std::string::npos && !std::ifstream(command.substr(0, command.find(' ')))) continue;
+    if (command.find("/bench/") != std::string::npos &&
+        !std::ifstream(command.substr(0, command.find(' '))))
+      continue;
     const k3::testing::CommandResult r = k3::testing::run_split("env -i " + command + " --version");
     EXPECT_EQ(r.status, 0) << command << ": " << r.err;
     EXPECT_EQ(r.out.rfind(name + " ", 0), 0u) << r.out;
     EXPECT_HAS(r.out, "(git ");
     EXPECT_HAS(r.out, "this CPU runs ");
   }
-  for (const char* program : {"kimi_k3", "coli serve", "coli web", "coli chat", "coli tokenize", "coli render"}) {
+  for (const char* program :
+       {"kimi_k3", "coli serve", "coli web", "coli chat", "coli tokenize", "coli render"}) {
     std::string command = bin + "/apps/" + program;
     const k3::testing::CommandResult r = k3::testing::run_split("env -i " + command + " --help");
     EXPECT_EQ(r.status, 0) << program << ": " << r.err;
     EXPECT_EQ(r.out.rfind(std::string("usage: ") + program + " ", 0), 0u) << r.out;
   }
   // A mistyped COLI_* variable stops a program before it does anything.
-  const k3::testing::CommandResult typo = k3::testing::run_split("env -i COLI_TMEP=1 " + bin + "/apps/coli serve m");
+  const k3::testing::CommandResult typo =
+      k3::testing::run_split("env -i COLI_TMEP=1 " + bin + "/apps/coli serve m");
   EXPECT_EQ(typo.status, 2);
   EXPECT_HAS(typo.err, "unknown environment variable COLI_TMEP (did you mean COLI_TEMP?)");
 }

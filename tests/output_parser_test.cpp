@@ -8,11 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -294,7 +293,8 @@ TEST(OutputParser, EscapedAttributeValues) {
 // ---- UTF-8 across tokens -----------------------------------------------------------------
 
 TEST(OutputParser, EmojiSplitAcrossTokensStreamsWholeCharacters) {
-  // ` 👋🏽` = bytes 20 F0 9F 91 | 8B | F0 9F 8F | BD (docs/tokenizer.md §5): both code points straddle tokens.
+  // ` 👋🏽` = bytes 20 F0 9F 91 | 8B | F0 9F 8F | BD (docs/tokenizer.md §5): both code points
+  // straddle tokens.
   const std::vector<int32_t> wave = {130732, 233, 92949, 121};
   ASSERT_EQ(release().encode(" 👋🏽", false), wave);
   for (bool think : {false, true}) {

@@ -19,7 +19,8 @@ void load_and_run(const std::string& preset, int64_t layers, int64_t experts) {
   k3::synth::SynthSpec spec = k3::synth::preset_spec(preset);
   k3::synth::apply_overrides(&spec, layers, experts);
   spec.progress = false;
-  const fs::path dir = fs::temp_directory_path() / ("k3_preset_" + preset + "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("k3_preset_" + preset + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   k3::synth::write_checkpoint(spec, dir.string());
 
@@ -56,7 +57,11 @@ void load_and_run(const std::string& preset, int64_t layers, int64_t experts) {
   fs::remove_all(dir);
 }
 
-TEST(Presets, TinyLoadsAndRuns) { load_and_run("tiny", -1, -1); }
-TEST(Presets, DemoLoadsAndRuns) { load_and_run("demo", -1, -1); }
+TEST(Presets, TinyLoadsAndRuns) {
+  load_and_run("tiny", -1, -1);
+}
+TEST(Presets, DemoLoadsAndRuns) {
+  load_and_run("demo", -1, -1);
+}
 
 }  // namespace

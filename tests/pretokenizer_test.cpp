@@ -2,6 +2,8 @@
 // docs/tokenizer.md §2.3/§2.5, the Kimi pre-tokenizer scanner (text/pretokenizer.h) on every
 // piece example of the spec, the release's 400,000/25,000 pre-chunking, and the scanner against
 // a brute-force backtracking matcher written straight from the regex on random strings.
+#include "text/pretokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "text/pretokenizer.h"
 #include "text/unicode.h"
 
 namespace {
@@ -110,9 +111,9 @@ TEST(UnicodeTables, HanIsExactlyTheScriptHanRangesOfTheSpec) {
 }
 
 TEST(UnicodeTables, WhiteSpaceIsExactlyTheListOfTheSpec) {
-  const Ranges white_space = {{0x09, 0x0D},     {0x20, 0x20},     {0x85, 0x85},     {0xA0, 0xA0},
-                              {0x1680, 0x1680}, {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F},
-                              {0x205F, 0x205F}, {0x3000, 0x3000}};
+  const Ranges white_space = {
+      {0x09, 0x0D},     {0x20, 0x20},     {0x85, 0x85},     {0xA0, 0xA0},     {0x1680, 0x1680},
+      {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}};
   expect_flag_exactly_on(k3::text::kWhiteSpace, white_space, "White_Space");
 }
 
@@ -146,33 +147,33 @@ TEST(UnicodeTables, SpotChecks) {
   EXPECT_EQ(unicode_flags(U'0'), kNumber);
   EXPECT_EQ(unicode_flags(U' '), kWhiteSpace | kPySpace);
   EXPECT_EQ(unicode_flags(U'!'), 0);
-  EXPECT_EQ(unicode_flags(0x01C5), kLt);           // ǅ
-  EXPECT_EQ(unicode_flags(0x02B0), kLm);           // ʰ
-  EXPECT_EQ(unicode_flags(0x3005), kHan | kLm);    // 々
+  EXPECT_EQ(unicode_flags(0x01C5), kLt);             // ǅ
+  EXPECT_EQ(unicode_flags(0x02B0), kLm);             // ʰ
+  EXPECT_EQ(unicode_flags(0x3005), kHan | kLm);      // 々
   EXPECT_EQ(unicode_flags(0x3007), kHan | kNumber);  // 〇 (Nl)
-  EXPECT_EQ(unicode_flags(0x2E80), kHan);          // ⺀ (So)
-  EXPECT_EQ(unicode_flags(0x16FE2), kHan);         // Po
-  EXPECT_EQ(unicode_flags(0x16FF0), kHan | kMark);  // Mc
-  EXPECT_EQ(unicode_flags(0x4E2D), kHan | kLo);    // 中
-  EXPECT_EQ(unicode_flags(0x3001), 0);             // 、 is not Han (Script=Common)
-  EXPECT_EQ(unicode_flags(0x30FC), kLm);           // ー (Script=Common)
-  EXPECT_EQ(unicode_flags(0x30AB), kLo);           // カ
-  EXPECT_EQ(unicode_flags(0xD55C), kLo);           // 한
-  EXPECT_EQ(unicode_flags(0x0301), kMark);         // Mn
-  EXPECT_EQ(unicode_flags(0x0903), kMark);         // Mc
-  EXPECT_EQ(unicode_flags(0x20DD), kMark);         // Me
-  EXPECT_EQ(unicode_flags(0x0660), kNumber);       // Nd
-  EXPECT_EQ(unicode_flags(0x00BD), kNumber);       // ½ No
-  EXPECT_EQ(unicode_flags(0x216B), kNumber);       // Ⅻ Nl
-  EXPECT_EQ(unicode_flags(0x017F), kLl);           // ſ
-  EXPECT_EQ(unicode_flags(0x0295), kLl);           // ʕ is Ll in Unicode 16
-  EXPECT_EQ(unicode_flags(0x200B), 0);             // ZERO WIDTH SPACE is not a space
+  EXPECT_EQ(unicode_flags(0x2E80), kHan);            // ⺀ (So)
+  EXPECT_EQ(unicode_flags(0x16FE2), kHan);           // Po
+  EXPECT_EQ(unicode_flags(0x16FF0), kHan | kMark);   // Mc
+  EXPECT_EQ(unicode_flags(0x4E2D), kHan | kLo);      // 中
+  EXPECT_EQ(unicode_flags(0x3001), 0);               // 、 is not Han (Script=Common)
+  EXPECT_EQ(unicode_flags(0x30FC), kLm);             // ー (Script=Common)
+  EXPECT_EQ(unicode_flags(0x30AB), kLo);             // カ
+  EXPECT_EQ(unicode_flags(0xD55C), kLo);             // 한
+  EXPECT_EQ(unicode_flags(0x0301), kMark);           // Mn
+  EXPECT_EQ(unicode_flags(0x0903), kMark);           // Mc
+  EXPECT_EQ(unicode_flags(0x20DD), kMark);           // Me
+  EXPECT_EQ(unicode_flags(0x0660), kNumber);         // Nd
+  EXPECT_EQ(unicode_flags(0x00BD), kNumber);         // ½ No
+  EXPECT_EQ(unicode_flags(0x216B), kNumber);         // Ⅻ Nl
+  EXPECT_EQ(unicode_flags(0x017F), kLl);             // ſ
+  EXPECT_EQ(unicode_flags(0x0295), kLl);             // ʕ is Ll in Unicode 16
+  EXPECT_EQ(unicode_flags(0x200B), 0);               // ZERO WIDTH SPACE is not a space
   EXPECT_EQ(unicode_flags(0xFEFF), 0);
   EXPECT_EQ(unicode_flags(0x0085), kWhiteSpace | kPySpace);
   EXPECT_EQ(unicode_flags(0x001F), kPySpace);
-  EXPECT_EQ(unicode_flags(0x1F600), 0);            // 😀 So
-  EXPECT_EQ(unicode_flags(0xE000), 0);             // private use
-  EXPECT_EQ(unicode_flags(0xD800), 0);             // surrogate
+  EXPECT_EQ(unicode_flags(0x1F600), 0);  // 😀 So
+  EXPECT_EQ(unicode_flags(0xE000), 0);   // private use
+  EXPECT_EQ(unicode_flags(0xD800), 0);   // surrogate
   EXPECT_EQ(unicode_flags(0x10FFFF), 0);
   EXPECT_EQ(unicode_flags(0x110000), 0);
   EXPECT_EQ(unicode_flags(0xFFFFFFFF), 0);
@@ -197,17 +198,20 @@ TEST(Pretokenize, KimiVersusO200kTable) {  // §2.2
 
 TEST(Pretokenize, EighteenCaseCorpus) {  // §7.1, the pieces column
   expect_pieces("Hello, world! The quick brown fox jumps over 12345 lazy dogs.",
-                {"Hello", ",", " world", "!", " The", " quick", " brown", " fox", " jumps", " over", " ",
-                 "123", "45", " lazy", " dogs", "."});
+                {"Hello", ",", " world", "!", " The", " quick", " brown", " fox", " jumps", " over",
+                 " ", "123", "45", " lazy", " dogs", "."});
   expect_pieces("def main():\n    return {'a': 1}\n",
                 {"def", " main", "():\n", "   ", " return", " {'", "a", "':", " ", "1", "}\n"});
   expect_pieces("Kimi K3 是一个开源模型。它支持中文和English mixed text!",
-                {"Kimi", " K", "3", " ", "是一个开源模型", "。", "它支持中文和", "English", " mixed", " text", "!"});
+                {"Kimi", " K", "3", " ", "是一个开源模型", "。", "它支持中文和", "English",
+                 " mixed", " text", "!"});
   expect_pieces("  indented\n\n\nnewlines\t\ttabs   ",
                 {" ", " indented", "\n\n\n", "newlines", "\t", "\ttabs", "   "});
-  expect_pieces("I'll say we've DONE it. HTTPResponse XMLHttpRequest",
-                {"I'll", " say", " we've", " DONE", " it", ".", " HTTPResponse", " XMLHttp", "Request"});
-  expect_pieces("今天天气怎么样？我们去公园散步吧。", {"今天天气怎么样", "？", "我们去公园散步吧", "。"});
+  expect_pieces(
+      "I'll say we've DONE it. HTTPResponse XMLHttpRequest",
+      {"I'll", " say", " we've", " DONE", " it", ".", " HTTPResponse", " XMLHttp", "Request"});
+  expect_pieces("今天天气怎么样？我们去公园散步吧。",
+                {"今天天气怎么样", "？", "我们去公园散步吧", "。"});
   expect_pieces("日本語のテキストです。カタカナとひらがな、漢字も。",
                 {"日本語", "のテキストです", "。カタカナとひらがな", "、", "漢字", "も", "。"});
   expect_pieces("한국어 텍스트도 있습니다.", {"한국어", " 텍스트도", " 있습니다", "."});
@@ -216,7 +220,8 @@ TEST(Pretokenize, EighteenCaseCorpus) {  // §7.1, the pieces column
   expect_pieces("don't CAN'T it's I'M we'RE you'll",
                 {"don't", " CAN'T", " it's", " I'M", " we'RE", " you'll"});
   expect_pieces("1 12 123 1234 12345 3.14159 -42",
-                {"1", " ", "12", " ", "123", " ", "123", "4", " ", "123", "45", " ", "3", ".", "141", "59", " -", "42"});
+                {"1", " ", "12", " ", "123", " ", "123", "4", " ", "123", "45", " ", "3", ".",
+                 "141", "59", " -", "42"});
   expect_pieces("!!! ??? ... --- /// ***bold*** `code`",
                 {"!!!", " ???", " ...", " ---", " ///", " ***", "bold", "***", " `", "code", "`"});
   expect_pieces("  a\n\n\nb\t\t  c   \n d  ",
@@ -224,17 +229,20 @@ TEST(Pretokenize, EighteenCaseCorpus) {  // §7.1, the pieces column
   expect_pieces("🚀 emoji test 🎉 ½ ² € §",
                 {"🚀", " emoji", " test", " 🎉", " ", "½", " ", "²", " €", " §"});
   expect_pieces("iPhone macOS HTTPResponse XMLHttpRequest camelCase snake_case",
-                {"i", "Phone", " mac", "OS", " HTTPResponse", " XMLHttp", "Request", " camel", "Case", " snake", "_case"});
-  expect_pieces("々 〇 一二三 中中中English中文", {"々", " ", "〇", " ", "一二三", " ", "中中中", "English", "中文"});
-  expect_pieces("\r\nwindows\r\nline\r\nendings\r\n", {"\r\n", "windows", "\r\n", "line", "\r\n", "endings", "\r\n"});
+                {"i", "Phone", " mac", "OS", " HTTPResponse", " XMLHttp", "Request", " camel",
+                 "Case", " snake", "_case"});
+  expect_pieces("々 〇 一二三 中中中English中文",
+                {"々", " ", "〇", " ", "一二三", " ", "中中中", "English", "中文"});
+  expect_pieces("\r\nwindows\r\nline\r\nendings\r\n",
+                {"\r\n", "windows", "\r\n", "line", "\r\n", "endings", "\r\n"});
   expect_pieces("mixed 中文with no space英文boundaries测试",
                 {"mixed", " ", "中文", "with", " no", " space", "英文", "boundaries", "测试"});
 }
 
 TEST(Pretokenize, RuleAIsTriedWholeBeforeRuleB) {  // §2.4 notes
-  expect_pieces("\u0301A", {"\u0301", "A"});  // A without prefix takes the mark alone
-  expect_pieces("\u0301a", {"\u0301a"});      // the mark as prefix
-  expect_pieces("ǅa ǅ", {"ǅa", " ǅ"});        // Lt is upper-ish only
+  expect_pieces("\u0301A", {"\u0301", "A"});       // A without prefix takes the mark alone
+  expect_pieces("\u0301a", {"\u0301a"});           // the mark as prefix
+  expect_pieces("ǅa ǅ", {"ǅa", " ǅ"});             // Lt is upper-ish only
 }
 
 TEST(Pretokenize, RuleATakesTheLargestLowerishPosition) {
@@ -248,12 +256,12 @@ TEST(Pretokenize, RuleATakesTheLargestLowerishPosition) {
 }
 
 TEST(Pretokenize, HanNonLettersAreAbsorbedWhenNotLeading) {
-  expect_pieces("!⺀", {"!⺀"});             // So radical joins punctuation
-  expect_pieces("1〇2", {"1〇2"});          // Nl Han numeral joins digits
-  expect_pieces("123〇", {"123", "〇"});    // at most three
-  expect_pieces("x𖿰y", {"x", "𖿰", "y"});   // Han Mc never joins letters
+  expect_pieces("!⺀", {"!⺀"});                  // So radical joins punctuation
+  expect_pieces("1〇2", {"1〇2"});                // Nl Han numeral joins digits
+  expect_pieces("123〇", {"123", "〇"});          // at most three
+  expect_pieces("x𖿰y", {"x", "𖿰", "y"});    // Han Mc never joins letters
   expect_pieces("!\U00016FF0", {"!\U00016FF0"});  // ... but is punctuation for rule D
-  expect_pieces("⺀!", {"⺀", "!"});          // a leading Han code point is rule H
+  expect_pieces("⺀!", {"⺀", "!"});              // a leading Han code point is rule H
   expect_pieces("a\u3005\u3005b", {"a", "\u3005\u3005", "b"});
 }
 
@@ -264,31 +272,42 @@ TEST(Pretokenize, PrefixOnlyAtThePieceStart) {
   expect_pieces("\tword", {"\tword"});
   expect_pieces("a\u0085b", {"a", "\u0085b"});  // White_Space may be the prefix
   expect_pieces("a\u200Bb", {"a", "\u200Bb"});
-  expect_pieces("a\x1f" "b", {"a", "\x1f" "b"});
-  expect_pieces("1a", {"1", "a"});              // digits are never a prefix
-  expect_pieces("\n" "a", {"\n", "a"});         // nor CR/LF
+  expect_pieces(
+      "a\x1f"
+      "b",
+      {"a",
+       "\x1f"
+       "b"});
+  expect_pieces("1a", {"1", "a"});  // digits are never a prefix
+  expect_pieces(
+      "\n"
+      "a",
+      {"\n", "a"});  // nor CR/LF
 }
 
 TEST(Pretokenize, PunctuationRule) {
-  expect_pieces("\t!", {"\t", "!"});          // only U+0020 joins punctuation
+  expect_pieces("\t!", {"\t", "!"});  // only U+0020 joins punctuation
   expect_pieces("a\t(b)", {"a", "\t", "(b", ")"});
   expect_pieces("a !", {"a", " !"});
   expect_pieces("a  !", {"a", " ", " !"});
   expect_pieces("a\u00A0!", {"a", "\u00A0", "!"});
   expect_pieces("a ?!\n\r\nb", {"a", " ?!\n\r\n", "b"});
-  expect_pieces(";\n\t", {";\n", "\t"});       // the tail is CR/LF only
+  expect_pieces(";\n\t", {";\n", "\t"});  // the tail is CR/LF only
   expect_pieces(";\u2028", {";", "\u2028"});
-  expect_pieces("a\x1f\x1f" "b", {"a", "\x1f\x1f", "b"});  // U+001F is not \s: punctuation
+  expect_pieces(
+      "a\x1f\x1f"
+      "b",
+      {"a", "\x1f\x1f", "b"});  // U+001F is not \s: punctuation
   expect_pieces("😀🎉", {"😀🎉"});
 }
 
 TEST(Pretokenize, WhitespaceRules) {
   expect_pieces("a \n b", {"a", " \n", " b"});
-  expect_pieces(" \n \n  x", {" \n \n", " ", " x"});           // up to the last newline
-  expect_pieces("a   ", {"a", "   "});                          // F at the end of the text
+  expect_pieces(" \n \n  x", {" \n \n", " ", " x"});  // up to the last newline
+  expect_pieces("a   ", {"a", "   "});                // F at the end of the text
   expect_pieces("a \u00A0b", {"a", " ", "\u00A0b"});
   expect_pieces("a\u0085\u0085b", {"a", "\u0085", "\u0085b"});
-  expect_pieces("a\u2028\u2028b", {"a", "\u2028", "\u2028b"});   // U+2028 is \s, not a newline
+  expect_pieces("a\u2028\u2028b", {"a", "\u2028", "\u2028b"});      // U+2028 is \s, not a newline
   expect_pieces("a\u3000\u30001", {"a", "\u3000", "\u3000", "1"});  // F, then G
   expect_pieces("a  1", {"a", " ", " ", "1"});
   expect_pieces("\r", {"\r"});
@@ -319,14 +338,28 @@ namespace brute {
 using CharSet = bool (*)(char32_t);
 
 // The character classes of the pattern, each from its spelling in the regex.
-bool has(char32_t cp, uint16_t flags) { return (unicode_flags(cp) & flags) != 0; }
-bool han(char32_t cp) { return has(cp, k3::text::kHan); }
-bool letter(char32_t cp) { return has(cp, k3::text::kLetter); }
-bool number(char32_t cp) { return has(cp, k3::text::kNumber); }
-bool white_space(char32_t cp) { return has(cp, k3::text::kWhiteSpace); }
-bool cr_lf(char32_t cp) { return cp == '\r' || cp == '\n'; }
+bool has(char32_t cp, uint16_t flags) {
+  return (unicode_flags(cp) & flags) != 0;
+}
+bool han(char32_t cp) {
+  return has(cp, k3::text::kHan);
+}
+bool letter(char32_t cp) {
+  return has(cp, k3::text::kLetter);
+}
+bool number(char32_t cp) {
+  return has(cp, k3::text::kNumber);
+}
+bool white_space(char32_t cp) {
+  return has(cp, k3::text::kWhiteSpace);
+}
+bool cr_lf(char32_t cp) {
+  return cp == '\r' || cp == '\n';
+}
 // [^\r\n\p{L}\p{N}]
-bool not_newline_letter_number(char32_t cp) { return !cr_lf(cp) && !letter(cp) && !number(cp); }
+bool not_newline_letter_number(char32_t cp) {
+  return !cr_lf(cp) && !letter(cp) && !number(cp);
+}
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]
 bool upper_set(char32_t cp) {
   using namespace k3::text;
@@ -337,9 +370,13 @@ bool lower_set(char32_t cp) {
   using namespace k3::text;
   return has(cp, kLl | kLm | kLo | kMark) && !han(cp);
 }
-bool space_char(char32_t cp) { return cp == ' '; }
+bool space_char(char32_t cp) {
+  return cp == ' ';
+}
 // [^\s\p{L}\p{N}]
-bool not_space_letter_number(char32_t cp) { return !white_space(cp) && !letter(cp) && !number(cp); }
+bool not_space_letter_number(char32_t cp) {
+  return !white_space(cp) && !letter(cp) && !number(cp);
+}
 
 // Simple case folding (CaseFolding.txt, status C+S) for the letters the pattern can meet:
 // A-Z, U+017F ſ -> s, U+212A KELVIN SIGN -> k, U+212B ANGSTROM SIGN -> å.
@@ -361,28 +398,35 @@ struct Item {
   size_t max = 0;
 };
 
-Item optional(CharSet s) { return {Kind::kSet, s, 0, 1}; }
-Item star(CharSet s) { return {Kind::kSet, s, 0, kUnbounded}; }
-Item plus(CharSet s) { return {Kind::kSet, s, 1, kUnbounded}; }
+Item optional(CharSet s) {
+  return {Kind::kSet, s, 0, 1};
+}
+Item star(CharSet s) {
+  return {Kind::kSet, s, 0, kUnbounded};
+}
+Item plus(CharSet s) {
+  return {Kind::kSet, s, 1, kUnbounded};
+}
 
 // The eight alternatives, in order.
 const std::vector<std::vector<Item>>& alternatives() {
   static const std::vector<std::vector<Item>> kAlternatives = {
-      {plus(han)},                                                                    // [\p{Han}]+
+      {plus(han)},  // [\p{Han}]+
       {optional(not_newline_letter_number), star(upper_set), plus(lower_set), {Kind::kContraction}},
       {optional(not_newline_letter_number), plus(upper_set), star(lower_set), {Kind::kContraction}},
-      {{Kind::kSet, number, 1, 3}},                                                   // \p{N}{1,3}
-      {optional(space_char), plus(not_space_letter_number), star(cr_lf)},             //  ?[^\s\p{L}\p{N}]+[\r\n]*
-      {star(white_space), plus(cr_lf)},                                               // \s*[\r\n]+
-      {plus(white_space), {Kind::kNotFollowedByNonSpace}},                            // \s+(?!\S)
-      {plus(white_space)},                                                            // \s+
+      {{Kind::kSet, number, 1, 3}},  // \p{N}{1,3}
+      {optional(space_char), plus(not_space_letter_number),
+       star(cr_lf)},                                        //  ?[^\s\p{L}\p{N}]+[\r\n]*
+      {star(white_space), plus(cr_lf)},                     // \s*[\r\n]+
+      {plus(white_space), {Kind::kNotFollowedByNonSpace}},  // \s+(?!\S)
+      {plus(white_space)},                                  // \s+
   };
   return kAlternatives;
 }
 
 // Matches items[index..] at `pos`; on success sets `end`. Greedy with backtracking.
-bool match_items(const std::vector<Item>& items, size_t index, const std::u32string& text, size_t pos,
-                 size_t& end) {
+bool match_items(const std::vector<Item>& items, size_t index, const std::u32string& text,
+                 size_t pos, size_t& end) {
   if (index == items.size()) {
     end = pos;
     return true;
@@ -400,7 +444,8 @@ bool match_items(const std::vector<Item>& items, size_t index, const std::u32str
     case Kind::kContraction: {  // (?i:'s|'t|'re|'ve|'m|'ll|'d)?  — greedy: the group first
       for (std::u32string_view word : {U"'s", U"'t", U"'re", U"'ve", U"'m", U"'ll", U"'d"}) {
         bool matches = pos + word.size() <= text.size();
-        for (size_t k = 0; matches && k < word.size(); ++k) matches = fold(text[pos + k]) == fold(word[k]);
+        for (size_t k = 0; matches && k < word.size(); ++k)
+          matches = fold(text[pos + k]) == fold(word[k]);
         if (matches && match_items(items, index + 1, text, pos + word.size(), end)) return true;
       }
       return match_items(items, index + 1, text, pos, end);
@@ -463,7 +508,8 @@ TEST(Pretokenize, MatchesBruteForceRegexOnRandomStrings) {
       std::string got_text, want_text;
       for (const auto& p : got) got_text += "[" + p + "]";
       for (const auto& p : want) want_text += "[" + p + "]";
-      ADD_FAILURE() << "text: " << encode(cps) << "\n  scanner: " << got_text << "\n  regex:   " << want_text;
+      ADD_FAILURE() << "text: " << encode(cps) << "\n  scanner: " << got_text
+                    << "\n  regex:   " << want_text;
     }
   }
   EXPECT_EQ(mismatches, 0u);
@@ -524,12 +570,14 @@ TEST(ChunkText, SpaceRunIsCutAt25000) {
 
 TEST(ChunkText, RunOfExactly25000IsNotCut) {
   EXPECT_EQ(chunks_of(std::string(25000, 'a')), (Ranges64{{0, 25000}}));
-  EXPECT_EQ(chunks_of(std::string(25000, ' ') + "x" + std::string(25000, ' ')), (Ranges64{{0, 50001}}));
+  EXPECT_EQ(chunks_of(std::string(25000, ' ') + "x" + std::string(25000, ' ')),
+            (Ranges64{{0, 50001}}));
 }
 
 TEST(ChunkText, NonSpaceRunOf25001IsCut) {
   EXPECT_EQ(chunks_of(std::string(25001, 'a')), (Ranges64{{0, 25000}, {25000, 25001}}));
-  EXPECT_EQ(chunks_of(std::string(50001, '7')), (Ranges64{{0, 25000}, {25000, 50000}, {50000, 50001}}));
+  EXPECT_EQ(chunks_of(std::string(50001, '7')),
+            (Ranges64{{0, 25000}, {25000, 50000}, {50000, 50001}}));
 }
 
 TEST(ChunkText, IsspaceNotWhiteSpaceBreaksTheRun) {

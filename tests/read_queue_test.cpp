@@ -2,6 +2,8 @@
 // tickets in flight, extents split small, direct windows with a buffered tail, short reads past
 // the end and after truncation, the O_DIRECT refusal fallback, MemFile errors, stats, destroying
 // the queue with reads in flight, concurrent submitters, and ReadTicket on its own.
+#include "io/read_queue.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,7 +21,6 @@
 #include <vector>
 
 #include "io/file.h"
-#include "io/read_queue.h"
 #include "util/error.h"
 
 namespace {
@@ -42,7 +43,8 @@ using Buffer = std::unique_ptr<uint8_t[], FreeDeleter>;
 
 // A 4 KiB-aligned buffer of at least `bytes` (rounded up), filled with 0xEE.
 Buffer aligned_buffer(uint64_t bytes) {
-  const uint64_t size = std::max<uint64_t>(kDirectAlign, (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+  const uint64_t size =
+      std::max<uint64_t>(kDirectAlign, (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
   Buffer b(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, size)));
   std::memset(b.get(), 0xEE, size);
   return b;
@@ -63,7 +65,8 @@ void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
 }
 
 // Where `got` first differs from the file's bytes at `offset`; -1 when equal.
-int64_t first_mismatch(const uint8_t* got, const std::vector<uint8_t>& file, uint64_t offset, uint64_t length) {
+int64_t first_mismatch(const uint8_t* got, const std::vector<uint8_t>& file, uint64_t offset,
+                       uint64_t length) {
   if (std::memcmp(got, file.data() + offset, length) == 0) return -1;
   for (uint64_t i = 0; i < length; ++i)
     if (got[i] != file[offset + i]) return static_cast<int64_t>(i);
@@ -94,7 +97,8 @@ class ReadQueueTest : public ::testing::TestWithParam<Engine> {
     file_ = k3::open_posix_file(path_);
   }
 
-  static std::unique_ptr<ReadQueue> make(int depth = kDepth, uint64_t extent_bytes = kExtentBytes, int threads = 4) {
+  static std::unique_ptr<ReadQueue> make(int depth = kDepth, uint64_t extent_bytes = kExtentBytes,
+                                         int threads = 4) {
     ReadQueueOptions o;
     o.engine = GetParam();
     o.depth = depth;
@@ -228,11 +232,12 @@ TEST_P(ReadQueueTest, ReadsPastTheEndAreShortReads) {
   auto queue = make();
   const uint64_t whole = kFileBytes / kDirectAlign * kDirectAlign;
   std::vector<Read> reads;
-  reads.push_back(buffered(*file_, kFileBytes - 100, 200));                      // straddles the end
-  reads.push_back(buffered(*file_, kFileBytes + 5000, 10));                      // wholly past it
-  reads.push_back(direct(*file_, whole - kDirectAlign, 2 * kDirectAlign));       // partial last block
-  reads.push_back(direct(*file_, whole + 4 * kDirectAlign, kDirectAlign));       // wholly past it
-  reads.push_back(buffered(*file_, kFileBytes - 3 * kExtentBytes, 4 * kExtentBytes));  // last extent short
+  reads.push_back(buffered(*file_, kFileBytes - 100, 200));                 // straddles the end
+  reads.push_back(buffered(*file_, kFileBytes + 5000, 10));                 // wholly past it
+  reads.push_back(direct(*file_, whole - kDirectAlign, 2 * kDirectAlign));  // partial last block
+  reads.push_back(direct(*file_, whole + 4 * kDirectAlign, kDirectAlign));  // wholly past it
+  reads.push_back(
+      buffered(*file_, kFileBytes - 3 * kExtentBytes, 4 * kExtentBytes));  // last extent short
   std::vector<std::unique_ptr<ReadTicket>> tickets;
   for (const Read& r : reads) {
     tickets.push_back(std::make_unique<ReadTicket>());
@@ -240,8 +245,10 @@ TEST_P(ReadQueueTest, ReadsPastTheEndAreShortReads) {
   }
   for (size_t i = 0; i < reads.size(); ++i) {
     tickets[i]->wait();
-    EXPECT_NE(tickets[i]->error().find(path_), std::string::npos) << i << ": " << tickets[i]->error();
-    EXPECT_NE(tickets[i]->error().find("short read"), std::string::npos) << i << ": " << tickets[i]->error();
+    EXPECT_NE(tickets[i]->error().find(path_), std::string::npos)
+        << i << ": " << tickets[i]->error();
+    EXPECT_NE(tickets[i]->error().find("short read"), std::string::npos)
+        << i << ": " << tickets[i]->error();
   }
   // A good read still works on the same queue afterwards.
   Read ok = buffered(*file_, 12345, 54321);
@@ -253,7 +260,8 @@ TEST_P(ReadQueueTest, ReadsPastTheEndAreShortReads) {
 }
 
 TEST_P(ReadQueueTest, FileTruncatedAfterOpenFailsWithoutHanging) {
-  const std::string path = dir_ + "/truncated-" + std::to_string(static_cast<int>(GetParam())) + ".bin";
+  const std::string path =
+      dir_ + "/truncated-" + std::to_string(static_cast<int>(GetParam())) + ".bin";
   const std::vector<uint8_t> bytes = random_bytes(uint64_t{1} << 20, 9);
   write_bytes(path, bytes);
   auto file = k3::open_posix_file(path);
@@ -282,7 +290,8 @@ class CountingFile : public k3::File {
   explicit CountingFile(std::unique_ptr<k3::File> inner) : inner_(std::move(inner)) {}
   const std::string& path() const override { return inner_->path(); }
   uint64_t size() const override { return inner_->size(); }
-  void read_exact(void* dst, uint64_t length, uint64_t offset, const std::string& what) const override {
+  void read_exact(void* dst, uint64_t length, uint64_t offset,
+                  const std::string& what) const override {
     inner_->read_exact(dst, length, offset, what);
   }
   int descriptor(bool direct) const override { return inner_->descriptor(direct); }
@@ -347,7 +356,9 @@ TEST_P(ReadQueueTest, MemFilesAreReadOnTheCallingThread) {
   ticket.wait();
   EXPECT_NE(ticket.error().find("mem/bad.bin"), std::string::npos) << ticket.error();
   EXPECT_NE(ticket.error().find("70000"), std::string::npos) << ticket.error();
-  EXPECT_EQ(first_mismatch(static_cast<uint8_t*>(real.request.dst), bytes_, 777, 3 * kExtentBytes + 1), -1);
+  EXPECT_EQ(
+      first_mismatch(static_cast<uint8_t*>(real.request.dst), bytes_, 777, 3 * kExtentBytes + 1),
+      -1);
 
   // The ticket is reset by the next submit.
   queue->submit(ticket, std::span<const ReadRequest>(requests.data(), 1));
@@ -358,7 +369,8 @@ TEST_P(ReadQueueTest, MemFilesAreReadOnTheCallingThread) {
 TEST_P(ReadQueueTest, ZeroLengthRequestsCompleteAtOnce) {
   auto queue = make();
   uint8_t byte = 0;
-  const std::vector<ReadRequest> requests = {{file_.get(), &byte, 0, 5, false}, {file_.get(), &byte, 0, 0, true}};
+  const std::vector<ReadRequest> requests = {{file_.get(), &byte, 0, 5, false},
+                                             {file_.get(), &byte, 0, 0, true}};
   ReadTicket ticket;
   queue->submit(ticket, requests);
   EXPECT_TRUE(ticket.done());
@@ -387,16 +399,20 @@ TEST_P(ReadQueueTest, DestroyingTheQueueFinishesPendingReads) {
   std::vector<Read> reads;
   for (int t = 0; t < kTickets; ++t) {
     tickets.push_back(std::make_unique<ReadTicket>());
-    reads.push_back(t % 2 ? direct(*file_, t * kLength, kLength) : buffered(*file_, t * kLength + 3, kLength));
+    reads.push_back(t % 2 ? direct(*file_, t * kLength, kLength)
+                          : buffered(*file_, t * kLength + 3, kLength));
   }
   auto queue = make(2, 16 << 10, 2);
-  for (int t = 0; t < kTickets; ++t) queue->submit(*tickets[t], std::span<const ReadRequest>(&reads[t].request, 1));
+  for (int t = 0; t < kTickets; ++t)
+    queue->submit(*tickets[t], std::span<const ReadRequest>(&reads[t].request, 1));
   queue.reset();
   for (int t = 0; t < kTickets; ++t) {
     EXPECT_TRUE(tickets[t]->done()) << t;
     tickets[t]->wait();
     EXPECT_EQ(tickets[t]->error(), "") << t;
-    EXPECT_EQ(first_mismatch(static_cast<uint8_t*>(reads[t].request.dst), bytes_, reads[t].request.offset, kLength), -1)
+    EXPECT_EQ(first_mismatch(static_cast<uint8_t*>(reads[t].request.dst), bytes_,
+                             reads[t].request.offset, kLength),
+              -1)
         << t;
   }
   // Destroying an idle queue, and one that never read anything, does not hang either.
@@ -464,7 +480,8 @@ TEST_P(ReadQueueTest, SubmittingThreadMayExitBeforeItsReadsFinish) {
   EXPECT_EQ(first_mismatch(b.buffer.get(), bytes_, uint64_t{4} << 20, uint64_t{2} << 20), -1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, ReadQueueTest, ::testing::Values(Engine::kUring, Engine::kThreads),
+INSTANTIATE_TEST_SUITE_P(Engines, ReadQueueTest,
+                         ::testing::Values(Engine::kUring, Engine::kThreads),
                          [](const ::testing::TestParamInfo<Engine>& p) {
                            return std::string(p.param == Engine::kUring ? "Uring" : "Threads");
                          });

@@ -1,6 +1,8 @@
 // safetensors_test — header parsing and validation of one shard (io/safetensors.h) on in-memory
 // files, and the snapshot directory (io/model_files.h) on the k3-tiny fixture and damaged copies.
 // Suite names start with Safetensors or ModelFiles (the sanitizer target filters on them).
+#include "io/safetensors.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,10 +16,9 @@
 #include <vector>
 
 #include "io/file.h"
-#include "io/safetensors.h"
 #include "io/model_files.h"
-#include "util/error.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -28,14 +29,13 @@ using k3::testing::TempDir;
 
 using k3::testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                                                            \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos)                              \
+#define EXPECT_HAS(msg, sub)                               \
+  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
       << "message: " << (msg) << "\nexpected it to contain: " << (sub)
 
 const std::string kFixtureDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 const std::string kVisionShard = "model-00010-of-000010.safetensors";
 const std::string kPath = "mem/test-shard.safetensors";
-
 
 // 8-byte little-endian length + header + data.
 std::vector<uint8_t> assemble(const std::string& header, const std::vector<uint8_t>& data,
@@ -60,8 +60,10 @@ json entry(const std::string& dtype, const json& shape, uint64_t begin, uint64_t
   return json{{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, end}}};
 }
 
-std::unique_ptr<k3::SafetensorsShard> open_mem(const std::vector<uint8_t>& bytes, int64_t fail_at = -1) {
-  return std::make_unique<k3::SafetensorsShard>(std::make_unique<k3::MemFile>(kPath, bytes, fail_at));
+std::unique_ptr<k3::SafetensorsShard> open_mem(const std::vector<uint8_t>& bytes,
+                                               int64_t fail_at = -1) {
+  return std::make_unique<k3::SafetensorsShard>(
+      std::make_unique<k3::MemFile>(kPath, bytes, fail_at));
 }
 
 // Error message of opening a shard built from `header` + `data_bytes` zero bytes.
@@ -79,12 +81,12 @@ struct DtypeCase {
   size_t size;
 };
 const DtypeCase kDtypes[] = {
-    {"BF16", k3::DType::kBF16, 2},        {"F16", k3::DType::kF16, 2},
-    {"F32", k3::DType::kF32, 4},          {"F64", k3::DType::kF64, 8},
-    {"I64", k3::DType::kI64, 8},          {"I32", k3::DType::kI32, 4},
-    {"I16", k3::DType::kI16, 2},          {"I8", k3::DType::kI8, 1},
-    {"U8", k3::DType::kU8, 1},            {"BOOL", k3::DType::kBool, 1},
-    {"F8_E4M3", k3::DType::kF8E4M3, 1},   {"F8_E5M2", k3::DType::kF8E5M2, 1},
+    {"BF16", k3::DType::kBF16, 2},      {"F16", k3::DType::kF16, 2},
+    {"F32", k3::DType::kF32, 4},        {"F64", k3::DType::kF64, 8},
+    {"I64", k3::DType::kI64, 8},        {"I32", k3::DType::kI32, 4},
+    {"I16", k3::DType::kI16, 2},        {"I8", k3::DType::kI8, 1},
+    {"U8", k3::DType::kU8, 1},          {"BOOL", k3::DType::kBool, 1},
+    {"F8_E4M3", k3::DType::kF8E4M3, 1}, {"F8_E5M2", k3::DType::kF8E5M2, 1},
     {"F8_E8M0", k3::DType::kF8E8M0, 1},
 };
 
@@ -262,7 +264,7 @@ TEST(SafetensorsReject, HeaderLengthAboveCap) {
 
 TEST(SafetensorsReject, BadJson) {
   for (const std::string& h : {std::string("{not json"), std::string(R"({"w":{"dtype":"U8",)"),
-                              std::string(""), std::string("\xff\xfe")}) {
+                               std::string(""), std::string("\xff\xfe")}) {
     const std::string msg = error_of([&] { open_mem(assemble(h, {})); });
     EXPECT_HAS(msg, kPath);
     EXPECT_HAS(msg, "JSON");
@@ -356,8 +358,8 @@ TEST(SafetensorsReject, OverlappingTensors) {
 }
 
 TEST(SafetensorsReject, BadShapeEntries) {
-  for (const json& shape : {json{-1}, json{2, -3}, json{1.5}, json{"2"}, json{json::array({2})},
-                            json{true}}) {
+  for (const json& shape :
+       {json{-1}, json{2, -3}, json{1.5}, json{"2"}, json{json::array({2})}, json{true}}) {
     json header;
     header["w"] = entry("U8", shape, 0, 2);
     const std::string msg = open_error(header, 2);
@@ -377,8 +379,8 @@ TEST(SafetensorsReject, HugeShapeDoesNotOverflow) {
 }
 
 TEST(SafetensorsReject, BadDataOffsets) {
-  for (const json& offsets : {json{0}, json{0, 4, 8}, json{-4, 0}, json{0.0, 4.5}, json{"0", "4"},
-                              json(4)}) {
+  for (const json& offsets :
+       {json{0}, json{0, 4, 8}, json{-4, 0}, json{0.0, 4.5}, json{"0", "4"}, json(4)}) {
     json header;
     header["w"] = {{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", offsets}};
     const std::string msg = open_error(header, 8);
@@ -427,11 +429,11 @@ TEST(SafetensorsReject, ReadErrorNamesTheTensor) {
   const std::string h = header.dump();
   const auto bytes = assemble(h, pattern(8, 2));
   const int64_t fail_at = static_cast<int64_t>(8 + h.size() + 5);  // inside "second.weight"
-  const auto shard = open_mem(bytes, fail_at);                       // the header still reads
+  const auto shard = open_mem(bytes, fail_at);                     // the header still reads
   std::vector<uint8_t> got(4);
   shard->read(*shard->find("first"), got.data());  // does not touch the failing byte
-  EXPECT_EQ(got, std::vector<uint8_t>({pattern(8, 2)[0], pattern(8, 2)[1], pattern(8, 2)[2],
-                                       pattern(8, 2)[3]}));
+  EXPECT_EQ(got, std::vector<uint8_t>(
+                     {pattern(8, 2)[0], pattern(8, 2)[1], pattern(8, 2)[2], pattern(8, 2)[3]}));
   const std::string msg = error_of([&] { shard->read(*shard->find("second.weight"), got.data()); });
   EXPECT_HAS(msg, kPath);
   EXPECT_HAS(msg, "second.weight");
@@ -442,7 +444,6 @@ TEST(SafetensorsReject, ReadErrorNamesTheTensor) {
 
 // ---------------------------------------------------------------------------------------------
 // ModelFiles on the k3-tiny fixture
-
 
 // A copy of the fixture directory.
 std::unique_ptr<TempDir> fixture_copy(const std::string& tag) {
@@ -458,7 +459,9 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(out.good()) << path;
 }
 
-json read_json(const std::string& path) { return json::parse(k3::read_text_file(path)); }
+json read_json(const std::string& path) {
+  return json::parse(k3::read_text_file(path));
+}
 
 std::vector<std::string> shard_names(const k3::ModelFiles& snap) {
   std::vector<std::string> out;
@@ -541,8 +544,9 @@ TEST(SnapshotFixture, RequireReportsMismatches) {
       error_of([&] { snap.require("model.layers.0.self_attn.nope", k3::DType::kF32, {16}); });
   EXPECT_HAS(missing_msg, "language_model.model.layers.0.self_attn.nope");
 
-  const std::string any_msg = error_of(
-      [&] { snap.require_any(name, {k3::DType::kBF16, k3::DType::kF16}, {16}); });
+  const std::string any_msg = error_of([&] {
+    snap.require_any(name, {k3::DType::kBF16, k3::DType::kF16}, {16});
+  });
   EXPECT_HAS(any_msg, full);
   EXPECT_HAS(any_msg, "BF16");
   EXPECT_HAS(any_msg, "F16");
@@ -619,8 +623,8 @@ TEST(SnapshotDamaged, IndexShardDeletedFromDisk) {
 }
 
 TEST(SnapshotDamaged, IndexPathWithSlashIsRefused) {
-  for (const char* bad : {"../model-00009-of-000010.safetensors", "sub/model-00009-of-000010.safetensors",
-                                "/etc/passwd", ".."}) {
+  for (const char* bad : {"../model-00009-of-000010.safetensors",
+                          "sub/model-00009-of-000010.safetensors", "/etc/passwd", ".."}) {
     const auto dir = fixture_copy("slash");
     const std::string index_path = dir->file("model.safetensors.index.json");
     json index = read_json(index_path);
@@ -676,7 +680,8 @@ TEST(SnapshotDamaged, BadIndexAndConfig) {
     write_bytes(dir->file("config.json"), "{oops");
     EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "config.json");
   }
-  EXPECT_HAS(error_of([&] { k3::ModelFiles snap(kFixtureDir + "/does-not-exist"); }), "does-not-exist");
+  EXPECT_HAS(error_of([&] { k3::ModelFiles snap(kFixtureDir + "/does-not-exist"); }),
+             "does-not-exist");
 }
 
 TEST(SnapshotDamaged, DuplicateTensorAcrossShardsIsRefused) {

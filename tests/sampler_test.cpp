@@ -1,16 +1,16 @@
 // The sampler against a brute-force reference: the set of tokens it can return (top-k, min-p,
 // top-p over a fully sorted vocabulary) and the frequencies it returns them with (softmax at the
 // temperature, renormalised over that set); seeds reproduce.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
-
-#include <gtest/gtest.h>
-
-#include "engine/sampler.h"
 
 namespace k3 {
 namespace {
@@ -83,20 +83,23 @@ TEST(Sampler, SupportAndFrequenciesMatchAFullSort) {
       {163840, 3.0f, opts(0.6, 0.95, 0, 0.0)},
   };
   for (size_t c = 0; c < cases.size(); ++c) {
-    const auto logits = random_logits(cases[c].vocab, 17 + static_cast<uint32_t>(c), cases[c].spread);
+    const auto logits =
+        random_logits(cases[c].vocab, 17 + static_cast<uint32_t>(c), cases[c].spread);
     const auto want = reference(logits, cases[c].o);
     Sampler sampler(cases[c].o, 1234 + c);
     const int draws = cases[c].vocab > 1000 ? 2000 : 40000;
     std::map<int64_t, int> got;
     for (int i = 0; i < draws; ++i) {
       const int64_t id = sampler.sample(logits);
-      ASSERT_TRUE(want.count(id)) << "case " << c << ": token " << id << " is outside the allowed set of " << want.size();
+      ASSERT_TRUE(want.count(id)) << "case " << c << ": token " << id
+                                  << " is outside the allowed set of " << want.size();
       ++got[id];
     }
     // The whole allowed set is reachable (a head cut too early would show as too few tokens).
     EXPECT_GT(got.size() * 3, std::min<size_t>(want.size(), draws)) << "case " << c;
     if (draws < 40000) continue;
-    for (const auto& [id, p] : want) {  // 4.5 sigma of a binomial: a wrong weight fails, noise does not
+    for (const auto& [id, p] :
+         want) {  // 4.5 sigma of a binomial: a wrong weight fails, noise does not
       const double expected = p * draws, sigma = std::sqrt(draws * p * (1 - p));
       EXPECT_NEAR(got[id], expected, 4.5 * sigma + 2) << "case " << c << " token " << id;
     }

@@ -11,19 +11,24 @@
 namespace k3::server {
 namespace {
 
-ApiConfig config() { return ApiConfig{}; }
+ApiConfig config() {
+  return ApiConfig{};
+}
 
 ChatRequest accepted(const std::string& body) {
   auto r = parse_chat_request(body, config());
   if (auto* e = std::get_if<ApiError>(&r)) {
-    ADD_FAILURE() << "refused (" << e->code << ", " << e->param.value_or("-") << "): " << e->message << "\n" << body;
+    ADD_FAILURE() << "refused (" << e->code << ", " << e->param.value_or("-") << "): " << e->message
+                  << "\n"
+                  << body;
     return {};
   }
   return std::get<ChatRequest>(r);
 }
 
 std::string with(const std::string& extra) {
-  return R"({"model":"kimi-k3","messages":[{"role":"user","content":"hi"}])" + (extra.empty() ? "" : "," + extra) + "}";
+  return R"({"model":"kimi-k3","messages":[{"role":"user","content":"hi"}])" +
+         (extra.empty() ? "" : "," + extra) + "}";
 }
 
 struct Case {
@@ -45,8 +50,8 @@ void expect_refusals(const std::vector<Case>& cases, Parse parse) {
     EXPECT_EQ(e.param.value_or(""), c.param) << c.body;
     EXPECT_FALSE(e.message.empty());
     const json body = error_body(e);
-    EXPECT_TRUE(body["error"].contains("message") && body["error"].contains("type") && body["error"].contains("param") &&
-                body["error"].contains("code"));
+    EXPECT_TRUE(body["error"].contains("message") && body["error"].contains("type") &&
+                body["error"].contains("param") && body["error"].contains("code"));
   }
 }
 
@@ -57,18 +62,26 @@ TEST(ServeApi, RefusalsNameTheParameter) {
       {"{\"model\":\"kimi-k3\"} trailing", 400, "invalid_json", ""},
       {"\"just a string\"", 400, "invalid_json", ""},
       {std::string(100, '[') + std::string(100, ']'), 400, "invalid_json", ""},
-      {"{\"model\":\"kimi-k3\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "invalid_json", ""},
-      {R"({"model":"kimi-k3","messages":[{"role":"user","content":"\ud800"}]})", 400, "invalid_json", ""},
-      {R"({"messages":[{"role":"user","content":"hi"}]})", 400, "missing_required_parameter", "model"},
+      {"{\"model\":\"kimi-k3\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400,
+       "invalid_json", ""},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":"\ud800"}]})", 400,
+       "invalid_json", ""},
+      {R"({"messages":[{"role":"user","content":"hi"}]})", 400, "missing_required_parameter",
+       "model"},
       {R"({"model":"kimi-k3"})", 400, "missing_required_parameter", "messages"},
       {R"({"model":"kimi-k3","messages":{}})", 400, "invalid_value", "messages"},
       {R"({"model":"kimi-k3","messages":[]})", 400, "invalid_value", "messages"},
       {R"({"model":7,"messages":[{"role":"user","content":"hi"}]})", 400, "invalid_value", "model"},
-      {R"({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})", 404, "model_not_found", "model"},
-      {R"({"model":"kimi-k3","messages":[{"role":"wizard","content":"hi"}]})", 400, "invalid_value", "messages.0.role"},
-      {R"({"model":"kimi-k3","messages":[{"content":"hi"}]})", 400, "invalid_value", "messages.0.role"},
-      {R"({"model":"kimi-k3","messages":[{"role":"user","content":5}]})", 400, "invalid_value", "messages.0.content"},
-      {R"({"model":"kimi-k3","messages":[{"role":"user","content":"a\u0000b"}]})", 400, "invalid_value", "messages.0.content"},
+      {R"({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})", 404, "model_not_found",
+       "model"},
+      {R"({"model":"kimi-k3","messages":[{"role":"wizard","content":"hi"}]})", 400, "invalid_value",
+       "messages.0.role"},
+      {R"({"model":"kimi-k3","messages":[{"content":"hi"}]})", 400, "invalid_value",
+       "messages.0.role"},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":5}]})", 400, "invalid_value",
+       "messages.0.content"},
+      {R"({"model":"kimi-k3","messages":[{"role":"user","content":"a\u0000b"}]})", 400,
+       "invalid_value", "messages.0.content"},
       {R"({"model":"kimi-k3","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})",
        400, "unsupported_content_type", "messages.0.content.1"},
       {R"({"model":"kimi-k3","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]})",
@@ -79,29 +92,36 @@ TEST(ServeApi, RefusalsNameTheParameter) {
       {with(R"("top_k":-1)"), 400, "invalid_value", "top_k"},
       {with(R"("min_p":1.5)"), 400, "invalid_value", "min_p"},
       {with(R"("stream":"yes")"), 400, "invalid_value", "stream"},
-      {with(R"("stream_options":{"include_usage":1})"), 400, "invalid_value", "stream_options.include_usage"},
+      {with(R"("stream_options":{"include_usage":1})"), 400, "invalid_value",
+       "stream_options.include_usage"},
       {with(R"("max_tokens":0)"), 400, "invalid_value", "max_tokens"},
-      {with(R"("max_completion_tokens":2147483648)"), 400, "invalid_value", "max_completion_tokens"},
+      {with(R"("max_completion_tokens":2147483648)"), 400, "invalid_value",
+       "max_completion_tokens"},
       {with(R"("max_tokens":1.5)"), 400, "invalid_value", "max_tokens"},
       {with(R"("seed":"abc")"), 400, "invalid_value", "seed"},
       {with(R"("stop":["ok",""])"), 400, "invalid_value", "stop.1"},
       {with(R"("stop":7)"), 400, "invalid_value", "stop"},
-      {with(R"("stop":[)" + std::string("\"a\",", 0) + R"("1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"), 400,
-       "invalid_value", "stop"},
+      {with(R"("stop":[)" + std::string("\"a\",", 0) +
+            R"("1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"),
+       400, "invalid_value", "stop"},
       {with(R"("n":2)"), 400, "unsupported_value", "n"},
       {with(R"("frequency_penalty":0.5)"), 400, "unsupported_parameter", "frequency_penalty"},
       {with(R"("presence_penalty":1)"), 400, "unsupported_parameter", "presence_penalty"},
       {with(R"("logit_bias":{"5":1})"), 400, "unsupported_parameter", "logit_bias"},
       {with(R"("logprobs":true)"), 400, "unsupported_parameter", "logprobs"},
-      {with(R"("response_format":{"type":"json_object"})"), 400, "unsupported_parameter", "response_format"},
+      {with(R"("response_format":{"type":"json_object"})"), 400, "unsupported_parameter",
+       "response_format"},
       {with(R"("functions":[{"name":"f"}])"), 400, "unsupported_parameter", "functions"},
       {with(R"("reasoning_effort":"extreme")"), 400, "unsupported_value", "reasoning_effort"},
-      {with(R"("chat_template_kwargs":{"enable_thinking":"yes"})"), 400, "invalid_value", "chat_template_kwargs.enable_thinking"},
+      {with(R"("chat_template_kwargs":{"enable_thinking":"yes"})"), 400, "invalid_value",
+       "chat_template_kwargs.enable_thinking"},
       {with(R"("tools":{})"), 400, "invalid_value", "tools"},
-      {with(R"("tools":[{"type":"function","function":{}}])"), 400, "invalid_value", "tools.0.function.name"},
+      {with(R"("tools":[{"type":"function","function":{}}])"), 400, "invalid_value",
+       "tools.0.function.name"},
       {with(R"("tool_choice":"sometimes")"), 400, "unsupported_value", "tool_choice"},
   };
-  expect_refusals(cases, [](const std::string& body) { return parse_chat_request(body, config()); });
+  expect_refusals(cases,
+                  [](const std::string& body) { return parse_chat_request(body, config()); });
 }
 
 TEST(ServeApi, AcceptsWhatSdksSend) {
@@ -161,7 +181,8 @@ TEST(ServeApi, CompletionRequests) {
       {R"({"model":"kimi-k3","prompt":"x","echo":true})", 400, "unsupported_parameter", "echo"},
       {R"({"model":"kimi-k3","prompt":"x","suffix":"y"})", 400, "unsupported_parameter", "suffix"},
       {R"({"model":"kimi-k3","prompt":"x","best_of":2})", 400, "unsupported_value", "best_of"},
-      {R"({"model":"kimi-k3","prompt":"x","logprobs":3})", 400, "unsupported_parameter", "logprobs"},
+      {R"({"model":"kimi-k3","prompt":"x","logprobs":3})", 400, "unsupported_parameter",
+       "logprobs"},
       {R"({"model":"kimi-k3","prompt":"x","n":3})", 400, "unsupported_value", "n"},
       {R"({"model":"kimi-k3","prompt":"x","temperature":-1})", 400, "invalid_value", "temperature"},
       {R"({"model":"other","prompt":"x"})", 404, "model_not_found", "model"},
@@ -207,7 +228,9 @@ TEST(ServeApi, ResponseShapes) {
   EXPECT_EQ(r["x_k3"]["reuse"], "checkpoint");
   EXPECT_EQ(r["x_k3"]["checkpoint_restored_at"], 380);
   request.reasoning_inline = true;
-  EXPECT_EQ(chat_completion_json(result, request, config(), ids)["choices"][0]["message"]["content"], "Because.</think>Rome.");
+  EXPECT_EQ(
+      chat_completion_json(result, request, config(), ids)["choices"][0]["message"]["content"],
+      "Because.</think>Rome.");
   ApiConfig both = config();
   both.reasoning_field = "both";
   json delta = json::object();
@@ -222,7 +245,8 @@ TEST(ServeApi, ResponseShapes) {
   result.stats.finish = FinishReason::tool_calls;
   const json t = chat_completion_json(result, accepted(with("")), config(), ids);
   EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
-  EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city":"Paris"})");
   EXPECT_EQ(t["choices"][0]["message"]["tool_calls"][0]["type"], "function");
   EXPECT_EQ(t["choices"][0]["finish_reason"], "tool_calls");
   // Chunks.
@@ -294,8 +318,10 @@ TEST(ServeApi, MetricsText) {
   s.experts.prefetch_used = 30;
   s.experts.predicted_hits = 3;
   s.experts.predicted_total = 4;
-  const std::string text = metrics_text(s, {{"endpoint=\"/v1/chat/completions\",status=\"200\"", 3}});
-  EXPECT_NE(text.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 3\n"), std::string::npos);
+  const std::string text =
+      metrics_text(s, {{"endpoint=\"/v1/chat/completions\",status=\"200\"", 3}});
+  EXPECT_NE(text.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 3\n"),
+            std::string::npos);
   EXPECT_NE(text.find("k3_generated_tokens_total 57\n"), std::string::npos);
   EXPECT_NE(text.find("k3_prompt_tokens_cached_total 380\n"), std::string::npos);
   EXPECT_NE(text.find("k3_decode_tokens_per_second 28.5\n"), std::string::npos);

@@ -2,9 +2,9 @@
 // its brake, unknown paths and wrong methods, /v1/models and /tokenize answered by the handlers
 // over a demo checkpoint (real tokenizer, random weights), the body limit before and after the
 // body is read, and the labels /metrics counts under.
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 #include "engine/service.h"
 #include "server/routes.h"
@@ -46,7 +46,8 @@ ServerOptions server_options() {
   return o;
 }
 
-HttpRequest request(std::string method, std::string path, std::string body = "", const char* key = "sk-test") {
+HttpRequest request(std::string method, std::string path, std::string body = "",
+                    const char* key = "sk-test") {
   HttpRequest r;
   r.method = std::move(method);
   r.path = path;
@@ -62,7 +63,9 @@ HttpRequest request(std::string method, std::string path, std::string body = "",
   return r;
 }
 
-json body_of(const HttpResponse& res) { return json::parse(res.body); }
+json body_of(const HttpResponse& res) {
+  return json::parse(res.body);
+}
 
 void expect_error(const HttpResponse& res, int status, const std::string& code) {
   EXPECT_EQ(res.status, status) << res.body;
@@ -70,12 +73,14 @@ void expect_error(const HttpResponse& res, int status, const std::string& code) 
   const json b = body_of(res);
   ASSERT_TRUE(b.contains("error")) << res.body;
   EXPECT_EQ(b["error"]["code"], code) << res.body;
-  EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") && b["error"].contains("param"));
+  EXPECT_TRUE(b["error"].contains("message") && b["error"].contains("type") &&
+              b["error"].contains("param"));
   EXPECT_FALSE(res.header("x-request-id").empty());
 }
 
 void wait_ready(EngineService& service) {
-  for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 600 && !service.engine(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_NE(service.engine(), nullptr) << service.stats().load_error;
 }
 
@@ -104,7 +109,8 @@ TEST(ServeApi, RoutesRefuseAMissingOrWrongKey) {
 TEST(ServeApi, RoutesBrakeRepeatedKeyFailures) {
   EngineService& service = shared_service();
   Router router(service, server_options());
-  for (int i = 0; i < 20; ++i) expect_error(router.serve(request("GET", "/slots", "", "sk-guess")), 401, "invalid_api_key");
+  for (int i = 0; i < 20; ++i)
+    expect_error(router.serve(request("GET", "/slots", "", "sk-guess")), 401, "invalid_api_key");
   // Blocked now, even with the right key.
   const HttpResponse res = router.serve(request("GET", "/slots"));
   expect_error(res, 429, "too_many_auth_failures");
@@ -147,16 +153,19 @@ TEST(ServeApi, RoutesTokenizeThroughTheTable) {
   EngineService& service = shared_service();
   Router router(service, server_options());
   wait_ready(service);
-  const HttpResponse res = router.serve(request("POST", "/tokenize", R"({"content":"hello world"})"));
+  const HttpResponse res =
+      router.serve(request("POST", "/tokenize", R"({"content":"hello world"})"));
   ASSERT_EQ(res.status, 200) << res.body;
   std::vector<int32_t> expected;
   service.engine()->tokenizer()->encode("hello world", false, expected);
   EXPECT_EQ(body_of(res)["tokens"].get<std::vector<int32_t>>(), expected);
   EXPECT_FALSE(expected.empty());
-  const HttpResponse back = router.serve(request("POST", "/detokenize", json{{"tokens", expected}}.dump()));
+  const HttpResponse back =
+      router.serve(request("POST", "/detokenize", json{{"tokens", expected}}.dump()));
   ASSERT_EQ(back.status, 200) << back.body;
   EXPECT_EQ(body_of(back)["content"], "hello world");
-  expect_error(router.serve(request("POST", "/tokenize", R"({"content":1})")), 400, "invalid_value");
+  expect_error(router.serve(request("POST", "/tokenize", R"({"content":1})")), 400,
+               "invalid_value");
   // Content-Type is checked before the route runs.
   HttpRequest text = request("POST", "/tokenize", R"({"content":"x"})");
   text.headers[2].second = "text/plain";
@@ -202,8 +211,11 @@ TEST(ServeApi, RouteTableLabelsAndLogging) {
   EXPECT_TRUE(router.record("POST", "/v1/chat/completions", 200));
   const HttpResponse m = router.serve(request("GET", "/metrics"));
   ASSERT_EQ(m.status, 200);
-  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1\n"), std::string::npos) << m.body;
-  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/health\",status=\"200\"} 1\n"), std::string::npos);
+  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1\n"),
+            std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/health\",status=\"200\"} 1\n"),
+            std::string::npos);
 }
 
 }  // namespace

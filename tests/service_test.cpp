@@ -1,15 +1,16 @@
 // The engine service on a demo checkpoint (real tokenizer, random weights): reused prefixes and
 // restored checkpoints give the same greedy tokens as a cold run, and the reuse is observed (cached
 // counts, restore positions) so the tests cannot pass vacuously; a cancelled prefill leaves the
-// session as it was; corrupted disk checkpoints are rejected; admission and cancellation of waiters.
+// session as it was; corrupted disk checkpoints are rejected; admission and cancellation of
+// waiters.
+#include "engine/service.h"
+
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <thread>
 
-#include <gtest/gtest.h>
-
-#include "engine/service.h"
 #include "server/api.h"
 #include "synth_lib.h"
 #include "test_util.h"
@@ -40,13 +41,26 @@ Outcome collect(const std::shared_ptr<RequestHandle>& handle) {
   for (int waited = 0; waited < 600; ++waited) {
     if (!handle->next(e, std::chrono::milliseconds(100))) continue;
     switch (e.kind) {
-      case ServiceEvent::Kind::accepted: out.accepted = e.stats; break;
-      case ServiceEvent::Kind::progress: out.progress.push_back(e); break;
-      case ServiceEvent::Kind::reasoning: out.reasoning += e.text; break;
-      case ServiceEvent::Kind::content: out.content += e.text; break;
-      case ServiceEvent::Kind::done: out.done = e.stats; return out;
-      case ServiceEvent::Kind::error: out.error = std::string(k3::service_error_name(e.error)) + ": " + e.text; return out;
-      default: break;
+      case ServiceEvent::Kind::accepted:
+        out.accepted = e.stats;
+        break;
+      case ServiceEvent::Kind::progress:
+        out.progress.push_back(e);
+        break;
+      case ServiceEvent::Kind::reasoning:
+        out.reasoning += e.text;
+        break;
+      case ServiceEvent::Kind::content:
+        out.content += e.text;
+        break;
+      case ServiceEvent::Kind::done:
+        out.done = e.stats;
+        return out;
+      case ServiceEvent::Kind::error:
+        out.error = std::string(k3::service_error_name(e.error)) + ": " + e.text;
+        return out;
+      default:
+        break;
     }
   }
   ADD_FAILURE() << "no done event within 60 s";
@@ -63,7 +77,8 @@ ServiceOptions options(int slots, const std::string& dir = "") {
 }
 
 void wait_ready(EngineService& service) {
-  for (int i = 0; i < 600 && !service.engine(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 600 && !service.engine(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_NE(service.engine(), nullptr) << service.stats().load_error;
 }
 
@@ -130,7 +145,8 @@ TEST(Service, FollowUpAndEditedTurnRestoreCheckpointsAndEqualCold) {
   EXPECT_EQ(follow.done.cached_tokens, static_cast<int64_t>(head.size()));
   EXPECT_EQ(follow.content, run(cold, greedy(p2, 10)).content);
   // The last turn edited: resumes at the anchor checkpoint and prefills only the new last message.
-  const auto edited = concat(head, encode(warm, " The Nile.\nUser: and three mountains?\nAssistant:"));
+  const auto edited =
+      concat(head, encode(warm, " The Nile.\nUser: and three mountains?\nAssistant:"));
   const Outcome edit = run(warm, greedy(edited, 10, anchor2));
   EXPECT_EQ(edit.accepted.reuse, ReuseKind::checkpoint);
   EXPECT_EQ(edit.done.cached_tokens, anchor2);
@@ -179,7 +195,9 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   ServiceEvent e;
   bool saw_progress = false;
   for (int i = 0; i < 600 && !saw_progress; ++i)
-    if ((*handle)->next(e, std::chrono::milliseconds(100)) && e.kind == ServiceEvent::Kind::progress) saw_progress = true;
+    if ((*handle)->next(e, std::chrono::milliseconds(100)) &&
+        e.kind == ServiceEvent::Kind::progress)
+      saw_progress = true;
   ASSERT_TRUE(saw_progress);
   warm.cancel(*handle);
   const Outcome cancelled = collect(*handle);
@@ -208,7 +226,7 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
     EngineService warm(options(2, dir)), cold(options(0));
     wait_ready(warm);
     wait_ready(cold);
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(::stat(dir.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
     const auto head = encode(warm, "User: list four colours.\nAssistant:");
@@ -225,9 +243,11 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
       EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
     }
     EXPECT_EQ(files, 2);
-    // Corrupt every checkpoint's payload: a restore must reject them and fall back to a cold prefill.
+    // Corrupt every checkpoint's payload: a restore must reject them and fall back to a cold
+    // prefill.
     for (int slot = 0; slot < 2; ++slot) {
-      std::fstream f(dir + "/k3_ckpt_" + std::to_string(slot) + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+      std::fstream f(dir + "/k3_ckpt_" + std::to_string(slot) + ".bin",
+                     std::ios::in | std::ios::out | std::ios::binary);
       f.seekp(100);
       const char junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
       f.write(junk, sizeof junk);
@@ -238,9 +258,10 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
     EXPECT_GE(warm.stats().ckpt.rejected, 1);
     EXPECT_EQ(after.content, run(cold, greedy(edited, 6)).content);
   }
-  struct stat st{};
+  struct stat st {};
   for (int slot = 0; slot < 2; ++slot)
-    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0) << "checkpoint left behind";
+    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0)
+        << "checkpoint left behind";
 }
 
 TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
@@ -280,7 +301,8 @@ TEST(Service, StopStringsAreWithheldAndEndTheReply) {
   size_t from = full.content.size() / 2;
   while (from > 0 && (static_cast<unsigned char>(full.content[from]) & 0xC0) == 0x80) --from;
   size_t to = from + 3;
-  while (to < full.content.size() && (static_cast<unsigned char>(full.content[to]) & 0xC0) == 0x80) ++to;
+  while (to < full.content.size() && (static_cast<unsigned char>(full.content[to]) & 0xC0) == 0x80)
+    ++to;
   const std::string stop = full.content.substr(from, to - from);
   ServiceRequest r = greedy(prompt, 24);
   r.stop = {"\x01never", stop};
@@ -318,7 +340,8 @@ TEST(Service, ChatAnchorIsThePrefixBeforeTheLastMessage) {
       {"role":"user","content":"And Italy?"}]})";
   auto parsed = server::parse_chat_request(body, api);
   ASSERT_TRUE(std::holds_alternative<server::ChatRequest>(parsed));
-  auto rendered = server::render_chat_prompt(std::get<server::ChatRequest>(parsed), *service.engine()->tokenizer());
+  auto rendered = server::render_chat_prompt(std::get<server::ChatRequest>(parsed),
+                                             *service.engine()->tokenizer());
   ASSERT_TRUE(std::holds_alternative<server::RenderedPrompt>(rendered));
   const auto& prompt = std::get<server::RenderedPrompt>(rendered);
   EXPECT_GT(prompt.anchor, 10);
@@ -335,7 +358,8 @@ TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
   const text::Tokenizer& tokenizer = *probe.engine()->tokenizer();
   std::vector<int32_t> script32;
   tokenizer.encode(
-      "Weather needs a tool.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>"
+      "Weather needs a "
+      "tool.<|close|>think<|sep|><|open|>response<|sep|>Checking.<|close|>response<|sep|>"
       "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>"
       "<|open|>argument key=\"city\" type=\"string\"<|sep|>Paris<|close|>argument<|sep|>"
       "<|open|>argument key=\"days\" type=\"number\"<|sep|>2<|close|>argument<|sep|>"
@@ -346,9 +370,11 @@ TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
   wait_ready(service);
 
   server::ApiConfig api;
-  auto parsed = server::parse_chat_request(R"({"model":"kimi-k3","messages":[{"role":"user","content":"Weather in Paris?"}],
+  auto parsed = server::parse_chat_request(
+      R"({"model":"kimi-k3","messages":[{"role":"user","content":"Weather in Paris?"}],
       "tools":[{"type":"function","function":{"name":"get_weather","description":"Current weather",
-      "parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"number"}}}}}]})", api);
+      "parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"number"}}}}}]})",
+      api);
   ASSERT_TRUE(std::holds_alternative<server::ChatRequest>(parsed));
   const auto& request = std::get<server::ChatRequest>(parsed);
   auto rendered = server::render_chat_prompt(request, tokenizer);
@@ -381,10 +407,12 @@ TEST(Service, ScriptedToolCallBecomesOpenAIToolCalls) {
   EXPECT_EQ(result.content, "Checking.");
   EXPECT_EQ(result.stats.finish, k3::FinishReason::tool_calls);
   EXPECT_EQ(result.stats.completion_tokens, static_cast<int64_t>(script32.size()));
-  const server::json out = server::chat_completion_json(result, request, api, server::new_response_ids());
+  const server::json out =
+      server::chat_completion_json(result, request, api, server::new_response_ids());
   ASSERT_EQ(out["choices"][0]["message"]["tool_calls"].size(), 1u);
   EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
-  EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris","days":2})");
+  EXPECT_EQ(out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            R"({"city":"Paris","days":2})");
   EXPECT_EQ(out["choices"][0]["finish_reason"], "tool_calls");
 }
 
@@ -401,7 +429,7 @@ TEST(Service, EngineFaultFailsTheRequestAndServingGoesOn) {
   EXPECT_NE(failed.error.find("engine_error"), std::string::npos) << failed.error;
   EXPECT_FALSE(failed.content.empty());  // what was generated before the fault was delivered
   EXPECT_EQ(service.stats().failed, 1);
-  EXPECT_EQ(service.stats().fed_tokens, 0);  // reset, not half-fed
+  EXPECT_EQ(service.stats().fed_tokens, 0);              // reset, not half-fed
   const Outcome next = run(service, greedy(prompt, 3));  // the last token is never fed: no fault
   EXPECT_TRUE(next.error.empty()) << next.error;
   EXPECT_EQ(next.done.completion_tokens, 3);

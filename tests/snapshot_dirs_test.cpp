@@ -29,8 +29,8 @@ std::vector<float> logits_of(const std::string& dir, const std::vector<std::stri
 
 TEST(SnapshotDirs, ASplitModelComputesLikeTheWholeOne) {
   const k3::testing::TempDir root("snapshot-dirs");
-  const std::string whole = root.path() + "/whole", main = root.path() + "/main", second = root.path() + "/second",
-                    third = root.path() + "/third";
+  const std::string whole = root.path() + "/whole", main = root.path() + "/main",
+                    second = root.path() + "/second", third = root.path() + "/third";
   k3::synth::SynthSpec spec = k3::synth::preset_spec("tiny");
   spec.progress = false;
   k3::synth::write_checkpoint(spec, whole);
@@ -44,7 +44,8 @@ TEST(SnapshotDirs, ASplitModelComputesLikeTheWholeOne) {
   std::sort(shards.begin(), shards.end());
   ASSERT_GE(shards.size(), 3u);
   for (size_t i = 0; i < shards.size(); ++i)
-    if (i % 2 == 1) fs::rename(fs::path(main) / shards[i], fs::path(i % 4 == 1 ? second : third) / shards[i]);
+    if (i % 2 == 1)
+      fs::rename(fs::path(main) / shards[i], fs::path(i % 4 == 1 ? second : third) / shards[i]);
 
   const std::vector<float> expected = logits_of(whole, {});
   const std::vector<float> split = logits_of(main, {second, third});
@@ -65,7 +66,8 @@ TEST(SnapshotDirs, ASplitModelComputesLikeTheWholeOne) {
   const k3::ModelFiles snapshot(main, {second, third});
   bool from_main = false;
   for (const auto& shard : snapshot.shards())
-    if (fs::path(shard->path()).filename() == shards[1]) from_main = fs::path(shard->path()).parent_path() == fs::path(main);
+    if (fs::path(shard->path()).filename() == shards[1])
+      from_main = fs::path(shard->path()).parent_path() == fs::path(main);
   EXPECT_TRUE(from_main);
 }
 

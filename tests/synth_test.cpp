@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "io/file.h"
+#include "io/model_files.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
-#include "io/model_files.h"
 #include "model/config.h"
 #include "model/tensor_names.h"
 #include "synth_lib.h"
-#include "util/error.h"
 #include "test_util.h"
+#include "util/error.h"
 
 namespace fs = std::filesystem;
 
@@ -472,7 +472,8 @@ TEST(Synth, DemoPreset) {
 }
 
 TEST(Synth, SlicePresetMatchesReleasedByteCounts) {
-  // Only the plan (no data): byte counts re-derived in docs/tensor_names.md §10 from the real shards.
+  // Only the plan (no data): byte counts re-derived in docs/tensor_names.md §10 from the real
+  // shards.
   k3::synth::SynthSpec spec = k3::synth::preset_spec("slice");
   EXPECT_EQ(spec.num_hidden_layers, 2);
   EXPECT_EQ(spec.num_experts, 16);

@@ -1,7 +1,6 @@
 #include "test_util.h"
 
 #include <sys/wait.h>
-
 #include <unistd.h>
 
 #include <array>
@@ -27,9 +26,11 @@ CommandResult run_command(const std::string& command) {
 
 CommandResult run_split(const std::string& command, const std::string& stdin_path) {
   static int counter = 0;
-  const std::filesystem::path err_path = std::filesystem::temp_directory_path() /
+  const std::filesystem::path err_path =
+      std::filesystem::temp_directory_path() /
       ("k3_test_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  const std::string full = command + " <" + (stdin_path.empty() ? "/dev/null" : stdin_path) + " 2>" + err_path.string();
+  const std::string full =
+      command + " <" + (stdin_path.empty() ? "/dev/null" : stdin_path) + " 2>" + err_path.string();
   CommandResult r;
   FILE* pipe = ::popen(full.c_str(), "r");
   if (!pipe) return r;
@@ -57,17 +58,20 @@ std::vector<Isa> twin_isas() {
   std::string missing;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     const std::string why = !isa_supported(isa) ? "not available on this CPU"
-                            : capped && static_cast<int>(isa) > static_cast<int>(cap) ? "excluded by K3_ISA=" + std::string(forced)
-                                                                                      : "";
+                            : capped && static_cast<int>(isa) > static_cast<int>(cap)
+                                ? "excluded by K3_ISA=" + std::string(forced)
+                                : "";
     if (why.empty()) {
       out.push_back(isa);
       continue;
     }
-    if (name != reported_for) std::printf("ISA %s: %s, its twin tests did not run\n", isa_name(isa), why.c_str());
+    if (name != reported_for)
+      std::printf("ISA %s: %s, its twin tests did not run\n", isa_name(isa), why.c_str());
     if (!missing.empty()) missing += ',';
     missing += isa_name(isa);
   }
-  if (name != reported_for && !missing.empty() && test) ::testing::Test::RecordProperty("isa_not_run", missing);
+  if (name != reported_for && !missing.empty() && test)
+    ::testing::Test::RecordProperty("isa_not_run", missing);
   reported_for = name;
   return out;
 }

@@ -3,11 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -22,7 +22,9 @@ struct Tensors {
   explicit Tensors(const std::string& path) : shard(open_posix_file(path)) {}
   bool has(const std::string& name) const { return shard.find(name) != nullptr; }
   std::vector<float> f32(const std::string& name) const { return read<float>(name, DType::kF32); }
-  std::vector<int64_t> i64(const std::string& name) const { return read<int64_t>(name, DType::kI64); }
+  std::vector<int64_t> i64(const std::string& name) const {
+    return read<int64_t>(name, DType::kI64);
+  }
   SafetensorsShard shard;
 
  private:
@@ -107,7 +109,9 @@ class TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return (std::filesystem::path(path_) / name).string(); }
+  std::string file(const std::string& name) const {
+    return (std::filesystem::path(path_) / name).string();
+  }
 
  private:
   static inline int counter_ = 0;

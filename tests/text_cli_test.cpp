@@ -5,18 +5,17 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "io/file.h"
+#include "synth_lib.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
-#include "synth_lib.h"
 
 namespace {
 
@@ -42,19 +41,23 @@ std::vector<json> lines_of(const std::string& text) {
   return out;
 }
 
-std::vector<json> read_jsonl(const std::string& path) { return lines_of(k3::read_text_file(path)); }
+std::vector<json> read_jsonl(const std::string& path) {
+  return lines_of(k3::read_text_file(path));
+}
 
 TEST(ColiTokenize, EveryGoldenCaseInBothModes) {
   const auto cases = read_jsonl(kCases + "tokenizer_cases.jsonl");
   for (const bool allow_special : {false, true}) {
-    const Result r = run(kColi + " tokenize " + kRelease + (allow_special ? " --allow-special" : ""),
-                         kCases + "tokenizer_cases.jsonl");
+    const Result r =
+        run(kColi + " tokenize " + kRelease + (allow_special ? " --allow-special" : ""),
+            kCases + "tokenizer_cases.jsonl");
     ASSERT_EQ(r.status, 0) << r.err;
     const auto got = lines_of(r.out);
     ASSERT_EQ(got.size(), cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
       EXPECT_EQ(got[i]["name"], cases[i]["name"]);  // other keys are copied through
-      EXPECT_EQ(got[i]["ids"], cases[i][allow_special ? "ids_allow_special" : "ids"]) << cases[i]["name"];
+      EXPECT_EQ(got[i]["ids"], cases[i][allow_special ? "ids_allow_special" : "ids"])
+          << cases[i]["name"];
       EXPECT_FALSE(got[i].contains("text"));
     }
   }
@@ -110,20 +113,26 @@ TEST(ColiTokenize, BadLinesAreReportedAndTheRestIsRead) {
 TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
   k3::testing::TempDir dir("coli-render");
   const std::string input = dir.file("in.jsonl");
-  std::ofstream(input) << R"({"messages": [{"role": "user", "content": "hi"}], "options": {"thinking_effort": "medium"}})" << "\n"
-                       << R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})" << "\n"
-                       << R"({"messages": [{"role": "user", "content": "hi"}]})" << "\n";
+  std::ofstream(input)
+      << R"({"messages": [{"role": "user", "content": "hi"}], "options": {"thinking_effort": "medium"}})"
+      << "\n"
+      << R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})"
+      << "\n"
+      << R"({"messages": [{"role": "user", "content": "hi"}]})"
+      << "\n";
   const Result r = run(kColi + " render " + kRelease, input);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto got = lines_of(r.out);
   ASSERT_EQ(got.size(), 3u);
   EXPECT_TRUE(got[0].contains("error"));
   // An image part renders as the reference's placeholder (encoded as ordinary text).
-  EXPECT_EQ(got[1]["text"], "<|open|>message role=\"user\"<|sep|><|kimi_image_placeholder|><|close|>message<|sep|>"
-                            "<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
+  EXPECT_EQ(got[1]["text"],
+            "<|open|>message role=\"user\"<|sep|><|kimi_image_placeholder|><|close|>message<|sep|>"
+            "<|end_of_msg|><|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
   // Defaults: build_chat_segments, thinking on, generation prompt, no effort message.
-  EXPECT_EQ(got[2]["text"], "<|open|>message role=\"user\"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>"
-                            "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
+  EXPECT_EQ(got[2]["text"],
+            "<|open|>message role=\"user\"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>"
+            "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
 
   const Result missing = run(kColi + " tokenize /nonexistent");
   EXPECT_EQ(missing.status, 1);
@@ -162,26 +171,35 @@ TEST(KimiText, ChatPromptIsTheRenderedConversation) {
   k3::testing::TempDir dir("kimi-chat");
   const std::string request = dir.file("req.jsonl");
   std::ofstream(request)
-      << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}], "options": {"entry": "apply_chat_template"}})" << "\n"
-      << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}], "options": {"entry": "apply_chat_template", "thinking": false}})" << "\n"
-      << R"({"messages": [{"role": "user", "content": "What is 2+2?"}], "options": {"thinking_effort": "low"}})" << "\n";
+      << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}], "options": {"entry": "apply_chat_template"}})"
+      << "\n"
+      << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}], "options": {"entry": "apply_chat_template", "thinking": false}})"
+      << "\n"
+      << R"({"messages": [{"role": "user", "content": "What is 2+2?"}], "options": {"thinking_effort": "low"}})"
+      << "\n";
   const auto rendered = lines_of(run(kColi + " render " + demo, request).out);
   ASSERT_EQ(rendered.size(), 3u);
 
-  const Result think = run(kKimi + " " + demo + " --chat 'What is 2+2?' --system 'Be brief.' --ngen 3 --prompt-ids");
+  const Result think =
+      run(kKimi + " " + demo + " --chat 'What is 2+2?' --system 'Be brief.' --ngen 3 --prompt-ids");
   ASSERT_EQ(think.status, 0) << think.err;
   EXPECT_EQ(prompt_ids_of(think.err), rendered[0]["ids"].get<std::vector<int64_t>>());
   EXPECT_NE(think.err.find("decode 2 tok"), std::string::npos) << think.err;
 
-  const Result direct = run("K3_THINK=0 " + kKimi + " " + demo + " --chat 'What is 2+2?' --system 'Be brief.' --ngen 3 --prompt-ids");
+  const Result direct = run("K3_THINK=0 " + kKimi + " " + demo +
+                            " --chat 'What is 2+2?' --system 'Be brief.' --ngen 3 --prompt-ids");
   ASSERT_EQ(direct.status, 0) << direct.err;
   EXPECT_EQ(prompt_ids_of(direct.err), rendered[1]["ids"].get<std::vector<int64_t>>());
-  const Result no_think = run(kKimi + " " + demo + " --system 'Be brief.' 'What is 2+2?' --no-think --ngen 1 --prompt-ids");
-  EXPECT_EQ(prompt_ids_of(no_think.err), rendered[1]["ids"].get<std::vector<int64_t>>());  // --system implies chat
+  const Result no_think = run(
+      kKimi + " " + demo + " --system 'Be brief.' 'What is 2+2?' --no-think --ngen 1 --prompt-ids");
+  EXPECT_EQ(prompt_ids_of(no_think.err),
+            rendered[1]["ids"].get<std::vector<int64_t>>());  // --system implies chat
 
-  const Result low = run(kKimi + " " + demo + " --chat 'What is 2+2?' --effort low --ngen 1 --prompt-ids");
+  const Result low =
+      run(kKimi + " " + demo + " --chat 'What is 2+2?' --effort low --ngen 1 --prompt-ids");
   EXPECT_EQ(prompt_ids_of(low.err), rendered[2]["ids"].get<std::vector<int64_t>>());
-  const Result bos = run(kKimi + " " + demo + " --chat 'What is 2+2?' --effort low --bos --ngen 1 --prompt-ids");
+  const Result bos =
+      run(kKimi + " " + demo + " --chat 'What is 2+2?' --effort low --bos --ngen 1 --prompt-ids");
   auto with_bos = rendered[2]["ids"].get<std::vector<int64_t>>();
   with_bos.insert(with_bos.begin(), 163584);
   EXPECT_EQ(prompt_ids_of(bos.err), with_bos);
@@ -212,15 +230,19 @@ TEST(KimiText, PlainCompletionStreamsTheDecodedIds) {
   const Result text = run(kKimi + " " + demo + " '" + prompt + "' --ngen 12 --prompt-ids");
   ASSERT_EQ(text.status, 0) << text.err;
   const auto fed = prompt_ids_of(text.err);
-  EXPECT_EQ(fed, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()));  // <|open|> stays text
+  EXPECT_EQ(fed,
+            std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()));  // <|open|> stays text
   // The streamed text is the decoded ids (a stop id is not printed), then a newline.
   std::vector<int32_t> shown = generated;
   if (!shown.empty() && (shown.back() == 163586)) shown.pop_back();
   EXPECT_EQ(text.out, tokenizer.decode(shown) + "\n");
 
-  const Result special = run(kKimi + " " + demo + " '" + prompt + "' --allow-special --ngen 1 --prompt-ids");
-  EXPECT_EQ(prompt_ids_of(special.err), std::vector<int64_t>(
-      [&] { auto v = tokenizer.encode(prompt, true); return std::vector<int64_t>(v.begin(), v.end()); }()));
+  const Result special =
+      run(kKimi + " " + demo + " '" + prompt + "' --allow-special --ngen 1 --prompt-ids");
+  EXPECT_EQ(prompt_ids_of(special.err), std::vector<int64_t>([&] {
+              auto v = tokenizer.encode(prompt, true);
+              return std::vector<int64_t>(v.begin(), v.end());
+            }()));
 }
 
 TEST(KimiText, ChatReplyIsDemultiplexed) {
@@ -230,7 +252,8 @@ TEST(KimiText, ChatReplyIsDemultiplexed) {
   EXPECT_EQ(r.out.rfind("[think] ", 0), 0u) << r.out;  // thinking on: the reply starts in think
   EXPECT_EQ(r.out.back(), '\n');
   EXPECT_EQ(r.out.find("\x1b["), std::string::npos);  // no colour off a terminal
-  const Result hidden = run(kKimi + " " + demo + " --chat 'Hi' --labels --hide-think --ngen 6 --temp 1 --seed 5");
+  const Result hidden =
+      run(kKimi + " " + demo + " --chat 'Hi' --labels --hide-think --ngen 6 --temp 1 --seed 5");
   ASSERT_EQ(hidden.status, 0) << hidden.err;
   EXPECT_EQ(hidden.out.find("[think]"), std::string::npos) << hidden.out;
 }
@@ -243,7 +266,8 @@ TEST(KimiText, JsonlOutputIsOneEventPerLine) {
   ASSERT_FALSE(events.empty());
   std::vector<int64_t> ids;
   for (const auto& e : events)
-    if (e["event"] != "done" && e["id"].get<int64_t>() >= 0 && (ids.empty() || ids.back() != e["id"].get<int64_t>()))
+    if (e["event"] != "done" && e["id"].get<int64_t>() >= 0 &&
+        (ids.empty() || ids.back() != e["id"].get<int64_t>()))
       ids.push_back(e["id"].get<int64_t>());
   const json& done = events.back();
   EXPECT_EQ(done["event"], "done");
@@ -268,8 +292,9 @@ TEST(KimiText, CtrlCStopsGenerationKeepsTheReplyAndExits130) {
   // A long run, interrupted once: it stops between tokens, prints what it has and the summary.
   // (Greedy on the demo weights, this prompt's first 3,000 tokens hold no stop id, so the run is
   // still generating when the signal comes.)
-  const Result r = run("sh -c '" + kKimi + " " + demo +
-                       " \"Once upon a time\" --ngen 100000 & pid=$!; sleep 1.5; kill -INT $pid; wait $pid'");
+  const Result r =
+      run("sh -c '" + kKimi + " " + demo +
+          " \"Once upon a time\" --ngen 100000 & pid=$!; sleep 1.5; kill -INT $pid; wait $pid'");
   EXPECT_EQ(r.status, 130) << r.err;
   EXPECT_NE(r.err.find("| cancelled |"), std::string::npos) << r.err;
   EXPECT_FALSE(r.out.empty());

@@ -2,9 +2,8 @@
 // BUG) and cases that pin reference behaviour someone might otherwise "fix" (marked PIN).
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -23,11 +22,13 @@ const Tokenizer& release() {
 }
 
 std::string base64(std::string_view bytes) {
-  static const char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  static const char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   size_t i = 0;
   for (; i + 3 <= bytes.size(); i += 3) {
-    const uint32_t v = (uint32_t(uint8_t(bytes[i])) << 16) | (uint32_t(uint8_t(bytes[i + 1])) << 8) | uint8_t(bytes[i + 2]);
+    const uint32_t v = (uint32_t(uint8_t(bytes[i])) << 16) |
+                       (uint32_t(uint8_t(bytes[i + 1])) << 8) | uint8_t(bytes[i + 2]);
     for (int s = 18; s >= 0; s -= 6) out += kAlphabet[(v >> s) & 63];
   }
   if (bytes.size() - i == 1) {
@@ -49,13 +50,16 @@ std::string base64(std::string_view bytes) {
 std::vector<std::pair<std::string, int>> tiny_entries(const std::vector<std::string>& merged) {
   std::vector<std::pair<std::string, int>> entries;
   for (int b = 0; b < 256; ++b) entries.emplace_back(std::string(1, static_cast<char>(b)), b);
-  for (size_t k = 0; k < merged.size(); ++k) entries.emplace_back(merged[k], 256 + static_cast<int>(k));
+  for (size_t k = 0; k < merged.size(); ++k)
+    entries.emplace_back(merged[k], 256 + static_cast<int>(k));
   return entries;
 }
 
-std::string model_text(const std::vector<std::pair<std::string, int>>& entries, const char* eol = "\n") {
+std::string model_text(const std::vector<std::pair<std::string, int>>& entries,
+                       const char* eol = "\n") {
   std::string text;
-  for (const auto& [bytes, rank] : entries) text += base64(bytes) + " " + std::to_string(rank) + eol;
+  for (const auto& [bytes, rank] : entries)
+    text += base64(bytes) + " " + std::to_string(rank) + eol;
   return text;
 }
 
@@ -80,7 +84,8 @@ TEST(TextReview, CrlfAndUnsortedRanksLoadLikeSortedLf) {
   std::mt19937 rng(1);
   std::shuffle(entries.begin(), entries.end(), rng);
   const Tokenizer shuffled = Tokenizer::from_text(model_text(entries, "\r\n"), "{}", "crlf");
-  for (int32_t id = 0; id < sorted.vocab_size(); ++id) ASSERT_EQ(sorted.token_bytes(id), shuffled.token_bytes(id));
+  for (int32_t id = 0; id < sorted.vocab_size(); ++id)
+    ASSERT_EQ(sorted.token_bytes(id), shuffled.token_bytes(id));
   EXPECT_EQ(shuffled.encode("abc ab  ", false), sorted.encode("abc ab  ", false));
   EXPECT_EQ(shuffled.encode("abc", false), (std::vector<int32_t>{257}));
 }
@@ -148,7 +153,9 @@ TEST(TextReview, BomBeforeATypedArgumentKeepsArgumentsValidJson) {
       "<|close|>message<|sep|><|end_of_msg|>";
   const ParsedOutput out = parse_output(release(), release().encode(text, true), false);
   ASSERT_EQ(out.tool_calls.size(), 1u);
-  EXPECT_EQ(out.tool_calls[0].arguments_json, "{\"n\":\"\xEF\xBB\xBF" "1\"}");  // actual: {"n":<BOM>1}
+  EXPECT_EQ(out.tool_calls[0].arguments_json,
+            "{\"n\":\"\xEF\xBB\xBF"
+            "1\"}");  // actual: {"n":<BOM>1}
 }
 
 // PIN: streaming decode of every token split equals whole decode (no bytes lost or doubled by
@@ -160,7 +167,9 @@ TEST(TextReview, StreamDecoderConcatenationEqualsRepair) {
     const size_t n = rng() % 12;
     for (size_t i = 0; i < n; ++i) {
       const uint32_t r = rng() % 6;
-      bytes.push_back(static_cast<char>(r == 0 ? rng() % 0x80 : r < 3 ? 0x80 + rng() % 0x40 : 0xC0 + rng() % 0x40));
+      bytes.push_back(static_cast<char>(r == 0  ? rng() % 0x80
+                                        : r < 3 ? 0x80 + rng() % 0x40
+                                                : 0xC0 + rng() % 0x40));
     }
     Utf8StreamDecoder d;
     std::string streamed;
@@ -190,7 +199,8 @@ TEST(TextReview, ConcurrentEncodesAgreeWithSerial) {
     texts.push_back(repair_utf8(s));
   }
   std::vector<std::vector<int32_t>> serial;
-  for (size_t k = 0; k < texts.size(); ++k) serial.push_back(release().encode(texts[k], k % 2 == 0));
+  for (size_t k = 0; k < texts.size(); ++k)
+    serial.push_back(release().encode(texts[k], k % 2 == 0));
   std::vector<int> failures(texts.size(), 0);
   std::vector<std::thread> threads;
   for (size_t k = 0; k < texts.size(); ++k) {

@@ -32,15 +32,23 @@ std::string mutate(std::string s, std::mt19937& rng) {
   if (s.empty()) return "{";
   const size_t at = rng() % s.size();
   switch (rng() % 5) {
-    case 0: s[at] = static_cast<char>(rng() & 0xFF); break;
-    case 1: s.resize(at); break;
+    case 0:
+      s[at] = static_cast<char>(rng() & 0xFF);
+      break;
+    case 1:
+      s.resize(at);
+      break;
     case 2: {
       const std::string slice = s.substr(at, rng() % 16);
       s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), slice.begin(), slice.end());
       break;
     }
-    case 3: s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), "{}[],:\"\\0-e.tfn"[rng() % 15]); break;
-    default: s.erase(at, 1 + rng() % 8); break;
+    case 3:
+      s.insert(s.begin() + static_cast<std::ptrdiff_t>(at), "{}[],:\"\\0-e.tfn"[rng() % 15]);
+      break;
+    default:
+      s.erase(at, 1 + rng() % 8);
+      break;
   }
   return s;
 }
@@ -75,8 +83,13 @@ TEST(TextRobustness, MutatedJsonLinesNeverCrashTheRenderer) {
 TEST(TextRobustness, WrongTypesInEveryFieldAreStatusesNotCrashes) {
   // Replace each value of a real request, at every depth, by values of other kinds.
   const auto lines = chat_lines();
-  const PyValue replacements[] = {PyValue(), PyValue::boolean(true), PyValue::integer(-3), PyValue::floating(1e300),
-                                  PyValue::string(""), PyValue::string("x\"&<|open|>"), PyValue::array(),
+  const PyValue replacements[] = {PyValue(),
+                                  PyValue::boolean(true),
+                                  PyValue::integer(-3),
+                                  PyValue::floating(1e300),
+                                  PyValue::string(""),
+                                  PyValue::string("x\"&<|open|>"),
+                                  PyValue::array(),
                                   PyValue::object()};
   int checked = 0;
   for (size_t i = 0; i < lines.size(); i += 7) {
@@ -84,15 +97,18 @@ TEST(TextRobustness, WrongTypesInEveryFieldAreStatusesNotCrashes) {
     ASSERT_TRUE(request.ok());
     // Walk every path to a value and swap it.
     std::vector<std::vector<size_t>> paths;
-    std::function<void(const PyValue&, std::vector<size_t>&)> collect = [&](const PyValue& v, std::vector<size_t>& path) {
-      paths.push_back(path);
-      const size_t n = v.is_array() ? v.as_array().size() : v.is_object() ? v.as_object().size() : 0;
-      for (size_t k = 0; k < n; ++k) {
-        path.push_back(k);
-        collect(v.is_array() ? v.as_array()[k] : v.as_object()[k].value, path);
-        path.pop_back();
-      }
-    };
+    std::function<void(const PyValue&, std::vector<size_t>&)> collect =
+        [&](const PyValue& v, std::vector<size_t>& path) {
+          paths.push_back(path);
+          const size_t n = v.is_array()    ? v.as_array().size()
+                           : v.is_object() ? v.as_object().size()
+                                           : 0;
+          for (size_t k = 0; k < n; ++k) {
+            path.push_back(k);
+            collect(v.is_array() ? v.as_array()[k] : v.as_object()[k].value, path);
+            path.pop_back();
+          }
+        };
     std::vector<size_t> path;
     collect(*request, path);
     for (const auto& p : paths) {
@@ -100,7 +116,8 @@ TEST(TextRobustness, WrongTypesInEveryFieldAreStatusesNotCrashes) {
       for (const PyValue& replacement : replacements) {
         PyValue copy = *request;
         PyValue* node = &copy;
-        for (size_t k : p) node = node->is_array() ? &node->as_array()[k] : &node->as_object()[k].value;
+        for (size_t k : p)
+          node = node->is_array() ? &node->as_array()[k] : &node->as_object()[k].value;
         *node = replacement;
         (void)k3::text::render_request(copy);  // ok or a Status; never a crash or a throw
         ++checked;
@@ -125,7 +142,8 @@ TEST(TextRobustness, MutatedVocabularyFilesAreErrorsNotCrashes) {
       (void)tokenizer.encode("Hello, <|open|> 世界", true);
     } catch (const k3::Error& e) {
       ++refused;
-      EXPECT_NE(std::string(e.what()).find("mutated/"), std::string::npos) << e.what();  // names the file
+      EXPECT_NE(std::string(e.what()).find("mutated/"), std::string::npos)
+          << e.what();  // names the file
     }
   }
   EXPECT_GT(refused, 50);
@@ -136,7 +154,8 @@ TEST(TextRobustness, RandomBytesEncodeAndDecodeBack) {
   std::mt19937 rng(5);
   for (int round = 0; round < 3000; ++round) {
     std::string bytes(rng() % 64, '\0');
-    for (char& b : bytes) b = static_cast<char>(rng() % 4 == 0 ? 0x80 + rng() % 0x80 : rng() & 0xFF);
+    for (char& b : bytes)
+      b = static_cast<char>(rng() % 4 == 0 ? 0x80 + rng() % 0x80 : rng() & 0xFF);
     for (const bool allow_special : {false, true}) {
       const auto ids = tokenizer.encode(bytes, allow_special);
       ASSERT_EQ(tokenizer.decode_bytes(ids), k3::text::repair_utf8(bytes));

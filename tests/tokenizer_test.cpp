@@ -1,17 +1,17 @@
 // tests/tokenizer_test.cpp — the K3 tokenizer against Moonshot's release: every case of
 // tests/data/text/tokenizer_cases.jsonl in both encode modes, decoding, the BPE variants against
 // each other, the streaming UTF-8 decoder, and malformed vocabulary files.
+#include "text/tokenizer.h"
+
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "io/file.h"
 #include "test_util.h"
 #include "text/pretokenizer.h"
-#include "text/tokenizer.h"
 #include "text/utf8.h"
 
 namespace k3::text {
@@ -82,9 +82,11 @@ TEST(Tokenizer, EveryGoldenCaseInBothModes) {
     const auto special = release().encode(c.text, true);
     if (ids != c.ids) ++failures;
     if (special != c.ids_allow_special) ++failures;
-    EXPECT_EQ(ids, c.ids) << c.name << " (ordinary)\n got  " << with_ids(ids) << "\n want " << with_ids(c.ids);
+    EXPECT_EQ(ids, c.ids) << c.name << " (ordinary)\n got  " << with_ids(ids) << "\n want "
+                          << with_ids(c.ids);
     EXPECT_EQ(special, c.ids_allow_special)
-        << c.name << " (allow_special)\n got  " << with_ids(special) << "\n want " << with_ids(c.ids_allow_special);
+        << c.name << " (allow_special)\n got  " << with_ids(special) << "\n want "
+        << with_ids(c.ids_allow_special);
   }
   EXPECT_EQ(failures, 0);
 }
@@ -96,7 +98,9 @@ TEST(Tokenizer, DecodeGivesTheTextBackAtEveryCut) {
     if (c.ids.size() > 64) continue;
     for (size_t k = 0; k <= c.ids.size(); ++k) {
       const std::span<const int32_t> all(c.ids);
-      EXPECT_EQ(release().decode_bytes(all.first(k)) + release().decode_bytes(all.subspan(k)), c.text) << c.name;
+      EXPECT_EQ(release().decode_bytes(all.first(k)) + release().decode_bytes(all.subspan(k)),
+                c.text)
+          << c.name;
     }
   }
   EXPECT_THROW(release().decode_bytes(std::vector<int32_t>{163840}), Error);
@@ -107,7 +111,8 @@ TEST(Tokenizer, UserTextNeverBecomesControlTokens) {
   // docs/tokenizer.md §3.2: " <|open|>" typed by a user.
   EXPECT_EQ(release().encode(" <|open|>", false), (std::vector<int32_t>{22652, 4454, 91, 29}));
   EXPECT_EQ(release().encode("<|open|>", true), (std::vector<int32_t>{163587}));
-  EXPECT_EQ(release().encode("a<|reserved_token_163592|>b", true), (std::vector<int32_t>{64, 163592, 65}));
+  EXPECT_EQ(release().encode("a<|reserved_token_163592|>b", true),
+            (std::vector<int32_t>{64, 163592, 65}));
   EXPECT_EQ(release().encode("", true), std::vector<int32_t>{});
 }
 
@@ -156,12 +161,16 @@ TEST(Tokenizer, LongPiecesStayNearLinear) {
 }
 
 TEST(Tokenizer, InvalidUtf8IsReplacedAndCounted) {
-  const std::string bad = std::string("ab\xFF") + "c\xE4\xBD" + "d";  // stray byte, truncated 3-byte
+  const std::string bad =
+      std::string("ab\xFF") + "c\xE4\xBD" + "d";  // stray byte, truncated 3-byte
   size_t replaced = 0;
   std::vector<int32_t> ids;
   release().encode(bad, false, ids, &replaced);
   EXPECT_EQ(replaced, 2u);
-  EXPECT_EQ(ids, release().encode("ab\xEF\xBF\xBD" "c\xEF\xBF\xBD" "d", false));
+  EXPECT_EQ(ids, release().encode("ab\xEF\xBF\xBD"
+                                  "c\xEF\xBF\xBD"
+                                  "d",
+                                  false));
 }
 
 TEST(Utf8, RepairUsesMaximalSubparts) {
@@ -169,9 +178,9 @@ TEST(Utf8, RepairUsesMaximalSubparts) {
   EXPECT_EQ(repair_utf8("abc", &n), "abc");
   EXPECT_EQ(n, 0u);
   const std::string fffd = "\xEF\xBF\xBD";
-  EXPECT_EQ(repair_utf8("\xC0\xAF"), fffd + fffd);                   // overlong: two subparts
-  EXPECT_EQ(repair_utf8("\xED\xA0\x80"), fffd + fffd + fffd);        // surrogate
-  EXPECT_EQ(repair_utf8("\xE4\xBD"), fffd);                          // truncated: one subpart
+  EXPECT_EQ(repair_utf8("\xC0\xAF"), fffd + fffd);                        // overlong: two subparts
+  EXPECT_EQ(repair_utf8("\xED\xA0\x80"), fffd + fffd + fffd);             // surrogate
+  EXPECT_EQ(repair_utf8("\xE4\xBD"), fffd);                               // truncated: one subpart
   EXPECT_EQ(repair_utf8("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // above U+10FFFF
   EXPECT_EQ(repair_utf8("\xF0\x9F\x98x"), fffd + "x");
   EXPECT_EQ(repair_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
@@ -192,8 +201,8 @@ TEST(Utf8, StreamDecoderNeverSplitsACharacter) {
   // Random byte streams in random slices: the concatenation always equals the one-shot repair,
   // and every emitted piece is valid UTF-8.
   std::mt19937 rng(11);
-  const std::string alphabet[] = {"a", "\xC3\xA9", "\xE4\xBD\xA0", "\xF0\x9F\x91\x8B", "\x80", "\xFF", "\xE4", "\xF0\x9F",
-                                  "\xED\xA0\x80", "\xC0"};
+  const std::string alphabet[] = {"a",    "\xC3\xA9", "\xE4\xBD\xA0", "\xF0\x9F\x91\x8B", "\x80",
+                                  "\xFF", "\xE4",     "\xF0\x9F",     "\xED\xA0\x80",     "\xC0"};
   for (int round = 0; round < 2000; ++round) {
     std::string all;
     for (int k = 0; k < 12; ++k) all += alphabet[rng() % 10];
@@ -212,20 +221,23 @@ TEST(Utf8, StreamDecoderNeverSplitsACharacter) {
   }
 }
 
-Tokenizer tokenizer_from(const std::string& model, const std::string& config = R"({"added_tokens_decoder": {}})") {
+Tokenizer tokenizer_from(const std::string& model,
+                         const std::string& config = R"({"added_tokens_decoder": {}})") {
   // A vocabulary of the 256 single bytes plus what `model` adds.
   std::string text;
   static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   for (int b = 0; b < 256; ++b) {
     const uint32_t bits = static_cast<uint32_t>(b) << 16;
-    text += std::string{kAlphabet[(bits >> 18) & 63], kAlphabet[(bits >> 12) & 63], '=', '='} + " " + std::to_string(b) + "\n";
+    text += std::string{kAlphabet[(bits >> 18) & 63], kAlphabet[(bits >> 12) & 63], '=', '='} +
+            " " + std::to_string(b) + "\n";
   }
   return Tokenizer::from_text(text + model, config, "test");
 }
 
 TEST(Tokenizer, LinesAndFieldsAreSplitLikeTheReferenceLoader) {
   // bytes.splitlines() (LF, CRLF, CR) and bytes.split() (runs of ASCII whitespace).
-  EXPECT_EQ(tokenizer_from("YWI=\t 256\r\r\n  YmM=  257 \r").encode("abbc", false), (std::vector<int32_t>{256, 257}));
+  EXPECT_EQ(tokenizer_from("YWI=\t 256\r\r\n  YmM=  257 \r").encode("abbc", false),
+            (std::vector<int32_t>{256, 257}));
   EXPECT_NE(error_of([] { tokenizer_from("YWI= 256 7\n"); }).find("expected"), std::string::npos);
 }
 
@@ -234,24 +246,40 @@ TEST(Tokenizer, MalformedFilesAreClearErrors) {
   EXPECT_EQ(tokenizer_from("YWI= 256\n").encode("ab", false), std::vector<int32_t>{256});
   EXPECT_EQ(tokenizer_from("YWI= 256\n").special_id("<|reserved_token_257|>"), 257);
   EXPECT_NE(error_of([] { tokenizer_from("YW!= 256\n"); }).find("bad base64"), std::string::npos);
-  EXPECT_NE(error_of([] { tokenizer_from("YWI 256\n"); }).find("test/tiktoken.model:257: bad base64"), std::string::npos);
-  EXPECT_NE(error_of([] { tokenizer_from("YWI= 255\n"); }).find("duplicate rank 255"), std::string::npos);
+  EXPECT_NE(
+      error_of([] { tokenizer_from("YWI 256\n"); }).find("test/tiktoken.model:257: bad base64"),
+      std::string::npos);
+  EXPECT_NE(error_of([] { tokenizer_from("YWI= 255\n"); }).find("duplicate rank 255"),
+            std::string::npos);
   EXPECT_NE(error_of([] { tokenizer_from("YWI= 300\n"); }).find("out of range"), std::string::npos);
-  EXPECT_NE(error_of([] { tokenizer_from("YQ== 256\n"); }).find("duplicate token bytes"), std::string::npos);
+  EXPECT_NE(error_of([] { tokenizer_from("YQ== 256\n"); }).find("duplicate token bytes"),
+            std::string::npos);
   EXPECT_NE(error_of([] { tokenizer_from("YWI= x\n"); }).find("bad rank"), std::string::npos);
   EXPECT_NE(error_of([] { tokenizer_from("YWI=256\n"); }).find("expected"), std::string::npos);
-  EXPECT_NE(error_of([] { Tokenizer::from_text("YQ== 0\n", "{}", "t"); }).find("byte 0 has no token"), std::string::npos);
+  EXPECT_NE(
+      error_of([] { Tokenizer::from_text("YQ== 0\n", "{}", "t"); }).find("byte 0 has no token"),
+      std::string::npos);
   EXPECT_NE(error_of([] { tokenizer_from("", "{"); }).find("malformed JSON"), std::string::npos);
-  EXPECT_NE(error_of([] { tokenizer_from("", "[]"); }).find("expected a JSON object"), std::string::npos);
-  EXPECT_NE(error_of([] { tokenizer_from("", R"({"added_tokens_decoder": {"x": {"content": "a"}}})"); }).find("not a token id"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { tokenizer_from("", R"({"added_tokens_decoder": {"256": {}}})"); }).find("no string"),
+  EXPECT_NE(error_of([] { tokenizer_from("", "[]"); }).find("expected a JSON object"),
             std::string::npos);
   EXPECT_NE(error_of([] {
-              tokenizer_from("", R"({"added_tokens_decoder": {"256": {"content": "<|x|>"}, "257": {"content": "<|x|>"}}})");
-            }).find("used twice"),
+              tokenizer_from("", R"({"added_tokens_decoder": {"x": {"content": "a"}}})");
+            }).find("not a token id"),
             std::string::npos);
-  EXPECT_NE(error_of([] { Tokenizer::load("tests/data/no-such-dir"); }).find("tiktoken.model: missing"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              tokenizer_from("", R"({"added_tokens_decoder": {"256": {}}})");
+            }).find("no string"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        tokenizer_from(
+            "",
+            R"({"added_tokens_decoder": {"256": {"content": "<|x|>"}, "257": {"content": "<|x|>"}}})");
+      }).find("used twice"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of([] { Tokenizer::load("tests/data/no-such-dir"); }).find("tiktoken.model: missing"),
+      std::string::npos);
   EXPECT_FALSE(Tokenizer::available("tests/data/k3-tiny"));
   EXPECT_TRUE(Tokenizer::available(kRelease));
 }

@@ -24,7 +24,8 @@ class RoutingLog : public k3::LayerObserver {
     std::vector<float> weights;
   };
   void on_routing(int64_t layer, const Routing& r) override {
-    by_layer[layer].push_back(Copy{{r.ids.begin(), r.ids.end()}, {r.weights.begin(), r.weights.end()}});
+    by_layer[layer].push_back(
+        Copy{{r.ids.begin(), r.ids.end()}, {r.weights.begin(), r.weights.end()}});
   }
   std::map<int64_t, std::vector<Copy>> by_layer;
 };
@@ -75,7 +76,8 @@ TEST(ExpertTopP, KeepsTheShortestHeavyPrefixRenormalised) {
       lightest = std::min(lightest, w[id]);
     }
     for (const auto& [id, weight] : w)
-      if (std::find(b[t].ids.begin(), b[t].ids.end(), id) == b[t].ids.end()) heaviest_dropped = std::max(heaviest_dropped, weight);
+      if (std::find(b[t].ids.begin(), b[t].ids.end(), id) == b[t].ids.end())
+        heaviest_dropped = std::max(heaviest_dropped, weight);
     EXPECT_GE(kept, 0.6f - 1e-6f);
     EXPECT_LT(kept - lightest, 0.6f);
     EXPECT_LE(heaviest_dropped, lightest);
@@ -84,19 +86,22 @@ TEST(ExpertTopP, KeepsTheShortestHeavyPrefixRenormalised) {
     EXPECT_NEAR(renormalised, 1.0f, 1e-5f);  // routed_scaling_factor 1 in the fixture
   }
   EXPECT_GT(fewer, 0u) << "p = 0.6 never dropped an expert: the test would pass vacuously";
-  EXPECT_NE(std::memcmp(full.logits.data(), cut.logits.data(), full.logits.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(full.logits.data(), cut.logits.data(), full.logits.size() * sizeof(float)),
+            0);
 }
 
 TEST(ExpertTopP, ChunkedPrefillStaysBitIdentical) {
   const RoutedRun one = run(0.6, 1), chunked = run(0.6, 7);
   ASSERT_EQ(one.logits.size(), chunked.logits.size());
-  EXPECT_EQ(std::memcmp(one.logits.data(), chunked.logits.data(), one.logits.size() * sizeof(float)), 0);
+  EXPECT_EQ(
+      std::memcmp(one.logits.data(), chunked.logits.data(), one.logits.size() * sizeof(float)), 0);
 }
 
 TEST(ExpertTopP, OffKeepsEveryPick) {
   const RoutedRun off = run(0.0, 1);
   for (const auto& [layer, rows] : off.log.by_layer)
-    for (const auto& r : rows) EXPECT_EQ(r.ids.size(), 4u) << "layer " << layer;  // num_experts_per_token
+    for (const auto& r : rows)
+      EXPECT_EQ(r.ids.size(), 4u) << "layer " << layer;  // num_experts_per_token
 }
 
 }  // namespace

@@ -87,13 +87,16 @@ std::vector<Variant> variants() {
   return out;
 }
 
-void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.name;
+}
 
 class VariantTest : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(VariantTest, MatchesTheIndependentReference) {
   const Variant& v = GetParam();
-  const fs::path dir = fs::temp_directory_path() / ("k3_variant_" + v.name + "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("k3_variant_" + v.name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   k3::synth::write_checkpoint(v.spec, dir.string());
 
@@ -129,11 +132,12 @@ TEST_P(VariantTest, MatchesTheIndependentReference) {
   for (int64_t id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   const std::string ref_trace = (dir / "ref.safetensors").string();
   const std::string src = K3_SOURCE_DIR;
-  const auto ref = k3::testing::run_command("/usr/bin/python3 " + src + "/ref/k3_ref.py trace " + dir.string() +
-                                            " --ids " + ids + " --decode " + std::to_string(decode_steps) +
-                                            " --out " + ref_trace);
+  const auto ref = k3::testing::run_command("/usr/bin/python3 " + src + "/ref/k3_ref.py trace " +
+                                            dir.string() + " --ids " + ids + " --decode " +
+                                            std::to_string(decode_steps) + " --out " + ref_trace);
   ASSERT_EQ(ref.status, 0) << ref.out;
-  const auto cmp = k3::testing::run_command("/usr/bin/python3 " + src + "/ref/compare.py " + ref_trace + " " + engine_trace);
+  const auto cmp = k3::testing::run_command("/usr/bin/python3 " + src + "/ref/compare.py " +
+                                            ref_trace + " " + engine_trace);
   EXPECT_EQ(cmp.status, 0) << cmp.out;
   std::printf("%s: %s", v.name.c_str(), cmp.out.c_str());
 
@@ -142,14 +146,16 @@ TEST_P(VariantTest, MatchesTheIndependentReference) {
   const auto ref_logits = reference.f32("decode_logits");
   const size_t V = static_cast<size_t>(v.spec.vocab_size);
   for (size_t j = 0; j < decode_ids.size() && j < ref_ids.size(); ++j) {
-    k3::testing::expect_close(v.name + " decode_logits[" + std::to_string(j) + "]", decode_logits[j].data(),
-                              ref_logits.data() + j * V, V);
+    k3::testing::expect_close(v.name + " decode_logits[" + std::to_string(j) + "]",
+                              decode_logits[j].data(), ref_logits.data() + j * V, V);
     ASSERT_EQ(decode_ids[j], ref_ids[j]) << v.name << " decode step " << j;
   }
   fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, VariantTest, ::testing::ValuesIn(variants()),
-                         [](const ::testing::TestParamInfo<Variant>& param_info) { return param_info.param.name; });
+                         [](const ::testing::TestParamInfo<Variant>& param_info) {
+                           return param_info.param.name;
+                         });
 
 }  // namespace

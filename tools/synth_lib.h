@@ -1,10 +1,10 @@
 // tools/synth_lib.h — synthetic Kimi K3 checkpoints in the exact layout of the released snapshot
-// (docs/architecture.md §1, docs/tensor_names.md, docs/quant_formats.md §1; tests/data/k3-tiny/README.md): wrapper config.json, the
-// `language_model.` prefix, one shard per decoder layer, a globals shard and a vision shard,
-// per-shard data order F32 | BF16 | U8 by name, MXFP4 routed experts, the index json.
-// Weights are random but deterministic in the seed, scaled so activations stay O(1).
-// Owns: presets, the tensor list per layer, the weight distributions. Does not own: the
-// safetensors container (io/safetensors_writer.h) or config parsing (model/config.h).
+// (docs/architecture.md §1, docs/tensor_names.md, docs/quant_formats.md §1;
+// tests/data/k3-tiny/README.md): wrapper config.json, the `language_model.` prefix, one shard per
+// decoder layer, a globals shard and a vision shard, per-shard data order F32 | BF16 | U8 by name,
+// MXFP4 routed experts, the index json. Weights are random but deterministic in the seed, scaled so
+// activations stay O(1). Owns: presets, the tensor list per layer, the weight distributions. Does
+// not own: the safetensors container (io/safetensors_writer.h) or config parsing (model/config.h).
 #pragma once
 
 #include <cstdint>

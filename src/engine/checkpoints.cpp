@@ -36,8 +36,9 @@ CheckpointStore::CheckpointStore(const CheckpointPolicy& policy) : policy_(polic
   slots_.resize(static_cast<size_t>(policy_.slots));
   if (!policy_.dir.empty() && policy_.slots > 0) {
     if (::mkdir(policy_.dir.c_str(), 0700) != 0 && errno != EEXIST)
-      throw Error(policy_.dir + ": cannot create the checkpoint directory: " + std::strerror(errno));
-    struct stat st{};
+      throw Error(policy_.dir +
+                  ": cannot create the checkpoint directory: " + std::strerror(errno));
+    struct stat st {};
     if (::stat(policy_.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw Error(policy_.dir + ": the checkpoint directory is not a directory");
     if (st.st_uid == ::getuid() && (st.st_mode & 0077) != 0) ::chmod(policy_.dir.c_str(), 0700);
@@ -61,7 +62,9 @@ std::string CheckpointStore::slot_path(int slot) const {
 
 bool CheckpointStore::holds(int64_t position, std::span<const int64_t> ids) const {
   for (const Slot& s : slots_)
-    if (s.used && s.position == position && std::equal(s.ids.begin(), s.ids.end(), ids.begin(), ids.end())) return true;
+    if (s.used && s.position == position &&
+        std::equal(s.ids.begin(), s.ids.end(), ids.begin(), ids.end()))
+      return true;
   return false;
 }
 
@@ -77,9 +80,10 @@ bool CheckpointStore::save(const Session& session) {
   for (size_t i = 0; i < slots_.size() && target == slots_.size(); ++i)
     if (!slots_[i].used) target = i;
   if (target == slots_.size())
-    target = static_cast<size_t>(std::min_element(slots_.begin(), slots_.end(),
-                                                  [](const Slot& a, const Slot& b) { return a.stamp < b.stamp; }) -
-                                 slots_.begin());
+    target = static_cast<size_t>(
+        std::min_element(slots_.begin(), slots_.end(),
+                         [](const Slot& a, const Slot& b) { return a.stamp < b.stamp; }) -
+        slots_.begin());
   Slot& slot = slots_[target];
   slot.used = false;
   try {
@@ -90,7 +94,8 @@ bool CheckpointStore::save(const Session& session) {
       return false;
     }
     slot.ids = ids;
-  } catch (const std::exception& e) {  // std::bad_alloc, k3::Error: drop the checkpoint, keep serving
+  } catch (
+      const std::exception& e) {  // std::bad_alloc, k3::Error: drop the checkpoint, keep serving
     std::fprintf(stderr, "[K3-CKPT] checkpoint at position %lld dropped: %s\n",
                  static_cast<long long>(session.position()), e.what());
     slot.kda.clear();
@@ -104,14 +109,18 @@ bool CheckpointStore::save(const Session& session) {
   return true;
 }
 
-int64_t CheckpointStore::restore_best(Session& session, std::span<const int64_t> prompt, int64_t live) {
+int64_t CheckpointStore::restore_best(Session& session, std::span<const int64_t> prompt,
+                                      int64_t live) {
   for (;;) {
     int best = -1;
     for (size_t i = 0; i < slots_.size(); ++i) {
       const Slot& s = slots_[i];
-      if (!s.used || s.position < 1 || s.position > live || s.position > static_cast<int64_t>(prompt.size())) continue;
+      if (!s.used || s.position < 1 || s.position > live ||
+          s.position > static_cast<int64_t>(prompt.size()))
+        continue;
       if (!std::equal(s.ids.begin(), s.ids.end(), prompt.begin())) continue;
-      if (best < 0 || s.position > slots_[static_cast<size_t>(best)].position) best = static_cast<int>(i);
+      if (best < 0 || s.position > slots_[static_cast<size_t>(best)].position)
+        best = static_cast<int>(i);
     }
     if (best < 0) return 0;
     Slot& slot = slots_[static_cast<size_t>(best)];
@@ -144,12 +153,14 @@ std::vector<CheckpointStore::SlotInfo> CheckpointStore::list() const {
   std::vector<SlotInfo> out;
   const double now = now_seconds();
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].used) out.push_back({static_cast<int>(i), slots_[i].position, now - slots_[i].saved_at});
+    if (slots_[i].used)
+      out.push_back({static_cast<int>(i), slots_[i].position, now - slots_[i].saved_at});
   return out;
 }
 
 int CheckpointStore::used() const {
-  return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.used; }));
+  return static_cast<int>(
+      std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.used; }));
 }
 
 bool CheckpointStore::write_file(int slot, const SavedState& saved) {
@@ -158,10 +169,13 @@ bool CheckpointStore::write_file(int slot, const SavedState& saved) {
   header.float_count = saved.kda.size();
   header.checksum = fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float));
   try {
-    write_file_atomic(slot_path(slot), {ByteSpan{&header, sizeof header}, ByteSpan{saved.kda.data(), saved.kda.size() * sizeof(float)}},
+    write_file_atomic(slot_path(slot),
+                      {ByteSpan{&header, sizeof header},
+                       ByteSpan{saved.kda.data(), saved.kda.size() * sizeof(float)}},
                       0600, false);
   } catch (const Error& e) {
-    std::fprintf(stderr, "[K3-CKPT] checkpoint at position %lld dropped: %s\n", static_cast<long long>(saved.position), e.what());
+    std::fprintf(stderr, "[K3-CKPT] checkpoint at position %lld dropped: %s\n",
+                 static_cast<long long>(saved.position), e.what());
     return false;
   }
   return true;
@@ -180,14 +194,17 @@ bool CheckpointStore::read_file(int slot, size_t floats, SavedState& saved) {
     if (file->size() < sizeof header) return reject("shorter than its header");
     file->read_exact(&header, sizeof header, 0, "checkpoint header");
     if (header.magic != kMagic || header.version != kVersion) return reject("bad magic or version");
-    if (header.position != static_cast<uint64_t>(meta.position)) return reject("position does not match");
+    if (header.position != static_cast<uint64_t>(meta.position))
+      return reject("position does not match");
     if (header.float_count != floats) return reject("float count does not match");
     if (header.float_count > (file->size() - sizeof header) / sizeof(float) ||
         file->size() != sizeof header + header.float_count * sizeof(float))
       return reject("size does not match its header");
     saved.kda.resize(header.float_count);
-    file->read_exact(saved.kda.data(), header.float_count * sizeof(float), sizeof header, "checkpoint payload");
-    if (fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float)) != header.checksum) return reject("checksum mismatch");
+    file->read_exact(saved.kda.data(), header.float_count * sizeof(float), sizeof header,
+                     "checkpoint payload");
+    if (fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float)) != header.checksum)
+      return reject("checksum mismatch");
   } catch (const Error& e) {
     return reject(e.what());
   }

@@ -19,7 +19,8 @@ Isa chosen_isa(const std::string& name) {
   Isa isa = Isa::kScalar;
   if (name == "auto") return best_isa();
   if (!parse_isa(name, &isa)) throw Error("K3_ISA: unknown kernel variant \"" + name + "\"");
-  if (!isa_supported(isa)) throw Error("K3_ISA=" + name + ": this CPU cannot run the " + name + " kernels");
+  if (!isa_supported(isa))
+    throw Error("K3_ISA=" + name + ": this CPU cannot run the " + name + " kernels");
   return isa;
 }
 
@@ -37,7 +38,8 @@ class ObserverAdapter : public ForwardObserver {
  private:
   LayerObserver& to_;
 };
-static_assert(static_cast<int>(ForwardObserver::Site::kFinalHidden) == static_cast<int>(LayerObserver::Site::kFinalHidden));
+static_assert(static_cast<int>(ForwardObserver::Site::kFinalHidden) ==
+              static_cast<int>(LayerObserver::Site::kFinalHidden));
 
 }  // namespace
 
@@ -60,7 +62,8 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   if (text::Tokenizer::available(model_dir)) {
     m.tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::load(model_dir));
     if (m.tokenizer->vocab_size() > config.vocab_size)
-      throw Error(model_dir + "/tiktoken.model: the tokenizer has " + std::to_string(m.tokenizer->vocab_size()) +
+      throw Error(model_dir + "/tiktoken.model: the tokenizer has " +
+                  std::to_string(m.tokenizer->vocab_size()) +
                   " ids but config.json vocab_size is " + std::to_string(config.vocab_size));
   }
   ModelSetup setup;
@@ -85,16 +88,23 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
 
 Engine::~Engine() = default;
 
-const EngineInfo& Engine::info() const { return impl_->info; }
-const text::Tokenizer* Engine::tokenizer() const { return impl_->tokenizer.get(); }
-double Engine::load_seconds() const { return impl_->load_seconds; }
+const EngineInfo& Engine::info() const {
+  return impl_->info;
+}
+const text::Tokenizer* Engine::tokenizer() const {
+  return impl_->tokenizer.get();
+}
+double Engine::load_seconds() const {
+  return impl_->load_seconds;
+}
 
 std::string Engine::describe() const {
   const Model& model = *impl_->model;
   const LoadOptions& o = model.load_options();
   char buf[160];
-  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB", isa_name(model.isa()),
-                o.bits, o.mla_bits, o.head_bits, o.idot ? 1 : 0, static_cast<double>(model.resident_bytes()) / 1e6);
+  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB",
+                isa_name(model.isa()), o.bits, o.mla_bits, o.head_bits, o.idot ? 1 : 0,
+                static_cast<double>(model.resident_bytes()) / 1e6);
   return buf;
 }
 
@@ -119,15 +129,21 @@ ExpertStats Engine::expert_stats() const {
 std::string Engine::describe_experts() const {
   const ExpertStats s = expert_stats();
   char buf[360];
-  int n = std::snprintf(buf, sizeof buf,
-                        "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s busy | wait %.2f s",
-                        static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
-                        100.0 * s.hit_ratio(), static_cast<double>(s.bytes_read) / 1e9,
-                        s.busy_seconds > 0 ? static_cast<double>(s.drive_bytes) / 1e9 / s.busy_seconds : 0.0, s.wait_seconds);
+  int n = std::snprintf(
+      buf, sizeof buf,
+      "experts: %llu hits / %llu misses (%.1f%% hit) | %.2f GB read at %.2f GB/s busy | wait %.2f "
+      "s",
+      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
+      100.0 * s.hit_ratio(), static_cast<double>(s.bytes_read) / 1e9,
+      s.busy_seconds > 0 ? static_cast<double>(s.drive_bytes) / 1e9 / s.busy_seconds : 0.0,
+      s.wait_seconds);
   if (s.prefetch_issued > 0 && n > 0 && static_cast<size_t>(n) < sizeof buf)
-    std::snprintf(buf + n, sizeof buf - static_cast<size_t>(n), " | prefetch %llu read, %.1f%% used, recall %.1f%%",
-                  static_cast<unsigned long long>(s.prefetch_issued),
-                  100.0 * static_cast<double>(s.prefetch_used) / static_cast<double>(s.prefetch_issued), 100.0 * s.recall());
+    std::snprintf(
+        buf + n, sizeof buf - static_cast<size_t>(n),
+        " | prefetch %llu read, %.1f%% used, recall %.1f%%",
+        static_cast<unsigned long long>(s.prefetch_issued),
+        100.0 * static_cast<double>(s.prefetch_used) / static_cast<double>(s.prefetch_issued),
+        100.0 * s.recall());
   return buf;
 }
 
@@ -138,7 +154,9 @@ void Engine::save_history() const {
 }
 
 Session::Impl::Impl(const Engine& e, int64_t capacity)
-    : engine(e.impl()), state(engine.model->new_state(capacity)), chunk(engine.model->load_options().chunk) {
+    : engine(e.impl()),
+      state(engine.model->new_state(capacity)),
+      chunk(engine.model->load_options().chunk) {
   tokens.reserve(static_cast<size_t>(capacity));
   logits.reserve(static_cast<size_t>(engine.config.vocab_size));
   // A step (one row) allocates nothing.
@@ -146,14 +164,15 @@ Session::Impl::Impl(const Engine& e, int64_t capacity)
   chunk_hidden.resize(static_cast<size_t>(engine.config.hidden_size));
 }
 
-Session::Session(const Engine& engine, int64_t capacity) : impl_(std::make_unique<Impl>(engine, capacity)) {}
+Session::Session(const Engine& engine, int64_t capacity)
+    : impl_(std::make_unique<Impl>(engine, capacity)) {}
 Session::~Session() = default;
 
 void Session::set_input_rows(std::vector<float> x0) {
   const size_t D = static_cast<size_t>(impl_->engine.config.hidden_size);
   if (x0.size() % D != 0)
-    throw Error("input rows: " + std::to_string(x0.size()) + " floats is not a multiple of hidden_size " +
-                std::to_string(D));
+    throw Error("input rows: " + std::to_string(x0.size()) +
+                " floats is not a multiple of hidden_size " + std::to_string(D));
   impl_->x0 = std::move(x0);
 }
 
@@ -182,20 +201,22 @@ void Session::Impl::feed_chunk(std::span<const int64_t> ids, ForwardObserver* ob
   for (int64_t id : ids) check_id(id);
   chunk_x0.resize(n * D);
   chunk_hidden.resize(n * D);
-  for (size_t t = 0; t < n; ++t) input_row(ids[t], static_cast<size_t>(state.position) + t, chunk_x0.data() + t * D);
+  for (size_t t = 0; t < n; ++t)
+    input_row(ids[t], static_cast<size_t>(state.position) + t, chunk_x0.data() + t * D);
   engine.model->forward(state, chunk_x0.data(), n, chunk_hidden.data(), observer);
   tokens.insert(tokens.end(), ids.begin(), ids.end());
 }
 
-const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const PrefillHooks& hooks) {
+const std::vector<float>& Session::prefill(std::span<const int64_t> ids,
+                                           const PrefillHooks& hooks) {
   Impl& s = *impl_;
   const Model& model = *s.engine.model;
   const size_t V = static_cast<size_t>(s.engine.config.vocab_size);
   const size_t D = static_cast<size_t>(s.engine.config.hidden_size);
   if (s.state.position + static_cast<int64_t>(ids.size()) > s.state.capacity)
-    throw Error("prompt of " + std::to_string(ids.size()) + " tokens does not fit: " +
-                std::to_string(s.state.position) + " of " + std::to_string(s.state.capacity) +
-                " positions used (raise K3_MAXT / --maxt)");
+    throw Error("prompt of " + std::to_string(ids.size()) +
+                " tokens does not fit: " + std::to_string(s.state.position) + " of " +
+                std::to_string(s.state.capacity) + " positions used (raise K3_MAXT / --maxt)");
   std::optional<ObserverAdapter> adapter;
   if (hooks.observer) adapter.emplace(*hooks.observer);
   ForwardObserver* observer = adapter ? &*adapter : nullptr;
@@ -213,7 +234,8 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids, const P
     for (size_t t = hooks.all_logits ? 0 : n - 1; t < n; ++t) {
       s.logits.resize(V);
       model.head(s.state, hidden + t * D, s.logits.data());
-      if (hooks.all_logits) hooks.all_logits->insert(hooks.all_logits->end(), s.logits.begin(), s.logits.end());
+      if (hooks.all_logits)
+        hooks.all_logits->insert(hooks.all_logits->end(), s.logits.begin(), s.logits.end());
     }
   }
   return s.logits;
@@ -224,12 +246,24 @@ const std::vector<float>& Session::step(int64_t id) {
   return prefill(one);
 }
 
-int64_t Session::prefill_chunk() const { return impl_->chunk; }
-void Session::set_prefill_chunk(int64_t chunk) { impl_->chunk = chunk; }
-int64_t Session::position() const { return impl_->state.position; }
-int64_t Session::capacity() const { return impl_->state.capacity; }
-const std::vector<int64_t>& Session::tokens() const { return impl_->tokens; }
-void Session::set_interrupt(const std::atomic<bool>* flag) { impl_->state.interrupt = flag; }
+int64_t Session::prefill_chunk() const {
+  return impl_->chunk;
+}
+void Session::set_prefill_chunk(int64_t chunk) {
+  impl_->chunk = chunk;
+}
+int64_t Session::position() const {
+  return impl_->state.position;
+}
+int64_t Session::capacity() const {
+  return impl_->state.capacity;
+}
+const std::vector<int64_t>& Session::tokens() const {
+  return impl_->tokens;
+}
+void Session::set_interrupt(const std::atomic<bool>* flag) {
+  impl_->state.interrupt = flag;
+}
 
 SessionStats Session::stats() const {
   const StageStats& st = impl_->state.stats;
@@ -238,7 +272,8 @@ SessionStats Session::stats() const {
 
 size_t Session::state_floats() const {
   size_t n = 0;
-  for (const KdaState& k : impl_->state.kda) n += k.q_window.size() + k.k_window.size() + k.v_window.size() + k.recurrent.size();
+  for (const KdaState& k : impl_->state.kda)
+    n += k.q_window.size() + k.k_window.size() + k.v_window.size() + k.recurrent.size();
   return n;
 }
 
@@ -257,9 +292,10 @@ void Session::restore_state(const SavedState& saved) {
   const size_t pos = static_cast<size_t>(saved.position);
   if (saved.kda.size() != state_floats() || saved.ids.size() != pos || pos > s.tokens.size() ||
       !std::equal(saved.ids.begin(), saved.ids.end(), s.tokens.begin()))
-    throw Error("saved state at position " + std::to_string(pos) + " does not match this session (" +
-                std::to_string(saved.kda.size()) + " of " + std::to_string(state_floats()) + " floats, " +
-                std::to_string(s.tokens.size()) + " ids fed)");
+    throw Error("saved state at position " + std::to_string(pos) +
+                " does not match this session (" + std::to_string(saved.kda.size()) + " of " +
+                std::to_string(state_floats()) + " floats, " + std::to_string(s.tokens.size()) +
+                " ids fed)");
   const float* src = saved.kda.data();
   for (KdaState& k : s.state.kda)
     for (std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent}) {

@@ -1,4 +1,5 @@
-// engine/generate.cpp — the one generation loop: prefill, then sample/step until stop, budget or cancel.
+// engine/generate.cpp — the one generation loop: prefill, then sample/step until stop, budget or
+// cancel.
 #include "engine/generate.h"
 
 #include <algorithm>
@@ -11,10 +12,14 @@ namespace k3 {
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::tool_calls: return "tool_calls";
-    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::tool_calls:
+      return "tool_calls";
+    case FinishReason::cancelled:
+      return "cancelled";
   }
   return "?";
 }
@@ -22,7 +27,8 @@ const char* finish_reason_name(FinishReason reason) {
 std::vector<int64_t> stop_ids(const Engine& engine) {
   std::vector<int64_t> ids;
   if (const text::Tokenizer* tokenizer = engine.tokenizer())
-    if (const auto end_of_message = tokenizer->special_id("<|end_of_msg|>")) ids.push_back(*end_of_message);
+    if (const auto end_of_message = tokenizer->special_id("<|end_of_msg|>"))
+      ids.push_back(*end_of_message);
   for (int64_t id : engine.info().eos_token_ids)
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   return ids;
@@ -44,7 +50,8 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
       for (int64_t p = 0; p < n;) {
         int64_t end = settings.prefill_piece > 0 ? std::min(n, p + settings.prefill_piece) : n;
         if (split && p < settings.split_at && end > settings.split_at) end = settings.split_at;
-        logits = session.prefill(ids.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)), hooks.prefill);
+        logits = session.prefill(ids.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)),
+                                 hooks.prefill);
         p = end;
         if (hooks.on_prefilled) hooks.on_prefilled(p);
       }
@@ -67,11 +74,13 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
   if (hooks.on_prefill_done) hooks.on_prefill_done();
   const auto cancelled = [&] { return settings.cancel && settings.cancel->load(); };
   for (int64_t j = 0; j < settings.max_new_tokens; ++j) {
-    const int64_t id = static_cast<size_t>(j) < settings.scripted.size() ? settings.scripted[static_cast<size_t>(j)]
-                                                                          : sampler.sample(logits);
+    const int64_t id = static_cast<size_t>(j) < settings.scripted.size()
+                           ? settings.scripted[static_cast<size_t>(j)]
+                           : sampler.sample(logits);
     result.tokens.push_back(id);
     const TokenVerdict verdict = hooks.on_token(id);
-    if (std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) != settings.stop_ids.end() ||
+    if (std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) !=
+            settings.stop_ids.end() ||
         verdict == TokenVerdict::stop) {
       result.finish = FinishReason::stop;
       break;
@@ -94,10 +103,12 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
 }
 
 GenerateResult generate(Session& session, std::span<const int64_t> prompt, Sampler& sampler,
-                        const GenerateSettings& settings, const std::function<bool(int64_t)>& on_token,
-                        const PrefillHooks& prefill) {
+                        const GenerateSettings& settings,
+                        const std::function<bool(int64_t)>& on_token, const PrefillHooks& prefill) {
   GenerateHooks hooks;
-  hooks.on_token = [&](int64_t id) { return on_token(id) ? TokenVerdict::next : TokenVerdict::cancel; };
+  hooks.on_token = [&](int64_t id) {
+    return on_token(id) ? TokenVerdict::next : TokenVerdict::cancel;
+  };
   hooks.prefill = prefill;
   return generate(session, prompt, sampler, settings, hooks);
 }

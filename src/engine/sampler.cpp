@@ -37,9 +37,12 @@ int64_t Sampler::sample(std::span<const float> logits) {
     const double p = std::exp((static_cast<double>(logits[i]) - top) * inv_t);
     if (p >= options_.min_p) candidates_.push_back({static_cast<int64_t>(i), logits[i], p});
   }
-  auto by_logit = [](const Candidate& a, const Candidate& b) { return a.logit != b.logit ? a.logit > b.logit : a.id < b.id; };
+  auto by_logit = [](const Candidate& a, const Candidate& b) {
+    return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;
+  };
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < candidates_.size()) {
-    std::nth_element(candidates_.begin(), candidates_.begin() + options_.top_k, candidates_.end(), by_logit);
+    std::nth_element(candidates_.begin(), candidates_.begin() + options_.top_k, candidates_.end(),
+                     by_logit);
     candidates_.resize(static_cast<size_t>(options_.top_k));
   }
   double total = 0.0;
@@ -54,8 +57,10 @@ int64_t Sampler::sample(std::span<const float> logits) {
       const Candidate pivot = candidates_[lo + (hi - lo) / 2];
       auto first = candidates_.begin() + static_cast<std::ptrdiff_t>(lo);
       auto last = candidates_.begin() + static_cast<std::ptrdiff_t>(hi);
-      auto split = std::partition(first, last, [&](const Candidate& c) { return by_logit(c, pivot); });
-      std::iter_swap(split, std::find_if(split, last, [&](const Candidate& c) { return c.id == pivot.id; }));
+      auto split =
+          std::partition(first, last, [&](const Candidate& c) { return by_logit(c, pivot); });
+      std::iter_swap(
+          split, std::find_if(split, last, [&](const Candidate& c) { return c.id == pivot.id; }));
       const size_t mid = static_cast<size_t>(split - candidates_.begin());
       double higher = 0.0;
       for (size_t i = lo; i < mid; ++i) higher += candidates_[i].prob;

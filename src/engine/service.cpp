@@ -60,21 +60,31 @@ class OutputDemux {
  public:
   OutputDemux(const text::Tokenizer& tokenizer, const ServiceRequest& req, GenerationStats& stats,
               const std::function<void(ServiceEvent)>& push)
-      : tokenizer_(tokenizer), raw_(req.raw), parser_(tokenizer, req.starts_in_think), reasoning_stop_(req.stop),
-        content_stop_(req.stop), in_reasoning_(req.starts_in_think), stats_(stats), push_(push) {}
+      : tokenizer_(tokenizer),
+        raw_(req.raw),
+        parser_(tokenizer, req.starts_in_think),
+        reasoning_stop_(req.stop),
+        content_stop_(req.stop),
+        in_reasoning_(req.starts_in_think),
+        stats_(stats),
+        push_(push) {}
 
   // One generated id. True when a stop string has matched (the reply ends here).
   bool token(int64_t id, bool is_stop_id) {
-    if (!raw_) parser_.push(static_cast<int32_t>(id), events_);
-    else if (!is_stop_id) raw_event(raw_decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
+    if (!raw_)
+      parser_.push(static_cast<int32_t>(id), events_);
+    else if (!is_stop_id)
+      raw_event(raw_decoder_.push(tokenizer_.token_bytes(static_cast<int32_t>(id))));
     if (in_reasoning_) ++stats_.reasoning_tokens;
     emit();
     return stopped_by_string_;
   }
   // The end of the reply (not after a cancel): flushes the parser and the withheld text.
   void finish() {
-    if (!raw_) parser_.finish(events_);
-    else raw_event(raw_decoder_.finish());
+    if (!raw_)
+      parser_.finish(events_);
+    else
+      raw_event(raw_decoder_.finish());
     emit();
     if (stopped_by_string_) return;
     for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop_},
@@ -99,7 +109,8 @@ class OutputDemux {
     for (text::OutputEvent& ev : events_) {
       if (stopped_by_string_) break;
       ServiceEvent e;
-      if (ev.kind == text::OutputEvent::Kind::reasoning || ev.kind == text::OutputEvent::Kind::content) {
+      if (ev.kind == text::OutputEvent::Kind::reasoning ||
+          ev.kind == text::OutputEvent::Kind::content) {
         const bool reasoning = ev.kind == text::OutputEvent::Kind::reasoning;
         in_reasoning_ = reasoning;
         e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
@@ -133,19 +144,26 @@ class OutputDemux {
 
 const char* service_error_name(ServiceError error) {
   switch (error) {
-    case ServiceError::none: return "";
-    case ServiceError::engine_error: return "engine_error";
-    case ServiceError::shutting_down: return "shutting_down";
-    case ServiceError::cancelled: return "cancelled";
+    case ServiceError::none:
+      return "";
+    case ServiceError::engine_error:
+      return "engine_error";
+    case ServiceError::shutting_down:
+      return "shutting_down";
+    case ServiceError::cancelled:
+      return "cancelled";
   }
   return "?";
 }
 
 const char* reuse_kind_name(ReuseKind kind) {
   switch (kind) {
-    case ReuseKind::none: return "none";
-    case ReuseKind::live: return "live";
-    case ReuseKind::checkpoint: return "checkpoint";
+    case ReuseKind::none:
+      return "none";
+    case ReuseKind::live:
+      return "live";
+    case ReuseKind::checkpoint:
+      return "checkpoint";
   }
   return "?";
 }
@@ -303,8 +321,10 @@ void EngineService::load() {
       stats_.load_progress = fraction;
     });
     if (!engine_->info().has_head || !engine_->info().has_embedding || !engine_->tokenizer())
-      throw Error(options_.model_dir + ": serving needs the embedding, the lm_head and tiktoken.model");
-    const int64_t capacity = options_.context > 0 ? options_.context : 8192;  // NoPE MLA: no table limit
+      throw Error(options_.model_dir +
+                  ": serving needs the embedding, the lm_head and tiktoken.model");
+    const int64_t capacity =
+        options_.context > 0 ? options_.context : 8192;  // NoPE MLA: no table limit
     session_ = std::make_unique<Session>(*engine_, capacity);
     stop_ids_ = stop_ids(*engine_);
     CheckpointPolicy policy;
@@ -312,7 +332,8 @@ void EngineService::load() {
     policy.keep_files = options_.ckpt_keep;
     if (options_.ckpt_slots >= 0) {
       policy.slots = options_.ckpt_slots;
-    } else {  // auto: 2 RAM checkpoints when they leave 1 GiB free, else 2 on disk when a dir is set
+    } else {  // auto: 2 RAM checkpoints when they leave 1 GiB free, else 2 on disk when a dir is
+              // set
       const uint64_t state_bytes = session_->state_floats() * sizeof(float);
       const uint64_t available = available_memory_bytes();
       if (available > 2 * state_bytes + (uint64_t{1} << 30)) {
@@ -346,7 +367,8 @@ void EngineService::run() {
     std::shared_ptr<RequestHandle> handle;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return exiting_ || erase_requested_ || (!queue_.empty() && ready_.load()); });
+      wake_.wait(
+          lock, [&] { return exiting_ || erase_requested_ || (!queue_.empty() && ready_.load()); });
       if (exiting_) break;
       if (erase_requested_) {
         erase_requested_ = false;
@@ -383,7 +405,8 @@ void EngineService::publish_state() {
   }
 }
 
-int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back) {
+int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats,
+                             bool& can_roll_back) {
   Session& session = *session_;
   const std::span<const int64_t> prompt(req.prompt);
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -391,14 +414,18 @@ int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats, 
   const std::vector<int64_t>& record = session.tokens();
   const int64_t held = static_cast<int64_t>(record.size());
   int64_t start = 0;
-  if (req.cache_prompt && held > 0 && held < n && std::equal(record.begin(), record.end(), prompt.begin())) {
+  if (req.cache_prompt && held > 0 && held < n &&
+      std::equal(record.begin(), record.end(), prompt.begin())) {
     stats.reuse = ReuseKind::live;
     start = held;
   } else {
     int64_t live = 0;
     if (req.cache_prompt)
-      while (live < std::min(held, n - 1) && record[static_cast<size_t>(live)] == prompt[static_cast<size_t>(live)]) ++live;
-    const int64_t restored = req.cache_prompt ? checkpoints_->restore_best(session, prompt, live) : 0;
+      while (live < std::min(held, n - 1) &&
+             record[static_cast<size_t>(live)] == prompt[static_cast<size_t>(live)])
+        ++live;
+    const int64_t restored =
+        req.cache_prompt ? checkpoints_->restore_best(session, prompt, live) : 0;
     if (restored > 0) {
       stats.reuse = ReuseKind::checkpoint;
       stats.restored_at = restored;
@@ -407,22 +434,26 @@ int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats, 
       session.reset();
     }
     if (options_.prefix_log)
-      std::fprintf(stderr, "[PREFIX] no live reuse: held=%lld prompt=%lld common=%lld%s\n", static_cast<long long>(held),
-                   static_cast<long long>(n), static_cast<long long>(live),
-                   restored > 0 ? (" -> restored checkpoint @" + std::to_string(restored)).c_str() : "");
+      std::fprintf(
+          stderr, "[PREFIX] no live reuse: held=%lld prompt=%lld common=%lld%s\n",
+          static_cast<long long>(held), static_cast<long long>(n), static_cast<long long>(live),
+          restored > 0 ? (" -> restored checkpoint @" + std::to_string(restored)).c_str() : "");
   }
   if (options_.prefix_log && stats.reuse == ReuseKind::live)
-    std::fprintf(stderr, "[PREFIX] reusing %lld of %lld prompt tokens\n", static_cast<long long>(start), static_cast<long long>(n));
+    std::fprintf(stderr, "[PREFIX] reusing %lld of %lld prompt tokens\n",
+                 static_cast<long long>(start), static_cast<long long>(n));
   stats.cached_tokens = start;
   // 2. A checkpoint at the rollback point.
-  if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)))) checkpoints_->save(session);
+  if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start))))
+    checkpoints_->save(session);
   can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += n;
     stats_.cached_tokens += start;
-    (stats.reuse == ReuseKind::live ? stats_.reuse_live
-     : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint : stats_.reuse_none)++;
+    (stats.reuse == ReuseKind::live         ? stats_.reuse_live
+     : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint
+                                            : stats_.reuse_none)++;
     stats_.phase = "prefill";
   }
   return start;
@@ -466,7 +497,9 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   settings.cancel = &handle->cancel_;
   settings.scripted = options_.scripted_tokens;
 
-  const std::function<void(ServiceEvent)> push = [&](ServiceEvent e) { handle->push(std::move(e)); };
+  const std::function<void(ServiceEvent)> push = [&](ServiceEvent e) {
+    handle->push(std::move(e));
+  };
   OutputDemux demux(tokenizer, req, stats, push);
 
   const double t0 = now_seconds();
@@ -495,12 +528,15 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     return handle->cancel_.load() ? TokenVerdict::cancel : TokenVerdict::next;
   };
   if (options_.token_delay_ms > 0)
-    hooks.between_tokens = [&] { std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms)); };
+    hooks.between_tokens = [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
+    };
 
   Sampler sampler(req.sampling, req.sampling.seed);
   GenerateResult result;
   try {
-    result = generate(session, prompt.subspan(static_cast<size_t>(start)), sampler, settings, hooks);
+    result =
+        generate(session, prompt.subspan(static_cast<size_t>(start)), sampler, settings, hooks);
   } catch (const std::exception& e) {
     session.reset();
     std::fprintf(stderr, "[engine] %s failed: %s\n", decoding ? "decode" : "prefill", e.what());
@@ -518,7 +554,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   stats.prefill_ms = result.prefill_seconds * 1e3;
   if (result.cancelled_in_prefill) {
     // Roll back to the state before this request's prefill: the checkpoint at `start`, or nothing.
-    if (!can_roll_back || checkpoints_->restore_best(session, prompt.first(static_cast<size_t>(start)), start) != start)
+    if (!can_roll_back || checkpoints_->restore_best(
+                              session, prompt.first(static_cast<size_t>(start)), start) != start)
       session.reset();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -535,20 +572,24 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
   FinishReason finish = result.finish;
   if (finish != FinishReason::cancelled) demux.finish();
-  if (finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string()) finish = FinishReason::tool_calls;
+  if (finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string())
+    finish = FinishReason::tool_calls;
   stats.finish = finish;
   stats.decode_ms = result.decode_seconds * 1e3;
   // The end of the reply, unless that would evict the anchor checkpoint: with 2 slots and an
   // anchor, the anchor (an edited or regenerated last message) and the prompt's end (a follow-up)
   // are kept; the reply's end is the live record, checkpointed when the next request extends it.
-  if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3) checkpoints_->save(session);
+  if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3)
+    checkpoints_->save(session);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.generated_tokens += stats.completion_tokens;
     stats_.prefill_seconds += result.prefill_seconds;
     stats_.decode_seconds += result.decode_seconds;
-    if (finish == FinishReason::cancelled) ++stats_.cancelled_decode;
-    else ++stats_.completed;
+    if (finish == FinishReason::cancelled)
+      ++stats_.cancelled_decode;
+    else
+      ++stats_.completed;
   }
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;

@@ -11,12 +11,18 @@ namespace {
 
 const char* site_name(LayerObserver::Site site) {
   switch (site) {
-    case LayerObserver::Site::kAttnIn: return "attn_in";
-    case LayerObserver::Site::kAttnOut: return "attn_out";
-    case LayerObserver::Site::kMlpIn: return "mlp_in";
-    case LayerObserver::Site::kMlpOut: return "mlp_out";
-    case LayerObserver::Site::kLayerOut: return "layer_out";
-    case LayerObserver::Site::kFinalHidden: return "final_hidden";
+    case LayerObserver::Site::kAttnIn:
+      return "attn_in";
+    case LayerObserver::Site::kAttnOut:
+      return "attn_out";
+    case LayerObserver::Site::kMlpIn:
+      return "mlp_in";
+    case LayerObserver::Site::kMlpOut:
+      return "mlp_out";
+    case LayerObserver::Site::kLayerOut:
+      return "layer_out";
+    case LayerObserver::Site::kFinalHidden:
+      return "final_hidden";
   }
   return "?";
 }
@@ -58,18 +64,23 @@ void TraceRecorder::write(const std::string& path, const std::vector<int64_t>& p
   if (!logits.empty()) writer.add_bytes("logits", DType::kF32, {T, vocab_size}, as_bytes(logits));
   for (const auto& [name, rows] : rows_) {
     if (static_cast<int64_t>(rows.size()) != T * hidden_)
-      throw Error(path + ": trace tensor " + name + " has " + std::to_string(rows.size() / static_cast<size_t>(hidden_)) +
-                  " rows, expected " + std::to_string(T));
+      throw Error(path + ": trace tensor " + name + " has " +
+                  std::to_string(rows.size() / static_cast<size_t>(hidden_)) + " rows, expected " +
+                  std::to_string(T));
     writer.add_bytes(name, DType::kF32, {T, hidden_}, as_bytes(rows));
   }
-  for (const auto& [name, ids] : ids_) writer.add_bytes(name, DType::kI64, {T, top_k_}, as_bytes(ids));
-  for (const auto& [name, w] : weights_) writer.add_bytes(name, DType::kF32, {T, top_k_}, as_bytes(w));
+  for (const auto& [name, ids] : ids_)
+    writer.add_bytes(name, DType::kI64, {T, top_k_}, as_bytes(ids));
+  for (const auto& [name, w] : weights_)
+    writer.add_bytes(name, DType::kF32, {T, top_k_}, as_bytes(w));
   writer.write(path);
 }
 
 std::vector<float> read_f32_file(const std::string& path) {
   const std::string bytes = read_text_file(path);
-  if (bytes.size() % 4 != 0) throw Error(path + ": size " + std::to_string(bytes.size()) + " is not a multiple of 4 (raw f32 expected)");
+  if (bytes.size() % 4 != 0)
+    throw Error(path + ": size " + std::to_string(bytes.size()) +
+                " is not a multiple of 4 (raw f32 expected)");
   std::vector<float> out(bytes.size() / 4);
   std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;

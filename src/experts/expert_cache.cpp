@@ -1,5 +1,7 @@
 #include "experts/expert_cache.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,7 +10,6 @@
 #include <functional>
 #include <sstream>
 #include <tuple>
-#include <unistd.h>
 
 #include "io/file.h"
 #include "util/error.h"
@@ -36,10 +37,13 @@ uint8_t* alloc_aligned(uint64_t bytes) {
 
 uint64_t decayed(uint64_t count, double decay) {
   if (count == 0 || decay >= 1.0) return count;
-  return std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(static_cast<double>(count) * decay)));
+  return std::max<uint64_t>(
+      1, static_cast<uint64_t>(std::llround(static_cast<double>(count) * decay)));
 }
 
-uint32_t history_hash(const std::string& text) { return fnv1a_32(text); }
+uint32_t history_hash(const std::string& text) {
+  return fnv1a_32(text);
+}
 
 ReadQueueOptions read_queue_options(const CacheOptions& options) {
   ReadQueueOptions io;
@@ -50,7 +54,8 @@ ReadQueueOptions read_queue_options(const CacheOptions& options) {
   return io;
 }
 
-void locate_history(const CacheOptions& options, const std::string& model_dir, ExpertCacheSetup* setup) {
+void locate_history(const CacheOptions& options, const std::string& model_dir,
+                    ExpertCacheSetup* setup) {
   const std::string beside_model = model_dir + "/.coli_usage";
   std::string path;
   if (!options.state_dir.empty()) {
@@ -61,7 +66,8 @@ void locate_history(const CacheOptions& options, const std::string& model_dir, E
     // history files already written keep their names.
     const uint64_t h = fnv1a_64(key, 1469598103934665603ull);
     char name[64];
-    std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage", static_cast<unsigned long long>(h));
+    std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage",
+                  static_cast<unsigned long long>(h));
     path = options.state_dir + name;
     std::error_code ec;
     std::filesystem::create_directories(options.state_dir, ec);
@@ -75,25 +81,26 @@ void locate_history(const CacheOptions& options, const std::string& model_dir, E
   } else if (::access(options.state_dir.c_str(), W_OK) == 0) {
     setup->history_save_path = path;
   } else {
-    setup->history_unsaved = options.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+    setup->history_unsaved =
+        options.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
   }
 }
 
 struct ExpertCache::Slot {
   int64_t expert = -1;
-  uint8_t* buffer = nullptr;       // [store.slot_bytes()], kDirectAlign-aligned; lazily allocated
-  const uint8_t* data = nullptr;   // the expert's bytes inside buffer
-  uint64_t used = 0;               // the layer's clock at the last touch
-  bool probation = false;          // admitted by a prefill chunk and not hit since
+  uint8_t* buffer = nullptr;      // [store.slot_bytes()], kDirectAlign-aligned; lazily allocated
+  const uint8_t* data = nullptr;  // the expert's bytes inside buffer
+  uint64_t used = 0;              // the layer's clock at the last touch
+  bool probation = false;         // admitted by a prefill chunk and not hit since
   bool pinned = false;
-  int refs = 0;                    // running batches holding it
+  int refs = 0;  // running batches holding it
 };
 
 struct ExpertCache::Layer {
   mutable std::mutex mu;
-  std::vector<Slot> slots;          // [slots_per_layer]
-  std::vector<int32_t> index;       // [num_experts]: slot holding the expert, or -1
-  std::vector<uint64_t> usage;      // [num_experts]: routing selections (history)
+  std::vector<Slot> slots;      // [slots_per_layer]
+  std::vector<int32_t> index;   // [num_experts]: slot holding the expert, or -1
+  std::vector<uint64_t> usage;  // [num_experts]: routing selections (history)
   uint64_t clock = 0;
   uint64_t predicted_hits = 0, predicted_total = 0;  // read-ahead recall (under ws_mu_)
 };
@@ -101,7 +108,7 @@ struct ExpertCache::Layer {
 // A working-set entry: one expert read in flight or arrived, beyond the budget.
 struct ExpertCache::Entry {
   ReadTicket ticket;
-  uint8_t* buffer = nullptr;        // [store.slot_bytes()], aligned; swapped with a slot's on promotion
+  uint8_t* buffer = nullptr;  // [store.slot_bytes()], aligned; swapped with a slot's on promotion
   const uint8_t* data = nullptr;    // the expert's bytes inside buffer
   int64_t layer = -1, expert = -1;  // what it holds or reads (-1: free)
   int refs = 0;                     // batches holding it
@@ -111,10 +118,16 @@ struct ExpertCache::Entry {
   bool free() const { return refs == 0 && !staged; }
 };
 
-ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options, ExpertCacheSetup setup)
-    : store_(store), options_(options), setup_(std::move(setup)), prefetch_(options.prefetch),
-      num_experts_(setup_.num_experts), moe_layers_(setup_.moe_layers) {
-  const int64_t max_layer = moe_layers_.empty() ? -1 : *std::max_element(moe_layers_.begin(), moe_layers_.end());
+ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options,
+                         ExpertCacheSetup setup)
+    : store_(store),
+      options_(options),
+      setup_(std::move(setup)),
+      prefetch_(options.prefetch),
+      num_experts_(setup_.num_experts),
+      moe_layers_(setup_.moe_layers) {
+  const int64_t max_layer =
+      moe_layers_.empty() ? -1 : *std::max_element(moe_layers_.begin(), moe_layers_.end());
   layers_.resize(static_cast<size_t>(max_layer + 1));
   predicted_.resize(layers_.size());
   for (int64_t l : moe_layers_) {
@@ -134,7 +147,8 @@ ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options, 
   const uint64_t slot = store_.slot_bytes();
   const uint64_t per_slot_row = slot * moe_layers_.size();  // one slot in every layer
   const double wanted = std::floor(options_.expert_gb * 1e9 / static_cast<double>(per_slot_row));
-  int64_t slots = std::clamp<int64_t>(static_cast<int64_t>(std::min(wanted, 1e12)), 1, num_experts_);
+  int64_t slots =
+      std::clamp<int64_t>(static_cast<int64_t>(std::min(wanted, 1e12)), 1, num_experts_);
   int64_t limit = setup_.memory_limit;
   if (limit < 0) {
     const double avail = static_cast<double>(available_memory_bytes());
@@ -142,20 +156,23 @@ ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options, 
   }
   const int64_t fit = static_cast<int64_t>(static_cast<uint64_t>(limit) / per_slot_row);
   if (fit < 1)
-    throw Error("expert cache: one slot per MoE layer needs " + std::to_string(per_slot_row / 1000000) +
-                " MB but only " + std::to_string(limit / 1000000) +
-                " MB of memory is left after the resident weights; free memory or use a smaller model");
+    throw Error(
+        "expert cache: one slot per MoE layer needs " + std::to_string(per_slot_row / 1000000) +
+        " MB but only " + std::to_string(limit / 1000000) +
+        " MB of memory is left after the resident weights; free memory or use a smaller model");
   if (fit < slots) {
     char line[200];
     std::snprintf(line, sizeof line,
-                  "expert cache: K3_EXPERT_GB=%g does not fit the memory left (%.1f GB): %lld slots per layer instead of %lld",
+                  "expert cache: K3_EXPERT_GB=%g does not fit the memory left (%.1f GB): %lld "
+                  "slots per layer instead of %lld",
                   options_.expert_gb, static_cast<double>(limit) / 1e9, static_cast<long long>(fit),
                   static_cast<long long>(slots));
     say(line);
     slots = fit;
   }
   slots_per_layer_ = slots;
-  for (int64_t l : moe_layers_) layers_[static_cast<size_t>(l)]->slots.resize(static_cast<size_t>(slots));
+  for (int64_t l : moe_layers_)
+    layers_[static_cast<size_t>(l)]->slots.resize(static_cast<size_t>(slots));
   load_history();
   if (options_.pin) seed_pins();
 }
@@ -171,19 +188,23 @@ ExpertCache::~ExpertCache() {
 }
 
 void ExpertCache::say(const std::string& line) const {
-  if (setup_.note) setup_.note(line);
-  else std::fprintf(stderr, "%s\n", line.c_str());
+  if (setup_.note)
+    setup_.note(line);
+  else
+    std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 ExpertCache::Layer* ExpertCache::layer_of(int64_t layer) const {
-  if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() || !layers_[static_cast<size_t>(layer)])
+  if (layer < 0 || static_cast<size_t>(layer) >= layers_.size() ||
+      !layers_[static_cast<size_t>(layer)])
     throw Error("expert cache: layer " + std::to_string(layer) + " has no routed experts");
   return layers_[static_cast<size_t>(layer)].get();
 }
 
 ExpertCache::Entry* ExpertCache::take_entry(bool staged) {
   if (staged) {
-    const size_t n = static_cast<size_t>(std::count_if(entries_.begin(), entries_.end(), [](const auto& e) { return e->staged; }));
+    const size_t n = static_cast<size_t>(
+        std::count_if(entries_.begin(), entries_.end(), [](const auto& e) { return e->staged; }));
     if (n >= kMaxStaged) return nullptr;
   }
   Entry* found = nullptr;
@@ -214,7 +235,8 @@ void ExpertCache::submit_reads(int64_t layer, std::span<Entry* const> entries) {
     return std::tie(a.first.file, a.first.offset) < std::tie(b.first.file, b.first.offset);
   });
   for (auto& [where, e] : order) {
-    const ExpertStore::ReadPlan plan = store_.plan_read(layer, e->expert, e->buffer, options_.direct);
+    const ExpertStore::ReadPlan plan =
+        store_.plan_read(layer, e->expert, e->buffer, options_.direct);
     if (!options_.direct) store_.advise(layer, e->expert);
     e->data = plan.data;
     queue_->submit(e->ticket, {plan.requests.data(), plan.count});
@@ -247,14 +269,18 @@ ExpertCache::Entry* ExpertCache::in_flight(int64_t layer, int64_t expert) const 
   return nullptr;
 }
 
-void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, ExpertBatch& batch) {
+void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use,
+                          ExpertBatch& batch) {
   batch.release();
   if (ids.size() > kMaxBatch)
-    throw Error("expert cache: a batch of " + std::to_string(ids.size()) + " experts exceeds " + std::to_string(kMaxBatch));
+    throw Error("expert cache: a batch of " + std::to_string(ids.size()) + " experts exceeds " +
+                std::to_string(kMaxBatch));
   // Checked before the batch is touched: a refused batch holds nothing.
   if (!setup_.all_resident) layer_of(layer);
   for (int64_t e : ids)
-    if (e < 0 || e >= num_experts_) throw Error("expert " + std::to_string(e) + " of layer " + std::to_string(layer) + " is out of range");
+    if (e < 0 || e >= num_experts_)
+      throw Error("expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
+                  " is out of range");
   batch.cache_ = this;
   batch.layer_ = layer;
   batch.use_ = static_cast<int>(use);
@@ -263,7 +289,9 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   if (setup_.all_resident) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint8_t* bytes = store_.resident(layer, ids[i]);
-      if (!bytes) throw Error("expert " + std::to_string(ids[i]) + " of layer " + std::to_string(layer) + " is not resident");
+      if (!bytes)
+        throw Error("expert " + std::to_string(ids[i]) + " of layer " + std::to_string(layer) +
+                    " is not resident");
       batch.items_[i].view = store_.view(bytes);
       batch.items_[i].ready = true;
     }
@@ -277,39 +305,39 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
     Entry* fresh[kMaxBatch];
     size_t reads = 0;
     try {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      ExpertBatch::Item& item = batch.items_[i];
-      const int64_t e = ids[i];
-      const int32_t s = L.index[static_cast<size_t>(e)];
-      if (s >= 0) {
-        Slot& slot = L.slots[static_cast<size_t>(s)];
-        ++slot.refs;
-        slot.used = ++L.clock;
-        slot.probation = false;
-        item.slot = s;
-        item.view = store_.view(slot.data);
-        item.ready = true;
-        ++hits_;
-        continue;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ExpertBatch::Item& item = batch.items_[i];
+        const int64_t e = ids[i];
+        const int32_t s = L.index[static_cast<size_t>(e)];
+        if (s >= 0) {
+          Slot& slot = L.slots[static_cast<size_t>(s)];
+          ++slot.refs;
+          slot.used = ++L.clock;
+          slot.probation = false;
+          item.slot = s;
+          item.view = store_.view(slot.data);
+          item.ready = true;
+          ++hits_;
+          continue;
+        }
+        // In flight already: staged by a prediction, or held by another running batch (unless
+        // that read failed: this batch reads afresh).
+        Entry* entry = in_flight(layer, e);
+        if (entry && !entry->error.empty()) entry = nullptr;
+        if (entry && entry->staged) {
+          entry->staged = false;
+          ++prefetch_used_;
+        }
+        if (!entry) {
+          entry = take_entry(false);
+          entry->layer = layer;
+          entry->expert = e;
+          fresh[reads++] = entry;
+        }
+        ++entry->refs;
+        item.entry = entry;
       }
-      // In flight already: staged by a prediction, or held by another running batch (unless
-      // that read failed: this batch reads afresh).
-      Entry* entry = in_flight(layer, e);
-      if (entry && !entry->error.empty()) entry = nullptr;
-      if (entry && entry->staged) {
-        entry->staged = false;
-        ++prefetch_used_;
-      }
-      if (!entry) {
-        entry = take_entry(false);
-        entry->layer = layer;
-        entry->expert = e;
-        fresh[reads++] = entry;
-      }
-      ++entry->refs;
-      item.entry = entry;
-    }
-    submit_reads(layer, {fresh, reads});
+      submit_reads(layer, {fresh, reads});
     } catch (...) {
       // Out of memory for a buffer, or the queue refused: undo, so no entry is left claimed
       // without a read and the batch holds nothing.
@@ -337,7 +365,8 @@ void ExpertCache::acquire(int64_t layer, std::span<const int64_t> ids, Use use, 
   }
 }
 
-void ExpertCache::run(int64_t layer, std::span<const int64_t> ids, ExpertUse use, ExpertWork& work) {
+void ExpertCache::run(int64_t layer, std::span<const int64_t> ids, ExpertUse use,
+                      ExpertWork& work) {
   routed(layer, ids);
   ExpertBatch batch;
   for (size_t g0 = 0; g0 < ids.size(); g0 += kMaxBatch) {
@@ -381,7 +410,9 @@ bool ExpertBatch::ready(size_t i) const {
   return item.ready || cache_->arrived(item.entry);
 }
 
-bool ExpertCache::arrived(const void* entry) const { return static_cast<const Entry*>(entry)->ticket.done(); }
+bool ExpertCache::arrived(const void* entry) const {
+  return static_cast<const Entry*>(entry)->ticket.done();
+}
 
 void ExpertCache::wait_item(ExpertBatch& batch, size_t i) {
   ExpertBatch::Item& item = batch.items_[i];
@@ -426,7 +457,8 @@ void ExpertCache::release(ExpertBatch& batch) {
           for (size_t s = 0; s < L.slots.size(); ++s) {
             const Slot& c = L.slots[s];
             if (c.pinned || c.refs > 0 || c.probation != probation || c.used > before) continue;
-            if (best < 0 || c.used < L.slots[static_cast<size_t>(best)].used) best = static_cast<int32_t>(s);
+            if (best < 0 || c.used < L.slots[static_cast<size_t>(best)].used)
+              best = static_cast<int32_t>(s);
           }
           return best;
         };
@@ -461,7 +493,8 @@ void ExpertCache::release(ExpertBatch& batch) {
 
 void ExpertCache::drop_staged(int64_t layer, std::span<const int64_t> keep) {
   for (auto& en : entries_)
-    if (en->staged && en->layer == layer && !std::binary_search(keep.begin(), keep.end(), en->expert)) {
+    if (en->staged && en->layer == layer &&
+        !std::binary_search(keep.begin(), keep.end(), en->expert)) {
       en->staged = false;
       queue_->cancel(en->ticket);
       if (en->refs == 0) en->layer = en->expert = -1;
@@ -484,7 +517,8 @@ void ExpertCache::routed(int64_t layer, std::span<const int64_t> ids) {
     sorted = copy;
   }
   uint64_t found = 0;
-  for (int64_t e : sorted) found += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
+  for (int64_t e : sorted)
+    found += std::binary_search(predicted.begin(), predicted.end(), e) ? 1 : 0;
   predicted_total_ += sorted.size();
   predicted_hits_ += found;
   L.predicted_total += sorted.size();
@@ -644,43 +678,50 @@ void ExpertCache::load_history() {
     if (a == -1) {
       geometry_seen = true;
       if (b != setup_.history_layers || c != num_experts_) {
-        say(path + ": routing history refused: written for " + std::to_string(b) + " layers x " + std::to_string(c) +
-            " experts, this model has " + std::to_string(setup_.history_layers) + " x " + std::to_string(num_experts_) +
+        say(path + ": routing history refused: written for " + std::to_string(b) + " layers x " +
+            std::to_string(c) + " experts, this model has " +
+            std::to_string(setup_.history_layers) + " x " + std::to_string(num_experts_) +
             " (another model's file; it is left as it is)");
         history_refused_ = true;
         return;
       }
     } else if (a == -2) {
       if (b != kHistoryVersion || static_cast<uint32_t>(c) != hash) {
-        say(path + ": routing history refused: written by another model or format (version " + std::to_string(b) +
-            ", identity " + std::to_string(c) + "; this model is " + std::to_string(hash) + "); it is left as it is");
+        say(path + ": routing history refused: written by another model or format (version " +
+            std::to_string(b) + ", identity " + std::to_string(c) + "; this model is " +
+            std::to_string(hash) + "); it is left as it is");
         history_refused_ = true;
         return;
       }
     } else if (a < 0) {
       continue;  // a header record of a later format: skipped, as old readers do
-    } else if (a >= static_cast<long long>(layers_.size()) || !layers_[static_cast<size_t>(a)] || b < 0 ||
-               b >= num_experts_ || c < 0) {
+    } else if (a >= static_cast<long long>(layers_.size()) || !layers_[static_cast<size_t>(a)] ||
+               b < 0 || b >= num_experts_ || c < 0) {
       ++bad;
     } else {
       records.emplace_back(a, b, static_cast<uint64_t>(c));
     }
   }
   if (!geometry_seen && !records.empty()) {
-    say(path + ": routing history refused: no geometry record (-1 <layers> <experts>); it is left as it is");
+    say(path +
+        ": routing history refused: no geometry record (-1 <layers> <experts>); it is left as it "
+        "is");
     history_refused_ = true;
     return;
   }
-  for (const auto& [l, e, c] : records) layers_[static_cast<size_t>(l)]->usage[static_cast<size_t>(e)] += c;
-  if (bad > 0) say(path + ": " + std::to_string(bad) + " malformed routing-history line(s) skipped");
+  for (const auto& [l, e, c] : records)
+    layers_[static_cast<size_t>(l)]->usage[static_cast<size_t>(e)] += c;
+  if (bad > 0)
+    say(path + ": " + std::to_string(bad) + " malformed routing-history line(s) skipped");
 }
 
 void ExpertCache::seed_pins() {
   const double total = static_cast<double>(history_total());
   if (total < kPinMinHistory) return;
   const double confidence = std::min(1.0, total / kPinFullConfidence);
-  const int64_t quota = std::min<int64_t>(static_cast<int64_t>(std::floor(static_cast<double>(slots_per_layer_) * 0.5 * confidence)),
-                                          slots_per_layer_ / 2);
+  const int64_t quota = std::min<int64_t>(
+      static_cast<int64_t>(std::floor(static_cast<double>(slots_per_layer_) * 0.5 * confidence)),
+      slots_per_layer_ / 2);
   if (quota <= 0) return;
   for (int64_t l : moe_layers_) {
     Layer& L = *layers_[static_cast<size_t>(l)];
@@ -688,10 +729,12 @@ void ExpertCache::seed_pins() {
     for (int64_t e = 0; e < num_experts_; ++e)
       if (L.usage[static_cast<size_t>(e)] > 0 && store_.has(l, e)) order.push_back(e);
     const size_t n = std::min<size_t>(static_cast<size_t>(quota), order.size());
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(), [&](int64_t a, int64_t b) {
-      const uint64_t ca = L.usage[static_cast<size_t>(a)], cb = L.usage[static_cast<size_t>(b)];
-      return ca != cb ? ca > cb : a < b;
-    });
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                      [&](int64_t a, int64_t b) {
+                        const uint64_t ca = L.usage[static_cast<size_t>(a)],
+                                       cb = L.usage[static_cast<size_t>(b)];
+                        return ca != cb ? ca > cb : a < b;
+                      });
     order.resize(n);
     // Read in parallel through the queue, straight into the pinned slots.
     std::vector<std::unique_ptr<ReadTicket>> tickets;
@@ -699,7 +742,8 @@ void ExpertCache::seed_pins() {
     for (size_t i = 0; i < n; ++i) {
       Slot& slot = L.slots[i];
       slot.buffer = alloc_aligned(store_.slot_bytes());
-      const ExpertStore::ReadPlan plan = store_.plan_read(l, order[i], slot.buffer, options_.direct);
+      const ExpertStore::ReadPlan plan =
+          store_.plan_read(l, order[i], slot.buffer, options_.direct);
       data[i] = plan.data;
       tickets.push_back(std::make_unique<ReadTicket>());
       queue_->submit(*tickets.back(), {plan.requests.data(), plan.count});
@@ -721,11 +765,13 @@ void ExpertCache::seed_pins() {
 
 bool ExpertCache::save_history() {
   if (setup_.history_save_path.empty()) {
-    if (!setup_.history_unsaved.empty()) say("routing history not saved: " + setup_.history_unsaved);
+    if (!setup_.history_unsaved.empty())
+      say("routing history not saved: " + setup_.history_unsaved);
     return false;
   }
   if (history_refused_) {
-    say(setup_.history_save_path + ": routing history not saved (the file there belongs to another model)");
+    say(setup_.history_save_path +
+        ": routing history not saved (the file there belongs to another model)");
     return false;
   }
   std::ostringstream out;
@@ -735,7 +781,8 @@ bool ExpertCache::save_history() {
     const Layer& L = *layers_[static_cast<size_t>(l)];
     std::lock_guard<std::mutex> lock(L.mu);
     for (int64_t e = 0; e < num_experts_; ++e)
-      if (const uint64_t c = L.usage[static_cast<size_t>(e)]; c > 0) out << l << ' ' << e << ' ' << decayed(c, options_.usage_decay) << '\n';
+      if (const uint64_t c = L.usage[static_cast<size_t>(e)]; c > 0)
+        out << l << ' ' << e << ' ' << decayed(c, options_.usage_decay) << '\n';
   }
   const std::string text = out.str();
   try {

@@ -15,13 +15,16 @@ void ExpertStore::add(int64_t layer, int64_t expert, const ExpertTensors& tensor
   for (int i = 0; i < 6; ++i) {
     const LocatedTensor& t = tensors[static_cast<size_t>(i)];
     if (t.info == nullptr)
-      throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) + ": tensor missing");
+      throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                  ": tensor missing");
     if (t.info->nbytes != want[i])
-      throw Error(t.shard->path() + ": tensor " + t.info->name + " holds " + std::to_string(t.info->nbytes) +
-                  " bytes, expected " + std::to_string(want[i]) + " for this expert geometry");
+      throw Error(t.shard->path() + ": tensor " + t.info->name + " holds " +
+                  std::to_string(t.info->nbytes) + " bytes, expected " + std::to_string(want[i]) +
+                  " for this expert geometry");
     if (i > 0) {
       const LocatedTensor& prev = tensors[static_cast<size_t>(i - 1)];
-      if (t.shard != prev.shard || t.info->file_offset != prev.info->file_offset + prev.info->nbytes)
+      if (t.shard != prev.shard ||
+          t.info->file_offset != prev.info->file_offset + prev.info->nbytes)
         e.contiguous = false;
     }
   }
@@ -31,11 +34,14 @@ void ExpertStore::add(int64_t layer, int64_t expert, const ExpertTensors& tensor
 const ExpertStore::Entry& ExpertStore::entry(int64_t layer, int64_t expert) const {
   const auto it = entries_.find({layer, expert});
   if (it == entries_.end())
-    throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) + " is not registered");
+    throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                " is not registered");
   return it->second;
 }
 
-bool ExpertStore::contiguous(int64_t layer, int64_t expert) const { return entry(layer, expert).contiguous; }
+bool ExpertStore::contiguous(int64_t layer, int64_t expert) const {
+  return entry(layer, expert).contiguous;
+}
 
 ExpertView ExpertStore::view(const uint8_t* bytes) const {
   ExpertView v;
@@ -96,7 +102,8 @@ void ExpertStore::advise(int64_t layer, int64_t expert) const {
 }
 
 // Checks the three scale tensors of an expert whose bytes start at `bytes` for exponent 255.
-void ExpertStore::validate(const Entry& e, const uint8_t* bytes, int64_t layer, int64_t expert) const {
+void ExpertStore::validate(const Entry& e, const uint8_t* bytes, int64_t layer,
+                           int64_t expert) const {
   uint64_t offset = 0;
   for (size_t i = 0; i < 6; ++i) {
     const uint64_t n = e.tensors[i].info->nbytes;
@@ -104,13 +111,15 @@ void ExpertStore::validate(const Entry& e, const uint8_t* bytes, int64_t layer, 
       const uint8_t* s = bytes + offset;
       if (std::find(s, s + n, uint8_t{255}) != s + n)
         throw Error(e.tensors[i].shard->path() + ": tensor " + e.tensors[i].info->name +
-                    " holds exponent byte 255 (NaN in MXFP4); " + expert_name(layer, expert) + " is unusable");
+                    " holds exponent byte 255 (NaN in MXFP4); " + expert_name(layer, expert) +
+                    " is unusable");
     }
     offset += n;
   }
 }
 
-ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint8_t* slot, bool direct) const {
+ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint8_t* slot,
+                                             bool direct) const {
   const Entry& e = entry(layer, expert);
   const uint64_t bytes = geometry_.expert_bytes();
   ReadPlan plan;
@@ -118,7 +127,8 @@ ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint
   if (!e.contiguous) {
     uint64_t at = 0;
     for (const LocatedTensor& t : e.tensors) {
-      plan.requests[plan.count++] = {&t.shard->file(), slot + at, t.info->nbytes, t.info->file_offset, false};
+      plan.requests[plan.count++] = {&t.shard->file(), slot + at, t.info->nbytes,
+                                     t.info->file_offset, false};
       at += t.info->nbytes;
     }
     return plan;
@@ -137,7 +147,8 @@ ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint
   const uint64_t want = pad + bytes;
   uint64_t length = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   const uint64_t size = file.size();
-  if (start + length > size) length = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
+  if (start + length > size)
+    length = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
   if (length > 0) plan.requests[plan.count++] = {&file, slot, length, start, true};
   if (length < want) {
     const uint64_t from = std::max(length, pad);
@@ -147,7 +158,8 @@ ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint
   return plan;
 }
 
-void ExpertStore::finish_read(int64_t layer, int64_t expert, const uint8_t* data, const std::string& error) const {
+void ExpertStore::finish_read(int64_t layer, int64_t expert, const uint8_t* data,
+                              const std::string& error) const {
   if (!error.empty()) throw Error(error + " (" + expert_name(layer, expert) + ")");
   validate(entry(layer, expert), data, layer, expert);
 }

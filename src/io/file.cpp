@@ -40,8 +40,8 @@ class PosixFile : public File {
       }
       if (got == 0) {
         throw Error(path_ + ": short read of " + what + ": wanted " + std::to_string(length) +
-                    " bytes at offset " + std::to_string(offset) + ", got " +
-                    std::to_string(done) + " (file truncated?)");
+                    " bytes at offset " + std::to_string(offset) + ", got " + std::to_string(done) +
+                    " (file truncated?)");
       }
       done += static_cast<uint64_t>(got);
     }
@@ -54,7 +54,8 @@ class PosixFile : public File {
   void refuse_direct() const override { direct_ok_.store(false, std::memory_order_relaxed); }
 
   void will_need(uint64_t offset, uint64_t length) const override {
-    ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_WILLNEED);
+    ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                    POSIX_FADV_WILLNEED);
   }
 
  private:
@@ -113,10 +114,12 @@ void write_file_atomic(const std::string& path, const void* bytes, size_t length
   write_file_atomic(path, {ByteSpan{bytes, length}}, 0644, true);
 }
 
-void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> pieces, unsigned mode, bool durable) {
+void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> pieces,
+                       unsigned mode, bool durable) {
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());  // a leftover temp file could carry other permissions
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, static_cast<mode_t>(mode));
   if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));
   for (const ByteSpan& piece : pieces) {
     const auto* p = static_cast<const uint8_t*>(piece.data);

@@ -16,7 +16,8 @@ bool is_vision_tensor(const std::string& name) {
 ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_dirs)
     : extra_dirs_(std::move(extra_dirs)), dir_(dir) {
   for (const std::string& extra : extra_dirs_)
-    if (!fs::is_directory(extra)) throw Error(extra + ": K3_DIRS names a directory that does not exist");
+    if (!fs::is_directory(extra))
+      throw Error(extra + ": K3_DIRS names a directory that does not exist");
   if (!fs::is_directory(dir)) throw Error(dir + ": not a model directory");
   const std::string config_path = (fs::path(dir) / "config.json").string();
   try {
@@ -40,10 +41,12 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     // Shards that hold at least one text tensor; a shard of only vision tensors is never opened.
     std::set<std::string> text_shards;
     for (const auto& [name, file] : wm->items()) {
-      if (!file.is_string()) throw Error(index_path.string() + ": weight_map[" + name + "] is not a string");
+      if (!file.is_string())
+        throw Error(index_path.string() + ": weight_map[" + name + "] is not a string");
       const std::string f = file.get<std::string>();
       if (f.find('/') != std::string::npos || f == ".." || f.empty())
-        throw Error(index_path.string() + ": weight_map[" + name + "] names a path outside the snapshot: " + f);
+        throw Error(index_path.string() + ": weight_map[" + name +
+                    "] names a path outside the snapshot: " + f);
       if (!is_vision_tensor(name)) text_shards.insert(f);
     }
     for (const auto& f : text_shards) open_shard(f);
@@ -67,12 +70,14 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
           files.push_back(n);
       }
     std::sort(files.begin(), files.end());
-    if (files.empty()) throw Error(dir + ": no *.safetensors shards and no model.safetensors.index.json");
+    if (files.empty())
+      throw Error(dir + ": no *.safetensors shards and no model.safetensors.index.json");
     for (const auto& f : files) open_shard(f);
   }
 
   // The real snapshot nests the text model under "language_model."; flat fixtures do not.
-  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight")) prefix_ = "language_model.";
+  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight"))
+    prefix_ = "language_model.";
 }
 
 void ModelFiles::open_shard(const std::string& file_name) {
@@ -104,7 +109,7 @@ LocatedTensor ModelFiles::find(const std::string& name) const {
 }
 
 LocatedTensor ModelFiles::require_any(const std::string& name, const std::vector<DType>& dtypes,
-                                    const std::vector<int64_t>& shape) const {
+                                      const std::vector<int64_t>& shape) const {
   const LocatedTensor t = find(name);
   if (t.info == nullptr)
     throw Error(dir_ + ": tensor " + prefix_ + name + " is missing from the snapshot");
@@ -121,7 +126,7 @@ LocatedTensor ModelFiles::require_any(const std::string& name, const std::vector
 }
 
 LocatedTensor ModelFiles::require(const std::string& name, DType dtype,
-                                const std::vector<int64_t>& shape) const {
+                                  const std::vector<int64_t>& shape) const {
   return require_any(name, {dtype}, shape);
 }
 

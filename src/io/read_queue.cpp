@@ -52,8 +52,8 @@ struct Extent {
   uint8_t* dst = nullptr;  // where the extent's first byte goes
   uint64_t offset = 0;     // file offset of the extent's first byte
   uint64_t length = 0;
-  uint64_t done = 0;       // bytes read so far
-  bool direct = false;     // O_DIRECT; cleared when the filesystem refuses it
+  uint64_t done = 0;    // bytes read so far
+  bool direct = false;  // O_DIRECT; cleared when the filesystem refuses it
 };
 
 // A ticket and the message its extent finished with ("" on success), delivered outside the
@@ -125,7 +125,8 @@ class Meter {
     stats_.max_in_flight = std::max(stats_.max_in_flight, in_flight_);
   }
   void end_one() {
-    if (--in_flight_ == 0) stats_.busy_seconds += std::chrono::duration<double>(Clock::now() - busy_since_).count();
+    if (--in_flight_ == 0)
+      stats_.busy_seconds += std::chrono::duration<double>(Clock::now() - busy_since_).count();
   }
   void count(uint64_t bytes) {
     stats_.bytes += bytes;
@@ -135,7 +136,8 @@ class Meter {
   int in_flight() const { return in_flight_; }
   ReadQueueStats snapshot() const {
     ReadQueueStats s = stats_;
-    if (in_flight_ > 0) s.busy_seconds += std::chrono::duration<double>(Clock::now() - busy_since_).count();
+    if (in_flight_ > 0)
+      s.busy_seconds += std::chrono::duration<double>(Clock::now() - busy_since_).count();
     return s;
   }
 
@@ -172,7 +174,8 @@ class QueueBase : public ReadQueue {
       const uint64_t piece = r.direct ? direct_piece_ : buffered_piece_;
       auto* dst = static_cast<uint8_t*>(r.dst);
       for (uint64_t at = 0; at < r.length; at += piece)
-        extents.push_back({&ticket, r.file, dst + at, r.offset + at, std::min(piece, r.length - at), 0, r.direct});
+        extents.push_back({&ticket, r.file, dst + at, r.offset + at, std::min(piece, r.length - at),
+                           0, r.direct});
     }
     // Every extent counted before any is issued: the ticket cannot reach zero early.
     const size_t total = extents.size() + static_cast<size_t>(here);
@@ -206,7 +209,8 @@ class QueueBase : public ReadQueue {
   // (out of memory) finishes with an error, so no ticket waits forever.
   virtual void enqueue(std::vector<Extent>&& extents) = 0;
   static void not_queued(const std::vector<Extent>& extents, size_t queued) {
-    for (size_t i = queued; i < extents.size(); ++i) extents[i].ticket->finish_one("out of memory queuing a read");
+    for (size_t i = queued; i < extents.size(); ++i)
+      extents[i].ticket->finish_one("out of memory queuing a read");
   }
 
   mutable std::mutex mu_;  // the engine's state and meter_
@@ -361,7 +365,8 @@ class UringQueue final : public QueueBase {
         io_uring_cqe* cqe = nullptr;
         const int rc = io_uring_wait_cqe(&ring_, &cqe);
         if (rc < 0) {
-          if (rc != -EINTR && rc != -EAGAIN) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          if (rc != -EINTR && rc != -EAGAIN)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
           continue;
         }
       }
@@ -398,7 +403,8 @@ class UringQueue final : public QueueBase {
         for (const Issue& i : issue) {
           Extent& e = *i.extent;
           io_uring_sqe* sqe = next_sqe_sq_locked();
-          io_uring_prep_read(sqe, i.fd, e.dst + e.done, static_cast<unsigned>(e.length - e.done), e.offset + e.done);
+          io_uring_prep_read(sqe, i.fd, e.dst + e.done, static_cast<unsigned>(e.length - e.done),
+                             e.offset + e.done);
           io_uring_sqe_set_data(sqe, &e);
         }
         flush_sq_locked();  // also what an earlier flush left behind
@@ -482,8 +488,10 @@ class ThreadQueue final : public QueueBase {
     } catch (...) {
       not_queued(extents, queued);
     }
-    if (queued == 1) cv_.notify_one();
-    else if (queued > 1) cv_.notify_all();
+    if (queued == 1)
+      cv_.notify_one();
+    else if (queued > 1)
+      cv_.notify_all();
   }
 
  private:
@@ -525,7 +533,8 @@ class ThreadQueue final : public QueueBase {
         error = read_failed(e, EBADF);
         return false;
       }
-      const ssize_t got = ::pread(fd, e.dst + e.done, e.length - e.done, static_cast<off_t>(e.offset + e.done));
+      const ssize_t got =
+          ::pread(fd, e.dst + e.done, e.length - e.done, static_cast<off_t>(e.offset + e.done));
       switch (settle(e, got < 0 ? -static_cast<int64_t>(errno) : got, error)) {
         case Step::kDone:
           return true;

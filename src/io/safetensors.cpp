@@ -16,10 +16,10 @@ struct DTypeRow {
 };
 
 constexpr DTypeRow kDTypes[] = {
-    {DType::kBF16, "BF16", 2},      {DType::kF16, "F16", 2},         {DType::kF32, "F32", 4},
-    {DType::kF64, "F64", 8},        {DType::kI64, "I64", 8},         {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2},        {DType::kI8, "I8", 1},           {DType::kU8, "U8", 1},
-    {DType::kBool, "BOOL", 1},      {DType::kF8E4M3, "F8_E4M3", 1},  {DType::kF8E5M2, "F8_E5M2", 1},
+    {DType::kBF16, "BF16", 2},      {DType::kF16, "F16", 2},        {DType::kF32, "F32", 4},
+    {DType::kF64, "F64", 8},        {DType::kI64, "I64", 8},        {DType::kI32, "I32", 4},
+    {DType::kI16, "I16", 2},        {DType::kI8, "I8", 1},          {DType::kU8, "U8", 1},
+    {DType::kBool, "BOOL", 1},      {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1},
     {DType::kF8E8M0, "F8_E8M0", 1},
 };
 
@@ -38,8 +38,12 @@ bool mul_checked(uint64_t a, uint64_t b, uint64_t* out) {
 
 }  // namespace
 
-size_t dtype_size(DType dtype) { return row_of(dtype).size; }
-const char* dtype_name(DType dtype) { return row_of(dtype).name; }
+size_t dtype_size(DType dtype) {
+  return row_of(dtype).size;
+}
+const char* dtype_name(DType dtype) {
+  return row_of(dtype).name;
+}
 
 bool parse_dtype(const std::string& name, DType* out) {
   for (const auto& r : kDTypes) {
@@ -57,8 +61,8 @@ uint64_t TensorInfo::numel() const {
   return n;
 }
 
-std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
-                                                 uint64_t file_size, const std::string& path) {
+std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json, uint64_t file_size,
+                                                 const std::string& path) {
   const uint64_t data_start = 8 + header_json.size();
   if (data_start > file_size) {
     throw Error(path + ": header of " + std::to_string(header_json.size()) +
@@ -111,12 +115,12 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
     const uint64_t begin = (*offsets_it)[0].get<uint64_t>();
     const uint64_t end = (*offsets_it)[1].get<uint64_t>();
     if (end < begin)
-      throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " +
-                  std::to_string(end) + ") end before they begin");
+      throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") end before they begin");
     if (end > data_size)
-      throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " +
-                  std::to_string(end) + ") lie outside the data region of " +
-                  std::to_string(data_size) + " bytes (file truncated?)");
+      throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") lie outside the data region of " + std::to_string(data_size) +
+                  " bytes (file truncated?)");
     uint64_t expected = 0;
     if (!mul_checked(numel, dtype_size(info.dtype), &expected) || expected != end - begin)
       throw Error(where + ": shape " + shape_string(info.shape) + " x " + dtype_text + " needs " +

@@ -6,13 +6,13 @@
 namespace k3 {
 namespace {
 
-#define K3_TABLE(isa_value, suffix)                                                              \
-  KernelTable {                                                                                  \
+#define K3_TABLE(isa_value, suffix)                                                               \
+  KernelTable {                                                                                   \
     isa_value, impl::matmul_f32_##suffix, impl::matmul_int8_##suffix, impl::matmul_int4_##suffix, \
-        impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                        \
-        impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                         \
-        impl::matmul_int8_idot_##suffix,                                                          \
-        impl::kda_head_step_##suffix, impl::mla_head_attend_##suffix                              \
+        impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                         \
+        impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                        \
+        impl::matmul_int8_idot_##suffix, impl::kda_head_step_##suffix,                            \
+        impl::mla_head_attend_##suffix                                                            \
   }
 
 const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar);
@@ -25,9 +25,12 @@ const KernelTable kAvx512 = K3_TABLE(Isa::kAvx512, avx512);
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -45,8 +48,10 @@ bool parse_isa(const std::string& name, Isa* out) {
 bool isa_supported(Isa isa) {
   // __builtin_cpu_supports reads CPUID and, for AVX/AVX-512, the OS-enabled state (XCR0).
   switch (isa) {
-    case Isa::kScalar: return true;
-    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
@@ -69,11 +74,15 @@ std::vector<Isa> supported_isas() {
 }
 
 const KernelTable& kernel_table(Isa isa) {
-  if (!isa_supported(isa)) throw Error(std::string("this CPU cannot run the ") + isa_name(isa) + " kernels");
+  if (!isa_supported(isa))
+    throw Error(std::string("this CPU cannot run the ") + isa_name(isa) + " kernels");
   switch (isa) {
-    case Isa::kScalar: return kScalar;
-    case Isa::kAvx2: return kAvx2;
-    case Isa::kAvx512: return kAvx512;
+    case Isa::kScalar:
+      return kScalar;
+    case Isa::kAvx2:
+      return kAvx2;
+    case Isa::kAvx512:
+      return kAvx512;
   }
   return kScalar;
 }

@@ -15,7 +15,8 @@ namespace {
 // thread runs small problems (fork/join would cost more than the work).
 template <typename Body>
 void split_rows(size_t rows, size_t work, const Body& body) {
-  const int threads = work < (size_t{1} << 15) ? 1 : std::min<int>(omp_get_max_threads(), static_cast<int>(rows));
+  const int threads =
+      work < (size_t{1} << 15) ? 1 : std::min<int>(omp_get_max_threads(), static_cast<int>(rows));
   if (threads <= 1) {
     body(size_t{0}, rows);
     return;
@@ -40,7 +41,8 @@ Q8Rows quantized_rows(const KernelTable& k, const float* X, size_t n, size_t col
   thread_local std::vector<float> d;
   if (q8.size() < n * cols) q8.resize(n * cols);
   if (d.size() < n * (cols / 32)) d.resize(n * (cols / 32));
-  for (size_t t = 0; t < n; ++t) k.quantize_q8_32(X + t * cols, cols, q8.data() + t * cols, d.data() + t * (cols / 32));
+  for (size_t t = 0; t < n; ++t)
+    k.quantize_q8_32(X + t * cols, cols, q8.data() + t * cols, d.data() + t * (cols / 32));
   return {q8.data(), d.data()};
 }
 
@@ -55,9 +57,15 @@ void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t 
   }
   split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
     switch (W.format) {
-      case WeightFormat::kF32: k.matmul_f32(W.f32.data(), cols, X, n, Y, rows, begin, end); break;
-      case WeightFormat::kInt8Row: k.matmul_int8(W.q8.data(), W.scales.data(), cols, X, n, Y, rows, begin, end); break;
-      case WeightFormat::kInt4G64: k.matmul_int4(W.q4.data(), W.scales.data(), cols, X, n, Y, rows, begin, end); break;
+      case WeightFormat::kF32:
+        k.matmul_f32(W.f32.data(), cols, X, n, Y, rows, begin, end);
+        break;
+      case WeightFormat::kInt8Row:
+        k.matmul_int8(W.q8.data(), W.scales.data(), cols, X, n, Y, rows, begin, end);
+        break;
+      case WeightFormat::kInt4G64:
+        k.matmul_int4(W.q4.data(), W.scales.data(), cols, X, n, Y, rows, begin, end);
+        break;
     }
   });
 }
@@ -71,7 +79,9 @@ void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, con
     any_int8_activations = any_int8_activations || jobs[j].W->int8_activations;
   }
   // One quantisation of x serves every flagged job (the jobs share x, hence cols).
-  const Q8Rows q = any_int8_activations ? quantized_rows(k, x, 1, static_cast<size_t>(jobs[0].W->cols)) : Q8Rows{};
+  const Q8Rows q = any_int8_activations
+                       ? quantized_rows(k, x, 1, static_cast<size_t>(jobs[0].W->cols))
+                       : Q8Rows{};
   split_rows(total_rows, work, [&](size_t begin, size_t end) {
     size_t base = 0;
     for (size_t j = 0; j < count && base < end; ++j) {
@@ -81,11 +91,18 @@ void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, con
       if (lo < hi) {
         const size_t b = lo - base, e = hi - base;
         switch (W.format) {
-          case WeightFormat::kF32: k.matmul_f32(W.f32.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
-          case WeightFormat::kInt8Row: k.matmul_int8(W.q8.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e); break;
+          case WeightFormat::kF32:
+            k.matmul_f32(W.f32.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            break;
+          case WeightFormat::kInt8Row:
+            k.matmul_int8(W.q8.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            break;
           case WeightFormat::kInt4G64:
-            if (W.int8_activations) k.matmul_int4_idot(W.q4.data(), W.scales.data(), cols, q.q8, q.d, 1, jobs[j].Y, rows, b, e);
-            else k.matmul_int4(W.q4.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            if (W.int8_activations)
+              k.matmul_int4_idot(W.q4.data(), W.scales.data(), cols, q.q8, q.d, 1, jobs[j].Y, rows,
+                                 b, e);
+            else
+              k.matmul_int4(W.q4.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e);
             break;
         }
       }
@@ -98,18 +115,22 @@ void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, 
                  const float* x, float* y) {
   const size_t cols = static_cast<size_t>(W.cols), count = row_end - row_begin;
   switch (W.format) {
-    case WeightFormat::kF32: k.matmul_f32(W.f32.data() + row_begin * cols, cols, x, 1, y, count, 0, count); break;
+    case WeightFormat::kF32:
+      k.matmul_f32(W.f32.data() + row_begin * cols, cols, x, 1, y, count, 0, count);
+      break;
     case WeightFormat::kInt8Row:
-      k.matmul_int8(W.q8.data() + row_begin * cols, W.scales.data() + row_begin, cols, x, 1, y, count, 0, count);
+      k.matmul_int8(W.q8.data() + row_begin * cols, W.scales.data() + row_begin, cols, x, 1, y,
+                    count, 0, count);
       break;
     case WeightFormat::kInt4G64:
       if (W.int8_activations) {
         const Q8Rows q = quantized_rows(k, x, 1, cols);
-        k.matmul_int4_idot(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64, cols, q.q8,
-                           q.d, 1, y, count, 0, count);
+        k.matmul_int4_idot(W.q4.data() + row_begin * cols / 2,
+                           W.scales.data() + row_begin * cols / 64, cols, q.q8, q.d, 1, y, count, 0,
+                           count);
       } else {
-        k.matmul_int4(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64, cols, x, 1, y,
-                      count, 0, count);
+        k.matmul_int4(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64,
+                      cols, x, 1, y, count, 0, count);
       }
       break;
   }
@@ -150,7 +171,8 @@ void accumulate_rows_transposed(const WeightMatrix& W, size_t row_begin, size_t 
   }
 }
 
-void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float* X, size_t n, float* Y) {
+void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float* X, size_t n,
+                        float* Y) {
   split_rows(W.rows, W.rows * W.cols * n, [&](size_t begin, size_t end) {
     k.matmul_mxfp4_exact(W.packed, W.scales, W.cols, X, n, Y, W.rows, begin, end);
   });
@@ -188,8 +210,10 @@ void matmul_int8_idot(const KernelTable& k, const WeightMatrix& W, const int8_t*
   });
 }
 
-void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D) {
-  for (size_t t = 0; t < n; ++t) k.quantize_q8_32(X + t * cols, cols, Q8 + t * cols, D + t * (cols / 32));
+void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8,
+                    float* D) {
+  for (size_t t = 0; t < n; ++t)
+    k.quantize_q8_32(X + t * cols, cols, Q8 + t * cols, D + t * (cols / 32));
 }
 
 }  // namespace k3

@@ -9,15 +9,20 @@ namespace k3 {
 namespace {
 
 // round half to even in the default rounding mode.
-inline float rne(float v) { return std::nearbyint(v); }
+inline float rne(float v) {
+  return std::nearbyint(v);
+}
 
 }  // namespace
 
 const char* weight_format_name(WeightFormat format) {
   switch (format) {
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kInt8Row: return "int8";
-    case WeightFormat::kInt4G64: return "int4-g64";
+    case WeightFormat::kF32:
+      return "f32";
+    case WeightFormat::kInt8Row:
+      return "int8";
+    case WeightFormat::kInt4G64:
+      return "int4-g64";
   }
   return "?";
 }
@@ -31,7 +36,8 @@ void quantize_int8_row(const float* w, size_t cols, int8_t* q, float* scale) {
   for (size_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(w[i]));
   const float s = std::max(amax / 127.0f, 1e-20f);
   const float inv = 1.0f / s;
-  for (size_t i = 0; i < cols; ++i) q[i] = static_cast<int8_t>(std::clamp(rne(w[i] * inv), -127.0f, 127.0f));
+  for (size_t i = 0; i < cols; ++i)
+    q[i] = static_cast<int8_t>(std::clamp(rne(w[i] * inv), -127.0f, 127.0f));
   *scale = s;
 }
 
@@ -56,7 +62,8 @@ void quantize_matrix(WeightMatrix& m, int bits) {
   if (bits >= 32) return;
   const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
   const bool int4 = bits <= 4 && cols % 64 == 0;
-  if (bits != 4 && bits != 8) throw Error("quantize_matrix: unsupported bit width " + std::to_string(bits));
+  if (bits != 4 && bits != 8)
+    throw Error("quantize_matrix: unsupported bit width " + std::to_string(bits));
   if (int4) {
     m.q4.resize(rows * cols / 2);
     m.scales.resize(rows * cols / 64);
@@ -70,7 +77,8 @@ void quantize_matrix(WeightMatrix& m, int bits) {
     const size_t row = static_cast<size_t>(r);
     const float* w = m.f32.data() + row * cols;
     if (int4)
-      quantize_int4_g64_row(w, cols, m.q4.data() + row * cols / 2, m.scales.data() + row * cols / 64);
+      quantize_int4_g64_row(w, cols, m.q4.data() + row * cols / 2,
+                            m.scales.data() + row * cols / 64);
     else
       quantize_int8_row(w, cols, m.q8.data() + row * cols, m.scales.data() + row);
   }

@@ -6,16 +6,26 @@ namespace k3 {
 
 const char* stage_name(Stage stage) {
   switch (stage) {
-    case Stage::kEmbed: return "embed";
-    case Stage::kAttnRes: return "attn-res";
-    case Stage::kKda: return "kda";
-    case Stage::kMla: return "mla";
-    case Stage::kRouter: return "router";
-    case Stage::kExperts: return "experts";
-    case Stage::kShared: return "shared";
-    case Stage::kDense: return "dense";
-    case Stage::kHead: return "head";
-    case Stage::kCount: break;
+    case Stage::kEmbed:
+      return "embed";
+    case Stage::kAttnRes:
+      return "attn-res";
+    case Stage::kKda:
+      return "kda";
+    case Stage::kMla:
+      return "mla";
+    case Stage::kRouter:
+      return "router";
+    case Stage::kExperts:
+      return "experts";
+    case Stage::kShared:
+      return "shared";
+    case Stage::kDense:
+      return "dense";
+    case Stage::kHead:
+      return "head";
+    case Stage::kCount:
+      break;
   }
   return "?";
 }
@@ -32,8 +42,9 @@ std::string StageStats::summary() const {
   for (int i = 0; i < static_cast<int>(Stage::kCount); ++i) {
     if (seconds[i] <= 0) continue;
     char buf[96];
-    std::snprintf(buf, sizeof buf, "%s%s %.3f s %.0f%%", out.empty() ? "" : " | ", stage_name(static_cast<Stage>(i)),
-                  seconds[i], all > 0 ? 100.0 * seconds[i] / all : 0.0);
+    std::snprintf(buf, sizeof buf, "%s%s %.3f s %.0f%%", out.empty() ? "" : " | ",
+                  stage_name(static_cast<Stage>(i)), seconds[i],
+                  all > 0 ? 100.0 * seconds[i] / all : 0.0);
     out += buf;
   }
   return out;
@@ -52,7 +63,8 @@ bool mxfp4_exact_row_stable(const KernelTable& k) {
   return k.isa != Isa::kAvx512;
 }
 
-void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y) {
+void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
+                  float* Y) {
   const KernelTable& kt = *compute.kernels;
   if (row_stable(kt, W)) {
     matmul(kt, W, X, n, Y);
@@ -62,11 +74,13 @@ void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X,
   for (size_t t = 0; t < n; ++t) matmul(kt, W, X + t * cols, 1, Y + t * rows);
 }
 
-void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X, size_t n) {
+void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X,
+                 size_t n) {
   for (size_t j = 0; j < count; ++j) matmul_chunk(compute, *jobs[j].W, X, n, jobs[j].Y);
 }
 
-void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y) {
+void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X,
+                              size_t n, float* Y) {
   const KernelTable& kt = *compute.kernels;
   if (mxfp4_exact_row_stable(kt)) {
     matmul_mxfp4_exact(kt, W, X, n, Y);

@@ -32,7 +32,8 @@ class Reader {
     if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump());
     const int64_t x = v.get<int64_t>();
     if (x < lo || x > hi)
-      fail(key, std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      fail(key, std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "]");
     return x;
   }
   double number(const std::string& key, double lo, double hi) const {
@@ -66,7 +67,8 @@ class Reader {
     const json* v = find(key);
     if (!v) return;
     if (!v->is_number_integer() || v->get<int64_t>() != want)
-      fail(key, "unsupported value " + v->dump() + " (this engine implements " + std::to_string(want) + ")");
+      fail(key, "unsupported value " + v->dump() + " (this engine implements " +
+                    std::to_string(want) + ")");
   }
   std::vector<int64_t> int_list(const std::string& key, int64_t lo, int64_t hi) const {
     const json& v = need(key);
@@ -76,7 +78,8 @@ class Reader {
       if (!e.is_number_integer()) fail(key, "expected an array of integers, found " + e.dump());
       const int64_t x = e.get<int64_t>();
       if (x < lo || x > hi)
-        fail(key, "entry " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        fail(key, "entry " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]");
       out.push_back(x);
     }
     return out;
@@ -107,7 +110,8 @@ std::vector<int64_t> id_list(const json& root, const json& text, const std::stri
     ids.push_back(v->get<int64_t>());
   } else if (v->is_array()) {
     for (const auto& e : *v) {
-      if (!e.is_number_integer()) throw Error(source + ": " + key + ": expected integers, found " + e.dump());
+      if (!e.is_number_integer())
+        throw Error(source + ": " + key + ": expected integers, found " + e.dump());
       ids.push_back(e.get<int64_t>());
     }
   } else {
@@ -152,9 +156,11 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
 
   // MXFP4 groups are 32 inputs wide; packed rows hold two inputs per byte.
   if (c.routed_expert_hidden_size % 32 != 0)
-    r.fail("routed_expert_hidden_size", std::to_string(c.routed_expert_hidden_size) + " is not a multiple of the MXFP4 group size 32");
+    r.fail("routed_expert_hidden_size", std::to_string(c.routed_expert_hidden_size) +
+                                            " is not a multiple of the MXFP4 group size 32");
   if (c.moe_intermediate_size % 32 != 0)
-    r.fail("moe_intermediate_size", std::to_string(c.moe_intermediate_size) + " is not a multiple of the MXFP4 group size 32");
+    r.fail("moe_intermediate_size", std::to_string(c.moe_intermediate_size) +
+                                        " is not a multiple of the MXFP4 group size 32");
 
   const json& lac = r.need("linear_attn_config");
   if (!lac.is_object()) r.fail("linear_attn_config", "expected an object");
@@ -193,21 +199,25 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
 
   // Layer schedule.
   c.attention.assign(static_cast<size_t>(c.num_hidden_layers), AttentionKind::kMLA);
-  for (int64_t one_based : c.kda_layers) c.attention[static_cast<size_t>(one_based - 1)] = AttentionKind::kKDA;
+  for (int64_t one_based : c.kda_layers)
+    c.attention[static_cast<size_t>(one_based - 1)] = AttentionKind::kKDA;
   if (lr.find("full_attn_layers")) {
     std::vector<bool> listed(static_cast<size_t>(c.num_hidden_layers), false);
     for (int64_t one_based : c.kda_layers) listed[static_cast<size_t>(one_based - 1)] = true;
     for (int64_t one_based : lr.int_list("full_attn_layers", 1, c.num_hidden_layers)) {
       if (c.attention[static_cast<size_t>(one_based - 1)] != AttentionKind::kMLA)
-        lr.fail("full_attn_layers", "layer " + std::to_string(one_based) + " is also listed in kda_layers");
+        lr.fail("full_attn_layers",
+                "layer " + std::to_string(one_based) + " is also listed in kda_layers");
       listed[static_cast<size_t>(one_based - 1)] = true;
     }
     for (size_t i = 0; i < listed.size(); ++i)
       if (!listed[i])
-        lr.fail("full_attn_layers", "layer " + std::to_string(i + 1) + " (1-based) is in neither kda_layers nor full_attn_layers");
+        lr.fail("full_attn_layers", "layer " + std::to_string(i + 1) +
+                                        " (1-based) is in neither kda_layers nor full_attn_layers");
   }
   c.ffn.assign(static_cast<size_t>(c.num_hidden_layers), FfnKind::kMoE);
-  for (int64_t i = 0; i < c.first_k_dense_replace; ++i) c.ffn[static_cast<size_t>(i)] = FfnKind::kDense;
+  for (int64_t i = 0; i < c.first_k_dense_replace; ++i)
+    c.ffn[static_cast<size_t>(i)] = FfnKind::kDense;
 
   // Special ids.
   const auto bos = id_list(root, text, "bos_token_id", source);
@@ -218,8 +228,8 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
   const auto check_ids = [&](const char* key, const std::vector<int64_t>& ids) {
     for (int64_t id : ids)
       if (id < 0 || id >= c.vocab_size)
-        throw Error(source + ": " + key + " " + std::to_string(id) + " is outside the vocabulary of " +
-                    std::to_string(c.vocab_size));
+        throw Error(source + ": " + key + " " + std::to_string(id) +
+                    " is outside the vocabulary of " + std::to_string(c.vocab_size));
   };
   check_ids("bos_token_id", bos);
   check_ids("eos_token_id", c.eos_token_ids);

@@ -4,8 +4,9 @@
 
 namespace k3 {
 
-void situ_mlp_forward(const K3Config& c, const Compute& compute, const Matrix& gate, const Matrix& up,
-                      const Matrix& down, Workspace& ws, const float* X, size_t n, float* out) {
+void situ_mlp_forward(const K3Config& c, const Compute& compute, const Matrix& gate,
+                      const Matrix& up, const Matrix& down, Workspace& ws, const float* X, size_t n,
+                      float* out) {
   float* g = ws.mlp_gate.data();  // [n][inner]
   float* u = ws.mlp_up.data();    // [n][inner]
   const MatmulJob jobs[] = {{&gate, g}, {&up, u}};
@@ -13,8 +14,8 @@ void situ_mlp_forward(const K3Config& c, const Compute& compute, const Matrix& g
   situ_down(c, compute, down, g, u, n, out);
 }
 
-void situ_down(const K3Config& c, const Compute& compute, const Matrix& down, float* G, const float* U, size_t n,
-               float* out) {
+void situ_down(const K3Config& c, const Compute& compute, const Matrix& down, float* G,
+               const float* U, size_t n, float* out) {
   const float beta = static_cast<float>(c.activation_situ_beta);
   const float beta_linear = static_cast<float>(c.activation_situ_linear_beta);
   const size_t inner = static_cast<size_t>(down.cols);

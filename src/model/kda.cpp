@@ -18,15 +18,17 @@ void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float
     for (size_t j = 0; j < history; ++j) y += tap[j] * window[j * channels + c];
     y += tap[history] * stream[c];
     if (history > 0) {
-      for (size_t j = 0; j + 1 < history; ++j) window[j * channels + c] = window[(j + 1) * channels + c];
+      for (size_t j = 0; j + 1 < history; ++j)
+        window[j * channels + c] = window[(j + 1) * channels + c];
       window[(history - 1) * channels + c] = stream[c];
     }
     stream[c] = silu(y);
   }
 }
 
-// The sequential part of one token: conv windows and the recurrence advance by one token. q, k, v, gate_out, decay: [P] (projections of this
-// token; q, k, v, decay overwritten), beta: [H] logits; o: [P] gated, normed head outputs.
+// The sequential part of one token: conv windows and the recurrence advance by one token. q, k, v,
+// gate_out, decay: [P] (projections of this token; q, k, v, decay overwritten), beta: [H] logits;
+// o: [P] gated, normed head outputs.
 void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& w, KdaState& state,
                Workspace& ws, float* q, float* k, float* v, const float* gate_out, float* decay,
                const float* beta, float* o) {
@@ -51,11 +53,14 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
     l2_normalize(qh, dk, K3Config::kKdaL2NormEps);
     for (size_t i = 0; i < dk; ++i) qh[i] *= q_scale;
     l2_normalize(kh, dk, K3Config::kKdaL2NormEps);
-    // Per key channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x + dt_bias)_i)).
+    // Per key channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x +
+    // dt_bias)_i)).
     float* a = decay + h * dk;  // [dk], in place
-    for (size_t i = 0; i < dk; ++i) a[i] = std::exp(lower_bound * sigmoid(w.a_exp[h] * (a[i] + w.dt_bias[h * dk + i])));
+    for (size_t i = 0; i < dk; ++i)
+      a[i] = std::exp(lower_bound * sigmoid(w.a_exp[h] * (a[i] + w.dt_bias[h * dk + i])));
     float* oh = o + h * dk;
-    kt.kda_head_step(state.recurrent.data() + h * dk * dk, qh, kh, vh, a, sigmoid(beta[h]), dk, u, oh);
+    kt.kda_head_step(state.recurrent.data() + h * dk * dk, qh, kh, vh, a, sigmoid(beta[h]), dk, u,
+                     oh);
     rmsnorm(oh, w.o_norm.data(), dk, config.rms_norm_eps, oh);
     for (size_t j = 0; j < dk; ++j) oh[j] *= sigmoid(gate_out[h * dk + j]);
   }
@@ -63,22 +68,23 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
 
 }  // namespace
 
-void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& w, KdaState& state,
-                 Workspace& ws, const float* X, size_t n, float* out) {
+void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& w,
+                 KdaState& state, Workspace& ws, const float* X, size_t n, float* out) {
   const size_t P = static_cast<size_t>(config.kda_projection_size());
   const size_t H = static_cast<size_t>(config.kda_num_heads);
   const KernelTable& kt = *compute.kernels;
   // Projections of every row, batched (each weight streams once per pass).
-  const MatmulJob jobs[] = {{&w.q_proj, ws.kda_q.data()},    {&w.k_proj, ws.kda_k.data()},
-                            {&w.v_proj, ws.kda_v.data()},    {&w.g_proj, ws.kda_gate.data()},
-                            {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, ws.kda_beta.data()}};
+  const MatmulJob jobs[] = {
+      {&w.q_proj, ws.kda_q.data()},           {&w.k_proj, ws.kda_k.data()},
+      {&w.v_proj, ws.kda_v.data()},           {&w.g_proj, ws.kda_gate.data()},
+      {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, ws.kda_beta.data()}};
   matmul_jobs(compute, jobs, std::size(jobs), X, n);
   matmul_chunk(compute, w.f_b_proj, ws.kda_decay_low.data(), n, ws.kda_decay.data());
   // Conv windows and recurrence, one token at a time in order.
   for (size_t t = 0; t < n; ++t)
-    kda_token(config, kt, w, state, ws, ws.kda_q.data() + t * P, ws.kda_k.data() + t * P, ws.kda_v.data() + t * P,
-              ws.kda_gate.data() + t * P, ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H,
-              ws.kda_out.data() + t * P);
+    kda_token(config, kt, w, state, ws, ws.kda_q.data() + t * P, ws.kda_k.data() + t * P,
+              ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P, ws.kda_decay.data() + t * P,
+              ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
   matmul_chunk(compute, w.o_proj, ws.kda_out.data(), n, out);
 }
 

@@ -15,9 +15,9 @@ namespace {
 // path takes z pre-quantised (zq8 [m][R], zd [m][R/32]); the float path z [m][R]. gate, up:
 // [m][I] scratch; hq8 [m][I], hd [m][I/32] scratch; down: [m][R]. Every row is bit-identical to
 // m = 1 on that row (the kernels' per-row results do not depend on m; matmul_*_chunk).
-void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e, size_t m, const float* z,
-                  const int8_t* zq8, const float* zd, float* gate, float* up, int8_t* hq8, float* hd,
-                  float* down) {
+void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e, size_t m,
+                  const float* z, const int8_t* zq8, const float* zd, float* gate, float* up,
+                  int8_t* hq8, float* hd, float* down) {
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const size_t I = static_cast<size_t>(c.moe_intermediate_size);
   const float beta = static_cast<float>(c.activation_situ_beta);
@@ -30,7 +30,8 @@ void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e
     matmul_mxfp4_idot(kt, up_w, zq8, zd, m, up);
     // SiTU fused with the down projection's activation quantisation, one 32-group at a time.
     for (size_t g = 0; g < m * I / 32; ++g) {
-      for (size_t i = g * 32; i < g * 32 + 32; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+      for (size_t i = g * 32; i < g * 32 + 32; ++i)
+        gate[i] = situ(gate[i], up[i], beta, beta_linear);
       kt.quantize_q8_32(gate + g * 32, 32, hq8 + g * 32, hd + g);
     }
     matmul_mxfp4_idot(kt, down_w, hq8, hd, m, down);
@@ -49,7 +50,8 @@ void add_scaled(float* acc, float weight, const float* down, size_t n) {
 
 }  // namespace
 
-void route(const K3Config& c, const MoeWeights& w, const float* logits, double top_p, Workspace& ws, RoutingResult* r) {
+void route(const K3Config& c, const MoeWeights& w, const float* logits, double top_p, Workspace& ws,
+           RoutingResult* r) {
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t k = static_cast<size_t>(c.num_experts_per_token);
   float* scores = ws.moe_scores.data();  // [E]
@@ -62,7 +64,8 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
                     [&](int64_t a, int64_t b) {
-                      const float ca = choice[static_cast<size_t>(a)], cb = choice[static_cast<size_t>(b)];
+                      const float ca = choice[static_cast<size_t>(a)],
+                                  cb = choice[static_cast<size_t>(b)];
                       return ca != cb ? ca > cb : a < b;
                     });
   r->ids.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
@@ -90,7 +93,8 @@ void route(const K3Config& c, const MoeWeights& w, const float* logits, double t
     for (int64_t id : r->ids) sum += scores[static_cast<size_t>(id)];
   }
   r->weights.resize(r->ids.size());
-  for (size_t j = 0; j < r->ids.size(); ++j) r->weights[j] = scores[static_cast<size_t>(r->ids[j])] / (sum + 1e-20f) * scale;
+  for (size_t j = 0; j < r->ids.size(); ++j)
+    r->weights[j] = scores[static_cast<size_t>(r->ids[j])] / (sum + 1e-20f) * scale;
 }
 
 namespace {
@@ -99,7 +103,8 @@ namespace {
 // this layer's input, the experts most picked over the rows first (ties: lower id).
 class ReadAheadGuess {
  public:
-  ReadAheadGuess(const K3Config& c, const Compute& compute, NextMoe next, Workspace& ws, const float* X, size_t n)
+  ReadAheadGuess(const K3Config& c, const Compute& compute, NextMoe next, Workspace& ws,
+                 const float* X, size_t n)
       : c_(c), compute_(compute), next_(next), ws_(ws), X_(X), n_(n) {}
 
   std::span<const int64_t> guess(int64_t* layer) {
@@ -140,8 +145,14 @@ class ReadAheadGuess {
 // waits in ws.moe_ahead), so every row's sum is the one it gets alone.
 class RoutedExperts final : public ExpertWork {
  public:
-  RoutedExperts(const K3Config& c, const Compute& compute, Workspace& ws, StageStats& stats, ReadAheadGuess& guess)
-      : c_(c), compute_(compute), ws_(ws), stats_(stats), guess_(guess), R_(static_cast<size_t>(c.routed_expert_hidden_size)) {
+  RoutedExperts(const K3Config& c, const Compute& compute, Workspace& ws, StageStats& stats,
+                ReadAheadGuess& guess)
+      : c_(c),
+        compute_(compute),
+        ws_(ws),
+        stats_(stats),
+        guess_(guess),
+        R_(static_cast<size_t>(c.routed_expert_hidden_size)) {
     ws_.pick_done.assign(ws_.pick_ids.size(), 0);
     ws_.pick_ahead.assign(ws_.pick_ids.size(), 0);
   }
@@ -162,16 +173,18 @@ class RoutedExperts final : public ExpertWork {
     for (size_t j = 0; j < m; ++j) {
       const size_t t = ws_.picks[p0 + j].row;
       if (compute_.idot) {
-        std::copy(ws_.moe_z_q8.data() + t * R_, ws_.moe_z_q8.data() + (t + 1) * R_, ws_.ex_z_q8.data() + j * R_);
+        std::copy(ws_.moe_z_q8.data() + t * R_, ws_.moe_z_q8.data() + (t + 1) * R_,
+                  ws_.ex_z_q8.data() + j * R_);
         std::copy(ws_.moe_z_d.data() + t * (R_ / 32), ws_.moe_z_d.data() + (t + 1) * (R_ / 32),
                   ws_.ex_z_d.data() + j * (R_ / 32));
       } else {
-        std::copy(ws_.moe_z.data() + t * R_, ws_.moe_z.data() + (t + 1) * R_, ws_.ex_z.data() + j * R_);
+        std::copy(ws_.moe_z.data() + t * R_, ws_.moe_z.data() + (t + 1) * R_,
+                  ws_.ex_z.data() + j * R_);
       }
     }
     ++stats_.expert_reads;
-    apply_expert(c_, compute_, view, m, ws_.ex_z.data(), ws_.ex_z_q8.data(), ws_.ex_z_d.data(), ws_.ex_gate.data(),
-                 ws_.ex_up.data(), ws_.ex_h_q8.data(), ws_.ex_h_d.data(), down);
+    apply_expert(c_, compute_, view, m, ws_.ex_z.data(), ws_.ex_z_q8.data(), ws_.ex_z_d.data(),
+                 ws_.ex_gate.data(), ws_.ex_up.data(), ws_.ex_h_q8.data(), ws_.ex_h_d.data(), down);
     if (!in_order) {
       ws_.pick_done[g] = 1;
       ++waiting_;
@@ -210,9 +223,9 @@ class RoutedExperts final : public ExpertWork {
 
 }  // namespace
 
-void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w, ExpertSource& experts,
-                        int64_t layer, Workspace& ws, StageStats& stats, const float* X, size_t n, float* out,
-                        NextMoe next) {
+void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeights& w,
+                        ExpertSource& experts, int64_t layer, Workspace& ws, StageStats& stats,
+                        const float* X, size_t n, float* out, NextMoe next) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t E = static_cast<size_t>(c.num_experts);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
@@ -224,23 +237,29 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
   {
     // Everything that reads X: router logits, latent down, shared gate/up.
     StageTimer timer(stats, Stage::kRouter);
-    const MatmulJob jobs[] = {{&w.router, ws.moe_logits.data()}, {&w.latent_down, z},
-                              {&w.shared_gate, ws.mlp_gate.data()}, {&w.shared_up, ws.mlp_up.data()}};
+    const MatmulJob jobs[] = {{&w.router, ws.moe_logits.data()},
+                              {&w.latent_down, z},
+                              {&w.shared_gate, ws.mlp_gate.data()},
+                              {&w.shared_up, ws.mlp_up.data()}};
     matmul_jobs(compute, jobs, shared ? 4 : 2, X, n);
-    for (size_t t = 0; t < n; ++t) route(c, w, ws.moe_logits.data() + t * E, compute.expert_top_p, ws, &ws.routing[t]);
+    for (size_t t = 0; t < n; ++t)
+      route(c, w, ws.moe_logits.data() + t * E, compute.expert_top_p, ws, &ws.routing[t]);
   }
   {
     StageTimer timer(stats, Stage::kExperts);
     std::fill(acc, acc + n * R, 0.0f);
-    if (compute.idot) quantize_q8_32(kt, z, n, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
+    if (compute.idot)
+      quantize_q8_32(kt, z, n, R, ws.moe_z_q8.data(), ws.moe_z_d.data());  // shared by gate and up
     // The step's union of experts, ascending id; per expert its rows ascending (so every row
     // still adds its experts in ascending id order, as alone).
     std::vector<MoePick>& picks = ws.picks;
     picks.clear();
     for (size_t t = 0; t < n; ++t)
-      for (size_t j = 0; j < ws.routing[t].ids.size(); ++j) picks.push_back({ws.routing[t].ids[j], t, ws.routing[t].weights[j]});
+      for (size_t j = 0; j < ws.routing[t].ids.size(); ++j)
+        picks.push_back({ws.routing[t].ids[j], t, ws.routing[t].weights[j]});
     std::sort(picks.begin(), picks.end(), [](const MoePick& a, const MoePick& b) {
-      return a.expert != b.expert ? a.expert < b.expert : a.row < b.row;  // (std::sort: stable_sort would allocate)
+      return a.expert != b.expert ? a.expert < b.expert
+                                  : a.row < b.row;  // (std::sort: stable_sort would allocate)
     });
     for (size_t t = 0; t < n; ++t) experts.record(layer, ws.routing[t].ids);
     ws.pick_ids.clear();
@@ -255,7 +274,8 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
     ReadAheadGuess guess(c, compute, next, ws, X, n);
     RoutedExperts work(c, compute, ws, stats, guess);
     experts.run(layer, ws.pick_ids, n == 1 ? ExpertUse::kToken : ExpertUse::kChunk, work);
-    for (size_t t = 0; t < n; ++t) rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
+    for (size_t t = 0; t < n; ++t)
+      rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
     matmul_chunk(compute, w.latent_up, acc, n, routed);  // [n][D]
   }
   StageTimer timer(stats, Stage::kShared);

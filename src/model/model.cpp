@@ -2,12 +2,12 @@
 
 #include <algorithm>
 
+#include "experts/expert_cache.h"
 #include "kernels/vec.h"
 #include "model/attn_res.h"
 #include "model/dense_mlp.h"
 #include "model/kda.h"
 #include "model/mla.h"
-#include "experts/expert_cache.h"
 #include "model/tensor_names.h"
 #include "util/error.h"
 
@@ -18,23 +18,29 @@ namespace {
 // The history file's identity of a model: its geometry (another checkpoint of the same shape
 // shares it; a different shape never does).
 std::string model_identity(const K3Config& c) {
-  return "kimi_k3 layers " + std::to_string(c.num_hidden_layers) + " experts " + std::to_string(c.num_experts) +
-         " top " + std::to_string(c.num_experts_per_token) + " hidden " + std::to_string(c.hidden_size) + " routed " +
-         std::to_string(c.routed_expert_hidden_size) + " inter " + std::to_string(c.moe_intermediate_size);
+  return "kimi_k3 layers " + std::to_string(c.num_hidden_layers) + " experts " +
+         std::to_string(c.num_experts) + " top " + std::to_string(c.num_experts_per_token) +
+         " hidden " + std::to_string(c.hidden_size) + " routed " +
+         std::to_string(c.routed_expert_hidden_size) + " inter " +
+         std::to_string(c.moe_intermediate_size);
 }
 
 }  // namespace
 
-Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions& load, const ModelSetup& setup)
+Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions& load,
+             const ModelSetup& setup)
     : files_(files), config_(config), load_(load) {
   compute_.kernels = &kernel_table(setup.isa);
   compute_.idot = load_.idot;
   compute_.expert_top_p = load_.expert_top_p;
   int64_t num_layers = load_.layers;
-  if (num_layers <= 0 || num_layers > config_.num_hidden_layers) num_layers = config_.num_hidden_layers;
+  if (num_layers <= 0 || num_layers > config_.num_hidden_layers)
+    num_layers = config_.num_hidden_layers;
   weights_ = load_weights(files_, config_, num_layers, load_, setup.on_load_progress);
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
-  for_each_matrix(weights_, [&](Matrix& m) { m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64; });
+  for_each_matrix(weights_, [&](Matrix& m) {
+    m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64;
+  });
   if (load_.experts_in_memory) weights_.experts->load_all();
   ExpertCacheSetup cache;
   for (int64_t l = 0; l < num_layers; ++l)
@@ -54,9 +60,11 @@ uint64_t Model::resident_bytes() const {
   auto vec = [&](const std::vector<float>& v) { total += v.size() * sizeof(float); };
   for_each_matrix(weights_, [&](const Matrix& m) { total += m.bytes(); });
   for (const LayerWeights& l : weights_.layers) {
-    for (const auto* v : {&l.input_norm, &l.post_attn_norm, &l.attn_res_query, &l.mlp_res_query}) vec(*v);
+    for (const auto* v : {&l.input_norm, &l.post_attn_norm, &l.attn_res_query, &l.mlp_res_query})
+      vec(*v);
     if (l.kda)
-      for (const auto* v : {&l.kda->q_conv, &l.kda->k_conv, &l.kda->v_conv, &l.kda->a_exp, &l.kda->dt_bias, &l.kda->o_norm})
+      for (const auto* v : {&l.kda->q_conv, &l.kda->k_conv, &l.kda->v_conv, &l.kda->a_exp,
+                            &l.kda->dt_bias, &l.kda->o_norm})
         vec(*v);
     if (l.mla) {
       vec(l.mla->q_a_norm);
@@ -84,8 +92,9 @@ void Model::embed(ModelState& state, int64_t token_id, float* out) const {
 void Model::forward(ModelState& state, const float* x0, size_t n, float* final_hidden,
                     ForwardObserver* observer) const {
   if (state.position + static_cast<int64_t>(n) > state.capacity)
-    throw Error("context is full: " + std::to_string(n) + " more rows at position " + std::to_string(state.position) +
-                " exceed the context capacity of " + std::to_string(state.capacity) + " positions");
+    throw Error("context is full: " + std::to_string(n) + " more rows at position " +
+                std::to_string(state.position) + " exceed the context capacity of " +
+                std::to_string(state.capacity) + " positions");
   const size_t D = static_cast<size_t>(config_.hidden_size);
   const size_t NB = static_cast<size_t>(config_.num_blocks());
   const double eps = config_.rms_norm_eps;
@@ -94,12 +103,14 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
   StageStats& stats = state.stats;
   ws.reserve(config_, n);
 
-  size_t num_blocks = 0;  // blocks appended so far (the same for every row)
+  size_t num_blocks = 0;               // blocks appended so far (the same for every row)
   float* partial = ws.partial.data();  // [n][hidden] running sum inside the current block
   float* mixed = ws.mixed.data();      // [n][hidden]
   float* normed = ws.normed.data();    // [n][hidden]
   float* branch = ws.branch.data();    // [n][hidden]
-  auto block = [&](size_t t, size_t b) { return ws.blocks.data() + (t * NB + b) * D; };  // row t's block b
+  auto block = [&](size_t t, size_t b) {
+    return ws.blocks.data() + (t * NB + b) * D;
+  };  // row t's block b
   std::copy(x0, x0 + n * D, partial);
 
   // mixed[t] = Mix(blocks of row t + [partial[t]], query), row by row.
@@ -108,7 +119,8 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
     for (size_t t = 0; t < n; ++t) {
       for (size_t b = 0; b < num_blocks; ++b) ws.sources[b] = block(t, b);
       ws.sources[num_blocks] = partial + t * D;
-      attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, ws.mix_weights.data(), mixed + t * D);
+      attn_res_mix(ws.sources.data(), num_blocks + 1, query.data(), D, eps, ws.mix_weights.data(),
+                   mixed + t * D);
     }
   };
   auto observe = [&](int64_t layer, ForwardObserver::Site site, const float* rows) {
@@ -127,16 +139,20 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
     observe(l, ForwardObserver::Site::kAttnIn, mixed);
     const bool block_start = config_.is_block_start(l);
     if (block_start) {
-      for (size_t t = 0; t < n; ++t) std::copy(partial + t * D, partial + (t + 1) * D, block(t, num_blocks));
+      for (size_t t = 0; t < n; ++t)
+        std::copy(partial + t * D, partial + (t + 1) * D, block(t, num_blocks));
       ++num_blocks;
     }
-    for (size_t t = 0; t < n; ++t) rmsnorm(mixed + t * D, lw.input_norm.data(), D, eps, normed + t * D);
+    for (size_t t = 0; t < n; ++t)
+      rmsnorm(mixed + t * D, lw.input_norm.data(), D, eps, normed + t * D);
     if (lw.kda) {
       StageTimer timer(stats, Stage::kKda);
-      kda_forward(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, normed, n, branch);
+      kda_forward(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, normed, n,
+                  branch);
     } else {
       StageTimer timer(stats, Stage::kMla);
-      mla_forward(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, state.position, normed, n, branch);
+      mla_forward(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, state.position,
+                  normed, n, branch);
     }
     observe(l, ForwardObserver::Site::kAttnOut, branch);
     if (block_start)
@@ -146,13 +162,15 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
     // Feed-forward.
     mix(lw.mlp_res_query);
     observe(l, ForwardObserver::Site::kMlpIn, mixed);
-    for (size_t t = 0; t < n; ++t) rmsnorm(mixed + t * D, lw.post_attn_norm.data(), D, eps, normed + t * D);
+    for (size_t t = 0; t < n; ++t)
+      rmsnorm(mixed + t * D, lw.post_attn_norm.data(), D, eps, normed + t * D);
     if (lw.dense) {
       StageTimer timer(stats, Stage::kDense);
-      situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj, lw.dense->down_proj, ws, normed, n,
-                       branch);
+      situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj,
+                       lw.dense->down_proj, ws, normed, n, branch);
     } else {
-      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, n, branch, next_moe(l));
+      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, n, branch,
+                         next_moe(l));
       if (observer)
         for (size_t t = 0; t < n; ++t) observer->on_routing(l, ws.routing[t]);
     }

@@ -25,7 +25,8 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_,
       kda[l].recurrent.assign(static_cast<size_t>(c.kda_num_heads) * dk * dk, 0.0f);
     } else {
       mla[l].latent.assign(static_cast<size_t>(capacity) * kvr, 0.0f);
-      mla[l].rope.assign(static_cast<size_t>(capacity) * static_cast<size_t>(c.qk_rope_head_dim), 0.0f);
+      mla[l].rope.assign(static_cast<size_t>(capacity) * static_cast<size_t>(c.qk_rope_head_dim),
+                         0.0f);
     }
   }
   Workspace& w = work;
@@ -89,7 +90,8 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   // Room for a decode step's experts all ahead of the first (sixteen rows), or a chunk's rows.
   ahead_rows = std::max(n, kMoeAheadRows);
   moe_ahead.assign(ahead_rows * R, 0.0f);
-  const size_t mlp = static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
+  const size_t mlp =
+      static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
   mlp_gate.assign(n * mlp, 0.0f);
   mlp_up.assign(n * mlp, 0.0f);
 }

@@ -31,11 +31,13 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
     const size_t n = std::min(kPiece, count - first);
     try {
       if (t.info->dtype == DType::kF32) {
-        t.shard->file().read_exact(out.data() + first, n * 4, t.info->file_offset + first * 4, "tensor " + t.info->name);
+        t.shard->file().read_exact(out.data() + first, n * 4, t.info->file_offset + first * 4,
+                                   "tensor " + t.info->name);
         continue;
       }
       std::vector<uint8_t> raw(n * esize);
-      t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize, "tensor " + t.info->name);
+      t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
+                                 "tensor " + t.info->name);
       if (t.info->dtype == DType::kBF16)
         widen_bf16(raw.data(), n, out.data() + first);
       else
@@ -50,7 +52,8 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
 }
 
 // Reads a [rows][cols] matrix and quantises it to `bits` (32 keeps f32).
-Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows, int64_t cols, int bits = 32) {
+Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows, int64_t cols,
+                   int bits = 32) {
   Matrix m;
   m.rows = rows;
   m.cols = cols;
@@ -60,9 +63,11 @@ Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows
 }
 
 // Conv taps are [channels, 1, K] in the checkpoint; [channels, K] is accepted (same bytes).
-std::vector<float> read_conv(const ModelFiles& snap, const std::string& name, int64_t channels, int64_t width) {
+std::vector<float> read_conv(const ModelFiles& snap, const std::string& name, int64_t channels,
+                             int64_t width) {
   const LocatedTensor t = snap.find(name);
-  if (t.info != nullptr && t.info->shape.size() == 2) return read_floats(snap, name, {channels, width});
+  if (t.info != nullptr && t.info->shape.size() == 2)
+    return read_floats(snap, name, {channels, width});
   return read_floats(snap, name, {channels, 1, width});
 }
 
@@ -91,17 +96,21 @@ KdaWeights load_kda(const ModelFiles& s, const K3Config& c, int64_t l, int bits)
   w.b_proj = read_matrix(s, layer(l, kKdaBProj), H, D);
   // A_log is per head: the first num_heads entries are used, the padding must be zero.
   const LocatedTensor a_log_t = s.find(layer(l, kKdaALog));
-  const int64_t a_len = (a_log_t.info && a_log_t.info->shape.size() == 1) ? a_log_t.info->shape[0] : std::max(dk, H);
+  const int64_t a_len =
+      (a_log_t.info && a_log_t.info->shape.size() == 1) ? a_log_t.info->shape[0] : std::max(dk, H);
   if (a_len < H)
-    throw Error(s.dir() + ": tensor " + s.prefix() + layer(l, kKdaALog) + " has " + std::to_string(a_len) +
-                " entries, fewer than the " + std::to_string(H) + " KDA heads");
+    throw Error(s.dir() + ": tensor " + s.prefix() + layer(l, kKdaALog) + " has " +
+                std::to_string(a_len) + " entries, fewer than the " + std::to_string(H) +
+                " KDA heads");
   const std::vector<float> a_log = read_floats(s, layer(l, kKdaALog), {a_len});
   for (int64_t i = H; i < a_len; ++i)
     if (a_log[static_cast<size_t>(i)] != 0.0f)
-      throw Error(s.dir() + ": tensor " + s.prefix() + layer(l, kKdaALog) + " entry " + std::to_string(i) +
+      throw Error(s.dir() + ": tensor " + s.prefix() + layer(l, kKdaALog) + " entry " +
+                  std::to_string(i) +
                   " is non-zero; entries past num_heads must be zero padding (per-head A_log)");
   w.a_exp.resize(static_cast<size_t>(H));
-  for (int64_t h = 0; h < H; ++h) w.a_exp[static_cast<size_t>(h)] = std::exp(a_log[static_cast<size_t>(h)]);
+  for (int64_t h = 0; h < H; ++h)
+    w.a_exp[static_cast<size_t>(h)] = std::exp(a_log[static_cast<size_t>(h)]);
   w.dt_bias = read_floats(s, layer(l, kKdaDtBias), {P});
   w.g_proj = read_matrix(s, layer(l, kKdaGProj), P, D, bits);
   w.o_norm = read_floats(s, layer(l, kKdaONorm), {dk});
@@ -118,7 +127,8 @@ MlaWeights load_mla(const ModelFiles& s, const K3Config& c, int64_t l, int bits)
   w.q_b_proj = read_matrix(s, layer(l, kMlaQBProj), H * c.qk_head_dim(), c.q_lora_rank, bits);
   w.kv_a_proj = read_matrix(s, layer(l, kMlaKvAProj), c.kv_lora_rank + c.qk_rope_head_dim, D, bits);
   w.kv_a_norm = read_floats(s, layer(l, kMlaKvALayernorm), {c.kv_lora_rank});
-  w.kv_b_proj = read_matrix(s, layer(l, kMlaKvBProj), H * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, bits);
+  w.kv_b_proj = read_matrix(s, layer(l, kMlaKvBProj), H * (c.qk_nope_head_dim + c.v_head_dim),
+                            c.kv_lora_rank, bits);
   w.g_proj = read_matrix(s, layer(l, kMlaGProj), H * c.v_head_dim, D, bits);
   w.o_proj = read_matrix(s, layer(l, kMlaOProj), D, H * c.v_head_dim, bits);
   return w;
@@ -133,7 +143,8 @@ DenseMlpWeights load_dense(const ModelFiles& s, const K3Config& c, int64_t l, in
   return w;
 }
 
-MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, int bits, ExpertStore& experts) {
+MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, int bits,
+                    ExpertStore& experts) {
   using namespace names;
   const int64_t D = c.hidden_size, E = c.num_experts, R = c.routed_expert_hidden_size,
                 S = c.shared_intermediate_size();
@@ -149,10 +160,12 @@ MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, int bits,
     w.shared_down = read_matrix(s, layer(l, kMoeSharedDown), D, S, bits);
   }
   const int64_t I = c.moe_intermediate_size;
-  const std::vector<int64_t> shapes[6] = {{I, R / 2}, {I, R / 32}, {R, I / 2}, {R, I / 32}, {I, R / 2}, {I, R / 32}};
+  const std::vector<int64_t> shapes[6] = {{I, R / 2},  {I, R / 32}, {R, I / 2},
+                                          {R, I / 32}, {I, R / 2},  {I, R / 32}};
   for (int64_t e = 0; e < E; ++e) {
     ExpertTensors t;
-    for (size_t i = 0; i < 6; ++i) t[i] = s.require(expert(l, e, kExpertTensors[i]), DType::kU8, shapes[i]);
+    for (size_t i = 0; i < 6; ++i)
+      t[i] = s.require(expert(l, e, kExpertTensors[i]), DType::kU8, shapes[i]);
     experts.add(l, e, t);
   }
   return w;
@@ -168,26 +181,34 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
   const uint64_t row_bytes = static_cast<uint64_t>(hidden_size_) * esize;
   raw.resize(row_bytes);
   try {
-    table_.shard->file().read_exact(raw.data(), row_bytes,
-                                    table_.info->file_offset + static_cast<uint64_t>(token_id) * row_bytes,
-                                    table_.info->name);
+    table_.shard->file().read_exact(
+        raw.data(), row_bytes,
+        table_.info->file_offset + static_cast<uint64_t>(token_id) * row_bytes, table_.info->name);
   } catch (const Error& err) {
     throw Error(std::string(err.what()) + " (row " + std::to_string(token_id) + ")");
   }
   const size_t n = static_cast<size_t>(hidden_size_);
   switch (table_.info->dtype) {
-    case DType::kBF16: widen_bf16(raw.data(), n, out); break;
-    case DType::kF16: widen_f16(raw.data(), n, out); break;
-    default: std::memcpy(out, raw.data(), row_bytes); break;
+    case DType::kBF16:
+      widen_bf16(raw.data(), n, out);
+      break;
+    case DType::kF16:
+      widen_f16(raw.data(), n, out);
+      break;
+    default:
+      std::memcpy(out, raw.data(), row_bytes);
+      break;
   }
 }
 
-ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers, const LoadOptions& precision,
+ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,
+                          const LoadOptions& precision,
                           const std::function<void(double)>& on_progress) {
   using namespace names;
   const int64_t D = c.hidden_size;
   ModelWeights mw;
-  mw.experts = std::make_unique<ExpertStore>(ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
+  mw.experts = std::make_unique<ExpertStore>(
+      ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
   Progress progress("loading", static_cast<uint64_t>(num_layers + 1), on_progress);
   mw.layers.resize(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -208,7 +229,8 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
   }
   // Globals. A partial snapshot (validation with K3_X0) may lack them: then no embedding/head.
   if (s.find(kEmbedTokens).info != nullptr) {
-    mw.embedding.emplace(s.require_any(kEmbedTokens, kFloatTypes, {c.vocab_size, D}), c.vocab_size, D);
+    mw.embedding.emplace(s.require_any(kEmbedTokens, kFloatTypes, {c.vocab_size, D}), c.vocab_size,
+                         D);
   }
   if (s.find(kLmHead).info != nullptr) {
     mw.lm_head = read_matrix(s, kLmHead, c.vocab_size, D, precision.head_bits);
@@ -230,12 +252,12 @@ template <class Weights, class Visit>
 void visit_matrices(Weights& weights, const Visit& visit) {
   for (auto& l : weights.layers) {
     if (l.kda)
-      for (auto* m : {&l.kda->q_proj, &l.kda->k_proj, &l.kda->v_proj, &l.kda->f_a_proj, &l.kda->f_b_proj,
-                      &l.kda->b_proj, &l.kda->g_proj, &l.kda->o_proj})
+      for (auto* m : {&l.kda->q_proj, &l.kda->k_proj, &l.kda->v_proj, &l.kda->f_a_proj,
+                      &l.kda->f_b_proj, &l.kda->b_proj, &l.kda->g_proj, &l.kda->o_proj})
         visit(*m);
     if (l.mla)
-      for (auto* m : {&l.mla->q_a_proj, &l.mla->q_b_proj, &l.mla->kv_a_proj, &l.mla->kv_b_proj, &l.mla->g_proj,
-                      &l.mla->o_proj})
+      for (auto* m : {&l.mla->q_a_proj, &l.mla->q_b_proj, &l.mla->kv_a_proj, &l.mla->kv_b_proj,
+                      &l.mla->g_proj, &l.mla->o_proj})
         visit(*m);
     if (l.dense)
       for (auto* m : {&l.dense->gate_proj, &l.dense->up_proj, &l.dense->down_proj}) visit(*m);

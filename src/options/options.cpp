@@ -23,7 +23,8 @@ int64_t parse_int(const std::string& value, const std::string& source, int64_t l
   if (value.empty() || ec != std::errc() || ptr != end)
     throw Error(source + ": expected an integer, got \"" + value + "\"");
   if (out < lo || out > hi)
-    throw Error(source + ": " + value + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    throw Error(source + ": " + value + " is outside [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "]");
   return out;
 }
 
@@ -38,7 +39,8 @@ double parse_double(const std::string& value, const std::string& source, double 
   if (value.empty() || used != value.size())
     throw Error(source + ": expected a number, got \"" + value + "\"");
   if (!(out >= lo && out <= hi))
-    throw Error(source + ": " + value + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    throw Error(source + ": " + value + " is outside [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "]");
   return out;
 }
 
@@ -91,7 +93,9 @@ const FieldType<F>& read(F f, const Options& o) {
 
 template <class F>
 Value integer(F f, int64_t lo, int64_t hi) {
-  return {[f, lo, hi](Options& o, const std::string& v, const std::string& s) { f(o) = static_cast<FieldType<F>>(parse_int(v, s, lo, hi)); },
+  return {[f, lo, hi](Options& o, const std::string& v, const std::string& s) {
+            f(o) = static_cast<FieldType<F>>(parse_int(v, s, lo, hi));
+          },
           [f](const Options& o) { return std::to_string(read(f, o)); },
           std::to_string(lo) + ".." + (hi >= (int64_t{1} << 24) ? "" : std::to_string(hi))};
 }
@@ -147,7 +151,8 @@ Value bits(F f) {
   return {[f](Options& o, const std::string& v, const std::string& s) {
             const int64_t b = parse_int(v, s, 1, 64);
             if (b != 4 && b != 8 && b != 32)
-              throw Error(s + "=" + v + " is not a supported width: use 4 (int4 g64), 8 (int8) or 32 (f32)");
+              throw Error(s + "=" + v +
+                          " is not a supported width: use 4 (int4 g64), 8 (int8) or 32 (f32)");
             f(o) = static_cast<int>(b);
           },
           [f](const Options& o) { return std::to_string(read(f, o)); }, "4|8|32"};
@@ -159,26 +164,45 @@ Value auto_or_int(F f, int64_t lo, int64_t hi) {
   return {[f, lo, hi](Options& o, const std::string& v, const std::string& s) {
             f(o) = static_cast<FieldType<F>>(v == "auto" ? -1 : parse_int(v, s, lo, hi));
           },
-          [f](const Options& o) { return read(f, o) < 0 ? std::string("auto") : std::to_string(read(f, o)); },
+          [f](const Options& o) {
+            return read(f, o) < 0 ? std::string("auto") : std::to_string(read(f, o));
+          },
           "auto|" + std::to_string(lo) + ".." + std::to_string(hi)};
 }
 
 // ---- the table ------------------------------------------------------------------------------
 
-enum class Group { kModel, kQuantization, kExperts, kSampling, kChat, kServer, kSecurity, kValidation };
-const Group kGroups[] = {Group::kModel,  Group::kQuantization, Group::kExperts,  Group::kSampling,
-                         Group::kChat,   Group::kServer,       Group::kSecurity, Group::kValidation};
+enum class Group {
+  kModel,
+  kQuantization,
+  kExperts,
+  kSampling,
+  kChat,
+  kServer,
+  kSecurity,
+  kValidation
+};
+const Group kGroups[] = {Group::kModel, Group::kQuantization, Group::kExperts,  Group::kSampling,
+                         Group::kChat,  Group::kServer,       Group::kSecurity, Group::kValidation};
 
 const char* group_name(Group g) {
   switch (g) {
-    case Group::kModel: return "model";
-    case Group::kQuantization: return "quantization";
-    case Group::kExperts: return "experts & I/O";
-    case Group::kSampling: return "sampling";
-    case Group::kChat: return "chat";
-    case Group::kServer: return "server";
-    case Group::kSecurity: return "security";
-    case Group::kValidation: return "validation";
+    case Group::kModel:
+      return "model";
+    case Group::kQuantization:
+      return "quantization";
+    case Group::kExperts:
+      return "experts & I/O";
+    case Group::kSampling:
+      return "sampling";
+    case Group::kChat:
+      return "chat";
+    case Group::kServer:
+      return "server";
+    case Group::kSecurity:
+      return "security";
+    case Group::kValidation:
+      return "validation";
   }
   return "?";
 }
@@ -192,7 +216,7 @@ struct OptionRow {
   const char* flags;  // CLI11 names: "--think,!--no-think"; the first is the row's name ("think")
   const char* env;    // "K3_THINK"; nullptr when flag-only
   Group group;
-  unsigned listed;    // programs whose --help lists it
+  unsigned listed;  // programs whose --help lists it
   const char* help;
   Value value;
   // coli serve / web / chat's default where it differs from kimi_k3's (the member initialiser);
@@ -212,9 +236,14 @@ std::string row_name(const OptionRow& r) {
 const std::vector<OptionRow>& option_rows() {
   static const std::vector<OptionRow> rows = {
       // model
-      {"--model", "COLI_MODEL", Group::kModel, kAll, "model directory (Hugging Face snapshot); also the first positional argument",
+      {"--model", "COLI_MODEL", Group::kModel, kAll,
+       "model directory (Hugging Face snapshot); also the first positional argument",
        text(FIELD(model_dir))},
-      {"--ids", nullptr, Group::kModel, kKimi, "prompt as token ids, comma or space separated (no BOS added)",
+      {"--ids",
+       nullptr,
+       Group::kModel,
+       kKimi,
+       "prompt as token ids, comma or space separated (no BOS added)",
        {[](Options& o, const std::string& v, const std::string& s) {
           try {
             o.ids = parse_id_list(v);
@@ -229,53 +258,72 @@ const std::vector<OptionRow>& option_rows() {
         },
         "id,id,..."}},
       {"--ngen", "K3_NGEN", Group::kModel, kKimi | kChatApp,
-       "tokens to generate (coli chat: the reply budget, when given)", integer(FIELD(ngen), 0, int64_t{1} << 24), nullptr,
-       nullptr, "up to --max-tokens"},
-      {"--ctx,--maxt", "K3_MAXT", Group::kModel, kEngine, "context capacity in tokens (kimi_k3: 0 = prompt + ngen)",
+       "tokens to generate (coli chat: the reply budget, when given)",
+       integer(FIELD(ngen), 0, int64_t{1} << 24), nullptr, nullptr, "up to --max-tokens"},
+      {"--ctx,--maxt", "K3_MAXT", Group::kModel, kEngine,
+       "context capacity in tokens (kimi_k3: 0 = prompt + ngen)",
        integer(FIELD(runtime.max_tokens), 0, int64_t{1} << 24), "8192"},
-      {"--threads", nullptr, Group::kModel, kEngine, "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
+      {"--threads", nullptr, Group::kModel, kEngine,
+       "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
        integer(FIELD(runtime.threads), 0, 1024)},
       {"--chunk", "K3_CHUNK", Group::kModel, kEngine,
        "prefill: prompt tokens run layer-major together (1 = token at a time; same logits)",
        integer(FIELD(load.chunk), 1, 512)},
       // quantization
       {"--bits", "K3_BITS", Group::kQuantization, kEngine,
-       "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32", bits(FIELD(load.bits))},
-      {"--mla-bits", "K3_MLA_BITS", Group::kQuantization, kEngine, "MLA matrices in RAM", bits(FIELD(load.mla_bits))},
-      {"--head-bits", "K3_HEAD_BITS", Group::kQuantization, kEngine, "lm_head in RAM", bits(FIELD(load.head_bits))},
+       "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32",
+       bits(FIELD(load.bits))},
+      {"--mla-bits", "K3_MLA_BITS", Group::kQuantization, kEngine, "MLA matrices in RAM",
+       bits(FIELD(load.mla_bits))},
+      {"--head-bits", "K3_HEAD_BITS", Group::kQuantization, kEngine, "lm_head in RAM",
+       bits(FIELD(load.head_bits))},
       {"--idot,!--no-idot", "K3_IDOT", Group::kQuantization, kEngine,
        "MXFP4 experts and int4 matrices: integer dots on int8 activations (off = float kernels)",
        boolean(FIELD(load.idot))},
-      {"--isa", "K3_ISA", Group::kQuantization, kEngine, "kernel variant (auto = the best this CPU runs)",
+      {"--isa", "K3_ISA", Group::kQuantization, kEngine,
+       "kernel variant (auto = the best this CPU runs)",
        choice(FIELD(load.isa), {"auto", "scalar", "avx2", "avx512"})},
       // experts & I/O
-      {"--dirs", "K3_DIRS", Group::kExperts, kEngine,
-       "more directories holding shards of the model (a split over drives; ',' or ';' separated; each shard in one place)",
+      {"--dirs",
+       "K3_DIRS",
+       Group::kExperts,
+       kEngine,
+       "more directories holding shards of the model (a split over drives; ',' or ';' separated; "
+       "each shard in one place)",
        {[](Options& o, const std::string& v, const std::string&) {
           std::string items = v;
           std::replace(items.begin(), items.end(), ';', ',');
           o.load.extra_dirs = split_list(items);
         },
         [](const Options& o) { return join(o.load.extra_dirs, ","); }, "dir,dir,..."}},
-      {"--topp", "K3_TOPP", Group::kExperts, kEngine,
-       "quality lever: keep routed experts up to this cumulative weight (0 < p < 1), renormalised; 0 = all (compare logits before use)",
+      {"--topp",
+       "K3_TOPP",
+       Group::kExperts,
+       kEngine,
+       "quality lever: keep routed experts up to this cumulative weight (0 < p < 1), renormalised; "
+       "0 = all (compare logits before use)",
        {[](Options& o, const std::string& v, const std::string& s) {
           o.load.expert_top_p = parse_double(v, s, 0.0, 1.0);
           if (o.load.expert_top_p >= 1.0) o.load.expert_top_p = 0.0;
         },
         [](const Options& o) { return number_text(o.load.expert_top_p); }, "0..1"}},
       {"--experts-in-memory,!--no-experts-in-memory", nullptr, Group::kExperts, kEngine,
-       "read every routed expert into RAM at load (models that fit)", boolean(FIELD(load.experts_in_memory))},
+       "read every routed expert into RAM at load (models that fit)",
+       boolean(FIELD(load.experts_in_memory))},
       {"--expert-gb", "K3_EXPERT_GB", Group::kExperts, kEngine,
-       "routed-expert cache in RAM, GB over all MoE layers (at least one slot per layer; lowered when memory is short)",
+       "routed-expert cache in RAM, GB over all MoE layers (at least one slot per layer; lowered "
+       "when memory is short)",
        real(FIELD(load.cache.expert_gb), 0.0, 1e6, true)},
       {"--direct,!--no-direct", "K3_DIRECT", Group::kExperts, kEngine,
-       "expert reads with O_DIRECT (off = buffered with read-ahead advice; automatic where the filesystem refuses it)",
+       "expert reads with O_DIRECT (off = buffered with read-ahead advice; automatic where the "
+       "filesystem refuses it)",
        boolean(FIELD(load.cache.direct))},
       {"--pin,!--no-pin", "K3_PIN", Group::kExperts, kEngine,
-       "pin each layer's most used experts (up to half its slots) from the routing history", boolean(FIELD(load.cache.pin))},
+       "pin each layer's most used experts (up to half its slots) from the routing history",
+       boolean(FIELD(load.cache.pin))},
       {"--pipe,!--no-pipe", "K3_PIPE", Group::kExperts, kEngine,
-       "compute on each routed expert as soon as its read lands, while the rest stream (off = wait for all reads first)",
+       "compute on each routed expert as soon as its read lands, while the rest stream (off = wait "
+       "for all reads first)",
        boolean(FIELD(load.cache.pipe))},
       {"--load-threads", "K3_LOAD_THREADS", Group::kExperts, kEngine,
        "expert reader threads where io_uring is unavailable (or with K3_IO_ENGINE=threads)",
@@ -284,128 +332,173 @@ const std::vector<OptionRow>& option_rows() {
        "expert reads: auto (io_uring when the kernel allows, else threads), uring, threads",
        choice(FIELD(load.cache.io_engine), {"auto", "uring", "threads"})},
       {"--prefetch,!--no-prefetch", "K3_PREFETCH", Group::kExperts, kEngine,
-       "read ahead the experts the next MoE layer's router picks for the current layer's input (timing only)",
+       "read ahead the experts the next MoE layer's router picks for the current layer's input "
+       "(timing only)",
        boolean(FIELD(load.cache.prefetch))},
       {"--usage-decay", "COLI_USAGE_DECAY", Group::kExperts, kEngine,
        "routing history: counters multiplied by this when saved; 0.99 = ~69-run half-life",
        real(FIELD(load.cache.usage_decay), 0.0, 1.0, true)},
-      {"--state-dir", "K3_STATE_DIR", Group::kExperts, kEngine, "directory for the routing history (never the model directory)",
+      {"--state-dir", "K3_STATE_DIR", Group::kExperts, kEngine,
+       "directory for the routing history (never the model directory)",
        text(FIELD(load.cache.state_dir)), nullptr, "$XDG_CACHE_HOME/kimi_k3 or ~/.cache/kimi_k3"},
       // sampling
-      {"--temp", "COLI_TEMP", Group::kSampling, kEngine, "sampling temperature (0 = greedy; coli's default is the model card's)",
+      {"--temp", "COLI_TEMP", Group::kSampling, kEngine,
+       "sampling temperature (0 = greedy; coli's default is the model card's)",
        real(FIELD(sampling.temperature), 0.0, 100.0), "0.6"},
-      {"--top-p", "COLI_TOP_P", Group::kSampling, kEngine, "nucleus sampling mass (1 = off; coli's default is the model card's)",
+      {"--top-p", "COLI_TOP_P", Group::kSampling, kEngine,
+       "nucleus sampling mass (1 = off; coli's default is the model card's)",
        real(FIELD(sampling.top_p), 0.0, 1.0, true), "0.95"},
-      {"--top-k", "COLI_TOP_K", Group::kSampling, kEngine, "keep only the k most likely tokens (0 = off)",
+      {"--top-k", "COLI_TOP_K", Group::kSampling, kEngine,
+       "keep only the k most likely tokens (0 = off)",
        integer(FIELD(sampling.top_k), 0, int64_t{1} << 24)},
-      {"--min-p", "COLI_MIN_P", Group::kSampling, kEngine, "drop tokens less likely than min-p x the most likely one (0 = off)",
+      {"--min-p", "COLI_MIN_P", Group::kSampling, kEngine,
+       "drop tokens less likely than min-p x the most likely one (0 = off)",
        real(FIELD(sampling.min_p), 0.0, 1.0)},
       {"--seed", "COLI_SEED", Group::kSampling, kKimi | kChatApp,
-       "sampling seed (not given: a random one, printed in kimi_k3's summary; coli chat: +1 per reply)",
+       "sampling seed (not given: a random one, printed in kimi_k3's summary; coli chat: +1 per "
+       "reply)",
        integer(FIELD(sampling.seed), 0, INT64_MAX), nullptr, "random"},
       // chat
-      {"--chat", nullptr, Group::kChat, kKimi | kChatApp, "one chat turn: this user message, rendered with the K3 chat template",
+      {"--chat", nullptr, Group::kChat, kKimi | kChatApp,
+       "one chat turn: this user message, rendered with the K3 chat template",
        text(FIELD(text.chat))},
-      {"--system", nullptr, Group::kChat, kKimi | kChatApp, "system message of the chat turn (implies a chat turn)",
-       text(FIELD(text.system))},
-      {"--think,!--no-think", "K3_THINK", Group::kChat, kKimi | kChatApp, "open the think channel (off = answer directly)",
-       boolean(FIELD(text.think))},
-      {"--effort", "K3_EFFORT", Group::kChat, kKimi | kChatApp, "thinking effort (none = no effort message)",
+      {"--system", nullptr, Group::kChat, kKimi | kChatApp,
+       "system message of the chat turn (implies a chat turn)", text(FIELD(text.system))},
+      {"--think,!--no-think", "K3_THINK", Group::kChat, kKimi | kChatApp,
+       "open the think channel (off = answer directly)", boolean(FIELD(text.think))},
+      {"--effort", "K3_EFFORT", Group::kChat, kKimi | kChatApp,
+       "thinking effort (none = no effort message)",
        choice(FIELD(text.effort), {"low", "high", "max", "none"}, " (the release rejects medium)")},
-      {"--show-think,!--no-show-think,!--hide-think", "COLI_SHOW_THINK", Group::kChat, kKimi | kChatApp,
-       "print the model's reasoning (--hide-think = off)", boolean(FIELD(text.show_think))},
+      {"--show-think,!--no-show-think,!--hide-think", "COLI_SHOW_THINK", Group::kChat,
+       kKimi | kChatApp, "print the model's reasoning (--hide-think = off)",
+       boolean(FIELD(text.show_think))},
       {"--labels,!--no-labels", nullptr, Group::kChat, kKimi | kChatApp,
-       "print [think] / [response] labels even when stdout is not a terminal", boolean(FIELD(text.labels))},
+       "print [think] / [response] labels even when stdout is not a terminal",
+       boolean(FIELD(text.labels))},
       {"--allow-special,!--no-allow-special", nullptr, Group::kChat, kKimi | kTokenize,
        "raw text: special-token spellings become special tokens (otherwise they stay plain text)",
        boolean(FIELD(text.allow_special))},
-      {"--bos,!--no-bos", nullptr, Group::kChat, kKimi, "prepend [BOS] to the prompt (the release never does)",
-       boolean(FIELD(text.bos))},
-      {"--output", nullptr, Group::kChat, kKimi, "stdout format: text, or jsonl (one JSON event per line: token, tool_call, done)",
+      {"--bos,!--no-bos", nullptr, Group::kChat, kKimi,
+       "prepend [BOS] to the prompt (the release never does)", boolean(FIELD(text.bos))},
+      {"--output",
+       nullptr,
+       Group::kChat,
+       kKimi,
+       "stdout format: text, or jsonl (one JSON event per line: token, tool_call, done)",
        {[](Options& o, const std::string& v, const std::string& s) {
-          if (v != "text" && v != "jsonl") throw Error(s + ": expected text or jsonl, got \"" + v + "\"");
+          if (v != "text" && v != "jsonl")
+            throw Error(s + ": expected text or jsonl, got \"" + v + "\"");
           o.text.jsonl = v == "jsonl";
         },
-        [](const Options& o) { return std::string(o.text.jsonl ? "jsonl" : "text"); }, "text|jsonl"}},
-      {"--raw,!--no-raw", nullptr, Group::kChat, kChatApp, "print replies as plain text (no Markdown styling)",
-       boolean(FIELD(serve.raw))},
+        [](const Options& o) { return std::string(o.text.jsonl ? "jsonl" : "text"); },
+        "text|jsonl"}},
+      {"--raw,!--no-raw", nullptr, Group::kChat, kChatApp,
+       "print replies as plain text (no Markdown styling)", boolean(FIELD(serve.raw))},
       // server
-      {"--host", "COLI_HOST", Group::kServer, kServe, "address to listen on (beyond loopback needs an API key or --insecure-bind)",
+      {"--host", "COLI_HOST", Group::kServer, kServe,
+       "address to listen on (beyond loopback needs an API key or --insecure-bind)",
        text(FIELD(serve.host))},
-      {"--port", "COLI_PORT", Group::kServer, kServe, "TCP port (0 = any free port, printed at start-up)",
-       integer(FIELD(serve.port), 0, 65535)},
-      {"--model-id", "COLI_MODEL_ID", Group::kServer, kServe, "the model id clients name", text(FIELD(serve.model_id))},
-      {"--alias", nullptr, Group::kServer, kServe, "more accepted model ids, comma separated", list(FIELD(serve.aliases))},
-      {"--accept-any-model,!--no-accept-any-model", nullptr, Group::kServer, kServe, "accept any model id",
-       boolean(FIELD(serve.accept_any_model))},
-      {"--max-queue", "COLI_MAX_QUEUE", Group::kServer, kServe, "requests that may wait behind the running one (more get 429)",
+      {"--port", "COLI_PORT", Group::kServer, kServe,
+       "TCP port (0 = any free port, printed at start-up)", integer(FIELD(serve.port), 0, 65535)},
+      {"--model-id", "COLI_MODEL_ID", Group::kServer, kServe, "the model id clients name",
+       text(FIELD(serve.model_id))},
+      {"--alias", nullptr, Group::kServer, kServe, "more accepted model ids, comma separated",
+       list(FIELD(serve.aliases))},
+      {"--accept-any-model,!--no-accept-any-model", nullptr, Group::kServer, kServe,
+       "accept any model id", boolean(FIELD(serve.accept_any_model))},
+      {"--max-queue", "COLI_MAX_QUEUE", Group::kServer, kServe,
+       "requests that may wait behind the running one (more get 429)",
        integer(FIELD(serve.max_queue), 0, 1024)},
-      {"--queue-timeout", "COLI_QUEUE_TIMEOUT", Group::kServer, kServe, "seconds a request may wait in the queue (then 429)",
+      {"--queue-timeout", "COLI_QUEUE_TIMEOUT", Group::kServer, kServe,
+       "seconds a request may wait in the queue (then 429)",
        real(FIELD(serve.queue_timeout), 0.1, 86400)},
-      {"--max-tokens", "COLI_MAX_TOKENS", Group::kServer, kServe | kChatApp, "ceiling on a request's max_tokens",
-       integer(FIELD(serve.max_tokens), 1, int64_t{1} << 30)},
-      {"--max-body-mb", "COLI_MAX_BODY_MB", Group::kServer, kServe, "largest request body in MiB (more gets 413)",
-       real(FIELD(serve.max_body_mb), 0.001, 1024)},
-      {"--sse-ping-interval", "COLI_SSE_PING", Group::kServer, kServe, "seconds of stream silence before a ': ping' comment (0 = off)",
+      {"--max-tokens", "COLI_MAX_TOKENS", Group::kServer, kServe | kChatApp,
+       "ceiling on a request's max_tokens", integer(FIELD(serve.max_tokens), 1, int64_t{1} << 30)},
+      {"--max-body-mb", "COLI_MAX_BODY_MB", Group::kServer, kServe,
+       "largest request body in MiB (more gets 413)", real(FIELD(serve.max_body_mb), 0.001, 1024)},
+      {"--sse-ping-interval", "COLI_SSE_PING", Group::kServer, kServe,
+       "seconds of stream silence before a ': ping' comment (0 = off)",
        real(FIELD(serve.sse_ping), 0, 3600)},
-      {"--drain-timeout", nullptr, Group::kServer, kServe, "seconds SIGTERM lets the running request finish",
+      {"--drain-timeout", nullptr, Group::kServer, kServe,
+       "seconds SIGTERM lets the running request finish",
        real(FIELD(serve.drain_timeout), 0, 86400)},
-      {"--max-connections", "COLI_MAX_CONNECTIONS", Group::kServer, kServe, "live connections; more are closed at once",
-       integer(FIELD(serve.max_connections), 1, 4096)},
+      {"--max-connections", "COLI_MAX_CONNECTIONS", Group::kServer, kServe,
+       "live connections; more are closed at once", integer(FIELD(serve.max_connections), 1, 4096)},
       {"--max-connections-per-ip", "COLI_MAX_CONNECTIONS_PER_IP", Group::kServer, kServe,
-       "live connections from one address (auto: 8 per remote address; local clients share the global cap)",
+       "live connections from one address (auto: 8 per remote address; local clients share the "
+       "global cap)",
        auto_or_int(FIELD(serve.max_connections_per_ip), 1, 4096)},
       {"--read-deadline", "COLI_READ_DEADLINE", Group::kServer, kServe,
        "seconds a client has to send a whole request (line, headers, body); then 408 / closed",
        real(FIELD(serve.read_deadline), 0.5, 3600)},
-      {"--webui,!--no-webui", nullptr, Group::kServer, kServe, "serve the web page at /", boolean(FIELD(serve.web_ui))},
-      {"--reasoning", "COLI_REASONING", Group::kServer, kServe, "thinking when a request does not say (auto = on)",
+      {"--webui,!--no-webui", nullptr, Group::kServer, kServe, "serve the web page at /",
+       boolean(FIELD(serve.web_ui))},
+      {"--reasoning",
+       "COLI_REASONING",
+       Group::kServer,
+       kServe,
+       "thinking when a request does not say (auto = on)",
        {[](Options& o, const std::string& v, const std::string& s) {
-          if (v != "on" && v != "off" && v != "auto") throw Error(s + ": expected on, off or auto, got \"" + v + "\"");
+          if (v != "on" && v != "off" && v != "auto")
+            throw Error(s + ": expected on, off or auto, got \"" + v + "\"");
           o.serve.reasoning = v != "off";
         },
-        [](const Options& o) { return std::string(o.serve.reasoning ? "on" : "off"); }, "on|off|auto"}},
-      {"--reasoning-field", nullptr, Group::kServer, kServe, "the reasoning field's name in responses",
+        [](const Options& o) { return std::string(o.serve.reasoning ? "on" : "off"); },
+        "on|off|auto"}},
+      {"--reasoning-field", nullptr, Group::kServer, kServe,
+       "the reasoning field's name in responses",
        choice(FIELD(serve.reasoning_field), {"reasoning_content", "reasoning", "both"})},
       {"--ckpt", "COLI_K3_CKPT", Group::kServer, kServe | kChatApp,
-       "recurrent-state checkpoints for prefix reuse (auto = 2 in RAM when memory allows)", auto_or_int(FIELD(serve.ckpt_slots), 0, 8)},
+       "recurrent-state checkpoints for prefix reuse (auto = 2 in RAM when memory allows)",
+       auto_or_int(FIELD(serve.ckpt_slots), 0, 8)},
       {"--ckpt-dir", "COLI_K3_CKPT_DIR", Group::kServer, kServe | kChatApp,
-       "keep the checkpoints in this directory (0700, files 0600) instead of RAM", text(FIELD(serve.ckpt_dir))},
-      {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp, "leave the disk checkpoints behind at exit",
-       boolean(FIELD(serve.ckpt_keep))},
+       "keep the checkpoints in this directory (0700, files 0600) instead of RAM",
+       text(FIELD(serve.ckpt_dir))},
+      {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp,
+       "leave the disk checkpoints behind at exit", boolean(FIELD(serve.ckpt_keep))},
       // security
       {"--api-key", "COLI_API_KEY", Group::kSecurity, kServe,
-       "required API key(s), comma separated (Bearer or x-api-key); prefer the variable or --api-key-file",
+       "required API key(s), comma separated (Bearer or x-api-key); prefer the variable or "
+       "--api-key-file",
        list(FIELD(serve.api_keys))},
       {"--api-key-file", "COLI_API_KEY_FILE", Group::kSecurity, kServe,
-       "file of API keys, one per line (# comments); must not be group/world readable", text(FIELD(serve.api_key_file))},
-      {"--allowed-host", "COLI_ALLOWED_HOSTS", Group::kSecurity, kServe, "extra Host header names, comma separated (* = no check)",
-       list(FIELD(serve.allowed_hosts))},
-      {"--cors-origin", "COLI_CORS_ORIGINS", Group::kSecurity, kServe, "extra exact CORS origins, comma separated",
-       list(FIELD(serve.cors_origins))},
+       "file of API keys, one per line (# comments); must not be group/world readable",
+       text(FIELD(serve.api_key_file))},
+      {"--allowed-host", "COLI_ALLOWED_HOSTS", Group::kSecurity, kServe,
+       "extra Host header names, comma separated (* = no check)", list(FIELD(serve.allowed_hosts))},
+      {"--cors-origin", "COLI_CORS_ORIGINS", Group::kSecurity, kServe,
+       "extra exact CORS origins, comma separated", list(FIELD(serve.cors_origins))},
       {"--insecure-bind,!--no-insecure-bind", "COLI_ALLOW_INSECURE_BIND", Group::kSecurity, kServe,
        "allow a non-loopback bind without an API key", boolean(FIELD(serve.insecure_bind))},
       {"--log-prompts,!--no-log-prompts", nullptr, Group::kSecurity, kServe,
        "log request bodies (off: prompts never reach the log)", boolean(FIELD(serve.log_prompts))},
       // validation
-      {"--stats,!--no-stats", "K3_STATS", Group::kValidation, kKimi, "print the per-stage time breakdown",
-       boolean(FIELD(debug.stats))},
+      {"--stats,!--no-stats", "K3_STATS", Group::kValidation, kKimi,
+       "print the per-stage time breakdown", boolean(FIELD(debug.stats))},
       {"--prompt-ids,!--no-prompt-ids", "K3_CHAT_IDS", Group::kValidation, kKimi,
-       "print the prompt's token ids (after tokenizing / chat rendering) to stderr", boolean(FIELD(debug.prompt_ids))},
+       "print the prompt's token ids (after tokenizing / chat rendering) to stderr",
+       boolean(FIELD(debug.prompt_ids))},
       {"--layers", "K3_LAYERS", Group::kValidation, kKimi, "run only the first N layers (0 = all)",
        integer(FIELD(load.layers), 0, 4096)},
-      {"--trace", "K3_TRACE", Group::kValidation, kKimi, "after prefill, write per-layer tensors to this .safetensors file",
+      {"--trace", "K3_TRACE", Group::kValidation, kKimi,
+       "after prefill, write per-layer tensors to this .safetensors file",
        text(FIELD(debug.trace_path))},
       {"--logits", "K3_LOGITS", Group::kValidation, kKimi,
-       "write raw f32 [T][vocab] logits of every prefill position to this file", text(FIELD(debug.logits_path))},
-      {"--x0", "K3_X0", Group::kValidation, kKimi, "raw f32 [T][hidden] file whose rows replace the embedding",
-       text(FIELD(debug.x0_path))},
+       "write raw f32 [T][vocab] logits of every prefill position to this file",
+       text(FIELD(debug.logits_path))},
+      {"--x0", "K3_X0", Group::kValidation, kKimi,
+       "raw f32 [T][hidden] file whose rows replace the embedding", text(FIELD(debug.x0_path))},
       {"--prefix-log,!--no-prefix-log", "K3_PREFIX_LOG", Group::kValidation, kServe | kChatApp,
        "log prefix-reuse and checkpoint decisions on stderr", boolean(FIELD(serve.prefix_log))},
       {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", Group::kValidation, kServe | kChatApp,
-       "sleep this long after every generated token (client testing)", integer(FIELD(serve.token_delay_ms), 0, 60000)},
-      {"--script-ids", nullptr, Group::kValidation, kServe | kChatApp,
-       "the first generated ids of every reply come from this list (drives tool calls and faults through test models)",
+       "sleep this long after every generated token (client testing)",
+       integer(FIELD(serve.token_delay_ms), 0, 60000)},
+      {"--script-ids",
+       nullptr,
+       Group::kValidation,
+       kServe | kChatApp,
+       "the first generated ids of every reply come from this list (drives tool calls and faults "
+       "through test models)",
        {[](Options& o, const std::string& v, const std::string& s) {
           if (v.empty()) return;
           try {
@@ -431,8 +524,8 @@ const std::vector<OptionRow>& option_rows() {
 struct Program {
   const char* name;
   unsigned mask;
-  bool coli;              // the coli defaults (OptionRow::coli_default) apply
-  bool prompt;            // takes a positional prompt after the model directory
+  bool coli;    // the coli defaults (OptionRow::coli_default) apply
+  bool prompt;  // takes a positional prompt after the model directory
   const char* usage;
 };
 
@@ -457,7 +550,8 @@ const Program kPrograms[] = {
      "JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout (other keys copied).\n"},
     {"coli render", kRender, false, false,
      "usage: coli render <model_dir> < lines.jsonl\n"
-     "JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} -> {\"text\", \"ids\"} (the K3 chat template).\n"},
+     "JSON lines {\"messages\": [...], \"tools\": ..., \"options\": {...}} -> {\"text\", \"ids\"} "
+     "(the K3 chat template).\n"},
 };
 
 const Program& find_program(const std::string& name) {
@@ -488,7 +582,8 @@ std::string flag_display(const OptionRow& r) {
   std::vector<std::string> names = split_list(r.flags), shown;
   for (const std::string& n : names) {
     if (n[0] != '!') {
-      const bool has_no = std::find(names.begin(), names.end(), "!--no-" + n.substr(2)) != names.end();
+      const bool has_no =
+          std::find(names.begin(), names.end(), "!--no-" + n.substr(2)) != names.end();
       shown.push_back(has_no ? "--[no-]" + n.substr(2) : n);
     } else if (std::find(names.begin(), names.end(), "--" + n.substr(6)) == names.end()) {
       shown.push_back(n.substr(1));
@@ -508,14 +603,16 @@ std::string help_text(const Program& program) {
       if (!any) out << "\n" << group_name(g) << ":\n";
       any = true;
       std::string left = "  " + flag_display(r);
-      if (!r.value.is_bool) left += " <" + (r.value.range.empty() ? std::string("text") : r.value.range) + ">";
+      if (!r.value.is_bool)
+        left += " <" + (r.value.range.empty() ? std::string("text") : r.value.range) + ">";
       out << std::left << std::setw(34) << left;
       if (left.size() >= 34) out << "\n" << std::string(34, ' ');
       // The help, then "[default D, env V]" (kept whole), wrapped at 100 columns.
       std::vector<std::string> words;
       std::istringstream help_words(r.help);
       for (std::string w; help_words >> w;) words.push_back(w);
-      words.push_back("[default " + shown_default(r, defaults, program.coli) + (r.env ? std::string(", env ") + r.env : "") + "]");
+      words.push_back("[default " + shown_default(r, defaults, program.coli) +
+                      (r.env ? std::string(", env ") + r.env : "") + "]");
       size_t column = 34;
       for (const std::string& w : words) {
         if (column > 34 && column + 1 + w.size() > 100) {
@@ -532,8 +629,10 @@ std::string help_text(const Program& program) {
     }
   }
   out << "\nother:\n"
-      << std::left << std::setw(34) << "  -h, --help" << "print this help\n"
-      << std::left << std::setw(34) << "  --version" << "print the version, git hash, ISA and build type\n"
+      << std::left << std::setw(34) << "  -h, --help"
+      << "print this help\n"
+      << std::left << std::setw(34) << "  --version"
+      << "print the version, git hash, ISA and build type\n"
       << "\nA flag beats its environment variable, which beats the default. Boolean flags take\n"
          "--x, --no-x or --x=0/1/true/false. An unknown K3_* or COLI_* variable is an error.\n";
   return out.str();
@@ -581,8 +680,10 @@ std::vector<int64_t> parse_id_list(const std::string& text) {
     token.clear();
   };
   for (char ch : text) {
-    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n') flush();
-    else token += ch;
+    if (ch == ',' || ch == ' ' || ch == '\t' || ch == '\n')
+      flush();
+    else
+      token += ch;
   }
   flush();
   if (ids.empty()) throw Error("no token ids in \"" + text + "\"");
@@ -598,12 +699,14 @@ std::string options_table_markdown() {
     for (const OptionRow& r : option_rows()) {
       if (r.group != g) continue;
       std::string def = shown_default(r, kimi, false);
-      if (shown_default(r, coli, true) != def) def += " (coli: " + shown_default(r, coli, true) + ")";
+      if (shown_default(r, coli, true) != def)
+        def += " (coli: " + shown_default(r, coli, true) + ")";
       std::string flags = flag_display(r);
       std::string range = r.value.range;
       std::replace(range.begin(), range.end(), '|', '/');  // a | would end the cell
-      out << "| `" << flags << "` | " << (r.env ? std::string("`") + r.env + "`" : "—") << " | " << def << " | "
-          << (range.empty() ? "text" : range) << " | " << group_name(g) << " | " << r.help << " |\n";
+      out << "| `" << flags << "` | " << (r.env ? std::string("`") + r.env + "`" : "—") << " | "
+          << def << " | " << (range.empty() ? "text" : range) << " | " << group_name(g) << " | "
+          << r.help << " |\n";
     }
   }
   return out.str();
@@ -648,12 +751,14 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
   app.add_flag("--version", version);
   std::string model_positional, prompt_positional;
   app.add_option("model_dir", model_positional);
-  CLI::Option* prompt_option = program.prompt ? app.add_option("prompt", prompt_positional) : nullptr;
+  CLI::Option* prompt_option =
+      program.prompt ? app.add_option("prompt", prompt_positional) : nullptr;
   const std::vector<OptionRow>& rows = option_rows();
   std::vector<std::string> given(rows.size());
   std::vector<CLI::Option*> cli(rows.size());
   for (size_t i = 0; i < rows.size(); ++i)
-    cli[i] = rows[i].value.is_bool ? app.add_flag(rows[i].flags, given[i]) : app.add_option(rows[i].flags, given[i]);
+    cli[i] = rows[i].value.is_bool ? app.add_flag(rows[i].flags, given[i])
+                                   : app.add_option(rows[i].flags, given[i]);
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
@@ -673,11 +778,14 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
   for (size_t k = 1; k < order.size(); ++k) {
     if (order[k]->get_name() != "model_dir" && order[k] != prompt_option) continue;
     const auto previous = std::find(cli.begin(), cli.end(), order[k - 1]);
-    const std::string& positional = order[k] == prompt_option ? prompt_positional : model_positional;
-    if (previous != cli.end() && rows[previous - cli.begin()].value.is_bool && is_bool_word(positional) &&
+    const std::string& positional =
+        order[k] == prompt_option ? prompt_positional : model_positional;
+    if (previous != cli.end() && rows[previous - cli.begin()].value.is_bool &&
+        is_bool_word(positional) &&
         (given[previous - cli.begin()] == "true" || given[previous - cli.begin()] == "false"))
       throw Error("--" + row_name(rows[previous - cli.begin()]) + " takes its value after '=' (--" +
-                  row_name(rows[previous - cli.begin()]) + "=" + positional + "), not as the next argument");
+                  row_name(rows[previous - cli.begin()]) + "=" + positional +
+                  "), not as the next argument");
   }
   for (size_t i = 0; i < rows.size(); ++i) {
     const OptionRow& r = rows[i];
@@ -697,14 +805,18 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
     o.effective.push_back(std::string(r.env ? r.env : ("--" + name).c_str()) + "=" + value);
   }
   if (o.load.cache.state_dir.empty()) {  // the per-user cache directory
-    if (env.count("XDG_CACHE_HOME") && !env.at("XDG_CACHE_HOME").empty()) o.load.cache.state_dir = env.at("XDG_CACHE_HOME") + "/kimi_k3";
-    else if (env.count("HOME") && !env.at("HOME").empty()) o.load.cache.state_dir = env.at("HOME") + "/.cache/kimi_k3";
+    if (env.count("XDG_CACHE_HOME") && !env.at("XDG_CACHE_HOME").empty())
+      o.load.cache.state_dir = env.at("XDG_CACHE_HOME") + "/kimi_k3";
+    else if (env.count("HOME") && !env.at("HOME").empty())
+      o.load.cache.state_dir = env.at("HOME") + "/.cache/kimi_k3";
   }
   if (!model_positional.empty()) o.model_dir = model_positional;
   o.prompt = prompt_positional;
   if (!o.prompt.empty() && o.given("ids"))
     throw Error("give either a text prompt or --ids, not both");
-  if (needs_model && o.model_dir.empty()) throw Error("no model directory: pass it first on the command line, or set --model / COLI_MODEL");
+  if (needs_model && o.model_dir.empty())
+    throw Error(
+        "no model directory: pass it first on the command line, or set --model / COLI_MODEL");
   return o;
 }
 

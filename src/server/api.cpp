@@ -28,9 +28,12 @@ bool depth_within(std::string_view body, int limit) {
   bool in_string = false, escaped = false;
   for (char c : body) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -42,27 +45,36 @@ bool depth_within(std::string_view body, int limit) {
   return true;
 }
 
-bool is_int(const json& v) { return v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9.2e18); }
+bool is_int(const json& v) {
+  return v.is_number_integer() ||
+         (v.is_number_float() && std::isfinite(v.get<double>()) &&
+          std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9.2e18);
+}
 
 // An integer field (an integral float such as 256.0 is accepted, as SDKs write them).
-std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi, int64_t& out) {
+std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi,
+                                int64_t& out) {
   if (!is_int(v)) return invalid_value(param, "'" + param + "' must be an integer");
-  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  if (v.is_number_unsigned() &&
+      v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " +
+                                    std::to_string(hi) + "]");
   const int64_t x = v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
   if (x < lo || x > hi)
-    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " +
+                                    std::to_string(hi) + "]");
   out = x;
   return std::nullopt;
 }
 
-std::optional<ApiError> get_number(const json& v, const std::string& param, double lo, double hi, bool lo_open,
-                                   double& out) {
+std::optional<ApiError> get_number(const json& v, const std::string& param, double lo, double hi,
+                                   bool lo_open, double& out) {
   if (!v.is_number()) return invalid_value(param, "'" + param + "' must be a number");
   const double x = v.get<double>();
   if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g]", param.c_str(), lo_open ? "(" : "[", lo, hi);
+    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g]", param.c_str(), lo_open ? "(" : "[",
+                  lo, hi);
     return invalid_value(param, buf);
   }
   out = x;
@@ -75,22 +87,31 @@ std::optional<ApiError> get_bool(const json& v, const std::string& param, bool& 
   return std::nullopt;
 }
 
-bool has_nul(const std::string& s) { return s.find('\0') != std::string::npos; }
+bool has_nul(const std::string& s) {
+  return s.find('\0') != std::string::npos;
+}
 
 std::optional<ApiError> check_text(const json& v, const std::string& param) {
   if (!v.is_string()) return invalid_value(param, "'" + param + "' must be a string");
-  if (has_nul(v.get_ref<const std::string&>())) return invalid_value(param, "'" + param + "' contains a NUL character");
+  if (has_nul(v.get_ref<const std::string&>()))
+    return invalid_value(param, "'" + param + "' contains a NUL character");
   return std::nullopt;
 }
 
 text::PyValue to_py(const json& v) {
   switch (v.type()) {
-    case Kind::null: return {};
-    case Kind::boolean: return text::PyValue::boolean(v.get<bool>());
-    case Kind::number_integer: return text::PyValue::integer(v.get<int64_t>());
-    case Kind::number_unsigned: return text::PyValue::integer_text(std::to_string(v.get<uint64_t>()));
-    case Kind::number_float: return text::PyValue::floating(v.get<double>());
-    case Kind::string: return text::PyValue::string(v.get<std::string>());
+    case Kind::null:
+      return {};
+    case Kind::boolean:
+      return text::PyValue::boolean(v.get<bool>());
+    case Kind::number_integer:
+      return text::PyValue::integer(v.get<int64_t>());
+    case Kind::number_unsigned:
+      return text::PyValue::integer_text(std::to_string(v.get<uint64_t>()));
+    case Kind::number_float:
+      return text::PyValue::floating(v.get<double>());
+    case Kind::string:
+      return text::PyValue::string(v.get<std::string>());
     case Kind::array: {
       text::PyValue::Array items;
       for (const json& x : v) items.push_back(to_py(x));
@@ -101,13 +122,15 @@ text::PyValue to_py(const json& v) {
       for (auto it = v.begin(); it != v.end(); ++it) out.set(it.key(), to_py(it.value()));
       return out;
     }
-    default: return {};
+    default:
+      return {};
   }
 }
 
 bool is_media_part(const std::string& type) {
   return type == "image_url" || type == "input_image" || type == "image" || type == "input_audio" ||
-         type == "audio" || type == "file" || type == "input_file" || type == "video" || type == "video_url";
+         type == "audio" || type == "file" || type == "input_file" || type == "video" ||
+         type == "video_url";
 }
 
 // Validates one message and returns it normalised for the renderer.
@@ -116,18 +139,22 @@ std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
   if (!m.is_object()) return invalid_value(at, "'" + at + "' must be an object");
   auto role_it = m.find("role");
   if (role_it == m.end()) return invalid_value(at + ".role", "'" + at + ".role' is required");
-  if (!role_it->is_string()) return invalid_value(at + ".role", "'" + at + ".role' must be a string");
+  if (!role_it->is_string())
+    return invalid_value(at + ".role", "'" + at + ".role' must be a string");
   std::string role = role_it->get<std::string>();
   if (role == "developer") role = "system";
   if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-    return invalid_value(at + ".role", "'" + at + ".role' must be one of system, developer, user, assistant, tool");
+    return invalid_value(
+        at + ".role", "'" + at + ".role' must be one of system, developer, user, assistant, tool");
   json out = json::object();
   out["role"] = role;
   // content: a string, null, or text parts.
   auto content_it = m.find("content");
   if (content_it == m.end() || content_it->is_null()) {
-    if (role != "assistant") out["content"] = "";
-    else out["content"] = nullptr;
+    if (role != "assistant")
+      out["content"] = "";
+    else
+      out["content"] = nullptr;
   } else if (content_it->is_string()) {
     if (auto e = check_text(*content_it, at + ".content")) return *e;
     out["content"] = *content_it;
@@ -142,18 +169,22 @@ std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
         return invalid_value(pat + ".type", "'" + pat + ".type' must be a string");
       const std::string type = type_it->get<std::string>();
       if (is_media_part(type))
-        return api_error(400, "invalid_request_error", "unsupported_content_type",
-                          "content parts of type '" + type + "' are not supported: this model reads text only", pat);
+        return api_error(
+            400, "invalid_request_error", "unsupported_content_type",
+            "content parts of type '" + type + "' are not supported: this model reads text only",
+            pat);
       if (type != "text" && type != "input_text" && type != "output_text")
         return invalid_value(pat + ".type", "unknown content part type '" + type + "'");
       auto text_it = part.find("text");
-      if (text_it == part.end()) return invalid_value(pat + ".text", "'" + pat + ".text' is required");
+      if (text_it == part.end())
+        return invalid_value(pat + ".text", "'" + pat + ".text' is required");
       if (auto e = check_text(*text_it, pat + ".text")) return *e;
       parts.push_back(json{{"type", "text"}, {"text", *text_it}});
     }
     out["content"] = std::move(parts);
   } else {
-    return invalid_value(at + ".content", "'" + at + ".content' must be a string, null or an array of text parts");
+    return invalid_value(at + ".content",
+                         "'" + at + ".content' must be a string, null or an array of text parts");
   }
   if (auto name_it = m.find("name"); name_it != m.end() && !name_it->is_null()) {
     if (auto e = check_text(*name_it, at + ".name")) return *e;
@@ -167,16 +198,19 @@ std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
       if (!out.contains("reasoning_content")) out["reasoning_content"] = *it;
     }
     if (auto calls_it = m.find("tool_calls"); calls_it != m.end() && !calls_it->is_null()) {
-      if (!calls_it->is_array()) return invalid_value(at + ".tool_calls", "'" + at + ".tool_calls' must be an array");
+      if (!calls_it->is_array())
+        return invalid_value(at + ".tool_calls", "'" + at + ".tool_calls' must be an array");
       json calls = json::array();
       for (size_t j = 0; j < calls_it->size(); ++j) {
         const json& call = (*calls_it)[j];
         const std::string cat = at + ".tool_calls." + std::to_string(j);
         if (!call.is_object()) return invalid_value(cat, "'" + cat + "' must be an object");
         auto fn = call.find("function");
-        if (fn == call.end() || !fn->is_object()) return invalid_value(cat + ".function", "'" + cat + ".function' must be an object");
+        if (fn == call.end() || !fn->is_object())
+          return invalid_value(cat + ".function", "'" + cat + ".function' must be an object");
         auto name = fn->find("name");
-        if (name == fn->end()) return invalid_value(cat + ".function.name", "'" + cat + ".function.name' is required");
+        if (name == fn->end())
+          return invalid_value(cat + ".function.name", "'" + cat + ".function.name' is required");
         if (auto e = check_text(*name, cat + ".function.name")) return *e;
         json norm = json::object();
         if (auto id = call.find("id"); id != call.end() && id->is_string()) norm["id"] = *id;
@@ -184,9 +218,13 @@ std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
         json f = json::object();
         f["name"] = *name;
         auto args = fn->find("arguments");
-        if (args == fn->end() || args->is_null()) f["arguments"] = "{}";
-        else if (args->is_string() || args->is_object()) f["arguments"] = *args;
-        else return invalid_value(cat + ".function.arguments", "'" + cat + ".function.arguments' must be a string");
+        if (args == fn->end() || args->is_null())
+          f["arguments"] = "{}";
+        else if (args->is_string() || args->is_object())
+          f["arguments"] = *args;
+        else
+          return invalid_value(cat + ".function.arguments",
+                               "'" + cat + ".function.arguments' must be a string");
         norm["function"] = std::move(f);
         calls.push_back(std::move(norm));
       }
@@ -211,22 +249,25 @@ std::optional<ApiError> check_tools(const json& tools) {
     if (!t.is_object()) return invalid_value(at, "'" + at + "' must be an object");
     auto type = t.find("type");
     if (type != t.end() && (!type->is_string() || type->get<std::string>() != "function"))
-      return api_error(400, "invalid_request_error", "unsupported_value", "only tools of type 'function' are supported", at + ".type");
+      return api_error(400, "invalid_request_error", "unsupported_value",
+                       "only tools of type 'function' are supported", at + ".type");
     auto fn = t.find("function");
-    if (fn == t.end() || !fn->is_object()) return invalid_value(at + ".function", "'" + at + ".function' must be an object");
+    if (fn == t.end() || !fn->is_object())
+      return invalid_value(at + ".function", "'" + at + ".function' must be an object");
     auto name = fn->find("name");
     if (name == fn->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
-      return invalid_value(at + ".function.name", "'" + at + ".function.name' must be a non-empty string");
+      return invalid_value(at + ".function.name",
+                           "'" + at + ".function.name' must be a non-empty string");
     if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null() && !p->is_object())
-      return invalid_value(at + ".function.parameters", "'" + at + ".function.parameters' must be an object");
+      return invalid_value(at + ".function.parameters",
+                           "'" + at + ".function.parameters' must be an object");
   }
   return std::nullopt;
 }
 
-
 // The generation fields shared by /v1/chat/completions and /v1/completions.
-std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config, int64_t default_max_tokens,
-                                         GenerationParams& r) {
+std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
+                                         int64_t default_max_tokens, GenerationParams& r) {
   r.temperature = config.default_temperature;
   r.top_p = config.default_top_p;
   r.top_k = config.default_top_k;
@@ -243,14 +284,20 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
     return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
   if (const json* v = field("n")) {
     int64_t n = 0;
-    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), n)) return e;
-    if (n != 1) return api_error(400, "invalid_request_error", "unsupported_value", "'n' must be 1: one choice per request", "n");
+    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(),
+                         std::numeric_limits<int64_t>::max(), n))
+      return e;
+    if (n != 1)
+      return api_error(400, "invalid_request_error", "unsupported_value",
+                       "'n' must be 1: one choice per request", "n");
   }
 
   // Sampling and budget.
-  if (const json* v = field("stream"); v) if (auto e = get_bool(*v, "stream", r.stream)) return e;
+  if (const json* v = field("stream"); v)
+    if (auto e = get_bool(*v, "stream", r.stream)) return e;
   if (const json* v = field("stream_options")) {
-    if (!v->is_object()) return invalid_value("stream_options", "'stream_options' must be an object");
+    if (!v->is_object())
+      return invalid_value("stream_options", "'stream_options' must be an object");
     if (auto it = v->find("include_usage"); it != v->end() && !it->is_null())
       if (auto e = get_bool(*it, "stream_options.include_usage", r.include_usage)) return e;
   }
@@ -261,27 +308,37 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
       r.max_tokens = std::min(n, config.max_tokens_ceiling);  // max_completion_tokens (later) wins
     }
   }
-  if (const json* v = field("temperature")) if (auto e = get_number(*v, "temperature", 0.0, 2.0, false, r.temperature)) return e;
-  if (const json* v = field("top_p")) if (auto e = get_number(*v, "top_p", 0.0, 1.0, true, r.top_p)) return e;
-  if (const json* v = field("min_p")) if (auto e = get_number(*v, "min_p", 0.0, 1.0, false, r.min_p)) return e;
-  if (const json* v = field("top_k")) if (auto e = get_int(*v, "top_k", 0, int64_t{1} << 30, r.top_k)) return e;
+  if (const json* v = field("temperature"))
+    if (auto e = get_number(*v, "temperature", 0.0, 2.0, false, r.temperature)) return e;
+  if (const json* v = field("top_p"))
+    if (auto e = get_number(*v, "top_p", 0.0, 1.0, true, r.top_p)) return e;
+  if (const json* v = field("min_p"))
+    if (auto e = get_number(*v, "min_p", 0.0, 1.0, false, r.min_p)) return e;
+  if (const json* v = field("top_k"))
+    if (auto e = get_int(*v, "top_k", 0, int64_t{1} << 30, r.top_k)) return e;
   if (const json* v = field("seed")) {
     if (!is_int(*v)) return invalid_value("seed", "'seed' must be an integer");
-    if (v->is_number_unsigned()) r.seed = v->get<uint64_t>();
-    else if (v->is_number_integer()) r.seed = static_cast<uint64_t>(v->get<int64_t>());
-    else r.seed = static_cast<uint64_t>(static_cast<int64_t>(v->get<double>()));
+    if (v->is_number_unsigned())
+      r.seed = v->get<uint64_t>();
+    else if (v->is_number_integer())
+      r.seed = static_cast<uint64_t>(v->get<int64_t>());
+    else
+      r.seed = static_cast<uint64_t>(static_cast<int64_t>(v->get<double>()));
   }
   if (const json* v = field("stop")) {
     if (v->is_string()) {
-      if (v->get_ref<const std::string&>().empty()) return invalid_value("stop", "'stop' must not be empty");
-      if (v->get_ref<const std::string&>().size() > 256) return invalid_value("stop", "a stop string is longer than 256 bytes");
+      if (v->get_ref<const std::string&>().empty())
+        return invalid_value("stop", "'stop' must not be empty");
+      if (v->get_ref<const std::string&>().size() > 256)
+        return invalid_value("stop", "a stop string is longer than 256 bytes");
       r.stop.push_back(v->get<std::string>());
     } else if (v->is_array()) {
       if (v->size() > 16) return invalid_value("stop", "'stop' holds more than 16 strings");
       for (size_t i = 0; i < v->size(); ++i) {
         const json& s = (*v)[i];
         const std::string at = "stop." + std::to_string(i);
-        if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 256)
+        if (!s.is_string() || s.get_ref<const std::string&>().empty() ||
+            s.get_ref<const std::string&>().size() > 256)
           return invalid_value(at, "'" + at + "' must be a non-empty string of at most 256 bytes");
         r.stop.push_back(s.get<std::string>());
       }
@@ -290,16 +347,20 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
     }
   }
 
-  if (const json* v = field("return_progress")) if (auto e = get_bool(*v, "return_progress", r.return_progress)) return e;
-  if (const json* v = field("cache_prompt")) if (auto e = get_bool(*v, "cache_prompt", r.cache_prompt)) return e;
+  if (const json* v = field("return_progress"))
+    if (auto e = get_bool(*v, "return_progress", r.return_progress)) return e;
+  if (const json* v = field("cache_prompt"))
+    if (auto e = get_bool(*v, "cache_prompt", r.cache_prompt)) return e;
   return std::nullopt;
 }
 
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
   if (!config.accept_any_model && model != config.model_id &&
       std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
-    return api_error(404, "invalid_request_error", "model_not_found",
-                      "the model '" + model + "' does not exist; this server serves '" + config.model_id + "'", "model");
+    return api_error(
+        404, "invalid_request_error", "model_not_found",
+        "the model '" + model + "' does not exist; this server serves '" + config.model_id + "'",
+        "model");
   return std::nullopt;
 }
 
@@ -308,22 +369,25 @@ std::optional<ApiError> check_model(const std::string& model, const ApiConfig& c
 std::variant<json, ApiError> parse_json_object(std::string_view body) {
   if (!depth_within(body, kMaxJsonDepth))
     return api_error(400, "invalid_request_error", "invalid_json",
-                      "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+                     "the body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   json parsed;
   try {
     parsed = json::parse(body.begin(), body.end());
   } catch (const json::parse_error& e) {
     return api_error(400, "invalid_request_error", "invalid_json",
-                      "the body is not valid UTF-8 JSON (at byte " + std::to_string(e.byte) + ")");
+                     "the body is not valid UTF-8 JSON (at byte " + std::to_string(e.byte) + ")");
   } catch (const json::exception&) {  // out_of_range: a number beyond a double (1e400)
-    return api_error(400, "invalid_request_error", "invalid_json", "the body holds a number out of range");
+    return api_error(400, "invalid_request_error", "invalid_json",
+                     "the body holds a number out of range");
   }
   if (!parsed.is_object())
-    return api_error(400, "invalid_request_error", "invalid_json", "the body must be a JSON object");
+    return api_error(400, "invalid_request_error", "invalid_json",
+                     "the body must be a JSON object");
   return parsed;
 }
 
-std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ApiConfig& config) {
+std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
+                                                       const ApiConfig& config) {
   auto parsed = parse_json_object(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& b = std::get<json>(parsed);
@@ -336,14 +400,20 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
 
   // Required fields.
   const json* model = field("model");
-  if (!model) return api_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
+  if (!model)
+    return api_error(400, "invalid_request_error", "missing_required_parameter",
+                     "'model' is required", "model");
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* messages = field("messages");
-  if (!messages) return api_error(400, "invalid_request_error", "missing_required_parameter", "'messages' is required", "messages");
+  if (!messages)
+    return api_error(400, "invalid_request_error", "missing_required_parameter",
+                     "'messages' is required", "messages");
   if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
-  if (messages->empty()) return invalid_value("messages", "'messages' must contain at least one message");
-  if (messages->size() > 4096) return invalid_value("messages", "'messages' holds more than 4096 messages");
+  if (messages->empty())
+    return invalid_value("messages", "'messages' must contain at least one message");
+  if (messages->size() > 4096)
+    return invalid_value("messages", "'messages' holds more than 4096 messages");
   if (auto e = parse_generation(b, config, config.max_tokens_ceiling, r)) return *e;
 
   // Features we do not implement: refused by name, never dropped silently.
@@ -355,14 +425,18 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
       return invalid_value("response_format", "'response_format' must be an object with a 'type'");
     if ((*v)["type"] != "text")
-      return unsupported_parameter("response_format", "'response_format' other than {\"type\":\"text\"} is not supported");
+      return unsupported_parameter(
+          "response_format", "'response_format' other than {\"type\":\"text\"} is not supported");
   }
-  for (const char* key : {"functions", "function_call", "audio", "prediction", "web_search_options"})
-    if (field(key)) return unsupported_parameter(key, std::string("'") + key + "' is not supported");
+  for (const char* key :
+       {"functions", "function_call", "audio", "prediction", "web_search_options"})
+    if (field(key))
+      return unsupported_parameter(key, std::string("'") + key + "' is not supported");
   if (const json* v = field("modalities")) {
     if (!v->is_array()) return invalid_value("modalities", "'modalities' must be an array");
     for (const json& m : *v)
-      if (m != "text") return unsupported_parameter("modalities", "only the 'text' modality is supported");
+      if (m != "text")
+        return unsupported_parameter("modalities", "only the 'text' modality is supported");
   }
   // Messages.
   json normalised = json::array();
@@ -382,9 +456,12 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     if (v->is_string()) {
       const std::string c = v->get<std::string>();
       if (c != "none" && c != "auto" && c != "required")
-        return api_error(400, "invalid_request_error", "unsupported_value", "'tool_choice' must be none, auto, required or a function", "tool_choice");
+        return api_error(400, "invalid_request_error", "unsupported_value",
+                         "'tool_choice' must be none, auto, required or a function", "tool_choice");
     } else if (!v->is_object() || !v->contains("function")) {
-      return invalid_value("tool_choice", "'tool_choice' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}");
+      return invalid_value(
+          "tool_choice",
+          "'tool_choice' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}");
     }
     r.tool_choice = to_py(*v);
   }
@@ -396,27 +473,36 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   // Thinking: reasoning_effort is a switch (none = off); an explicit enable_thinking wins.
   std::optional<bool> thinking;
   if (const json* v = field("reasoning_effort")) {
-    if (!v->is_string()) return invalid_value("reasoning_effort", "'reasoning_effort' must be a string");
+    if (!v->is_string())
+      return invalid_value("reasoning_effort", "'reasoning_effort' must be a string");
     const std::string effort = v->get<std::string>();
-    static const char* const kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
+    static const char* const kEfforts[] = {"none", "minimal", "low", "medium",
+                                           "high", "xhigh",   "max"};
     if (std::find(std::begin(kEfforts), std::end(kEfforts), effort) == std::end(kEfforts))
       return api_error(400, "invalid_request_error", "unsupported_value",
-                        "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh", "reasoning_effort");
+                       "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh",
+                       "reasoning_effort");
     thinking = effort != "none";
-    if (effort == "minimal" || effort == "low") r.effort = "low";
-    else if (effort == "medium" || effort == "high") r.effort = "high";
-    else r.effort = "max";
+    if (effort == "minimal" || effort == "low")
+      r.effort = "low";
+    else if (effort == "medium" || effort == "high")
+      r.effort = "high";
+    else
+      r.effort = "max";
   }
   if (const json* v = field("thinking")) {
-    if (v->is_boolean()) thinking = v->get<bool>();
+    if (v->is_boolean())
+      thinking = v->get<bool>();
     else if (v->is_object() && v->contains("type") && (*v)["type"].is_string() &&
              ((*v)["type"] == "enabled" || (*v)["type"] == "disabled"))
       thinking = (*v)["type"] == "enabled";
     else
-      return invalid_value("thinking", "'thinking' must be a boolean or {\"type\":\"enabled\"|\"disabled\"}");
+      return invalid_value("thinking",
+                           "'thinking' must be a boolean or {\"type\":\"enabled\"|\"disabled\"}");
   }
   if (const json* v = field("chat_template_kwargs")) {
-    if (!v->is_object()) return invalid_value("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!v->is_object())
+      return invalid_value("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     for (const char* key : {"thinking", "enable_thinking"})
       if (auto it = v->find(key); it != v->end() && !it->is_null()) {
         bool on = false;
@@ -432,7 +518,8 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   if (thinking) r.thinking = *thinking;
   if (const json* v = field("reasoning_format")) {
     if (!v->is_string() || (*v != "deepseek" && *v != "none" && *v != "auto"))
-      return api_error(400, "invalid_request_error", "unsupported_value", "'reasoning_format' must be deepseek or none", "reasoning_format");
+      return api_error(400, "invalid_request_error", "unsupported_value",
+                       "'reasoning_format' must be deepseek or none", "reasoning_format");
     r.reasoning_inline = *v == "none";
   }
 
@@ -441,7 +528,8 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
   return r;
 }
 
-std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, const ApiConfig& config) {
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                   const ApiConfig& config) {
   auto parsed = parse_json_object(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& b = std::get<json>(parsed);
@@ -451,33 +539,44 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   };
   CompletionRequest r;
   const json* model = field("model");
-  if (!model) return api_error(400, "invalid_request_error", "missing_required_parameter", "'model' is required", "model");
+  if (!model)
+    return api_error(400, "invalid_request_error", "missing_required_parameter",
+                     "'model' is required", "model");
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* prompt = field("prompt");
-  if (!prompt) return api_error(400, "invalid_request_error", "missing_required_parameter", "'prompt' is required", "prompt");
+  if (!prompt)
+    return api_error(400, "invalid_request_error", "missing_required_parameter",
+                     "'prompt' is required", "prompt");
   if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
   if (prompt->is_string()) {
     if (auto e = check_text(*prompt, "prompt")) return *e;
-    if (prompt->get_ref<const std::string&>().empty()) return invalid_value("prompt", "'prompt' must not be empty");
+    if (prompt->get_ref<const std::string&>().empty())
+      return invalid_value("prompt", "'prompt' must not be empty");
     r.prompt = prompt->get<std::string>();
-  } else if (prompt->is_array() && !prompt->empty() && std::all_of(prompt->begin(), prompt->end(), [](const json& x) { return x.is_number_integer(); })) {
+  } else if (prompt->is_array() && !prompt->empty() &&
+             std::all_of(prompt->begin(), prompt->end(),
+                         [](const json& x) { return x.is_number_integer(); })) {
     for (size_t i = 0; i < prompt->size(); ++i) {
       const int64_t id = (*prompt)[i].get<int64_t>();
-      if (id < 0 || id > std::numeric_limits<int32_t>::max()) return invalid_value("prompt." + std::to_string(i), "not a token id");
+      if (id < 0 || id > std::numeric_limits<int32_t>::max())
+        return invalid_value("prompt." + std::to_string(i), "not a token id");
       r.prompt_ids.push_back(id);
     }
     r.ids_given = true;
   } else {
     return api_error(400, "invalid_request_error", "unsupported_value",
-                      "'prompt' must be a string or an array of token ids (one prompt per request)", "prompt");
+                     "'prompt' must be a string or an array of token ids (one prompt per request)",
+                     "prompt");
   }
   if (const json* v = field("echo"); v && !(v->is_boolean() && !v->get<bool>()))
     return unsupported_parameter("echo", "'echo' is not supported");
-  if (const json* v = field("suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
+  if (const json* v = field("suffix");
+      v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
     return unsupported_parameter("suffix", "'suffix' is not supported");
   if (const json* v = field("best_of"); v && !(is_int(*v) && v->get<double>() == 1))
-    return api_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1", "best_of");
+    return api_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1",
+                     "best_of");
   if (const json* v = field("logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
     return unsupported_parameter("logprobs", "'logprobs' is not supported");
   if (auto e = parse_generation(b, config, 16, r)) return *e;
@@ -485,13 +584,17 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   return r;
 }
 
-std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request, const text::Tokenizer& tokenizer) {
+std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
+                                                          const text::Tokenizer& tokenizer) {
   text::ChatOptions options;
   options.thinking = request.thinking;
-  if (request.thinking && !request.effort.empty()) options.thinking_effort = text::PyValue::string(request.effort);
+  if (request.thinking && !request.effort.empty())
+    options.thinking_effort = text::PyValue::string(request.effort);
   options.tool_choice = request.tool_choice;
   auto segments = text::build_chat_segments(request.messages, request.tools, options);
-  if (!segments.ok()) return invalid_value("messages", "the conversation cannot be rendered: " + segments.status().message());
+  if (!segments.ok())
+    return invalid_value("messages",
+                         "the conversation cannot be rendered: " + segments.status().message());
   std::vector<int32_t> ids32;
   text::encode_segments(tokenizer, *segments, ids32);
   RenderedPrompt out;
@@ -505,7 +608,8 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
     if (head_segments.ok()) {
       std::vector<int32_t> head_ids;
       text::encode_segments(tokenizer, *head_segments, head_ids);
-      if (head_ids.size() < ids32.size() && std::equal(head_ids.begin(), head_ids.end(), ids32.begin()))
+      if (head_ids.size() < ids32.size() &&
+          std::equal(head_ids.begin(), head_ids.end(), ids32.begin()))
         out.anchor = static_cast<int64_t>(head_ids.size());
     }
   }
@@ -552,7 +656,8 @@ json timings_json(const GenerationStats& stats) {
 
 namespace {
 // The fields every response and chunk opens with.
-json envelope(const ResponseIds& ids, const char* object, const std::string& model, const ApiConfig& config) {
+json envelope(const ResponseIds& ids, const char* object, const std::string& model,
+              const ApiConfig& config) {
   json c = json::object();
   c["id"] = ids.id;
   c["object"] = object;
@@ -571,15 +676,16 @@ json x_k3_json(const GenerationStats& stats) {
 }
 }  // namespace
 
-json chat_completion_json(const ChatResult& result, const ChatRequest& request, const ApiConfig& config,
-                          const ResponseIds& ids) {
+json chat_completion_json(const ChatResult& result, const ChatRequest& request,
+                          const ApiConfig& config, const ResponseIds& ids) {
   json message = json::object();
   message["role"] = "assistant";
   if (request.reasoning_inline && !result.reasoning.empty())
     message["content"] = result.reasoning + "</think>" + result.content;
   else
     message["content"] = result.content;
-  if (!request.reasoning_inline && !result.reasoning.empty()) put_reasoning(message, result.reasoning, config);
+  if (!request.reasoning_inline && !result.reasoning.empty())
+    put_reasoning(message, result.reasoning, config);
   message["refusal"] = nullptr;
   if (!result.tool_calls.empty()) {
     json calls = json::array();
@@ -605,8 +711,8 @@ json chunk_base(const ResponseIds& ids, const ApiConfig& config) {
 }
 }  // namespace
 
-json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason,
-                bool include_usage) {
+json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta,
+                const char* finish_reason, bool include_usage) {
   json c = chunk_base(ids, config);
   json choice = json::object();
   choice["index"] = 0;
@@ -618,7 +724,8 @@ json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, con
   return c;
 }
 
-json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats) {
+json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config,
+                      const GenerationStats& stats) {
   json c = chunk_base(ids, config);
   c["choices"] = json::array();
   c["usage"] = usage_json(stats);
@@ -627,17 +734,18 @@ json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const Gen
   return c;
 }
 
-json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total, int64_t cached,
-                         int64_t processed, double time_ms) {
+json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total,
+                         int64_t cached, int64_t processed, double time_ms) {
   json c = chunk_base(ids, config);
   c["choices"] = json::array();
   c["usage"] = nullptr;
-  c["prompt_progress"] = json{{"total", total}, {"cache", cached}, {"processed", processed}, {"time_ms", time_ms}};
+  c["prompt_progress"] =
+      json{{"total", total}, {"cache", cached}, {"processed", processed}, {"time_ms", time_ms}};
   return c;
 }
 
-json completion_json(const std::string& text, const GenerationStats& stats, const std::string& model,
-                     const ApiConfig& config, const ResponseIds& ids) {
+json completion_json(const std::string& text, const GenerationStats& stats,
+                     const std::string& model, const ApiConfig& config, const ResponseIds& ids) {
   json choice = json::object();
   choice["text"] = text;
   choice["index"] = 0;
@@ -663,7 +771,8 @@ json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, cons
   return c;
 }
 
-json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats) {
+json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config,
+                                 const GenerationStats& stats) {
   json c = completion_chunk_json(ids, config, "", nullptr);
   c["choices"] = json::array();
   c["usage"] = usage_json(stats);
@@ -674,8 +783,10 @@ json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config
 ResponseIds new_response_ids(const char* prefix) {
   unsigned char bytes[16] = {};
   if (getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes)) {
-    const uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    for (size_t i = 0; i < sizeof bytes; ++i) bytes[i] = static_cast<unsigned char>(t >> ((i % 8) * 8));
+    const uint64_t t =
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    for (size_t i = 0; i < sizeof bytes; ++i)
+      bytes[i] = static_cast<unsigned char>(t >> ((i % 8) * 8));
   }
   static const char* hex = "0123456789abcdef";
   ResponseIds ids;
@@ -684,7 +795,9 @@ ResponseIds new_response_ids(const char* prefix) {
     ids.id += hex[b >> 4];
     ids.id += hex[b & 15];
   }
-  ids.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ids.created = std::chrono::duration_cast<std::chrono::seconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
   return ids;
 }
 

@@ -43,7 +43,7 @@ int find_connection_socket(const PeerAddress& a) {
 }  // namespace
 
 std::optional<Peer> socket_peer(int fd) {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
   sockaddr_storage peer{}, local{};
   socklen_t pl = sizeof peer, ll = sizeof local;
@@ -96,7 +96,8 @@ uint64_t ConnectionGate::admit() {
     it = live_.erase(it);
   }
   if (!fresh) return kUntracked;
-  const bool capped = cap_loopback_ || !(is_loopback_host(fresh->ip) || fresh->ip.rfind("::ffff:127.", 0) == 0);
+  const bool capped =
+      cap_loopback_ || !(is_loopback_host(fresh->ip) || fresh->ip.rfind("::ffff:127.", 0) == 0);
   if (live_.size() - retired_ >= max_total_ || (capped && per_ip_[fresh->ip] >= max_per_ip_)) {
     ::shutdown(fresh->fd, SHUT_RDWR);
     ++refused_;
@@ -187,7 +188,8 @@ void end_connection(int fd, bool drain) {
     const auto deadline = Clock::now() + std::chrono::seconds(2);
     char buf[65536];
     for (uint64_t total = 0; total < (uint64_t{256} << 20);) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (left <= 0) break;
       pollfd p{fd, POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(left)) <= 0) break;

@@ -32,8 +32,12 @@ struct Peer {
   bool retired = false;  // answered its last request, no longer counted
   bool busy = false;     // a request's headers are in, its response not yet out
   double since = 0;      // now_seconds() of the accept or the last response
-  bool operator==(const Peer& o) const { return fd == o.fd && ip == o.ip && port == o.port && local_port == o.local_port; }
-  bool is(const PeerAddress& a) const { return port == a.port && local_port == a.local_port && ip == a.ip; }
+  bool operator==(const Peer& o) const {
+    return fd == o.fd && ip == o.ip && port == o.port && local_port == o.local_port;
+  }
+  bool is(const PeerAddress& a) const {
+    return port == a.port && local_port == a.local_port && ip == a.ip;
+  }
 };
 
 // The peer of a connected socket `fd`, or nullopt when fd is not one.

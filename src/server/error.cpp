@@ -16,12 +16,18 @@ ApiError api_error(int status, std::string type, std::string code, std::string m
 }
 
 ApiError invalid_value(std::string param, std::string message) {
-  return api_error(400, "invalid_request_error", "invalid_value", std::move(message), std::move(param));
+  return api_error(400, "invalid_request_error", "invalid_value", std::move(message),
+                   std::move(param));
 }
 
 ApiError http_status_error(int s) {
-  const char* code = s == 404 ? "not_found" : s == 405 ? "method_not_allowed" : s == 413 ? "request_too_large"
-                   : s == 408 ? "request_timeout" : s == 414 ? "uri_too_long" : s == 431 ? "headers_too_large" : "bad_request";
+  const char* code = s == 404   ? "not_found"
+                     : s == 405 ? "method_not_allowed"
+                     : s == 413 ? "request_too_large"
+                     : s == 408 ? "request_timeout"
+                     : s == 414 ? "uri_too_long"
+                     : s == 431 ? "headers_too_large"
+                                : "bad_request";
   return api_error(s, s >= 500 ? "server_error" : "invalid_request_error", code,
                    "the request could not be served (HTTP " + std::to_string(s) + ")");
 }

@@ -23,9 +23,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void set_error(HttpResponse& res, const ApiError& error) { res = error_response(error); }
+void set_error(HttpResponse& res, const ApiError& error) {
+  res = error_response(error);
+}
 
-bool gone(const HttpRequest& req) { return req.client_gone && req.client_gone(); }
+bool gone(const HttpRequest& req) {
+  return req.client_gone && req.client_gone();
+}
 
 const text::Tokenizer* tokenizer_or_503(const HandlerContext& c, HttpResponse& res) {
   const Engine* engine = c.service.engine();
@@ -34,14 +38,22 @@ const text::Tokenizer* tokenizer_or_503(const HandlerContext& c, HttpResponse& r
   if (s.state == ServiceStats::State::failed)
     set_error(res, api_error(500, "server_error", "engine_error", "the model failed to load"));
   else
-    set_error(res, api_error(503, "server_error", "model_loading", "the model is still loading", std::nullopt, 5));
+    set_error(res, api_error(503, "server_error", "model_loading", "the model is still loading",
+                             std::nullopt, 5));
   return nullptr;
 }
 
 json model_entry(const HandlerContext& c, const std::string& id) {
-  return json{{"id", id}, {"object", "model"}, {"created", c.started_unix}, {"owned_by", "local"},
-              {"meta", json{{"context_length", c.service.context_capacity()}, {"max_output_tokens", c.options.api.max_tokens_ceiling},
-                            {"reasoning", true}, {"tools", true}, {"vision", false}, {"aliases", c.options.api.aliases}}}};
+  return json{{"id", id},
+              {"object", "model"},
+              {"created", c.started_unix},
+              {"owned_by", "local"},
+              {"meta", json{{"context_length", c.service.context_capacity()},
+                            {"max_output_tokens", c.options.api.max_tokens_ceiling},
+                            {"reasoning", true},
+                            {"tools", true},
+                            {"vision", false},
+                            {"aliases", c.options.api.aliases}}}};
 }
 
 int retry_after(const HandlerContext& c) {
@@ -50,7 +62,10 @@ int retry_after(const HandlerContext& c) {
   return static_cast<int>(std::clamp(running > 0 ? running : 1.0, 1.0, 60.0));
 }
 
-ApiError shutting_down() { return api_error(503, "server_error", "shutting_down", "the server is shutting down", std::nullopt, 5); }
+ApiError shutting_down() {
+  return api_error(503, "server_error", "shutting_down", "the server is shutting down",
+                   std::nullopt, 5);
+}
 
 // The generation settings shared by both endpoints (a random seed unless one was given).
 void apply_generation(const GenerationParams& g, ServiceRequest& sr) {
@@ -62,7 +77,8 @@ void apply_generation(const GenerationParams& g, ServiceRequest& sr) {
     sr.sampling.seed = *g.seed;
   } else {
     uint64_t seed = 0;
-    if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
+      seed = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
     sr.sampling.seed = seed;
   }
   sr.max_tokens = g.max_tokens;
@@ -80,8 +96,8 @@ void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
 
 // Waits for the worker's acceptance; a hung-up client, a queue timeout or an error ends it.
 // Returns true with `accepted` filled, or false with `res` set (or the client gone).
-bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle, const HttpRequest& req,
-                      HttpResponse& res, ServiceEvent& accepted) {
+bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
+                      const HttpRequest& req, HttpResponse& res, ServiceEvent& accepted) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(c.options.queue_timeout_s);
   for (;;) {
     if (handle->next(accepted, std::chrono::milliseconds(100))) {
@@ -102,8 +118,8 @@ bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHand
     }
     if (Clock::now() > deadline) {
       c.service.cancel(handle);
-      set_error(res, api_error(429, "rate_limit_error", "queue_timeout", "waited too long in the queue", std::nullopt,
-                               retry_after(c)));
+      set_error(res, api_error(429, "rate_limit_error", "queue_timeout",
+                               "waited too long in the queue", std::nullopt, retry_after(c)));
       return false;
     }
   }
@@ -111,25 +127,30 @@ bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHand
 
 // Context check, submission, and the wait for the worker's acceptance (the 200 is committed
 // only after it). Returns the handle, or nullptr with `res` set (or the client gone).
-std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr, const char* prompt_param,
-                                     const HttpRequest& req, HttpResponse& res, ServiceEvent& accepted) {
+std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr,
+                                     const char* prompt_param, const HttpRequest& req,
+                                     HttpResponse& res, ServiceEvent& accepted) {
   const int64_t capacity = c.service.context_capacity();
   if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
     set_error(res, api_error(400, "invalid_request_error", "context_length_exceeded",
-                             "the prompt has " + std::to_string(sr.prompt.size()) + " tokens; the context holds " +
-                                 std::to_string(capacity) + " (and one must be left to generate)",
+                             "the prompt has " + std::to_string(sr.prompt.size()) +
+                                 " tokens; the context holds " + std::to_string(capacity) +
+                                 " (and one must be left to generate)",
                              prompt_param));
     return nullptr;
   }
-  if (c.options.log_prompts) std::fprintf(stderr, "[prompt] %s %s\n", req.request_id.c_str(), req.body.c_str());
+  if (c.options.log_prompts)
+    std::fprintf(stderr, "[prompt] %s %s\n", req.request_id.c_str(), req.body.c_str());
   auto submitted = c.service.submit(std::move(sr));
   if (!submitted.ok()) {
     const Status st = submitted.status();
     if (st.code() == Status::Code::resource_exhausted)
-      set_error(res, api_error(429, "rate_limit_error", "queue_full", st.message(), std::nullopt, retry_after(c)));
+      set_error(res, api_error(429, "rate_limit_error", "queue_full", st.message(), std::nullopt,
+                               retry_after(c)));
     else if (st.code() == Status::Code::unavailable)
-      set_error(res, api_error(503, "server_error", c.draining.load() ? "shutting_down" : "model_loading", st.message(),
-                               std::nullopt, 5));
+      set_error(
+          res, api_error(503, "server_error", c.draining.load() ? "shutting_down" : "model_loading",
+                         st.message(), std::nullopt, 5));
     else
       set_error(res, invalid_value(prompt_param, st.message()));
     return nullptr;
@@ -143,8 +164,8 @@ std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr,
 }
 
 // Non-streaming: collects events until done. False (res set, or the client gone) otherwise.
-bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle, const HttpRequest& req,
-             HttpResponse& res, ChatResult& result) {
+bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
+             const HttpRequest& req, HttpResponse& res, ChatResult& result) {
   ServiceEvent e;
   for (;;) {
     if (!handle->next(e, std::chrono::milliseconds(100))) {
@@ -157,14 +178,23 @@ bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& hand
       continue;
     }
     switch (e.kind) {
-      case ServiceEvent::Kind::reasoning: result.reasoning += e.text; break;
-      case ServiceEvent::Kind::content: result.content += e.text; break;
-      case ServiceEvent::Kind::tool_call: result.tool_calls.push_back(e.call); break;
-      case ServiceEvent::Kind::done: result.stats = e.stats; return true;
+      case ServiceEvent::Kind::reasoning:
+        result.reasoning += e.text;
+        break;
+      case ServiceEvent::Kind::content:
+        result.content += e.text;
+        break;
+      case ServiceEvent::Kind::tool_call:
+        result.tool_calls.push_back(e.call);
+        break;
+      case ServiceEvent::Kind::done:
+        result.stats = e.stats;
+        return true;
       case ServiceEvent::Kind::error:
         set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
         return false;
-      default: break;
+      default:
+        break;
     }
   }
 }
@@ -174,8 +204,8 @@ bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& hand
 // is followed by `data: [DONE]`. A failed write or a client that hung up cancels the request;
 // silence is filled with `: ping` comments.
 using SseChunks = std::function<std::vector<json>(const ServiceEvent&)>;
-void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& res, std::shared_ptr<RequestHandle> handle,
-               std::vector<json> first, SseChunks chunks) {
+void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& res,
+               std::shared_ptr<RequestHandle> handle, std::vector<json> first, SseChunks chunks) {
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
@@ -184,9 +214,11 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
   EngineService& service = c.service;
   const double ping_s = c.options.sse_ping_s;
   std::function<bool()> client_gone = req.client_gone;
-  res.stream = [&service, ping_s, client_gone, handle, first = std::move(first), chunks = std::move(chunks)](StreamSink& sink) {
+  res.stream = [&service, ping_s, client_gone, handle, first = std::move(first),
+                chunks = std::move(chunks)](StreamSink& sink) {
     auto send = [&](const json& chunk) {
-      return sink.write("data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n");
+      return sink.write("data: " + chunk.dump(-1, ' ', false, json::error_handler_t::replace) +
+                        "\n\n");
     };
     auto give_up = [&] {
       service.cancel(handle);
@@ -209,7 +241,8 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
       last_write = Clock::now();
       const bool failed = e.kind == ServiceEvent::Kind::error;
       const std::vector<json> out =
-          failed ? std::vector<json>{error_body(api_error(500, "server_error", "engine_error", "engine failure during generation"))}
+          failed ? std::vector<json>{error_body(api_error(500, "server_error", "engine_error",
+                                                          "engine failure during generation"))}
                  : chunks(e);
       for (const json& chunk : out)
         if (!send(chunk) && !failed) return give_up();
@@ -224,8 +257,9 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
   };
 }
 
-void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& res, std::shared_ptr<ChatRequest> request,
-                 std::shared_ptr<RequestHandle> handle, ResponseIds ids, ServiceEvent accepted) {
+void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& res,
+                 std::shared_ptr<ChatRequest> request, std::shared_ptr<RequestHandle> handle,
+                 ResponseIds ids, ServiceEvent accepted) {
   struct StreamState {
     bool saw_think_close = false;
     int tool_index = 0;
@@ -236,43 +270,54 @@ void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& 
   role["content"] = "";
   std::vector<json> first{chunk_json(ids, c.options.api, role, nullptr, request->include_usage)};
   const ApiConfig* api = &c.options.api;
-  serve_sse(c, req, res, handle, std::move(first), [api, request, ids, accepted, state](const ServiceEvent& e) {
-    const ApiConfig& config = *api;
-    const bool usage = request->include_usage;
-    json delta = json::object();
-    switch (e.kind) {
-      case ServiceEvent::Kind::progress:
-        if (!request->return_progress) return std::vector<json>{};
-        return std::vector<json>{progress_chunk_json(ids, config, e.total, accepted.stats.cached_tokens, e.processed, e.elapsed_ms)};
-      case ServiceEvent::Kind::reasoning:
-        if (request->reasoning_inline) delta["content"] = e.text;
-        else put_reasoning(delta, e.text, config);
-        break;
-      case ServiceEvent::Kind::content:
-        delta["content"] = request->reasoning_inline && !std::exchange(state->saw_think_close, true) ? "</think>" + e.text : e.text;
-        break;
-      case ServiceEvent::Kind::tool_call: {
-        json call = tool_call_json(e.call, ids);
-        call["index"] = state->tool_index++;
-        delta["tool_calls"] = json::array({std::move(call)});
-        break;
-      }
-      case ServiceEvent::Kind::done: {
-        std::vector<json> out{chunk_json(ids, config, json::object(), finish_reason_name(e.stats.finish), usage)};
-        if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
-        return out;
-      }
-      default: return std::vector<json>{};
-    }
-    return std::vector<json>{chunk_json(ids, config, std::move(delta), nullptr, usage)};
-  });
+  serve_sse(
+      c, req, res, handle, std::move(first),
+      [api, request, ids, accepted, state](const ServiceEvent& e) {
+        const ApiConfig& config = *api;
+        const bool usage = request->include_usage;
+        json delta = json::object();
+        switch (e.kind) {
+          case ServiceEvent::Kind::progress:
+            if (!request->return_progress) return std::vector<json>{};
+            return std::vector<json>{progress_chunk_json(
+                ids, config, e.total, accepted.stats.cached_tokens, e.processed, e.elapsed_ms)};
+          case ServiceEvent::Kind::reasoning:
+            if (request->reasoning_inline)
+              delta["content"] = e.text;
+            else
+              put_reasoning(delta, e.text, config);
+            break;
+          case ServiceEvent::Kind::content:
+            delta["content"] =
+                request->reasoning_inline && !std::exchange(state->saw_think_close, true)
+                    ? "</think>" + e.text
+                    : e.text;
+            break;
+          case ServiceEvent::Kind::tool_call: {
+            json call = tool_call_json(e.call, ids);
+            call["index"] = state->tool_index++;
+            delta["tool_calls"] = json::array({std::move(call)});
+            break;
+          }
+          case ServiceEvent::Kind::done: {
+            std::vector<json> out{
+                chunk_json(ids, config, json::object(), finish_reason_name(e.stats.finish), usage)};
+            if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
+            return out;
+          }
+          default:
+            return std::vector<json>{};
+        }
+        return std::vector<json>{chunk_json(ids, config, std::move(delta), nullptr, usage)};
+      });
 }
 
 }  // namespace
 
 bool authorised(const ServerOptions& options, const HttpRequest& req) {
   if (options.security.api_keys.empty()) return true;
-  return key_matches(presented_key(req.header("Authorization"), req.header("x-api-key")), options.security.api_keys);
+  return key_matches(presented_key(req.header("Authorization"), req.header("x-api-key")),
+                     options.security.api_keys);
 }
 
 void set_json(HttpResponse& res, int status, const json& body) {
@@ -314,15 +359,27 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
     body["load_s"] = s.load_elapsed_s;
     body["context_capacity"] = s.context_capacity;
     // What a request that does not say gets (the effective --temp / --top-p / ... of coli serve).
-    body["defaults"] = json{{"temperature", c.options.api.default_temperature}, {"top_p", c.options.api.default_top_p},
-                            {"top_k", c.options.api.default_top_k}, {"min_p", c.options.api.default_min_p},
-                            {"max_tokens", c.options.api.max_tokens_ceiling}, {"thinking", c.options.api.default_thinking}};
-    body["scheduler"] = json{{"active", s.active}, {"capacity", 1}, {"queued", s.queued}, {"max_queue", s.max_queue},
-                             {"queue_timeout_seconds", c.options.queue_timeout_s}, {"admitted", s.admitted},
-                             {"completed", s.completed}, {"rejected", s.rejected},
-                             {"cancelled", s.cancelled_queue + s.cancelled_prefill + s.cancelled_decode}};
-    body["state"] = json{{"phase", s.phase}, {"fed_tokens", s.fed_tokens},
-                         {"checkpoints", json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
+    body["defaults"] = json{{"temperature", c.options.api.default_temperature},
+                            {"top_p", c.options.api.default_top_p},
+                            {"top_k", c.options.api.default_top_k},
+                            {"min_p", c.options.api.default_min_p},
+                            {"max_tokens", c.options.api.max_tokens_ceiling},
+                            {"thinking", c.options.api.default_thinking}};
+    body["scheduler"] =
+        json{{"active", s.active},
+             {"capacity", 1},
+             {"queued", s.queued},
+             {"max_queue", s.max_queue},
+             {"queue_timeout_seconds", c.options.queue_timeout_s},
+             {"admitted", s.admitted},
+             {"completed", s.completed},
+             {"rejected", s.rejected},
+             {"cancelled", s.cancelled_queue + s.cancelled_prefill + s.cancelled_decode}};
+    body["state"] =
+        json{{"phase", s.phase},
+             {"fed_tokens", s.fed_tokens},
+             {"checkpoints",
+              json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
     body["memory"] = json{{"rss_gb", static_cast<double>(current_rss_bytes()) / 1e9}};
     if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
@@ -333,15 +390,19 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
 
 HttpResponse list_models(const HandlerContext& c, const HttpRequest&) {
   HttpResponse res;
-  set_json(res, 200, json{{"object", "list"}, {"data", json::array({model_entry(c, c.options.api.model_id)})}});
+  set_json(
+      res, 200,
+      json{{"object", "list"}, {"data", json::array({model_entry(c, c.options.api.model_id)})}});
   return res;
 }
 
 HttpResponse get_model(const HandlerContext& c, const HttpRequest& req) {
   const std::string& id = req.path_param;
   const auto& aliases = c.options.api.aliases;
-  if (id != c.options.api.model_id && std::find(aliases.begin(), aliases.end(), id) == aliases.end())
-    return error_response(api_error(404, "invalid_request_error", "model_not_found", "the model '" + id + "' does not exist", "model"));
+  if (id != c.options.api.model_id &&
+      std::find(aliases.begin(), aliases.end(), id) == aliases.end())
+    return error_response(api_error(404, "invalid_request_error", "model_not_found",
+                                    "the model '" + id + "' does not exist", "model"));
   HttpResponse res;
   set_json(res, 200, model_entry(c, id));
   return res;
@@ -372,7 +433,8 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
     return res;
   }
   ChatResult result;
-  if (collect(c, handle, req, res, result)) set_json(res, 200, chat_completion_json(result, *request, api, ids));
+  if (collect(c, handle, req, res, result))
+    set_json(res, 200, chat_completion_json(result, *request, api, ids));
   return res;
 }
 
@@ -381,7 +443,8 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   const ApiConfig& api = c.options.api;
   auto parsed = parse_completion_request(req.body, api);
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
-  auto request = std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
+  auto request =
+      std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
   if (c.draining.load()) return error_response(shutting_down());
   const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
   if (!tokenizer) return res;
@@ -389,7 +452,8 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   if (request->ids_given) {
     for (size_t i = 0; i < request->prompt_ids.size(); ++i)
       if (request->prompt_ids[i] >= c.service.engine()->info().vocab_size)
-        return error_response(invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
+        return error_response(
+            invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
     sr.prompt = request->prompt_ids;
   } else {
     std::vector<int32_t> ids32;
@@ -411,55 +475,92 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   }
   const ApiConfig* config = &api;
   serve_sse(c, req, res, handle, {}, [config, request, ids](const ServiceEvent& e) {
-    if (e.kind == ServiceEvent::Kind::content) return std::vector<json>{completion_chunk_json(ids, *config, e.text, nullptr)};
+    if (e.kind == ServiceEvent::Kind::content)
+      return std::vector<json>{completion_chunk_json(ids, *config, e.text, nullptr)};
     if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
-    std::vector<json> out{completion_chunk_json(ids, *config, "", finish_reason_name(e.stats.finish))};
+    std::vector<json> out{
+        completion_chunk_json(ids, *config, "", finish_reason_name(e.stats.finish))};
     if (request->include_usage) out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
     return out;
   });
   return res;
 }
 
-std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests) {
+std::string metrics_text(const ServiceStats& s,
+                         const std::vector<std::pair<std::string, int64_t>>& requests) {
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help, double value) {
-    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n'
+      << name << ' ' << value << '\n';
   };
-  o << "# HELP k3_requests_total HTTP requests by endpoint and status\n# TYPE k3_requests_total counter\n";
-  for (const auto& [label, count] : requests) o << "k3_requests_total{" << label << "} " << count << '\n';
+  o << "# HELP k3_requests_total HTTP requests by endpoint and status\n# TYPE k3_requests_total "
+       "counter\n";
+  for (const auto& [label, count] : requests)
+    o << "k3_requests_total{" << label << "} " << count << '\n';
   metric("k3_requests_active", "gauge", "generations running", static_cast<double>(s.active));
   metric("k3_requests_queued", "gauge", "generations waiting", static_cast<double>(s.queued));
-  metric("k3_prompt_tokens_total", "counter", "prompt tokens received", static_cast<double>(s.prompt_tokens));
-  metric("k3_prompt_tokens_cached_total", "counter", "prompt tokens reused, not prefilled", static_cast<double>(s.cached_tokens));
-  metric("k3_generated_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
+  metric("k3_prompt_tokens_total", "counter", "prompt tokens received",
+         static_cast<double>(s.prompt_tokens));
+  metric("k3_prompt_tokens_cached_total", "counter", "prompt tokens reused, not prefilled",
+         static_cast<double>(s.cached_tokens));
+  metric("k3_generated_tokens_total", "counter", "tokens generated",
+         static_cast<double>(s.generated_tokens));
   metric("k3_prefill_seconds_total", "counter", "seconds spent in prefill", s.prefill_seconds);
   metric("k3_decode_seconds_total", "counter", "seconds spent in decode", s.decode_seconds);
-  const double prefill_rate = s.prefill_seconds > 0 ? static_cast<double>(s.prompt_tokens - s.cached_tokens) / s.prefill_seconds : 0;
-  const double decode_rate = s.decode_seconds > 0 ? static_cast<double>(s.generated_tokens) / s.decode_seconds : 0;
-  metric("k3_prefill_tokens_per_second", "gauge", "prefilled tokens per second over the server's life", prefill_rate);
-  metric("k3_decode_tokens_per_second", "gauge", "generated tokens per second over the server's life", decode_rate);
-  o << "# HELP k3_cancelled_total cancelled generations by phase\n# TYPE k3_cancelled_total counter\n"
-    << "k3_cancelled_total{phase=\"queue\"} " << s.cancelled_queue << "\nk3_cancelled_total{phase=\"prefill\"} "
-    << s.cancelled_prefill << "\nk3_cancelled_total{phase=\"decode\"} " << s.cancelled_decode << '\n';
+  const double prefill_rate =
+      s.prefill_seconds > 0
+          ? static_cast<double>(s.prompt_tokens - s.cached_tokens) / s.prefill_seconds
+          : 0;
+  const double decode_rate =
+      s.decode_seconds > 0 ? static_cast<double>(s.generated_tokens) / s.decode_seconds : 0;
+  metric("k3_prefill_tokens_per_second", "gauge",
+         "prefilled tokens per second over the server's life", prefill_rate);
+  metric("k3_decode_tokens_per_second", "gauge",
+         "generated tokens per second over the server's life", decode_rate);
+  o << "# HELP k3_cancelled_total cancelled generations by phase\n# TYPE k3_cancelled_total "
+       "counter\n"
+    << "k3_cancelled_total{phase=\"queue\"} " << s.cancelled_queue
+    << "\nk3_cancelled_total{phase=\"prefill\"} " << s.cancelled_prefill
+    << "\nk3_cancelled_total{phase=\"decode\"} " << s.cancelled_decode << '\n';
   o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
-    << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} "
-    << s.reuse_checkpoint << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
-  metric("k3_checkpoint_saves_total", "counter", "recurrent-state checkpoints saved", static_cast<double>(s.ckpt.saves));
-  metric("k3_checkpoint_restores_total", "counter", "recurrent-state checkpoints restored", static_cast<double>(s.ckpt.restores));
-  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring checkpoints", s.ckpt.restore_seconds);
-  metric("k3_checkpoint_rejected_total", "counter", "disk checkpoints that failed their header check", static_cast<double>(s.ckpt.rejected));
-  metric("k3_requests_rejected_total", "counter", "generations refused with 429", static_cast<double>(s.rejected));
-  metric("k3_expert_cache_hits_total", "counter", "routed experts found in the cache", static_cast<double>(s.experts.hits));
-  metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk", static_cast<double>(s.experts.misses));
-  metric("k3_expert_bytes_read_total", "counter", "bytes of routed experts read from disk", static_cast<double>(s.experts.bytes_read));
-  metric("k3_expert_cache_hit_ratio", "gauge", "hits / (hits + misses) over the server's life", s.experts.hit_ratio());
-  metric("k3_expert_drive_bytes_total", "counter", "bytes of expert reads that reached the drive (cancelled read-ahead excluded)", static_cast<double>(s.experts.drive_bytes));
-  metric("k3_expert_read_busy_seconds_total", "counter", "seconds with at least one expert read in flight (drive busy)", s.experts.busy_seconds);
-  metric("k3_expert_read_wait_seconds_total", "counter", "seconds compute waited for expert reads (un-hidden I/O)", s.experts.wait_seconds);
-  metric("k3_expert_transient_total", "counter", "expert reads not kept in a cache slot", static_cast<double>(s.experts.transient));
-  metric("k3_expert_prefetch_reads_total", "counter", "experts read ahead on a prediction (K3_PREFETCH)", static_cast<double>(s.experts.prefetch_issued));
-  metric("k3_expert_prefetch_used_total", "counter", "read-ahead experts the layer then used", static_cast<double>(s.experts.prefetch_used));
-  metric("k3_expert_prefetch_recall", "gauge", "selections the read-ahead predicted / selections of predicted layers", s.experts.recall());
+    << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live
+    << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} " << s.reuse_checkpoint
+    << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
+  metric("k3_checkpoint_saves_total", "counter", "recurrent-state checkpoints saved",
+         static_cast<double>(s.ckpt.saves));
+  metric("k3_checkpoint_restores_total", "counter", "recurrent-state checkpoints restored",
+         static_cast<double>(s.ckpt.restores));
+  metric("k3_checkpoint_restore_seconds_total", "counter", "seconds spent restoring checkpoints",
+         s.ckpt.restore_seconds);
+  metric("k3_checkpoint_rejected_total", "counter",
+         "disk checkpoints that failed their header check", static_cast<double>(s.ckpt.rejected));
+  metric("k3_requests_rejected_total", "counter", "generations refused with 429",
+         static_cast<double>(s.rejected));
+  metric("k3_expert_cache_hits_total", "counter", "routed experts found in the cache",
+         static_cast<double>(s.experts.hits));
+  metric("k3_expert_cache_misses_total", "counter", "routed experts read from disk",
+         static_cast<double>(s.experts.misses));
+  metric("k3_expert_bytes_read_total", "counter", "bytes of routed experts read from disk",
+         static_cast<double>(s.experts.bytes_read));
+  metric("k3_expert_cache_hit_ratio", "gauge", "hits / (hits + misses) over the server's life",
+         s.experts.hit_ratio());
+  metric("k3_expert_drive_bytes_total", "counter",
+         "bytes of expert reads that reached the drive (cancelled read-ahead excluded)",
+         static_cast<double>(s.experts.drive_bytes));
+  metric("k3_expert_read_busy_seconds_total", "counter",
+         "seconds with at least one expert read in flight (drive busy)", s.experts.busy_seconds);
+  metric("k3_expert_read_wait_seconds_total", "counter",
+         "seconds compute waited for expert reads (un-hidden I/O)", s.experts.wait_seconds);
+  metric("k3_expert_transient_total", "counter", "expert reads not kept in a cache slot",
+         static_cast<double>(s.experts.transient));
+  metric("k3_expert_prefetch_reads_total", "counter",
+         "experts read ahead on a prediction (K3_PREFETCH)",
+         static_cast<double>(s.experts.prefetch_issued));
+  metric("k3_expert_prefetch_used_total", "counter", "read-ahead experts the layer then used",
+         static_cast<double>(s.experts.prefetch_used));
+  metric("k3_expert_prefetch_recall", "gauge",
+         "selections the read-ahead predicted / selections of predicted layers",
+         s.experts.recall());
   metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
   metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
   return o.str();
@@ -470,7 +571,8 @@ HttpResponse metrics(const HandlerContext& c, const HttpRequest&) {
   {
     std::lock_guard<std::mutex> lock(c.counters.mutex);
     for (const auto& [key, n] : c.counters.by_route_status)
-      requests.push_back({"endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"", n});
+      requests.push_back(
+          {"endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"", n});
   }
   HttpResponse res;
   res.body = metrics_text(c.service.stats(), requests);
@@ -482,15 +584,21 @@ HttpResponse slots(const HandlerContext& c, const HttpRequest&) {
   const ServiceStats s = c.service.stats();
   json list = json::array();
   for (const auto& ck : s.ckpt_list)
-    list.push_back(json{{"slot", ck.slot}, {"pos", ck.position}, {"pinned", false}, {"age_s", ck.age_seconds}});
+    list.push_back(json{
+        {"slot", ck.slot}, {"pos", ck.position}, {"pinned", false}, {"age_s", ck.age_seconds}});
   HttpResponse res;
-  set_json(res, 200, json::array({json{{"id", 0}, {"state", s.active ? "busy" : "idle"}, {"n_ctx", s.context_capacity},
-                                       {"fed_tokens", s.fed_tokens}, {"checkpoints", list}}}));
+  set_json(res, 200,
+           json::array({json{{"id", 0},
+                             {"state", s.active ? "busy" : "idle"},
+                             {"n_ctx", s.context_capacity},
+                             {"fed_tokens", s.fed_tokens},
+                             {"checkpoints", list}}}));
   return res;
 }
 
 HttpResponse erase_slot(const HandlerContext& c, const HttpRequest& req) {
-  if (req.query_value("action") != "erase") return error_response(invalid_value("action", "the only action is 'erase'"));
+  if (req.query_value("action") != "erase")
+    return error_response(invalid_value("action", "the only action is 'erase'"));
   c.service.erase_state();
   HttpResponse res;
   set_json(res, 200, json{{"id_slot", 0}, {"erased", true}});
@@ -502,7 +610,8 @@ HttpResponse tokenize(const HandlerContext& c, const HttpRequest& req) {
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   const json& b = std::get<json>(parsed);
   auto it = b.find("content");
-  if (it == b.end() || !it->is_string()) return error_response(invalid_value("content", "'content' must be a string"));
+  if (it == b.end() || !it->is_string())
+    return error_response(invalid_value("content", "'content' must be a string"));
   bool special = false;
   if (auto s = b.find("parse_special"); s != b.end() && s->is_boolean()) special = s->get<bool>();
   HttpResponse res;
@@ -519,15 +628,18 @@ HttpResponse detokenize(const HandlerContext& c, const HttpRequest& req) {
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   const json& b = std::get<json>(parsed);
   auto it = b.find("tokens");
-  if (it == b.end() || !it->is_array()) return error_response(invalid_value("tokens", "'tokens' must be an array of token ids"));
+  if (it == b.end() || !it->is_array())
+    return error_response(invalid_value("tokens", "'tokens' must be an array of token ids"));
   HttpResponse res;
   const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
   if (!tokenizer) return res;
   std::vector<int32_t> ids;
   for (size_t i = 0; i < it->size(); ++i) {
     const json& t = (*it)[i];
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tokenizer->vocab_size())
-      return error_response(invalid_value("tokens." + std::to_string(i), "not a token id of this vocabulary"));
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= tokenizer->vocab_size())
+      return error_response(
+          invalid_value("tokens." + std::to_string(i), "not a token id of this vocabulary"));
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   set_json(res, 200, json{{"content", tokenizer->decode(ids)}});
@@ -538,15 +650,18 @@ HttpResponse web_page(const HandlerContext& c, const HttpRequest& req) {
   const WebAsset* asset = nullptr;
   if (c.options.web_ui) {
     const std::string path = req.path == "/" ? "/index.html" : req.path;
-    const bool hidden = path.find("/.") != std::string::npos || path.find("..") != std::string::npos;
+    const bool hidden =
+        path.find("/.") != std::string::npos || path.find("..") != std::string::npos;
     asset = hidden ? nullptr : find_web_asset(path.substr(1));
-    if (!asset && !hidden && path.find('.') == std::string::npos) asset = find_web_asset("index.html");
+    if (!asset && !hidden && path.find('.') == std::string::npos)
+      asset = find_web_asset("index.html");
   }
   if (!asset) return no_such_path(req);
   HttpResponse res;
-  res.set_header("Content-Security-Policy",
-                 "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
-                 "object-src 'none'; base-uri 'none'");
+  res.set_header(
+      "Content-Security-Policy",
+      "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+      "object-src 'none'; base-uri 'none'");
   res.set_header("X-Content-Type-Options", "nosniff");
   res.set_header("Referrer-Policy", "no-referrer");
   res.set_header("Cache-Control", "no-cache");
@@ -559,10 +674,13 @@ HttpResponse no_such_path(const HttpRequest&) {
   return error_response(api_error(404, "invalid_request_error", "not_found", "no such path"));
 }
 
-HttpResponse not_found(const HttpRequest&) { return error_response(http_status_error(404)); }
+HttpResponse not_found(const HttpRequest&) {
+  return error_response(http_status_error(404));
+}
 
 HttpResponse post_only(const HttpRequest&) {
-  HttpResponse res = error_response(api_error(405, "invalid_request_error", "method_not_allowed", "use POST"));
+  HttpResponse res =
+      error_response(api_error(405, "invalid_request_error", "method_not_allowed", "use POST"));
   res.set_header("Allow", "POST, OPTIONS");
   return res;
 }

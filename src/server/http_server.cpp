@@ -51,7 +51,9 @@ struct RequestScope {
 };
 thread_local RequestScope t_scope;
 
-PeerAddress address_of(const httplib::Request& req) { return {req.remote_addr, req.remote_port, req.local_port}; }
+PeerAddress address_of(const httplib::Request& req) {
+  return {req.remote_addr, req.remote_port, req.local_port};
+}
 
 HttpRequest to_request(const httplib::Request& req) {
   HttpRequest r;
@@ -100,7 +102,8 @@ void answer(HttpResponse out, httplib::Response& res) {
         });
     return;
   }
-  if (!out.body.empty() || !out.content_type.empty()) res.set_content(out.body, out.content_type.c_str());
+  if (!out.body.empty() || !out.content_type.empty())
+    res.set_content(out.body, out.content_type.c_str());
   if (out.on_finish) out.on_finish(true);
 }
 
@@ -110,8 +113,8 @@ struct HttpServer::Impl {
   ServerOptions options;
   Router router;
   httplib::Server http;
-  ConnectionGate gate{static_cast<size_t>(options.max_connections), static_cast<size_t>(options.max_connections_per_ip),
-                      options.cap_loopback};
+  ConnectionGate gate{static_cast<size_t>(options.max_connections),
+                      static_cast<size_t>(options.max_connections_per_ip), options.cap_loopback};
   ReadDeadline deadline{options.read_timeout_s, gate};
   std::once_flag shutdown_once;
 
@@ -135,7 +138,8 @@ struct HttpServer::Impl {
 
   // A POST's body, chunked or not, read up to the route's limit within the read deadline (the
   // library bounds Content-Length bodies but not chunked ones), then dispatched.
-  void read_and_dispatch(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+  void read_and_dispatch(const httplib::Request& req, httplib::Response& res,
+                         const httplib::ContentReader& reader) {
     const Route* route = router.find(req.method, req.path);
     const size_t limit = route ? route->body_limit : options.max_body_bytes;
     std::string body;
@@ -154,7 +158,9 @@ struct HttpServer::Impl {
     });
     if (too_slow || too_large || !complete) {
       HttpResponse out = current(res);
-      const ApiError error = too_slow ? body_too_slow(deadline.seconds()) : too_large ? body_too_large(limit) : body_unreadable();
+      const ApiError error = too_slow    ? body_too_slow(deadline.seconds())
+                             : too_large ? body_too_large(limit)
+                                         : body_unreadable();
       HttpResponse refusal = error_response(error);
       for (auto& [k, v] : refusal.headers) out.set_header(k, v);
       out.status = refusal.status;
@@ -199,15 +205,16 @@ struct HttpServer::Impl {
       t_scope.unread_body = false;
       gate.mark(address_of(req), false);
       if (router.record(req.method, req.path, res.status))
-        std::fprintf(stderr, "[http] %s %s %s %d\n", res.get_header_value("x-request-id").c_str(), req.method.c_str(),
-                     router.label(req.method, req.path).c_str(), res.status);
+        std::fprintf(stderr, "[http] %s %s %s %d\n", res.get_header_value("x-request-id").c_str(),
+                     req.method.c_str(), router.label(req.method, req.path).c_str(), res.status);
     });
     http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;
       const HttpResponse e = error_response(http_status_error(res.status));
       res.set_content(e.body, e.content_type.c_str());
     });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                                  std::exception_ptr ep) {
       std::string what = "unknown";
       try {
         if (ep) std::rethrow_exception(ep);
@@ -215,25 +222,31 @@ struct HttpServer::Impl {
         what = e.what();
       } catch (...) {
       }
-      std::fprintf(stderr, "[http] %s: internal error: %s\n", res.get_header_value("x-request-id").c_str(), what.c_str());
-      const HttpResponse e = error_response(api_error(500, "server_error", "internal_error", "internal server error"));
+      std::fprintf(stderr, "[http] %s: internal error: %s\n",
+                   res.get_header_value("x-request-id").c_str(), what.c_str());
+      const HttpResponse e =
+          error_response(api_error(500, "server_error", "internal_error", "internal server error"));
       res.status = e.status;
       res.set_content(e.body, e.content_type.c_str());
     });
     // Every GET and POST goes through the route table (other methods get the library's 404
     // after screen() has checked them against the same table).
     http.Get(".*", [this](const httplib::Request& q, httplib::Response& r) { dispatch(q, r, {}); });
-    http.Post(".*", [this](const httplib::Request& q, httplib::Response& r, const httplib::ContentReader& reader) {
-      read_and_dispatch(q, r, reader);
-    });
-    http.Post(".*", [this](const httplib::Request& q, httplib::Response& r) { dispatch(q, r, q.body); });  // no body
+    http.Post(".*",
+              [this](const httplib::Request& q, httplib::Response& r,
+                     const httplib::ContentReader& reader) { read_and_dispatch(q, r, reader); });
+    http.Post(".*", [this](const httplib::Request& q, httplib::Response& r) {
+      dispatch(q, r, q.body);
+    });  // no body
   }
 };
 
 HttpServer::HttpServer(EngineService& service, ServerOptions options)
     : impl_(std::make_unique<Impl>(service, std::move(options))) {
   Impl& s = *impl_;
-  s.http.new_task_queue = [&s] { return new GatedQueue(static_cast<size_t>(std::max(4, s.options.max_connections)) + 2, s.gate); };
+  s.http.new_task_queue = [&s] {
+    return new GatedQueue(static_cast<size_t>(std::max(4, s.options.max_connections)) + 2, s.gate);
+  };
   s.http.set_payload_max_length(s.options.max_body_bytes);
   s.http.set_read_timeout(static_cast<time_t>(s.options.read_timeout_s), 0);
   s.http.set_write_timeout(60, 0);
@@ -247,9 +260,13 @@ int HttpServer::bind() {
   Impl& s = *impl_;
   const std::string& host = s.options.security.bind_host;
   int port = s.options.port;
-  if (port == 0) port = s.http.bind_to_any_port(host);
-  else if (!s.http.bind_to_port(host, port)) port = -1;
-  if (port <= 0) throw Error("cannot listen on " + host + ":" + std::to_string(s.options.port) + ": " + std::strerror(errno));
+  if (port == 0)
+    port = s.http.bind_to_any_port(host);
+  else if (!s.http.bind_to_port(host, port))
+    port = -1;
+  if (port <= 0)
+    throw Error("cannot listen on " + host + ":" + std::to_string(s.options.port) + ": " +
+                std::strerror(errno));
   s.options.security.port = port;
   s.router.set_port(port);
   s.gate.set_port(port);

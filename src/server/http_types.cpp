@@ -17,11 +17,15 @@ std::string first(const Fields& fields, std::string_view name, bool any_case) {
 bool same_field_name(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
   return true;
 }
 
-std::string HttpRequest::header(std::string_view name) const { return first(headers, name, true); }
+std::string HttpRequest::header(std::string_view name) const {
+  return first(headers, name, true);
+}
 
 bool HttpRequest::has_header(std::string_view name) const {
   for (const auto& [k, v] : headers)
@@ -29,7 +33,9 @@ bool HttpRequest::has_header(std::string_view name) const {
   return false;
 }
 
-std::string HttpRequest::query_value(std::string_view name) const { return first(query, name, false); }
+std::string HttpRequest::query_value(std::string_view name) const {
+  return first(query, name, false);
+}
 
 void HttpResponse::set_header(std::string name, std::string value) {
   for (auto& [k, v] : headers)
@@ -40,6 +46,8 @@ void HttpResponse::set_header(std::string name, std::string value) {
   headers.emplace_back(std::move(name), std::move(value));
 }
 
-std::string HttpResponse::header(std::string_view name) const { return first(headers, name, true); }
+std::string HttpResponse::header(std::string_view name) const {
+  return first(headers, name, true);
+}
 
 }  // namespace k3::server

@@ -29,10 +29,13 @@ void ReadDeadline::reap() {
   gate_.visit_idle(seconds_, [](const Peer& p) {
     // The descriptor may have been closed and reused since the gate saw it: shut only the same
     // connection.
-    if (const auto current = socket_peer(p.fd); current && *current == p) ::shutdown(p.fd, SHUT_RDWR);
+    if (const auto current = socket_peer(p.fd); current && *current == p)
+      ::shutdown(p.fd, SHUT_RDWR);
   });
 }
 
-bool ReadDeadline::body_overdue(double headers_done) const { return now_seconds() - headers_done > seconds_; }
+bool ReadDeadline::body_overdue(double headers_done) const {
+  return now_seconds() - headers_done > seconds_;
+}
 
 }  // namespace k3::server

@@ -20,7 +20,8 @@ std::string random_hex(size_t bytes) {
   std::vector<unsigned char> b(bytes);
   if (getrandom(b.data(), b.size(), 0) != static_cast<ssize_t>(b.size()))
     for (size_t i = 0; i < b.size(); ++i)
-      b[i] = static_cast<unsigned char>(std::chrono::steady_clock::now().time_since_epoch().count() >> (i % 8));
+      b[i] = static_cast<unsigned char>(
+          std::chrono::steady_clock::now().time_since_epoch().count() >> (i % 8));
   static const char* hex = "0123456789abcdef";
   std::string out;
   for (unsigned char c : b) {
@@ -46,14 +47,16 @@ void merge(HttpResponse& into, HttpResponse from) {
 void refuse(const HttpRequest& req, HttpResponse& res, const ApiError& error) {
   merge(res, error_response(error));
   res.set_header("Connection", "close");
-  res.unread_body = req.method == "POST" || req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
+  res.unread_body = req.method == "POST" || req.has_header("Content-Length") ||
+                    req.has_header("Transfer-Encoding");
 }
 
 }  // namespace
 
 bool Route::matches(std::string_view m, std::string_view path, std::string* param) const {
   if (method != "*" && method != m && !(method == "GET" && m == "HEAD")) return false;
-  if (!pattern.empty() && pattern.back() == '*') return path.rfind(std::string_view(pattern).substr(0, pattern.size() - 1), 0) == 0;
+  if (!pattern.empty() && pattern.back() == '*')
+    return path.rfind(std::string_view(pattern).substr(0, pattern.size() - 1), 0) == 0;
   if (const size_t brace = pattern.find('{'); brace != std::string::npos) {
     const std::string_view prefix = std::string_view(pattern).substr(0, brace);
     if (path.size() <= prefix.size() || path.rfind(prefix, 0) != 0) return false;
@@ -64,15 +67,19 @@ bool Route::matches(std::string_view m, std::string_view path, std::string* para
 }
 
 ApiError body_too_large(size_t limit) {
-  return api_error(413, "invalid_request_error", "request_too_large", "the body exceeds " + std::to_string(limit) + " bytes");
+  return api_error(413, "invalid_request_error", "request_too_large",
+                   "the body exceeds " + std::to_string(limit) + " bytes");
 }
 
 ApiError body_too_slow(double seconds) {
-  return api_error(408, "invalid_request_error", "request_timeout",
-                   "the body was not received within " + std::to_string(static_cast<int>(seconds)) + " s");
+  return api_error(
+      408, "invalid_request_error", "request_timeout",
+      "the body was not received within " + std::to_string(static_cast<int>(seconds)) + " s");
 }
 
-ApiError body_unreadable() { return api_error(400, "invalid_request_error", "invalid_json", "the body could not be read"); }
+ApiError body_unreadable() {
+  return api_error(400, "invalid_request_error", "invalid_json", "the body could not be read");
+}
 
 struct Router::State {
   ServerOptions options;
@@ -83,56 +90,67 @@ struct Router::State {
 
   State(EngineService& service, ServerOptions o)
       : options(std::move(o)),
-        context{service, options, counters, draining, now_seconds(),
-                std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()} {}
+        context{service,
+                options,
+                counters,
+                draining,
+                now_seconds(),
+                std::chrono::duration_cast<std::chrono::seconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count()} {}
 };
 
-Router::Router(EngineService& service, ServerOptions options) : state_(std::make_unique<State>(service, std::move(options))) {
+Router::Router(EngineService& service, ServerOptions options)
+    : state_(std::make_unique<State>(service, std::move(options))) {
   const HandlerContext* c = &state_->context;
   const size_t limit = state_->options.max_body_bytes;
   using A = AuthClass;
-  auto route = [&](const char* method, const char* pattern, A auth, Handler handler, const char* label = nullptr,
-                   bool logged = true) {
-    routes_.push_back(Route{method, pattern, label ? label : pattern, auth, limit, logged, std::move(handler)});
+  auto route = [&](const char* method, const char* pattern, A auth, Handler handler,
+                   const char* label = nullptr, bool logged = true) {
+    routes_.push_back(
+        Route{method, pattern, label ? label : pattern, auth, limit, logged, std::move(handler)});
   };
   auto bind = [c](HttpResponse (*fn)(const HandlerContext&, const HttpRequest&)) {
     return [c, fn](const HttpRequest& r) { return fn(*c, r); };
   };
   // method, pattern,              auth,       handler                       (label, logged)
-  route("GET", "/health",           A::open,    bind(health), nullptr, false);
-  route("*",   "/health",           A::open,    not_found, nullptr, false);
-  route("GET", "/v1/health",        A::api_key, bind(health));
-  route("GET", "/v1/models",        A::api_key, bind(list_models));
-  route("GET", "/v1/models/{id}",   A::api_key, bind(get_model));
+  route("GET", "/health", A::open, bind(health), nullptr, false);
+  route("*", "/health", A::open, not_found, nullptr, false);
+  route("GET", "/v1/health", A::api_key, bind(health));
+  route("GET", "/v1/models", A::api_key, bind(list_models));
+  route("GET", "/v1/models/{id}", A::api_key, bind(get_model));
   route("POST", "/v1/chat/completions", A::api_key, bind(chat_completions));
-  route("GET", "/v1/chat/completions",  A::api_key, post_only);
-  route("POST", "/v1/completions",  A::api_key, bind(completions));
-  route("GET", "/v1/completions",   A::api_key, post_only);
-  route("GET", "/metrics",          A::api_key, bind(metrics), nullptr, false);
-  route("*",   "/metrics",          A::api_key, not_found, nullptr, false);
-  route("GET", "/slots",            A::api_key, bind(slots));
-  route("POST", "/slots/0",         A::api_key, bind(erase_slot));
-  route("POST", "/tokenize",        A::api_key, bind(tokenize));
-  route("GET", "/tokenize",         A::api_key, post_only);
-  route("*",   "/tokenize",         A::api_key, not_found);
-  route("POST", "/detokenize",      A::api_key, bind(detokenize));
-  route("GET", "/detokenize",       A::api_key, post_only);
-  route("*",   "/detokenize",       A::api_key, not_found);
+  route("GET", "/v1/chat/completions", A::api_key, post_only);
+  route("POST", "/v1/completions", A::api_key, bind(completions));
+  route("GET", "/v1/completions", A::api_key, post_only);
+  route("GET", "/metrics", A::api_key, bind(metrics), nullptr, false);
+  route("*", "/metrics", A::api_key, not_found, nullptr, false);
+  route("GET", "/slots", A::api_key, bind(slots));
+  route("POST", "/slots/0", A::api_key, bind(erase_slot));
+  route("POST", "/tokenize", A::api_key, bind(tokenize));
+  route("GET", "/tokenize", A::api_key, post_only);
+  route("*", "/tokenize", A::api_key, not_found);
+  route("POST", "/detokenize", A::api_key, bind(detokenize));
+  route("GET", "/detokenize", A::api_key, post_only);
+  route("*", "/detokenize", A::api_key, not_found);
   // Everything else under the API prefixes: 404, after the key check.
-  route("GET", "/v1/*",             A::api_key, no_such_path);
-  route("*",   "/v1/*",             A::api_key, not_found);
-  route("GET", "/slots*",           A::api_key, no_such_path);
-  route("*",   "/slots*",           A::api_key, not_found);
+  route("GET", "/v1/*", A::api_key, no_such_path);
+  route("*", "/v1/*", A::api_key, not_found);
+  route("GET", "/slots*", A::api_key, no_such_path);
+  route("*", "/slots*", A::api_key, not_found);
   // The embedded web page (SPA fallback); other methods elsewhere are 404.
-  route("GET", "/*",                A::open,    bind(web_page), "static");
-  route("*",   "/*",                A::open,    not_found, "static");
+  route("GET", "/*", A::open, bind(web_page), "static");
+  route("*", "/*", A::open, not_found, "static");
 }
 
 Router::~Router() = default;
 
-const ServerOptions& Router::options() const { return state_->options; }
+const ServerOptions& Router::options() const {
+  return state_->options;
+}
 
-const Route* Router::find(std::string_view method, std::string_view path, std::string* param) const {
+const Route* Router::find(std::string_view method, std::string_view path,
+                          std::string* param) const {
   for (const Route& r : routes_)
     if (r.matches(method, path, param)) return &r;
   return nullptr;
@@ -148,24 +166,30 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
     res.set_header("Vary", "Origin");
     if (origin_ok) {
       res.set_header("Access-Control-Allow-Origin", origin);
-      res.set_header("Access-Control-Expose-Headers", "x-request-id, x-queue-wait-ms, x-colibri-queue-wait-ms, Retry-After");
+      res.set_header("Access-Control-Expose-Headers",
+                     "x-request-id, x-queue-wait-ms, x-colibri-queue-wait-ms, Retry-After");
     }
   }
   size_t header_bytes = req.method.size() + req.target.size() + 12;
   for (const auto& [k, v] : req.headers) header_bytes += k.size() + v.size() + 4;
   if (header_bytes > options.max_header_bytes || req.headers.size() > 100) {
-    refuse(req, res, api_error(431, "invalid_request_error", "headers_too_large", "the request headers exceed 16 KiB"));
+    refuse(req, res,
+           api_error(431, "invalid_request_error", "headers_too_large",
+                     "the request headers exceed 16 KiB"));
     return true;
   }
   if (!host_allowed(req.header("Host"), options.security)) {
-    refuse(req, res, api_error(403, "permission_error", "host_not_allowed", "the Host header is not allowed"));
+    refuse(
+        req, res,
+        api_error(403, "permission_error", "host_not_allowed", "the Host header is not allowed"));
     return true;
   }
   if (req.method == "OPTIONS") {
     res.status = 204;
     if (origin_ok && has_origin) {
       res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version, x-request-id");
+      res.set_header("Access-Control-Allow-Headers",
+                     "Authorization, Content-Type, x-api-key, anthropic-version, x-request-id");
       res.set_header("Access-Control-Max-Age", "600");
       if (req.header("Access-Control-Request-Private-Network") == "true")
         res.set_header("Access-Control-Allow-Private-Network", "true");
@@ -175,28 +199,36 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
   const Route* route = find(req.method, req.path);
   if (route && route->auth == AuthClass::api_key && !options.security.api_keys.empty()) {
     if (const int wait = state_->brake.blocked_for(req.remote_addr)) {
-      refuse(req, res, api_error(429, "rate_limit_error", "too_many_auth_failures", "too many failed API keys from this address",
-                                 std::nullopt, wait));
+      refuse(req, res,
+             api_error(429, "rate_limit_error", "too_many_auth_failures",
+                       "too many failed API keys from this address", std::nullopt, wait));
       return true;
     }
     if (!authorised(options, req)) {
       state_->brake.failed(req.remote_addr);
-      refuse(req, res, api_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));
+      refuse(
+          req, res,
+          api_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));
       return true;
     }
   }
   if (req.method == "POST") {
     if (!origin_ok) {
-      refuse(req, res, api_error(403, "permission_error", "origin_not_allowed", "the request's Origin is not allowed"));
+      refuse(req, res,
+             api_error(403, "permission_error", "origin_not_allowed",
+                       "the request's Origin is not allowed"));
       return true;
     }
     const std::string type = req.header("Content-Type");
     const std::string media = type.substr(0, type.find(';'));
     std::string lowered;
     for (char ch : media)
-      if (ch != ' ' && ch != '\t') lowered += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (ch != ' ' && ch != '\t')
+        lowered += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (lowered != "application/json") {
-      refuse(req, res, api_error(415, "invalid_request_error", "unsupported_media_type", "POST bodies must be application/json"));
+      refuse(req, res,
+             api_error(415, "invalid_request_error", "unsupported_media_type",
+                       "POST bodies must be application/json"));
       return true;
     }
     const size_t limit = route ? route->body_limit : options.max_body_bytes;
@@ -206,7 +238,8 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
       errno = 0;
       const unsigned long long n = std::strtoull(length.c_str(), &end, 10);
       if (length.empty() || *end != '\0' || errno != 0 || length[0] == '-') {
-        refuse(req, res, api_error(400, "invalid_request_error", "invalid_value", "bad Content-Length"));
+        refuse(req, res,
+               api_error(400, "invalid_request_error", "invalid_value", "bad Content-Length"));
         return true;
       }
       if (n > limit) {
@@ -214,7 +247,9 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
         return true;
       }
     } else if (req.header("Transfer-Encoding").find("chunked") == std::string::npos) {
-      refuse(req, res, api_error(411, "invalid_request_error", "length_required", "POST needs a Content-Length"));
+      refuse(req, res,
+             api_error(411, "invalid_request_error", "length_required",
+                       "POST needs a Content-Length"));
       return true;
     }
   }
@@ -255,7 +290,9 @@ std::string Router::label(std::string_view method, std::string_view path) const 
   return route ? route->label : "static";
 }
 
-void Router::set_port(int port) { state_->options.security.port = port; }
+void Router::set_port(int port) {
+  state_->options.security.port = port;
+}
 
 void Router::drain() {
   state_->draining.store(true);

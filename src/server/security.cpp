@@ -34,16 +34,21 @@ std::string host_without_port(std::string_view host_header) {
     return lower(close == std::string_view::npos ? h.substr(1) : h.substr(1, close - 1));
   }
   const size_t colon = h.find(':');
-  if (colon != std::string_view::npos && h.find(':', colon + 1) == std::string_view::npos) h = h.substr(0, colon);
+  if (colon != std::string_view::npos && h.find(':', colon + 1) == std::string_view::npos)
+    h = h.substr(0, colon);
   return lower(h);
 }
 
 bool host_allowed(std::string_view host_header, const SecurityOptions& options) {
-  if (std::find(options.allowed_hosts.begin(), options.allowed_hosts.end(), "*") != options.allowed_hosts.end()) return true;
+  if (std::find(options.allowed_hosts.begin(), options.allowed_hosts.end(), "*") !=
+      options.allowed_hosts.end())
+    return true;
   const std::string host = host_without_port(host_header);
   if (host.empty()) return false;
   if (host == "localhost" || host == "127.0.0.1" || host == "::1") return true;
-  if (host == lower(options.bind_host) && options.bind_host != "0.0.0.0" && options.bind_host != "::") return true;
+  if (host == lower(options.bind_host) && options.bind_host != "0.0.0.0" &&
+      options.bind_host != "::")
+    return true;
   for (const std::string& allowed : options.allowed_hosts)
     if (host == host_without_port(allowed)) return true;
   return false;
@@ -56,14 +61,16 @@ bool origin_allowed(std::string_view origin, const SecurityOptions& options) {
   const std::string port = std::to_string(options.port);
   for (const char* own : {"http://127.0.0.1:", "http://localhost:", "http://[::1]:"})
     if (o == own + port) return true;
-  if (!options.bind_host.empty() && o == "http://" + lower(options.bind_host) + ":" + port) return true;
-  return o == "http://localhost:5173" || o == "tauri://localhost" || o == "http://tauri.localhost" ||
-         o == "https://tauri.localhost";
+  if (!options.bind_host.empty() && o == "http://" + lower(options.bind_host) + ":" + port)
+    return true;
+  return o == "http://localhost:5173" || o == "tauri://localhost" ||
+         o == "http://tauri.localhost" || o == "https://tauri.localhost";
 }
 
 std::string presented_key(std::string_view authorization, std::string_view x_api_key) {
   std::string_view auth = trim(authorization);
-  if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ") return std::string(trim(auth.substr(7)));
+  if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ")
+    return std::string(trim(auth.substr(7)));
   if (!auth.empty()) return {};  // another scheme counts as missing
   return std::string(trim(x_api_key));
 }
@@ -76,7 +83,8 @@ bool key_matches(std::string_view presented, const std::vector<std::string>& key
   for (const std::string& key : keys) {
     std::array<unsigned char, kMaxApiKeyBytes> b{};
     std::copy_n(key.begin(), std::min(key.size(), b.size()), b.begin());
-    unsigned diff = static_cast<unsigned>(presented.size() ^ key.size()) | (presented.size() > a.size() ? 1u : 0u);
+    unsigned diff = static_cast<unsigned>(presented.size() ^ key.size()) |
+                    (presented.size() > a.size() ? 1u : 0u);
     for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned>(a[i] ^ b[i]);
     any |= diff == 0;
   }

@@ -8,8 +8,8 @@
 namespace k3::server {
 
 struct WebAsset {
-  std::string_view path;   // "index.html", "app.js" (relative to web/)
-  std::string_view mime;   // from a fixed map by extension
+  std::string_view path;  // "index.html", "app.js" (relative to web/)
+  std::string_view mime;  // from a fixed map by extension
   std::string_view bytes;
 };
 

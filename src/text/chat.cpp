@@ -58,7 +58,8 @@ constexpr std::string_view kThinkingEffortSuffix = "`.";
 constexpr std::string_view kToolChoiceRequired =
     "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.";
 constexpr std::string_view kToolChoiceNone =
-    "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next message.";
+    "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in the next "
+    "message.";
 constexpr std::string_view kResponseFormatJsonObject =
     "The system is invoked with `response_format=json_object`.\n"
     "Your response must be raw JSON data without markdown code blocks (```json) "
@@ -90,9 +91,12 @@ std::string escape_attribute(const std::string& value) {
   std::string out;
   out.reserve(value.size());
   for (char c : value) {
-    if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out.push_back(c);
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out.push_back(c);
   }
   return out;
 }
@@ -214,7 +218,8 @@ PyValue::Array order_tool_results(const PyValue::Array& messages) {
     const size_t run_begin = i;
     std::vector<std::pair<size_t, PyValue>> resolved_run;
     bool unresolved = false;
-    while (i < messages.size() && messages[i].is_object() && equals_string(get(messages[i], "role"), "tool")) {
+    while (i < messages.size() && messages[i].is_object() &&
+           equals_string(get(messages[i], "role"), "tool")) {
       const PyValue& tool_message = messages[i];
       ++i;
       if (unresolved) continue;
@@ -264,7 +269,8 @@ Result<NormalizedArguments> normalize_arguments(const PyValue& arguments) {
       if (parsed.status().code() != Status::Code::invalid_argument) return parsed.status();
       return NormalizedArguments{PyValue::object(), arguments};
     }
-    if (!parsed->is_object()) return Status::invalid("Kimi K3 tool call arguments must be a JSON object.");
+    if (!parsed->is_object())
+      return Status::invalid("Kimi K3 tool call arguments must be a JSON object.");
     return NormalizedArguments{std::move(parsed).value(), PyValue()};
   }
   return Status::invalid("Kimi K3 tool call arguments must be a dict or a JSON object string.");
@@ -305,7 +311,9 @@ Result<PyValue> normalize_message(const PyValue& message) {
   for (PyValue& call : calls->as_array()) {
     if (!call.is_object()) continue;
     PyValue* function = call.find("function");
-    if (Status s = normalize_call_arguments(function && function->is_object() ? *function : call); !s.ok()) return s;
+    if (Status s = normalize_call_arguments(function && function->is_object() ? *function : call);
+        !s.ok())
+      return s;
   }
   return normalized;
 }
@@ -316,7 +324,8 @@ Result<PyValue> normalize_message(const PyValue& message) {
 // iterates keys / characters, none of them a message; anything else is not iterable.
 Result<PyValue::Array> messages_to_render(const PyValue& messages) {
   if (messages.is_object() || messages.is_string()) return PyValue::Array{};
-  if (!messages.is_array()) return Status::invalid("Kimi K3 `messages` must be iterable (a list of messages)");
+  if (!messages.is_array())
+    return Status::invalid("Kimi K3 `messages` must be iterable (a list of messages)");
   PyValue::Array ordered = order_tool_results(messages.as_array());
   const bool batch = !ordered.empty() && ordered.front().is_array();
   PyValue::Array out;
@@ -328,7 +337,8 @@ Result<PyValue::Array> messages_to_render(const PyValue& messages) {
       out.push_back(std::move(normalized).value());
     } else if (message.is_array()) {
       for (const PyValue& inner : message.as_array())
-        if (Result<PyValue> normalized = normalize_message(inner); !normalized.ok()) return normalized.status();
+        if (Result<PyValue> normalized = normalize_message(inner); !normalized.ok())
+          return normalized.status();
     } else if (!message.is_object() && !message.is_string()) {
       return Status::invalid("Kimi K3 batched conversations must be lists of messages");
     }
@@ -347,7 +357,8 @@ Status write_content(SegmentWriter& w, const PyValue& content) {
   }
   if (content.is_null()) return {};
   if (content.is_object() && content.as_object().empty()) return {};  // iterating {} yields nothing
-  if (!content.is_array()) return Status::invalid("Kimi K3 message content must be a string, a list of parts or None");
+  if (!content.is_array())
+    return Status::invalid("Kimi K3 message content must be a string, a list of parts or None");
   for (const PyValue& part : content.as_array()) {
     const PyValue* type = part.find("type");
     if (!type) return Status::invalid("Kimi K3 content parts must be objects with a `type`");
@@ -364,13 +375,19 @@ Status write_content(SegmentWriter& w, const PyValue& content) {
 
 const char* argument_type(const PyValue& value) {
   switch (value.kind()) {
-    case PyValue::Kind::kBool: return "boolean";
-    case PyValue::Kind::kNull: return "null";
+    case PyValue::Kind::kBool:
+      return "boolean";
+    case PyValue::Kind::kNull:
+      return "null";
     case PyValue::Kind::kInteger:
-    case PyValue::Kind::kFloat: return "number";
-    case PyValue::Kind::kString: return "string";
-    case PyValue::Kind::kObject: return "object";
-    case PyValue::Kind::kArray: return "array";
+    case PyValue::Kind::kFloat:
+      return "number";
+    case PyValue::Kind::kString:
+      return "string";
+    case PyValue::Kind::kObject:
+      return "object";
+    case PyValue::Kind::kArray:
+      return "array";
   }
   return "array";
 }
@@ -387,7 +404,8 @@ Status write_assistant_body(SegmentWriter& w, const PyValue& message, bool think
   if (thinking) {
     w.open("think");
     const PyValue& reasoning_content = get(message, "reasoning_content");
-    const PyValue& reasoning = is_truthy(reasoning_content) ? reasoning_content : get(message, "reasoning");
+    const PyValue& reasoning =
+        is_truthy(reasoning_content) ? reasoning_content : get(message, "reasoning");
     if (!reasoning.is_null()) {
       const std::string text = python_str(reasoning);
       if (!python_strip(text).empty()) w.text(text);  // tested stripped, emitted as is
@@ -402,7 +420,8 @@ Status write_assistant_body(SegmentWriter& w, const PyValue& message, bool think
   if (!is_truthy(calls)) return {};
   // Truthy and iterable (normalize_message checked); a dict or string iterates strings, which
   // have no `.get`.
-  if (!calls.is_array()) return Status::invalid("Kimi K3 assistant `tool_calls` must be a list of objects");
+  if (!calls.is_array())
+    return Status::invalid("Kimi K3 assistant `tool_calls` must be a list of objects");
   w.open("tools");
   size_t index = 0;
   for (const PyValue& call : calls.as_array()) {
@@ -411,7 +430,8 @@ Status write_assistant_body(SegmentWriter& w, const PyValue& message, bool think
     if (!call.is_object()) return Status::invalid("Kimi K3 tool calls must be objects");
     const PyValue* function = call.find("function");
     if (!function) function = &call;
-    if (!function->is_object()) return Status::invalid("Kimi K3 tool call `function` must be an object");
+    if (!function->is_object())
+      return Status::invalid("Kimi K3 tool call `function` must be an object");
     const PyValue* name = function->find("name");
     if (!name) return Status::invalid("Kimi K3 tool calls need a function `name`");
     w.open("call", {{"tool", python_str(*name)}, {"index", std::to_string(index)}});
@@ -448,7 +468,8 @@ PyValue extract_response_schema(const PyValue& response_format) {
 
 // ---- the renderer ----------------------------------------------------------------------------
 
-Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, const PyValue& tools_in,
+Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in,
+                                                 const PyValue& tools_in,
                                                  const ChatOptions& options) {
   Result<PyValue::Array> to_render = messages_to_render(messages_in);
   if (!to_render.ok()) return to_render.status();
@@ -460,7 +481,8 @@ Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, con
 
   const PyValue& effort = options.thinking_effort;
   if (options.thinking && !effort.is_null()) {
-    const bool valid = equals_string(effort, "low") || equals_string(effort, "high") || equals_string(effort, "max");
+    const bool valid = equals_string(effort, "low") || equals_string(effort, "high") ||
+                       equals_string(effort, "max");
     if (!valid)
       return Status::invalid("Unsupported thinking_effort=" + python_repr(effort) +
                              "; supported values are ['high', 'low', 'max'].");
@@ -507,7 +529,9 @@ Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, con
         return Status::invalid(
             "Kimi K3 tool messages need a resolvable tool name: carry `tool`/`name`, or match a "
             "preceding assistant tool_call by order.");
-      w.open("message", {{"role", "tool"}, {"tool", python_str(*tool_name)}, {"index", std::to_string(tool_index)}});
+      w.open("message", {{"role", "tool"},
+                         {"tool", python_str(*tool_name)},
+                         {"index", std::to_string(tool_index)}});
       if (Status s = write_content(w, get(message, "content")); !s.ok()) return s;
       w.close("message");
       w.end_of_message();
@@ -526,8 +550,9 @@ Result<std::vector<Segment>> build_chat_segments(const PyValue& messages_in, con
   if (equals_string(*response_type, "json_object")) {
     w.internal_system_message("response-format", kResponseFormatJsonObject, /*strip_body=*/true);
   } else if (equals_string(*response_type, "json_schema")) {
-    const PyValue schema = sort_keys_deep(options.response_schema ? *options.response_schema
-                                                                  : extract_response_schema(response_format));
+    const PyValue schema =
+        sort_keys_deep(options.response_schema ? *options.response_schema
+                                               : extract_response_schema(response_format));
     std::string body(kResponseFormatJsonSchema);
     body += dumps(schema, DumpStyle::kCompact);
     body += kJsonBlockEnd;
@@ -559,13 +584,17 @@ Result<std::vector<Segment>> render_request(const PyValue& request) {
   const PyValue* entry = options_value.find("entry");
   const bool apply_chat_template = entry && equals_string(*entry, "apply_chat_template");
   if (entry && !apply_chat_template && !equals_string(*entry, "build_chat_segments"))
-    return Status::invalid("render request `options.entry` must be build_chat_segments or apply_chat_template");
+    return Status::invalid(
+        "render request `options.entry` must be build_chat_segments or apply_chat_template");
 
   ChatOptions options;
-  if (const PyValue* v = options_value.find("add_generation_prompt")) options.add_generation_prompt = is_truthy(*v);
+  if (const PyValue* v = options_value.find("add_generation_prompt"))
+    options.add_generation_prompt = is_truthy(*v);
   if (const PyValue* v = options_value.find("thinking")) options.thinking = is_truthy(*v);
-  if (const PyValue* v = options_value.find("thinking_effort")) options.thinking_effort = *v;
-  else if (apply_chat_template) options.thinking_effort = PyValue::string("max");
+  if (const PyValue* v = options_value.find("thinking_effort"))
+    options.thinking_effort = *v;
+  else if (apply_chat_template)
+    options.thinking_effort = PyValue::string("max");
   options.tool_choice = get(options_value, "tool_choice");
   options.response_format = get(options_value, "response_format");
   if (const PyValue* v = options_value.find("response_schema")) options.response_schema = *v;

@@ -98,7 +98,8 @@ void decode_classes(std::string_view text, Decoded& decoded) {
       key = cp == 0x17F ? kKeyLongS : kKeyTwoBytes;
       b += 2;
     } else if (lead < 0xF0) {
-      cp = (char32_t(lead & 0x0F) << 12) | (char32_t(bytes[b + 1] & 0x3F) << 6) | (bytes[b + 2] & 0x3F);
+      cp = (char32_t(lead & 0x0F) << 12) | (char32_t(bytes[b + 1] & 0x3F) << 6) |
+           (bytes[b + 2] & 0x3F);
       key = kKeyThreeBytes;
       b += 3;
     } else {
@@ -120,7 +121,8 @@ class Scanner {
  public:
   static constexpr size_t kNoMatch = 0;
 
-  Scanner(const uint8_t* classes, const uint8_t* keys, size_t n) : classes_(classes), keys_(keys), n_(n) {}
+  Scanner(const uint8_t* classes, const uint8_t* keys, size_t n)
+      : classes_(classes), keys_(keys), n_(n) {}
 
   // End of the piece that starts at code point i (docs/tokenizer.md §2.4, rules in order).
   size_t piece_end(size_t i) const {
@@ -128,12 +130,12 @@ class Scanner {
     if (c & kHanClass) return run_end(i + 1, kHanClass);  // H
     const bool prefix = (c & kPrefix) && i + 1 < n_;
     size_t end = kNoMatch;
-    if (prefix) end = lower_letters(i + 1);  // A with the prefix
-    if (end == kNoMatch) end = lower_letters(i);  // A without
+    if (prefix) end = lower_letters(i + 1);                     // A with the prefix
+    if (end == kNoMatch) end = lower_letters(i);                // A without
     if (end == kNoMatch && prefix) end = upper_letters(i + 1);  // B with the prefix
-    if (end == kNoMatch) end = upper_letters(i);  // B without
+    if (end == kNoMatch) end = upper_letters(i);                // B without
     if (end != kNoMatch) return end;
-    if (c & kDigit) return digits(i);  // C
+    if (c & kDigit) return digits(i);       // C
     if (c & kPunct) return punctuation(i);  // D
     if (keys_[i] == ' ' && i + 1 < n_ && (classes_[i + 1] & kPunct)) return punctuation(i + 1);
     return whitespace(i);  // E, F, G: everything else is White_Space
@@ -174,10 +176,12 @@ class Scanner {
   size_t contraction_end(size_t k) const {
     if (k + 1 >= n_ || keys_[k] != '\'') return k;
     const uint8_t first = lower_ascii(keys_[k + 1]);
-    if (first == 's' || first == 't' || first == 'm' || first == 'd' || keys_[k + 1] == kKeyLongS) return k + 2;
+    if (first == 's' || first == 't' || first == 'm' || first == 'd' || keys_[k + 1] == kKeyLongS)
+      return k + 2;
     if (k + 2 >= n_) return k;
     const uint8_t second = lower_ascii(keys_[k + 2]);
-    if ((first == 'r' && second == 'e') || (first == 'v' && second == 'e') || (first == 'l' && second == 'l')) {
+    if ((first == 'r' && second == 'e') || (first == 'v' && second == 'e') ||
+        (first == 'l' && second == 'l')) {
       return k + 3;
     }
     return k;
@@ -234,7 +238,8 @@ void chunk_text(std::string_view valid_utf8, std::vector<Piece>& out) {
       cp = (char32_t(lead & 0x1F) << 6) | (bytes[b + 1] & 0x3F);
       length = 2;
     } else if (lead < 0xF0) {
-      cp = (char32_t(lead & 0x0F) << 12) | (char32_t(bytes[b + 1] & 0x3F) << 6) | (bytes[b + 2] & 0x3F);
+      cp = (char32_t(lead & 0x0F) << 12) | (char32_t(bytes[b + 1] & 0x3F) << 6) |
+           (bytes[b + 2] & 0x3F);
       length = 3;
     } else {
       cp = (char32_t(lead & 0x07) << 18) | (char32_t(bytes[b + 1] & 0x3F) << 12) |

@@ -90,12 +90,17 @@ void PyValue::set(std::string key, PyValue value) {
 bool operator==(const PyValue& a, const PyValue& b) {
   if (a.kind_ != b.kind_) return false;
   switch (a.kind_) {
-    case PyValue::Kind::kNull: return true;
-    case PyValue::Kind::kBool: return a.boolean_ == b.boolean_;
-    case PyValue::Kind::kFloat: return a.floating_ == b.floating_;
+    case PyValue::Kind::kNull:
+      return true;
+    case PyValue::Kind::kBool:
+      return a.boolean_ == b.boolean_;
+    case PyValue::Kind::kFloat:
+      return a.floating_ == b.floating_;
     case PyValue::Kind::kInteger:
-    case PyValue::Kind::kString: return a.text_ == b.text_;
-    case PyValue::Kind::kArray: return a.items_ == b.items_;
+    case PyValue::Kind::kString:
+      return a.text_ == b.text_;
+    case PyValue::Kind::kArray:
+      return a.items_ == b.items_;
     case PyValue::Kind::kObject:
       // Python dict equality ignores order.
       if (a.members_.size() != b.members_.size()) return false;
@@ -126,7 +131,9 @@ char32_t decode_at(std::string_view s, size_t i, size_t& length) {
     length = 1;
     return b0;
   }
-  auto cont = [&](size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F); };
+  auto cont = [&](size_t k) {
+    return static_cast<char32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F);
+  };
   if (b0 < 0xE0) {
     length = 2;
     return (static_cast<char32_t>(b0 & 0x1F) << 6) | cont(1);
@@ -206,8 +213,8 @@ class Parser {
   // frames on the heap, so the nesting depth costs no machine stack (kMaxPyjsonDepth is a
   // policy, not a stack guard).
   struct Frame {
-    PyValue container;  // an array or an object
-    std::string key;    // objects: the key whose value is being parsed
+    PyValue container;                              // an array or an object
+    std::string key;                                // objects: the key whose value is being parsed
     std::unordered_map<std::string, size_t> index;  // objects: key → position, once large
   };
 
@@ -219,7 +226,8 @@ class Parser {
       const char c = peek();
       if (c == '[' || c == '{') {
         if (open.size() >= static_cast<size_t>(kMaxPyjsonDepth))
-          return Status(Status::Code::too_large, "JSON nested deeper than " + std::to_string(kMaxPyjsonDepth));
+          return Status(Status::Code::too_large,
+                        "JSON nested deeper than " + std::to_string(kMaxPyjsonDepth));
         ++pos_;
         open.push_back({c == '[' ? PyValue::array() : PyValue::object(), {}, {}});
         skip_whitespace();
@@ -244,8 +252,10 @@ class Parser {
         }
         Frame& frame = open.back();
         const bool is_array = frame.container.is_array();
-        if (is_array) frame.container.as_array().push_back(std::move(value));
-        else add_member(frame, std::move(value));
+        if (is_array)
+          frame.container.as_array().push_back(std::move(value));
+        else
+          add_member(frame, std::move(value));
         skip_whitespace();
         if (peek() == ',') {
           ++pos_;
@@ -285,11 +295,15 @@ class Parser {
     } else {
       if (frame.index.empty())
         for (size_t k = 0; k < members.size(); ++k) frame.index.emplace(members[k].key, k);
-      if (auto it = frame.index.find(frame.key); it != frame.index.end()) existing = it->second;
-      else frame.index.emplace(frame.key, members.size());
+      if (auto it = frame.index.find(frame.key); it != frame.index.end())
+        existing = it->second;
+      else
+        frame.index.emplace(frame.key, members.size());
     }
-    if (existing < members.size()) members[existing].value = std::move(value);
-    else members.push_back({std::move(frame.key), std::move(value)});
+    if (existing < members.size())
+      members[existing].value = std::move(value);
+    else
+      members.push_back({std::move(frame.key), std::move(value)});
   }
 
   // Anything but a container.
@@ -303,22 +317,40 @@ class Parser {
         return {};
       }
       case 'n':
-        if (consume_literal("null")) { out = PyValue(); return {}; }
+        if (consume_literal("null")) {
+          out = PyValue();
+          return {};
+        }
         break;
       case 't':
-        if (consume_literal("true")) { out = PyValue::boolean(true); return {}; }
+        if (consume_literal("true")) {
+          out = PyValue::boolean(true);
+          return {};
+        }
         break;
       case 'f':
-        if (consume_literal("false")) { out = PyValue::boolean(false); return {}; }
+        if (consume_literal("false")) {
+          out = PyValue::boolean(false);
+          return {};
+        }
         break;
       case 'N':
-        if (consume_literal("NaN")) { out = PyValue::floating(std::numeric_limits<double>::quiet_NaN()); return {}; }
+        if (consume_literal("NaN")) {
+          out = PyValue::floating(std::numeric_limits<double>::quiet_NaN());
+          return {};
+        }
         break;
       case 'I':
-        if (consume_literal("Infinity")) { out = PyValue::floating(std::numeric_limits<double>::infinity()); return {}; }
+        if (consume_literal("Infinity")) {
+          out = PyValue::floating(std::numeric_limits<double>::infinity());
+          return {};
+        }
         break;
       case '-':
-        if (consume_literal("-Infinity")) { out = PyValue::floating(-std::numeric_limits<double>::infinity()); return {}; }
+        if (consume_literal("-Infinity")) {
+          out = PyValue::floating(-std::numeric_limits<double>::infinity());
+          return {};
+        }
         return parse_number(out);
       default:
         if (text_[pos_] >= '0' && text_[pos_] <= '9') return parse_number(out);
@@ -364,9 +396,9 @@ class Parser {
     if (!is_float) {
       const std::string_view digits = text_.substr(int_start, int_end - int_start);
       if (digits.size() > kMaxPyjsonIntegerDigits)
-        return Status(Status::Code::too_large,
-                      "integer of " + std::to_string(digits.size()) + " digits exceeds the limit of " +
-                          std::to_string(kMaxPyjsonIntegerDigits));
+        return Status(Status::Code::too_large, "integer of " + std::to_string(digits.size()) +
+                                                   " digits exceeds the limit of " +
+                                                   std::to_string(kMaxPyjsonIntegerDigits));
       std::string decimal;
       if (negative && digits != "0") decimal = "-";
       decimal.append(digits);
@@ -391,7 +423,10 @@ class Parser {
     bool after_point = false;
     for (; i < number.size() && number[i] != 'e' && number[i] != 'E'; ++i) {
       const char c = number[i];
-      if (c == '.') { after_point = true; continue; }
+      if (c == '.') {
+        after_point = true;
+        continue;
+      }
       if (!seen_nonzero && c == '0') {
         if (after_point) ++zeros_after_point;
         continue;
@@ -404,7 +439,8 @@ class Parser {
       ++i;
       bool exponent_negative = false;
       if (number[i] == '+' || number[i] == '-') exponent_negative = number[i++] == '-';
-      for (; i < number.size(); ++i) exponent = std::min<long long>(exponent * 10 + (number[i] - '0'), 1LL << 40);
+      for (; i < number.size(); ++i)
+        exponent = std::min<long long>(exponent * 10 + (number[i] - '0'), 1LL << 40);
       if (exponent_negative) exponent = -exponent;
     }
     magnitude = (leading > 0 ? leading : -zeros_after_point) + exponent;
@@ -457,14 +493,30 @@ class Parser {
       if (pos_ + 1 >= text_.size()) return error("Unterminated string");
       const char escape = text_[pos_ + 1];
       switch (escape) {
-        case '"': out.push_back('"'); break;
-        case '\\': out.push_back('\\'); break;
-        case '/': out.push_back('/'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
+        case '"':
+          out.push_back('"');
+          break;
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '/':
+          out.push_back('/');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
         case 'u': {
           int unit = read_hex4(pos_ + 2);
           if (unit < 0) return error("Invalid \\uXXXX escape");
@@ -474,7 +526,8 @@ class Parser {
             const int low = read_hex4(pos_ + 2);
             if (low < 0) return error("Invalid \\uXXXX escape");
             if (low >= 0xDC00 && low <= 0xDFFF) {
-              cp = 0x10000 + ((static_cast<char32_t>(unit) - 0xD800) << 10) + (static_cast<char32_t>(low) - 0xDC00);
+              cp = 0x10000 + ((static_cast<char32_t>(unit) - 0xD800) << 10) +
+                   (static_cast<char32_t>(low) - 0xDC00);
               pos_ += 6;
             }
           }
@@ -483,7 +536,8 @@ class Parser {
           append_utf8(out, cp);
           continue;
         }
-        default: return error("Invalid \\escape");
+        default:
+          return error("Invalid \\escape");
       }
       pos_ += 2;
     }
@@ -508,7 +562,8 @@ std::string python_float_repr(double value) {
   if (std::isinf(value)) return value < 0 ? "-inf" : "inf";
   // Shortest round-trip digits and exponent: "d[.ddd]e±XX".
   char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::scientific);
+  const auto result =
+      std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::scientific);
   const std::string_view scientific(buffer, static_cast<size_t>(result.ptr - buffer));
   const size_t e = scientific.find('e');
   std::string_view mantissa = scientific.substr(0, e);
@@ -561,14 +616,29 @@ std::string json_quote(std::string_view utf8) {
   for (char c : utf8) {
     const auto b = static_cast<unsigned char>(c);
     switch (c) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (b < 0x20) {
       out += "\\u00";
@@ -588,17 +658,28 @@ void dump_into(std::string& out, const PyValue& value, DumpStyle style) {
   const char* item_separator = style == DumpStyle::kCompact ? "," : ", ";
   const char* key_separator = style == DumpStyle::kCompact ? ":" : ": ";
   switch (value.kind()) {
-    case PyValue::Kind::kNull: out += "null"; return;
-    case PyValue::Kind::kBool: out += value.as_bool() ? "true" : "false"; return;
-    case PyValue::Kind::kInteger: out += value.integer_decimal(); return;
+    case PyValue::Kind::kNull:
+      out += "null";
+      return;
+    case PyValue::Kind::kBool:
+      out += value.as_bool() ? "true" : "false";
+      return;
+    case PyValue::Kind::kInteger:
+      out += value.integer_decimal();
+      return;
     case PyValue::Kind::kFloat: {
       const double x = value.as_float();
-      if (std::isnan(x)) out += "NaN";
-      else if (std::isinf(x)) out += x < 0 ? "-Infinity" : "Infinity";
-      else out += python_float_repr(x);
+      if (std::isnan(x))
+        out += "NaN";
+      else if (std::isinf(x))
+        out += x < 0 ? "-Infinity" : "Infinity";
+      else
+        out += python_float_repr(x);
       return;
     }
-    case PyValue::Kind::kString: out += json_quote(value.as_string()); return;
+    case PyValue::Kind::kString:
+      out += json_quote(value.as_string());
+      return;
     case PyValue::Kind::kArray: {
       out.push_back('[');
       bool first = true;
@@ -657,13 +738,20 @@ PyValue sort_keys_deep(const PyValue& value) {
 
 bool is_truthy(const PyValue& value) {
   switch (value.kind()) {
-    case PyValue::Kind::kNull: return false;
-    case PyValue::Kind::kBool: return value.as_bool();
-    case PyValue::Kind::kInteger: return value.integer_decimal() != "0";
-    case PyValue::Kind::kFloat: return value.as_float() != 0.0;  // NaN is truthy
-    case PyValue::Kind::kString: return !value.as_string().empty();
-    case PyValue::Kind::kArray: return !value.as_array().empty();
-    case PyValue::Kind::kObject: return !value.as_object().empty();
+    case PyValue::Kind::kNull:
+      return false;
+    case PyValue::Kind::kBool:
+      return value.as_bool();
+    case PyValue::Kind::kInteger:
+      return value.integer_decimal() != "0";
+    case PyValue::Kind::kFloat:
+      return value.as_float() != 0.0;  // NaN is truthy
+    case PyValue::Kind::kString:
+      return !value.as_string().empty();
+    case PyValue::Kind::kArray:
+      return !value.as_array().empty();
+    case PyValue::Kind::kObject:
+      return !value.as_object().empty();
   }
   return false;
 }
@@ -700,7 +788,8 @@ void repr_string_into(std::string& out, std::string_view s) {
       } else {
         out += "\\U";
       }
-      for (int shift = (hex_digits - 1) * 4; shift >= 0; shift -= 4) out.push_back(kHex[(cp >> shift) & 15]);
+      for (int shift = (hex_digits - 1) * 4; shift >= 0; shift -= 4)
+        out.push_back(kHex[(cp >> shift) & 15]);
     } else {
       out.append(s.substr(i, length));
     }
@@ -711,13 +800,23 @@ void repr_string_into(std::string& out, std::string_view s) {
 
 void str_into(std::string& out, const PyValue& value, bool as_repr) {
   switch (value.kind()) {
-    case PyValue::Kind::kNull: out += "None"; return;
-    case PyValue::Kind::kBool: out += value.as_bool() ? "True" : "False"; return;
-    case PyValue::Kind::kInteger: out += value.integer_decimal(); return;
-    case PyValue::Kind::kFloat: out += python_float_repr(value.as_float()); return;
+    case PyValue::Kind::kNull:
+      out += "None";
+      return;
+    case PyValue::Kind::kBool:
+      out += value.as_bool() ? "True" : "False";
+      return;
+    case PyValue::Kind::kInteger:
+      out += value.integer_decimal();
+      return;
+    case PyValue::Kind::kFloat:
+      out += python_float_repr(value.as_float());
+      return;
     case PyValue::Kind::kString:
-      if (as_repr) repr_string_into(out, value.as_string());
-      else out += value.as_string();
+      if (as_repr)
+        repr_string_into(out, value.as_string());
+      else
+        out += value.as_string();
       return;
     case PyValue::Kind::kArray: {
       out.push_back('[');

@@ -8,12 +8,11 @@
 // 25,000-character piece costs O(n log n), not O(n²). Both give identical results.
 #include "text/tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 
@@ -26,8 +25,8 @@ namespace k3::text {
 namespace {
 
 constexpr int32_t kNoRank = std::numeric_limits<int32_t>::max();
-constexpr int kReservedSpecialCount = 256;    // num_reserved_special_tokens of the release
-constexpr size_t kHeapThreshold = 128;         // pieces at least this long use the heap BPE
+constexpr int kReservedSpecialCount = 256;  // num_reserved_special_tokens of the release
+constexpr size_t kHeapThreshold = 128;      // pieces at least this long use the heap BPE
 
 uint64_t hash_bytes(const char* data, size_t length) {
   uint64_t h = 0x9E3779B97F4A7C15ull ^ (length * 0xC2B2AE3D27D4EB4Full);
@@ -77,7 +76,8 @@ bool decode_base64(std::string_view text, std::string& out) {
       v[k] = base64_value(c);
       if (v[k] < 0) return false;
     }
-    const uint32_t bits = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
+    const uint32_t bits =
+        (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
     out.push_back(static_cast<char>(bits >> 16));
     if (pad < 2) out.push_back(static_cast<char>((bits >> 8) & 0xFF));
     if (pad < 1) out.push_back(static_cast<char>(bits & 0xFF));
@@ -97,7 +97,7 @@ struct Tokenizer::Impl {
   std::string arena;              // bytes of every token, base ranks then special names
   std::vector<uint32_t> offsets;  // [vocab + 1] into arena
   int32_t base_count = 0;
-  std::vector<int32_t> slots;     // open addressing over base tokens: id + 1, 0 = empty
+  std::vector<int32_t> slots;  // open addressing over base tokens: id + 1, 0 = empty
   uint64_t slot_mask = 0;
   std::unordered_map<std::string, int32_t, NameHash, std::equal_to<>> special_by_name;
   std::array<bool, 256> special_first_byte{};
@@ -114,7 +114,8 @@ struct Tokenizer::Impl {
       const int32_t entry = slots[slot];
       if (entry == 0) return kNoRank;
       const int32_t id = entry - 1;
-      if (offsets[id + 1] - offsets[id] == length && std::memcmp(arena.data() + offsets[id], data, length) == 0)
+      if (offsets[id + 1] - offsets[id] == length &&
+          std::memcmp(arena.data() + offsets[id], data, length) == 0)
         return id;
       slot = (slot + 1) & slot_mask;
     }
@@ -151,7 +152,9 @@ void Tokenizer::Impl::bpe_small(const char* piece, size_t length, std::vector<in
   parts.push_back({uint32_t(length - 1), kNoRank});
   parts.push_back({uint32_t(length), kNoRank});
   auto rank_at = [&](size_t i) {
-    return i + 3 < parts.size() ? rank_of(piece + parts[i].start, parts[i + 3].start - parts[i].start) : kNoRank;
+    return i + 3 < parts.size()
+               ? rank_of(piece + parts[i].start, parts[i + 3].start - parts[i].start)
+               : kNoRank;
   };
   while (true) {
     int32_t best = kNoRank;
@@ -207,10 +210,12 @@ void Tokenizer::Impl::bpe_heap(const char* piece, size_t length, std::vector<int
       if (rank[left] != kNoRank) heap.push({rank[left], left});
     }
   }
-  for (uint32_t part = 0; part != kNone; part = next[part]) out.push_back(rank_of(piece + part, end_of(part) - part));
+  for (uint32_t part = 0; part != kNone; part = next[part])
+    out.push_back(rank_of(piece + part, end_of(part) - part));
 }
 
-void Tokenizer::bpe_piece(std::string_view piece, BpeAlgorithm algorithm, std::vector<int32_t>& out) const {
+void Tokenizer::bpe_piece(std::string_view piece, BpeAlgorithm algorithm,
+                          std::vector<int32_t>& out) const {
   if (piece.empty()) return;
   if (algorithm == BpeAlgorithm::automatic) return impl_->bpe(piece.data(), piece.size(), out);
   const int32_t whole = impl_->rank_of(piece.data(), piece.size());
@@ -252,19 +257,23 @@ bool Tokenizer::available(const std::filesystem::path& dir) {
 }
 
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
-  const std::filesystem::path model = dir / "tiktoken.model", config = dir / "tokenizer_config.json";
+  const std::filesystem::path model = dir / "tiktoken.model",
+                              config = dir / "tokenizer_config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(model, ec))
-    throw Error(model.string() + ": missing (the snapshot has no tokenizer; pass token ids with --ids)");
+    throw Error(model.string() +
+                ": missing (the snapshot has no tokenizer; pass token ids with --ids)");
   if (!std::filesystem::is_regular_file(config, ec))
-    throw Error(config.string() + ": missing (needed for the special-token names next to tiktoken.model)");
+    throw Error(config.string() +
+                ": missing (needed for the special-token names next to tiktoken.model)");
   return from_text(read_text_file(model.string()), read_text_file(config.string()), dir.string());
 }
 
-Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view tokenizer_config_json,
-                               const std::string& origin) {
+Tokenizer Tokenizer::from_text(std::string_view tiktoken_model,
+                               std::string_view tokenizer_config_json, const std::string& origin) {
   auto impl = std::make_unique<Impl>();
-  const std::string model_name = origin + "/tiktoken.model", config_name = origin + "/tokenizer_config.json";
+  const std::string model_name = origin + "/tiktoken.model",
+                    config_name = origin + "/tokenizer_config.json";
 
   // tiktoken.model: "<base64> <rank>" per line; rank = id; ranks must be exactly 0..N-1. Lines
   // end in LF, CRLF or CR and the two fields are separated by ASCII whitespace, as the reference
@@ -287,13 +296,17 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
     while (space < line.size() && !is_blank(line[space])) ++space;
     size_t rank_begin = space;
     while (rank_begin < line.size() && is_blank(line[rank_begin])) ++rank_begin;
-    const bool two_fields = space < line.size() &&
-                            std::find_if(line.begin() + static_cast<std::ptrdiff_t>(rank_begin), line.end(), is_blank) == line.end();
+    const bool two_fields =
+        space < line.size() && std::find_if(line.begin() + static_cast<std::ptrdiff_t>(rank_begin),
+                                            line.end(), is_blank) == line.end();
     if (!two_fields) throw Error(where() + "expected \"<base64> <rank>\"");
-    if (!decode_base64(line.substr(0, space), decoded)) throw Error(where() + "bad base64 \"" + std::string(line.substr(0, std::min<size_t>(space, 64))) + "\"");
+    if (!decode_base64(line.substr(0, space), decoded))
+      throw Error(where() + "bad base64 \"" +
+                  std::string(line.substr(0, std::min<size_t>(space, 64))) + "\"");
     const std::string_view rank_text = line.substr(rank_begin);
     int64_t rank = 0;
-    if (rank_text.empty() || rank_text.size() > 9) throw Error(where() + "bad rank \"" + std::string(rank_text) + "\"");
+    if (rank_text.empty() || rank_text.size() > 9)
+      throw Error(where() + "bad rank \"" + std::string(rank_text) + "\"");
     for (char c : rank_text) {
       if (c < '0' || c > '9') throw Error(where() + "bad rank \"" + std::string(rank_text) + "\"");
       rank = rank * 10 + (c - '0');
@@ -305,8 +318,11 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
   std::vector<int64_t> slot_of_rank(count, -1);
   for (int64_t i = 0; i < count; ++i) {
     const int64_t rank = entries[i].first;
-    if (rank >= count) throw Error(model_name + ": rank " + std::to_string(rank) + " out of range (ranks must be 0.." + std::to_string(count - 1) + ")");
-    if (slot_of_rank[rank] >= 0) throw Error(model_name + ": duplicate rank " + std::to_string(rank));
+    if (rank >= count)
+      throw Error(model_name + ": rank " + std::to_string(rank) +
+                  " out of range (ranks must be 0.." + std::to_string(count - 1) + ")");
+    if (slot_of_rank[rank] >= 0)
+      throw Error(model_name + ": duplicate rank " + std::to_string(rank));
     slot_of_rank[rank] = i;
   }
   impl->base_count = static_cast<int32_t>(count);
@@ -320,12 +336,14 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
   for (int32_t id = 0; id < impl->base_count; ++id) {
     const std::string_view b = impl->bytes_of(id);
     if (impl->rank_of(b.data(), b.size()) != id)
-      throw Error(model_name + ": duplicate token bytes at ranks " + std::to_string(impl->rank_of(b.data(), b.size())) + " and " + std::to_string(id));
+      throw Error(model_name + ": duplicate token bytes at ranks " +
+                  std::to_string(impl->rank_of(b.data(), b.size())) + " and " + std::to_string(id));
   }
   for (int byte = 0; byte < 256; ++byte) {
     const char c = static_cast<char>(byte);
     if (impl->rank_of(&c, 1) == kNoRank)
-      throw Error(model_name + ": byte " + std::to_string(byte) + " has no token (every single byte must be one)");
+      throw Error(model_name + ": byte " + std::to_string(byte) +
+                  " has no token (every single byte must be one)");
   }
 
   // Specials: ids base..base+255, named from added_tokens_decoder, else <|reserved_token_ID|>.
@@ -349,8 +367,10 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
       } catch (const std::exception&) {
         id = -1;
       }
-      if (id < 0) throw Error(config_name + ": added_tokens_decoder key \"" + key + "\" is not a token id");
-      if (!value.is_object() || !value.contains("content") || !value["content"].is_string() || value["content"].get<std::string>().empty())
+      if (id < 0)
+        throw Error(config_name + ": added_tokens_decoder key \"" + key + "\" is not a token id");
+      if (!value.is_object() || !value.contains("content") || !value["content"].is_string() ||
+          value["content"].get<std::string>().empty())
         throw Error(config_name + ": added_tokens_decoder[" + key + "] has no string \"content\"");
       named[id] = value["content"].get<std::string>();
     }
@@ -358,7 +378,8 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
   for (int k = 0; k < kReservedSpecialCount; ++k) {
     const int64_t id = count + k;
     const auto it = named.find(id);
-    const std::string name = it != named.end() ? it->second : "<|reserved_token_" + std::to_string(id) + "|>";
+    const std::string name =
+        it != named.end() ? it->second : "<|reserved_token_" + std::to_string(id) + "|>";
     if (!impl->special_by_name.emplace(name, static_cast<int32_t>(id)).second)
       throw Error(config_name + ": special token name \"" + name + "\" is used twice");
     impl->arena.append(name);
@@ -367,8 +388,9 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model, std::string_view
     impl->special_lengths.push_back(name.size());
   }
   std::sort(impl->special_lengths.begin(), impl->special_lengths.end(), std::greater<>());
-  impl->special_lengths.erase(std::unique(impl->special_lengths.begin(), impl->special_lengths.end()),
-                              impl->special_lengths.end());
+  impl->special_lengths.erase(
+      std::unique(impl->special_lengths.begin(), impl->special_lengths.end()),
+      impl->special_lengths.end());
   return Tokenizer(std::move(impl));
 }
 
@@ -422,13 +444,16 @@ std::string Tokenizer::decode_bytes(std::span<const int32_t> ids) const {
   std::string out;
   for (int32_t id : ids) {
     if (id < 0 || id >= vocab_size())
-      throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
+      throw Error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                  std::to_string(vocab_size()) + ")");
     out.append(impl_->bytes_of(id));
   }
   return out;
 }
 
-std::string Tokenizer::decode(std::span<const int32_t> ids) const { return repair_utf8(decode_bytes(ids)); }
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  return repair_utf8(decode_bytes(ids));
+}
 
 std::optional<int32_t> Tokenizer::special_id(std::string_view name) const {
   const auto it = impl_->special_by_name.find(name);
@@ -436,7 +461,11 @@ std::optional<int32_t> Tokenizer::special_id(std::string_view name) const {
   return it->second;
 }
 
-int32_t Tokenizer::base_vocab_size() const { return impl_->base_count; }
-int32_t Tokenizer::vocab_size() const { return impl_->base_count + kReservedSpecialCount; }
+int32_t Tokenizer::base_vocab_size() const {
+  return impl_->base_count;
+}
+int32_t Tokenizer::vocab_size() const {
+  return impl_->base_count + kReservedSpecialCount;
+}
 
 }  // namespace k3::text

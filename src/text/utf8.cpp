@@ -50,7 +50,9 @@ Scan scan_sequence(const unsigned char* s, size_t available, size_t& consumed) {
   return Scan::valid;
 }
 
-void append_replacement(std::string& out) { out.append("\xEF\xBF\xBD"); }
+void append_replacement(std::string& out) {
+  out.append("\xEF\xBF\xBD");
+}
 
 }  // namespace
 
@@ -126,7 +128,8 @@ void decode_utf8(std::string_view valid, std::vector<char32_t>& out) {
       out.push_back((char32_t(b & 0x1F) << 6) | (s[i + 1] & 0x3F));
       i += 2;
     } else if (b < 0xF0) {
-      out.push_back((char32_t(b & 0x0F) << 12) | (char32_t(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F));
+      out.push_back((char32_t(b & 0x0F) << 12) | (char32_t(s[i + 1] & 0x3F) << 6) |
+                    (s[i + 2] & 0x3F));
       i += 3;
     } else {
       out.push_back((char32_t(b & 0x07) << 18) | (char32_t(s[i + 1] & 0x3F) << 12) |

@@ -15,11 +15,14 @@ Progress::Progress(std::string label, uint64_t total, std::function<void(double)
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() {
+  finish();
+}
 
 void Progress::advance(uint64_t units) {
   const uint64_t done = done_.fetch_add(units, std::memory_order_relaxed) + units;
-  if (observer_ && total_ > 0) observer_(std::min(1.0, static_cast<double>(done) / static_cast<double>(total_)));
+  if (observer_ && total_ > 0)
+    observer_(std::min(1.0, static_cast<double>(done) / static_cast<double>(total_)));
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);

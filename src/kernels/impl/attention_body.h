@@ -30,8 +30,8 @@ inline float dot16(const float* a, const float* b, size_t n) {
 
 }  // namespace
 
-void K3_NAME(kda_head_step_)(float* S, const float* q, const float* k, const float* v, const float* a,
-                             float beta, size_t dk, float* u, float* o) {
+void K3_NAME(kda_head_step_)(float* S, const float* q, const float* k, const float* v,
+                             const float* a, float beta, size_t dk, float* u, float* o) {
   // Sweep 1: decay each key row and read it with the key: u = k^T Diag(a) S.
   std::fill(u, u + dk, 0.0f);
   for (size_t i = 0; i < dk; ++i) {
@@ -55,12 +55,14 @@ void K3_NAME(kda_head_step_)(float* S, const float* q, const float* k, const flo
   }
 }
 
-void K3_NAME(mla_head_attend_)(const float* qabs, const float* q_pe, const float* latent, const float* rope,
-                               size_t T, size_t kv_lora, size_t rope_dim, float scale, float* scores,
-                               float* lat) {
+void K3_NAME(mla_head_attend_)(const float* qabs, const float* q_pe, const float* latent,
+                               const float* rope, size_t T, size_t kv_lora, size_t rope_dim,
+                               float scale, float* scores, float* lat) {
   float max_score = -INFINITY;
   for (size_t j = 0; j < T; ++j) {
-    const float s = (dot16(qabs, latent + j * kv_lora, kv_lora) + dot16(q_pe, rope + j * rope_dim, rope_dim)) * scale;
+    const float s =
+        (dot16(qabs, latent + j * kv_lora, kv_lora) + dot16(q_pe, rope + j * rope_dim, rope_dim)) *
+        scale;
     scores[j] = s;
     max_score = std::max(max_score, s);
   }

@@ -53,7 +53,8 @@ inline void prefetch(const void* p, size_t bytes) {
 }
 
 inline __m256 widen8(const int8_t* q) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
 }
 
 // Weight rows per panel (a multiple of kR, 4..64) so that a panel of rows of `row_bytes` each
@@ -69,13 +70,15 @@ inline size_t panel_rows(size_t row_bytes, size_t budget) {
 // acc[t][r] (kR slots per t, kV lanes each) = (first ? 0 : acc) + W[r][0..kc) . X[t][0..kc)
 // lane-wise, over R x T rows; kc is a multiple of 8.
 template <int R, int T>
-void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kc, float* acc, bool first) {
+void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kc, float* acc,
+          bool first) {
   __m256 a[R][T];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
-      a[r][t] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + (static_cast<size_t>(t) * kR + r) * kV);
+      a[r][t] = first ? _mm256_setzero_ps()
+                      : _mm256_load_ps(acc + (static_cast<size_t>(t) * kR + r) * kV);
   for (size_t k = 0; k < kc; k += kV) {
     __m256 wv[R];
 #pragma GCC unroll 16
@@ -90,7 +93,8 @@ void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kc, flo
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) _mm256_store_ps(acc + (static_cast<size_t>(t) * kR + r) * kV, a[r][t]);
+    for (int t = 0; t < T; ++t)
+      _mm256_store_ps(acc + (static_cast<size_t>(t) * kR + r) * kV, a[r][t]);
 }
 
 using TileFn = void (*)(const float*, size_t, const float*, size_t, size_t, float*, bool);
@@ -98,12 +102,18 @@ using TileFn = void (*)(const float*, size_t, const float*, size_t, size_t, floa
 template <int R>
 TileFn tile_for(size_t t) {
   switch (t) {
-    case 1: return tile<R, 1>;
-    case 2: return tile<R, 2>;
-    case 3: return tile<R, 3>;
-    case 4: return tile<R, 4>;
-    case 5: return tile<R, 5>;
-    default: return tile<R, 6>;
+    case 1:
+      return tile<R, 1>;
+    case 2:
+      return tile<R, 2>;
+    case 3:
+      return tile<R, 3>;
+    case 4:
+      return tile<R, 4>;
+    case 5:
+      return tile<R, 5>;
+    default:
+      return tile<R, 6>;
   }
 }
 
@@ -114,8 +124,11 @@ void sweep(const float* w, size_t ldw, const float* x, size_t ldx, size_t kc, in
   if (rb == kR && tb <= 2) return tile_for<kR>(tb)(w, ldw, x, ldx, kc, acc, first);
   int r = 0;
   for (; r + kTR <= rb; r += kTR)
-    tile_for<kTR>(tb)(w + static_cast<size_t>(r) * ldw, ldw, x, ldx, kc, acc + static_cast<size_t>(r) * kV, first);
-  if (r < rb) tile_for<1>(tb)(w + static_cast<size_t>(r) * ldw, ldw, x, ldx, kc, acc + static_cast<size_t>(r) * kV, first);
+    tile_for<kTR>(tb)(w + static_cast<size_t>(r) * ldw, ldw, x, ldx, kc,
+                      acc + static_cast<size_t>(r) * kV, first);
+  if (r < rb)
+    tile_for<1>(tb)(w + static_cast<size_t>(r) * ldw, ldw, x, ldx, kc,
+                    acc + static_cast<size_t>(r) * kV, first);
 }
 
 // f32: weights read in place over all columns, activation rows kT at a time over panels of
@@ -176,7 +189,8 @@ void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float*
       const float* x = X + static_cast<size_t>(t) * cols;
       float sum = hsum(a[r][t]);
       for (size_t i = cv; i < cols; ++i) sum += static_cast<float>(q[r][i]) * x[i];
-      Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] = scales[o0 + static_cast<size_t>(r)] * sum;
+      Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] =
+          scales[o0 + static_cast<size_t>(r)] * sum;
     }
 }
 
@@ -185,20 +199,26 @@ using Int8Fn = void (*)(const int8_t*, const float*, size_t, const float*, float
 template <int R>
 Int8Fn int8_direct_for(size_t t) {
   switch (t) {
-    case 1: return int8_direct<R, 1>;
-    case 2: return int8_direct<R, 2>;
-    case 3: return int8_direct<R, 3>;
-    case 4: return int8_direct<R, 4>;
-    case 5: return int8_direct<R, 5>;
-    default: return int8_direct<R, 6>;
+    case 1:
+      return int8_direct<R, 1>;
+    case 2:
+      return int8_direct<R, 2>;
+    case 3:
+      return int8_direct<R, 3>;
+    case 4:
+      return int8_direct<R, 4>;
+    case 5:
+      return int8_direct<R, 5>;
+    default:
+      return int8_direct<R, 6>;
   }
 }
 
 // For each panel of weight rows and each tile of activation rows (n <= 4: 2 at a time against 4
 // weight rows; else up to 6 against 2 weight rows), every block of weight rows (weights come
 // from DRAM on the first tile, from L2 after).
-void int8_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n, float* Y,
-               size_t ldy, size_t row_begin, size_t row_end) {
+void int8_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
+               float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   const size_t prows = panel_rows(cols, size_t{128} << 10);
   const bool wide = n > 4;
   const size_t step = wide ? kT : 2;
@@ -246,12 +266,15 @@ void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const 
     for (size_t k = 0; k < 64; k += 16) {
       const __m256 x0 = _mm256_loadu_ps(x + g * 64 + k), x1 = _mm256_loadu_ps(x + g * 64 + k + 8);
       const __m256 xe = _mm256_castpd_ps(_mm256_permute4x64_pd(
-          _mm256_castps_pd(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)));
+          _mm256_castps_pd(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(2, 0, 2, 0))),
+          _MM_SHUFFLE(3, 1, 2, 0)));
       const __m256 xo = _mm256_castpd_ps(_mm256_permute4x64_pd(
-          _mm256_castps_pd(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)));
+          _mm256_castps_pd(_mm256_shuffle_ps(x0, x1, _MM_SHUFFLE(3, 1, 3, 1))),
+          _MM_SHUFFLE(3, 1, 2, 0)));
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p[r] + g * 32 + k / 2)));
+        const __m256i v = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p[r] + g * 32 + k / 2)));
         const __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), eight));
         const __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight));
         ga[r] = _mm256_fmadd_ps(lo, xe, ga[r]);
@@ -272,7 +295,8 @@ void int4_direct_rows(const uint8_t* packed, const float* scales, size_t cols, c
     const size_t p1 = std::min(row_end, p0 + prows);
     for (size_t t = 0; t < n; ++t) {
       size_t o = p0;
-      for (; o + kR <= p1; o += kR) int4_direct<kR>(packed, scales, cols, X + t * cols, Y + t * ldy, o);
+      for (; o + kR <= p1; o += kR)
+        int4_direct<kR>(packed, scales, cols, X + t * cols, Y + t * ldy, o);
       for (; o < p1; ++o) int4_direct<1>(packed, scales, cols, X + t * cols, Y + t * ldy, o);
     }
   }
@@ -295,9 +319,12 @@ void decode_int4(const uint8_t* packed, const float* scales, size_t cols, size_t
     for (size_t g = 0; g < kc / 64; ++g) {
       const __m256 sv = _mm256_set1_ps(s[g]);
       for (size_t k = 0; k < 64; k += 16) {
-        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + g * 32 + k / 2)));
-        const __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), eight)), sv);
-        const __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight)), sv);
+        const __m256i v = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + g * 32 + k / 2)));
+        const __m256 lo = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, mask), eight)), sv);
+        const __m256 hi =
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight)), sv);
         const __m256 u0 = _mm256_unpacklo_ps(lo, hi);  // l0 h0 l1 h1 | l4 h4 l5 h5
         const __m256 u1 = _mm256_unpackhi_ps(lo, hi);  // l2 h2 l3 h3 | l6 h6 l7 h7
         _mm256_store_ps(d + g * 64 + k, _mm256_permute2f128_ps(u0, u1, 0x20));
@@ -307,7 +334,8 @@ void decode_int4(const uint8_t* packed, const float* scales, size_t cols, size_t
   }
 }
 
-void prefetch_int4(const uint8_t* packed, const float* scales, size_t cols, size_t o, size_t c0, size_t kc) {
+void prefetch_int4(const uint8_t* packed, const float* scales, size_t cols, size_t o, size_t c0,
+                   size_t kc) {
   prefetch(packed + o * (cols / 2) + c0 / 2, kc / 2);
   prefetch(scales + o * (cols / 64) + c0 / 64, kc / 16);
 }
@@ -325,14 +353,16 @@ void int4_panel(const uint8_t* packed, const float* scales, size_t cols, const f
         // Prefetch the chunk after this one (next columns, else the next block's first columns).
         if (c0 + kKC < cols) {
           for (int r = 0; r < rb; ++r)
-            prefetch_int4(packed, scales, cols, o0 + static_cast<size_t>(r), c0 + kKC, std::min(kKC, cols - c0 - kKC));
+            prefetch_int4(packed, scales, cols, o0 + static_cast<size_t>(r), c0 + kKC,
+                          std::min(kKC, cols - c0 - kKC));
         } else {
           for (size_t o = o0 + kR; o < std::min(row_end, o0 + 2 * kR); ++o)
             prefetch_int4(packed, scales, cols, o, 0, std::min(kKC, cols));
         }
         decode_int4(packed, scales, cols, o0, rb, c0, kc, wbuf);
         for (size_t t = 0; t < nt; t += kT)
-          sweep(wbuf, kKC, X + (t0 + t) * cols + c0, cols, kc, rb, std::min(kT, nt - t), accbuf + t * kR * kV, c0 == 0);
+          sweep(wbuf, kKC, X + (t0 + t) * cols + c0, cols, kc, rb, std::min(kT, nt - t),
+                accbuf + t * kR * kV, c0 == 0);
       }
       for (size_t t = 0; t < nt; ++t)
         for (int r = 0; r < rb; ++r)
@@ -373,15 +403,14 @@ struct AlignedAlloc32 {
   template <class U>
   AlignedAlloc32(const AlignedAlloc32<U>&) {}
   T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{32}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{32}));
   }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{32}); }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{32}); }
   template <class U>
   bool operator==(const AlignedAlloc32<U>&) const {
     return true;
   }
 };
-
 
 inline __m256i bcast32(const uint8_t* p) {
   int32_t v;
@@ -396,7 +425,6 @@ struct IdotActs {
   const float* d;     // [t][halves] the q8_32 scales (D)
   size_t halves;      // cols / 32
 };
-
 
 // The rows [o0, o0 + nr) of a block.
 struct IdotBlock {
@@ -634,9 +662,10 @@ void i8_decode_unit(const int8_t* p, size_t cols, size_t nr, size_t g0, size_t u
   for (size_t g = 0; g < ug; ++g) {
     __m256i r[8];
     for (size_t i = 0; i < kI8Rows; ++i)
-      r[i] = i < nr ? _mm256_loadu_si256(
-                          reinterpret_cast<const __m256i*>(p + i * cols + (g0 + g) * 32))
-                    : _mm256_setzero_si256();
+      r[i] =
+          i < nr
+              ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i * cols + (g0 + g) * 32))
+              : _mm256_setzero_si256();
     transpose8(r);
     for (size_t k = 0; k < 8; ++k) {
       wa[g * 8 + k] = _mm256_abs_epi8(r[k]);
@@ -674,8 +703,8 @@ void i8_unit(const __m256i* wa, const __m256i* ws, size_t g0, size_t ug, const I
   for (int s = 0; s < S; ++s) _mm256_store_ps(acc + s * kI8Rows, a[s]);
 }
 
-void i8_rows(const int8_t* Q, const float* scales, const I8Acts& x, size_t n, float* Y,
-             size_t ldy, size_t row_begin, size_t row_end) {
+void i8_rows(const int8_t* Q, const float* scales, const I8Acts& x, size_t n, float* Y, size_t ldy,
+             size_t row_begin, size_t row_end) {
   using Fn = void (*)(const __m256i*, const __m256i*, size_t, size_t, const I8Acts&, float*);
   static constexpr Fn kFns[kI8Sub] = {i8_unit<1>, i8_unit<2>, i8_unit<3>, i8_unit<4>};
   const size_t cols = x.cols, groups = x.groups;
@@ -729,7 +758,8 @@ void matmul_int8_avx2(const int8_t* Q, const float* scales, size_t cols, const f
 void matmul_int4_avx2(const uint8_t* packed, const float* scales, size_t cols, const float* X,
                       size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
-  if (n <= kInt4DirectMax) return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
+  if (n <= kInt4DirectMax)
+    return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
   int4_panel(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
 }
 

@@ -39,8 +39,6 @@
 #include "kernels_impl.h"
 #include "x86_common.h"
 
-
-
 namespace k3::impl {
 namespace {
 
@@ -58,13 +56,19 @@ struct AlignedAlloc64 {
   AlignedAlloc64() = default;
   template <class U>
   AlignedAlloc64(const AlignedAlloc64<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
   template <class U>
-  bool operator==(const AlignedAlloc64<U>&) const { return true; }
+  bool operator==(const AlignedAlloc64<U>&) const {
+    return true;
+  }
 };
 
-inline __mmask16 tail_mask(size_t rem) { return static_cast<__mmask16>((1u << rem) - 1u); }
+inline __mmask16 tail_mask(size_t rem) {
+  return static_cast<__mmask16>((1u << rem) - 1u);
+}
 
 // Weight rows per panel (a multiple of kR, 4..64) so that a panel of rows of `row_bytes` each
 // takes about `budget` bytes: it stays in L2 (next to one tile of activation rows) while the
@@ -98,7 +102,8 @@ void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kfull, 
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
-      a[r][t] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + (static_cast<size_t>(t) * kR + r) * kV);
+      a[r][t] = first ? _mm512_setzero_ps()
+                      : _mm512_load_ps(acc + (static_cast<size_t>(t) * kR + r) * kV);
   for (size_t k = 0; k < kfull; k += kV) {
     __m512 wv[R];
 #pragma GCC unroll 16
@@ -113,7 +118,8 @@ void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kfull, 
   if (tail) {
     __m512 wv[R];
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_ps(tail, w + static_cast<size_t>(r) * ldw + kfull);
+    for (int r = 0; r < R; ++r)
+      wv[r] = _mm512_maskz_loadu_ps(tail, w + static_cast<size_t>(r) * ldw + kfull);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_maskz_loadu_ps(tail, x + static_cast<size_t>(t) * ldx + kfull);
@@ -124,34 +130,44 @@ void tile(const float* w, size_t ldw, const float* x, size_t ldx, size_t kfull, 
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) _mm512_store_ps(acc + (static_cast<size_t>(t) * kR + r) * kV, a[r][t]);
+    for (int t = 0; t < T; ++t)
+      _mm512_store_ps(acc + (static_cast<size_t>(t) * kR + r) * kV, a[r][t]);
 }
 
-using TileFn = void (*)(const float*, size_t, const float*, size_t, size_t, __mmask16, float*, bool);
+using TileFn = void (*)(const float*, size_t, const float*, size_t, size_t, __mmask16, float*,
+                        bool);
 
 template <int R>
 constexpr TileFn tile_for(int t) {
   switch (t) {
-    case 1: return tile<R, 1>;
-    case 2: return tile<R, 2>;
-    case 3: return tile<R, 3>;
-    default: return tile<R, 4>;
+    case 1:
+      return tile<R, 1>;
+    case 2:
+      return tile<R, 2>;
+    case 3:
+      return tile<R, 3>;
+    default:
+      return tile<R, 4>;
   }
 }
 
 TileFn pick_tile(int r, int t) {
   switch (r) {
-    case 1: return tile_for<1>(t);
-    case 2: return tile_for<2>(t);
-    case 3: return tile_for<3>(t);
-    default: return tile_for<4>(t);
+    case 1:
+      return tile_for<1>(t);
+    case 2:
+      return tile_for<2>(t);
+    case 3:
+      return tile_for<3>(t);
+    default:
+      return tile_for<4>(t);
   }
 }
 
 // f32 "direct": weights read in place by the register tile over all columns, activation rows 4
 // at a time over panels of weight rows that stay in L2.
 void f32_rows(const float* W, size_t cols, const float* X, size_t n, float* Y, size_t ldy,
-                     size_t row_begin, size_t row_end) {
+              size_t row_begin, size_t row_end) {
   alignas(64) float acc[kT * kR * kV];
   const size_t prows = panel_rows(cols * sizeof(float), size_t{256} << 10);
   const size_t kfull = cols & ~(kV - 1);
@@ -166,7 +182,8 @@ void f32_rows(const float* W, size_t cols, const float* X, size_t n, float* Y, s
         for (int tt = 0; tt < tb; ++tt)
           for (int r = 0; r < rb; ++r)
             Y[(t + static_cast<size_t>(tt)) * ldy + o + static_cast<size_t>(r)] =
-                _mm512_reduce_add_ps(_mm512_load_ps(acc + (static_cast<size_t>(tt) * kR + static_cast<size_t>(r)) * kV));
+                _mm512_reduce_add_ps(_mm512_load_ps(
+                    acc + (static_cast<size_t>(tt) * kR + static_cast<size_t>(r)) * kV));
       }
     }
   }
@@ -191,7 +208,8 @@ void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float*
     __m512 wv[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
-      wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + k))));
+      wv[r] = _mm512_cvtepi32_ps(
+          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[r] + k))));
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_loadu_ps(X + static_cast<size_t>(t) * cols + k);
@@ -203,7 +221,8 @@ void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float*
     const __mmask16 m = tail_mask(cols - k);
     __m512 wv[R];
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q[r] + k)));
+    for (int r = 0; r < R; ++r)
+      wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q[r] + k)));
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_maskz_loadu_ps(m, X + static_cast<size_t>(t) * cols + k);
@@ -215,25 +234,31 @@ void int8_direct(const int8_t* Q, const float* scales, size_t cols, const float*
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
-      Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] = scales[o0 + static_cast<size_t>(r)] * _mm512_reduce_add_ps(a[r][t]);
+      Y[static_cast<size_t>(t) * ldy + o0 + static_cast<size_t>(r)] =
+          scales[o0 + static_cast<size_t>(r)] * _mm512_reduce_add_ps(a[r][t]);
 }
 
-using Int8DirectFn = void (*)(const int8_t*, const float*, size_t, const float*, float*, size_t, size_t);
+using Int8DirectFn = void (*)(const int8_t*, const float*, size_t, const float*, float*, size_t,
+                              size_t);
 
 template <int R>
 Int8DirectFn int8_direct_for(size_t t) {
   switch (t) {
-    case 1: return int8_direct<R, 1>;
-    case 2: return int8_direct<R, 2>;
-    case 3: return int8_direct<R, 3>;
-    default: return int8_direct<R, 4>;
+    case 1:
+      return int8_direct<R, 1>;
+    case 2:
+      return int8_direct<R, 2>;
+    case 3:
+      return int8_direct<R, 3>;
+    default:
+      return int8_direct<R, 4>;
   }
 }
 
 // For each panel of weight rows and each tile of up to 4 activation rows, every block of 4
 // weight rows (weights come from DRAM on the first tile, from L2 after).
 void int8_rows(const int8_t* Q, const float* scales, size_t cols, const float* X, size_t n,
-                      float* Y, size_t ldy, size_t row_begin, size_t row_end) {
+               float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   const size_t prows = panel_rows(cols, size_t{128} << 10);
   for (size_t p0 = row_begin; p0 < row_end; p0 += prows) {
     const size_t p1 = std::min(row_end, p0 + prows);
@@ -249,15 +274,18 @@ void int8_rows(const int8_t* Q, const float* scales, size_t cols, const float* X
 }
 
 // ---------------------------------------------------------------------------------------------
-// int4, few activation rows: the activations of one group are split into even and odd columns (matching the low and
-// high nibbles of 16 consecutive bytes), the nibbles index a 16-entry table s_g * (k - 8).
+// int4, few activation rows: the activations of one group are split into even and odd columns
+// (matching the low and high nibbles of 16 consecutive bytes), the nibbles index a 16-entry table
+// s_g * (k - 8).
 template <int R, int T>
 void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const float* X, float* Y,
                  size_t ldy, size_t o0) {
   const size_t groups = cols / 64;
   const __m512 base = nibble_table();
-  const __m512i idx_even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i idx_odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i idx_even =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i idx_odd =
+      _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   __m512 a[R][T];
   const uint8_t* p[R];
   const float* s[R];
@@ -285,7 +313,8 @@ void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const 
       const __m512 table = _mm512_mul_ps(_mm512_set1_ps(s[r][g]), base);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + g * 32 + h * 16)));
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + g * 32 + h * 16)));
         const __m512 lo = _mm512_permutexvar_ps(v, table);
         const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
 #pragma GCC unroll 16
@@ -307,8 +336,9 @@ void int4_direct(const uint8_t* packed, const float* scales, size_t cols, const 
 // bytes need no reordering. A window of 128 columns (64 bytes) is loaded as 16 dwords; lane i
 // holds columns 8i..8i+7 as nibbles 0..7 (nibble k of lane i is column 8i + k), so nibble k of
 // every lane indexes (vpermps uses index bits 0..3 only) the constant table k - 8 once it is in
-// bits 0..3 (even k = 2m: the dwords loaded m bytes further on; odd k: those shifted by 4). xr[w * 128 + k * 16 + i] = x[w * 128 + 8i + k] (zero past cols). Lanes 0..7 belong to
-// group 2w, lanes 8..15 to group 2w + 1, so the window's sum is scaled lane-wise at the end.
+// bits 0..3 (even k = 2m: the dwords loaded m bytes further on; odd k: those shifted by 4). xr[w *
+// 128 + k * 16 + i] = x[w * 128 + 8i + k] (zero past cols). Lanes 0..7 belong to group 2w,
+// lanes 8..15 to group 2w + 1, so the window's sum is scaled lane-wise at the end.
 void int4_arrange_x(const float* x, size_t cols, float* xr) {
   const size_t windows = (cols + 127) / 128;
   for (size_t w = 0; w < windows; ++w)
@@ -342,16 +372,19 @@ void int4_row1(const uint8_t* packed, const float* scales, size_t cols, const fl
     // short, and the hardware prefetcher alone leaves DRAM bandwidth unused. (A prefetch past
     // the end of the buffer does not fault.)
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(p[r] + w * 64 + R * (cols / 2)), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(p[r] + w * 64 + R * (cols / 2)), _MM_HINT_T0);
     if ((w & 7) == 0)
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(s[r] + 2 * w + R * groups), _MM_HINT_T0);
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(s[r] + 2 * w + R * groups), _MM_HINT_T0);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
-      v[r] = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + w * 64)))
+      v[r] = half ? _mm512_zextsi256_si512(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[r] + w * 64)))
                   : _mm512_loadu_si512(p[r] + w * 64);
-    // Even nibbles 2m: the low nibble of byte m of each dword, i.e. bits 0..3 of the dwords
-    // loaded m bytes further on (safe only where 3 more bytes may be read); odd nibbles shifted.
+      // Even nibbles 2m: the low nibble of byte m of each dword, i.e. bits 0..3 of the dwords
+      // loaded m bytes further on (safe only where 3 more bytes may be read); odd nibbles shifted.
 #pragma GCC unroll 4
     for (int m = 0; m < 4; ++m) {
       const __m512 x0 = _mm512_load_ps(xw + m * 32), x1 = _mm512_load_ps(xw + m * 32 + 16);
@@ -359,7 +392,8 @@ void int4_row1(const uint8_t* packed, const float* scales, size_t cols, const fl
       for (int r = 0; r < R; ++r) {
         const __m512i ve = (m == 0 || !over) ? v[r] : _mm512_loadu_si512(p[r] + w * 64 + m);
         const __m512 we = _mm512_permutexvar_ps(over ? ve : _mm512_srli_epi32(v[r], 8 * m), base);
-        const __m512 wo = _mm512_permutexvar_ps(over ? _mm512_srli_epi32(ve, 4) : _mm512_srli_epi32(v[r], 8 * m + 4), base);
+        const __m512 wo = _mm512_permutexvar_ps(
+            over ? _mm512_srli_epi32(ve, 4) : _mm512_srli_epi32(v[r], 8 * m + 4), base);
         te[r] = m == 0 ? _mm512_mul_ps(we, x0) : _mm512_fmadd_ps(we, x0, te[r]);
         to[r] = m == 0 ? _mm512_mul_ps(wo, x1) : _mm512_fmadd_ps(wo, x1, to[r]);
       }
@@ -367,8 +401,9 @@ void int4_row1(const uint8_t* packed, const float* scales, size_t cols, const fl
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float* sg = s[r] + 2 * w;
-      const __m512 sv = half ? _mm512_set1_ps(sg[0])
-                             : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sg[0]), _mm512_set1_ps(sg[1]));
+      const __m512 sv =
+          half ? _mm512_set1_ps(sg[0])
+               : _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sg[0]), _mm512_set1_ps(sg[1]));
       acc[r] = _mm512_fmadd_ps(_mm512_add_ps(te[r], to[r]), sv, acc[r]);
     }
   };
@@ -402,12 +437,16 @@ void int4_direct_rows(const uint8_t* packed, const float* scales, size_t cols, c
       const bool pair = n - t >= 2;
       size_t o = p0;
       for (; o + kR <= p1; o += kR) {
-        if (pair) int4_direct<kR, 2>(packed, scales, cols, x, y, ldy, o);
-        else int4_direct<kR, 1>(packed, scales, cols, x, y, ldy, o);
+        if (pair)
+          int4_direct<kR, 2>(packed, scales, cols, x, y, ldy, o);
+        else
+          int4_direct<kR, 1>(packed, scales, cols, x, y, ldy, o);
       }
       for (; o < p1; ++o) {
-        if (pair) int4_direct<1, 2>(packed, scales, cols, x, y, ldy, o);
-        else int4_direct<1, 1>(packed, scales, cols, x, y, ldy, o);
+        if (pair)
+          int4_direct<1, 2>(packed, scales, cols, x, y, ldy, o);
+        else
+          int4_direct<1, 1>(packed, scales, cols, x, y, ldy, o);
       }
     }
   }
@@ -422,7 +461,8 @@ void decode_int4(const uint8_t* packed, const float* scales, size_t cols, size_t
                  size_t c0, size_t kc, float* buf) {
   const __m512 base = nibble_table();
   const __m512i il_a = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i il_b = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const __m512i il_b =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   const size_t groups = cols / 64;
   for (int r = 0; r < rb; ++r) {
     const size_t o = o0 + static_cast<size_t>(r);
@@ -432,8 +472,9 @@ void decode_int4(const uint8_t* packed, const float* scales, size_t cols, size_t
     for (size_t g = 0; g < kc / 64; ++g) {
       const __m512 table = _mm512_mul_ps(_mm512_set1_ps(s[g]), base);
       for (size_t h = 0; h < 2; ++h) {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 32 + h * 16)));
-        const __m512 lo = _mm512_permutexvar_ps(v, table);                          // even columns
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + g * 32 + h * 16)));
+        const __m512 lo = _mm512_permutexvar_ps(v, table);                        // even columns
         const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);  // odd columns
         _mm512_store_ps(d + g * 64 + h * 32, _mm512_permutex2var_ps(lo, il_a, hi));
         _mm512_store_ps(d + g * 64 + h * 32 + 16, _mm512_permutex2var_ps(lo, il_b, hi));
@@ -442,7 +483,8 @@ void decode_int4(const uint8_t* packed, const float* scales, size_t cols, size_t
   }
 }
 
-void prefetch_int4(const uint8_t* packed, const float* scales, size_t cols, size_t o, size_t c0, size_t kc) {
+void prefetch_int4(const uint8_t* packed, const float* scales, size_t cols, size_t o, size_t c0,
+                   size_t kc) {
   prefetch(packed + o * (cols / 2) + c0 / 2, kc / 2);
   prefetch(scales + o * (cols / 64) + c0 / 64, kc / 16);
 }
@@ -460,7 +502,8 @@ void int4_panel(const uint8_t* packed, const float* scales, size_t cols, const f
         // Prefetch the chunk after this one (next columns, else the next block's first columns).
         if (c0 + kKC < cols) {
           for (int r = 0; r < rb; ++r)
-            prefetch_int4(packed, scales, cols, o0 + static_cast<size_t>(r), c0 + kKC, std::min(kKC, cols - c0 - kKC));
+            prefetch_int4(packed, scales, cols, o0 + static_cast<size_t>(r), c0 + kKC,
+                          std::min(kKC, cols - c0 - kKC));
         } else {
           for (size_t o = o0 + kR; o < std::min(row_end, o0 + 2 * kR); ++o)
             prefetch_int4(packed, scales, cols, o, 0, std::min(kKC, cols));
@@ -468,13 +511,16 @@ void int4_panel(const uint8_t* packed, const float* scales, size_t cols, const f
         decode_int4(packed, scales, cols, o0, rb, c0, kc, wbuf);
         for (size_t t = 0; t < nt; t += kT) {
           const int tb = static_cast<int>(std::min<size_t>(kT, nt - t));
-          pick_tile(rb, tb)(wbuf, kKC, X + (t0 + t) * cols + c0, cols, kc, 0, accbuf + t * kR * kV, c0 == 0);
+          pick_tile(rb, tb)(wbuf, kKC, X + (t0 + t) * cols + c0, cols, kc, 0, accbuf + t * kR * kV,
+                            c0 == 0);
         }
       }
       for (size_t t = 0; t < nt; ++t)
         for (int r = 0; r < rb; ++r)
           Y[(t0 + t) * ldy + o0 + static_cast<size_t>(r)] =
-              cols ? _mm512_reduce_add_ps(_mm512_load_ps(accbuf + (t * kR + static_cast<size_t>(r)) * kV)) : 0.0f;
+              cols ? _mm512_reduce_add_ps(
+                         _mm512_load_ps(accbuf + (t * kR + static_cast<size_t>(r)) * kV))
+                   : 0.0f;
     }
   }
 }
@@ -512,7 +558,6 @@ constexpr size_t kIdotScaleUnit = 16;
 // interleaved row streams defeat the hardware prefetchers; as mxfp4_avx512.cpp measured).
 constexpr size_t kIdotAhead = 1024;
 
-
 inline __m512i bcast32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -526,7 +571,6 @@ struct IdotActs {
   const float* d;     // [t][halves] the q8_32 scales (D)
   size_t halves;      // cols / 32
 };
-
 
 // The rows [o0, o0 + nr) of a block.
 struct IdotBlock {
@@ -668,7 +712,6 @@ inline __m512i idot_dot_n1(__m512i v, const IdotWindow& x) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x.qo, wl, x.ql), wh, x.qh);
 }
 
-
 // The 16 rows' partials of one window (dr[i]: row i) -> one vector per half, one row per lane;
 // then for the hw halves L ascending: a = a + (float)isum * (d[L] * s[L / 2]).
 inline __m512 idot_finish_n1(const __m512i dr[16], const float* d, const __m512* s, size_t hw,
@@ -801,8 +844,8 @@ void i8_unit(const __m512i* w, size_t g0, size_t ug, const I8Acts& x, float* acc
   for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kI8Rows, a[s]);
 }
 
-void i8_rows(const int8_t* Q, const float* scales, const I8Acts& x, size_t n, float* Y,
-             size_t ldy, size_t row_begin, size_t row_end) {
+void i8_rows(const int8_t* Q, const float* scales, const I8Acts& x, size_t n, float* Y, size_t ldy,
+             size_t row_begin, size_t row_end) {
   using Fn = void (*)(const __m512i*, size_t, size_t, const I8Acts&, float*);
   static constexpr Fn kFns[kI8Sub] = {i8_unit<1>, i8_unit<2>, i8_unit<3>, i8_unit<4>,
                                       i8_unit<5>, i8_unit<6>, i8_unit<7>, i8_unit<8>};
@@ -852,7 +895,8 @@ void matmul_int4_avx512(const uint8_t* packed, const float* scales, size_t cols,
                         size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
   if (n == 1) return int4_row1_rows(packed, scales, cols, X, Y, row_begin, row_end);
-  if (n <= kInt4DirectMax) return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
+  if (n <= kInt4DirectMax)
+    return int4_direct_rows(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
   int4_panel(packed, scales, cols, X, n, Y, ldy, row_begin, row_end);
 }
 

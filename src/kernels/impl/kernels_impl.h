@@ -9,27 +9,27 @@
 
 namespace k3::impl {
 
-#define K3_DECLARE_KERNELS(suffix)                                                                  \
+#define K3_DECLARE_KERNELS(suffix)                                                                 \
   void matmul_f32_##suffix(const float* W, size_t cols, const float* X, size_t n, float* Y,        \
-                           size_t ldy, size_t row_begin, size_t row_end);                           \
+                           size_t ldy, size_t row_begin, size_t row_end);                          \
   void matmul_int8_##suffix(const int8_t* Q, const float* scales, size_t cols, const float* X,     \
-                            size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end);      \
+                            size_t n, float* Y, size_t ldy, size_t row_begin, size_t row_end);     \
   void matmul_int4_##suffix(const uint8_t* packed, const float* scales, size_t cols,               \
-                            const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,       \
-                            size_t row_end);                                                        \
+                            const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,      \
+                            size_t row_end);                                                       \
   void matmul_int4_idot_##suffix(const uint8_t* packed, const float* scales, size_t cols,          \
-                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,  \
-                                 size_t row_begin, size_t row_end);                                 \
+                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy, \
+                                 size_t row_begin, size_t row_end);                                \
   void matmul_int8_idot_##suffix(const int8_t* Q, const float* scales, size_t cols,                \
-                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,  \
-                                 size_t row_begin, size_t row_end);                                 \
+                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy, \
+                                 size_t row_begin, size_t row_end);                                \
   void matmul_mxfp4_exact_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,      \
                                    const float* X, size_t n, float* Y, size_t ldy,                 \
                                    size_t row_begin, size_t row_end);                              \
-  void quantize_q8_32_##suffix(const float* x, size_t cols, int8_t* q, float* d);                 \
+  void quantize_q8_32_##suffix(const float* x, size_t cols, int8_t* q, float* d);                  \
   void matmul_mxfp4_idot_##suffix(const uint8_t* packed, const uint8_t* scales, size_t cols,       \
-                                  const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy, \
-                                  size_t row_begin, size_t row_end);                               \
+                                  const int8_t* Q8, const float* D, size_t n, float* Y,            \
+                                  size_t ldy, size_t row_begin, size_t row_end);                   \
   void kda_head_step_##suffix(float* S, const float* q, const float* k, const float* v,            \
                               const float* a, float beta, size_t dk, float* u, float* o);          \
   void mla_head_attend_##suffix(const float* qabs, const float* q_pe, const float* latent,         \

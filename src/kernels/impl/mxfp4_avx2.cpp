@@ -25,10 +25,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/mxfp4.h"
 #include "kernels_impl.h"
 #include "mxfp4_common.h"
 #include "x86_common.h"
-#include "kernels/mxfp4.h"
 
 namespace k3::impl {
 namespace {
@@ -43,8 +43,8 @@ struct ScaleTable {
 constexpr ScaleTable make_half_scale_table() {
   ScaleTable t{};
   for (uint32_t s = 0; s < 256; ++s)
-    t.v[s] = std::bit_cast<float>(s == 0   ? 0x00200000u
-                                  : s == 1 ? 0x00400000u
+    t.v[s] = std::bit_cast<float>(s == 0     ? 0x00200000u
+                                  : s == 1   ? 0x00400000u
                                   : s == 255 ? 0x7FC00000u
                                              : (s - 1) << 23);
   return t;
@@ -52,8 +52,8 @@ constexpr ScaleTable make_half_scale_table() {
 constexpr ScaleTable kHalfScale = make_half_scale_table();
 
 template <int R, int S>
-void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X,
-                float* Y, size_t ldy, size_t o0, size_t t0) {
+void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X, float* Y,
+                size_t ldy, size_t o0, size_t t0) {
   const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -88,7 +88,8 @@ void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const
   }
   for (int r = 0; r < R; ++r)
     for (int s = 0; s < S; ++s) {
-      const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(acc[r][s]), _mm256_extractf128_ps(acc[r][s], 1));
+      const __m128 h4 =
+          _mm_add_ps(_mm256_castps256_ps128(acc[r][s]), _mm256_extractf128_ps(acc[r][s], 1));
       const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
       const __m128 h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
       Y[(t0 + s) * ldy + o0 + r] = _mm_cvtss_f32(h1);
@@ -106,17 +107,16 @@ const ExactTile kExactTiles[kExactR][kExactS] = {
 // ---------------------------------------------------------------------------------------------
 // Integer path
 
-constexpr size_t kRows = 8;           // weight rows per block (one per 32-bit lane)
-constexpr size_t kUnit = 8;           // groups decoded at a time
-constexpr size_t kTileT = 64;         // activation rows per tile
-constexpr int kSubT = 4;              // activation rows per register tile
-constexpr size_t kPrepSlots = 1024;   // (activation row, group) pairs prepared at a time
-constexpr size_t kMaxChunk = 256;     // groups per chunk
+constexpr size_t kRows = 8;          // weight rows per block (one per 32-bit lane)
+constexpr size_t kUnit = 8;          // groups decoded at a time
+constexpr size_t kTileT = 64;        // activation rows per tile
+constexpr int kSubT = 4;             // activation rows per register tile
+constexpr size_t kPrepSlots = 1024;  // (activation row, group) pairs prepared at a time
+constexpr size_t kMaxChunk = 256;    // groups per chunk
 
 size_t chunk_groups(size_t tn) {
   return std::min(kMaxChunk, std::max<size_t>(16, (kPrepSlots / tn) / 16 * 16));
 }
-
 
 // 2^(s - 128) per lane, as mxfp4_half_scale (exact, subnormal for s <= 1; NaN for s = 255).
 inline __m256 half_scale(__m256i s) {
@@ -134,13 +134,13 @@ inline __m256 half_scale(__m256i s) {
 constexpr size_t kAhead = 1024;
 
 struct Block {
-  const uint8_t* p;   // packed bytes of (row o0, group c0)
-  size_t row_bytes;   // packed row stride
-  size_t chunk_bytes; // packed bytes of the chunk in one row (gc * 16)
-  const uint8_t* sp;  // scales of (row o0, group c0)
-  size_t groups;      // scale row stride
-  size_t nr;          // valid rows (<= 8)
-  size_t gc;          // groups in the chunk
+  const uint8_t* p;    // packed bytes of (row o0, group c0)
+  size_t row_bytes;    // packed row stride
+  size_t chunk_bytes;  // packed bytes of the chunk in one row (gc * 16)
+  const uint8_t* sp;   // scales of (row o0, group c0)
+  size_t groups;       // scale row stride
+  size_t nr;           // valid rows (<= 8)
+  size_t gc;           // groups in the chunk
 };
 
 // Loads the packed bytes of groups [g0, g0 + gq) (gq <= 2) of the block's rows and transposes
@@ -151,8 +151,9 @@ inline void load_pair(const Block& b, size_t g0, size_t gq, __m256i r[8]) {
   const size_t off = g0 * (kMxfp4Group / 2);
   const size_t ahead = off + kAhead;
   // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
-  const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
-                       (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+  const uintptr_t pf =
+      reinterpret_cast<uintptr_t>(b.p) +
+      (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
   const bool prefetch = (g0 & 3) == 0;  // one prefetch per 64 bytes of a row
   for (size_t i = 0; i < kRows; ++i) {
     if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
@@ -167,13 +168,15 @@ inline void load_pair(const Block& b, size_t g0, size_t gq, __m256i r[8]) {
 // Decodes group gl of a transposed pair into the u8 weights (doubled e2m1 + 12) matching the
 // prepared activation dwords k = 0..7.
 inline void decode_group(const __m256i r[8], size_t gl, __m256i w[8]) {
-  const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  //
-                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m256i table =
+      _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,  //
+                       12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (size_t j = 0; j < 4; ++j) {
     const __m256i x = r[4 * gl + j];
-    w[2 * j] = _mm256_shuffle_epi8(table, _mm256_and_si256(x, low4));                           // 8j + 0,2,4,6
-    w[2 * j + 1] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi32(x, 4), low4));  // 8j + 1,3,5,7
+    w[2 * j] = _mm256_shuffle_epi8(table, _mm256_and_si256(x, low4));  // 8j + 0,2,4,6
+    w[2 * j + 1] = _mm256_shuffle_epi8(
+        table, _mm256_and_si256(_mm256_srli_epi32(x, 4), low4));  // 8j + 1,3,5,7
   }
 }
 
@@ -227,7 +230,8 @@ inline void idot_group(const __m256i w[8], __m256 h, const Acts& x, size_t g, __
       p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[4 + k], bcast32(q + 16 + 4 * k)));
     }
     __m256i i = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
-    i = _mm256_add_epi32(i, _mm256_set1_epi32(x.qs[s * x.qs_stride + g]));  // -12 * sum(q): the offset
+    i = _mm256_add_epi32(i,
+                         _mm256_set1_epi32(x.qs[s * x.qs_stride + g]));  // -12 * sum(q): the offset
     // Exactly idot_reduce: acc + (float)isum * (d * 2^(s-128)), no FMA.
     const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(x.d[s * x.d_stride + g]), h);
     a[s] = _mm256_add_ps(a[s], _mm256_mul_ps(_mm256_cvtepi32_ps(i), scale));
@@ -260,7 +264,8 @@ void block_direct(const Block& b, const Acts& x, float* acc) {
 // Many activation rows: a unit of up to 8 groups is decoded once into a buffer, then applied to
 // every activation row of the tile, kSubT rows at a time.
 template <int S>
-void unit_buffered(const __m256i* wbuf, const __m256* hs, size_t u0, size_t ug, const Acts& x, float* acc) {
+void unit_buffered(const __m256i* wbuf, const __m256* hs, size_t u0, size_t ug, const Acts& x,
+                   float* acc) {
   __m256 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kRows);
   for (size_t g = 0; g < ug; ++g) idot_group<S>(wbuf + g * 8, hs[g], x, u0 + g, a);
@@ -269,7 +274,8 @@ void unit_buffered(const __m256i* wbuf, const __m256* hs, size_t u0, size_t ug, 
 
 void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
   using Fn = void (*)(const __m256i*, const __m256*, size_t, size_t, const Acts&, float*);
-  static constexpr Fn kFns[kSubT] = {unit_buffered<1>, unit_buffered<2>, unit_buffered<3>, unit_buffered<4>};
+  static constexpr Fn kFns[kSubT] = {unit_buffered<1>, unit_buffered<2>, unit_buffered<3>,
+                                     unit_buffered<4>};
   alignas(32) __m256i wbuf[kUnit * 8];
   alignas(32) __m256 hs[kUnit];
   __m256i r[8];
@@ -284,7 +290,7 @@ void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
     for (size_t ts = 0; ts < tn; ts += kSubT) {
       const size_t sn = std::min<size_t>(kSubT, tn - ts);
       const Acts xs{x.qp + ts * x.qp_stride, x.qp_stride, x.qs + ts * x.qs_stride, x.qs_stride,
-                    x.d + ts * x.d_stride, x.d_stride};
+                    x.d + ts * x.d_stride,   x.d_stride};
       kFns[sn - 1](wbuf, hs, u0, ug, xs, acc + ts * kRows);
     }
   }
@@ -337,12 +343,14 @@ void quantize_q8_32_avx2(const float* x, size_t cols, int8_t* q, float* d) {
     const __m256 vinv = _mm256_set1_ps(inv);
     __m256i iv[4];
     for (int k = 0; k < 4; ++k) {
-      __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m256 r =
+          _mm256_round_ps(_mm256_mul_ps(v[k], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);  // as q8_round: NaN -> -127
       iv[k] = _mm256_cvtps_epi32(r);
     }
     // packs interleave the 128-bit lanes: dwords 0,4,1,5,2,6,3,7 restore column order.
-    const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    const __m256i p16 =
+        _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + g * kMxfp4Group),
                         _mm256_permutevar8x32_epi32(p16, order));
   }
@@ -372,12 +380,20 @@ void matmul_mxfp4_idot_avx2(const uint8_t* packed, const uint8_t* scales, size_t
         const size_t nr = std::min(kRows, row_end - o0);
         const __m256i rmask = row_mask(nr);
         for (size_t t = 0; t < tn; ++t)
-          _mm256_store_ps(acc + t * kRows, c0 == 0 ? _mm256_setzero_ps()
-                                                   : _mm256_maskload_ps(Y + (t0 + t) * ldy + o0, rmask));
-        const Block b{packed + o0 * row_bytes + c0 * (kMxfp4Group / 2), row_bytes, gc * (kMxfp4Group / 2),
-                      scales + o0 * groups + c0, groups, nr, gc};
-        if (tn <= kDirectMax) kBlockDirect[tn - 1](b, x, acc);
-        else block_buffered(b, x, tn, acc);
+          _mm256_store_ps(
+              acc + t * kRows,
+              c0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(Y + (t0 + t) * ldy + o0, rmask));
+        const Block b{packed + o0 * row_bytes + c0 * (kMxfp4Group / 2),
+                      row_bytes,
+                      gc * (kMxfp4Group / 2),
+                      scales + o0 * groups + c0,
+                      groups,
+                      nr,
+                      gc};
+        if (tn <= kDirectMax)
+          kBlockDirect[tn - 1](b, x, acc);
+        else
+          block_buffered(b, x, tn, acc);
         for (size_t t = 0; t < tn; ++t)
           _mm256_maskstore_ps(Y + (t0 + t) * ldy + o0, rmask, _mm256_load_ps(acc + t * kRows));
       }

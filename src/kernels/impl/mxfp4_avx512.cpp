@@ -38,10 +38,10 @@
 #include <cstring>
 
 #include "avx512_common.h"
+#include "kernels/mxfp4.h"
 #include "kernels_impl.h"
 #include "mxfp4_common.h"
 #include "x86_common.h"
-#include "kernels/mxfp4.h"
 
 namespace k3::impl {
 namespace {
@@ -49,19 +49,17 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Blocks of 16 rows, shared by both paths
 
-constexpr size_t kRows = 16;          // weight rows per block (one per 32-bit lane)
-constexpr size_t kUnit = 16;          // groups decoded at a time
-constexpr size_t kTileT = 64;         // activation rows per tile
-constexpr int kSubT = 8;              // activation rows per register tile
-constexpr size_t kPrepSlots = 1024;   // (activation row, group) pairs prepared at a time
-constexpr size_t kMaxChunk = 256;     // groups per chunk
+constexpr size_t kRows = 16;         // weight rows per block (one per 32-bit lane)
+constexpr size_t kUnit = 16;         // groups decoded at a time
+constexpr size_t kTileT = 64;        // activation rows per tile
+constexpr int kSubT = 8;             // activation rows per register tile
+constexpr size_t kPrepSlots = 1024;  // (activation row, group) pairs prepared at a time
+constexpr size_t kMaxChunk = 256;    // groups per chunk
 
 // Groups per chunk for a tile of `tn` activation rows: a multiple of kUnit, tn * chunk <= slots.
 size_t chunk_groups(size_t tn) {
   return std::min(kMaxChunk, std::max(kUnit, (kPrepSlots / tn) / kUnit * kUnit));
 }
-
-
 
 // 2^(s - bias) per lane, exact (subnormal below 2^-126); NaN for s = 255. bias 127 is
 // mxfp4_scale, bias 128 mxfp4_half_scale.
@@ -80,13 +78,13 @@ inline __m512 pow2_scale(__m512i s, int bias) {
 constexpr size_t kAhead = 1024;
 
 struct Block {
-  const uint8_t* p;   // packed bytes of (row o0, group c0)
-  size_t row_bytes;   // packed row stride
-  size_t chunk_bytes; // packed bytes of the chunk in one row (gc * 16)
-  const uint8_t* sp;  // scales of (row o0, group c0)
-  size_t groups;      // scale row stride
-  size_t nr;          // valid rows (<= 16)
-  size_t gc;          // groups in the chunk
+  const uint8_t* p;    // packed bytes of (row o0, group c0)
+  size_t row_bytes;    // packed row stride
+  size_t chunk_bytes;  // packed bytes of the chunk in one row (gc * 16)
+  const uint8_t* sp;   // scales of (row o0, group c0)
+  size_t groups;       // scale row stride
+  size_t nr;           // valid rows (<= 16)
+  size_t gc;           // groups in the chunk
 };
 
 // Loads the packed bytes of groups [g0, g0 + gq) (gq <= 4) of the block's rows and transposes
@@ -97,11 +95,13 @@ inline void load_quad(const Block& b, size_t g0, size_t gq, __m512i r[16]) {
   const size_t off = g0 * (kMxfp4Group / 2);
   const size_t ahead = off + kAhead;
   // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
-  const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
-                       (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+  const uintptr_t pf =
+      reinterpret_cast<uintptr_t>(b.p) +
+      (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
   for (size_t i = 0; i < kRows; ++i) {
     _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
-    r[i] = i < b.nr ? _mm512_maskz_loadu_epi32(mask, b.p + i * b.row_bytes + off) : _mm512_setzero_si512();
+    r[i] = i < b.nr ? _mm512_maskz_loadu_epi32(mask, b.p + i * b.row_bytes + off)
+                    : _mm512_setzero_si512();
   }
   transpose16(r);
 }
@@ -114,8 +114,9 @@ inline void decode_group(const __m512i r[16], size_t gl, __m512i w[8]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (size_t j = 0; j < 4; ++j) {
     const __m512i x = r[4 * gl + j];
-    w[2 * j] = _mm512_shuffle_epi8(table, _mm512_and_si512(x, low4));                           // 8j + 0,2,4,6
-    w[2 * j + 1] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi32(x, 4), low4));  // 8j + 1,3,5,7
+    w[2 * j] = _mm512_shuffle_epi8(table, _mm512_and_si512(x, low4));  // 8j + 0,2,4,6
+    w[2 * j + 1] = _mm512_shuffle_epi8(
+        table, _mm512_and_si512(_mm512_srli_epi32(x, 4), low4));  // 8j + 1,3,5,7
   }
 }
 
@@ -124,7 +125,8 @@ inline void decode_scales(const Block& b, size_t g0, size_t ug, int bias, __m512
   const __mmask16 mask = static_cast<__mmask16>((1u << ug) - 1);
   __m512i r[16];
   for (size_t i = 0; i < kRows; ++i)
-    r[i] = i < b.nr ? _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, b.sp + i * b.groups + g0)) : _mm512_setzero_si512();
+    r[i] = i < b.nr ? _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, b.sp + i * b.groups + g0))
+                    : _mm512_setzero_si512();
   transpose16(r);
   for (size_t g = 0; g < ug; ++g) hs[g] = pow2_scale(r[g], bias);
 }
@@ -137,9 +139,12 @@ inline void decode_scales16(const Block& b, size_t g0, int bias, __m512* hs) {
   for (size_t k = 0; k < 4; ++k) {
     const uint8_t* sp = b.sp + k * b.groups + g0;  // lane L: row 4L + k
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sp)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 4 * b.groups)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 8 * b.groups)), 2);
-    z[k] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 12 * b.groups)), 3);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 4 * b.groups)),
+                           1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 8 * b.groups)),
+                           2);
+    z[k] = _mm512_inserti32x4(
+        v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(sp + 12 * b.groups)), 3);
   }
   const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
   const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
@@ -198,7 +203,8 @@ void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
             const __m512 w = _mm512_permutexvar_ps(x, table);
             x = _mm512_srli_epi32(x, 4);
             for (int s = 0; s < S; ++s)
-              ga[s][p & 1] = _mm512_fmadd_ps(w, _mm512_set1_ps(xg[s * cols + 8 * j + p]), ga[s][p & 1]);
+              ga[s][p & 1] =
+                  _mm512_fmadd_ps(w, _mm512_set1_ps(xg[s * cols + 8 * j + p]), ga[s][p & 1]);
           }
         }
         for (int s = 0; s < S; ++s)
@@ -212,7 +218,8 @@ void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
 // acc[s] += groups [0, ug) of decoded f32 weights w ([g][32]) with row scales hs against
 // activation rows s < S (X: group 0 of row 0, stride cols).
 template <int S>
-void exact_unit(const __m512* w, const __m512* hs, size_t ug, const float* X, size_t cols, float* acc) {
+void exact_unit(const __m512* w, const __m512* hs, size_t ug, const float* X, size_t cols,
+                float* acc) {
   __m512 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
   for (size_t g = 0; g < ug; ++g) {
@@ -220,7 +227,8 @@ void exact_unit(const __m512* w, const __m512* hs, size_t ug, const float* X, si
     for (int s = 0; s < S; ++s) ga[s] = _mm512_setzero_ps();
     for (size_t c = 0; c < kMxfp4Group; ++c) {
       const __m512 wc = _mm512_load_ps(reinterpret_cast<const float*>(w + g * kMxfp4Group + c));
-      for (int s = 0; s < S; ++s) ga[s] = _mm512_fmadd_ps(wc, _mm512_set1_ps(X[s * cols + g * kMxfp4Group + c]), ga[s]);
+      for (int s = 0; s < S; ++s)
+        ga[s] = _mm512_fmadd_ps(wc, _mm512_set1_ps(X[s * cols + g * kMxfp4Group + c]), ga[s]);
     }
     for (int s = 0; s < S; ++s) a[s] = _mm512_fmadd_ps(ga[s], hs[g], a[s]);
   }
@@ -245,7 +253,8 @@ void exact_buffered(const Block& b, const float* X, size_t cols, size_t tn, floa
       for (size_t gl = 0; gl < gq; ++gl) decode_group_f32(r, gl, w + gl * kMxfp4Group);
       for (size_t ts = 0; ts < tn; ts += kSubT) {
         const size_t sn = std::min<size_t>(kSubT, tn - ts);
-        kFns[sn - 1](w, hs + q * 4, gq, X + ts * cols + (u0 + q * 4) * kMxfp4Group, cols, acc + ts * kRows);
+        kFns[sn - 1](w, hs + q * 4, gq, X + ts * cols + (u0 + q * 4) * kMxfp4Group, cols,
+                     acc + ts * kRows);
       }
     }
   }
@@ -253,7 +262,8 @@ void exact_buffered(const Block& b, const float* X, size_t cols, size_t tn, floa
 
 constexpr size_t kExactDirect = 4;
 using ExactDirect = void (*)(const Block&, const float*, size_t, float*);
-const ExactDirect kExactDirectFns[kExactDirect] = {exact_direct<1>, exact_direct<2>, exact_direct<3>, exact_direct<4>};
+const ExactDirect kExactDirectFns[kExactDirect] = {exact_direct<1>, exact_direct<2>,
+                                                   exact_direct<3>, exact_direct<4>};
 
 // ---------------------------------------------------------------------------------------------
 // Integer path
@@ -314,7 +324,8 @@ void block_direct(const Block& b, const Acts& x, float* acc) {
 // Many activation rows: a unit of up to 16 groups is decoded once into a buffer, then applied
 // to every activation row of the tile, kSubT rows at a time.
 template <int S>
-void unit_buffered(const __m512i* wbuf, const __m512* hs, size_t u0, size_t ug, const Acts& x, float* acc) {
+void unit_buffered(const __m512i* wbuf, const __m512* hs, size_t u0, size_t ug, const Acts& x,
+                   float* acc) {
   __m512 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
   for (size_t g = 0; g < ug; ++g) {
@@ -327,8 +338,9 @@ void unit_buffered(const __m512i* wbuf, const __m512* hs, size_t u0, size_t ug, 
 
 void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
   using Fn = void (*)(const __m512i*, const __m512*, size_t, size_t, const Acts&, float*);
-  static constexpr Fn kFns[kSubT] = {unit_buffered<1>, unit_buffered<2>, unit_buffered<3>, unit_buffered<4>,
-                                     unit_buffered<5>, unit_buffered<6>, unit_buffered<7>, unit_buffered<8>};
+  static constexpr Fn kFns[kSubT] = {unit_buffered<1>, unit_buffered<2>, unit_buffered<3>,
+                                     unit_buffered<4>, unit_buffered<5>, unit_buffered<6>,
+                                     unit_buffered<7>, unit_buffered<8>};
   alignas(64) __m512i wbuf[kUnit * 8];
   alignas(64) __m512 hs[kUnit];
   __m512i r[16];
@@ -343,7 +355,7 @@ void block_buffered(const Block& b, const Acts& x, size_t tn, float* acc) {
     for (size_t ts = 0; ts < tn; ts += kSubT) {
       const size_t sn = std::min<size_t>(kSubT, tn - ts);
       const Acts xs{x.qp + ts * x.qp_stride, x.qp_stride, x.qs + ts * x.qs_stride, x.qs_stride,
-                    x.d + ts * x.d_stride, x.d_stride};
+                    x.d + ts * x.d_stride,   x.d_stride};
       kFns[sn - 1](wbuf, hs, u0, ug, xs, acc + ts * kRows);
     }
   }
@@ -367,7 +379,8 @@ struct Quad1 {
 void prepare_n1(const uint8_t* qp, const int32_t* qs, size_t gc, Quad1* out) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const __m512i oidx = _mm512_setr_epi32(0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16);
+  const __m512i oidx =
+      _mm512_setr_epi32(0, 16, 16, 16, 1, 16, 16, 16, 2, 16, 16, 16, 3, 16, 16, 16);
   for (size_t g0 = 0, q = 0; g0 < gc; g0 += 4, ++q) {
     const size_t gq = std::min<size_t>(4, gc - g0);
     const __mmask16 m0 = static_cast<__mmask16>(gq >= 2 ? 0xFFFF : 0x00FF);
@@ -383,7 +396,8 @@ void prepare_n1(const uint8_t* qp, const int32_t* qs, size_t gc, Quad1* out) {
 
 // The 16 rows' partials of one quad (dr[i]: row i) -> one vector per group, one row per lane,
 // then acc += isum * (d * h) per group, exactly as idot_reduce.
-inline __m512 finish_quad(const __m512i dr[16], const float* d, const __m512* hs, size_t gq, __m512 a) {
+inline __m512 finish_quad(const __m512i dr[16], const float* d, const __m512* hs, size_t gq,
+                          __m512 a) {
   __m512i gs[4];
   sum_rows16(dr, gs);
   for (size_t gl = 0; gl < gq; ++gl) {
@@ -409,16 +423,19 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
   alignas(64) __m512i d2[kRows];
   for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
     const size_t ug = std::min(kUnit, b.gc - u0);
-    if (kFull && ug == kUnit) decode_scales16(b, u0, 128, hs);
-    else decode_scales(b, u0, ug, 128, hs);
+    if (kFull && ug == kUnit)
+      decode_scales16(b, u0, 128, hs);
+    else
+      decode_scales(b, u0, ug, 128, hs);
     size_t q = 0;
     // Two quads (128 contiguous bytes per row) at a time.
     for (; q * 4 + 8 <= ug; q += 2) {
       const size_t g0 = u0 + q * 4;
       const size_t off = g0 * (kMxfp4Group / 2);
       const size_t ahead = off + kAhead;
-      const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
-                           (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+      const uintptr_t pf =
+          reinterpret_cast<uintptr_t>(b.p) +
+          (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
       const Quad1& x0 = qx[g0 / 4];
       const Quad1& x1 = qx[g0 / 4 + 1];
       __m512i dr[16];
@@ -440,14 +457,16 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
       const __mmask16 mask = static_cast<__mmask16>((1u << (4 * gq)) - 1);
       const size_t off = g0 * (kMxfp4Group / 2);
       const size_t ahead = off + kAhead;
-      const uintptr_t pf = reinterpret_cast<uintptr_t>(b.p) +
-                           (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+      const uintptr_t pf =
+          reinterpret_cast<uintptr_t>(b.p) +
+          (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
       __m512i dr[16];
       const uint8_t* p = b.p + off;
 #pragma GCC unroll 16
       for (size_t i = 0; i < kRows; ++i) {
         _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
-        dr[i] = dot(_mm512_maskz_loadu_epi32(kFull || i < b.nr ? mask : 0, p + i * b.row_bytes), qx[g0 / 4]);
+        dr[i] = dot(_mm512_maskz_loadu_epi32(kFull || i < b.nr ? mask : 0, p + i * b.row_bytes),
+                    qx[g0 / 4]);
       }
       a = finish_quad(dr, d + g0, hs + q * 4, gq, a);
     }
@@ -456,8 +475,9 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
 }
 
 using BlockDirect = void (*)(const Block&, const Acts&, float*);
-const BlockDirect kBlockDirect[kSubT] = {block_direct<1>, block_direct<2>, block_direct<3>, block_direct<4>,
-                                         block_direct<5>, block_direct<6>, block_direct<7>, block_direct<8>};
+const BlockDirect kBlockDirect[kSubT] = {block_direct<1>, block_direct<2>, block_direct<3>,
+                                         block_direct<4>, block_direct<5>, block_direct<6>,
+                                         block_direct<7>, block_direct<8>};
 
 }  // namespace
 
@@ -473,9 +493,12 @@ void matmul_mxfp4_exact_avx512(const uint8_t* packed, const uint8_t* scales, siz
       const size_t nr = std::min(kRows, row_end - o0);
       const __mmask16 rmask = static_cast<__mmask16>((1u << nr) - 1);
       for (size_t t = 0; t < tn; ++t) _mm512_store_ps(acc + t * kRows, _mm512_setzero_ps());
-      const Block b{packed + o0 * row_bytes, row_bytes, row_bytes, scales + o0 * groups, groups, nr, groups};
-      if (tn <= kExactDirect) kExactDirectFns[tn - 1](b, X + t0 * cols, cols, acc);
-      else exact_buffered(b, X + t0 * cols, cols, tn, acc);
+      const Block b{
+          packed + o0 * row_bytes, row_bytes, row_bytes, scales + o0 * groups, groups, nr, groups};
+      if (tn <= kExactDirect)
+        kExactDirectFns[tn - 1](b, X + t0 * cols, cols, acc);
+      else
+        exact_buffered(b, X + t0 * cols, cols, tn, acc);
       for (size_t t = 0; t < tn; ++t)
         _mm512_mask_storeu_ps(Y + (t0 + t) * ldy + o0, rmask, _mm512_load_ps(acc + t * kRows));
     }
@@ -533,15 +556,25 @@ void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size
         const size_t nr = std::min(kRows, row_end - o0);
         const __mmask16 rmask = static_cast<__mmask16>((1u << nr) - 1);
         for (size_t t = 0; t < tn; ++t)
-          _mm512_store_ps(acc + t * kRows, c0 == 0 ? _mm512_setzero_ps()
-                                                   : _mm512_maskz_loadu_ps(rmask, Y + (t0 + t) * ldy + o0));
-        const Block b{packed + o0 * row_bytes + c0 * (kMxfp4Group / 2), row_bytes, gc * (kMxfp4Group / 2),
-                      scales + o0 * groups + c0, groups, nr, gc};
+          _mm512_store_ps(acc + t * kRows,
+                          c0 == 0 ? _mm512_setzero_ps()
+                                  : _mm512_maskz_loadu_ps(rmask, Y + (t0 + t) * ldy + o0));
+        const Block b{packed + o0 * row_bytes + c0 * (kMxfp4Group / 2),
+                      row_bytes,
+                      gc * (kMxfp4Group / 2),
+                      scales + o0 * groups + c0,
+                      groups,
+                      nr,
+                      gc};
         if (tn == 1) {
-          if (nr == kRows) block_n1<true>(b, q1, x.d, acc);
-          else block_n1<false>(b, q1, x.d, acc);
-        } else if (tn <= static_cast<size_t>(kSubT)) kBlockDirect[tn - 1](b, x, acc);
-        else block_buffered(b, x, tn, acc);
+          if (nr == kRows)
+            block_n1<true>(b, q1, x.d, acc);
+          else
+            block_n1<false>(b, q1, x.d, acc);
+        } else if (tn <= static_cast<size_t>(kSubT))
+          kBlockDirect[tn - 1](b, x, acc);
+        else
+          block_buffered(b, x, tn, acc);
         for (size_t t = 0; t < tn; ++t)
           _mm512_mask_storeu_ps(Y + (t0 + t) * ldy + o0, rmask, _mm512_load_ps(acc + t * kRows));
       }

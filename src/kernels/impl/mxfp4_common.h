@@ -15,13 +15,16 @@ namespace k3::impl {
 namespace {
 
 // Doubled e2m1 values: exact small integers (|v| <= 12). The 0.5 is folded into the scale.
-inline constexpr int8_t kE2M1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline constexpr int8_t kE2M1Doubled[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
 
 // Largest number of 32-groups in one row of an MXFP4 matrix (cols <= 131072).
 inline constexpr size_t kMaxMxfp4Groups = 4096;
 
 // Activation scale of a 32-group: max(amax / 127, 1e-20).
-inline float q8_scale(float amax) { return std::max(amax / 127.0f, 1e-20f); }
+inline float q8_scale(float amax) {
+  return std::max(amax / 127.0f, 1e-20f);
+}
 
 // clamp(round_half_even(v), -127, 127).
 inline int8_t q8_round(float v) {
@@ -38,7 +41,8 @@ inline float mxfp4_half_scale(uint8_t s) {
 // g ascending.
 inline float idot_reduce(const int32_t* isum, const float* d, const uint8_t* s, size_t groups) {
   float acc = 0.0f;
-  for (size_t g = 0; g < groups; ++g) acc += static_cast<float>(isum[g]) * (d[g] * mxfp4_half_scale(s[g]));
+  for (size_t g = 0; g < groups; ++g)
+    acc += static_cast<float>(isum[g]) * (d[g] * mxfp4_half_scale(s[g]));
   return acc;
 }
 

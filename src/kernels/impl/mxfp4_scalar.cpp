@@ -3,9 +3,9 @@
 // float reduction).
 #include <cmath>
 
+#include "kernels/mxfp4.h"
 #include "kernels_impl.h"
 #include "mxfp4_common.h"
-#include "kernels/mxfp4.h"
 
 namespace k3::impl {
 

@@ -23,11 +23,14 @@ void prepare(const int8_t* Q8, size_t cols, size_t tn, size_t c0, size_t gc, int
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
   for (size_t t = 0; t < tn; ++t) {
     for (size_t g = 0; g < gc; ++g) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q8 + t * cols + (c0 + g) * 32));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + (t * gc + g) * 32), _mm256_shuffle_epi8(v, order));
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Q8 + t * cols + (c0 + g) * 32));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + (t * gc + g) * 32),
+                          _mm256_shuffle_epi8(v, order));
       // sum(q + 128) per 8 bytes, then fold.
       const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, bias), _mm256_setzero_si256());
-      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const __m128i s2 =
+          _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
       const __m128i s1 = _mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2));
       qs[t * gc + g] = -weight_offset * (_mm_cvtsi128_si32(s1) - 32 * 128);
     }

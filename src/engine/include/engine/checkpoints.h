@@ -1,7 +1,7 @@
-// engine/checkpoints.h — recurrent-state checkpoints (saved KDA state, docs/serving.md §3.10.2, §3.10): a few
-// slots holding a session's KDA state at prompt boundaries and at the end of replies, so that an
-// edited or re-rendered conversation resumes from the deepest checkpoint that still matches instead
-// of re-prefilling everything.
+// engine/checkpoints.h — recurrent-state checkpoints (saved KDA state, docs/serving.md §3.10.2,
+// §3.10): a few slots holding a session's KDA state at prompt boundaries and at the end of replies,
+// so that an edited or re-rendered conversation resumes from the deepest checkpoint that still
+// matches instead of re-prefilling everything.
 //
 // Slot policy: an identical (position, ids) checkpoint only refreshes its LRU stamp; otherwise the
 // first empty slot, else the least recently used one. Restore: the deepest checkpoint with
@@ -35,7 +35,8 @@ struct CheckpointPolicy {
 };
 
 struct CheckpointCounters {
-  int64_t saves = 0, restores = 0, rejected = 0;  // rejected: disk checkpoints that failed the check
+  int64_t saves = 0, restores = 0,
+          rejected = 0;  // rejected: disk checkpoints that failed the check
   double restore_seconds = 0;
 };
 
@@ -52,13 +53,13 @@ class CheckpointStore {
   std::string describe() const;
   const CheckpointPolicy& policy() const { return policy_; }
 
-  // Saves a checkpoint of `session` at its position (nothing below position 1). Returns false when the
-  // checkpoint was dropped (an error is written to stderr) or the store is off.
+  // Saves a checkpoint of `session` at its position (nothing below position 1). Returns false when
+  // the checkpoint was dropped (an error is written to stderr) or the store is off.
   bool save(const Session& session);
   // True when a checkpoint of exactly (position, ids) is held.
   bool holds(int64_t position, std::span<const int64_t> ids) const;
-  // Restores the deepest usable checkpoint into `session` (see above) and returns its position, or 0
-  // when none fits (the session is then untouched).
+  // Restores the deepest usable checkpoint into `session` (see above) and returns its position, or
+  // 0 when none fits (the session is then untouched).
   int64_t restore_best(Session& session, std::span<const int64_t> prompt, int64_t live);
   // Drops every checkpoint (RAM and files).
   void clear();

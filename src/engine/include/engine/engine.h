@@ -30,16 +30,16 @@ struct EngineOptions {
 struct EngineInfo {
   int64_t hidden_size = 0;
   int64_t vocab_size = 0;
-  int64_t num_hidden_layers = 0;      // in config.json
-  int64_t num_layers = 0;             // loaded (K3_LAYERS may run fewer)
+  int64_t num_hidden_layers = 0;  // in config.json
+  int64_t num_layers = 0;         // loaded (K3_LAYERS may run fewer)
   int64_t num_experts = 0;
   int64_t num_experts_per_token = 0;
   int64_t first_k_dense_replace = 0;
   std::vector<int64_t> eos_token_ids;
   bool has_embedding = false;
-  bool has_head = false;              // false: prefill returns no logits
-  uint64_t resident_bytes = 0;        // weights held in memory
-  std::string tensor_prefix;          // "language_model." in the release layout
+  bool has_head = false;        // false: prefill returns no logits
+  uint64_t resident_bytes = 0;  // weights held in memory
+  std::string tensor_prefix;    // "language_model." in the release layout
 };
 
 // The routed-expert cache's counters since load.
@@ -53,9 +53,15 @@ struct ExpertStats {
   double busy_seconds = 0;   // wall time with at least one read in flight
   uint64_t prefetch_issued = 0, prefetch_used = 0;
   uint64_t predicted_hits = 0, predicted_total = 0;
-  std::string io_engine;     // "io_uring" or "threads"
-  double recall() const { return predicted_total ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total) : 0; }
-  double hit_ratio() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }
+  std::string io_engine;  // "io_uring" or "threads"
+  double recall() const {
+    return predicted_total
+               ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total)
+               : 0;
+  }
+  double hit_ratio() const {
+    return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0;
+  }
 };
 
 class Engine {
@@ -148,7 +154,8 @@ class Session {
   // Tokens per prefill chunk: the engine's K3_CHUNK unless overridden (values < 1 mean 1).
   int64_t prefill_chunk() const;
   void set_prefill_chunk(int64_t chunk);
-  // Feeds one token (a chunk of one) and returns its logits (same lifetime rule). Allocates nothing.
+  // Feeds one token (a chunk of one) and returns its logits (same lifetime rule). Allocates
+  // nothing.
   const std::vector<float>& step(int64_t id);
   SessionStats stats() const;
 

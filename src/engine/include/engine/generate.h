@@ -52,10 +52,11 @@ struct GenerateHooks {
 struct GenerateResult {
   std::vector<int64_t> tokens;  // generated ids, the stop id included when one ended the run
   FinishReason finish = FinishReason::length;
-  bool cancelled_in_prefill = false;  // finish == cancelled before any token: the session is part-fed
+  bool cancelled_in_prefill =
+      false;  // finish == cancelled before any token: the session is part-fed
   double prefill_seconds = 0;
   double decode_seconds = 0;
-  int64_t decode_steps = 0;     // tokens fed back (the first token comes from the prefill)
+  int64_t decode_steps = 0;  // tokens fed back (the first token comes from the prefill)
 };
 
 // The ids that end a reply: `<|end_of_msg|>` read from the model's tokenizer (163586 in the
@@ -70,7 +71,8 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
 
 // The CLI's form: `on_token` may return false to stop before the next token (cancelled).
 GenerateResult generate(Session& session, std::span<const int64_t> prompt, Sampler& sampler,
-                        const GenerateSettings& settings, const std::function<bool(int64_t)>& on_token,
+                        const GenerateSettings& settings,
+                        const std::function<bool(int64_t)>& on_token,
                         const PrefillHooks& hooks = {});
 
 }  // namespace k3

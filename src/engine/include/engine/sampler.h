@@ -1,6 +1,6 @@
 // engine/sampler.h — next-token choice: greedy (ties -> lowest id) or temperature sampling with
-// optional top-k, min-p and top-p (in that order), reproducible from a seed on every platform (own PRNG, no
-// implementation-defined std distributions).
+// optional top-k, min-p and top-p (in that order), reproducible from a seed on every platform (own
+// PRNG, no implementation-defined std distributions).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
-// engine/service.h — one engine, one worker thread, many requests (docs/serving.md §3.1, §3.9, §3.10).
+// engine/service.h — one engine, one worker thread, many requests (docs/serving.md §3.1, §3.9,
+// §3.10).
 //
 // The worker thread loads the model, then owns the only Session (KDA state, MLA rows, the
 // fed-token record) and the checkpoint store. Callers (HTTP threads, the terminal chat) never
@@ -17,13 +18,16 @@
 //      start of the last message: an edited or regenerated turn resumes there) or, without
 //      one, at the prompt's end. With 2 slots the checkpoints kept are then the last anchor and the
 //      last reply's end, which serve the follow-up, the edit and the regenerate cases alike.
-//   4. decode (engine/generate.h, the loop kimi_k3 runs too): sample, demux (text::OutputParser), stop strings matched per channel on decoded
-//      text and withheld, stop ids never fed; cancel polled between tokens; a checkpoint at the end.
+//   4. decode (engine/generate.h, the loop kimi_k3 runs too): sample, demux (text::OutputParser),
+//   stop strings matched per channel on decoded
+//      text and withheld, stop ids never fed; cancel polled between tokens; a checkpoint at the
+//      end.
 // A reused prefix gives the same tokens as a cold run: the state is exactly what feeding the
 // same ids from zero produces.
 //
 // Admission: one generation at a time, a bounded FIFO behind it; a cancelled waiter leaves the
-// queue at once. Engine faults fail the request with ServiceError::engine_error and reset the session.
+// queue at once. Engine faults fail the request with ServiceError::engine_error and reset the
+// session.
 #pragma once
 
 #include <atomic>
@@ -50,14 +54,14 @@ enum class ReuseKind { none, live, checkpoint };
 const char* reuse_kind_name(ReuseKind kind);  // "none", "live", "checkpoint"
 
 struct ServiceRequest {
-  std::vector<int64_t> prompt;   // rendered chat prompt ids
-  bool starts_in_think = true;   // the prompt opened the think channel
-  bool raw = false;              // plain completion: output bytes as content, no XTML channels
-  SamplingOptions sampling;      // seed used as given
-  int64_t max_tokens = 16;       // clamped to the context room
-  std::vector<std::string> stop; // stop strings (withheld from the output)
-  bool cache_prompt = true;      // false: ignore reusable state
-  int64_t progress_every = 32;   // a progress event every N prefilled tokens (and at the end)
+  std::vector<int64_t> prompt;    // rendered chat prompt ids
+  bool starts_in_think = true;    // the prompt opened the think channel
+  bool raw = false;               // plain completion: output bytes as content, no XTML channels
+  SamplingOptions sampling;       // seed used as given
+  int64_t max_tokens = 16;        // clamped to the context room
+  std::vector<std::string> stop;  // stop strings (withheld from the output)
+  bool cache_prompt = true;       // false: ignore reusable state
+  int64_t progress_every = 32;    // a progress event every N prefilled tokens (and at the end)
   // A position worth a checkpoint inside the prompt: the start of the last message, where an edited
   // or regenerated last turn diverges (0 = none: the checkpoint is taken at the prompt's end).
   int64_t anchor = 0;
@@ -66,27 +70,28 @@ struct ServiceRequest {
 struct GenerationStats {
   FinishReason finish = FinishReason::length;
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;     // positions reused (live or restored)
+  int64_t cached_tokens = 0;  // positions reused (live or restored)
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;
   ReuseKind reuse = ReuseKind::none;
-  int64_t restored_at = -1;      // checkpoint position, -1 when none was restored
+  int64_t restored_at = -1;  // checkpoint position, -1 when none was restored
   double queue_wait_ms = 0, prefill_ms = 0, decode_ms = 0;
   int tool_calls = 0;
 };
 
 // Why the service failed a request (the server maps each to an HTTP status and error code).
 enum class ServiceError { none, engine_error, shutting_down, cancelled };
-const char* service_error_name(ServiceError error);  // "", "engine_error", "shutting_down", "cancelled"
+const char* service_error_name(
+    ServiceError error);  // "", "engine_error", "shutting_down", "cancelled"
 
 struct ServiceEvent {
   enum class Kind { accepted, progress, reasoning, content, tool_call, done, error };
   Kind kind = Kind::done;
-  std::string text;           // reasoning / content delta; error message
-  text::ToolCallOut call;     // tool_call
-  int64_t processed = 0, total = 0;  // progress (prompt positions, cached ones included)
-  double elapsed_ms = 0;      // progress: since prefill start
-  GenerationStats stats;      // accepted (prompt, cached, reuse) and done
+  std::string text;                         // reasoning / content delta; error message
+  text::ToolCallOut call;                   // tool_call
+  int64_t processed = 0, total = 0;         // progress (prompt positions, cached ones included)
+  double elapsed_ms = 0;                    // progress: since prefill start
+  GenerationStats stats;                    // accepted (prompt, cached, reuse) and done
   ServiceError error = ServiceError::none;  // error
 };
 
@@ -119,14 +124,15 @@ class RequestHandle {
 struct ServiceOptions {
   std::string model_dir;
   LoadOptions load;
-  int64_t context = 0;           // positions (0 = 8192)
-  int ckpt_slots = -1;           // checkpoint slots; -1 = auto (2 in RAM when memory allows, else 2 on disk with a dir, else off)
+  int64_t context = 0;  // positions (0 = 8192)
+  int ckpt_slots = -1;  // checkpoint slots; -1 = auto (2 in RAM when memory allows, else 2 on disk
+                        // with a dir, else off)
   std::string ckpt_dir;
   bool ckpt_keep = false;
-  size_t max_queue = 8;          // waiters behind the active request
-  int token_delay_ms = 0;        // debug: sleep after every generated token
-  bool prefix_log = false;       // K3_PREFIX_LOG lines on stderr
-  int threads = 0;               // OpenMP threads of the worker (0 = default)
+  size_t max_queue = 8;     // waiters behind the active request
+  int token_delay_ms = 0;   // debug: sleep after every generated token
+  bool prefix_log = false;  // K3_PREFIX_LOG lines on stderr
+  int threads = 0;          // OpenMP threads of the worker (0 = default)
   // Tests: generated ids are taken from this script (in order, then the sampler) instead of
   // sampled, so tool calls and stop paths can be driven through a random-weight model.
   std::vector<int64_t> scripted_tokens;
@@ -137,14 +143,14 @@ struct ServiceOptions {
 struct ServiceStats {
   enum class State { loading, ready, failed, stopping };
   State state = State::loading;
-  double load_progress = 0;      // [0, 1]
+  double load_progress = 0;  // [0, 1]
   double load_elapsed_s = 0;
   std::string load_error;
   int64_t context_capacity = 0;
-  std::string checkpoints;       // CheckpointStore::describe()
+  std::string checkpoints;  // CheckpointStore::describe()
   int ckpt_slots = 0, ckpt_used = 0;
   std::vector<CheckpointStore::SlotInfo> ckpt_list;
-  std::string phase = "idle";    // idle, prefill, decode
+  std::string phase = "idle";  // idle, prefill, decode
   int64_t fed_tokens = 0;
   size_t active = 0, queued = 0, max_queue = 0;
   int64_t admitted = 0, completed = 0, rejected = 0, failed = 0;
@@ -153,8 +159,8 @@ struct ServiceStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t reuse_live = 0, reuse_checkpoint = 0, reuse_none = 0;
   CheckpointCounters ckpt;
-  double active_started = 0;     // now_seconds() of the active request's acceptance
-  ExpertStats experts;           // the routed-expert cache's counters (zero while loading)
+  double active_started = 0;  // now_seconds() of the active request's acceptance
+  ExpertStats experts;        // the routed-expert cache's counters (zero while loading)
 };
 
 class EngineService {
@@ -169,8 +175,8 @@ class EngineService {
   // Queues a request. Errors: unavailable (loading, failed, shutting down), resource_exhausted
   // (queue full), invalid_argument (the prompt does not fit the context).
   Result<std::shared_ptr<RequestHandle>> submit(ServiceRequest request);
-  // The caller is gone: a waiter leaves the queue at once (an error event ServiceError::cancelled is
-  // pushed), the active request stops within one layer (prefill) or one token (decode).
+  // The caller is gone: a waiter leaves the queue at once (an error event ServiceError::cancelled
+  // is pushed), the active request stops within one layer (prefill) or one token (decode).
   void cancel(const std::shared_ptr<RequestHandle>& handle);
   // Stop admitting (submit → unavailable) and fail the waiters with shutting_down.
   void begin_shutdown();
@@ -207,9 +213,9 @@ class EngineService {
   std::atomic<bool> ready_{false};
   std::atomic<int64_t> context_{0};
 
-  mutable std::mutex mutex_;            // guards everything below
-  std::condition_variable wake_;        // worker: a request or a control job arrived
-  std::condition_variable idle_;        // wait_idle
+  mutable std::mutex mutex_;      // guards everything below
+  std::condition_variable wake_;  // worker: a request or a control job arrived
+  std::condition_variable idle_;  // wait_idle
   std::deque<std::shared_ptr<RequestHandle>> queue_;
   std::shared_ptr<RequestHandle> active_;
   bool shutting_down_ = false, exiting_ = false, erase_requested_ = false;

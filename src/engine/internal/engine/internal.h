@@ -34,17 +34,25 @@ struct Session::Impl {
   const Engine::Impl& engine;
   ModelState state;
   std::vector<int64_t> tokens;
-  std::vector<float> logits;  // [vocab]
-  std::vector<float> x0;      // [rows][hidden], optional
-  int64_t chunk = 1;          // tokens per prefill chunk
+  std::vector<float> logits;                  // [vocab]
+  std::vector<float> x0;                      // [rows][hidden], optional
+  int64_t chunk = 1;                          // tokens per prefill chunk
   std::vector<float> chunk_x0, chunk_hidden;  // [chunk][hidden] input rows and final hidden rows
 };
 
 namespace internal {
-inline const Model& model(const Engine& engine) { return *engine.impl().model; }
-inline const K3Config& config(const Engine& engine) { return engine.impl().config; }
-inline const ModelFiles& model_files(const Engine& engine) { return *engine.impl().files; }
-inline const StageStats& stage_stats(const Session& session) { return session.impl().state.stats; }
+inline const Model& model(const Engine& engine) {
+  return *engine.impl().model;
+}
+inline const K3Config& config(const Engine& engine) {
+  return engine.impl().config;
+}
+inline const ModelFiles& model_files(const Engine& engine) {
+  return *engine.impl().files;
+}
+inline const StageStats& stage_stats(const Session& session) {
+  return session.impl().state.stats;
+}
 }  // namespace internal
 
 }  // namespace k3

@@ -29,8 +29,8 @@
 // (ExpertBatch::view), so compute on the first experts overlaps the reads of the rest; without
 // it acquire() waits for every read (still in parallel). A read error surfaces as k3::Error on
 // the thread asking for the view. When a batch is released, its misses that arrived are promoted
-// into the layer's slots (buffers swapped, no copy) by the replacement rule above (never evicting a slot promoted by the same release); the rest are
-// counted as transient.
+// into the layer's slots (buffers swapped, no copy) by the replacement rule above (never evicting a
+// slot promoted by the same release); the rest are counted as transient.
 //
 // Prefetch: prefetch(layer, ids) starts reads of experts predicted for a layer (staged in the
 // working set, never evicting anything); a later acquire() of that layer takes a staged read as
@@ -68,17 +68,17 @@ namespace k3 {
 struct ExpertCacheSetup {
   std::vector<int64_t> moe_layers;  // the layer indices holding routed experts (all in the store)
   int64_t num_experts = 0;
-  bool all_resident = false;        // every expert read into RAM at load (ExpertStore::load_all)
-  int64_t history_layers = 0;       // the model's full layer count (the file's geometry record)
-  std::string model_identity;       // hashed into the file's identity record
-  std::string history_path;         // .coli_usage read at start ("" = no history)
-  std::string history_save_path;    // where save_history() writes ("" = nowhere)
-  std::string history_unsaved;      // why there is nowhere to save ("" = not said)
+  bool all_resident = false;      // every expert read into RAM at load (ExpertStore::load_all)
+  int64_t history_layers = 0;     // the model's full layer count (the file's geometry record)
+  std::string model_identity;     // hashed into the file's identity record
+  std::string history_path;       // .coli_usage read at start ("" = no history)
+  std::string history_save_path;  // where save_history() writes ("" = nowhere)
+  std::string history_unsaved;    // why there is nowhere to save ("" = not said)
   // Bytes the cache may occupy at most (the RAM clamp); < 0 = measure: 0.9 · MemAvailable (taken
   // after the resident weights are loaded, so they are already excluded) − 2 GB reserve for
   // activations and page cache.
   int64_t memory_limit = -1;
-  uint64_t read_extent_bytes = 0;   // pieces reads are split into (0 = the read queue's default)
+  uint64_t read_extent_bytes = 0;  // pieces reads are split into (0 = the read queue's default)
   std::function<void(const std::string&)> note;  // one-line notes (default: stderr)
 };
 
@@ -88,7 +88,8 @@ struct ExpertCacheSetup {
 // read-only, and a served model's files stay untouched). A `.coli_usage` beside the model is
 // read while the state directory has none yet. Fills setup's history_path, history_save_path
 // and history_unsaved.
-void locate_history(const CacheOptions& options, const std::string& model_dir, ExpertCacheSetup* setup);
+void locate_history(const CacheOptions& options, const std::string& model_dir,
+                    ExpertCacheSetup* setup);
 
 struct ExpertCacheStats {
   uint64_t hits = 0;         // experts found in a slot (or resident)
@@ -98,13 +99,20 @@ struct ExpertCacheStats {
   uint64_t transient = 0;    // misses not kept in a slot after their batch
   double wait_seconds = 0;   // compute thread blocked on reads (un-hidden I/O wait)
   double busy_seconds = 0;   // wall time with at least one read in flight (drive busy)
-  uint64_t prefetch_issued = 0;   // experts read ahead on a prediction
-  uint64_t prefetch_used = 0;     // of those, taken by the layer's acquire()
-  uint64_t predicted_hits = 0;    // selections that were in the layer's prediction (recall numerator)
-  uint64_t predicted_total = 0;   // distinct experts of layer steps that had a prediction (recall denominator)
-  const char* io_engine = "";     // "io_uring" or "threads"
-  double recall() const { return predicted_total ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total) : 0; }
-  double hit_ratio() const { return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0; }
+  uint64_t prefetch_issued = 0;  // experts read ahead on a prediction
+  uint64_t prefetch_used = 0;    // of those, taken by the layer's acquire()
+  uint64_t predicted_hits = 0;  // selections that were in the layer's prediction (recall numerator)
+  uint64_t predicted_total =
+      0;  // distinct experts of layer steps that had a prediction (recall denominator)
+  const char* io_engine = "";  // "io_uring" or "threads"
+  double recall() const {
+    return predicted_total
+               ? static_cast<double>(predicted_hits) / static_cast<double>(predicted_total)
+               : 0;
+  }
+  double hit_ratio() const {
+    return hits + misses ? static_cast<double>(hits) / static_cast<double>(hits + misses) : 0;
+  }
 };
 
 class ExpertCache;
@@ -141,7 +149,7 @@ class ExpertBatch {
   };
   ExpertCache* cache_ = nullptr;
   int64_t layer_ = -1;
-  int use_ = 0;  // ExpertCache::Use of the acquire
+  int use_ = 0;                        // ExpertCache::Use of the acquire
   std::array<Item, kMaxBatch> items_;  // [count_] used (fixed: an acquire allocates nothing)
   size_t count_ = 0;
   std::span<Item> items() { return {items_.data(), count_}; }
@@ -249,11 +257,12 @@ class ExpertCache final : public ExpertSource {
   std::vector<int64_t> moe_layers_;
   std::vector<std::unique_ptr<Layer>> layers_;  // [model layer] (nullptr for dense layers)
   std::unique_ptr<ReadQueue> queue_;
-  mutable std::mutex ws_mu_;                      // guards the working set and predictions
+  mutable std::mutex ws_mu_;                     // guards the working set and predictions
   std::vector<std::unique_ptr<Entry>> entries_;  // the working set
   std::vector<std::vector<int64_t>> predicted_;  // [model layer]: the latest prediction, sorted
   std::atomic<uint64_t> hits_{0}, misses_{0}, bytes_{0}, transient_count_{0};
-  std::atomic<uint64_t> wait_ns_{0}, prefetch_issued_{0}, prefetch_used_{0}, predicted_hits_{0}, predicted_total_{0};
+  std::atomic<uint64_t> wait_ns_{0}, prefetch_issued_{0}, prefetch_used_{0}, predicted_hits_{0},
+      predicted_total_{0};
   bool history_refused_ = false;
 };
 

@@ -43,7 +43,8 @@ class ExpertSource {
   // chose): calls work.apply once per id, those whose bytes are already here first, otherwise in
   // id order, each with the expert's bytes (valid during the call). Throws k3::Error naming the
   // file, layer and expert when a read fails. Allocates nothing in the steady state.
-  virtual void run(int64_t layer, std::span<const int64_t> ids, ExpertUse use, ExpertWork& work) = 0;
+  virtual void run(int64_t layer, std::span<const int64_t> ids, ExpertUse use,
+                   ExpertWork& work) = 0;
 };
 
 }  // namespace k3

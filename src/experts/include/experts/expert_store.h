@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "io/read_queue.h"
 #include "io/model_files.h"
+#include "io/read_queue.h"
 
 namespace k3 {
 
@@ -26,7 +26,8 @@ struct ExpertGeometry {
   uint64_t down_packed_bytes() const { return uint64_t(hidden) * uint64_t(intermediate) / 2; }
   uint64_t down_scale_bytes() const { return uint64_t(hidden) * uint64_t(intermediate) / 32; }
   uint64_t expert_bytes() const {
-    return 2 * (gate_packed_bytes() + gate_scale_bytes()) + down_packed_bytes() + down_scale_bytes();
+    return 2 * (gate_packed_bytes() + gate_scale_bytes()) + down_packed_bytes() +
+           down_scale_bytes();
   }
 };
 
@@ -82,13 +83,16 @@ class ExpertStore {
   // Completes a planned read: `error` (the ticket's, "" when none) becomes a k3::Error naming the
   // file, layer and expert; then the bytes at `data` are checked for an exponent byte of 255
   // (NaN in OCP MXFP4), an error naming the tensor, layer and expert.
-  void finish_read(int64_t layer, int64_t expert, const uint8_t* data, const std::string& error) const;
+  void finish_read(int64_t layer, int64_t expert, const uint8_t* data,
+                   const std::string& error) const;
   // Read-ahead advice for a buffered read of the expert soon.
   void advise(int64_t layer, int64_t expert) const;
   // Views of an expert whose bytes start at `bytes`.
   ExpertView view(const uint8_t* bytes) const;
   // The resident copy's views after load_all() (nullptr bytes otherwise).
-  const uint8_t* resident(int64_t layer, int64_t expert) const { return entry(layer, expert).resident; }
+  const uint8_t* resident(int64_t layer, int64_t expert) const {
+    return entry(layer, expert).resident;
+  }
 
   // Reads every registered expert into RAM once (validated); later reads copy nothing. For
   // models whose routed experts fit in memory (tests, benchmarks, small checkpoints).

@@ -75,6 +75,7 @@ struct ByteSpan {
   const void* data;
   size_t size;
 };
-void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> pieces, unsigned mode, bool durable);
+void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> pieces,
+                       unsigned mode, bool durable);
 
 }  // namespace k3

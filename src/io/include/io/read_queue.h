@@ -67,11 +67,11 @@ class ReadTicket {
 };
 
 struct ReadQueueStats {
-  uint64_t bytes = 0;          // bytes read (successful extents)
-  uint64_t extents = 0;        // extents completed
-  uint64_t cancelled = 0;      // extents withdrawn before reaching the drive
-  double busy_seconds = 0;     // wall time with at least one extent in flight
-  int max_in_flight = 0;       // deepest queue seen
+  uint64_t bytes = 0;       // bytes read (successful extents)
+  uint64_t extents = 0;     // extents completed
+  uint64_t cancelled = 0;   // extents withdrawn before reaching the drive
+  double busy_seconds = 0;  // wall time with at least one extent in flight
+  int max_in_flight = 0;    // deepest queue seen
 };
 
 struct ReadQueueOptions {

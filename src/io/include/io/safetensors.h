@@ -14,7 +14,21 @@
 
 namespace k3 {
 
-enum class DType { kBF16, kF16, kF32, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2, kF8E8M0 };
+enum class DType {
+  kBF16,
+  kF16,
+  kF32,
+  kF64,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kF8E4M3,
+  kF8E5M2,
+  kF8E8M0
+};
 
 // Bytes per element.
 size_t dtype_size(DType dtype);
@@ -38,8 +52,8 @@ inline constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
 // Parses and validates a header. `header_json` is the N bytes after the 8-byte length;
 // `file_size` is the shard size. Tensors are returned in data-offset order. Throws k3::Error
 // naming `path` and the offending tensor.
-std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
-                                                 uint64_t file_size, const std::string& path);
+std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json, uint64_t file_size,
+                                                 const std::string& path);
 
 // An open shard: its file and its validated tensor table.
 class SafetensorsShard {

@@ -31,9 +31,10 @@ std::vector<Isa> supported_isas();
 // Numerics (identical contract on every ISA unless stated):
 //   f32:   Y[t][o] = sum_i W[o][i] X[t][i]            (f32 accumulation; order is per-ISA)
 //   int8:  Y[t][o] = s[o] * sum_i q[o][i] X[t][i]     (docs/quant_formats.md §3)
-//   int4:  Y[t][o] = sum_g s[o][g] * sum_{i in g} (nib[o][i] - 8) X[t][i]   (groups of 64, docs/quant_formats.md §4)
-//   mxfp4 exact: per 32-group g: ga = sum_i E2M1[nib] X[t][i] (f32), acc += ga * 2^(s-127)
-//   mxfp4 idot: integer group sums of q8(X) against doubled e2m1 values, produced exactly (so
+//   int4:  Y[t][o] = sum_g s[o][g] * sum_{i in g} (nib[o][i] - 8) X[t][i]   (groups of 64,
+//   docs/quant_formats.md §4) mxfp4 exact: per 32-group g: ga = sum_i E2M1[nib] X[t][i] (f32), acc
+//   += ga * 2^(s-127) mxfp4 idot: integer group sums of q8(X) against doubled e2m1 values, produced
+//   exactly (so
 //     bit-identical on every ISA); the float reduction over groups is done by one shared scalar
 //     routine: acc += (float)isum_g * (d[t][g] * 2^(s[o][g]-128)), g ascending.
 //   int4 idot: activations pre-quantised by quantize_q8_32 (q [n][cols] int8, d [n][cols/32]);
@@ -92,12 +93,13 @@ struct KernelTable {
   void (*kda_head_step)(float* S, const float* q, const float* k, const float* v, const float* a,
                         float beta, size_t dk, float* u, float* o);
   // One MLA head over the latent cache, absorbed form: for j < T,
-  //   s_j = (qabs . latent[j] + q_pe . rope[j]) * scale;  p = softmax(s);  lat = sum_j p_j latent[j]
+  //   s_j = (qabs . latent[j] + q_pe . rope[j]) * scale;  p = softmax(s);  lat = sum_j p_j
+  //   latent[j]
   // qabs, lat: [kv_lora]; q_pe: [rope_dim]; latent: [T][kv_lora]; rope: [T][rope_dim];
   // scores: [T] scratch.
   void (*mla_head_attend)(const float* qabs, const float* q_pe, const float* latent,
-                          const float* rope, size_t T, size_t kv_lora, size_t rope_dim,
-                          float scale, float* scores, float* lat);
+                          const float* rope, size_t T, size_t kv_lora, size_t rope_dim, float scale,
+                          float* scores, float* lat);
 };
 
 // The table of `isa`. REQUIRES isa_supported(isa) (throws k3::Error otherwise).

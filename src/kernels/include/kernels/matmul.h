@@ -33,7 +33,8 @@ void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, 
 void accumulate_rows_transposed(const WeightMatrix& W, size_t row_begin, size_t count,
                                 const float* coeffs, float* out);
 
-// An MXFP4 matrix straight from the checkpoint bytes: packed [rows][cols/2], scales [rows][cols/32].
+// An MXFP4 matrix straight from the checkpoint bytes: packed [rows][cols/2], scales
+// [rows][cols/32].
 struct Mxfp4Matrix {
   const uint8_t* packed = nullptr;
   const uint8_t* scales = nullptr;
@@ -42,7 +43,8 @@ struct Mxfp4Matrix {
 };
 
 // Exact float path.  X: [n][cols], Y: [n][rows].
-void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float* X, size_t n, float* Y);
+void matmul_mxfp4_exact(const KernelTable& k, const Mxfp4Matrix& W, const float* X, size_t n,
+                        float* Y);
 // Integer path on pre-quantised activations.  Q8: [n][cols], D: [n][cols/32], Y: [n][rows].
 void matmul_mxfp4_idot(const KernelTable& k, const Mxfp4Matrix& W, const int8_t* Q8, const float* D,
                        size_t n, float* Y);
@@ -58,6 +60,7 @@ void matmul_int4_idot(const KernelTable& k, const WeightMatrix& W, const int8_t*
 void matmul_int8_idot(const KernelTable& k, const WeightMatrix& W, const int8_t* Q8, const float* D,
                       size_t n, float* Y);
 // Quantises n activation rows for the integer path.  X: [n][cols] -> Q8 [n][cols], D [n][cols/32].
-void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8, float* D);
+void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols, int8_t* Q8,
+                    float* D);
 
 }  // namespace k3

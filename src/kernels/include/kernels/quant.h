@@ -24,10 +24,10 @@ struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<float> f32;      // kF32: [rows][cols]
-  std::vector<int8_t> q8;      // kInt8Row: [rows][cols]
-  std::vector<uint8_t> q4;     // kInt4G64: [rows][cols / 2]
-  std::vector<float> scales;   // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
+  std::vector<float> f32;     // kF32: [rows][cols]
+  std::vector<int8_t> q8;     // kInt8Row: [rows][cols]
+  std::vector<uint8_t> q4;    // kInt4G64: [rows][cols / 2]
+  std::vector<float> scales;  // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
   // kInt4G64 only (K3_IDOT): the matmul wrappers multiply q8(x) with exact integer dots (the
   // int4 idot contract of kernels/isa.h) instead of f32 activations.
   bool int8_activations = false;

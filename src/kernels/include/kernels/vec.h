@@ -7,8 +7,12 @@
 
 namespace k3 {
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+inline float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
 // SiTU-GLU: [beta * tanh(g / beta) * sigmoid(g)] * [beta_linear * tanh(u / beta_linear)].
 inline float situ(float g, float u, float beta, float beta_linear) {

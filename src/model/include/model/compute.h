@@ -11,14 +11,26 @@
 
 namespace k3 {
 
-enum class Stage { kEmbed, kAttnRes, kKda, kMla, kRouter, kExperts, kShared, kDense, kHead, kCount };
+enum class Stage {
+  kEmbed,
+  kAttnRes,
+  kKda,
+  kMla,
+  kRouter,
+  kExperts,
+  kShared,
+  kDense,
+  kHead,
+  kCount
+};
 
 const char* stage_name(Stage stage);
 
 // Seconds spent per stage. Owned by a sequence's state; not thread-safe.
 struct StageStats {
   double seconds[static_cast<int>(Stage::kCount)] = {};
-  uint64_t expert_reads = 0;  // routed experts applied (a chunk applies each distinct expert once, to all its rows)
+  uint64_t expert_reads =
+      0;  // routed experts applied (a chunk applies each distinct expert once, to all its rows)
   void add(Stage stage, double s) { seconds[static_cast<int>(stage)] += s; }
   double total() const;
   // "attention(KDA) 1.23 s 40% | MLA ... " over the stages that took any time.
@@ -29,7 +41,8 @@ struct StageStats {
 // Times a scope into a stage.
 class StageTimer {
  public:
-  StageTimer(StageStats& stats, Stage stage) : stats_(stats), stage_(stage), start_(now_seconds()) {}
+  StageTimer(StageStats& stats, Stage stage)
+      : stats_(stats), stage_(stage), start_(now_seconds()) {}
   ~StageTimer() { stats_.add(stage_, now_seconds() - start_); }
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
@@ -42,7 +55,7 @@ class StageTimer {
 
 struct Compute {
   const KernelTable* kernels = nullptr;
-  bool idot = false;  // MXFP4 experts on the integer-dot path
+  bool idot = false;          // MXFP4 experts on the integer-dot path
   double expert_top_p = 0.0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = all)
 };
 
@@ -51,13 +64,16 @@ struct Compute {
 // where its per-row result does not depend on the number of rows (see row_stable below and
 // chunked_prefill_test), the rows are looped otherwise.
 //   Y[t] = W X[t] for t < n.  X: [n][W.cols], Y: [n][W.rows].
-void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y);
+void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
+                  float* Y);
 //   Y[t] = W X[t] on the exact float MXFP4 path.  X: [n][W.cols], Y: [n][W.rows].
-void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X, size_t n, float* Y);
+void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X,
+                              size_t n, float* Y);
 //   Y_j = W_j X for several matrices sharing X [n][cols] (jobs[j].Y: [n][W_j.rows]), each
 //   matrix's matmul_chunk. (One row through matmul_batch, one parallel region for all of them,
 //   measured no faster on decode: kept out, so n = 1 is no special path.)
-void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X, size_t n);
+void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X,
+                 size_t n);
 // True when matmul(W, X, n) gives every row the bits of matmul(W, X[t], 1) on this kernel table.
 bool row_stable(const KernelTable& kernels, const WeightMatrix& W);
 // The same for the exact float MXFP4 kernel.

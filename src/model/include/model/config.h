@@ -68,7 +68,9 @@ struct K3Config {
   int64_t shared_intermediate_size() const { return num_shared_experts * moe_intermediate_size; }
   bool is_block_start(int64_t layer) const { return layer % attn_res_block_size == 0; }
   // Number of AttnRes blocks appended over the whole stack (embedding included).
-  int64_t num_blocks() const { return (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size; }
+  int64_t num_blocks() const {
+    return (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size;
+  }
 };
 
 // Parses the root config.json object (text keys under text_config, or at the root when flat).

@@ -14,8 +14,8 @@ namespace k3 {
 // n rows X [n][gate.cols] (n = 1 in decode); out: [n][down.rows]. Every row bit-identical to
 // the call on that row alone.
 void situ_mlp_forward(const K3Config& config, const Compute& compute, const Matrix& gate,
-                      const Matrix& up, const Matrix& down, Workspace& work, const float* X, size_t n,
-                      float* out);
+                      const Matrix& up, const Matrix& down, Workspace& work, const float* X,
+                      size_t n, float* out);
 
 // The second half alone, when gate and up were already computed (batched with other matrices):
 // G[i] = SiTU(G[i], U[i]) in place, then out = down G. G, U: [n][down.cols]; out: [n][down.rows].

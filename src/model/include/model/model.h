@@ -3,12 +3,11 @@
 // Owns: the per-token walk over layers (docs/architecture.md §3.3):
 //
 //   a_in  = (no blocks yet) ? partial : Mix(blocks + [partial], w_attn[i])
-//   if i % attn_res_block_size == 0: blocks.append(partial)        (the block is closed before attention)
-//   att   = Attention_i(RMSNorm(a_in, input_layernorm[i]))
-//   partial = block start ? att : partial + att
-//   m_in  = Mix(blocks + [partial], w_mlp[i])
-//   partial += FFN_i(RMSNorm(m_in, post_attention_layernorm[i]))
-//   final_hidden = Mix(blocks + [partial], w_out) ; logits = lm_head RMSNorm(final_hidden, norm)
+//   if i % attn_res_block_size == 0: blocks.append(partial)        (the block is closed before
+//   attention) att   = Attention_i(RMSNorm(a_in, input_layernorm[i])) partial = block start ? att :
+//   partial + att m_in  = Mix(blocks + [partial], w_mlp[i]) partial += FFN_i(RMSNorm(m_in,
+//   post_attention_layernorm[i])) final_hidden = Mix(blocks + [partial], w_out) ; logits = lm_head
+//   RMSNorm(final_hidden, norm)
 //
 // Thread-safety: a Model is read-only after construction; one ModelState per sequence.
 #pragma once
@@ -22,15 +21,14 @@
 #include "experts/expert_cache.h"
 #include "io/model_files.h"
 #include "kernels/isa.h"
-#include "model/config.h"
 #include "model/compute.h"
+#include "model/config.h"
 #include "model/latent_moe.h"
 #include "model/state.h"
 #include "model/weights.h"
 #include "options/options.h"
 
 namespace k3 {
-
 
 // Receives intermediate tensors of the forward passes (validation traces). For each (layer,
 // site) the calls come in position order; a chunked prefill makes them layer-major inside a
@@ -56,7 +54,8 @@ class Model {
   // Binds the weights (quantised per `load`: bits, mla_bits, head_bits, idot) and builds the
   // routed-expert cache over them (load.cache). `files` must outlive the model. Throws
   // k3::Error.
-  Model(const ModelFiles& files, const K3Config& config, const LoadOptions& load, const ModelSetup& setup);
+  Model(const ModelFiles& files, const K3Config& config, const LoadOptions& load,
+        const ModelSetup& setup);
   ~Model();
 
   const K3Config& config() const { return config_; }

@@ -27,8 +27,8 @@ struct MlaCache {
 
 // The experts a MoE layer chose for one token.
 struct RoutingResult {
-  std::vector<int64_t> ids;     // [num_experts_per_token], ascending
-  std::vector<float> weights;   // [num_experts_per_token], aligned with ids
+  std::vector<int64_t> ids;    // [num_experts_per_token], ascending
+  std::vector<float> weights;  // [num_experts_per_token], aligned with ids
 };
 
 // A MoE layer's picks for a step of n rows: every (expert, row) pair of the rows' choices in
@@ -52,55 +52,55 @@ struct Workspace {
   size_t rows = 0;  // rows the per-row buffers hold
   // Stack walk.
   std::vector<uint8_t> embed_bytes;  // [hidden * stored element size] the embedding row as stored
-  std::vector<float> blocks;   // [rows][num_blocks][hidden]
+  std::vector<float> blocks;         // [rows][num_blocks][hidden]
   std::vector<float> partial, mixed, normed, branch;  // [rows][hidden] each
-  std::vector<const float*> sources;  // [num_blocks + 1]
-  std::vector<float> mix_weights;     // [num_blocks + 1]
+  std::vector<const float*> sources;                  // [num_blocks + 1]
+  std::vector<float> mix_weights;                     // [num_blocks + 1]
   // KDA.
   std::vector<float> kda_q, kda_k, kda_v, kda_gate, kda_decay, kda_out;  // [rows][kda_projection]
-  std::vector<float> kda_decay_low;  // [rows][kda_head_dim]
-  std::vector<float> kda_beta;       // [rows][kda_num_heads]
-  std::vector<float> kda_u;          // [kda_num_heads][kda_head_dim]
+  std::vector<float> kda_decay_low;                                      // [rows][kda_head_dim]
+  std::vector<float> kda_beta;                                           // [rows][kda_num_heads]
+  std::vector<float> kda_u;  // [kda_num_heads][kda_head_dim]
   // MLA.
-  std::vector<float> mla_cq;     // [rows][q_lora_rank]
-  std::vector<float> mla_q;      // [rows][heads][qk_head_dim]
-  std::vector<float> mla_ckv;    // [rows][kv_lora_rank + qk_rope_head_dim]
+  std::vector<float> mla_cq;             // [rows][q_lora_rank]
+  std::vector<float> mla_q;              // [rows][heads][qk_head_dim]
+  std::vector<float> mla_ckv;            // [rows][kv_lora_rank + qk_rope_head_dim]
   std::vector<float> mla_gate, mla_ctx;  // [rows][heads][v_head_dim]
-  std::vector<float> mla_qabs;   // [heads][kv_lora_rank]
-  std::vector<float> mla_lat;    // [heads][kv_lora_rank]
-  std::vector<float> mla_scores; // [heads][capacity]
+  std::vector<float> mla_qabs;           // [heads][kv_lora_rank]
+  std::vector<float> mla_lat;            // [heads][kv_lora_rank]
+  std::vector<float> mla_scores;         // [heads][capacity]
   // MoE: routing.
   std::vector<float> moe_logits;              // [rows][num_experts] router logits
   std::vector<float> moe_scores, moe_choice;  // [num_experts]
   std::vector<int64_t> moe_order;             // [num_experts]
   std::vector<int64_t> moe_by_weight;         // [num_experts_per_token] (K3_TOPP)
   std::vector<RoutingResult> routing;         // [rows]
-  std::vector<uint32_t> predict_count;        // [num_experts]: predicted picks per expert (read-ahead)
-  std::vector<int64_t> predict_order;         // [<= num_experts]: the predicted experts
-  RoutingResult predicted;                    // the next MoE layer's predicted choice of one row
+  std::vector<uint32_t> predict_count;  // [num_experts]: predicted picks per expert (read-ahead)
+  std::vector<int64_t> predict_order;   // [<= num_experts]: the predicted experts
+  RoutingResult predicted;              // the next MoE layer's predicted choice of one row
   // MoE: the step's picks (see MoePick), [rows * num_experts_per_token] at most.
   std::vector<MoePick> picks;
-  std::vector<int64_t> pick_ids;              // the distinct experts, ascending
-  std::vector<size_t> pick_starts;            // [distinct + 1]: each expert's first pick
-  std::vector<uint8_t> pick_done;             // [distinct]: computed ahead, not yet summed
-  std::vector<size_t> pick_ahead;             // [distinct]: its first row in moe_ahead
+  std::vector<int64_t> pick_ids;    // the distinct experts, ascending
+  std::vector<size_t> pick_starts;  // [distinct + 1]: each expert's first pick
+  std::vector<uint8_t> pick_done;   // [distinct]: computed ahead, not yet summed
+  std::vector<size_t> pick_ahead;   // [distinct]: its first row in moe_ahead
   // MoE: latent z and its q8 form, routed sums.
-  std::vector<float> moe_z, moe_acc;              // [rows][routed_expert_hidden_size]
-  std::vector<int8_t> moe_z_q8;                   // [rows][routed_expert_hidden_size]
-  std::vector<float> moe_z_d;                     // [rows][routed_expert_hidden_size / 32]
-  std::vector<float> moe_routed;                  // [rows][hidden]
+  std::vector<float> moe_z, moe_acc;  // [rows][routed_expert_hidden_size]
+  std::vector<int8_t> moe_z_q8;       // [rows][routed_expert_hidden_size]
+  std::vector<float> moe_z_d;         // [rows][routed_expert_hidden_size / 32]
+  std::vector<float> moe_routed;      // [rows][hidden]
   // One expert's rows of the step, gathered: inputs, gate/up, SiTU output, down.
-  std::vector<float> ex_z, ex_down;               // [rows][routed_expert_hidden_size]
-  std::vector<int8_t> ex_z_q8;                    // [rows][routed_expert_hidden_size]
-  std::vector<float> ex_z_d;                      // [rows][routed_expert_hidden_size / 32]
-  std::vector<float> ex_gate, ex_up;              // [rows][moe_intermediate_size]
-  std::vector<int8_t> ex_h_q8;                    // [rows][moe_intermediate_size]
-  std::vector<float> ex_h_d;                      // [rows][moe_intermediate_size / 32]
+  std::vector<float> ex_z, ex_down;   // [rows][routed_expert_hidden_size]
+  std::vector<int8_t> ex_z_q8;        // [rows][routed_expert_hidden_size]
+  std::vector<float> ex_z_d;          // [rows][routed_expert_hidden_size / 32]
+  std::vector<float> ex_gate, ex_up;  // [rows][moe_intermediate_size]
+  std::vector<int8_t> ex_h_q8;        // [rows][moe_intermediate_size]
+  std::vector<float> ex_h_d;          // [rows][moe_intermediate_size / 32]
   // Down rows of experts computed ahead of an earlier one still being read (summed in id order).
-  std::vector<float> moe_ahead;                   // [ahead_rows][routed_expert_hidden_size]
+  std::vector<float> moe_ahead;  // [ahead_rows][routed_expert_hidden_size]
   size_t ahead_rows = 0;
   // SiTU MLP (dense layers and shared experts).
-  std::vector<float> mlp_gate, mlp_up;            // [rows][max(intermediate, shared_intermediate)]
+  std::vector<float> mlp_gate, mlp_up;  // [rows][max(intermediate, shared_intermediate)]
   // Head.
   std::vector<float> head_normed;  // [hidden]
 
@@ -109,14 +109,15 @@ struct Workspace {
 };
 
 struct ModelState {
-  int64_t position = 0;   // tokens fed so far
-  int64_t capacity = 0;   // positions the MLA caches can hold
+  int64_t position = 0;       // tokens fed so far
+  int64_t capacity = 0;       // positions the MLA caches can hold
   std::vector<KdaState> kda;  // [layers]; empty entries for MLA layers
   std::vector<MlaCache> mla;  // [layers]; empty entries for KDA layers
   StageStats stats;
   Workspace work;
   // Polled before every layer of a forward pass; when it reads true the pass throws Interrupted
-  // and leaves the state part-advanced (the owner restores a saved state or resets). nullptr = never.
+  // and leaves the state part-advanced (the owner restores a saved state or resets). nullptr =
+  // never.
   const std::atomic<bool>* interrupt = nullptr;
 
   // Zeroed state for `num_layers` layers of `config` holding up to `capacity` positions, its

@@ -71,7 +71,7 @@ inline constexpr const char* kMoeSharedDown = "block_sparse_moe.shared_experts.d
 
 // Routed expert tensors, in their on-disk order (w1 = gate, w2 = down, w3 = up).
 inline constexpr const char* kExpertTensors[6] = {
-    "w1.weight_packed", "w1.weight_scale", "w2.weight_packed",
+    "w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
     "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale",
 };
 

@@ -11,29 +11,30 @@
 #include <vector>
 
 #include "experts/expert_store.h"
-#include "options/options.h"
 #include "io/model_files.h"
 #include "kernels/quant.h"
 #include "model/config.h"
+#include "options/options.h"
 
 namespace k3 {
 
 // Dense matrices are WeightMatrix (kernels/quant.h): f32, int8 per row or int4 group-64, chosen
-// per class at load (LoadOptions bits, mla_bits, head_bits: 4, 8 or 32). Matrices named "f32" below always stay f32.
+// per class at load (LoadOptions bits, mla_bits, head_bits: 4, 8 or 32). Matrices named "f32" below
+// always stay f32.
 using Matrix = WeightMatrix;
 
 // Bits per class of dense matrix (docs/quant_formats.md §2); 32 keeps f32.
 struct KdaWeights {
-  Matrix q_proj, k_proj, v_proj;  // [kda_projection][hidden]
+  Matrix q_proj, k_proj, v_proj;              // [kda_projection][hidden]
   std::vector<float> q_conv, k_conv, v_conv;  // [kda_projection][short_conv_kernel_size]
-  Matrix f_a_proj;               // [kda_head_dim][hidden] f32
-  Matrix f_b_proj;               // [kda_projection][kda_head_dim] f32
-  Matrix b_proj;                 // [kda_num_heads][hidden] f32
-  std::vector<float> a_exp;      // [kda_num_heads] exp(A_log[h])
-  std::vector<float> dt_bias;    // [kda_projection]
-  Matrix g_proj;                 // [kda_projection][hidden]
-  std::vector<float> o_norm;     // [kda_head_dim]
-  Matrix o_proj;                 // [hidden][kda_projection]
+  Matrix f_a_proj;                            // [kda_head_dim][hidden] f32
+  Matrix f_b_proj;                            // [kda_projection][kda_head_dim] f32
+  Matrix b_proj;                              // [kda_num_heads][hidden] f32
+  std::vector<float> a_exp;                   // [kda_num_heads] exp(A_log[h])
+  std::vector<float> dt_bias;                 // [kda_projection]
+  Matrix g_proj;                              // [kda_projection][hidden]
+  std::vector<float> o_norm;                  // [kda_head_dim]
+  Matrix o_proj;                              // [hidden][kda_projection]
 };
 
 struct MlaWeights {
@@ -65,8 +66,9 @@ struct MoeWeights {
 struct LayerWeights {
   std::vector<float> input_norm;      // [hidden]
   std::vector<float> post_attn_norm;  // [hidden]
-  std::vector<float> attn_res_query;  // [hidden] self_attention_res_norm ⊙ self_attention_res_proj[0]
-  std::vector<float> mlp_res_query;   // [hidden] mlp_res_norm ⊙ mlp_res_proj[0]
+  std::vector<float>
+      attn_res_query;  // [hidden] self_attention_res_norm ⊙ self_attention_res_proj[0]
+  std::vector<float> mlp_res_query;  // [hidden] mlp_res_norm ⊙ mlp_res_proj[0]
   std::optional<KdaWeights> kda;
   std::optional<MlaWeights> mla;
   std::optional<DenseMlpWeights> dense;
@@ -89,11 +91,11 @@ class EmbeddingReader {
 };
 
 struct ModelWeights {
-  std::vector<LayerWeights> layers;            // [layers run]
-  std::optional<EmbeddingReader> embedding;    // absent in partial snapshots (use K3_X0)
-  std::optional<Matrix> lm_head;               // [vocab][hidden]; absent -> no logits
-  std::vector<float> final_norm;               // [hidden]
-  std::vector<float> output_res_query;         // [hidden]
+  std::vector<LayerWeights> layers;          // [layers run]
+  std::optional<EmbeddingReader> embedding;  // absent in partial snapshots (use K3_X0)
+  std::optional<Matrix> lm_head;             // [vocab][hidden]; absent -> no logits
+  std::vector<float> final_norm;             // [hidden]
+  std::vector<float> output_res_query;       // [hidden]
   std::unique_ptr<ExpertStore> experts;
 };
 
@@ -101,11 +103,12 @@ struct ModelWeights {
 // config.num_hidden_layers (K3_LAYERS). Throws k3::Error naming the tensor and the expected and
 // actual shape or dtype.
 // Dense matrices are quantised to `load`'s bits (KDA, latent, shared-expert and dense matrices),
-// mla_bits (MLA projections) and head_bits (lm_head) as they are loaded (in parallel; the f32 copy of
-// one matrix at a time is the peak overhead).
-// `on_progress` (optional) sees the finished fraction after each layer.
+// mla_bits (MLA projections) and head_bits (lm_head) as they are loaded (in parallel; the f32 copy
+// of one matrix at a time is the peak overhead). `on_progress` (optional) sees the finished
+// fraction after each layer.
 ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64_t num_layers,
-                          const LoadOptions& load, const std::function<void(double)>& on_progress = {});
+                          const LoadOptions& load,
+                          const std::function<void(double)>& on_progress = {});
 
 // Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all
 // of them: byte counts, load-time flags).

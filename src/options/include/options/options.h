@@ -17,30 +17,34 @@ namespace k3 {
 
 // The routed-expert cache (experts/expert_cache.h).
 struct CacheOptions {
-  double expert_gb = 8;    // K3_EXPERT_GB: RAM for cached experts over all MoE layers, GB (>= 1 slot per layer)
-  bool direct = true;      // K3_DIRECT: O_DIRECT expert reads (0 = buffered with read-ahead advice)
-  bool pin = true;         // K3_PIN: pin each layer's most used experts from the routing history
-  std::string state_dir;   // K3_STATE_DIR: where .coli_usage is kept ("" = beside the model when writable)
+  double expert_gb =
+      8;  // K3_EXPERT_GB: RAM for cached experts over all MoE layers, GB (>= 1 slot per layer)
+  bool direct = true;  // K3_DIRECT: O_DIRECT expert reads (0 = buffered with read-ahead advice)
+  bool pin = true;     // K3_PIN: pin each layer's most used experts from the routing history
+  std::string
+      state_dir;  // K3_STATE_DIR: where .coli_usage is kept ("" = beside the model when writable)
   double usage_decay = 1;  // COLI_USAGE_DECAY: history counters × this when saved (0 < d <= 1)
   bool pipe = true;        // K3_PIPE: compute on arrived experts while the rest are read
   int load_threads = 4;    // K3_LOAD_THREADS: reader threads where io_uring is unavailable (1..16)
   std::string io_engine = "auto";  // K3_IO_ENGINE: auto, uring, threads
-  bool prefetch = false;   // K3_PREFETCH: read the next MoE layer's predicted experts ahead
+  bool prefetch = false;           // K3_PREFETCH: read the next MoE layer's predicted experts ahead
 };
 
 // How dense matrices are held in RAM and how experts are computed (docs/quant_formats.md). The
 // member defaults are the release defaults of the option table; exact() is the f32 reference.
 struct LoadOptions {
-  int bits = 4;        // K3_BITS: KDA, latent, shared-expert and dense matrices (4, 8, 32)
-  int mla_bits = 8;    // K3_MLA_BITS: MLA projections
-  int head_bits = 8;   // K3_HEAD_BITS: lm_head
-  bool idot = true;    // K3_IDOT: integer dots for MXFP4 experts and int4 matrices (0 = float kernels)
-  int64_t layers = 0;  // K3_LAYERS: run only the first N layers (0 = all)
-  std::string isa = "auto";  // K3_ISA: kernel variant: auto, scalar, avx2, avx512
+  int bits = 4;       // K3_BITS: KDA, latent, shared-expert and dense matrices (4, 8, 32)
+  int mla_bits = 8;   // K3_MLA_BITS: MLA projections
+  int head_bits = 8;  // K3_HEAD_BITS: lm_head
+  bool idot =
+      true;  // K3_IDOT: integer dots for MXFP4 experts and int4 matrices (0 = float kernels)
+  int64_t layers = 0;              // K3_LAYERS: run only the first N layers (0 = all)
+  std::string isa = "auto";        // K3_ISA: kernel variant: auto, scalar, avx2, avx512
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
   std::vector<std::string> extra_dirs;  // K3_DIRS: more directories holding shards (one drive each)
   double expert_top_p = 0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = off)
-  int64_t chunk = 32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
+  int64_t chunk =
+      32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
   CacheOptions cache;
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
@@ -62,7 +66,7 @@ struct SamplingOptions {
   double top_p = 1.0;        // COLI_TOP_P: nucleus mass (1 = off)
   int64_t top_k = 0;         // COLI_TOP_K: keep the k most likely (0 = off)
   double min_p = 0.0;        // COLI_MIN_P: drop tokens below min_p x the top probability (0 = off)
-  uint64_t seed = 0;         // COLI_SEED: sampling seed (the apps draw one when --seed is not given)
+  uint64_t seed = 0;  // COLI_SEED: sampling seed (the apps draw one when --seed is not given)
 };
 
 struct DebugOptions {
@@ -75,15 +79,16 @@ struct DebugOptions {
 
 // The text front end: chat turns, thinking, how output is shown (docs/chat_format.md §6).
 struct TextOptions {
-  std::string chat;             // --chat: one chat turn with this user message
-  std::string system;           // --system: system message (implies a chat turn)
-  bool think = true;            // --[no-]think / K3_THINK: open the think channel (0 = answer directly)
-  std::string effort = "max";   // K3_EFFORT: thinking effort low | high | max | none
-  bool show_think = true;       // --[no-]show-think / --hide-think / COLI_SHOW_THINK: print the reasoning
-  bool labels = false;          // --labels: "[think] " / "[response] " labels even off a TTY
-  bool allow_special = false;   // --allow-special: special-token spellings in raw text are specials
-  bool bos = false;             // --bos: prepend [BOS] (the release never does)
-  bool jsonl = false;           // --output jsonl: one JSON event per line on stdout
+  std::string chat;    // --chat: one chat turn with this user message
+  std::string system;  // --system: system message (implies a chat turn)
+  bool think = true;   // --[no-]think / K3_THINK: open the think channel (0 = answer directly)
+  std::string effort = "max";  // K3_EFFORT: thinking effort low | high | max | none
+  bool show_think =
+      true;             // --[no-]show-think / --hide-think / COLI_SHOW_THINK: print the reasoning
+  bool labels = false;  // --labels: "[think] " / "[response] " labels even off a TTY
+  bool allow_special = false;  // --allow-special: special-token spellings in raw text are specials
+  bool bos = false;            // --bos: prepend [BOS] (the release never does)
+  bool jsonl = false;          // --output jsonl: one JSON event per line on stdout
 };
 
 // coli serve / web / chat (docs/serving.md §3.3, §4).
@@ -93,40 +98,40 @@ struct ServeOptions {
   std::string model_id = "kimi-k3";
   std::vector<std::string> aliases;
   bool accept_any_model = false;
-  std::vector<std::string> api_keys;     // COLI_API_KEY (comma separated)
+  std::vector<std::string> api_keys;  // COLI_API_KEY (comma separated)
   std::string api_key_file;
   std::vector<std::string> allowed_hosts, cors_origins;
   bool insecure_bind = false;
   int64_t max_queue = 8;
   double queue_timeout = 300;
-  int64_t max_tokens = 16384;            // ceiling of a request's max_tokens
+  int64_t max_tokens = 16384;  // ceiling of a request's max_tokens
   double max_body_mb = 8;
   double sse_ping = 10;
   double drain_timeout = 30;
   int64_t max_connections = 64;
   double read_deadline = 30;
-  int64_t max_connections_per_ip = -1;   // -1 = auto: 8 per remote address, loopback uncapped
+  int64_t max_connections_per_ip = -1;  // -1 = auto: 8 per remote address, loopback uncapped
   bool log_prompts = false;
-  bool web_ui = true;                    // --[no-]webui: serve the web page
-  bool reasoning = true;                 // thinking when a request does not say
+  bool web_ui = true;     // --[no-]webui: serve the web page
+  bool reasoning = true;  // thinking when a request does not say
   std::string reasoning_field = "reasoning_content";
-  int ckpt_slots = -1;                   // -1 = auto
+  int ckpt_slots = -1;  // -1 = auto
   std::string ckpt_dir;
   bool ckpt_keep = false;
   bool prefix_log = false;
   int token_delay_ms = 0;
-  std::vector<int64_t> script_ids;       // debug: scripted generated ids
-  bool raw = false;                      // chat: plain text
+  std::vector<int64_t> script_ids;  // debug: scripted generated ids
+  bool raw = false;                 // chat: plain text
 };
 
 // Where an option's value came from.
 enum class OptionSource { kDefault, kEnvironment, kFlag };
 
 struct Options {
-  std::string model_dir;          // positional or --model / COLI_MODEL
-  std::string prompt;             // positional text prompt (plain completion)
-  std::vector<int64_t> ids;       // --ids 1,2,3 (given("ids") tells an --ids run)
-  int64_t ngen = 16;              // --ngen / K3_NGEN: tokens to generate
+  std::string model_dir;     // positional or --model / COLI_MODEL
+  std::string prompt;        // positional text prompt (plain completion)
+  std::vector<int64_t> ids;  // --ids 1,2,3 (given("ids") tells an --ids run)
+  int64_t ngen = 16;         // --ngen / K3_NGEN: tokens to generate
   LoadOptions load;
   RuntimeOptions runtime;
   SamplingOptions sampling;

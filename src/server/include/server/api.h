@@ -6,13 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/service.h"
 #include "server/error.h"
@@ -28,7 +27,7 @@ struct GenerationParams {
   bool include_usage = false;
   bool return_progress = false;
   bool cache_prompt = true;
-  int64_t max_tokens = 0;            // after clamping to the ceiling (context room: the engine)
+  int64_t max_tokens = 0;  // after clamping to the ceiling (context room: the engine)
   double temperature = 0.6, top_p = 0.95, min_p = 0.0;
   int64_t top_k = 0;
   std::optional<uint64_t> seed;
@@ -37,30 +36,32 @@ struct GenerationParams {
 
 struct ChatRequest : GenerationParams {
   std::string model;
-  text::PyValue messages;            // normalised for the renderer (roles, text parts, reasoning)
-  text::PyValue tools;               // null when none
-  text::PyValue tool_choice;         // null when absent
+  text::PyValue messages;     // normalised for the renderer (roles, text parts, reasoning)
+  text::PyValue tools;        // null when none
+  text::PyValue tool_choice;  // null when absent
   bool thinking = true;
   // The template's thinking-effort message (low, high, max; "" = none). reasoning_effort maps
   // minimal/low → low, medium/high → high, xhigh/max → max; absent → max, as apply_chat_template.
   std::string effort = "max";
-  bool reasoning_inline = false;     // reasoning_format "none"
+  bool reasoning_inline = false;  // reasoning_format "none"
 };
 
 // Parses and validates a /v1/chat/completions body. Unknown keys are ignored; a feature we do
 // not implement is refused with a 400 naming it.
-std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ApiConfig& config);
+std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
+                                                       const ApiConfig& config);
 
 // POST /v1/completions: raw text (or token ids) in, raw text out; no chat template.
 struct CompletionRequest : GenerationParams {
   std::string model;
-  std::string prompt;                // text, tokenized as plain text (specials stay text)
-  std::vector<int64_t> prompt_ids;   // or token ids
+  std::string prompt;               // text, tokenized as plain text (specials stay text)
+  std::vector<int64_t> prompt_ids;  // or token ids
   bool ids_given = false;
 };
 // max_tokens defaults to 16, as OpenAI's. `echo`, `suffix`, `best_of` > 1 and logprobs are
 // refused by name.
-std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, const ApiConfig& config);
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                   const ApiConfig& config);
 
 // Parses a JSON body for the small endpoints: an object, depth <= kMaxJsonDepth, valid UTF-8.
 std::variant<json, ApiError> parse_json_object(std::string_view body);
@@ -73,7 +74,8 @@ struct RenderedPrompt {
   std::vector<int64_t> ids;
   int64_t anchor = 0;
 };
-std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request, const text::Tokenizer& tokenizer);
+std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
+                                                          const text::Tokenizer& tokenizer);
 
 // Accumulates engine events into the final message (non-streaming) and builds the shapes.
 struct ChatResult {
@@ -83,21 +85,22 @@ struct ChatResult {
 };
 
 struct ResponseIds {
-  std::string id;        // chatcmpl-<32 hex>
-  int64_t created = 0;   // unix seconds
+  std::string id;       // chatcmpl-<32 hex>
+  int64_t created = 0;  // unix seconds
 };
 
-json chat_completion_json(const ChatResult& result, const ChatRequest& request, const ApiConfig& config,
-                          const ResponseIds& ids);
+json chat_completion_json(const ChatResult& result, const ChatRequest& request,
+                          const ApiConfig& config, const ResponseIds& ids);
 json usage_json(const GenerationStats& stats);
 json timings_json(const GenerationStats& stats);
 // One streamed chunk with `delta` (role, content, reasoning_content, tool_calls) or a finish.
 // `"usage": null` is present only when the client asked for the usage chunk (as OpenAI does).
-json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta, const char* finish_reason,
-                bool include_usage = true);
-json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats);
-json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total, int64_t cached,
-                         int64_t processed, double time_ms);
+json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta,
+                const char* finish_reason, bool include_usage = true);
+json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config,
+                      const GenerationStats& stats);
+json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total,
+                         int64_t cached, int64_t processed, double time_ms);
 // The OpenAI tool_calls entry for a parsed call (id "call_<index>_<request id tail>").
 json tool_call_json(const text::ToolCallOut& call, const ResponseIds& ids);
 // reasoning deltas under the configured field name(s).
@@ -107,11 +110,12 @@ void put_reasoning(json& delta, const std::string& text, const ApiConfig& config
 ResponseIds new_response_ids(const char* prefix = "chatcmpl-");
 
 // /v1/completions shapes (object "text_completion").
-json completion_json(const std::string& text, const GenerationStats& stats, const std::string& model,
-                     const ApiConfig& config, const ResponseIds& ids);
+json completion_json(const std::string& text, const GenerationStats& stats,
+                     const std::string& model, const ApiConfig& config, const ResponseIds& ids);
 // Completion chunks carry no "usage": null (the completion schema allows only an object there).
 json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, const std::string& text,
                            const char* finish_reason);
-json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config, const GenerationStats& stats);
+json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config,
+                                 const GenerationStats& stats);
 
 }  // namespace k3::server

@@ -5,10 +5,9 @@
 // refusal has the same shape (docs/serving.md).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "server/http_types.h"
 

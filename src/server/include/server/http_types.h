@@ -15,16 +15,16 @@ namespace k3::server {
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpRequest {
-  std::string method;          // GET, HEAD, POST, OPTIONS, ...
-  std::string path;            // decoded, without the query
-  std::string target;          // the request line's target as sent (path and query)
-  Fields query;                // decoded query parameters
+  std::string method;  // GET, HEAD, POST, OPTIONS, ...
+  std::string path;    // decoded, without the query
+  std::string target;  // the request line's target as sent (path and query)
+  Fields query;        // decoded query parameters
   Fields headers;
-  std::string body;            // empty before the body is read
-  std::string remote_addr;     // the peer's IP address
+  std::string body;         // empty before the body is read
+  std::string remote_addr;  // the peer's IP address
   int remote_port = -1;
-  std::string request_id;      // x-request-id of the response ("req-<16 hex>")
-  std::string path_param;      // the {id} of a route such as /v1/models/{id} (set by the router)
+  std::string request_id;  // x-request-id of the response ("req-<16 hex>")
+  std::string path_param;  // the {id} of a route such as /v1/models/{id} (set by the router)
   // True once the client has hung up (polled while a generation waits or streams); null: never.
   std::function<bool()> client_gone;
 
@@ -45,7 +45,7 @@ class StreamSink {
 
 struct HttpResponse {
   int status = 200;
-  Fields headers;              // "Connection: close" ends the connection after the response
+  Fields headers;  // "Connection: close" ends the connection after the response
   std::string content_type;
   std::string body;
   // A streamed body instead of `body`, run once on the connection's thread after the headers

@@ -25,7 +25,7 @@
 namespace k3 {
 class EngineService;
 struct ServiceStats;
-}
+}  // namespace k3
 
 namespace k3::server {
 
@@ -43,10 +43,10 @@ struct Route {
   // "/v1/models" matches exactly; "/v1/models/{id}" the prefix and a non-empty rest (the
   // request's path_param); "/v1/*" the prefix and anything after it.
   std::string pattern;
-  std::string label;          // k3_requests_total{endpoint=...} and the log line
+  std::string label;  // k3_requests_total{endpoint=...} and the log line
   AuthClass auth = AuthClass::api_key;
-  size_t body_limit = 0;      // bytes a body may hold
-  bool logged = true;         // a line on stderr per request
+  size_t body_limit = 0;  // bytes a body may hold
+  bool logged = true;     // a line on stderr per request
   Handler handler;
 
   // Whether this route serves (method, path); `param` gets the {id} part.
@@ -68,7 +68,8 @@ class Router {
   const ServerOptions& options() const;
   // The first route of the table that serves (method, path); nullptr only for a method the
   // table has no catch-all for (never: "*" routes end the table).
-  const Route* find(std::string_view method, std::string_view path, std::string* param = nullptr) const;
+  const Route* find(std::string_view method, std::string_view path,
+                    std::string* param = nullptr) const;
 
   // Once the headers are in: sets the headers every response carries (x-request-id — the
   // request's own when it has one — and CORS) on `res`; true when `res` is the whole answer
@@ -84,7 +85,7 @@ class Router {
   // The label (metrics, log) of the route serving (method, path).
   std::string label(std::string_view method, std::string_view path) const;
 
-  void set_port(int port);   // the bound port (the server's own origin); before serving
+  void set_port(int port);  // the bound port (the server's own origin); before serving
   // Graceful stop of the generations: new ones answer 503 shutting_down, the active one may
   // finish up to the drain timeout, then it is cancelled. Returns once nothing runs.
   void drain();
@@ -103,6 +104,7 @@ ApiError body_unreadable();
 
 // The Prometheus text of /metrics from the service stats and the HTTP counters (label set,
 // count), e.g. {"endpoint=\"/v1/models\",status=\"200\"", 3}.
-std::string metrics_text(const ServiceStats& s, const std::vector<std::pair<std::string, int64_t>>& requests);
+std::string metrics_text(const ServiceStats& s,
+                         const std::vector<std::pair<std::string, int64_t>>& requests);
 
 }  // namespace k3::server

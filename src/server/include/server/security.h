@@ -11,10 +11,10 @@ namespace k3::server {
 
 struct SecurityOptions {
   std::string bind_host = "127.0.0.1";
-  int port = 0;                              // the bound port (own origin)
-  std::vector<std::string> api_keys;         // empty: no key required
-  std::vector<std::string> allowed_hosts;    // extra Host names; "*" disables the check
-  std::vector<std::string> cors_origins;     // extra exact origins; "*" allows any
+  int port = 0;                            // the bound port (own origin)
+  std::vector<std::string> api_keys;       // empty: no key required
+  std::vector<std::string> allowed_hosts;  // extra Host names; "*" disables the check
+  std::vector<std::string> cors_origins;   // extra exact origins; "*" allows any
 };
 
 // 127.0.0.1 / ::1 / localhost (and the rest of 127.0.0.0/8).

@@ -22,27 +22,27 @@ struct ApiConfig {
   double default_top_p = 0.95;
   int64_t default_top_k = 0;
   double default_min_p = 0.0;
-  bool default_thinking = true;       // --reasoning on|off
+  bool default_thinking = true;                       // --reasoning on|off
   std::string reasoning_field = "reasoning_content";  // reasoning_content | reasoning | both
   std::string fingerprint = "kimi_k3-1.0.0-cpu";
 };
 
 struct ServerOptions {
-  SecurityOptions security;         // bind_host is where we listen
-  int port = 8000;                  // 0 = an ephemeral port
+  SecurityOptions security;  // bind_host is where we listen
+  int port = 8000;           // 0 = an ephemeral port
   ApiConfig api;
   size_t max_body_bytes = 8u << 20;
   size_t max_header_bytes = 16u << 10;
   double queue_timeout_s = 300;
-  double sse_ping_s = 10;           // 0 = no keep-alive comments
+  double sse_ping_s = 10;  // 0 = no keep-alive comments
   double drain_timeout_s = 30;
-  int max_connections = 64;         // live connections (more are closed at accept)
+  int max_connections = 64;  // live connections (more are closed at accept)
   // Live connections from one remote address; loopback clients (every local process shares
   // 127.0.0.1: an agent's connection pool, the web page, a script) only count against the
   // global cap unless `cap_loopback`.
   int max_connections_per_ip = 8;
   bool cap_loopback = false;
-  double read_timeout_s = 30;       // cumulative: request line + headers (+ body), then closed / 408
+  double read_timeout_s = 30;  // cumulative: request line + headers (+ body), then closed / 408
   bool log_prompts = false;
   bool web_ui = true;
 };

@@ -63,7 +63,7 @@ class PyValue {
   // Accessors; each requires the matching kind.
   bool as_bool() const { return boolean_; }
   double as_float() const { return floating_; }
-  const std::string& as_string() const { return text_; }   // kString
+  const std::string& as_string() const { return text_; }        // kString
   const std::string& integer_decimal() const { return text_; }  // kInteger
   const Array& as_array() const { return items_; }
   Array& as_array() { return items_; }
@@ -98,8 +98,12 @@ struct PyMember {
   }
 };
 
-inline const PyValue::Object& PyValue::as_object() const { return members_; }
-inline PyValue::Object& PyValue::as_object() { return members_; }
+inline const PyValue::Object& PyValue::as_object() const {
+  return members_;
+}
+inline PyValue::Object& PyValue::as_object() {
+  return members_;
+}
 
 // Deeper nesting is rejected with too_large. CPython 3.11's json.loads, json.dumps and repr()
 // count each level against the recursion limit of 1000 frames, so they fail (RecursionError) at
@@ -109,8 +113,9 @@ inline PyValue::Object& PyValue::as_object() { return members_; }
 // level, which at this depth fits a 2 MiB stack even in an ASan -O0 build (8 MiB is the default;
 // tests/chat_test.cpp EveryRecursiveFunctionHandlesTheDepthLimit).
 inline constexpr int kMaxPyjsonDepth = 990;
-// Python 3.11+ refuses to convert integers longer than this (sys.int_info.str_digits_check_threshold
-// default 4300): json.loads raises ValueError, not JSONDecodeError.
+// Python 3.11+ refuses to convert integers longer than this
+// (sys.int_info.str_digits_check_threshold default 4300): json.loads raises ValueError, not
+// JSONDecodeError.
 inline constexpr size_t kMaxPyjsonIntegerDigits = 4300;
 
 // json.loads. Errors: invalid_argument for malformed JSON (Python's JSONDecodeError),

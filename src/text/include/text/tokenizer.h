@@ -27,8 +27,8 @@ class Tokenizer {
   // True when `dir` holds a tiktoken.model (a snapshot without one runs on ids only).
   static bool available(const std::filesystem::path& dir);
   // From the two files' contents (tests); `origin` names them in errors.
-  static Tokenizer from_text(std::string_view tiktoken_model, std::string_view tokenizer_config_json,
-                             const std::string& origin);
+  static Tokenizer from_text(std::string_view tiktoken_model,
+                             std::string_view tokenizer_config_json, const std::string& origin);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -9,16 +9,16 @@
 namespace k3::text {
 
 enum UnicodeFlag : uint16_t {
-  kLu = 1 << 0,          // General_Category Lu (uppercase letter)
-  kLl = 1 << 1,          // Ll
-  kLt = 1 << 2,          // Lt
-  kLm = 1 << 3,          // Lm
-  kLo = 1 << 4,          // Lo
-  kMark = 1 << 5,        // M = Mn ∪ Mc ∪ Me
-  kNumber = 1 << 6,      // N = Nd ∪ Nl ∪ No
-  kHan = 1 << 7,         // Script=Han (not Script_Extensions)
-  kWhiteSpace = 1 << 8,  // White_Space (the regex's \s)
-  kPySpace = 1 << 9,     // Python str.isspace() (White_Space ∪ U+001C..001F)
+  kLu = 1 << 0,                           // General_Category Lu (uppercase letter)
+  kLl = 1 << 1,                           // Ll
+  kLt = 1 << 2,                           // Lt
+  kLm = 1 << 3,                           // Lm
+  kLo = 1 << 4,                           // Lo
+  kMark = 1 << 5,                         // M = Mn ∪ Mc ∪ Me
+  kNumber = 1 << 6,                       // N = Nd ∪ Nl ∪ No
+  kHan = 1 << 7,                          // Script=Han (not Script_Extensions)
+  kWhiteSpace = 1 << 8,                   // White_Space (the regex's \s)
+  kPySpace = 1 << 9,                      // Python str.isspace() (White_Space ∪ U+001C..001F)
   kLetter = kLu | kLl | kLt | kLm | kLo,  // \p{L}
 };
 
@@ -28,13 +28,13 @@ static_assert((kLetter | kMark | kNumber | kHan | kWhiteSpace | kPySpace) == 0x0
 // The generated tables (defined in unicode.cpp from unicode_tables.inc); exposed only so that
 // unicode_flags can be inlined into scanning loops.
 namespace unicode_detail {
-inline constexpr int kBlockShift = 7;                 // stage1 is indexed by cp >> 7
-inline constexpr uint16_t kFlagBits = 0x03FF;         // the UnicodeFlag bits of a table entry
-inline constexpr uint16_t kNotPrintableBit = 1 << 10;  // table-only: str.isprintable() is false
-extern const uint16_t kPalette[];                     // the distinct flag sets
-extern const uint16_t kAsciiFlags[128];               // flags of U+0000..U+007F
+inline constexpr int kBlockShift = 7;                   // stage1 is indexed by cp >> 7
+inline constexpr uint16_t kFlagBits = 0x03FF;           // the UnicodeFlag bits of a table entry
+inline constexpr uint16_t kNotPrintableBit = 1 << 10;   // table-only: str.isprintable() is false
+extern const uint16_t kPalette[];                       // the distinct flag sets
+extern const uint16_t kAsciiFlags[128];                 // flags of U+0000..U+007F
 extern const uint8_t kStage1[0x110000 >> kBlockShift];  // block number per 128 code points
-extern const uint8_t kStage2[];                       // palette index per code point, by block
+extern const uint8_t kStage2[];                         // palette index per code point, by block
 
 // The table entry of `cp`: UnicodeFlag bits plus kNotPrintableBit; kNotPrintableBit alone for
 // code points above U+10FFFF.
@@ -47,7 +47,9 @@ inline uint16_t table_entry(char32_t cp) {
 }  // namespace unicode_detail
 
 // Property flags of `cp` (UnicodeFlag bits); 0 for code points above U+10FFFF.
-inline uint16_t unicode_flags(char32_t cp) { return unicode_detail::table_entry(cp) & unicode_detail::kFlagBits; }
+inline uint16_t unicode_flags(char32_t cp) {
+  return unicode_detail::table_entry(cp) & unicode_detail::kFlagBits;
+}
 
 // Python str.isprintable() of the one-character string `cp`: false for the general categories
 // Cc Cf Cs Co Cn Zl Zp Zs except U+0020 SPACE (Unicode 16.0), and above U+10FFFF.

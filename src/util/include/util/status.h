@@ -12,11 +12,22 @@ namespace k3 {
 class Status {
  public:
   // resource_exhausted: a full queue or a queue wait that timed out (HTTP 429).
-  enum class Code { ok, invalid_argument, not_found, too_large, unavailable, resource_exhausted, cancelled, internal };
+  enum class Code {
+    ok,
+    invalid_argument,
+    not_found,
+    too_large,
+    unavailable,
+    resource_exhausted,
+    cancelled,
+    internal
+  };
 
   Status() = default;
   Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
-  static Status invalid(std::string message) { return {Code::invalid_argument, std::move(message)}; }
+  static Status invalid(std::string message) {
+    return {Code::invalid_argument, std::move(message)};
+  }
 
   bool ok() const { return code_ == Code::ok; }
   Code code() const { return code_; }
@@ -31,7 +42,7 @@ class Status {
 template <class T>
 class Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : data_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : data_(std::move(status)) {}  // NOLINT: must not be ok()
 
   bool ok() const { return std::holds_alternative<T>(data_); }

@@ -20,8 +20,7 @@ std::string cpu_model_name();
 
 // Seconds on a monotonic clock since an arbitrary origin.
 inline double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace k3
