@@ -711,26 +711,22 @@ class Chat {
     return seed;
   }
 
-  // The user turn at the end of history_ is answered; on failure it is taken back.
-  void generate() {
-    auto take_back = [&] {
-      if (!history_.empty() && history_.back().role == "user") {
-        retry_user_ = history_.back().content;
-        history_.pop_back();
-      }
-    };
-    k3::ServiceRequest request;
-    if (auto e = render(request)) {
-      take_back();
-      return error(*e);
+  // The last user turn goes back into the input (/retry asks again).
+  void take_back() {
+    if (!history_.empty() && history_.back().role == "user") {
+      retry_user_ = history_.back().content;
+      history_.pop_back();
     }
+  }
+
+  // The request for the conversation so far, or why there is none.
+  std::optional<std::string> build_request(k3::ServiceRequest& request) {
+    if (auto e = render(request)) return e;
     const int64_t capacity = service_.context_capacity();
-    if (static_cast<int64_t>(request.prompt.size()) >= capacity) {
-      take_back();
-      return error("the conversation has " + std::to_string(request.prompt.size()) +
-                   " tokens and the context holds " + std::to_string(capacity) +
-                   ": /new starts over (or raise --ctx)");
-    }
+    if (static_cast<int64_t>(request.prompt.size()) >= capacity)
+      return "the conversation has " + std::to_string(request.prompt.size()) +
+             " tokens and the context holds " + std::to_string(capacity) +
+             ": /new starts over (or raise --ctx)";
     request.starts_in_think = think_;
     request.sampling.temperature = api_.default_temperature;
     request.sampling.top_p = api_.default_top_p;
@@ -740,39 +736,43 @@ class Chat {
     request.max_tokens = max_tokens_;
     request.cache_prompt = true;
     request.progress_every = 16;
+    return std::nullopt;
+  }
 
-    g_interrupt.store(false);
-    auto submitted = service_.submit(std::move(request));
-    if (!submitted.ok()) {
-      take_back();
-      return error(submitted.status().message());
-    }
-    const std::shared_ptr<k3::RequestHandle> handle = *submitted;
+  // One reply on the screen while its events arrive: the reasoning (dim, or a "thought for"
+  // line when hidden), the Markdown-rendered content, tool calls, and a status line (spinner,
+  // prefill progress) while nothing else is shown.
+  struct ReplyView {
+    explicit ReplyView(Chat& owner) : chat(owner), screen(owner.screen_), markdown(owner.styled_) {}
 
-    QuietTerminal quiet(screen_.tty());
-    Markdown markdown(styled_);
+    Chat& chat;
+    Screen& screen;
+    Markdown markdown;
     Message answer{"assistant", {}, {}, {}};
     const double started = k3::now_seconds();
     double first_reasoning = -1, first_content = -1;
     bool cancel_sent = false, reasoning_open = false, in_reasoning_shown = false;
     int64_t prompt_tokens = 0, cached = 0, processed = 0;
     bool accepted = false, prefilled = false;
-    const char* spinner = "-\\|/";
     int spin = 0;
     std::optional<k3::GenerationStats> done;
     std::string failure;
 
-    auto end_reasoning_display = [&] {
-      if (in_reasoning_shown) {
-        if (screen_.tty()) screen_.print(kReset);
-        in_reasoning_shown = false;
-        screen_.end_line();
-      }
-    };
-    auto show_status = [&] {
-      if (!answer.content.empty() || (in_reasoning_shown && show_think_) || !screen_.tty()) return;
-      const double t = k3::now_seconds() - started;
-      std::string s(1, spinner[spin++ % 4]);
+    void end_reasoning_display() {
+      if (!in_reasoning_shown) return;
+      if (screen.tty()) screen.print(kReset);
+      in_reasoning_shown = false;
+      screen.end_line();
+    }
+    std::string thought_for(double until) const {
+      return "(thought for " +
+             seconds_text(until - (first_reasoning > 0 ? first_reasoning : started)) + ")";
+    }
+    void show_status() {
+      if (!answer.content.empty() || (in_reasoning_shown && chat.show_think_) || !screen.tty())
+        return;
+      static const char* const kSpinner = "-\\|/";
+      std::string s(1, kSpinner[spin++ % 4]);
       s += ' ';
       if (cancel_sent)
         s += "stopping";
@@ -781,24 +781,41 @@ class Chat {
       else if (!prefilled)
         s += "prefill " + std::to_string(processed) + "/" + std::to_string(prompt_tokens) +
              " (cached " + std::to_string(cached) + ")";
-      else if (!answer.reasoning.empty() && !show_think_)
+      else if (!answer.reasoning.empty() && !chat.show_think_)
         s += "thinking";
       else
         s += "generating";
-      s += " · " + seconds_text(t);
-      screen_.status(s);
-    };
-
-    ServiceEvent e;
-    while (!done && failure.empty()) {
-      if (g_interrupt.exchange(false) && !cancel_sent) {
-        service_.cancel(handle);
-        cancel_sent = true;
+      s += " · " + seconds_text(k3::now_seconds() - started);
+      screen.status(s);
+    }
+    void on_reasoning(const std::string& text) {
+      if (first_reasoning < 0) first_reasoning = k3::now_seconds();
+      answer.reasoning += text;
+      if (!chat.show_think_) return show_status();
+      if (!in_reasoning_shown) {
+        screen.clear_status();
+        if (chat.opt_.text.labels && !screen.tty()) screen.print("[think] ");
+        if (screen.tty()) screen.print(kDim);
+        in_reasoning_shown = true;
+        reasoning_open = true;
       }
-      if (!handle->next(e, std::chrono::milliseconds(100))) {
-        show_status();
-        continue;
+      screen.print(text);
+    }
+    void on_content(const std::string& text) {
+      if (first_content < 0) {
+        first_content = k3::now_seconds();
+        end_reasoning_display();
+        screen.clear_status();
+        if (!chat.show_think_ && !answer.reasoning.empty())
+          screen.line(screen.dim(thought_for(first_content)));
+        else if (reasoning_open && !screen.tty())
+          screen.print("\n");
+        if (chat.opt_.text.labels && !screen.tty()) screen.print("[response] ");
       }
+      answer.content += text;
+      screen.print(markdown.push(text));
+    }
+    void on_event(ServiceEvent& e) {
       switch (e.kind) {
         case ServiceEvent::Kind::accepted:
           accepted = true;
@@ -814,75 +831,83 @@ class Chat {
           show_status();
           break;
         case ServiceEvent::Kind::reasoning:
-          if (first_reasoning < 0) first_reasoning = k3::now_seconds();
-          answer.reasoning += e.text;
-          if (show_think_) {
-            if (!in_reasoning_shown) {
-              screen_.clear_status();
-              if (opt_.text.labels && !screen_.tty()) screen_.print("[think] ");
-              if (screen_.tty()) screen_.print(kDim);
-              in_reasoning_shown = true;
-              reasoning_open = true;
-            }
-            screen_.print(e.text);
-          } else {
-            show_status();
-          }
+          on_reasoning(e.text);
           break;
         case ServiceEvent::Kind::content:
-          if (first_content < 0) {
-            first_content = k3::now_seconds();
-            end_reasoning_display();
-            screen_.clear_status();
-            if (!show_think_ && !answer.reasoning.empty())
-              screen_.line(screen_.dim(
-                  "(thought for " +
-                  seconds_text(first_content - (first_reasoning > 0 ? first_reasoning : started)) +
-                  ")"));
-            else if (reasoning_open && !screen_.tty())
-              screen_.print("\n");
-            if (opt_.text.labels && !screen_.tty()) screen_.print("[response] ");
-          }
-          answer.content += e.text;
-          screen_.print(markdown.push(e.text));
+          on_content(e.text);
           break;
         case ServiceEvent::Kind::tool_call:
           answer.tool_calls.push_back(e.call);
           end_reasoning_display();
-          screen_.print(markdown.finish());
-          screen_.end_line();
-          screen_.line(screen_.dim("[tool call] " + e.call.name + " " + e.call.arguments_json));
+          screen.print(markdown.finish());
+          screen.end_line();
+          screen.line(screen.dim("[tool call] " + e.call.name + " " + e.call.arguments_json));
           break;
         case ServiceEvent::Kind::done:
           done = e.stats;
           break;
-        case ServiceEvent::Kind::error:
+        case ServiceEvent::Kind::error: {
           const std::string code = k3::service_error_name(e.error);
           failure = e.text.empty() ? code : e.text;
           if (!code.empty() && code != failure) failure += " (" + code + ")";
           break;
+        }
       }
     }
-    screen_.print(markdown.finish());
-    end_reasoning_display();
-    screen_.clear_status();
-    std::fflush(stdout);
-    service_.wait_idle(
-        2.0);  // the worker's bookkeeping (fed tokens, counters) follows its last event
-    erased_ = false;
+    void close() {
+      screen.print(markdown.finish());
+      end_reasoning_display();
+      screen.clear_status();
+      std::fflush(stdout);
+    }
+  };
 
-    if (!failure.empty()) {
+  // The user turn at the end of history_ is answered; on failure it is taken back.
+  void generate() {
+    k3::ServiceRequest request;
+    if (auto e = build_request(request)) {
+      take_back();
+      return error(*e);
+    }
+    g_interrupt.store(false);
+    auto submitted = service_.submit(std::move(request));
+    if (!submitted.ok()) {
+      take_back();
+      return error(submitted.status().message());
+    }
+    const std::shared_ptr<k3::RequestHandle> handle = *submitted;
+
+    QuietTerminal quiet(screen_.tty());
+    ReplyView view(*this);
+    ServiceEvent e;
+    while (!view.done && view.failure.empty()) {
+      if (g_interrupt.exchange(false) && !view.cancel_sent) {
+        service_.cancel(handle);
+        view.cancel_sent = true;
+      }
+      if (handle->next(e, std::chrono::milliseconds(100)))
+        view.on_event(e);
+      else
+        view.show_status();
+    }
+    view.close();
+    // The worker's bookkeeping (fed tokens, counters) follows its last event.
+    service_.wait_idle(2.0);
+    erased_ = false;
+    if (!view.failure.empty()) {
       take_back();
       screen_.end_line();
-      return error(failure);
+      return error(view.failure);
     }
-    const k3::GenerationStats& st = *done;
+    conclude(view);
+  }
+
+  // After a reply's last event: why it ended, the footer, and what the history keeps.
+  void conclude(ReplyView& view) {
+    const k3::GenerationStats& st = *view.done;
     const bool interrupted = st.finish == k3::FinishReason::cancelled;
-    if (!show_think_ && !answer.reasoning.empty() && first_content < 0)
-      screen_.line(screen_.dim(
-          "(thought for " +
-          seconds_text(k3::now_seconds() - (first_reasoning > 0 ? first_reasoning : started)) +
-          ")"));
+    if (!show_think_ && !view.answer.reasoning.empty() && view.first_content < 0)
+      screen_.line(screen_.dim(view.thought_for(k3::now_seconds())));
     if (interrupted) {
       screen_.end_line();
       screen_.line(screen_.dim("[interrupted]"));
@@ -893,14 +918,11 @@ class Chat {
     }
     screen_.end_line();
     if (footer_ != FooterMode::off) screen_.line(screen_.dim(footer(st)));
-
-    const bool empty =
-        answer.content.empty() && answer.reasoning.empty() && answer.tool_calls.empty();
-    if (interrupted && empty) {
+    const Message& a = view.answer;
+    if (interrupted && a.content.empty() && a.reasoning.empty() && a.tool_calls.empty())
       take_back();  // nothing to keep; /retry asks again
-    } else {
-      history_.push_back(std::move(answer));
-    }
+    else
+      history_.push_back(std::move(view.answer));
   }
 
   std::string footer(const k3::GenerationStats& st) const {

@@ -472,10 +472,6 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.phase = phase;
   };
-  auto finish_request = [&](ServiceEvent e) {
-    publish_state();
-    handle->push(std::move(e));
-  };
 
   // 1 and 2: reuse, and a checkpoint at the rollback point.
   bool can_roll_back = false;
@@ -538,55 +534,74 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     result =
         generate(session, prompt.subspan(static_cast<size_t>(start)), sampler, settings, hooks);
   } catch (const std::exception& e) {
-    session.reset();
-    std::fprintf(stderr, "[engine] %s failed: %s\n", decoding ? "decode" : "prefill", e.what());
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.failed;
-    }
-    ServiceEvent ev;
-    ev.kind = ServiceEvent::Kind::error;
-    ev.error = ServiceError::engine_error;
-    ev.text = decoding ? "engine failure during decode" : "engine failure during prefill";
-    finish_request(std::move(ev));
+    end_with_fault(*handle, decoding, e.what());
     return;
   }
   stats.prefill_ms = result.prefill_seconds * 1e3;
   if (result.cancelled_in_prefill) {
-    // Roll back to the state before this request's prefill: the checkpoint at `start`, or nothing.
-    if (!can_roll_back || checkpoints_->restore_best(
-                              session, prompt.first(static_cast<size_t>(start)), start) != start)
-      session.reset();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.cancelled_prefill;
-      stats_.prefill_seconds += result.prefill_seconds;
-    }
-    stats.finish = FinishReason::cancelled;
-    ServiceEvent e;
-    e.kind = ServiceEvent::Kind::done;
-    e.stats = stats;
-    finish_request(std::move(e));
+    end_cancelled_prefill(*handle, stats, start, can_roll_back, result.prefill_seconds);
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
-  FinishReason finish = result.finish;
-  if (finish != FinishReason::cancelled) demux.finish();
-  if (finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string())
-    finish = FinishReason::tool_calls;
-  stats.finish = finish;
+  if (result.finish != FinishReason::cancelled) demux.finish();
+  stats.finish = result.finish;
+  if (stats.finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string())
+    stats.finish = FinishReason::tool_calls;
+  end_generation(*handle, stats, result);
+}
+
+void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const char* what) {
+  session_->reset();
+  std::fprintf(stderr, "[engine] %s failed: %s\n", decoding ? "decode" : "prefill", what);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.failed;
+  }
+  ServiceEvent e;
+  e.kind = ServiceEvent::Kind::error;
+  e.error = ServiceError::engine_error;
+  e.text = decoding ? "engine failure during decode" : "engine failure during prefill";
+  publish_state();
+  handle.push(std::move(e));
+}
+
+void EngineService::end_cancelled_prefill(RequestHandle& handle, GenerationStats& stats,
+                                          int64_t start, bool can_roll_back,
+                                          double prefill_seconds) {
+  const std::span<const int64_t> prompt(handle.request_.prompt);
+  // Roll back to the state before this request's prefill: the checkpoint at `start`, or nothing.
+  if (!can_roll_back || checkpoints_->restore_best(
+                            *session_, prompt.first(static_cast<size_t>(start)), start) != start)
+    session_->reset();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.cancelled_prefill;
+    stats_.prefill_seconds += prefill_seconds;
+  }
+  stats.finish = FinishReason::cancelled;
+  ServiceEvent e;
+  e.kind = ServiceEvent::Kind::done;
+  e.stats = stats;
+  publish_state();
+  handle.push(std::move(e));
+}
+
+void EngineService::end_generation(RequestHandle& handle, GenerationStats& stats,
+                                   const GenerateResult& result) {
+  const ServiceRequest& req = handle.request_;
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
   stats.decode_ms = result.decode_seconds * 1e3;
   // The end of the reply, unless that would evict the anchor checkpoint: with 2 slots and an
   // anchor, the anchor (an edited or regenerated last message) and the prompt's end (a follow-up)
   // are kept; the reply's end is the live record, checkpointed when the next request extends it.
   if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3)
-    checkpoints_->save(session);
+    checkpoints_->save(*session_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.generated_tokens += stats.completion_tokens;
     stats_.prefill_seconds += result.prefill_seconds;
     stats_.decode_seconds += result.decode_seconds;
-    if (finish == FinishReason::cancelled)
+    if (stats.finish == FinishReason::cancelled)
       ++stats_.cancelled_decode;
     else
       ++stats_.completed;
@@ -594,7 +609,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;
   e.stats = stats;
-  finish_request(std::move(e));
+  publish_state();
+  handle.push(std::move(e));
 }
 
 }  // namespace k3

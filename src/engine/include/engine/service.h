@@ -200,6 +200,14 @@ class EngineService {
   // (resetting otherwise) and returns the position prefilling starts from; `can_roll_back` tells
   // whether a checkpoint at that position is held.
   int64_t reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back);
+  // The three ways a started request ends, each with its counters, checkpoint and terminal
+  // event: an engine fault (the session is reset), a prefill cancelled (rolled back to the
+  // checkpoint at `start` when one is held, else reset), a generation that ran (stop, length,
+  // tool calls or a cancelled decode).
+  void end_with_fault(RequestHandle& handle, bool decoding, const char* what);
+  void end_cancelled_prefill(RequestHandle& handle, GenerationStats& stats, int64_t start,
+                             bool can_roll_back, double prefill_seconds);
+  void end_generation(RequestHandle& handle, GenerationStats& stats, const GenerateResult& result);
   void fail_waiters(ServiceError error, const std::string& message);
   // Copies the session's and the store's state into stats_ (before a terminal event, so a
   // caller that saw `done` reads fresh numbers).
