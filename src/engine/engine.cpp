@@ -2,13 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 
 #include "engine/internal.h"
 #include "experts/expert_cache.h"
 #include "util/error.h"
-#include "util/hash.h"
 #include "util/sys.h"
 
 namespace k3 {
