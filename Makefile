@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 DEMO := $(BUILD)/demo-model
 
-.PHONY: setup build run test bench asan clean format format-check
+.PHONY: setup build run test bench asan clean format format-check train train-test train-export
 
 setup:
 	@bash scripts/setup.sh
@@ -69,6 +69,34 @@ bench: build
 	@$(BUILD)/bench/k3_bench decode --dir $(BUILD)/bench-slice
 	@$(BUILD)/bench/k3_bench stream --dir $(BUILD)/bench-slice-stream
 	@node bench/tokenizer_bench.mjs $(BUILD)/bench/k3_tokenizer_bench tests/data/k3-release
+
+# The trained tiny K3 in assets/k3-mini (tools/train/README.md). Not part of `make test`: it
+# needs Debian's torch (scripts/setup.sh --train) and ~1.5 h on 2 cores. `make train` resumes
+# from $(TRAIN_WORK)/ckpt.pt when one is there; `make train-export` rewrites assets/k3-mini and
+# tests/data/k3-mini from it (then re-measure the gate: k3_bench quality --write-bounds).
+TRAIN_DATA := $(BUILD)/train-data
+TRAIN_WORK := $(BUILD)/train-run
+TRAIN_ARGS ?= --steps 340 --batch 32 --chat-rows 12 --warmup 60 --eval-every 100 --ckpt-every 10
+# jemalloc that keeps freed pages: with glibc's allocator every step re-faults GBs of logits
+# and activations (half the CPU time went to the kernel).
+TRAIN_ENV := MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+
+$(TRAIN_DATA)/meta.json: | build
+	@bash scripts/setup.sh --train
+	@npm ci --prefix tools/train --ignore-scripts --no-audit --no-fund >/dev/null
+	@/usr/bin/python3 tools/train/prepare_data.py --out $(TRAIN_DATA) --coli $(BUILD)/apps/coli
+
+train: $(TRAIN_DATA)/meta.json
+	@$(TRAIN_ENV) /usr/bin/python3 tools/train/train.py --data $(TRAIN_DATA) --work $(TRAIN_WORK) $(TRAIN_ARGS)
+
+# The training tool's own tests (torch; not in `make test`).
+train-test:
+	@bash scripts/setup.sh --train
+	@/usr/bin/python3 tools/train/test_train.py
+
+train-export:
+	@/usr/bin/python3 tools/train/export.py --work $(TRAIN_WORK) --out assets/k3-mini
+	@/usr/bin/python3 tools/train/make_fixtures.py --model assets/k3-mini --data $(TRAIN_DATA) --out tests/data/k3-mini
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')

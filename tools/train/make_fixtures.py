@@ -75,6 +75,16 @@ def main():
         ("router_margin", "F64", margin.shape, margin.astype("<f8").tobytes()),
     ]
     snapshot.write_atomic(os.path.join(a.out, "oracle.safetensors"), snapshot.safetensors_bytes(tensors))
+
+    # What the shared rows do to sampling: the mass of each shared class on the held-out windows.
+    rep_rare, rep_never = (shared if counts[order[0]] < counts[order[1]] else shared[::-1])
+    n_rare, n_never = sorted(int(counts[g]) for g in order[:2])
+    with torch.no_grad():
+        lp = torch.log_softmax(model.logits(model.hidden(torch.from_numpy(windows.astype(np.int64)))), -1)
+    p_rare = (torch.exp(lp[..., rep_rare]) * n_rare).mean().item()
+    p_never = (torch.exp(lp[..., rep_never]) * n_never).mean().item()
+    print("shared rows on held-out text: rare class (%d ids) mean mass %.4f, never-used class (%d ids) %.2e"
+          % (n_rare, p_rare, n_never, p_never))
     print("fixtures: %d windows x %d, %d prompts, oracle %d x %d (own %d, shared %s), "
           "smallest router margin %.2e, model step %d"
           % (WINDOWS, LEN, len(lines), ORACLE_LEN, len(logit_ids), len(own),
