@@ -10,6 +10,11 @@
 //       Decode tokens/s with every expert in memory, with the per-stage breakdown, and prefill
 //       tokens/s token at a time (K3_CHUNK=1) vs chunked (32) with the expert dedup factor. Without
 //       MODEL_DIR a `k3_synth --preset slice` checkpoint is written once into DIR and reused.
+//   k3_bench quality [--model DIR] [--fixtures DIR] [--write-bounds FILE] [--isa I] [--threads N]
+//       The real-text quality table of a trained checkpoint (default assets/k3-mini with
+//       tests/data/k3-mini): held-out perplexity, KL and top-1 agreement against the exact
+//       setting, greedy agreement over 64 tokens, for every precision setting (tools/quality_lib.h,
+//       docs/testing.md §5), as Markdown; --write-bounds writes the gate's bounds file from it.
 //
 // Every figure is also printed as one machine-readable line:
 //   RESULT <name> <value> <unit> ratio=<r>
@@ -48,6 +53,7 @@
 #include "kernels/quant.h"
 #include "model/compute.h"
 #include "options/options.h"
+#include "quality_lib.h"
 #include "synth_lib.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -1283,6 +1289,66 @@ int run_stream(const StreamArgs& a) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// quality: the real-text quality table (tools/quality_lib.h)
+
+struct QualityArgs {
+  std::string model_dir = std::string(K3_BENCH_SOURCE_DIR) + "/../assets/k3-mini";
+  std::string fixtures = std::string(K3_BENCH_SOURCE_DIR) + "/../tests/data/k3-mini";
+  std::string write_bounds;  // bounds file to write from the measurement ("" = none)
+  std::string isa = "auto";
+  int threads = 0;
+};
+
+int run_quality(const QualityArgs& a) {
+  namespace q = k3::quality;
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  print_machine(resolve_isa(a.isa));
+  const q::Fixtures fixtures = q::Fixtures::load(a.fixtures);
+  std::printf("\n== quality of %s on %s (%zu held-out windows of %lld tokens, %zu prompts x %lld "
+              "greedy tokens)\n",
+              a.model_dir.c_str(), a.fixtures.c_str(), fixtures.windows.size(),
+              static_cast<long long>(q::kWindowTokens), fixtures.prompts.size(),
+              static_cast<long long>(q::kGreedyTokens));
+  k3::LoadOptions base;
+  base.isa = a.isa;
+  base.experts_in_memory = true;
+  base.cache.pin = false;
+  const q::Reference ref(a.model_dir, fixtures, base);
+  std::vector<q::Row> rows;
+  for (const q::Setting& s : q::settings()) {
+    rows.push_back(ref.measure(s));
+    const q::Row& r = rows.back();
+    std::printf("%-18s ppl %.4f | KL mean %.3g max %.3g | top-1 %.4f | greedy %.4f (first diff "
+                "%.1f) | %.1f s | %s\n",
+                r.setting.c_str(), r.ppl, r.kl_mean, r.kl_max, r.top1, r.greedy, r.first_diverge,
+                r.seconds, r.describe.c_str());
+    std::fflush(stdout);
+    const std::string n = "quality_" + r.setting;
+    add_result(n + "_ppl", r.ppl, "ppl", r.ppl / ref.row().ppl);
+    add_result(n + "_kl_mean", r.kl_mean, "nats", std::nan(""));
+    add_result(n + "_kl_max", r.kl_max, "nats", std::nan(""));
+    add_result(n + "_top1", r.top1, "fraction", r.top1);
+    add_result(n + "_greedy64", r.greedy, "fraction", r.greedy);
+  }
+  q::Bounds bounds;
+  if (!a.write_bounds.empty()) {
+    q::write_bounds(a.write_bounds, rows);
+    bounds = q::read_bounds(a.write_bounds);
+    std::printf("\nwrote %s (ppl x 1.01, KL x 1.25 + 1e-4, top-1 - 0.02, greedy - 0.10)\n",
+                a.write_bounds.c_str());
+  }
+  std::printf("\n== Markdown (ppl: exp of the mean NLL of %lld held-out tokens; KL(exact || "
+              "setting) per position in nats; top-1: argmax equal to exact's; greedy 64: "
+              "fraction of 64 greedy tokens equal to exact's, first diff: mean first differing "
+              "index%s)\n\n%s",
+              static_cast<long long>(ref.row().positions),
+              bounds.empty() ? "" : "; bounds in parentheses", q::markdown(rows, bounds).c_str());
+  std::printf("\nThe container and the K3_BITS=4 downcast rows come with issue 17.\n");
+  print_results();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1350,9 +1416,23 @@ int main(int argc, char** argv) {
   stream->add_option("--threads", sa.threads, "OpenMP threads (0 = OpenMP default)")
       ->capture_default_str();
 
+  QualityArgs qa;
+  CLI::App* quality = app.add_subcommand(
+      "quality", "held-out perplexity, KL and agreement vs exact for every precision setting");
+  quality->add_option("--model", qa.model_dir, "trained checkpoint")->capture_default_str();
+  quality->add_option("--fixtures", qa.fixtures, "held-out fixtures (heldout_text.u32, ...)")
+      ->capture_default_str();
+  quality->add_option("--write-bounds", qa.write_bounds,
+                      "write the gate's bounds file (tests/data/k3-mini/quality_bounds.json)");
+  quality->add_option("--isa", qa.isa, "kernel variant: auto, scalar, avx2, avx512")
+      ->capture_default_str();
+  quality->add_option("--threads", qa.threads, "OpenMP threads (0 = OpenMP default)")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (kernels->parsed()) return run_kernels(ka);
+    if (quality->parsed()) return run_quality(qa);
     if (stream->parsed()) {
       if (sa.layers < 2 || sa.experts < 1 || sa.tokens < 1 || sa.prefill < 1)
         throw k3::Error("--layers must be >= 2; --experts, --tokens, --prefill >= 1");

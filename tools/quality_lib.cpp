@@ -1,0 +1,475 @@
+// tools/quality_lib.cpp — see quality_lib.h.
+#include "quality_lib.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "engine/sampler.h"
+#include "util/error.h"
+#include "util/sys.h"
+
+namespace k3::quality {
+
+namespace {
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// exp(x) in double for x <= 0 (the softmax's exponents), ~2 ulp: x = k ln2 + r with |r| <=
+// ln2 / 2 (Cody-Waite, ln2 split so that k * kLn2Hi is exact), exp(r) by its degree-13 Taylor
+// polynomial (truncation < 1e-17), 2^k built in the exponent bits. Below -700 the result is
+// exp(-700) ~ 1e-304, nothing next to a sum >= 1. glibc's exp is ~6x slower and does not
+// vectorise: the measurement takes 2 x 163,840 of them per position. Exp2 below is the same
+// arithmetic two lanes at a time (SSE2, in every x86-64): both round identically.
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2Hi = 6.93147180369123816490e-01;
+constexpr double kLn2Lo = 1.90821492927058770002e-10;
+constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: x + kRound rounds x to an integer
+constexpr double kExpFloor = -700.0;
+// 1/13!, 1/12!, ..., 1/1!, 1/0!
+constexpr double kTaylor[14] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
+                                1.0 / 3628800.0,    1.0 / 362880.0,    1.0 / 40320.0,
+                                1.0 / 5040.0,       1.0 / 720.0,       1.0 / 120.0,
+                                1.0 / 24.0,         1.0 / 6.0,         0.5,
+                                1.0,                1.0};
+
+double exp_neg(double x) {
+  x = std::isnan(x) ? x : std::max(kExpFloor, x);
+  const double t = x * kLog2e + kRound;
+  const double k = t - kRound;
+  const double r = (x - k * kLn2Hi) - k * kLn2Lo;
+  double p = kTaylor[0];
+  for (int i = 1; i < 14; ++i) p = p * r + kTaylor[i];
+  uint64_t bits;
+  std::memcpy(&bits, &t, sizeof bits);
+  bits = (bits + 1023) << 52;
+  double scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+#if defined(__SSE2__)
+__m128d exp_neg2(__m128d x) {
+  x = _mm_max_pd(_mm_set1_pd(kExpFloor), x);  // a NaN lane stays NaN (max returns operand 2)
+  const __m128d round = _mm_set1_pd(kRound);
+  const __m128d t = _mm_add_pd(_mm_mul_pd(x, _mm_set1_pd(kLog2e)), round);
+  const __m128d k = _mm_sub_pd(t, round);
+  const __m128d r = _mm_sub_pd(_mm_sub_pd(x, _mm_mul_pd(k, _mm_set1_pd(kLn2Hi))),
+                               _mm_mul_pd(k, _mm_set1_pd(kLn2Lo)));
+  __m128d p = _mm_set1_pd(kTaylor[0]);
+  for (int i = 1; i < 14; ++i) p = _mm_add_pd(_mm_mul_pd(p, r), _mm_set1_pd(kTaylor[i]));
+  const __m128i bits =
+      _mm_slli_epi64(_mm_add_epi64(_mm_castpd_si128(t), _mm_set1_epi64x(1023)), 52);
+  return _mm_mul_pd(p, _mm_castsi128_pd(bits));
+}
+
+__m128d load2(const float* p) {
+  return _mm_cvtps_pd(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+double sum2(__m128d v) {
+  return _mm_cvtsd_f64(v) + _mm_cvtsd_f64(_mm_unpackhi_pd(v, v));
+}
+#endif
+
+// log(sum_i exp(z_i)) in double.
+double log_sum_exp(const float* z, size_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  for (size_t i = 0; i < n; ++i) {
+    m = std::max(m, z[i]);
+    nan |= std::isnan(z[i]);
+  }
+  if (nan) return std::nan("");
+  double sum = 0;
+  size_t i = 0;
+#if defined(__SSE2__)
+  __m128d acc = _mm_setzero_pd();
+  const __m128d mv = _mm_set1_pd(m);
+  for (; i + 2 <= n; i += 2) acc = _mm_add_pd(acc, exp_neg2(_mm_sub_pd(load2(z + i), mv)));
+  sum = sum2(acc);
+#endif
+  for (; i < n; ++i) sum += exp_neg(static_cast<double>(z[i]) - m);
+  return m + std::log(sum);
+}
+
+// KL(p || q) of two logit vectors, their log-sum-exps known: sum_i p_i ((zp_i - zq_i) -
+// (lse_p - lse_q)), written so that identical logits give exactly 0.
+double kl_divergence(const float* zp, double lse_p, const float* zq, double lse_q, size_t n) {
+  double weighted = 0, mass = 0;
+  size_t i = 0;
+#if defined(__SSE2__)
+  __m128d w2 = _mm_setzero_pd(), m2 = _mm_setzero_pd();
+  const __m128d lv = _mm_set1_pd(lse_p);
+  for (; i + 2 <= n; i += 2) {
+    const __m128d a = load2(zp + i);
+    const __m128d p = exp_neg2(_mm_sub_pd(a, lv));
+    w2 = _mm_add_pd(w2, _mm_mul_pd(p, _mm_sub_pd(a, load2(zq + i))));
+    m2 = _mm_add_pd(m2, p);
+  }
+  weighted = sum2(w2);
+  mass = sum2(m2);
+#endif
+  for (; i < n; ++i) {
+    const double p = exp_neg(static_cast<double>(zp[i]) - lse_p);
+    weighted += p * (static_cast<double>(zp[i]) - static_cast<double>(zq[i]));
+    mass += p;
+  }
+  const double kl = weighted - (lse_p - lse_q) * mass;
+  return std::isnan(kl) ? kl : std::max(0.0, kl);
+}
+
+// Counts the routed experts picked at each MoE layer.
+class RoutingCounter : public LayerObserver {
+ public:
+  explicit RoutingCounter(std::vector<std::vector<int64_t>>& use, int64_t experts)
+      : use_(use), experts_(experts) {}
+  void on_tensor(int64_t, Site, const float*) override {}
+  void on_routing(int64_t layer, const Routing& routing) override {
+    if (use_.size() <= static_cast<size_t>(layer)) use_.resize(static_cast<size_t>(layer) + 1);
+    auto& row = use_[static_cast<size_t>(layer)];
+    row.resize(static_cast<size_t>(experts_));
+    for (int64_t id : routing.ids) ++row[static_cast<size_t>(id)];
+  }
+
+ private:
+  std::vector<std::vector<int64_t>>& use_;
+  int64_t experts_;
+};
+
+// Greedy-decodes kGreedyTokens ids from `prompt`.
+std::vector<int64_t> greedy(const Engine& engine, const std::vector<int64_t>& prompt) {
+  Session session(engine, static_cast<int64_t>(prompt.size()) + kGreedyTokens);
+  std::vector<int64_t> out;
+  const std::vector<float>* logits = &session.prefill(prompt);
+  for (int64_t j = 0; j < kGreedyTokens; ++j) {
+    out.push_back(argmax(*logits));
+    if (j + 1 < kGreedyTokens) logits = &session.step(out.back());
+  }
+  return out;
+}
+
+void check_fixtures(const Fixtures& f) {
+  if (f.windows.empty() || f.prompts.empty())
+    throw Error("quality: the fixtures hold no held-out windows or prompts");
+}
+
+}  // namespace
+
+std::string Setting::env() const {
+  std::string s = "K3_BITS=" + std::to_string(bits) + " K3_MLA_BITS=" + std::to_string(mla_bits) +
+                  " K3_HEAD_BITS=" + std::to_string(head_bits) + " K3_IDOT=" + (idot ? "1" : "0");
+  if (top_p > 0) s += " K3_TOPP=" + number(top_p);
+  return s;
+}
+
+LoadOptions Setting::apply(LoadOptions base) const {
+  base.bits = bits;
+  base.mla_bits = mla_bits;
+  base.head_bits = head_bits;
+  base.idot = idot;
+  base.expert_top_p = top_p;
+  return base;
+}
+
+std::vector<Setting> settings() {
+  const LoadOptions d;  // the release defaults
+  return {
+      {"exact", 32, 32, 32, false, 0},
+      {"idot", 32, 32, 32, true, 0},
+      {"bits8", 8, 32, 32, false, 0},
+      {"bits4", 4, 32, 32, false, 0},
+      {"bits4_idot", 4, 32, 32, true, 0},
+      {"mla_bits8", 32, 8, 32, false, 0},
+      {"mla_bits4", 32, 4, 32, false, 0},
+      {"head_bits8", 32, 32, 8, false, 0},
+      {"head_bits4", 32, 32, 4, false, 0},
+      {"defaults", d.bits, d.mla_bits, d.head_bits, d.idot, 0},
+      {"defaults_topp0.9", d.bits, d.mla_bits, d.head_bits, d.idot, 0.9},
+      {"defaults_topp0.8", d.bits, d.mla_bits, d.head_bits, d.idot, 0.8},
+      // Issue 17 adds two rows here: the container (the same model read from the single-file
+      // container instead of the HF snapshot) and the K3_BITS=4 downcast of BF16 experts. Each
+      // needs its own loader path, which does not exist yet; no row stands in for them.
+  };
+}
+
+Setting setting(const std::string& name) {
+  std::string names;
+  for (const Setting& s : settings()) {
+    if (s.name == name) return s;
+    names += (names.empty() ? "" : ", ") + s.name;
+  }
+  throw Error("quality: no setting \"" + name + "\" (settings: " + names + ")");
+}
+
+Fixtures Fixtures::load(const std::string& dir) {
+  Fixtures f;
+  const std::string text_path = dir + "/heldout_text.u32";
+  std::ifstream text(text_path, std::ios::binary);
+  if (!text) throw Error(text_path + ": cannot open (the held-out text windows)");
+  const std::string bytes{std::istreambuf_iterator<char>(text), {}};
+  const size_t window_bytes = 4 * static_cast<size_t>(kWindowTokens);
+  if (bytes.empty() || bytes.size() % window_bytes != 0)
+    throw Error(text_path + ": " + std::to_string(bytes.size()) +
+                " bytes, expected a positive multiple of " + std::to_string(window_bytes) +
+                " (windows of " + std::to_string(kWindowTokens) + " u32 ids)");
+  for (size_t w = 0; w < bytes.size() / window_bytes; ++w) {
+    std::vector<int64_t> ids;
+    for (int64_t t = 0; t < kWindowTokens; ++t) {
+      const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + w * window_bytes +
+                      4 * static_cast<size_t>(t);
+      ids.push_back(static_cast<int64_t>(p[0] | (p[1] << 8) | (p[2] << 16) |
+                                         (static_cast<uint32_t>(p[3]) << 24)));
+    }
+    f.windows.push_back(std::move(ids));
+  }
+
+  const std::string prompts_path = dir + "/heldout_prompts.jsonl";
+  std::ifstream prompts(prompts_path);
+  if (!prompts) throw Error(prompts_path + ": cannot open (the held-out chat prompts)");
+  std::string line;
+  for (int n = 1; std::getline(prompts, line); ++n) {
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("ids") || !j["ids"].is_array() ||
+        j["ids"].empty())
+      throw Error(prompts_path + ":" + std::to_string(n) +
+                  ": expected {\"ids\": [...]} with at least one id");
+    std::vector<int64_t> ids;
+    for (const auto& id : j["ids"]) {
+      if (!id.is_number_integer())
+        throw Error(prompts_path + ":" + std::to_string(n) + ": \"ids\" holds a non-integer");
+      ids.push_back(id.get<int64_t>());
+    }
+    f.prompts.push_back(std::move(ids));
+  }
+  if (f.prompts.empty()) throw Error(prompts_path + ": no prompts");
+  return f;
+}
+
+Reference::Reference(const std::string& model_dir, const Fixtures& fixtures,
+                     const LoadOptions& base)
+    : model_dir_(model_dir), fixtures_(fixtures), base_(base) {
+  check_fixtures(fixtures);
+  const double t0 = now_seconds();
+  const Setting exact = settings().front();
+  const Engine engine(model_dir, exact.apply(base));
+  vocab_ = engine.info().vocab_size;
+  const size_t V = static_cast<size_t>(vocab_);
+  const size_t rows = static_cast<size_t>(kWindowTokens - 1);
+  RoutingCounter counter(expert_use_, engine.info().num_experts);
+  double nll = 0;
+  for (const std::vector<int64_t>& window : fixtures.windows) {
+    Session session(engine, kWindowTokens);
+    std::vector<float> all;
+    all.reserve(static_cast<size_t>(kWindowTokens) * V);
+    PrefillHooks hooks;
+    hooks.observer = &counter;
+    hooks.all_logits = &all;
+    session.prefill(window, hooks);
+    all.resize(rows * V);
+    std::vector<double> lse(rows);
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < rows; ++t) lse[t] = log_sum_exp(all.data() + t * V, V);
+    for (size_t t = 0; t < rows; ++t) {
+      const float* z = all.data() + t * V;
+      nll += lse[t] - z[static_cast<size_t>(window[t + 1])];
+      lse_.push_back(lse[t]);
+      top1_.push_back(argmax({z, V}));
+    }
+    logits_.push_back(std::move(all));
+  }
+  for (const std::vector<int64_t>& prompt : fixtures.prompts)
+    greedy_.push_back(greedy(engine, prompt));
+  row_.setting = exact.name;
+  row_.env = exact.env();
+  row_.describe = engine.describe();
+  row_.positions = static_cast<int64_t>(lse_.size());
+  row_.ppl = std::exp(nll / static_cast<double>(row_.positions));
+  row_.top1 = row_.greedy = 1;
+  row_.first_diverge = static_cast<double>(kGreedyTokens);
+  row_.seconds = now_seconds() - t0;
+}
+
+Row Reference::measure(const Setting& s, const std::string& model_dir) const {
+  const double t0 = now_seconds();
+  const Engine engine(model_dir.empty() ? model_dir_ : model_dir, s.apply(base_));
+  if (engine.info().vocab_size != vocab_)
+    throw Error("quality: " + model_dir + " has vocab_size " +
+                std::to_string(engine.info().vocab_size) + ", the reference " +
+                std::to_string(vocab_));
+  const size_t V = static_cast<size_t>(vocab_);
+  const size_t rows = static_cast<size_t>(kWindowTokens - 1);
+  Row row;
+  row.setting = s.name;
+  row.env = s.env();
+  row.describe = engine.describe();
+  double nll = 0, kl = 0;
+  int64_t top1 = 0;
+  std::vector<double> pos_nll(rows), pos_kl(rows);
+  std::vector<int64_t> pos_top1(rows);
+  std::vector<float> all;  // [kWindowTokens][vocab], reused (prefill clears it, keeping capacity)
+  all.reserve(static_cast<size_t>(kWindowTokens) * V);
+  for (size_t w = 0; w < fixtures_.windows.size(); ++w) {
+    const std::vector<int64_t>& window = fixtures_.windows[w];
+    Session session(engine, kWindowTokens);
+    PrefillHooks hooks;
+    hooks.all_logits = &all;
+    session.prefill(window, hooks);
+    const float* ref = logits_[w].data();
+    // Per position in parallel, summed in order below: the figures do not depend on threads.
+#pragma omp parallel for schedule(static)
+    for (size_t t = 0; t < rows; ++t) {
+      const float* z = all.data() + t * V;
+      const double lse = log_sum_exp(z, V);
+      const double lse_ref = lse_[w * rows + t];
+      pos_nll[t] = lse - z[static_cast<size_t>(window[t + 1])];
+      pos_kl[t] = kl_divergence(ref + t * V, lse_ref, z, lse, V);
+      pos_top1[t] = argmax({z, V}) == top1_[w * rows + t];
+    }
+    for (size_t t = 0; t < rows; ++t) {
+      nll += pos_nll[t];
+      kl += pos_kl[t];
+      // NaN propagates into the max (and fails the gate) instead of being skipped.
+      if (!(pos_kl[t] <= row.kl_max)) row.kl_max = pos_kl[t];
+      top1 += pos_top1[t];
+    }
+  }
+  row.positions = static_cast<int64_t>(fixtures_.windows.size() * rows);
+  const double n = static_cast<double>(row.positions);
+  row.ppl = std::exp(nll / n);
+  row.kl_mean = kl / n;
+  row.top1 = static_cast<double>(top1) / n;
+  double same = 0, first = 0;
+  for (size_t p = 0; p < fixtures_.prompts.size(); ++p) {
+    const std::vector<int64_t> got = greedy(engine, fixtures_.prompts[p]);
+    const std::vector<int64_t>& want = greedy_[p];
+    int64_t equal = 0, diverge = kGreedyTokens;
+    for (int64_t j = 0; j < kGreedyTokens; ++j) {
+      const bool eq = got[static_cast<size_t>(j)] == want[static_cast<size_t>(j)];
+      equal += eq;
+      if (!eq && diverge == kGreedyTokens) diverge = j;
+    }
+    same += static_cast<double>(equal) / static_cast<double>(kGreedyTokens);
+    first += static_cast<double>(diverge);
+  }
+  const double prompts = static_cast<double>(fixtures_.prompts.size());
+  row.greedy = same / prompts;
+  row.first_diverge = first / prompts;
+  row.seconds = now_seconds() - t0;
+  return row;
+}
+
+Bound bound_from(const Row& row) {
+  Bound b;
+  b.ppl_max = row.ppl * 1.01;
+  b.kl_mean_max = row.kl_mean * 1.25 + 1e-4;
+  b.top1_min = std::max(0.0, row.top1 - 0.02);
+  b.greedy_min = std::max(0.0, row.greedy - 0.10);
+  return b;
+}
+
+Bounds read_bounds(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error(path +
+                ": cannot open (write it with `k3_bench quality --write-bounds " + path + "`)");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw Error(path + ": not a JSON object");
+  Bounds bounds;
+  for (const auto& [name, v] : j.items()) {
+    Bound b;
+    const char* keys[4] = {"ppl_max", "kl_mean_max", "top1_min", "greedy_min"};
+    double* fields[4] = {&b.ppl_max, &b.kl_mean_max, &b.top1_min, &b.greedy_min};
+    for (int k = 0; k < 4; ++k) {
+      if (!v.is_object() || !v.contains(keys[k]) || !v[keys[k]].is_number())
+        throw Error(path + ": \"" + name + "\" has no number \"" + keys[k] + "\"");
+      *fields[k] = v[keys[k]].get<double>();
+    }
+    bounds[name] = b;
+  }
+  return bounds;
+}
+
+void write_bounds(const std::string& path, const std::vector<Row>& rows) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const Row& row : rows) {
+    const Bound b = bound_from(row);
+    j[row.setting] = {{"ppl_max", b.ppl_max},
+                      {"kl_mean_max", b.kl_mean_max},
+                      {"top1_min", b.top1_min},
+                      {"greedy_min", b.greedy_min}};
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) throw Error(tmp + ": cannot write");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(path + ": cannot rename " + tmp);
+}
+
+std::vector<std::string> violations(const Row& row, const Bound& bound) {
+  std::vector<std::string> out;
+  auto line = [&](const char* what, double v, const char* op, const char* key, double b) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s %.6g %s %s %.6g", what, v, op, key, b);
+    out.push_back(buf);
+  };
+  if (!(row.ppl <= bound.ppl_max)) line("ppl", row.ppl, ">", "ppl_max", bound.ppl_max);
+  if (!(row.kl_mean <= bound.kl_mean_max))
+    line("kl_mean", row.kl_mean, ">", "kl_mean_max", bound.kl_mean_max);
+  if (!(row.top1 >= bound.top1_min)) line("top1", row.top1, "<", "top1_min", bound.top1_min);
+  if (!(row.greedy >= bound.greedy_min))
+    line("greedy", row.greedy, "<", "greedy_min", bound.greedy_min);
+  return out;
+}
+
+std::string markdown(const std::vector<Row>& rows, const Bounds& bounds) {
+  std::ostringstream md;
+  md << "| setting | environment | ppl | KL mean | KL max | top-1 | greedy 64 | first diff |\n"
+     << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+  char buf[512];
+  for (const Row& r : rows) {
+    const auto it = bounds.find(r.setting);
+    std::snprintf(buf, sizeof buf, "%.3f", r.ppl);
+    std::string ppl = buf;
+    std::snprintf(buf, sizeof buf, "%.3g", r.kl_mean);
+    std::string kl = buf;
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100 * r.top1);
+    std::string top1 = buf;
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100 * r.greedy);
+    std::string greedy_text = buf;
+    if (it != bounds.end()) {
+      std::snprintf(buf, sizeof buf, " (≤ %.3f)", it->second.ppl_max);
+      ppl += buf;
+      std::snprintf(buf, sizeof buf, " (≤ %.3g)", it->second.kl_mean_max);
+      kl += buf;
+      std::snprintf(buf, sizeof buf, " (≥ %.1f%%)", 100 * it->second.top1_min);
+      top1 += buf;
+      std::snprintf(buf, sizeof buf, " (≥ %.1f%%)", 100 * it->second.greedy_min);
+      greedy_text += buf;
+    }
+    std::snprintf(buf, sizeof buf, "| %s | `%s` | %s | %s | %.3g | %s | %s | %.1f |\n",
+                  r.setting.c_str(), r.env.c_str(), ppl.c_str(), kl.c_str(), r.kl_max,
+                  top1.c_str(), greedy_text.c_str(), r.first_diverge);
+    md << buf;
+  }
+  return md.str();
+}
+
+}  // namespace k3::quality
