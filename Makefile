@@ -13,13 +13,19 @@ build: setup
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# The demo checkpoint (real vocabulary, random weights) is made once and cached.
+# The trained tiny K3 (tools/train/, committed): the model of `make run` and coli's default.
+MINI := assets/k3-mini
+# The random-weights demo checkpoint (real vocabulary and tokenizer) is made once and cached; only
+# the routing benchmark uses it, as the contrast to trained routers.
 $(DEMO)/config.json: | build
 	@$(BUILD)/tools/k3_synth --preset demo --out $(DEMO)
 
-run: build $(DEMO)/config.json
-	@echo "== kimi_k3 --chat on the demo checkpoint (random weights: the text is noise; the tokenizer, chat template and engine are real)"
-	@$(BUILD)/apps/kimi_k3 $(DEMO) --chat "What is the capital of France?" --labels --ngen 24
+# One chat turn, thinking on, in the model's training distribution (tools/train/README.md: the
+# synthetic chats); it stops by itself at <|end_of_msg|> (--ngen is only a cap).
+run: build
+	@test -f $(MINI)/config.json || { echo "make run: $(MINI)/config.json is missing (the trained tiny K3 ships in the source tree)"; exit 1; }
+	@echo "== kimi_k3 --chat on $(MINI): a ~11M-parameter K3-architecture model trained on the Brown corpus (it writes Brown-style English, not answers)"
+	@$(BUILD)/apps/kimi_k3 $(MINI) --chat "Continue this passage: The old man walked slowly down the road toward the river. He had not been there since the war." --labels --ngen 256
 
 # The test oracles from npm (pinned in tests/node/package-lock.json), installed once.
 NODE_TEST_DEPS := tests/node/node_modules/.package-lock.json

@@ -1,7 +1,8 @@
 // apps/coli.cpp — the launcher.
-//   coli serve <model_dir>   the OpenAI-compatible HTTP API (+ the web page)   (coli_serve.cpp)
-//   coli web <model_dir>     the same, printing the page's URL                  (coli_serve.cpp)
-//   coli chat <model_dir>    a terminal chat with the model kept loaded          (coli_chat.cpp)
+//   coli serve [model_dir]   the OpenAI-compatible HTTP API (+ the web page)   (coli_serve.cpp)
+//   coli web [model_dir]     the same, printing the page's URL                  (coli_serve.cpp)
+//   coli chat [model_dir]    a terminal chat with the model kept loaded          (coli_chat.cpp)
+// (no model_dir: the built-in trained tiny K3, options.h builtin_model_dir())
 // Machine interfaces over JSON lines (stdin → stdout), reading only the tokenizer files of a
 // model directory (no weights needed):
 //   coli tokenize <model_dir> [--allow-special]   {"text": ...} → {"ids": [...]} (other keys
@@ -147,7 +148,7 @@ int render(const k3::Options& opt) {
 }
 
 const char* kUsage =
-    "usage: coli <command> <model_dir> [options]\n\n"
+    "usage: coli <command> [<model_dir>] [options]\n\n"
     "commands:\n"
     "  serve      OpenAI-compatible HTTP API on 127.0.0.1:8000 (/v1/chat/completions, /v1/models,\n"
     "             /health, /metrics, /tokenize, /detokenize) and the web page at /\n"
@@ -160,8 +161,10 @@ const char* kUsage =
     "{\"text\", \"ids\"}\n"
     "             (the K3 chat template; options.entry build_chat_segments | "
     "apply_chat_template)\n\n"
-    "The model directory may also come from --model or COLI_MODEL; tokenize and render read only\n"
-    "tiktoken.model and tokenizer_config.json. Invalid UTF-8 in input text is replaced by U+FFFD.\n"
+    "The model directory may also come from --model or COLI_MODEL; serve, web and chat run the\n"
+    "built-in trained tiny K3 (assets/k3-mini: ~11M parameters, Brown-corpus English) without\n"
+    "one. tokenize and render read only tiktoken.model and tokenizer_config.json. Invalid UTF-8\n"
+    "in input text is replaced by U+FFFD.\n"
     "`coli <command> --help` lists the command's options; `coli --version` prints the version.\n";
 
 int run(int argc, char** argv) {

@@ -1027,7 +1027,8 @@ int chat(const k3::Options& opt) {
   pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);
 
   screen.line(screen.bold("coli chat") +
-              screen.dim(" · " + opt.model_dir + " · /help for commands, Ctrl-D quits"));
+              screen.dim(" · " + opt.model_dir + k3::model_note(opt) +
+                         " · /help for commands, Ctrl-D quits"));
   if (!wait_loaded(service, opt, screen)) return 3;
 
   Chat chat(opt, service, screen);

@@ -132,6 +132,8 @@ int serve(const k3::Options& opt, bool web) {
                 url.c_str());
   else
     std::printf("coli serve: listening on %s (OpenAI API at %sv1)\n", url.c_str(), url.c_str());
+  std::printf("coli %s: model: %s%s\n", web ? "web" : "serve", opt.model_dir.c_str(),
+              k3::model_note(opt).c_str());
   std::fflush(stdout);
   if (!loopback)
     std::fprintf(stderr, "coli: listening on %s: reachable from the network%s\n",

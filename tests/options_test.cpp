@@ -384,6 +384,36 @@ TEST(OptionsPrecedence, GivenIsAnsweredByTheParser) {
             k3::OptionSource::kEnvironment);
 }
 
+// coli serve / web / chat given no model run the built-in trained tiny K3 (assets/k3-mini of the
+// source tree) and say so; a model from the command line or COLI_MODEL wins; kimi_k3 and the
+// JSON-lines commands still need one; a missing built-in model is an error naming its path.
+TEST(OptionsPrograms, ColiRunsTheBuiltInModelWhenNoneIsGiven) {
+  const std::string builtin = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
+  EXPECT_EQ(k3::builtin_model_dir(), builtin);
+  for (const char* program : {"coli serve", "coli web", "coli chat"}) {
+    SCOPED_TRACE(program);
+    const k3::Options none = parse(program, {});
+    EXPECT_EQ(none.model_dir, builtin);
+    EXPECT_TRUE(none.builtin_model);
+    EXPECT_FALSE(none.given("model"));
+    EXPECT_EQ(k3::model_note(none), " (built-in trained tiny K3, no --model given)");
+    for (const k3::Options& given :
+         {parse(program, {"m"}), parse(program, {"--model", "m"}),
+          parse(program, {}, {{"COLI_MODEL", "m"}})}) {
+      EXPECT_EQ(given.model_dir, "m");
+      EXPECT_FALSE(given.builtin_model);
+      EXPECT_EQ(k3::model_note(given), "");
+    }
+  }
+  for (const char* program : {"kimi_k3", "coli tokenize", "coli render"})
+    EXPECT_HAS(error_of([&] { parse(program, {}); }), "no model directory") << program;
+  EXPECT_EQ(k3::require_builtin_model(builtin), builtin);
+  const std::string missing = ::testing::TempDir() + "k3-no-such-model";
+  const std::string e = error_of([&] { k3::require_builtin_model(missing); });
+  EXPECT_HAS(e, "the built-in model is missing: " + missing + "/config.json not found");
+  EXPECT_HAS(e, "--model DIR");
+}
+
 // coli serve / web / chat sample at the model card's settings unless told otherwise; every
 // spelling of --temp counts (`--temp=0.25` used to be ignored by coli serve).
 TEST(OptionsPrograms, ColiDefaultsAndFlagBeatsEnvBeatsDefault) {

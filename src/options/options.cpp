@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <functional>
 #include <iomanip>
 #include <optional>
@@ -10,6 +11,11 @@
 #include <type_traits>
 
 #include "util/error.h"
+
+// The source tree this build came from (src/CMakeLists.txt): where the built-in model lives.
+#ifndef K3_SOURCE_DIR
+#error "K3_SOURCE_DIR must name the source tree (src/CMakeLists.txt sets it for options.cpp)"
+#endif
 
 namespace k3 {
 namespace {
@@ -237,8 +243,9 @@ const std::vector<OptionRow>& option_rows() {
   static const std::vector<OptionRow> rows = {
       // model
       {"--model", "COLI_MODEL", Group::kModel, kAll,
-       "model directory (Hugging Face snapshot); also the first positional argument",
-       text(FIELD(model_dir))},
+       "model directory (Hugging Face snapshot); also the first positional argument (coli serve, "
+       "web, chat: the built-in trained tiny K3 when none is given)",
+       text(FIELD(model_dir)), nullptr, nullptr, "built-in assets/k3-mini"},
       {"--ids",
        nullptr,
        Group::kModel,
@@ -536,15 +543,17 @@ const Program kPrograms[] = {
      "       kimi_k3 <model_dir> --ids 1,2,3 [--ngen N] [options]\n"
      "Runs Kimi K3 once on a prompt: text streamed to stdout, the summary on stderr.\n"},
     {"coli serve", kServe, true, false,
-     "usage: coli serve <model_dir> [options]\n"
+     "usage: coli serve [<model_dir>] [options]\n"
      "The OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health,\n"
-     "/metrics, /tokenize, /detokenize) and the web page at /.\n"},
+     "/metrics, /tokenize, /detokenize) and the web page at /. Without a model directory it\n"
+     "serves the built-in trained tiny K3 (assets/k3-mini).\n"},
     {"coli web", kServe, true, false,
-     "usage: coli web <model_dir> [options]\n"
-     "coli serve, printing the web page's URL.\n"},
+     "usage: coli web [<model_dir>] [options]\n"
+     "coli serve, printing the web page's URL (default model: the built-in assets/k3-mini).\n"},
     {"coli chat", kChatApp, true, false,
-     "usage: coli chat <model_dir> [options]\n"
-     "A terminal chat with the model loaded once (/help lists the commands).\n"},
+     "usage: coli chat [<model_dir>] [options]\n"
+     "A terminal chat with the model loaded once (/help lists the commands). Without a model\n"
+     "directory it runs the built-in trained tiny K3 (assets/k3-mini).\n"},
     {"coli tokenize", kTokenize, false, false,
      "usage: coli tokenize <model_dir> [--allow-special] < lines.jsonl\n"
      "JSON lines {\"text\": ...} on stdin -> {\"ids\": [...]} on stdout (other keys copied).\n"},
@@ -669,6 +678,22 @@ std::map<std::string, std::string> environment_map(char** envp) {
     if (eq != std::string::npos) env[name_value.substr(0, eq)] = name_value.substr(eq + 1);
   }
   return env;
+}
+
+std::string builtin_model_dir() {
+  return std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
+}
+
+std::string require_builtin_model(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(std::filesystem::path(dir) / "config.json", ec)) return dir;
+  throw Error("no model directory given and the built-in model is missing: " + dir +
+              "/config.json not found (it is assets/k3-mini of the source tree this build came "
+              "from); pass a model directory, --model DIR or COLI_MODEL");
+}
+
+std::string model_note(const Options& options) {
+  return options.builtin_model ? " (built-in trained tiny K3, no --model given)" : "";
 }
 
 std::vector<int64_t> parse_id_list(const std::string& text) {
@@ -814,6 +839,10 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
   o.prompt = prompt_positional;
   if (!o.prompt.empty() && o.given("ids"))
     throw Error("give either a text prompt or --ids, not both");
+  if (needs_model && o.model_dir.empty() && program.coli) {
+    o.model_dir = require_builtin_model(builtin_model_dir());
+    o.builtin_model = true;
+  }
   if (needs_model && o.model_dir.empty())
     throw Error(
         "no model directory: pass it first on the command line, or set --model / COLI_MODEL");

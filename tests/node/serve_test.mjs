@@ -16,6 +16,7 @@ import crypto from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import {
   MODEL_ID, Runner, Server, assert, chat, eq, expectError, globalTimeout, killAll, makeDemoModel,
   makeTempDir, postJson, rawSocket, request, show, sleep, sse,
@@ -1482,6 +1483,27 @@ await check('shutdown.sigterm_drains', async () => {
 await check('privacy.no_prompt_in_logs', async () => {
   const s = await mainSrv();
   assert(!s.log.includes(CANARY), 'a prompt canary appears in the server log without --log-prompts');
+});
+
+// No --model and no COLI_MODEL: the built-in trained tiny K3 (assets/k3-mini of the source tree
+// this coli was built from, this file's tree), named in the start-up line; it loads, answers a
+// chat turn with its reasoning and reply, and nothing is written into it (it is committed).
+await check('builtin.default_model', async () => {
+  const builtin = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../assets/k3-mini');
+  assert(fs.existsSync(path.join(builtin, 'config.json')), `the built-in model is missing: ${builtin}/config.json`);
+  const before = listing(builtin);
+  const s = new Server(coli, null, 'builtin', []);
+  allServers.push(s);
+  await s.start();
+  const m = s.out.match(/^coli serve: model: (.+) \(built-in trained tiny K3, no --model given\)$/m);
+  assert(m, `no "model: ... (built-in ...)" line on stdout: ${show(s.out)}`);
+  eq(fs.realpathSync(m[1]), fs.realpathSync(builtin), 'the built-in model directory');
+  assert(s.err.includes(`${m[1]} loaded in`), `the load line does not name ${m[1]}: ${show(s.err)}`);
+  const j = await complete(s, req([user('Write a sentence about the river.')], { max_tokens: 64 }));
+  const t = textOf(j);
+  assert(t.reasoning.length > 0 || t.content.length > 0, `empty answer: ${show(j.choices[0])}`);
+  await s.stop();
+  eq(listing(builtin), before, 'built-in model directory listing before/after');
 });
 
 // Positive control for privacy.no_prompt_in_logs (which would pass on a server that logs nothing):

@@ -45,7 +45,8 @@ export function makeDemoModel(coli, dir) {
   return dir;
 }
 
-// One `coli serve` process. Flags are passed verbatim after `serve --model DIR --port 0`.
+// One `coli serve` process. Flags are passed verbatim after `serve --model DIR --port 0` (no
+// --model when modelDir is null: the server's built-in model).
 export class Server {
   constructor(coli, modelDir, name, flags = [], { env = {}, key = null } = {}) {
     this.coli = coli;
@@ -71,7 +72,7 @@ export class Server {
   get authHeaders() { return this.key ? { authorization: `Bearer ${this.key}` } : {}; }
 
   spawnProcess() {
-    const args = ['serve', '--model', this.modelDir, '--port', '0', ...this.flags];
+    const args = ['serve', ...(this.modelDir === null ? [] : ['--model', this.modelDir]), '--port', '0', ...this.flags];
     const env = { ...process.env, ...this.env };
     // Never inherit variables that change exposure or auth from the caller's shell.
     for (const k of ['COLI_API_KEY', 'COLI_ALLOW_INSECURE_BIND', 'COLI_ALLOWED_HOSTS', 'COLI_MODEL']) {

@@ -129,6 +129,8 @@ enum class OptionSource { kDefault, kEnvironment, kFlag };
 
 struct Options {
   std::string model_dir;     // positional or --model / COLI_MODEL
+  // coli serve / web / chat given no model: model_dir is builtin_model_dir().
+  bool builtin_model = false;
   std::string prompt;        // positional text prompt (plain completion)
   std::vector<int64_t> ids;  // --ids 1,2,3 (given("ids") tells an --ids run)
   int64_t ngen = 16;         // --ngen / K3_NGEN: tokens to generate
@@ -176,6 +178,17 @@ std::string version_text(const std::string& program);
 // The process environment as a map, from `envp` (apps pass `environ`; nothing below apps/ reads
 // the environment itself).
 std::map<std::string, std::string> environment_map(char** envp);
+
+// The built-in trained tiny K3 (~11M parameters, trained on the Brown corpus by tools/train/):
+// assets/k3-mini in this build's source tree. coli serve / web / chat run it when no model
+// directory is given (kimi_k3 always needs one: `kimi_k3 "prompt"` would read as a directory).
+std::string builtin_model_dir();
+// `dir` when it holds a model (config.json); else throws k3::Error naming the missing path and
+// how to give a model instead.
+std::string require_builtin_model(const std::string& dir);
+// What the start-up lines say after the model directory: " (built-in trained tiny K3, no
+// --model given)" for the built-in model, else "".
+std::string model_note(const Options& options);
 
 // Parses "1,2,3" or "1 2 3" into ids. Throws k3::Error.
 std::vector<int64_t> parse_id_list(const std::string& text);
