@@ -1312,7 +1312,8 @@ class RoutingRecorder final : public k3::LayerObserver {
  public:
   void on_tensor(int64_t, Site, const float*) override {}
   void on_routing(int64_t layer, const Routing& routing) override {
-    if (layer >= static_cast<int64_t>(by_layer.size())) by_layer.resize(static_cast<size_t>(layer + 1));
+    if (layer >= static_cast<int64_t>(by_layer.size()))
+      by_layer.resize(static_cast<size_t>(layer + 1));
     by_layer[static_cast<size_t>(layer)].emplace_back(routing.ids.begin(), routing.ids.end());
   }
   std::vector<std::vector<std::vector<int64_t>>> by_layer;  // [layer][position]: ids, ascending
@@ -1320,8 +1321,9 @@ class RoutingRecorder final : public k3::LayerObserver {
 
 struct LayerRouting {
   int64_t layer = 0;
-  double reuse = 0, dedup = 0;         // means over token pairs / 32-token chunks
-  double recall_c1 = std::nan(""), recall_c32 = std::nan("");  // nan: no prediction (first MoE layer)
+  double reuse = 0, dedup = 0;  // means over token pairs / 32-token chunks
+  double recall_c1 = std::nan(""),
+         recall_c32 = std::nan("");  // nan: no prediction (first MoE layer)
   uint64_t selections_c1 = 0;
 };
 
@@ -1457,7 +1459,8 @@ ModelRouting measure_routing(const std::string& dir, const std::string& ids_path
     L.dedup = chunks ? dedup / static_cast<double>(chunks) : std::nan("");
     for (const k3::ExpertCache::LayerRecall& r : r1)
       if (r.layer == l) {
-        L.recall_c1 = static_cast<double>(r.predicted_hits) / static_cast<double>(r.predicted_total);
+        L.recall_c1 =
+            static_cast<double>(r.predicted_hits) / static_cast<double>(r.predicted_total);
         L.selections_c1 = r.predicted_total;
         for (const k3::ExpertCache::LayerRecall& q : r2)
           if (q.layer == l && q.predicted_total > r.predicted_total)
@@ -1470,7 +1473,8 @@ ModelRouting measure_routing(const std::string& dir, const std::string& ids_path
 }
 
 // Prints one model's table and its RESULT lines; returns the means {reuse, dedup, recall C=1}.
-std::array<double, 3> print_routing(const std::string& name, const ModelRouting& m, int64_t window) {
+std::array<double, 3> print_routing(const std::string& name, const ModelRouting& m,
+                                    int64_t window) {
   const int64_t C = 32;
   std::printf("\n== %s: %s (%lld experts, top-%lld; %s)\n", name.c_str(), m.dir.c_str(),
               static_cast<long long>(m.experts), static_cast<long long>(m.top_k),
@@ -1494,8 +1498,7 @@ std::array<double, 3> print_routing(const std::string& name, const ModelRouting&
   for (const LayerRouting& L : m.layers) {
     std::printf("%-7lld %8s %8s %9.2fx %7.2fx %12s %12s %8s\n", static_cast<long long>(L.layer),
                 pct(L.reuse).c_str(), pct(m.chance_reuse()).c_str(), L.dedup, m.chance_dedup(C),
-                pct(L.recall_c1).c_str(), pct(L.recall_c32).c_str(),
-                pct(m.chance_reuse()).c_str());
+                pct(L.recall_c1).c_str(), pct(L.recall_c32).c_str(), pct(m.chance_reuse()).c_str());
     const double v[4] = {L.reuse, L.dedup, L.recall_c1, L.recall_c32};
     for (int i = 0; i < 4; ++i)
       if (!std::isnan(v[i])) sums[i] += v[i], ++counts[i];
@@ -1507,15 +1510,16 @@ std::array<double, 3> print_routing(const std::string& name, const ModelRouting&
               pct(mean[3]).c_str(), pct(m.chance_reuse()).c_str());
   std::printf(
       "   (recall chance: k/E for C=1, %.1f%% for C=32 = expected distinct experts of 32 random "
-      "tokens / E; the first MoE layer has no read-ahead: nothing runs before it to predict from)\n",
+      "tokens / E; the first MoE layer has no read-ahead: nothing runs before it to predict "
+      "from)\n",
       100 * chance_recall32);
   std::printf(
       "   read-ahead, token at a time, 1 cache slot per layer: %llu reads issued, %.1f%% of them "
       "used by their layer (%llu wasted)\n",
       static_cast<unsigned long long>(m.prefetch_issued),
-      m.prefetch_issued ? 100.0 * static_cast<double>(m.prefetch_used) /
-                              static_cast<double>(m.prefetch_issued)
-                        : 0.0,
+      m.prefetch_issued
+          ? 100.0 * static_cast<double>(m.prefetch_used) / static_cast<double>(m.prefetch_issued)
+          : 0.0,
       static_cast<unsigned long long>(m.prefetch_issued - m.prefetch_used));
   const std::string n = "routing_" + name;
   add_result(n + "_reuse", mean[0], "fraction", mean[0]);
@@ -1525,9 +1529,9 @@ std::array<double, 3> print_routing(const std::string& name, const ModelRouting&
   add_result(n + "_recall_C1", mean[2], "fraction", mean[2]);
   add_result(n + "_recall_C32", mean[3], "fraction", mean[3]);
   add_result(n + "_prefetch_used",
-             m.prefetch_issued ? static_cast<double>(m.prefetch_used) /
-                                     static_cast<double>(m.prefetch_issued)
-                               : std::nan(""),
+             m.prefetch_issued
+                 ? static_cast<double>(m.prefetch_used) / static_cast<double>(m.prefetch_issued)
+                 : std::nan(""),
              "fraction", std::nan(""));
   return {mean[0], mean[1], mean[2]};
 }
@@ -1629,8 +1633,9 @@ int main(int argc, char** argv) {
   routing->add_option("--model", ra.model_dir, "the trained checkpoint (e.g. assets/k3-mini)")
       ->required();
   routing
-      ->add_option("--ids", ra.ids_path,
-                   "held-out token ids, u32 little-endian (e.g. tests/data/k3-mini/heldout_text.u32)")
+      ->add_option(
+          "--ids", ra.ids_path,
+          "held-out token ids, u32 little-endian (e.g. tests/data/k3-mini/heldout_text.u32)")
       ->required();
   routing->add_option("--window", ra.window, "tokens per independent sequence")
       ->capture_default_str();
