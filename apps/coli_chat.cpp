@@ -1026,9 +1026,8 @@ int chat(const k3::Options& opt) {
   k3::EngineService service(service_options(opt));
   pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);
 
-  screen.line(screen.bold("coli chat") +
-              screen.dim(" · " + opt.model_dir + k3::model_note(opt) +
-                         " · /help for commands, Ctrl-D quits"));
+  screen.line(screen.bold("coli chat") + screen.dim(" · " + opt.model_dir + k3::model_note(opt) +
+                                                    " · /help for commands, Ctrl-D quits"));
   if (!wait_loaded(service, opt, screen)) return 3;
 
   Chat chat(opt, service, screen);

@@ -397,9 +397,8 @@ TEST(OptionsPrograms, ColiRunsTheBuiltInModelWhenNoneIsGiven) {
     EXPECT_TRUE(none.builtin_model);
     EXPECT_FALSE(none.given("model"));
     EXPECT_EQ(k3::model_note(none), " (built-in trained tiny K3, no --model given)");
-    for (const k3::Options& given :
-         {parse(program, {"m"}), parse(program, {"--model", "m"}),
-          parse(program, {}, {{"COLI_MODEL", "m"}})}) {
+    for (const k3::Options& given : {parse(program, {"m"}), parse(program, {"--model", "m"}),
+                                     parse(program, {}, {{"COLI_MODEL", "m"}})}) {
       EXPECT_EQ(given.model_dir, "m");
       EXPECT_FALSE(given.builtin_model);
       EXPECT_EQ(k3::model_note(given), "");

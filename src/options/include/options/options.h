@@ -128,7 +128,7 @@ struct ServeOptions {
 enum class OptionSource { kDefault, kEnvironment, kFlag };
 
 struct Options {
-  std::string model_dir;     // positional or --model / COLI_MODEL
+  std::string model_dir;  // positional or --model / COLI_MODEL
   // coli serve / web / chat given no model: model_dir is builtin_model_dir().
   bool builtin_model = false;
   std::string prompt;        // positional text prompt (plain completion)
