@@ -25,7 +25,7 @@ $(DEMO)/config.json: | build
 run: build
 	@test -f $(MINI)/config.json || { echo "make run: $(MINI)/config.json is missing (the trained tiny K3 ships in the source tree)"; exit 1; }
 	@echo "== kimi_k3 --chat on $(MINI): a ~11M-parameter K3-architecture model trained on the Brown corpus (it writes Brown-style English, not answers)"
-	@$(BUILD)/apps/kimi_k3 $(MINI) --chat "Continue this passage: The old man walked slowly down the road toward the river. He had not been there since the war." --labels --ngen 256
+	@$(BUILD)/apps/kimi_k3 $(MINI) --chat "Continue this passage: The old man walked slowly down the road toward the river. He had not been there since the war." --labels --ngen 256 --temp 0.6 --top-p 0.95 --seed 1
 
 # The test oracles from npm (pinned in tests/node/package-lock.json), installed once.
 NODE_TEST_DEPS := tests/node/node_modules/.package-lock.json

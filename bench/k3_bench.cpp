@@ -1582,11 +1582,12 @@ int run_quality(const QualityArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   print_machine(resolve_isa(a.isa));
   const q::Fixtures fixtures = q::Fixtures::load(a.fixtures);
-  std::printf("\n== quality of %s on %s (%zu held-out windows of %lld tokens, %zu prompts x %lld "
-              "greedy tokens)\n",
-              a.model_dir.c_str(), a.fixtures.c_str(), fixtures.windows.size(),
-              static_cast<long long>(q::kWindowTokens), fixtures.prompts.size(),
-              static_cast<long long>(q::kGreedyTokens));
+  std::printf(
+      "\n== quality of %s on %s (%zu held-out windows of %lld tokens, %zu prompts x %lld "
+      "greedy tokens)\n",
+      a.model_dir.c_str(), a.fixtures.c_str(), fixtures.windows.size(),
+      static_cast<long long>(q::kWindowTokens), fixtures.prompts.size(),
+      static_cast<long long>(q::kGreedyTokens));
   k3::LoadOptions base;
   base.isa = a.isa;
   base.experts_in_memory = true;
@@ -1596,10 +1597,11 @@ int run_quality(const QualityArgs& a) {
   for (const q::Setting& s : q::settings()) {
     rows.push_back(ref.measure(s));
     const q::Row& r = rows.back();
-    std::printf("%-18s ppl %.4f | KL mean %.3g max %.3g | top-1 %.4f | greedy %.4f (first diff "
-                "%.1f) | %.1f s | %s\n",
-                r.setting.c_str(), r.ppl, r.kl_mean, r.kl_max, r.top1, r.greedy, r.first_diverge,
-                r.seconds, r.describe.c_str());
+    std::printf(
+        "%-18s ppl %.4f | KL mean %.3g max %.3g | top-1 %.4f | greedy %.4f (first diff "
+        "%.1f) | %.1f s | %s\n",
+        r.setting.c_str(), r.ppl, r.kl_mean, r.kl_max, r.top1, r.greedy, r.first_diverge, r.seconds,
+        r.describe.c_str());
     std::fflush(stdout);
     const std::string n = "quality_" + r.setting;
     add_result(n + "_ppl", r.ppl, "ppl", r.ppl / ref.row().ppl);
@@ -1612,15 +1614,16 @@ int run_quality(const QualityArgs& a) {
   if (!a.write_bounds.empty()) {
     q::write_bounds(a.write_bounds, rows);
     bounds = q::read_bounds(a.write_bounds);
-    std::printf("\nwrote %s (ppl x 1.01, KL x 1.25 + 1e-4, top-1 - 0.02, greedy - 0.10)\n",
+    std::printf("\nwrote %s (ppl x 1.01, KL x 1.25 + 1e-6, top-1 - 0.02, greedy - 0.10)\n",
                 a.write_bounds.c_str());
   }
-  std::printf("\n== Markdown (ppl: exp of the mean NLL of %lld held-out tokens; KL(exact || "
-              "setting) per position in nats; top-1: argmax equal to exact's; greedy 64: "
-              "fraction of 64 greedy tokens equal to exact's, first diff: mean first differing "
-              "index%s)\n\n%s",
-              static_cast<long long>(ref.row().positions),
-              bounds.empty() ? "" : "; bounds in parentheses", q::markdown(rows, bounds).c_str());
+  std::printf(
+      "\n== Markdown (ppl: exp of the mean NLL of %lld held-out tokens; KL(exact || "
+      "setting) per position in nats; top-1: argmax equal to exact's; greedy 64: "
+      "fraction of 64 greedy tokens equal to exact's, first diff: mean first differing "
+      "index%s)\n\n%s",
+      static_cast<long long>(ref.row().positions), bounds.empty() ? "" : "; bounds in parentheses",
+      q::markdown(rows, bounds).c_str());
   std::printf("\nThe container and the K3_BITS=4 downcast rows come with issue 17.\n");
   print_results();
   return 0;

@@ -136,8 +136,9 @@ TEST(OracleTrained, ExactPathMatchesTheTrainingModelsFloat64Forward) {
     ++asserted;
   }
   const double overall = std::sqrt(diff_all) / std::max(std::sqrt(ref_all), 1e-30);
-  std::printf("%zu of %zu positions asserted: rel-L2 overall %.3g, worst position %.3g (bound %g)\n",
-              asserted, T, overall, worst, kBound);
+  std::printf(
+      "%zu of %zu positions asserted: rel-L2 overall %.3g, worst position %.3g (bound %g)\n",
+      asserted, T, overall, worst, kBound);
   EXPECT_LE(overall, kBound);
   EXPECT_GT(asserted, 0u) << "every position's router margin is below " << kMinMargin;
 }

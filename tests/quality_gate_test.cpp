@@ -165,39 +165,41 @@ double e2m1(int code) {
 TEST(QualityGate, FailsOnACorruptedCopy) {
   if (!inputs_present()) return;
   const auto [layer, expert] = busiest_expert();
-  std::printf("busiest expert of layer %lld over the held-out windows: %lld (%lld picks)\n",
-              static_cast<long long>(layer), static_cast<long long>(expert),
-              static_cast<long long>(reference().expert_use()[static_cast<size_t>(layer)]
-                                                             [static_cast<size_t>(expert)]));
+  std::printf(
+      "busiest expert of layer %lld over the held-out windows: %lld (%lld picks)\n",
+      static_cast<long long>(layer), static_cast<long long>(expert),
+      static_cast<long long>(
+          reference().expert_use()[static_cast<size_t>(layer)][static_cast<size_t>(expert)]));
   {
     SCOPED_TRACE("one ue8m0 scale byte + 2 (x4)");
     k3::testing::TempDir dir("quality-scale");
-    const std::string what = patched_copy(
-        dir, k3::names::expert(layer, expert, "w1.weight_scale"),
-        [](std::string& bytes, size_t offset, size_t) {
-          bytes[offset] = static_cast<char>(static_cast<uint8_t>(bytes[offset]) + 2);
-          return std::string("byte 0 + 2");
-        });
+    const std::string what =
+        patched_copy(dir, k3::names::expert(layer, expert, "w1.weight_scale"),
+                     [](std::string& bytes, size_t offset, size_t) {
+                       bytes[offset] = static_cast<char>(static_cast<uint8_t>(bytes[offset]) + 2);
+                       return std::string("byte 0 + 2");
+                     });
     expect_gate_fails(dir.path(), what);
   }
   {
     SCOPED_TRACE("two MXFP4 nibbles swapped");
     k3::testing::TempDir dir("quality-nibbles");
-    const std::string what = patched_copy(
-        dir, k3::names::expert(layer, expert, "w1.weight_packed"),
-        [](std::string& bytes, size_t offset, size_t size) {
-          // The byte whose two weights differ most (a swap of equal nibbles changes nothing).
-          size_t best = offset;
-          double gap = -1;
-          for (size_t i = offset; i < offset + size; ++i) {
-            const auto b = static_cast<uint8_t>(bytes[i]);
-            const double d = std::fabs(e2m1(b & 15) - e2m1(b >> 4));
-            if (d > gap) gap = d, best = i;
-          }
-          const auto b = static_cast<uint8_t>(bytes[best]);
-          bytes[best] = static_cast<char>((b << 4) | (b >> 4));
-          return "byte " + std::to_string(best - offset) + " nibbles swapped";
-        });
+    const std::string what =
+        patched_copy(dir, k3::names::expert(layer, expert, "w1.weight_packed"),
+                     [](std::string& bytes, size_t offset, size_t size) {
+                       // The byte whose two weights differ most (a swap of equal nibbles changes
+                       // nothing).
+                       size_t best = offset;
+                       double gap = -1;
+                       for (size_t i = offset; i < offset + size; ++i) {
+                         const auto b = static_cast<uint8_t>(bytes[i]);
+                         const double d = std::fabs(e2m1(b & 15) - e2m1(b >> 4));
+                         if (d > gap) gap = d, best = i;
+                       }
+                       const auto b = static_cast<uint8_t>(bytes[best]);
+                       bytes[best] = static_cast<char>((b << 4) | (b >> 4));
+                       return "byte " + std::to_string(best - offset) + " nibbles swapped";
+                     });
     expect_gate_fails(dir.path(), what);
   }
   {
@@ -210,8 +212,9 @@ TEST(QualityGate, FailsOnACorruptedCopy) {
           size_t best = offset;
           float largest = -1;
           for (size_t i = offset; i + 1 < offset + size; i += 2) {
-            const uint32_t bits = (static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 24) |
-                                  (static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16);
+            const uint32_t bits =
+                (static_cast<uint32_t>(static_cast<uint8_t>(bytes[i + 1])) << 24) |
+                (static_cast<uint32_t>(static_cast<uint8_t>(bytes[i])) << 16);
             float v;
             std::memcpy(&v, &bits, sizeof v);
             if (std::fabs(v) > largest) largest = std::fabs(v), best = i;

@@ -41,11 +41,20 @@ constexpr double kLn2Lo = 1.90821492927058770002e-10;
 constexpr double kRound = 6755399441055744.0;  // 1.5 * 2^52: x + kRound rounds x to an integer
 constexpr double kExpFloor = -700.0;
 // 1/13!, 1/12!, ..., 1/1!, 1/0!
-constexpr double kTaylor[14] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0,
-                                1.0 / 3628800.0,    1.0 / 362880.0,    1.0 / 40320.0,
-                                1.0 / 5040.0,       1.0 / 720.0,       1.0 / 120.0,
-                                1.0 / 24.0,         1.0 / 6.0,         0.5,
-                                1.0,                1.0};
+constexpr double kTaylor[14] = {1.0 / 6227020800.0,
+                                1.0 / 479001600.0,
+                                1.0 / 39916800.0,
+                                1.0 / 3628800.0,
+                                1.0 / 362880.0,
+                                1.0 / 40320.0,
+                                1.0 / 5040.0,
+                                1.0 / 720.0,
+                                1.0 / 120.0,
+                                1.0 / 24.0,
+                                1.0 / 6.0,
+                                0.5,
+                                1.0,
+                                1.0};
 
 double exp_neg(double x) {
   x = std::isnan(x) ? x : std::max(kExpFloor, x);
@@ -377,7 +386,7 @@ Row Reference::measure(const Setting& s, const std::string& model_dir) const {
 Bound bound_from(const Row& row) {
   Bound b;
   b.ppl_max = row.ppl * 1.01;
-  b.kl_mean_max = row.kl_mean * 1.25 + 1e-4;
+  b.kl_mean_max = row.kl_mean * 1.25 + 1e-6;
   b.top1_min = std::max(0.0, row.top1 - 0.02);
   b.greedy_min = std::max(0.0, row.greedy - 0.10);
   return b;
@@ -386,8 +395,8 @@ Bound bound_from(const Row& row) {
 Bounds read_bounds(const std::string& path) {
   std::ifstream in(path);
   if (!in)
-    throw Error(path +
-                ": cannot open (write it with `k3_bench quality --write-bounds " + path + "`)");
+    throw Error(path + ": cannot open (write it with `k3_bench quality --write-bounds " + path +
+                "`)");
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw Error(path + ": not a JSON object");
   Bounds bounds;
@@ -465,8 +474,8 @@ std::string markdown(const std::vector<Row>& rows, const Bounds& bounds) {
       greedy_text += buf;
     }
     std::snprintf(buf, sizeof buf, "| %s | `%s` | %s | %s | %.3g | %s | %s | %.1f |\n",
-                  r.setting.c_str(), r.env.c_str(), ppl.c_str(), kl.c_str(), r.kl_max,
-                  top1.c_str(), greedy_text.c_str(), r.first_diverge);
+                  r.setting.c_str(), r.env.c_str(), ppl.c_str(), kl.c_str(), r.kl_max, top1.c_str(),
+                  greedy_text.c_str(), r.first_diverge);
     md << buf;
   }
   return md.str();

@@ -59,8 +59,8 @@ struct Row {
   double ppl = 0;        // exp(mean NLL) over every predicted held-out token
   double kl_mean = 0;    // KL(exact || setting) per position, nats: mean and max
   double kl_max = 0;
-  double top1 = 0;         // fraction of positions whose argmax equals the exact one's
-  double greedy = 0;       // mean over prompts of the fraction of the 64 greedy tokens equal
+  double top1 = 0;           // fraction of positions whose argmax equals the exact one's
+  double greedy = 0;         // mean over prompts of the fraction of the 64 greedy tokens equal
   double first_diverge = 0;  // mean over prompts of the first differing index (64 = none)
   int64_t positions = 0;     // predicted positions (windows x (kWindowTokens - 1))
   double seconds = 0;        // load + measurement wall time
@@ -85,9 +85,9 @@ class Reference {
   const Fixtures& fixtures_;
   LoadOptions base_;
   int64_t vocab_ = 0;
-  std::vector<std::vector<float>> logits_;  // per window: [kWindowTokens - 1][vocab]
-  std::vector<double> lse_;                 // log-sum-exp of every reference position
-  std::vector<int64_t> top1_;               // argmax of every reference position
+  std::vector<std::vector<float>> logits_;    // per window: [kWindowTokens - 1][vocab]
+  std::vector<double> lse_;                   // log-sum-exp of every reference position
+  std::vector<int64_t> top1_;                 // argmax of every reference position
   std::vector<std::vector<int64_t>> greedy_;  // per prompt: kGreedyTokens ids
   std::vector<std::vector<int64_t>> expert_use_;
   Row row_;
@@ -100,7 +100,7 @@ struct Bound {
 };
 using Bounds = std::map<std::string, Bound>;
 
-// The bound of a measured row: ppl x 1.01, KL x 1.25 + 1e-4, top-1 agreement - 0.02, greedy
+// The bound of a measured row: ppl x 1.01, KL x 1.25 + 1e-6, top-1 agreement - 0.02, greedy
 // agreement - 0.10 (docs/testing.md §5 says why).
 Bound bound_from(const Row& row);
 Bounds read_bounds(const std::string& path);  // throws k3::Error naming the file and key

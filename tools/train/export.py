@@ -3,7 +3,7 @@
 
   /usr/bin/python3 tools/train/export.py --work build/train-run --out assets/k3-mini
 
-Writes the snapshot (snapshot.export) plus TRAINING.md-facing files: train.log (copied) and
+Writes the snapshot (snapshot.export) plus its README.md model card, train.log (copied) and
 training.json (seed, command, steps, minutes, row counts).
 """
 

@@ -1,29 +1,29 @@
 """The Kimi K3 text model in PyTorch, for training a tiny one (tools/train/README.md).
 
-Written from docs/architecture.md (section numbers below) and docs/quant_formats.md §1, not
-from any reference implementation. Every tensor is kept under its checkpoint name
+Written from docs/architecture.md (the § numbers below are its sections) and
+docs/quant_formats.md §1, not from any reference implementation. Every tensor is kept under its checkpoint name
 (docs/tensor_names.md), so export is a rename-free walk; the only training-only tensors are
 the stacked routed experts `...experts.w{1,2,3}` [E, out, in] and the shared lm_head row of
 the tokens the corpus never uses (`lm_head.other`).
 
 Shapes: activations are [B, T, D] (batch, time, hidden); matrices are nn.Linear W[out][in].
 
-Equations (architecture.md):
-  RMSNorm(x, w, eps) = x / sqrt(mean(x^2) + eps) * w                                   §3.1
-  AttnRes Mix(v_0..v_n; w) = sum_e softmax_e(dot(v_e, w) / rms(v_e)) v_e               §3.3
+Equations (docs/architecture.md):
+  RMSNorm(x, w, eps) = x / sqrt(mean(x^2) + eps) * w               docs/architecture.md §3.1
+  AttnRes Mix(v_0..v_n; w) = sum_e softmax_e(dot(v_e, w) / rms(v_e)) v_e    docs/architecture.md §3.3
   KDA (per head): q, k, v = SiLU(conv4(W x)); q, k L2-normed (+1e-6), q *= dk^-1/2;
       a = exp(lower * sigmoid(exp(A_log[h]) * (Wfb Wfa x + dt_bias)));  beta = sigmoid(Wb x)
       S = diag(a) S;  S += k (beta (v - k^T S))^T;  o = S^T q;
-      out = Wo concat_h(RMSNorm(o, o_norm) * sigmoid(Wg x))                           §3.4
+      out = Wo concat_h(RMSNorm(o, o_norm) * sigmoid(Wg x))    docs/architecture.md §3.4
   MLA (NoPE, gated): cq = RMSNorm(Wqa x, 1e-6); [q_nope|q_pe] = Wqb cq;
       [c|kpe] = Wkva x, c = RMSNorm(c, 1e-6); k_nope = W_UK c, val = W_UV c;
       p = softmax((q_nope.k_nope + q_pe.kpe) / sqrt(nope + rope)), causal;
-      out = Wo concat_h((sum p val) * sigmoid(Wg x))                                  §3.5
-  SiTU(g, u) = [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)]                              §3.6
+      out = Wo concat_h((sum p val) * sigmoid(Wg x))    docs/architecture.md §3.5
+  SiTU(g, u) = [b1 tanh(g/b1) sigmoid(g)] [b2 tanh(u/b2)]    docs/architecture.md §3.6
   LatentMoE: s = sigmoid(Wr x); sel = topk(s + bias); w = s[sel] / sum s[sel];
       z = Wld x; acc = sum_j w_j W2_j SiTU(W1_j z, W3_j z)  (MXFP4 fake-quant);
-      y = Wlu RMSNorm(acc) + Wsd SiTU(Wsg x, Wsu x)                                    §3.6
-  Head: logits = lm_head RMSNorm(final_hidden, model.norm)                            §3.8
+      y = Wlu RMSNorm(acc) + Wsd SiTU(Wsg x, Wsu x)    docs/architecture.md §3.6
+  Head: logits = lm_head RMSNorm(final_hidden, model.norm)    docs/architecture.md §3.8
 """
 
 import math
@@ -146,7 +146,7 @@ def attn_res_mix(sources, query, eps):
 
 
 def kda_recurrent(q, k, v, log_decay, beta):
-    """The delta rule one token at a time (architecture.md §3.4). [B, T, H, dk] -> [B, T, H, dk].
+    """The delta rule one token at a time (docs/architecture.md §3.4). [B, T, H, dk] -> [B, T, H, dk].
 
     S = diag(a_t) S;  u = beta_t (v_t - S^T k_t);  S += k_t u^T;  o_t = S^T q_t,  a = exp(log_decay).
     """
@@ -436,7 +436,7 @@ class K3(torch.nn.Module):
         w3 = mxfp4_fake_quant(g("experts.w3"))
         acc = torch.zeros_like(z)
         b1, b2 = c["activation_situ_beta"], c["activation_situ_linear_beta"]
-        # Ascending expert id, like the engine (architecture.md §3.6).
+        # Ascending expert id, like the engine (docs/architecture.md §3.6).
         for e in torch.unique(ids).tolist():
             rows, slot = torch.nonzero(ids == e, as_tuple=True)
             ze = z[rows]
@@ -447,7 +447,7 @@ class K3(torch.nn.Module):
         y = y + self._mlp(layer_name(i, "block_sparse_moe.shared_experts."), xf)
         return y.reshape(B, T, D)
 
-    # -- the walk (architecture.md §3.3) --------------------------------------------------------
+    # -- the walk (docs/architecture.md §3.3) --------------------------------------------------------
 
     def hidden(self, ids, routing=None):
         """ids [B, T] (row indices) -> final_hidden [B, T, D] (the output mix)."""
