@@ -1597,11 +1597,7 @@ int run_quality(const QualityArgs& a) {
   for (const q::Setting& s : q::settings()) {
     rows.push_back(ref.measure(s));
     const q::Row& r = rows.back();
-    std::printf(
-        "%-18s ppl %.4f | KL mean %.3g max %.3g | top-1 %.4f | greedy %.4f (first diff "
-        "%.1f) | %.1f s | %s\n",
-        r.setting.c_str(), r.ppl, r.kl_mean, r.kl_max, r.top1, r.greedy, r.first_diverge, r.seconds,
-        r.describe.c_str());
+    std::printf("%s\n", q::summary(r).c_str());
     std::fflush(stdout);
     const std::string n = "quality_" + r.setting;
     add_result(n + "_ppl", r.ppl, "ppl", r.ppl / ref.row().ppl);

@@ -64,11 +64,7 @@ const q::Reference& reference() {
 }
 
 void print(const q::Row& r) {
-  std::printf(
-      "%-18s ppl %.4f | KL mean %.3g max %.3g | top-1 %.4f | greedy %.4f (first diff %.1f) | "
-      "%.1f s | %s\n",
-      r.setting.c_str(), r.ppl, r.kl_mean, r.kl_max, r.top1, r.greedy, r.first_diverge, r.seconds,
-      r.describe.c_str());
+  std::printf("%s\n", q::summary(r).c_str());
   std::fflush(stdout);
 }
 

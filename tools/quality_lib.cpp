@@ -383,6 +383,16 @@ Row Reference::measure(const Setting& s, const std::string& model_dir) const {
   return row;
 }
 
+std::string summary(const Row& r) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%-18s ppl %.4f | KL mean %.3g max %.3g | top-1 %.4f | greedy %.4f (first diff "
+                "%.1f) | %.1f s | ",
+                r.setting.c_str(), r.ppl, r.kl_mean, r.kl_max, r.top1, r.greedy, r.first_diverge,
+                r.seconds);
+  return buf + r.describe;
+}
+
 Bound bound_from(const Row& row) {
   Bound b;
   b.ppl_max = row.ppl * 1.01;

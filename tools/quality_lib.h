@@ -110,6 +110,9 @@ void write_bounds(const std::string& path, const std::vector<Row>& rows);
 // it passes. A NaN figure fails every check it enters.
 std::vector<std::string> violations(const Row& row, const Bound& bound);
 
+// One line of a row's figures ("exact  ppl 778.5639 | KL mean 0 max 0 | ... | 9.1 s | <describe>").
+std::string summary(const Row& row);
+
 // The rows as a Markdown table (README.md), with the bound beside each figure when `bounds` has
 // the row.
 std::string markdown(const std::vector<Row>& rows, const Bounds& bounds = {});
