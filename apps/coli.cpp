@@ -9,6 +9,7 @@
 //   copied) coli render <model_dir>                       {"messages", "tools", "options"} →
 //   {"text", "ids"}
 // A bad input line gives an {"error": ...} line and the next line is read; nothing stops early.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -196,7 +197,14 @@ int run(int argc, char** argv) {
     return 0;
   }
   try {
-    if (command == "serve" || command == "web") return coli::serve(opt, command == "web");
+    if (command == "serve" || command == "web") {
+      // Every connection thread would otherwise get a malloc arena of its own, and each keeps
+      // the freed megabytes of the large bodies it parsed (measured: +18 MB of RSS per new
+      // connection carrying a 6 MB prompt, never returned even after malloc_trim; with two
+      // arenas the growth stops). The engine worker's big buffers are allocated once.
+      mallopt(M_ARENA_MAX, 2);
+      return coli::serve(opt, command == "web");
+    }
     if (command == "chat") return coli::chat(opt);
   } catch (const coli::UsageError& e) {
     std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());

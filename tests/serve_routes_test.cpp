@@ -134,9 +134,12 @@ TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {
   expect_error(get, 405, "method_not_allowed");
   EXPECT_EQ(get.header("Allow"), "POST, OPTIONS");
   expect_error(router.serve(request("POST", "/health", "{}")), 404, "not_found");
-  // The web page: a file, the SPA fallback, and no hidden files.
+  // The web page: `/` and its files; any other path is a JSON 404 (another server's API paths
+  // that clients probe included), and no hidden files.
+  EXPECT_EQ(router.serve(request("GET", "/")).content_type.rfind("text/html", 0), 0u);
   EXPECT_EQ(router.serve(request("GET", "/index.html")).content_type.rfind("text/html", 0), 0u);
-  EXPECT_EQ(router.serve(request("GET", "/some/page")).status, 200);
+  for (const char* path : {"/some/page", "/api/tags", "/version", "/api/version", "/v2/models"})
+    expect_error(router.serve(request("GET", path)), 404, "not_found");
   expect_error(router.serve(request("GET", "/.env")), 404, "not_found");
   // The preflight and a foreign Host.
   HttpRequest preflight = request("OPTIONS", "/v1/chat/completions", "", nullptr);
@@ -216,6 +219,13 @@ TEST(ServeApi, RouteTableLabelsAndLogging) {
       << m.body;
   EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/health\",status=\"200\"} 1\n"),
             std::string::npos);
+  // Labels are route-table entries: fifty probed paths add one label, not fifty.
+  for (int i = 0; i < 50; ++i) router.record("GET", "/probe-" + std::to_string(i), 404);
+  const std::string after = router.serve(request("GET", "/metrics")).body;
+  EXPECT_EQ(after.find("probe-"), std::string::npos);
+  EXPECT_NE(after.find("k3_requests_total{endpoint=\"static\",status=\"404\"} 50\n"),
+            std::string::npos)
+      << after;
 }
 
 }  // namespace

@@ -170,6 +170,7 @@ const TensorInfo* SafetensorsShard::find(const std::string& name) const {
 
 void SafetensorsShard::read(const TensorInfo& info, void* dst) const {
   file_->read_exact(dst, info.nbytes, info.file_offset, "tensor " + info.name);
+  bytes_read_.fetch_add(info.nbytes, std::memory_order_relaxed);
 }
 
 }  // namespace k3

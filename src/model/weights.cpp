@@ -201,6 +201,14 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
   }
 }
 
+namespace {
+uint64_t bytes_read(const ModelFiles& s) {
+  uint64_t total = 0;
+  for (const auto& shard : s.shards()) total += shard->bytes_read();
+  return total;
+}
+}  // namespace
+
 ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,
                           const LoadOptions& precision,
                           const std::function<void(double)>& on_progress) {
@@ -225,6 +233,7 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
       lw.dense = load_dense(s, c, l, precision.bits);
     else
       lw.moe = load_moe(s, c, l, precision.bits, *mw.experts);
+    progress.set_bytes(bytes_read(s));
     progress.advance(1);
   }
   // Globals. A partial snapshot (validation with K3_X0) may lack them: then no embedding/head.
@@ -237,6 +246,7 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
     mw.final_norm = read_floats(s, kFinalNorm, {D});
     mw.output_res_query = read_res_query(s, kOutputAttnResNorm, kOutputAttnResProj, D);
   }
+  progress.set_bytes(bytes_read(s));
   progress.advance(1);
   progress.finish();
   return mw;

@@ -479,9 +479,10 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
     static const char* const kEfforts[] = {"none", "minimal", "low", "medium",
                                            "high", "xhigh",   "max"};
     if (std::find(std::begin(kEfforts), std::end(kEfforts), effort) == std::end(kEfforts))
-      return api_error(400, "invalid_request_error", "unsupported_value",
-                       "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh",
-                       "reasoning_effort");
+      return api_error(
+          400, "invalid_request_error", "unsupported_value",
+          "'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max",
+          "reasoning_effort");
     thinking = effort != "none";
     if (effort == "minimal" || effort == "low")
       r.effort = "low";
@@ -584,8 +585,18 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   return r;
 }
 
+ApiError context_exceeded(int64_t tokens, int64_t context, const char* param) {
+  return api_error(400, "invalid_request_error", "context_length_exceeded",
+                   (tokens < 0 ? "the prompt has more than " + std::to_string(context - 1)
+                               : "the prompt has " + std::to_string(tokens)) +
+                       " tokens; the context holds " + std::to_string(context) +
+                       " (and one must be left to generate)",
+                   param);
+}
+
 std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
-                                                          const text::Tokenizer& tokenizer) {
+                                                          const text::Tokenizer& tokenizer,
+                                                          int64_t context) {
   text::ChatOptions options;
   options.thinking = request.thinking;
   if (request.thinking && !request.effort.empty())
@@ -596,7 +607,9 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
     return invalid_value("messages",
                          "the conversation cannot be rendered: " + segments.status().message());
   std::vector<int32_t> ids32;
-  text::encode_segments(tokenizer, *segments, ids32);
+  const size_t most = context == INT64_MAX ? SIZE_MAX : static_cast<size_t>(context - 1);
+  text::encode_segments(tokenizer, *segments, ids32, most);
+  if (ids32.size() > most) return context_exceeded(-1, context, "messages");
   RenderedPrompt out;
   out.ids.assign(ids32.begin(), ids32.end());
   const auto& all = request.messages.as_array();

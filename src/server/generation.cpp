@@ -110,11 +110,8 @@ std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr,
                                      HttpResponse& res, ServiceEvent& accepted) {
   const int64_t capacity = c.service.context_capacity();
   if (static_cast<int64_t>(sr.prompt.size()) >= capacity) {
-    set_error(res, api_error(400, "invalid_request_error", "context_length_exceeded",
-                             "the prompt has " + std::to_string(sr.prompt.size()) +
-                                 " tokens; the context holds " + std::to_string(capacity) +
-                                 " (and one must be left to generate)",
-                             prompt_param));
+    set_error(res,
+              context_exceeded(static_cast<int64_t>(sr.prompt.size()), capacity, prompt_param));
     return nullptr;
   }
   if (c.options.log_prompts)
@@ -167,6 +164,7 @@ bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& hand
         break;
       case ServiceEvent::Kind::done:
         result.stats = e.stats;
+        c.counters.note(req.request_id, e.stats);
         return true;
       case ServiceEvent::Kind::error:
         set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
@@ -199,8 +197,9 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
   EngineService& service = c.service;
   const double ping_s = c.options.sse_ping_s;
   std::function<bool()> client_gone = req.client_gone;
-  res.stream = [&service, ping_s, client_gone, handle, first = std::move(first),
-                frames = std::move(frames), style = std::move(style)](StreamSink& sink) {
+  res.stream = [&service, &counters = c.counters, id = req.request_id, ping_s, client_gone, handle,
+                first = std::move(first), frames = std::move(frames),
+                style = std::move(style)](StreamSink& sink) {
     auto send = [&](const SseFrame& f) { return sink.write(frame_text(f)); };
     auto give_up = [&] {
       service.cancel(handle);
@@ -234,6 +233,7 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
       for (const SseFrame& f : out)
         if (!send(f) && !failed) return give_up();
       if (failed || e.kind == ServiceEvent::Kind::done) {
+        if (!failed) counters.note(id, e.stats);
         if (style.done_marker) sink.write("data: [DONE]\n\n");
         return true;
       }
@@ -256,6 +256,13 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
         return out;
       },
       SseStyle{});
+}
+
+void RequestCounters::note(const std::string& id, const GenerationStats& stats) {
+  if (id.empty()) return;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (finished.size() >= 256) finished.erase(finished.begin());  // lines never asked for
+  finished[id] = stats;
 }
 
 }  // namespace k3::server

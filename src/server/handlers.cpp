@@ -23,9 +23,14 @@ namespace k3::server {
 namespace {
 
 json model_entry(const HandlerContext& c, const std::string& id) {
+  // `created`: when the model finished loading (the server's start while it still loads).
+  const ServiceStats s = c.service.stats();
+  const int64_t loaded = s.state == ServiceStats::State::loading
+                             ? c.started_unix
+                             : c.started_unix + static_cast<int64_t>(s.load_elapsed_s + 0.5);
   return json{{"id", id},
               {"object", "model"},
-              {"created", c.started_unix},
+              {"created", loaded},
               {"owned_by", "local"},
               {"meta", json{{"context_length", c.service.context_capacity()},
                             {"max_output_tokens", c.options.api.max_tokens_ceiling},
@@ -195,7 +200,7 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
   if (c.draining.load()) return error_response(shutting_down());
   const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
   if (!tokenizer) return res;
-  auto prompt = render_chat_prompt(*request, *tokenizer);
+  auto prompt = render_chat_prompt(*request, *tokenizer, c.service.context_capacity());
   if (auto* e = std::get_if<ApiError>(&prompt)) return error_response(*e);
   ServiceRequest sr;
   sr.prompt = std::move(std::get<RenderedPrompt>(prompt).ids);
@@ -235,7 +240,10 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
     sr.prompt = request->prompt_ids;
   } else {
     std::vector<int32_t> ids32;
-    tokenizer->encode(request->prompt, false, ids32);
+    const int64_t capacity = c.service.context_capacity();
+    tokenizer->encode(request->prompt, false, ids32, nullptr, static_cast<size_t>(capacity - 1));
+    if (static_cast<int64_t>(ids32.size()) >= capacity)
+      return error_response(context_exceeded(-1, capacity, "prompt"));
     sr.prompt.assign(ids32.begin(), ids32.end());
   }
   sr.raw = true;
@@ -431,8 +439,6 @@ HttpResponse web_page(const HandlerContext& c, const HttpRequest& req) {
     const bool hidden =
         path.find("/.") != std::string::npos || path.find("..") != std::string::npos;
     asset = hidden ? nullptr : find_web_asset(path.substr(1));
-    if (!asset && !hidden && path.find('.') == std::string::npos)
-      asset = find_web_asset("index.html");
   }
   if (!asset) return no_such_path(req);
   HttpResponse res;

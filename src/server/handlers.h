@@ -19,10 +19,14 @@
 
 namespace k3::server {
 
-// HTTP responses by route label and status, for /metrics.
+// HTTP responses by route label and status, for /metrics; and the generation figures of requests
+// whose log line is not written yet (by request id; Router::log_line takes them out).
 struct RequestCounters {
   std::mutex mutex;
   std::map<std::pair<std::string, int>, int64_t> by_route_status;
+  std::map<std::string, GenerationStats> finished;
+  // A generation of request `id` ended with `stats` (kept for its log line; bounded).
+  void note(const std::string& id, const GenerationStats& stats);
 };
 
 // What the handlers share (owned by the Router).
@@ -59,8 +63,9 @@ HttpResponse erase_slot(const HandlerContext& c, const HttpRequest& req);
 // POST /tokenize, /detokenize.
 HttpResponse tokenize(const HandlerContext& c, const HttpRequest& req);
 HttpResponse detokenize(const HandlerContext& c, const HttpRequest& req);
-// GET of the embedded web page: exact files, the SPA fallback (index.html) for other paths
-// without a dot; 404 when the page is off.
+// GET of the embedded web page: `/` and the page's own files, nothing else (an unknown path such
+// as /props or /api/tags is a JSON 404, never the page: a client probing for another server's API
+// must not read HTML as success); 404 when the page is off.
 HttpResponse web_page(const HandlerContext& c, const HttpRequest& req);
 // 404 "no such path" (GET of an unknown API path).
 HttpResponse no_such_path(const HttpRequest& req);

@@ -205,8 +205,10 @@ struct HttpServer::Impl {
       t_scope.unread_body = false;
       gate.mark(address_of(req), false);
       if (router.record(req.method, req.path, res.status))
-        std::fprintf(stderr, "[http] %s %s %s %d\n", res.get_header_value("x-request-id").c_str(),
-                     req.method.c_str(), router.label(req.method, req.path).c_str(), res.status);
+        std::fputs(
+            router.log_line(req.method, req.path, res.status, res.get_header_value("x-request-id"))
+                .c_str(),
+            stderr);
     });
     http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;

@@ -2,11 +2,14 @@
 // (see server/routes.h).
 #include "server/routes.h"
 
+#include <malloc.h>
 #include <sys/random.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "auth_brake.h"
 #include "handlers.h"
@@ -15,6 +18,8 @@
 
 namespace k3::server {
 namespace {
+
+constexpr size_t kTrimAfterBody = size_t{1} << 20;
 
 std::string random_hex(size_t bytes) {
   std::vector<unsigned char> b(bytes);
@@ -260,6 +265,13 @@ void Router::handle(HttpRequest request, HttpResponse& res) const {
   const Route* route = find(request.method, request.path, &request.path_param);
   if (request.request_id.empty()) request.request_id = res.header("x-request-id");
   merge(res, route ? route->handler(request) : not_found(request));
+  // A large body leaves megabytes of freed heap (the body, its JSON, the rendered prompt) in this
+  // connection thread's malloc arena, which glibc keeps: give it back to the system now, so RSS
+  // after a burst of large requests returns to its level before them (serve_test checks it).
+  if (request.body.size() >= kTrimAfterBody) {
+    std::string().swap(request.body);
+    ::malloc_trim(0);
+  }
 }
 
 HttpResponse Router::serve(HttpRequest request) {
@@ -288,6 +300,36 @@ bool Router::record(std::string_view method, std::string_view path, int status) 
 std::string Router::label(std::string_view method, std::string_view path) const {
   const Route* route = find(method, path);
   return route ? route->label : "static";
+}
+
+std::string Router::log_line(std::string_view method, std::string_view path, int status,
+                             const std::string& request_id) {
+  std::string line = "[http] " + request_id + " " + std::string(method) + " " +
+                     label(method, path) + " " + std::to_string(status);
+  std::optional<GenerationStats> stats;
+  {
+    std::lock_guard<std::mutex> lock(state_->counters.mutex);
+    auto& finished = state_->counters.finished;
+    if (auto it = finished.find(request_id); it != finished.end()) {
+      stats = it->second;
+      finished.erase(it);
+    }
+  }
+  if (stats) {
+    char figures[160];
+    const double tok_s =
+        stats->decode_ms > 0
+            ? 1e3 * static_cast<double>(stats->completion_tokens) / stats->decode_ms
+            : 0.0;
+    std::snprintf(
+        figures, sizeof figures,
+        " prompt=%lld cached=%lld gen=%lld ttft_ms=%.0f tok_s=%.1f finish=%s",
+        static_cast<long long>(stats->prompt_tokens), static_cast<long long>(stats->cached_tokens),
+        static_cast<long long>(stats->completion_tokens), stats->queue_wait_ms + stats->prefill_ms,
+        tok_s, finish_reason_name(stats->finish));
+    line += figures;
+  }
+  return line + "\n";
 }
 
 void Router::set_port(int port) {

@@ -700,6 +700,42 @@ await check('reuse.follow_up_turn', async () => {
   eq(textOf(r2), textOf(cold), 'greedy answer with reused prefix vs cold server');
 });
 
+// The follow-up turn as the clients people use send it (thinking on, two slots, a system message
+// so the anchor checkpoint competes for a slot): the reply with its reasoning, without it (most
+// OpenAI clients drop reasoning_content), a reply cut by max_tokens, and one ended by a stop
+// string (the record then holds ids the history does not). Each must reuse at least the turn-1
+// prompt minus its generation prompt (`<|open|>message role="assistant"<|sep|><|open|>think<|sep|>`,
+// 10 ids: docs/chat_format.md §6.7), and answer as a cold server does.
+const GEN_PROMPT_IDS = 10;
+await check('reuse.follow_up_client_shapes', async () => {
+  const s = await ckSrv();
+  const ref = await complete(await mainSrv(), req([sys('You list colours.'), user('Name four colours.')], { max_tokens: 24 }));
+  const refText = (ref.choices[0].message.reasoning_content ?? '') + (ref.choices[0].message.content ?? '');
+  const stopAt = refText.slice(Math.floor(refText.length / 2), Math.floor(refText.length / 2) + 3);
+  assert(stopAt.trim().length >= 1, `no stop string could be taken from the reference reply ${show(refText)}`);
+  const cases = [
+    ['with_reasoning', {}, (r) => asAssistant(r)],
+    ['without_reasoning', {}, (r) => ({ role: 'assistant', content: r.choices[0].message.content ?? '' })],
+    ['cut_by_max_tokens', { max_tokens: 5 }, (r) => asAssistant(r)],
+    ['cut_by_max_tokens_no_reasoning', { max_tokens: 5 }, (r) => ({ role: 'assistant', content: r.choices[0].message.content ?? '' })],
+    ['stop_string', { stop: [stopAt] }, (r) => asAssistant(r)],
+  ];
+  const failures = [];
+  for (const [name, extra, history] of cases) {
+    const m1 = [sys(`You list colours (${name}).`), user('Name four colours.')];
+    const r1 = await complete(s, req(m1, { max_tokens: 24, ...extra }));
+    const p1 = r1.usage.prompt_tokens;
+    const b2 = req([...m1, history(r1), user('And two more?')], { max_tokens: 8 });
+    const r2 = await complete(s, b2);
+    const cached = cachedOf(r2);
+    if (cached < p1 - GEN_PROMPT_IDS)
+      failures.push(`${name}: cached_tokens ${cached} < turn-1 prompt ${p1} - ${GEN_PROMPT_IDS} (finish ${r1.choices[0].finish_reason}; x_k3 ${show(r2.x_k3)})`);
+    const cold = await coldAnswer(b2);
+    eq(textOf(r2), textOf(cold), `${name}: greedy answer with reused prefix vs cold server`);
+  }
+  assert(failures.length === 0, failures.join('\n'));
+});
+
 // Turn 1, then the same conversation with the assistant turn edited (as when a client re-renders
 // history differently, 1.9.4) and a new last user message: live reuse is impossible (the record
 // holds the generated reply), so the turn-1 prompt-boundary checkpoint (1.9.2 capture point (a), kept
@@ -1258,6 +1294,26 @@ await check('cors.preflight_and_origin', async () => {
 
 const parseRawJson = (text) => { try { return JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4)); } catch { return undefined; } };
 const head = (s, lines) => `${lines.join('\r\n')}\r\nHost: 127.0.0.1:${s.port}\r\nAuthorization: Bearer ${s.key}\r\n\r\n`;
+
+// Prompts far over the context are refused after the first tokenizer chunk, not after all of a
+// 6 MB body (2.5M ids), and the memory of large requests goes back to the system: the server's RSS
+// after eight such bodies stays within 64 MB of its level before them (it grew by ~1 GB).
+const rssMb = (pid) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) / 1024;
+await check('limits.large_prompt_refused_early_rss_returns', async () => {
+  const s = await mainSrv();
+  await complete(s, req([user('Warm up.')], { ...OFF, max_tokens: 2 }));
+  const before = rssMb(s.proc.pid);
+  const words = 'lorem ipsum dolor sit amet consectetur '.repeat(160_000);  // ~6.2 MB
+  for (let i = 0; i < 8; ++i) {
+    const r = await chat(s, req([user(words + i)], { max_tokens: 4 }));
+    expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
+    assert(/more than/.test(r.json.error.message), `refused before full tokenization: ${show(r.json)}`);
+  }
+  const after = rssMb(s.proc.pid);
+  assert(after <= before + 64, `RSS ${before.toFixed(1)} MB before eight 6 MB prompts, ${after.toFixed(1)} MB after`);
+  const c = await postJson(s, '/v1/completions', { model: MODEL_ID, prompt: words, max_tokens: 4 });
+  expectError(c, 400, 'context_length_exceeded', { param: 'prompt' });
+});
 
 await check('limits.body_413_without_reading', async () => {
   const s = await limitsSrv();

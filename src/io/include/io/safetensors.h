@@ -4,6 +4,7 @@
 // or widening to f32 (kernels/convert.h).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -68,8 +69,11 @@ class SafetensorsShard {
   const TensorInfo* find(const std::string& name) const;
   // Reads the raw bytes of `info` (which must belong to this shard) into `dst`.
   void read(const TensorInfo& info, void* dst) const;
+  // Bytes read() has delivered so far (load progress: GB/s and ETA).
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
 
  private:
+  mutable std::atomic<uint64_t> bytes_read_{0};
   std::unique_ptr<File> file_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> by_name_;

@@ -69,13 +69,19 @@ inline constexpr int kMaxJsonDepth = 64;
 
 // The chat prompt ids (XTML render + tokenize) and the anchor: the length of the rendering of
 // every message but the last (when it is a prefix of the prompt), where an edited last turn
-// diverges. Or a 400 naming the problem.
+// diverges. Or a 400 naming the problem. `context` (the engine's capacity): a prompt that leaves
+// no position to generate is refused as soon as the tokenizer has produced that many ids, so a
+// body of megabytes is never tokenized in full.
 struct RenderedPrompt {
   std::vector<int64_t> ids;
   int64_t anchor = 0;
 };
 std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
-                                                          const text::Tokenizer& tokenizer);
+                                                          const text::Tokenizer& tokenizer,
+                                                          int64_t context = INT64_MAX);
+// The refusal of a prompt of `tokens` ids (-1: more than the context) in a context of
+// `context` positions, blamed on `param`.
+ApiError context_exceeded(int64_t tokens, int64_t context, const char* param);
 
 // Accumulates engine events into the final message (non-streaming) and builds the shapes.
 struct ChatResult {
