@@ -337,7 +337,10 @@ async function run() {
   expect(!defaults.operatorOpen, 'the operator counters are not folded away at first');
 
   // 1. Thinking on: streamed reasoning in the reasoning block; the prefill bar shows progress.
-  await setSettings(page, { maxTokens: 16, thinking: true, effort: 'low' });
+  // 16 tokens on coli web keep the run short; the mock streams 30 ms tokens, so it needs more
+  // of them for the reply to be seen growing.
+  const reply1Max = mock ? 32 : 16;
+  await setSettings(page, { maxTokens: reply1Max, thinking: true, effort: 'low' });
   await watchPhases(page);
   await page.evaluate(() => {
     window.__prefillSeen = [];
@@ -372,7 +375,7 @@ async function run() {
   let req = chatRequests.at(-1).body;
   expect(req.stream === true && req.stream_options?.include_usage === true && req.return_progress === true,
          `request 1 lacks stream / include_usage / return_progress: ${JSON.stringify(req).slice(0, 300)}`);
-  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === 16 && req.model === model && req.reasoning_effort === 'low',
+  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === reply1Max && req.model === model && req.reasoning_effort === 'low',
          `request 1 settings: ${JSON.stringify({ kw: req.chat_template_kwargs, max: req.max_completion_tokens, model: req.model, effort: req.reasoning_effort })}`);
   const sse1 = await chatBody(0);
   const got1 = fromSse(sse1);
