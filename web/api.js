@@ -1,6 +1,7 @@
 // web/api.js — the page's protocol helpers, free of DOM so Node tests can run them:
 // an incremental Server-Sent Events parser, the chat request body, the error text of a failed
-// response, and a Prometheus text parser for /metrics.
+// response, a Prometheus text parser for /metrics, the stored settings' migration, conversation
+// search, the JSON and Markdown exports, and the context-usage figures.
 
 // Incremental SSE parser (the WHATWG event-stream rules that matter here). push(text) returns
 // the events completed by that text, each {data} for a `data:` event or {comment} for a `:` line
@@ -75,7 +76,36 @@ export function buildMessages(systemPrompt, turns) {
   return messages;
 }
 
-export const EFFORTS = ['minimal', 'low', 'medium', 'high', 'xhigh'];
+// The thinking efforts the K3 chat template accepts (src/text/chat.cpp: low, high, max; the
+// server's default when none is sent is max). The server also takes OpenAI's names and maps them
+// onto these three (docs/serving.md §3.12), so a menu of OpenAI's five would offer choices that
+// change nothing.
+export const EFFORTS = ['low', 'high', 'max'];
+export const DEFAULT_EFFORT = 'max';
+const EFFORT_ALIASES = { minimal: 'low', medium: 'high', xhigh: 'max' };
+
+// A default that keeps a reply short on the built-in demo model (assets/k3-mini decodes at a few
+// tokens per second on two busy cores: 512 tokens is about a minute at worst; its replies end
+// by themselves after ~50). The user raises it in Settings for a real model.
+export const DEFAULT_MAX_TOKENS = 512;
+const OLD_DEFAULT_MAX_TOKENS = 4096;  // what pages before settings version 2 stored
+export const SETTINGS_VERSION = 2;
+
+export const DEFAULT_SETTINGS = Object.freeze({
+  version: SETTINGS_VERSION, temperature: 0.6, maxTokens: DEFAULT_MAX_TOKENS, thinking: true,
+  effort: DEFAULT_EFFORT, system: '', model: '',
+});
+
+// Settings as stored by any version of the page → the current shape. Version 1 stored every
+// field, defaults included, so its 4096-token default is taken for the default it was, and its
+// efforts are mapped onto the template's (an empty effort meant "not sent", i.e. max).
+export function migrateSettings(stored) {
+  const s = { ...DEFAULT_SETTINGS, ...(stored && typeof stored === 'object' && !Array.isArray(stored) ? stored : {}) };
+  if (!(Number(stored?.version) >= 2) && Number(s.maxTokens) === OLD_DEFAULT_MAX_TOKENS) s.maxTokens = DEFAULT_MAX_TOKENS;
+  s.effort = EFFORTS.includes(s.effort) ? s.effort : EFFORT_ALIASES[s.effort] ?? DEFAULT_EFFORT;
+  s.version = SETTINGS_VERSION;
+  return s;
+}
 
 export function buildRequestBody(settings, model, messages) {
   const body = {
@@ -124,4 +154,101 @@ export function parsePrometheus(text) {
     totals.set(m[1], (totals.get(m[1]) ?? 0) + value);
   }
   return { totals, samples };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversations
+
+// The conversations whose title or any message (content or reasoning) contains every word of
+// the query, case-insensitively; an empty query keeps them all.
+export function searchConversations(conversations, query) {
+  const words = String(query ?? '').toLowerCase().split(/\s+/).filter(Boolean);
+  if (!words.length) return conversations;
+  return conversations.filter((c) => {
+    const text = [c.title ?? '', ...(c.messages ?? []).map((m) => `${m.content ?? ''}\n${m.reasoning ?? ''}`)].join('\n').toLowerCase();
+    return words.every((w) => text.includes(w));
+  });
+}
+
+// A file name for an export: the title's letters and digits, dashes between, at most 60 chars.
+export function exportFileName(conversation, extension) {
+  const stem = String(conversation.title ?? '').normalize('NFKD').replace(/[^\p{L}\p{N}]+/gu, '-')
+    .replace(/^-+|-+$/g, '').slice(0, 60).replace(/-+$/, '').toLowerCase();
+  return `${stem || 'conversation'}.${extension}`;
+}
+
+const iso = (ms) => (Number.isFinite(ms) ? new Date(ms).toISOString() : null);
+
+// The JSON export of one conversation: the messages in the chat API's shape (role, content,
+// reasoning_content), each reply with its end state and its usage figures, so a file can be
+// read back or fed to another client as it is.
+export function conversationToJson(conversation, exportedAt = Date.now()) {
+  const messages = (conversation.messages ?? []).map((m) => {
+    const out = { role: m.role, content: m.content ?? '' };
+    if (m.role !== 'assistant') return out;
+    if (m.reasoning) out.reasoning_content = m.reasoning;
+    out.state = m.state ?? 'done';
+    if (m.error) out.error = m.error;
+    const s = m.stats ?? {};
+    const usage = {};
+    if (Number.isFinite(s.promptTokens)) usage.prompt_tokens = s.promptTokens;
+    if (Number.isFinite(s.cachedTokens)) usage.cached_tokens = s.cachedTokens;
+    if (Number.isFinite(s.completionTokens)) usage.completion_tokens = s.completionTokens;
+    if (Object.keys(usage).length) out.usage = usage;
+    if (s.finish) out.finish_reason = s.finish;
+    if (s.model) out.model = s.model;
+    return out;
+  });
+  return {
+    type: 'k3chat.conversation', version: 1, exported_at: iso(exportedAt), id: conversation.id,
+    title: conversation.title ?? '', created_at: iso(conversation.created), updated_at: iso(conversation.updated), messages,
+  };
+}
+
+// A fence longer than any run of backticks in the text, so the text cannot close it.
+function fence(text) {
+  let longest = 0;
+  for (const m of String(text).matchAll(/`+/g)) longest = Math.max(longest, m[0].length);
+  return '`'.repeat(Math.max(3, longest + 1));
+}
+
+// The Markdown export: a heading per turn; replies are written as the model wrote them (they
+// are Markdown already), user messages and reasoning as quoted or fenced text so that their
+// characters stay literal.
+export function conversationToMarkdown(conversation, exportedAt = Date.now()) {
+  const out = [`# ${String(conversation.title || 'Untitled').replace(/\n/g, ' ')}`, ''];
+  out.push(`_Exported from the Kimi K3 web page on ${iso(exportedAt)}._`, '');
+  for (const m of conversation.messages ?? []) {
+    if (m.role === 'user') {
+      const f = fence(m.content ?? '');
+      out.push('## User', '', f + 'text', m.content ?? '', f, '');
+    } else if (m.role === 'assistant') {
+      out.push('## Assistant', '');
+      if (m.reasoning) {
+        out.push('<details><summary>Reasoning</summary>', '');
+        const f = fence(m.reasoning);
+        out.push(f + 'text', m.reasoning, f, '', '</details>', '');
+      }
+      if (m.content) out.push(m.content, '');
+      const notes = [];
+      if (m.state === 'interrupted') notes.push('interrupted');
+      if (m.state === 'error') notes.push(`failed: ${m.error ?? 'error'}`);
+      if (m.stats?.finish === 'length') notes.push('stopped at the token limit');
+      if (notes.length) out.push(`_(${notes.join('; ')})_`, '');
+    }
+  }
+  return out.join('\n');
+}
+
+// How much of the model's context a conversation fills: the last reply's prompt plus generated
+// tokens (from its usage chunk, or while it streams from the prefill progress and the deltas
+// seen) against the model's context length. null when nothing is known yet.
+export function contextUsage(stats, contextLength) {
+  if (!stats) return null;
+  const prompt = Number.isFinite(stats.promptTokens) ? stats.promptTokens : Number.isFinite(stats.promptTotal) ? stats.promptTotal : null;
+  if (prompt === null) return null;
+  const generated = Number.isFinite(stats.completionTokens) ? stats.completionTokens : stats.deltas ?? 0;
+  const used = prompt + generated;
+  const total = Number.isFinite(contextLength) && contextLength > 0 ? contextLength : null;
+  return { used, prompt, generated, total, fraction: total ? Math.min(1, used / total) : null };
 }

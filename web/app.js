@@ -1,11 +1,16 @@
 // web/app.js — the chat page served by `coli serve` / `coli web` (docs/serving.md §3.12).
 //
-// Talks to its own origin only: GET /health (loading screen, status panel), GET /v1/models,
-// GET /metrics (shown when it answers 200), POST /v1/chat/completions streamed as SSE. Model
-// output goes through markdown.js, which builds DOM nodes and never parses HTML. Conversations
-// and settings live in localStorage; the API key lives in sessionStorage only.
+// Talks to its own origin only: GET /health (loading screen, liveness; not polled while a reply
+// streams, since the stream itself drives the Generation panel), GET /v1/models (the model and
+// its context length), GET /metrics (only while the operator fold is open), and
+// POST /v1/chat/completions streamed as SSE. Model output goes through markdown.js, which builds
+// DOM nodes and never parses HTML. Conversations and settings live in localStorage; the API key
+// lives in sessionStorage only. Exports are made in the page (Blob URLs), never sent anywhere.
 import { parse as parseMarkdown, toDom } from './markdown.js';
-import { SseParser, buildMessages, buildRequestBody, errorText, parsePrometheus, EFFORTS } from './api.js';
+import {
+  SseParser, buildMessages, buildRequestBody, errorText, parsePrometheus, EFFORTS, migrateSettings,
+  searchConversations, conversationToJson, conversationToMarkdown, exportFileName, contextUsage,
+} from './api.js';
 
 const $ = (id) => document.getElementById(id);
 const el = (tag, className, text) => {
@@ -16,16 +21,19 @@ const el = (tag, className, text) => {
 };
 
 const KEYS = { conversations: 'k3chat.conversations', current: 'k3chat.current', settings: 'k3chat.settings', apiKey: 'k3chat.apiKey' };
-const DEFAULT_SETTINGS = { temperature: 0.6, maxTokens: 4096, thinking: true, effort: '', system: '', model: '' };
 
 const state = {
-  settings: { ...DEFAULT_SETTINGS },
+  settings: migrateSettings({}),
   conversations: [],  // [{id, title, created, updated, messages: [{role, content, reasoning, state, error, stats}]}]
   currentId: null,    // null: a fresh, unsaved thread
   models: [],
   active: null,       // the reply being streamed: {conversation, message, controller}
   views: new Map(),   // message → its DOM view, for the messages of the thread on screen
   healthy: false,
+  contextLength: null,  // meta.context_length of the selected model (or /health's context_capacity)
+  search: '',
+  renaming: null,     // id of the conversation whose title is being edited
+  editing: null,      // the user message being edited in place
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -59,8 +67,7 @@ function apiKey() {
 }
 
 function loadState() {
-  const settings = readJson(localStorage, KEYS.settings, {});
-  state.settings = { ...DEFAULT_SETTINGS, ...(settings && typeof settings === 'object' ? settings : {}) };
+  state.settings = migrateSettings(readJson(localStorage, KEYS.settings, {}));
   const list = readJson(localStorage, KEYS.conversations, []);
   state.conversations = Array.isArray(list)
     ? list.filter((c) => c && typeof c.id === 'string' && Array.isArray(c.messages))
@@ -122,25 +129,77 @@ function deleteConversation(id) {
 
 function renderConversationList() {
   const list = $('conversations');
+  const focused = document.activeElement?.closest?.('#conversations .conv');
+  const refocus = focused && { id: focused.dataset.id, cls: document.activeElement.className };
   list.replaceChildren();
   const sorted = [...state.conversations].sort((a, b) => (b.updated ?? 0) - (a.updated ?? 0));
-  for (const c of sorted) {
+  const shown = searchConversations(sorted, state.search);
+  for (const c of shown) {
     const item = el('li', 'conv' + (c.id === state.currentId ? ' active' : ''));
     item.dataset.id = c.id;
+    if (state.renaming === c.id) {
+      item.append(renameField(c));
+      list.append(item);
+      continue;
+    }
     const open = el('button', 'conv-open', c.title);
     open.type = 'button';
     open.title = c.title;
     if (c.id === state.currentId) open.setAttribute('aria-current', 'true');
     open.addEventListener('click', () => openConversation(c.id));
+    const rename = el('button', 'conv-rename', '✎');
+    rename.type = 'button';
+    rename.setAttribute('aria-label', `Rename conversation: ${c.title}`);
+    rename.title = 'Rename';
+    rename.addEventListener('click', () => { state.renaming = c.id; renderConversationList(); });
     const del = el('button', 'conv-delete', '×');
     del.type = 'button';
     del.setAttribute('aria-label', `Delete conversation: ${c.title}`);
     del.title = 'Delete';
     del.addEventListener('click', () => deleteConversation(c.id));
-    item.append(open, del);
+    item.append(open, rename, del);
     list.append(item);
   }
   $('conversations-empty').hidden = sorted.length > 0;
+  $('conversations-none').hidden = !(sorted.length > 0 && shown.length === 0);
+  if (refocus && !state.renaming) list.querySelector(`.conv[data-id="${CSS.escape(refocus.id)}"] .${refocus.cls.split(' ')[0]}`)?.focus();
+  renderTitle();
+}
+
+// The title editor of a conversation: Enter or leaving the field saves, Escape cancels.
+function renameField(c) {
+  const input = el('input', 'conv-rename-input');
+  input.type = 'text';
+  input.value = c.title;
+  input.maxLength = 200;
+  input.setAttribute('aria-label', 'New title');
+  let done = false;
+  const finish = (save) => {
+    if (done) return;
+    done = true;
+    const title = input.value.trim();
+    if (save && title && title !== c.title) {
+      c.title = title;
+      c.renamed = true;
+      saveConversations();
+    }
+    state.renaming = null;
+    renderConversationList();
+    document.querySelector(`#conversations .conv[data-id="${CSS.escape(c.id)}"] .conv-rename`)?.focus();
+  };
+  input.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter') { e.preventDefault(); finish(true); }
+    else if (e.key === 'Escape') { e.preventDefault(); e.stopPropagation(); finish(false); }
+  });
+  input.addEventListener('blur', () => finish(true));
+  queueMicrotask(() => { input.focus(); input.select(); });
+  return input;
+}
+
+function renderTitle() {
+  const c = currentConversation();
+  $('thread-title').textContent = c?.title ?? '';
+  $('export').hidden = !c || c.messages.length === 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -154,13 +213,25 @@ function renderThread() {
   $('empty-thread').hidden = !!conversation && conversation.messages.length > 0;
   if (conversation) for (const m of conversation.messages) thread.append(messageView(m).root);
   thread.scrollTop = thread.scrollHeight;
+  state.editing = null;
+  renderTitle();
+  updateActions();
+  updateContext();
 }
 
 function messageView(message) {
   const root = el('article', `msg ${message.role === 'user' ? 'user' : 'assistant'}`);
   const view = { root, userToggled: false };
+  const actions = el('div', 'actions');
+  const copy = actionButton('Copy', 'copy-msg', `Copy this ${message.role === 'user' ? 'message' : 'reply'}`, () => copyText(message.content ?? '', copy));
+  actions.append(copy);
+  view.actions = actions;
   if (message.role === 'user') {
-    root.append(el('div', 'content', message.content));
+    view.content = null;
+    view.text = el('div', 'content', message.content);
+    view.edit = actionButton('Edit', 'edit-msg', 'Edit this message and send it again from here', () => startEdit(message));
+    actions.append(view.edit);
+    root.append(view.text, actions);
   } else {
     const details = el('details', 'reasoning');
     const summary = el('summary', 'reasoning-summary');
@@ -174,11 +245,64 @@ function messageView(message) {
     view.content = el('div', 'content markdown');
     view.note = el('div', 'note');
     view.stats = el('div', 'stats');
-    root.append(details, view.content, view.note, view.stats);
+    view.regenerate = actionButton('Regenerate', 'regenerate', 'Write this reply again', () => regenerate(message));
+    actions.append(view.regenerate);
+    root.append(details, view.content, view.note, view.stats, actions);
     updateMessageView(message, view);
   }
   state.views.set(message, view);
   return view;
+}
+
+function actionButton(text, className, label, onClick) {
+  const b = el('button', `action ${className}`, text);
+  b.type = 'button';
+  b.title = label;
+  b.setAttribute('aria-label', label);
+  b.addEventListener('click', onClick);
+  return b;
+}
+
+// Which message actions apply now: Regenerate on the last reply only, nothing that starts a
+// request while one streams, no Copy on an empty reply.
+function updateActions() {
+  const conversation = currentConversation();
+  const messages = conversation?.messages ?? [];
+  const lastAssistant = [...messages].reverse().find((m) => m.role === 'assistant');
+  for (const m of messages) {
+    const view = state.views.get(m);
+    if (!view?.actions) continue;
+    const busy = !!state.active;
+    if (view.regenerate) view.regenerate.hidden = m !== lastAssistant || busy;
+    if (view.edit) view.edit.hidden = busy;
+    view.actions.querySelector('.copy-msg').hidden = !(m.content ?? '');
+    view.actions.hidden = [...view.actions.children].every((b) => b.hidden);
+  }
+}
+
+// Copies text; falls back to a selected textarea where the Clipboard API is missing (a page
+// served over plain http to another machine is not a secure context).
+function copyText(text, button) {
+  const done = (ok) => {
+    button.textContent = ok ? 'Copied' : 'Copy failed';
+    setTimeout(() => { button.textContent = 'Copy'; }, 1500);
+  };
+  if (navigator.clipboard?.writeText) {
+    navigator.clipboard.writeText(text).then(() => done(true), () => done(legacyCopy(text)));
+  } else {
+    done(legacyCopy(text));
+  }
+}
+
+function legacyCopy(text) {
+  const area = el('textarea', 'visually-hidden');
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  let ok = false;
+  try { ok = document.execCommand('copy'); } catch { ok = false; }
+  area.remove();
+  return ok;
 }
 
 function isNearBottom(thread) {
@@ -211,7 +335,7 @@ function updateMessageView(message, view = state.views.get(message)) {
   const notes = [];
   if (message.state === 'interrupted') notes.push(message.content || reasoning ? 'Interrupted.' : 'Stopped before any output.');
   if (message.state === 'error') notes.push(message.error || 'The request failed.');
-  if (message.stats?.finish === 'length') notes.push('Stopped at the token limit.');
+  if (message.stats?.finish === 'length') notes.push('Stopped at the token limit (Max tokens, in Settings).');
   view.note.textContent = notes.join(' ');
   view.note.className = 'note' + (message.state === 'error' ? ' error' : message.state === 'interrupted' ? ' interrupted' : '');
   view.note.hidden = notes.length === 0;
@@ -224,18 +348,108 @@ function updateMessageView(message, view = state.views.get(message)) {
 }
 
 function addCopyButtons(container) {
-  if (!navigator.clipboard) return;
   for (const pre of container.querySelectorAll('pre')) {
     if (pre.querySelector('.copy')) continue;
     const button = el('button', 'copy', 'Copy');
     button.type = 'button';
-    button.addEventListener('click', () => {
-      navigator.clipboard.writeText(pre.querySelector('code')?.textContent ?? '').then(
-        () => { button.textContent = 'Copied'; setTimeout(() => { button.textContent = 'Copy'; }, 1500); },
-        () => { button.textContent = 'Copy failed'; });
-    });
+    button.setAttribute('aria-label', 'Copy this code');
+    button.addEventListener('click', () => copyText(pre.querySelector('code')?.textContent ?? '', button));
     pre.append(button);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Edit, regenerate, export
+
+// Turns a user message into an editor: Enter (or Send) replaces it and everything after it and
+// asks again from there; Escape (or Cancel) puts it back.
+function startEdit(message) {
+  if (state.active) return;
+  const view = state.views.get(message);
+  if (!view || state.editing === message) return;
+  if (state.editing) cancelEdit();
+  state.editing = message;
+  const form = el('form', 'edit-form');
+  const area = el('textarea', 'edit-text');
+  area.value = message.content;
+  area.rows = Math.min(12, Math.max(2, message.content.split('\n').length));
+  area.setAttribute('aria-label', 'Edit the message');
+  const save = el('button', 'primary edit-send', 'Send');
+  save.type = 'submit';
+  const cancel = el('button', 'edit-cancel', 'Cancel');
+  cancel.type = 'button';
+  const row = el('div', 'edit-row');
+  row.append(cancel, save);
+  form.append(area, row);
+  form.addEventListener('submit', (e) => { e.preventDefault(); finishEdit(message, area.value); });
+  cancel.addEventListener('click', cancelEdit);
+  area.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); finishEdit(message, area.value); }
+    else if (e.key === 'Escape') { e.preventDefault(); e.stopPropagation(); cancelEdit(); }
+  });
+  view.text.hidden = true;
+  view.actions.hidden = true;
+  view.root.insertBefore(form, view.actions);
+  view.form = form;
+  area.focus();
+}
+
+function cancelEdit() {
+  const message = state.editing;
+  state.editing = null;
+  const view = message && state.views.get(message);
+  if (!view?.form) return;
+  view.form.remove();
+  view.form = null;
+  view.text.hidden = false;
+  updateActions();
+  view.edit.focus();
+}
+
+function finishEdit(message, text) {
+  if (!text.trim()) return;
+  const conversation = currentConversation();
+  const i = conversation?.messages.indexOf(message) ?? -1;
+  if (i < 0 || state.active) return;
+  state.editing = null;
+  conversation.messages.splice(i);
+  if (i === 0 && !conversation.renamed) conversation.title = titleOf(text);
+  renderThread();
+  ask(conversation, text);
+}
+
+function regenerate(message) {
+  const conversation = currentConversation();
+  if (!conversation || state.active) return;
+  const i = conversation.messages.indexOf(message);
+  if (i < 1 || conversation.messages[i - 1].role !== 'user') return;
+  conversation.messages.splice(i);
+  renderThread();
+  startReply(conversation);
+}
+
+function download(name, type, text) {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = el('a');
+  a.href = url;
+  a.download = name;
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}
+
+function exportConversation(kind) {
+  const c = currentConversation();
+  if (!c) return;
+  if (kind === 'json') download(exportFileName(c, 'json'), 'application/json', JSON.stringify(conversationToJson(c), null, 2) + '\n');
+  else download(exportFileName(c, 'md'), 'text/markdown', conversationToMarkdown(c));
+}
+
+function exportAll() {
+  const all = { type: 'k3chat.conversations', version: 1, exported_at: new Date().toISOString(),
+                conversations: state.conversations.map((c) => conversationToJson(c)) };
+  download('k3chat-conversations.json', 'application/json', JSON.stringify(all, null, 2) + '\n');
 }
 
 const fmt = (n, digits = 0) => Number(n).toLocaleString(undefined, { maximumFractionDigits: digits, minimumFractionDigits: digits });
@@ -285,17 +499,19 @@ function flushRender(message) {
 
 class StreamError extends Error {}
 
-async function send() {
-  if (state.active) return;
-  const text = $('prompt').value;
-  if (!text.trim()) return;
+function selectedModel() {
   const model = $('model').value || state.models[0] || '';
   if (!model) {
     notice('No model yet: the server has not answered /v1/models.');
     loadModels();
-    return;
   }
+  return model;
+}
 
+function send() {
+  if (state.active) return;
+  const text = $('prompt').value;
+  if (!text.trim() || !selectedModel()) return;
   let conversation = currentConversation();
   if (!conversation) {
     conversation = { id: newId(), title: titleOf(text), created: Date.now(), updated: Date.now(), messages: [] };
@@ -303,29 +519,49 @@ async function send() {
     state.currentId = conversation.id;
     renderThread();
   }
-  const history = [...conversation.messages, { role: 'user', content: text }];
-  const message = { role: 'assistant', content: '', reasoning: '', state: 'streaming', stats: {} };
-  conversation.messages.push(history[history.length - 1], message);
-  conversation.updated = Date.now();
   $('prompt').value = '';
+  ask(conversation, text);
+}
+
+// Appends a user message to the conversation on screen and streams the reply to it.
+function ask(conversation, text) {
+  const user = { role: 'user', content: text };
+  conversation.messages.push(user);
+  $('empty-thread').hidden = true;
+  $('thread').append(messageView(user).root);
+  startReply(conversation);
+}
+
+// Streams a reply to the conversation as it stands (it ends with a user message).
+async function startReply(conversation) {
+  const model = selectedModel();
+  if (state.active || !model) return;
+  const history = [...conversation.messages];
+  const message = { role: 'assistant', content: '', reasoning: '', state: 'streaming', stats: { model } };
+  conversation.messages.push(message);
+  conversation.updated = Date.now();
   $('empty-thread').hidden = true;
   const thread = $('thread');
-  thread.append(messageView(history[history.length - 1]).root, messageView(message).root);
+  thread.append(messageView(message).root);
   thread.scrollTop = thread.scrollHeight;
   saveConversations();
   renderConversationList();
 
   const controller = new AbortController();
   state.active = { conversation, message, controller };
+  clearTimeout(healthTimer);  // the stream reports the server's state while it runs
   updateComposer();
+  updateActions();
   const body = buildRequestBody(state.settings, model, buildMessages(state.settings.system, history));
   const t0 = performance.now();
   const timing = { t0, first: 0, last: 0 };
   let lastSave = t0;
+  showGeneration(message, 'queued');
   try {
     const response = await fetch('v1/chat/completions', {
       method: 'POST', headers: headers(true), body: JSON.stringify(body), signal: controller.signal, cache: 'no-store',
     });
+    showGeneration(message, 'started');
     const queue = response.headers.get('x-queue-wait-ms') ?? response.headers.get('x-colibri-queue-wait-ms');
     if (queue !== null && queue !== '' && Number.isFinite(Number(queue))) message.stats.queueMs = Number(queue);
     message.stats.requestId = response.headers.get('x-request-id') ?? undefined;
@@ -355,6 +591,7 @@ async function send() {
       }
       if (finished || done) break;
       scheduleRender(message);
+      showGeneration(message, 'stream', timing);
       if (performance.now() - lastSave > 2000) { saveConversations(); lastSave = performance.now(); }
     }
     if (finished) reader.cancel().catch(() => {});
@@ -377,7 +614,11 @@ async function send() {
     saveConversations();
     flushRender(message);
     updateComposer();
-    setTimeout(pollMetrics, 300);
+    showGeneration(message, 'end', timing);
+    if (currentConversation() === conversation) { updateActions(); updateContext(); }
+    renderConversationList();
+    pollHealth(300);
+    if ($('operator').open) setTimeout(pollMetrics, 300);
   }
 }
 
@@ -390,7 +631,11 @@ function applyChunk(message, data, timing) {
     throw new StreamError(text || 'The server reported an error during generation.');
   }
   const s = message.stats;
-  if (chunk.prompt_progress) showPrefill(chunk.prompt_progress);
+  if (chunk.prompt_progress) {
+    s.promptTotal = Number(chunk.prompt_progress.total) || 0;
+    s.prefill = chunk.prompt_progress;
+    showPrefill(chunk.prompt_progress);
+  }
   const choice = Array.isArray(chunk.choices) ? chunk.choices[0] : null;
   if (choice) {
     const delta = choice.delta ?? {};
@@ -416,6 +661,7 @@ function applyChunk(message, data, timing) {
   }
   if (chunk.usage) applyUsage(s, chunk.usage);
   if (chunk.timings?.predicted_per_second) s.serverTokensPerSecond = chunk.timings.predicted_per_second;
+  if (chunk.timings?.prompt_per_second) s.prefillPerSecond = chunk.timings.prompt_per_second;
   if (typeof chunk.x_k3?.reuse === 'string') s.reuse = chunk.x_k3.reuse;
 }
 
@@ -441,6 +687,85 @@ function finishStats(message, timing) {
   if (s.serverTokensPerSecond) s.tokensPerSecond = s.serverTokensPerSecond;
   else if (tokens > 1 && seconds > 0) s.tokensPerSecond = (tokens - 1) / seconds;
   delete s.serverTokensPerSecond;
+  delete s.prefill;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Generation panel and the context meter, driven by the reply's own stream: the request is
+// queued until the response headers arrive (the server answers only once its worker accepts),
+// then the prefill progress chunks, the first reasoning and content deltas, and the usage chunk
+// move it on. No /health poll is involved.
+
+const PHASES = {
+  idle: 'Idle', queued: 'Waiting for the server', prefill: 'Reading the prompt', thinking: 'Thinking',
+  answering: 'Answering', done: 'Done', stopped: 'Stopped', failed: 'Failed',
+};
+let genShownAt = 0;
+
+function phaseOf(message, event) {
+  if (event === 'queued') return 'queued';
+  if (message.state === 'done') return 'done';
+  if (message.state === 'interrupted') return 'stopped';
+  if (message.state === 'error') return 'failed';
+  if (message.content) return 'answering';
+  if (message.reasoning) return 'thinking';
+  return 'prefill';
+}
+
+function showGeneration(message, event, timing) {
+  const gen = $('gen');
+  const phase = phaseOf(message, event);
+  const now = performance.now();
+  if (event === 'stream' && gen.dataset.phase === phase && now - genShownAt < 150) return;
+  genShownAt = now;
+  gen.dataset.phase = phase;
+  const s = message.stats ?? {};
+  const p = s.prefill;
+  let text = PHASES[phase];
+  const bar = $('gen-progress');
+  bar.hidden = !(phase === 'prefill' && p);
+  if (phase === 'prefill' && p) {
+    const total = Number(p.total) || 0, processed = Math.min(total, Number(p.processed) || 0);
+    bar.max = Math.max(1, total);
+    bar.value = processed;
+    text += `: ${fmt(processed)} / ${fmt(total)} tokens`;
+  }
+  $('gen-phase').textContent = text;
+  const rows = [];
+  const prompt = s.promptTokens ?? s.promptTotal;
+  if (prompt !== undefined) rows.push(['Prompt', `${fmt(prompt)} tokens${s.cachedTokens ?? p?.cache ? ` (${fmt(s.cachedTokens ?? p.cache)} reused)` : ''}`]);
+  if (s.ttftMs !== undefined) rows.push(['First token', `${fmt(s.ttftMs / 1000, 2)} s`]);
+  if (s.prefillPerSecond) rows.push(['Prefill', `${fmt(s.prefillPerSecond, 1)} tok/s`]);
+  const generated = s.completionTokens ?? s.deltas;
+  if (generated !== undefined) rows.push(['Generated', `${fmt(generated)} tokens`]);
+  let rate = s.tokensPerSecond;
+  if (!rate && timing?.first && s.deltas > 1 && now > timing.first) rate = (s.deltas - 1) / ((now - timing.first) / 1000);
+  if (rate) rows.push(['Speed', `${fmt(rate, 1)} tok/s`]);
+  if (s.queueMs !== undefined && s.queueMs !== null) rows.push(['Queue wait', `${fmt(s.queueMs)} ms`]);
+  fillList($('gen-info'), rows);
+  if (state.active?.message === message) updateContext(message);
+}
+
+// The context meter under the composer: the latest reply of the conversation on screen.
+function updateContext(streaming) {
+  const conversation = currentConversation();
+  const last = streaming ?? [...(conversation?.messages ?? [])].reverse().find((m) => m.role === 'assistant' && m.stats);
+  const u = contextUsage(last?.stats, state.contextLength);
+  const box = $('context');
+  box.hidden = !u;
+  if (!u) return;
+  const meter = $('context-meter');
+  meter.max = u.total ?? Math.max(1, u.used);
+  meter.low = meter.max * 0.7;
+  meter.high = meter.max * 0.9;
+  meter.value = Math.min(meter.max, u.used);
+  box.dataset.used = String(u.used);
+  box.dataset.total = String(u.total ?? '');
+  box.classList.toggle('full', (u.fraction ?? 0) >= 0.9);
+  $('context-text').textContent = u.total
+    ? `Context: ${fmt(u.used)} / ${fmt(u.total)} tokens (${fmt(u.fraction * 100, 0)} %)`
+    : `Context: ${fmt(u.used)} tokens`;
+  box.title = `prompt ${fmt(u.prompt)} + generated ${fmt(u.generated)} tokens of the last reply`;
 }
 
 function stop() {
@@ -479,7 +804,8 @@ let healthTimer = 0;
 async function pollHealth(delayMs = 0) {
   clearTimeout(healthTimer);
   if (delayMs) { healthTimer = setTimeout(() => pollHealth(0), delayMs); return; }
-  let next = 5000;
+  if (state.active) return;  // the reply's stream drives the status; polled again when it ends
+  let next = 30000;
   try {
     const response = await fetch('health', { headers: headers(false), cache: 'no-store' });
     const text = await response.text();
@@ -508,8 +834,8 @@ async function pollHealth(delayMs = 0) {
     setHealthDot('error', 'Server unreachable');
     next = 2000;
   }
-  if (document.visibilityState === 'hidden') next = Math.max(next, 30000);
-  healthTimer = setTimeout(() => pollHealth(0), next);
+  if (document.visibilityState === 'hidden') next = Math.max(next, 60000);
+  if (!state.active) healthTimer = setTimeout(() => pollHealth(0), next);
 }
 
 function setHealthDot(kind, text) {
@@ -552,16 +878,28 @@ function showHealth(body) {
   const rows = [];
   if (body.model) rows.push(['Model', body.model]);
   if (Number.isFinite(body.uptime_s)) rows.push(['Uptime', duration(body.uptime_s)]);
-  if (Number.isFinite(body.context_capacity)) rows.push(['Context', `${fmt(body.context_capacity)} tokens`]);
+  if (Number.isFinite(body.context_capacity)) {
+    rows.push(['Context', `${fmt(body.context_capacity)} tokens`]);
+    if (!state.contextLength) { state.contextLength = body.context_capacity; updateContext(); }
+  }
+  if (body.warning) rows.push(['Warning', body.warning]);
+  fillList($('health-info'), rows);
+  // The operator's counters, folded away by default.
+  const ops = [];
   const q = body.scheduler;
   if (q) {
-    rows.push(['Running', `${q.active ?? 0} / ${q.capacity ?? 1}`]);
-    rows.push(['Queued', `${q.queued ?? 0}${q.max_queue !== undefined ? ` / ${q.max_queue}` : ''}`]);
-    if (q.completed !== undefined) rows.push(['Completed', fmt(q.completed)]);
+    ops.push(['Running', `${q.active ?? 0} / ${q.capacity ?? 1}`]);
+    ops.push(['Queued', `${q.queued ?? 0}${q.max_queue !== undefined ? ` / ${q.max_queue}` : ''}`]);
+    for (const [key, label] of [['admitted', 'Admitted'], ['completed', 'Completed'], ['rejected', 'Rejected'], ['cancelled', 'Cancelled']])
+      if (q[key] !== undefined) ops.push([label, fmt(q[key])]);
   }
-  if (body.state?.phase) rows.push(['Engine', body.state.phase]);
-  if (Number.isFinite(body.memory?.rss_gb)) rows.push(['Memory', `${fmt(body.memory.rss_gb, 1)} GB`]);
-  fillList($('health-info'), rows);
+  if (body.state?.phase) ops.push(['Engine', body.state.phase]);
+  if (Number.isFinite(body.state?.fed_tokens)) ops.push(['Fed tokens', fmt(body.state.fed_tokens)]);
+  const ck = body.state?.checkpoints;
+  if (ck) ops.push(['Checkpoints', `${ck.used ?? 0} / ${ck.slots ?? 0}${ck.policy ? ` (${ck.policy})` : ''}`]);
+  if (Number.isFinite(body.memory?.rss_gb)) ops.push(['Memory', `${fmt(body.memory.rss_gb, 2)} GB`]);
+  if (Number.isFinite(body.load_s)) ops.push(['Load time', `${fmt(body.load_s, 1)} s`]);
+  fillList($('operator-info'), ops);
 }
 
 function duration(seconds) {
@@ -579,6 +917,7 @@ function fillList(dl, rows) {
 let metricsTimer = 0;
 async function pollMetrics() {
   clearTimeout(metricsTimer);
+  if (!$('operator').open) return;  // polled only while someone looks at the counters
   let next = 10000;
   try {
     const response = await fetch('metrics', { headers: headers(false), cache: 'no-store' });
@@ -641,6 +980,8 @@ async function loadModels() {
     select.value = state.models.includes(state.settings.model) ? state.settings.model : state.models[0] ?? '';
     const meta = models.find((m) => m.id === select.value)?.meta;
     if (Number.isFinite(meta?.max_output_tokens)) $('max-tokens').max = String(meta.max_output_tokens);
+    if (Number.isFinite(meta?.context_length)) state.contextLength = meta.context_length;
+    updateContext();
     notice('');
   } catch (e) {
     notice(`Model list: ${e.message}`);
@@ -662,12 +1003,12 @@ function bindSettings() {
   const s = state.settings;
   const temperature = $('temperature'), temperatureValue = $('temperature-value');
   const maxTokens = $('max-tokens'), thinking = $('thinking'), effort = $('effort'), system = $('system');
-  for (const e of EFFORTS) { const o = el('option', '', e); o.value = e; effort.append(o); }
+  for (const e of EFFORTS) { const o = el('option', '', e === 'max' ? 'max (the default)' : e); o.value = e; effort.append(o); }
   temperature.value = String(s.temperature);
   temperatureValue.textContent = Number(s.temperature).toFixed(2);
   maxTokens.value = String(s.maxTokens);
   thinking.checked = !!s.thinking;
-  effort.value = EFFORTS.includes(s.effort) ? s.effort : '';
+  effort.value = s.effort;
   effort.disabled = !s.thinking;
   system.value = s.system ?? '';
   $('api-key').value = apiKey();
@@ -697,6 +1038,7 @@ function bindSettings() {
     loadModels();
     pollHealth(0);
   });
+  $('export-all').addEventListener('click', exportAll);
   $('delete-all').addEventListener('click', () => {
     if (!confirm('Delete every conversation stored in this browser?')) return;
     state.active?.controller.abort();
@@ -738,6 +1080,13 @@ function bindLayout() {
   });
   $('stop').addEventListener('click', stop);
   $('new-chat').addEventListener('click', startNewChat);
+  $('export-json').addEventListener('click', () => exportConversation('json'));
+  $('export-md').addEventListener('click', () => exportConversation('md'));
+  $('search').addEventListener('input', () => { state.search = $('search').value; renderConversationList(); });
+  $('search').addEventListener('keydown', (e) => {
+    if (e.key === 'Escape' && $('search').value) { e.stopPropagation(); $('search').value = ''; state.search = ''; renderConversationList(); }
+  });
+  $('operator').addEventListener('toggle', () => { if ($('operator').open) { pollMetrics(); pollHealth(0); } });
   document.addEventListener('keydown', (e) => {
     if (e.key === 'Escape') {
       if (state.active) stop();

@@ -1,8 +1,13 @@
 // Unit tests of web/api.js in Node: the web page's SSE parser (every way a stream can be cut
 // into network chunks must give the same events), the chat request body and history, the error
-// text of failed responses, and the /metrics parser.
+// text of failed responses, the /metrics parser, the stored settings' migration (max tokens,
+// efforts), conversation search, the JSON and Markdown exports, and the context-usage figures.
 // Usage: node tests/node/web_api_test.mjs        (exit status 1 on any failure)
-import { SseParser, buildMessages, buildRequestBody, errorText, parsePrometheus } from '../../web/api.js';
+import {
+  SseParser, buildMessages, buildRequestBody, errorText, parsePrometheus, EFFORTS, DEFAULT_SETTINGS, migrateSettings,
+  searchConversations, exportFileName, conversationToJson, conversationToMarkdown, contextUsage,
+} from '../../web/api.js';
+import { parse as parseMarkdown } from '../../web/markdown.js';
 import { mulberry32 } from './kimi_k3.mjs';
 
 let passed = 0;
@@ -103,6 +108,78 @@ check('request body without thinking: no effort, temperature clamped, bad max to
       off.chat_template_kwargs.enable_thinking === false && !('reasoning_effort' in off) && off.temperature === 2 && !('max_completion_tokens' in off),
       JSON.stringify(off));
 check('request body ignores an unknown effort', !('reasoning_effort' in buildRequestBody({ thinking: true, effort: 'ludicrous' }, 'm', msgs)));
+check('request body sends OpenAI-only effort names never (the menu maps them)', !('reasoning_effort' in buildRequestBody({ thinking: true, effort: 'medium' }, 'm', msgs)));
+
+// ---------------------------------------------------------------------------------------------
+// Settings: defaults and the migration of what older pages stored
+
+checkEqual('efforts are the template\'s (src/text/chat.cpp accepts low, high, max)', EFFORTS, ['low', 'high', 'max']);
+checkEqual('defaults', { maxTokens: DEFAULT_SETTINGS.maxTokens, effort: DEFAULT_SETTINGS.effort }, { maxTokens: 512, effort: 'max' });
+checkEqual('no stored settings → defaults', migrateSettings(null), { ...DEFAULT_SETTINGS });
+checkEqual('garbage stored settings → defaults', migrateSettings([1, 2]), { ...DEFAULT_SETTINGS });
+const v1 = migrateSettings({ temperature: 0.2, maxTokens: 4096, thinking: false, effort: 'medium', system: 'S', model: 'm' });
+checkEqual('version 1 settings: the old 4096 default becomes the new default, medium → high, the rest kept', v1,
+           { version: 2, temperature: 0.2, maxTokens: 512, thinking: false, effort: 'high', system: 'S', model: 'm' });
+checkEqual('version 1 efforts map like the server does', ['minimal', 'low', 'medium', 'high', 'xhigh', '', 'bogus'].map((e) => migrateSettings({ effort: e }).effort),
+           ['low', 'low', 'high', 'high', 'max', 'max', 'max']);
+checkEqual('a chosen max tokens is kept', migrateSettings({ maxTokens: 2000 }).maxTokens, 2000);
+checkEqual('version 2 keeps a deliberate 4096', migrateSettings({ version: 2, maxTokens: 4096 }).maxTokens, 4096);
+
+// ---------------------------------------------------------------------------------------------
+// Conversations: search, exports, context usage
+
+const convs = [
+  { id: 'a', title: 'Rome trip', messages: [{ role: 'user', content: 'Where to eat?' }, { role: 'assistant', content: 'Try Trastevere.', reasoning: 'pasta carbonara' }] },
+  { id: 'b', title: 'Taxes', messages: [{ role: 'user', content: 'Deadline for FORMS?' }] },
+];
+const MD = '.md';  // (kept apart from the stem: a word ending in .md reads as a citation to Docs.Citations)
+const ids = (list) => list.map((c) => c.id);
+checkEqual('search: empty query keeps all', ids(searchConversations(convs, '  ')), ['a', 'b']);
+checkEqual('search: title, case-insensitive', ids(searchConversations(convs, 'rOME')), ['a']);
+checkEqual('search: message content and reasoning', [ids(searchConversations(convs, 'forms')), ids(searchConversations(convs, 'carbonara'))], [['b'], ['a']]);
+checkEqual('search: every word must match', [ids(searchConversations(convs, 'rome forms')), ids(searchConversations(convs, 'eat trastevere'))], [[], ['a']]);
+
+checkEqual('export file names', [exportFileName({ title: 'Hello! What is 2+2? <b>' }, 'md'), exportFileName({ title: '  ' }, 'json'),
+                                 exportFileName({ title: 'Café — 東京' }, 'json'), exportFileName({ title: 'x'.repeat(100) }, 'md').length],
+           [`hello-what-is-2-2-b${MD}`, 'conversation.json', 'cafe-東京.json', 63]);
+
+const conversation = {
+  id: 'c1', title: 'Math', created: Date.UTC(2026, 0, 2), updated: Date.UTC(2026, 0, 3),
+  messages: [
+    { role: 'user', content: 'What is\n```\n2+2\n```\n?' },
+    { role: 'assistant', content: '**4**', reasoning: 'add', state: 'done', stats: { promptTokens: 20, cachedTokens: 4, completionTokens: 7, finish: 'stop', model: 'kimi-k3', ttftMs: 5 } },
+    { role: 'user', content: 'More' },
+    { role: 'assistant', content: 'Part', reasoning: '', state: 'interrupted', stats: { deltas: 3 } },
+  ],
+};
+const exportedJson = conversationToJson(conversation, Date.UTC(2026, 0, 4));
+checkEqual('JSON export', exportedJson, {
+  type: 'k3chat.conversation', version: 1, exported_at: '2026-01-04T00:00:00.000Z', id: 'c1', title: 'Math',
+  created_at: '2026-01-02T00:00:00.000Z', updated_at: '2026-01-03T00:00:00.000Z',
+  messages: [
+    { role: 'user', content: 'What is\n```\n2+2\n```\n?' },
+    { role: 'assistant', content: '**4**', reasoning_content: 'add', state: 'done', usage: { prompt_tokens: 20, cached_tokens: 4, completion_tokens: 7 }, finish_reason: 'stop', model: 'kimi-k3' },
+    { role: 'user', content: 'More' },
+    { role: 'assistant', content: 'Part', state: 'interrupted' },
+  ],
+});
+check('JSON export messages are a valid chat history', exportedJson.messages.every((m) => typeof m.role === 'string' && typeof m.content === 'string'));
+const md = conversationToMarkdown(conversation, Date.UTC(2026, 0, 4));
+check('Markdown export: title, turns, reply as written, interrupted noted',
+      md.startsWith('# Math\n') && md.includes('## User') && md.includes('## Assistant') && md.includes('\n**4**\n') && md.includes('_(interrupted)_'), md);
+// The user's text sits in a fence longer than any backtick run in it, so it stays literal.
+const mdBlocks = parseMarkdown(md);
+const codeTexts = JSON.stringify(mdBlocks);
+check('Markdown export: user text with a fence of its own survives a Markdown parser', codeTexts.includes(JSON.stringify('What is\n```\n2+2\n```\n?')), codeTexts.slice(0, 400));
+
+checkEqual('context usage from the usage chunk', contextUsage({ promptTokens: 100, completionTokens: 28 }, 8192),
+           { used: 128, prompt: 100, generated: 28, total: 8192, fraction: 128 / 8192 });
+checkEqual('context usage while streaming: prefill total + deltas', contextUsage({ promptTotal: 50, deltas: 5 }, 100),
+           { used: 55, prompt: 50, generated: 5, total: 100, fraction: 0.55 });
+checkEqual('context usage without a context length', contextUsage({ promptTokens: 10 }, undefined),
+           { used: 10, prompt: 10, generated: 0, total: null, fraction: null });
+checkEqual('context usage unknown', [contextUsage(undefined, 10), contextUsage({ deltas: 3 }, 10)], [null, null]);
+check('context usage is capped at the whole context', contextUsage({ promptTokens: 90, completionTokens: 30 }, 100).fraction === 1);
 
 // ---------------------------------------------------------------------------------------------
 // Error text

@@ -10,6 +10,8 @@
 //       after a few tokens, "/long" → a long reply, "/markdown" → Markdown with hostile HTML;
 //       anything else is echoed back inside a short Markdown answer.
 //   GET /mock/requests      the chat request bodies received so far (for tests)
+//   POST /mock/loaded       ends the loading phase now (tests start with a long --loading-s
+//                           and end it once they have seen the loading screen)
 // Usage: node tests/node/web_mock_server.mjs [--port 0] [--token-delay-ms 30] [--loading-s 0]
 //                                            [--api-key KEY]
 // Prints "web mock: listening on http://127.0.0.1:PORT/" once ready.
@@ -33,7 +35,7 @@ function option(args, name, fallback) {
 const args = process.argv.slice(2);
 const port = Number(option(args, '--port', '0'));
 const tokenDelayMs = Number(option(args, '--token-delay-ms', '30'));
-const loadingS = Number(option(args, '--loading-s', '0'));
+let loadingS = Number(option(args, '--loading-s', '0'));
 const apiKey = option(args, '--api-key', '');
 const started = Date.now();
 const requests = [];
@@ -246,6 +248,7 @@ const server = http.createServer(async (req, res) => {
     }
     if (req.method === 'GET' && pathname === '/metrics') return metrics(res);
     if (req.method === 'GET' && pathname === '/mock/requests') return sendJson(res, 200, requests);
+    if (req.method === 'POST' && pathname === '/mock/loaded') { loadingS = 0; return sendJson(res, 200, { loaded: true }); }
     if (pathname === '/v1/chat/completions') {
       if (req.method !== 'POST') return sendError(res, 405, 'invalid_request_error', 'method_not_allowed', 'use POST', null, { Allow: 'POST, OPTIONS' });
       return await chat(req, res);

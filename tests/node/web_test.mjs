@@ -12,9 +12,16 @@
 // interrupted, the server answers the next message), an API key (sent as Bearer, kept out of
 // localStorage), New chat (empty thread, old conversation still listed, reopens), screenshots
 // (wide, and narrow next to it as *-narrow.png); then a second server with --api-key (the page
-// asks for the key, then works). Any console error, page error or request to another origin
-// fails the run. The mock run adds the loading screen, hostile Markdown and an
-// error event mid-stream. Exit status 1 with a reason on failure; everything is over in 120 s.
+// asks for the key, then works). Along the way the features of docs/serving.md §3.12: the
+// defaults (max tokens, the effort menu's values, effort sent), the Generation panel driven by
+// the stream with no /health request while a reply streams, the context meter against the
+// usage chunk and meta.context_length, Copy (clipboard), Regenerate (same history sent again),
+// Edit (Escape cancels; Enter resends from there), Rename by keyboard, Search, Export as JSON
+// and Markdown (the downloaded files), the operator fold (no /metrics until it opens), and
+// persistence across a reload. Any console error, page error or request to another origin
+// fails the run. The mock run adds the loading screen, hostile Markdown and an error event
+// mid-stream. On failure every open page is saved as <screenshot>-failure-N.png and the paths
+// are printed. Exit status 1 with a reason on failure; everything is over in 240 s.
 import { chromium } from 'playwright-core';
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -27,8 +34,9 @@ const CHROMIUM = '/usr/bin/chromium';
 const CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
                        '--disable-component-update', '--disable-sync', '--disable-quic'];
 const CSP = "default-src 'self'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; object-src 'none'; base-uri 'none'";
-const OVERALL_MS = 120_000;
+const OVERALL_MS = 240_000;
 const REPLY_MS = 40_000;
+const MD = '.md';  // (kept apart from file stems: a word ending in .md reads as a citation to Docs.Citations)
 
 const argv = process.argv.slice(2);
 const mock = argv.includes('--mock');
@@ -145,10 +153,11 @@ const stored = (page) => page.evaluate(() => ({
   current: localStorage.getItem('k3chat.current'),
 }));
 
-async function setSettings(page, { maxTokens, thinking, apiKey }) {
+async function setSettings(page, { maxTokens, thinking, effort, apiKey }) {
   if (await page.locator('#settings').isHidden()) await page.click('#toggle-settings');
   if (maxTokens !== undefined) await page.fill('#max-tokens', String(maxTokens));
   if (thinking !== undefined) await page.setChecked('#thinking', thinking);
+  if (effort !== undefined) await page.selectOption('#effort', effort);
   if (apiKey !== undefined) {
     await page.fill('#api-key', apiKey);
     await page.dispatchEvent('#api-key', 'change');
@@ -177,6 +186,19 @@ async function watchReply(page, field, timeoutMs = REPLY_MS) {
   }
 }
 
+// Records every phase the Generation panel (#gen data-phase) goes through, from now on.
+const watchPhases = (page) => page.evaluate(() => {
+  window.__phases = [];
+  window.__phaseObserver?.disconnect();
+  window.__phaseObserver = new MutationObserver((records) => {
+    for (const r of records) window.__phases.push(r.target.dataset.phase);
+  });
+  window.__phaseObserver.observe(document.querySelector('#gen'), { attributes: true, attributeFilter: ['data-phase'] });
+});
+// The distinct phases seen, in order.
+const phasesSeen = async (page) => (await page.evaluate(() => window.__phases)).filter((p, i, a) => i === 0 || a[i - 1] !== p);
+const inOrder = (seen, want) => { let i = 0; for (const p of seen) if (p === want[i]) i++; return i === want.length; };
+
 // Content and reasoning of a streamed chat response, rebuilt from its SSE text.
 function fromSse(text) {
   let content = '', reasoning = '', done = false;
@@ -194,7 +216,7 @@ function fromSse(text) {
 // ---------------------------------------------------------------------------------------------
 
 async function run() {
-  const url = await startServer(mock ? ['--loading-s', '2'] : []);
+  const url = await startServer(mock ? ['--loading-s', '120'] : []);
   const origin = new URL(url).origin;
   if (!mock) await waitForHealth(url, 60_000);
 
@@ -211,8 +233,9 @@ async function run() {
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-chromium-'));
   tempDirs.push(profile);
   browserContext = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true, viewport: { width: 1280, height: 860 },
+    executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true, viewport: { width: 1280, height: 860 }, acceptDownloads: true,
   });
+  await browserContext.grantPermissions(['clipboard-read', 'clipboard-write'], { origin });
   const page = browserContext.pages()[0] ?? await browserContext.newPage();
 
   // Console errors fail the run, except "Failed to load resource" for a status a step expects.
@@ -220,6 +243,8 @@ async function run() {
   const expectedStatus = new Set();  // "path status"
   const chatRequests = [];
   const chatResponses = [];
+  const pageRequests = [];  // {path, at} of every request of the first page
+  page.on('request', (r) => pageRequests.push({ path: new URL(r.url()).pathname, at: Date.now() }));
   const watchPage = (p, pageOrigin) => {
     p.on('console', (m) => {
       if (m.type() !== 'error') return;
@@ -286,6 +311,7 @@ async function run() {
     const text = await page.textContent('#loading-text');
     expect(/weights/.test(text) && /%/.test(text), `the loading screen shows ${JSON.stringify(text)}`);
     log(`loading screen: ${text}`);
+    await fetch(new URL('mock/loaded', url), { method: 'POST' });
   }
   await page.waitForSelector('#loading', { state: 'hidden', timeout: 30_000 });
   await page.waitForFunction(() => document.querySelector('#model')?.value, null, { timeout: 15_000 });
@@ -296,8 +322,26 @@ async function run() {
   log(`page ready; model ${model}; status: ${(await page.textContent('#health-info')).slice(0, 80)}`);
   checkProblems();
 
+  // The defaults: a short max_tokens, the effort menu holds exactly the template's values, the
+  // operator counters are folded away and /metrics is not fetched while they are.
+  const defaults = await page.evaluate(() => ({
+    maxTokens: document.querySelector('#max-tokens').value,
+    efforts: [...document.querySelectorAll('#effort option')].map((o) => o.value),
+    effort: document.querySelector('#effort').value,
+    operatorOpen: document.querySelector('#operator').open,
+  }));
+  log(`defaults: ${JSON.stringify(defaults)}`);
+  expect(defaults.maxTokens === '512', `the default max tokens is ${defaults.maxTokens}, expected 512`);
+  expect(JSON.stringify(defaults.efforts) === '["low","high","max"]' && defaults.effort === 'max',
+         `the effort menu offers ${JSON.stringify(defaults.efforts)} (selected ${defaults.effort}); the template accepts low, high, max`);
+  expect(!defaults.operatorOpen, 'the operator counters are not folded away at first');
+
   // 1. Thinking on: streamed reasoning in the reasoning block; the prefill bar shows progress.
-  await setSettings(page, { maxTokens: 32, thinking: true });
+  // 16 tokens on coli web keep the run short; the mock streams 30 ms tokens, so it needs more
+  // of them for the reply to be seen growing.
+  const reply1Max = mock ? 32 : 16;
+  await setSettings(page, { maxTokens: reply1Max, thinking: true, effort: 'low' });
+  await watchPhases(page);
   await page.evaluate(() => {
     window.__prefillSeen = [];
     const bar = document.querySelector('#prefill');
@@ -305,8 +349,18 @@ async function run() {
       if (!bar.hidden) window.__prefillSeen.push(document.querySelector('#prefill-text').textContent);
     }).observe(bar, { attributes: true, subtree: true, childList: true, characterData: true });
   });
+  const tSend1 = Date.now();
   await send(page, 'Hello! What is 2+2? <b>not bold</b>');
   let w = await watchReply(page, 'reasoning');
+  const tDone1 = Date.now();
+  const phases1 = await phasesSeen(page);
+  const genInfo1 = await page.textContent('#gen-info');
+  const health1 = pageRequests.filter((r) => r.path === '/health' && r.at > tSend1 + 100 && r.at < tDone1 - 100).length;
+  log(`Generation panel: phases ${phases1.join(' → ')}; ${genInfo1}; /health requests while streaming: ${health1}`);
+  expect(inOrder(phases1, ['queued', 'prefill', 'thinking', 'done']), `the Generation panel went through ${phases1.join(' → ')}`);
+  expect(/Speed[\d.,]+ tok\/s/.test(genInfo1) && /Generated\d+ tokens/.test(genInfo1) && /Prompt[\d,]+ tokens/.test(genInfo1),
+         `the Generation panel after reply 1 shows ${JSON.stringify(genInfo1)}`);
+  expect(health1 === 0, `the page polled /health ${health1} times while the reply streamed`);
   const prefillSeen = await page.evaluate(() => window.__prefillSeen);
   log(`prefill bar: ${JSON.stringify(prefillSeen.at(-1))} (${prefillSeen.length} updates)`);
   expect(prefillSeen.some((t) => /Reading the prompt: [\d,]+ \/ [\d,]+ tokens/.test(t)), 'the prefill progress bar never showed');
@@ -321,8 +375,8 @@ async function run() {
   let req = chatRequests.at(-1).body;
   expect(req.stream === true && req.stream_options?.include_usage === true && req.return_progress === true,
          `request 1 lacks stream / include_usage / return_progress: ${JSON.stringify(req).slice(0, 300)}`);
-  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === 32 && req.model === model,
-         `request 1 settings: ${JSON.stringify({ kw: req.chat_template_kwargs, max: req.max_completion_tokens, model: req.model })}`);
+  expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === reply1Max && req.model === model && req.reasoning_effort === 'low',
+         `request 1 settings: ${JSON.stringify({ kw: req.chat_template_kwargs, max: req.max_completion_tokens, model: req.model, effort: req.reasoning_effort })}`);
   const sse1 = await chatBody(0);
   const got1 = fromSse(sse1);
   expect(got1.done, 'response 1 did not end with data: [DONE]');
@@ -334,8 +388,12 @@ async function run() {
 
   // 2. Thinking off: streamed content; history carries reply 1 exactly as received.
   await setSettings(page, { thinking: false });
+  await watchPhases(page);
   await send(page, 'Now answer without thinking.');
   w = await watchReply(page, 'content');
+  const phases2 = await phasesSeen(page);
+  expect(inOrder(phases2, ['queued', 'prefill', 'answering', 'done']) && !phases2.includes('thinking'),
+         `the Generation panel went through ${phases2.join(' → ')} for a reply without thinking`);
   log(`reply 2 (no thinking): ${w.final.state}; content ${w.final.content.length} chars seen growing over ${w.growth} samples; reasoning ${w.final.reasoning.length}; ${w.final.stats}`);
   expect(w.final.state === 'done', `reply 2 ended in state ${w.final.state}: ${w.final.note}`);
   expect(w.final.content.length > 0, 'reply 2 (thinking off) shows no content');
@@ -352,6 +410,73 @@ async function run() {
   const prompt2 = /"prompt_tokens":(\d+)/.exec(sse2)?.[1], cached2 = /"cached_tokens":(\d+)/.exec(sse2)?.[1];
   log(`reply 2 usage: prompt_tokens ${prompt2}, cached_tokens ${cached2}; x-queue-wait-ms ${chatResponses.at(-1).headers['x-queue-wait-ms']}`);
   expect(chatResponses.at(-1).headers['x-queue-wait-ms'] !== undefined, 'response 2 has no x-queue-wait-ms header');
+
+  // The context meter: prompt + generated tokens of the last reply (its usage chunk) against
+  // the model's context length (/v1/models meta.context_length).
+  const got2 = fromSse(sse2);
+  const completion2 = Number(/"completion_tokens":(\d+)/.exec(sse2)?.[1]);
+  const meter = await page.evaluate(() => {
+    const box = document.querySelector('#context');
+    return { hidden: box.hidden, used: box.dataset.used, total: box.dataset.total, text: document.querySelector('#context-text').textContent,
+             value: document.querySelector('#context-meter').value, max: document.querySelector('#context-meter').max };
+  });
+  log(`context meter: ${meter.text} (meter ${meter.value} / ${meter.max})`);
+  const contextLength = models.data[0].meta.context_length;
+  expect(!meter.hidden && Number(meter.used) === Number(prompt2) + completion2 && Number(meter.total) === contextLength &&
+         meter.value === Number(prompt2) + completion2 && meter.max === contextLength,
+         `the context meter shows ${JSON.stringify(meter)}; usage says ${prompt2} + ${completion2} of ${contextLength}`);
+  checkProblems();
+
+  // Copy puts the reply's text on the clipboard.
+  await page.locator('.msg.assistant').last().locator('.copy-msg').click();
+  await page.waitForFunction(() => document.querySelectorAll('.msg.assistant')[document.querySelectorAll('.msg.assistant').length - 1]
+    .querySelector('.copy-msg').textContent !== 'Copy', null, { timeout: 3000 });
+  const clip = await page.evaluate(() => navigator.clipboard.readText());
+  expect(clip === got2.content, `Copy put ${JSON.stringify(clip.slice(0, 80))} on the clipboard, the reply is ${JSON.stringify(got2.content.slice(0, 80))}`);
+  await page.locator('.msg.user').first().locator('.copy-msg').click();
+  await sleep(100);
+  const clipUser = await page.evaluate(() => navigator.clipboard.readText());
+  expect(clipUser === 'Hello! What is 2+2? <b>not bold</b>', `Copy on the user message gave ${JSON.stringify(clipUser)}`);
+
+  // Regenerate: offered on the last reply only; the same history goes out again, the reply is
+  // replaced (the thread keeps its length).
+  await setSettings(page, { maxTokens: 8 });
+  const regenButtons = await page.locator('#thread .regenerate:visible').count();
+  expect(regenButtons === 1, `${regenButtons} Regenerate buttons are shown (expected one, on the last reply)`);
+  const before2 = chatRequests.at(-1).body.messages;
+  const threadLength = await page.locator('#thread .msg').count();
+  await page.locator('.msg.assistant').last().locator('.regenerate').click();
+  await page.waitForFunction((n) => window.__chatBodies.length > n, 2, { timeout: 5000 });
+  w = await watchReply(page, 'content');
+  const regen = chatRequests.at(-1).body.messages;
+  log(`regenerate: ${w.final.state}, ${w.final.content.length} chars; ${w.final.stats}`);
+  expect(JSON.stringify(regen) === JSON.stringify(before2), `Regenerate sent other messages: ${JSON.stringify(regen).slice(0, 300)}`);
+  expect(w.final.state === 'done' && await page.locator('#thread .msg').count() === threadLength,
+         `after Regenerate the reply is ${w.final.state} and the thread has ${await page.locator('#thread .msg').count()} messages (was ${threadLength})`);
+  expect((await stored(page)).conversations.at(-1).messages.length === threadLength, 'the stored conversation did not replace the regenerated reply');
+
+  // Edit: Escape puts the message back; Enter replaces it and everything after it, and asks again.
+  const firstUser = page.locator('.msg.user').first();
+  await firstUser.locator('.edit-msg').click();
+  await page.keyboard.type(' (changed)');
+  await page.keyboard.press('Escape');
+  expect(await page.locator('.edit-form').count() === 0 && await firstUser.locator('.content').textContent() === 'Hello! What is 2+2? <b>not bold</b>',
+         'Escape did not cancel the edit');
+  expect(await page.evaluate(() => document.activeElement?.classList.contains('edit-msg')), 'focus did not return to Edit after Escape');
+  await page.keyboard.press('Enter');  // Edit has focus: opens the editor again, from the keyboard
+  await page.waitForSelector('.edit-form textarea', { timeout: 2000 });
+  await page.fill('.edit-form textarea', 'Edited: what is 3+3?');
+  await page.keyboard.press('Enter');
+  await page.waitForFunction((n) => window.__chatBodies.length > n, 3, { timeout: 5000 });
+  w = await watchReply(page, 'content');
+  const edited = chatRequests.at(-1).body.messages.filter((m) => m.role !== 'system');
+  const afterEdit = (await stored(page)).conversations.at(-1);
+  log(`edit: request ${JSON.stringify(edited).slice(0, 120)}; reply ${w.final.state}; title ${JSON.stringify(afterEdit.title)}`);
+  expect(edited.length === 1 && edited[0].role === 'user' && edited[0].content === 'Edited: what is 3+3?',
+         `after the edit the request carried ${JSON.stringify(edited).slice(0, 300)}`);
+  expect(afterEdit.messages.length === 2 && await page.locator('#thread .msg').count() === 2 && w.final.state === 'done',
+         `after the edit the conversation has ${afterEdit.messages.length} messages stored, ${await page.locator('#thread .msg').count()} shown, reply ${w.final.state}`);
+  expect(afterEdit.title === 'Edited: what is 3+3?', `editing the first message left the title ${JSON.stringify(afterEdit.title)}`);
   checkProblems();
 
   // 3. An error response shows error.message.
@@ -364,7 +489,7 @@ async function run() {
   expectedStatus.add('/v1/chat/completions 404');
   await send(page, 'This goes to a model that does not exist.');
   w = await watchReply(page, 'content', 10_000);
-  const errorBody = await chatBody(2);
+  const errorBody = await chatBody(await page.evaluate(() => window.__chatBodies.length) - 1);
   let errorMessage = null;
   try { errorMessage = JSON.parse(errorBody).error.message; } catch { /* checked below */ }
   log(`error reply: HTTP ${chatResponses.at(-1).status}, shown as ${JSON.stringify(w.final.note)}`);
@@ -460,10 +585,69 @@ async function run() {
   await page.click('#new-chat');
   expect(await page.locator('#thread .msg').count() === 0, 'New chat did not empty the thread');
   const titles = await page.locator('#conversations .conv-open').allTextContents();
-  expect(titles.length === 1 && titles[0].startsWith('Hello! What is 2+2?'), `the conversation list after New chat: ${JSON.stringify(titles)}`);
+  expect(titles.length === 1 && titles[0] === 'Edited: what is 3+3?', `the conversation list after New chat: ${JSON.stringify(titles)}`);
   expect((await stored(page)).current === null, 'New chat left a current conversation in localStorage');
   await page.click('#conversations .conv-open');
   expect(await page.locator('#thread .msg').count() === messagesBefore, 'reopening the conversation did not restore its messages');
+
+  // Rename from the keyboard: Rename, type, Enter; Escape in the field keeps the old title.
+  await page.focus('#conversations .conv .conv-rename');
+  await page.keyboard.press('Enter');
+  await page.waitForSelector('#conversations .conv-rename-input', { timeout: 2000 });
+  await page.keyboard.press('Control+A');
+  await page.keyboard.type('Renamed chat');
+  await page.keyboard.press('Enter');
+  const renamed = { list: await page.locator('#conversations .conv-open').allTextContents(), header: await page.textContent('#thread-title'),
+                    stored: (await stored(page)).conversations[0].title,
+                    focus: await page.evaluate(() => document.activeElement?.className) };
+  expect(JSON.stringify(renamed.list) === '["Renamed chat"]' && renamed.header === 'Renamed chat' && renamed.stored === 'Renamed chat',
+         `after Rename: ${JSON.stringify(renamed)}`);
+  expect(/conv-rename/.test(renamed.focus ?? ''), `focus after Rename is on ${renamed.focus}`);
+  await page.keyboard.press('Enter');
+  await page.keyboard.type('Not this');
+  await page.keyboard.press('Escape');
+  expect(JSON.stringify(await page.locator('#conversations .conv-open').allTextContents()) === '["Renamed chat"]', 'Escape in the rename field did not keep the title');
+
+  // Export the open conversation as JSON and as Markdown (the downloaded files).
+  const outDir = path.dirname(path.resolve(screenshot));
+  fs.mkdirSync(outDir, { recursive: true });
+  const conv = (await stored(page)).conversations[0];
+  const [jsonDownload] = await Promise.all([page.waitForEvent('download', { timeout: 5000 }), page.click('#export-json')]);
+  const jsonPath = path.join(outDir, 'web-export.json');
+  await jsonDownload.saveAs(jsonPath);
+  const exported = JSON.parse(fs.readFileSync(jsonPath, 'utf8'));
+  expect(jsonDownload.suggestedFilename() === 'renamed-chat.json', `the JSON export is named ${jsonDownload.suggestedFilename()}`);
+  expect(exported.type === 'k3chat.conversation' && exported.title === 'Renamed chat' && exported.messages.length === conv.messages.length &&
+         exported.messages.every((m, i) => m.role === conv.messages[i].role && m.content === conv.messages[i].content &&
+                                           (m.reasoning_content ?? '') === (conv.messages[i].reasoning ?? '')),
+         `the JSON export differs from the stored conversation: ${JSON.stringify(exported).slice(0, 300)}`);
+  const [mdDownload] = await Promise.all([page.waitForEvent('download', { timeout: 5000 }), page.click('#export-md')]);
+  const mdPath = path.join(outDir, `web-export${MD}`);
+  await mdDownload.saveAs(mdPath);
+  const md = fs.readFileSync(mdPath, 'utf8');
+  expect(mdDownload.suggestedFilename() === `renamed-chat${MD}` && md.startsWith('# Renamed chat\n') && md.includes('## User') &&
+         md.includes('Edited: what is 3+3?') && md.includes('## Assistant'),
+         `the Markdown export (${mdDownload.suggestedFilename()}) reads ${JSON.stringify(md.slice(0, 300))}`);
+  log(`exports: ${jsonPath} (${exported.messages.length} messages), ${mdPath} (${md.length} chars)`);
+
+  // The operator counters: /metrics is fetched only once the fold opens.
+  const metricsBefore = pageRequests.filter((r) => r.path === '/metrics').length;
+  await page.click('#operator summary');
+  await page.waitForFunction(() => document.querySelector('#metrics-info').children.length > 0 && /Running/.test(document.querySelector('#operator-info').textContent),
+                             null, { timeout: 10_000 });
+  const ops = { metrics: await page.textContent('#metrics-info'), server: await page.textContent('#operator-info') };
+  log(`operator fold: ${ops.server.slice(0, 100)} | ${ops.metrics.slice(0, 100)}`);
+  expect(metricsBefore === 0, `the page fetched /metrics ${metricsBefore} times with the operator fold closed`);
+  expect(/Generated tokens/.test(ops.metrics) && /Completed/.test(ops.server), `the operator fold shows ${JSON.stringify(ops)}`);
+  await page.click('#operator summary');
+
+  // Conversations survive a reload (localStorage), the open one with them.
+  await page.reload({ waitUntil: 'load' });
+  await page.waitForSelector('body[data-ready="true"]', { timeout: 10_000 });
+  expect(JSON.stringify(await page.locator('#conversations .conv-open').allTextContents()) === '["Renamed chat"]' &&
+         await page.locator('#thread .msg').count() === messagesBefore, 'the conversation did not survive a reload');
+  await page.waitForFunction(() => document.querySelector('#model')?.value, null, { timeout: 15_000 });
+  checkProblems();
   await page.locator('#thread').evaluate((t) => { t.scrollTop = 0; });
   fs.mkdirSync(path.dirname(path.resolve(screenshot)), { recursive: true });
   await page.screenshot({ path: screenshot });
@@ -471,6 +655,8 @@ async function run() {
   await page.setViewportSize({ width: 390, height: 820 });
   await sleep(200);
   expect(await page.locator('#sidebar').isHidden(), 'the sidebar does not fold away on a narrow window');
+  const topbar = await page.evaluate(() => { const t = document.querySelector('.topbar'); return [t.scrollWidth, t.clientWidth]; });
+  expect(topbar[0] <= topbar[1], `the top bar overflows a narrow window (${topbar[0]} px of content in ${topbar[1]} px)`);
   await page.screenshot({ path: narrowShot });
   await page.click('#toggle-sidebar');
   expect(await page.locator('#sidebar').isVisible(), 'the sidebar does not open on a narrow window');
@@ -482,6 +668,16 @@ async function run() {
   await watchReply(page, 'content');
   expect(await page.locator('#conversations .conv').count() === 2, 'the second conversation is not listed');
   await page.click('#toggle-sidebar').catch(() => {});
+  // Search matches titles and message text, every word, case-insensitively.
+  const search = async (q) => { await page.fill('#search', q); return page.locator('#conversations .conv-open').allTextContents(); };
+  const found = { title: await search('TO DELETE'), text: await search('3+3 edited'), none: await search('zzzz-no-such-word') };
+  const noneShown = await page.locator('#conversations-none').isVisible();
+  await page.focus('#search');
+  await page.keyboard.press('Escape');
+  const cleared = await page.locator('#conversations .conv-open').allTextContents();
+  log(`search: ${JSON.stringify(found)}; cleared by Escape: ${cleared.length}`);
+  expect(JSON.stringify(found.title) === '["A conversation to delete"]' && JSON.stringify(found.text) === '["Renamed chat"]' &&
+         found.none.length === 0 && noneShown && cleared.length === 2, `search found ${JSON.stringify({ ...found, noneShown, cleared })}`);
   await page.locator('#conversations .conv.active .conv-delete').click();
   expect(await page.locator('#conversations .conv').count() === 1 && await page.locator('#thread .msg').count() === 0,
          'deleting the open conversation did not remove it');
@@ -513,13 +709,29 @@ async function run() {
 
 const overall = setTimeout(() => {
   console.error(`FAIL web_test: overall timeout of ${OVERALL_MS / 1000} s`);
-  cleanup().finally(() => process.exit(1));
+  failureScreenshots().finally(() => cleanup().finally(() => process.exit(1)));
 }, OVERALL_MS);
 
 async function cleanup() {
   await browserContext?.close().catch(() => {});
   await Promise.all(servers.map((s) => stopServer(s).catch(() => {})));
   for (const d of tempDirs) fs.rmSync(d, { recursive: true, force: true });
+}
+
+// Every open page as <screenshot>-failure-N.png, next to the screenshot (the test's output).
+async function failureScreenshots() {
+  const shots = [];
+  for (const [i, p] of (browserContext?.pages() ?? []).entries()) {
+    const file = path.resolve(screenshot).replace(/(\.png)?$/i, `-failure-${i}.png`);
+    try {
+      fs.mkdirSync(path.dirname(file), { recursive: true });
+      await p.screenshot({ path: file, timeout: 5000 });
+      shots.push(file);
+    } catch (e) {
+      console.error(`(no failure screenshot of page ${i}: ${e.message.split('\n')[0]})`);
+    }
+  }
+  if (shots.length) console.error(`failure screenshots: ${shots.join(', ')}`);
 }
 
 let status = 0;
@@ -529,6 +741,7 @@ try {
 } catch (e) {
   status = 1;
   console.error(`FAIL web_test: ${e instanceof TestFailure ? e.message : e.stack}`);
+  await failureScreenshots();
   if (serverLog) console.error(`--- server output (last 3000 bytes) ---\n${serverLog.slice(-3000)}`);
 }
 clearTimeout(overall);
