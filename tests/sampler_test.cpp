@@ -1,6 +1,7 @@
 // The sampler against a brute-force reference: the set of tokens it can return (top-k, min-p,
 // top-p over a fully sorted vocabulary) and the frequencies it returns them with (softmax at the
-// temperature, renormalised over that set); seeds reproduce.
+// temperature, renormalised over that set); seeds reproduce. The penalties against values worked
+// out by hand (docs/serving.md §3.15), and the log-probabilities against a full sort.
 #include "engine/sampler.h"
 
 #include <gtest/gtest.h>
@@ -132,6 +133,139 @@ TEST(Sampler, EdgesAndSeeds) {
   }
   EXPECT_EQ(sa, sb);
   EXPECT_NE(sa, sc);
+}
+
+// Exact values on a small vector: every number is a sum or product of powers of two, so float
+// arithmetic gives them exactly.
+const std::vector<float> kSmall = {2.0f, -1.0f, 0.5f, 3.0f, -0.5f, 1.0f};
+
+std::vector<float> penalised(const Penalties& p, const std::vector<int64_t>& context,
+                             const std::vector<int64_t>& generated) {
+  Sampler s(SamplingOptions{}, 1, p);
+  s.set_context(context);
+  for (int64_t id : generated) s.accept(id);
+  std::vector<float> out = kSmall;
+  s.apply_penalties(out);
+  return out;
+}
+
+TEST(Sampler, FrequencyAndPresencePenaltiesCountTheGeneratedTokens) {
+  Penalties p;
+  p.frequency_penalty = 0.5;
+  p.presence_penalty = 0.25;
+  // The prompt does not count for OpenAI's penalties; 3 was generated twice, 0 once.
+  const auto got = penalised(p, {1, 1, 2}, {3, 3, 0});
+  const std::vector<float> want = {2.0f - 0.5f - 0.25f,     -1.0f, 0.5f,
+                                   3.0f - 2 * 0.5f - 0.25f, -0.5f, 1.0f};
+  EXPECT_EQ(got, want);
+  // Negative values encourage repetition.
+  p.frequency_penalty = -1.0;
+  p.presence_penalty = -2.0;
+  EXPECT_EQ(penalised(p, {}, {5}), (std::vector<float>{2.0f, -1.0f, 0.5f, 3.0f, -0.5f, 4.0f}));
+}
+
+TEST(Sampler, RepeatPenaltyCoversTheLastNOfPromptAndReply) {
+  Penalties p;
+  p.repeat_penalty = 2.0;
+  p.repeat_last_n = 3;
+  // Context 1 2 4, then 5 and 0 generated: the window is 4 5 0. A positive logit is divided, a
+  // negative one multiplied; 1 and 2 slid out of the window.
+  EXPECT_EQ(penalised(p, {1, 2, 4}, {5, 0}),
+            (std::vector<float>{1.0f, -1.0f, 0.5f, 3.0f, -1.0f, 0.5f}));
+  // Once per distinct id, whatever its count in the window.
+  EXPECT_EQ(penalised(p, {0, 0, 0}, {}),
+            (std::vector<float>{1.0f, -1.0f, 0.5f, 3.0f, -0.5f, 1.0f}));
+  // The window reaches into the prompt when the reply is shorter than it.
+  EXPECT_EQ(penalised(p, {3, 1}, {2}), (std::vector<float>{2.0f, -2.0f, 0.25f, 1.5f, -0.5f, 1.0f}));
+  // -1: the whole context.
+  p.repeat_last_n = -1;
+  EXPECT_EQ(penalised(p, {0, 1, 2, 3}, {4, 5}),
+            (std::vector<float>{1.0f, -2.0f, 0.25f, 1.5f, -1.0f, 0.5f}));
+  // 0: off.
+  p.repeat_last_n = 0;
+  EXPECT_EQ(penalised(p, {0, 1, 2, 3}, {4, 5}), kSmall);
+  EXPECT_FALSE(Sampler(SamplingOptions{}, 1, p).penalised());
+  // Repeat first, then frequency / presence on the result (llama.cpp's order).
+  p.repeat_last_n = 2;
+  p.presence_penalty = 0.5;
+  EXPECT_EQ(penalised(p, {}, {3, 3}), (std::vector<float>{2.0f, -1.0f, 0.5f, 1.0f, -0.5f, 1.0f}));
+}
+
+TEST(Sampler, PenaltiesChangeTheChoice) {
+  Penalties p;
+  p.presence_penalty = 2.0;
+  Sampler greedy(SamplingOptions{}, 1, p);
+  EXPECT_EQ(greedy.sample(kSmall), 3);
+  greedy.accept(3);
+  EXPECT_EQ(greedy.sample(kSmall), 0);  // 3 fell to 1.0, below 0's 2.0
+  greedy.accept(0);
+  EXPECT_EQ(greedy.sample(kSmall), 3);  // 0 at 0.0; 3 and 5 both at 1.0: ties -> the lower id
+}
+
+TEST(Sampler, NeutralPenaltiesChangeNothing) {
+  // Zero frequency / presence and repeat 1 (any window): the logits are read as given, and every
+  // draw equals that of a sampler without penalties.
+  for (const Penalties& p : {Penalties{}, Penalties{0.0, 0.0, 1.0, -1}, Penalties{0.0, 0.0, 1.0, 0},
+                             Penalties{0.0, 0.0, 2.0, 0}}) {
+    std::vector<float> logits = kSmall;
+    Sampler s(SamplingOptions{}, 1, p);
+    s.set_context(std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+    for (int64_t id = 0; id < 6; ++id) s.accept(id);
+    s.apply_penalties(logits);
+    EXPECT_EQ(logits, kSmall);
+    EXPECT_FALSE(s.penalised());
+  }
+  const auto logits = random_logits(5000, 11, 2.0f);
+  SamplingOptions o;
+  o.temperature = 0.9;
+  o.top_p = 0.95;
+  Sampler plain(o, 77), neutral(o, 77, Penalties{});
+  neutral.set_context(std::vector<int64_t>{1, 2, 3});
+  for (int i = 0; i < 200; ++i) {
+    const int64_t a = plain.sample(logits);
+    EXPECT_EQ(a, neutral.sample(logits));
+    neutral.accept(a);
+  }
+}
+
+TEST(Sampler, LogprobsAreTheLogSoftmaxOfTheLogits) {
+  for (const size_t vocab : {size_t{6}, size_t{1000}, size_t{163840}}) {
+    auto logits =
+        vocab == 6 ? kSmall : random_logits(vocab, 3 + static_cast<uint32_t>(vocab), 3.0f);
+    if (vocab == 1000) logits[10] = logits[20] = 50.0f;  // a tie at the top: lower id first
+    // An independent log-sum-exp (long double, no max shift needed at these magnitudes).
+    long double sum = 0;
+    for (float x : logits) sum += std::exp(static_cast<long double>(x));
+    const double lse = static_cast<double>(std::log(sum));
+    EXPECT_NEAR(log_sum_exp(logits), lse, 1e-9 * std::max(1.0, std::fabs(lse)));
+    // Probabilities over the full vocabulary sum to 1.
+    const double ours = log_sum_exp(logits);
+    double total = 0;
+    for (float x : logits) total += std::exp(static_cast<double>(x) - ours);
+    EXPECT_NEAR(total, 1.0, 1e-9) << vocab;
+
+    const int64_t chosen = static_cast<int64_t>(vocab / 2);
+    const int top_n = std::min<int>(20, static_cast<int>(vocab));
+    const TokenLogprobs got = token_logprobs(logits, chosen, top_n);
+    EXPECT_EQ(got.chosen.id, chosen);
+    EXPECT_NEAR(got.chosen.logprob, logits[chosen] - lse, 1e-9);
+    // The top list: a full sort's first top_n, most likely first, ties -> lower id.
+    std::vector<int64_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+    ASSERT_EQ(got.top.size(), static_cast<size_t>(top_n));
+    for (int i = 0; i < top_n; ++i) {
+      EXPECT_EQ(got.top[i].id, order[i]) << vocab << " rank " << i;
+      EXPECT_NEAR(got.top[i].logprob, logits[order[i]] - lse, 1e-9);
+      if (i > 0) {
+        EXPECT_GE(got.top[i - 1].logprob, got.top[i].logprob);
+      }
+    }
+    // The greedy choice is the first of the list.
+    EXPECT_EQ(Sampler(SamplingOptions{}, 1).sample(logits), got.top[0].id);
+    EXPECT_TRUE(token_logprobs(logits, chosen, 0).top.empty());
+  }
 }
 
 }  // namespace

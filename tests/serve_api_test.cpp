@@ -105,10 +105,20 @@ TEST(ServeApi, RefusalsNameTheParameter) {
             R"("1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"),
        400, "invalid_value", "stop"},
       {with(R"("n":2)"), 400, "unsupported_value", "n"},
-      {with(R"("frequency_penalty":0.5)"), 400, "unsupported_parameter", "frequency_penalty"},
-      {with(R"("presence_penalty":1)"), 400, "unsupported_parameter", "presence_penalty"},
+      {with(R"("frequency_penalty":2.5)"), 400, "invalid_value", "frequency_penalty"},
+      {with(R"("presence_penalty":-2.01)"), 400, "invalid_value", "presence_penalty"},
+      {with(R"("presence_penalty":"1")"), 400, "invalid_value", "presence_penalty"},
+      {with(R"("repeat_penalty":0)"), 400, "invalid_value", "repeat_penalty"},
+      {with(R"("repeat_penalty":-1.1)"), 400, "invalid_value", "repeat_penalty"},
+      {with(R"("repeat_last_n":-2)"), 400, "invalid_value", "repeat_last_n"},
+      {with(R"("repeat_last_n":1.5)"), 400, "invalid_value", "repeat_last_n"},
+      {with(R"("repetition_penalty":1.2)"), 400, "unsupported_parameter", "repetition_penalty"},
       {with(R"("logit_bias":{"5":1})"), 400, "unsupported_parameter", "logit_bias"},
-      {with(R"("logprobs":true)"), 400, "unsupported_parameter", "logprobs"},
+      {with(R"("logprobs":1)"), 400, "invalid_value", "logprobs"},
+      {with(R"("logprobs":true,"top_logprobs":21)"), 400, "invalid_value", "top_logprobs"},
+      {with(R"("logprobs":true,"top_logprobs":-1)"), 400, "invalid_value", "top_logprobs"},
+      {with(R"("top_logprobs":3)"), 400, "invalid_value", "top_logprobs"},
+      {with(R"("logprobs":false,"top_logprobs":3)"), 400, "invalid_value", "top_logprobs"},
       {with(R"("response_format":{"type":"json_object"})"), 400, "unsupported_parameter",
        "response_format"},
       {with(R"("functions":[{"name":"f"}])"), 400, "unsupported_parameter", "functions"},
@@ -159,6 +169,22 @@ TEST(ServeApi, AcceptsWhatSdksSend) {
   EXPECT_FALSE(accepted(with(R"("thinking":{"type":"disabled"})")).thinking);
   EXPECT_TRUE(accepted(with(R"("reasoning_format":"none")")).reasoning_inline);
   EXPECT_EQ(accepted(with(R"("tool_choice":"none")")).tool_choice.as_string(), "none");
+  // Log-probabilities and penalties.
+  EXPECT_EQ(r.top_logprobs, -1);  // logprobs false
+  EXPECT_EQ(accepted(with(R"("logprobs":true)")).top_logprobs, 0);
+  EXPECT_EQ(accepted(with(R"("logprobs":true,"top_logprobs":20)")).top_logprobs, 20);
+  EXPECT_EQ(accepted(with(R"("logprobs":null,"top_logprobs":null)")).top_logprobs, -1);
+  EXPECT_EQ(accepted(with(R"("top_logprobs":0)")).top_logprobs, -1);  // neutral without logprobs
+  const ChatRequest p = accepted(with(
+      R"("frequency_penalty":-2,"presence_penalty":1.5,"repeat_penalty":1.1,"repeat_last_n":-1,"repetition_penalty":1)"));
+  EXPECT_DOUBLE_EQ(p.frequency_penalty, -2.0);
+  EXPECT_DOUBLE_EQ(p.presence_penalty, 1.5);
+  EXPECT_DOUBLE_EQ(p.repeat_penalty, 1.1);
+  EXPECT_EQ(p.repeat_last_n, -1);
+  const ChatRequest neutral = accepted(with(""));
+  EXPECT_EQ(neutral.frequency_penalty, 0.0);
+  EXPECT_EQ(neutral.repeat_penalty, 1.0);
+  EXPECT_EQ(neutral.repeat_last_n, 64);  // llama.cpp's default window
 }
 
 TEST(ServeApi, CompletionRequests) {
@@ -167,6 +193,10 @@ TEST(ServeApi, CompletionRequests) {
   ASSERT_TRUE(std::holds_alternative<CompletionRequest>(text));
   EXPECT_EQ(std::get<CompletionRequest>(text).prompt, "Once upon");
   EXPECT_EQ(std::get<CompletionRequest>(text).max_tokens, 16);  // OpenAI's default for completions
+  EXPECT_EQ(std::get<CompletionRequest>(text).top_logprobs, -1);
+  auto with_logprobs = parse(R"({"model":"kimi-k3","prompt":"x","logprobs":5})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(with_logprobs));
+  EXPECT_EQ(std::get<CompletionRequest>(with_logprobs).top_logprobs, 5);
   auto one = parse(R"({"model":"kimi-k3","prompt":["Once"]})");
   ASSERT_TRUE(std::holds_alternative<CompletionRequest>(one));
   auto ids = parse(R"({"model":"kimi-k3","prompt":[1,2,3],"max_tokens":5})");
@@ -181,8 +211,10 @@ TEST(ServeApi, CompletionRequests) {
       {R"({"model":"kimi-k3","prompt":"x","echo":true})", 400, "unsupported_parameter", "echo"},
       {R"({"model":"kimi-k3","prompt":"x","suffix":"y"})", 400, "unsupported_parameter", "suffix"},
       {R"({"model":"kimi-k3","prompt":"x","best_of":2})", 400, "unsupported_value", "best_of"},
-      {R"({"model":"kimi-k3","prompt":"x","logprobs":3})", 400, "unsupported_parameter",
-       "logprobs"},
+      {R"({"model":"kimi-k3","prompt":"x","logprobs":21})", 400, "invalid_value", "logprobs"},
+      {R"({"model":"kimi-k3","prompt":"x","logprobs":true})", 400, "invalid_value", "logprobs"},
+      {R"({"model":"kimi-k3","prompt":"x","frequency_penalty":3})", 400, "invalid_value",
+       "frequency_penalty"},
       {R"({"model":"kimi-k3","prompt":"x","n":3})", 400, "unsupported_value", "n"},
       {R"({"model":"kimi-k3","prompt":"x","temperature":-1})", 400, "invalid_value", "temperature"},
       {R"({"model":"other","prompt":"x"})", 404, "model_not_found", "model"},

@@ -77,6 +77,8 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
     const int64_t id = static_cast<size_t>(j) < settings.scripted.size()
                            ? settings.scripted[static_cast<size_t>(j)]
                            : sampler.sample(logits);
+    sampler.accept(id);
+    if (hooks.on_logits) hooks.on_logits(id, logits);
     result.tokens.push_back(id);
     const TokenVerdict verdict = hooks.on_token(id);
     if (std::find(settings.stop_ids.begin(), settings.stop_ids.end(), id) !=

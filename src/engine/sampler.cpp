@@ -14,7 +14,89 @@ int64_t argmax(std::span<const float> logits) {
   return best;
 }
 
-Sampler::Sampler(const SamplingOptions& options, uint64_t seed) : options_(options), state_(seed) {}
+double log_sum_exp(std::span<const float> logits) {
+  if (logits.empty()) return 0.0;
+  const double top = logits[static_cast<size_t>(argmax(logits))];
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+  return top + std::log(sum);
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int64_t chosen, int top) {
+  TokenLogprobs out;
+  const double lse = log_sum_exp(logits);
+  out.chosen = {chosen, static_cast<double>(logits[static_cast<size_t>(chosen)]) - lse};
+  const size_t n = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (n == 0) return out;
+  // One pass keeping the n best (n <= 20 in the API): sorted, most likely first, ties -> lower id.
+  std::vector<int64_t> best;
+  best.reserve(n + 1);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (best.size() == n && !(logits[i] > logits[static_cast<size_t>(best.back())])) continue;
+    size_t at = best.size();
+    while (at > 0 && logits[i] > logits[static_cast<size_t>(best[at - 1])]) --at;
+    best.insert(best.begin() + static_cast<std::ptrdiff_t>(at), static_cast<int64_t>(i));
+    if (best.size() > n) best.pop_back();
+  }
+  for (int64_t id : best)
+    out.top.push_back({id, static_cast<double>(logits[static_cast<size_t>(id)]) - lse});
+  return out;
+}
+
+namespace {
+bool repeat_on(const Penalties& p) {
+  return p.repeat_penalty != 1.0 && p.repeat_last_n != 0;
+}
+}  // namespace
+
+Sampler::Sampler(const SamplingOptions& options, uint64_t seed, const Penalties& penalties)
+    : options_(options),
+      penalties_(penalties),
+      state_(seed),
+      penalised_(penalties.frequency_penalty != 0.0 || penalties.presence_penalty != 0.0 ||
+                 repeat_on(penalties)) {}
+
+void Sampler::set_context(std::span<const int64_t> ids) {
+  if (!repeat_on(penalties_)) return;
+  const size_t keep = penalties_.repeat_last_n < 0
+                          ? ids.size()
+                          : std::min(ids.size(), static_cast<size_t>(penalties_.repeat_last_n));
+  recent_.assign(ids.end() - static_cast<std::ptrdiff_t>(keep), ids.end());
+}
+
+void Sampler::accept(int64_t id) {
+  if (!penalised_) return;
+  if (penalties_.frequency_penalty != 0.0 || penalties_.presence_penalty != 0.0) ++generated_[id];
+  if (repeat_on(penalties_)) {
+    recent_.push_back(id);
+    if (penalties_.repeat_last_n > 0 &&
+        recent_.size() > static_cast<size_t>(penalties_.repeat_last_n))
+      recent_.erase(recent_.begin());
+  }
+}
+
+void Sampler::apply_penalties(std::span<float> logits) const {
+  const auto in_range = [&](int64_t id) {
+    return id >= 0 && static_cast<size_t>(id) < logits.size();
+  };
+  if (repeat_on(penalties_)) {
+    // llama.cpp: once per distinct id of the window, whatever its count.
+    std::vector<int64_t> ids = recent_;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const float penalty = static_cast<float>(penalties_.repeat_penalty);
+    for (int64_t id : ids) {
+      if (!in_range(id)) continue;
+      float& l = logits[static_cast<size_t>(id)];
+      l = l <= 0.0f ? l * penalty : l / penalty;
+    }
+  }
+  const float frequency = static_cast<float>(penalties_.frequency_penalty);
+  const float presence = static_cast<float>(penalties_.presence_penalty);
+  for (const auto& [id, count] : generated_)
+    if (in_range(id))
+      logits[static_cast<size_t>(id)] -= static_cast<float>(count) * frequency + presence;
+}
 
 double Sampler::next_uniform() {
   // splitmix64
@@ -26,6 +108,13 @@ double Sampler::next_uniform() {
 }
 
 int64_t Sampler::sample(std::span<const float> logits) {
+  if (!penalised_) return sample_from(logits);
+  penalised_logits_.assign(logits.begin(), logits.end());
+  apply_penalties(penalised_logits_);
+  return sample_from(penalised_logits_);
+}
+
+int64_t Sampler::sample_from(std::span<const float> logits) {
   if (options_.temperature <= 0.0 || logits.empty()) return argmax(logits);
   // Probabilities relative to the most likely token (1.0), in one pass; min-p is a threshold on
   // them; top-k and top-p select their set in linear time. Nothing is sorted: the draw walks

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 
 #include "engine/generate.h"
 #include "engine/sampler.h"
@@ -69,8 +70,16 @@ class OutputDemux {
         stats_(stats),
         push_(push) {}
 
-  // One generated id. True when a stop string has matched (the reply ends here).
-  bool token(int64_t id, bool is_stop_id) {
+  // Whether `id`, generated next, is a content token: its bytes go to the content channel (a raw
+  // completion: every id but a stop id). Decided before token() is called with it.
+  bool content_token(int64_t id, bool is_stop_id) const {
+    return !is_stop_id && (raw_ || parser_.writes_content(static_cast<int32_t>(id)));
+  }
+
+  // One generated id, with its log-probabilities when asked for (content tokens only). True when
+  // a stop string has matched (the reply ends here).
+  bool token(int64_t id, bool is_stop_id, const TokenLogprobs* logprobs) {
+    if (logprobs) pending_logprobs_.push_back(*logprobs);
     if (!raw_)
       parser_.push(static_cast<int32_t>(id), events_);
     else if (!is_stop_id)
@@ -86,13 +95,21 @@ class OutputDemux {
     else
       raw_event(raw_decoder_.finish());
     emit();
-    if (stopped_by_string_) return;
-    for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop_},
-                                 std::pair{ServiceEvent::Kind::content, &content_stop_}}) {
+    if (!stopped_by_string_)
+      for (auto [kind, matcher] : {std::pair{ServiceEvent::Kind::reasoning, &reasoning_stop_},
+                                   std::pair{ServiceEvent::Kind::content, &content_stop_}}) {
+        ServiceEvent e;
+        e.kind = kind;
+        e.text = matcher->flush();
+        if (kind == ServiceEvent::Kind::content && !e.text.empty())
+          e.logprobs = std::exchange(pending_logprobs_, {});
+        if (!e.text.empty()) push_(std::move(e));
+      }
+    if (!pending_logprobs_.empty()) {  // tokens whose text was withheld or produced none
       ServiceEvent e;
-      e.kind = kind;
-      e.text = matcher->flush();
-      if (!e.text.empty()) push_(std::move(e));
+      e.kind = ServiceEvent::Kind::content;
+      e.logprobs = std::exchange(pending_logprobs_, {});
+      push_(std::move(e));
     }
   }
   bool stopped_by_string() const { return stopped_by_string_; }
@@ -116,6 +133,7 @@ class OutputDemux {
         e.kind = reasoning ? ServiceEvent::Kind::reasoning : ServiceEvent::Kind::content;
         e.text = (reasoning ? reasoning_stop_ : content_stop_).push(ev.text, stopped_by_string_);
         if (e.text.empty()) continue;
+        if (!reasoning) e.logprobs = std::exchange(pending_logprobs_, {});
       } else if (ev.kind == text::OutputEvent::Kind::tool_call) {
         in_reasoning_ = false;
         e.kind = ServiceEvent::Kind::tool_call;
@@ -134,6 +152,7 @@ class OutputDemux {
   text::OutputParser parser_;
   text::Utf8StreamDecoder raw_decoder_;
   std::vector<text::OutputEvent> events_;
+  std::vector<TokenLogprobs> pending_logprobs_;  // content tokens not yet on a content event
   StopMatcher reasoning_stop_, content_stop_;
   bool stopped_by_string_ = false, in_reasoning_;
   GenerationStats& stats_;
@@ -518,9 +537,20 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     set_phase("decode");
     decoding = true;
   };
+  // Log-probabilities only when asked for, and only of content tokens: one pass over the logits.
+  std::optional<TokenLogprobs> logprobs;
+  if (req.top_logprobs >= 0)
+    hooks.on_logits = [&](int64_t id, std::span<const float> logits) {
+      const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+      if (demux.content_token(id, is_stop_id))
+        logprobs = token_logprobs(logits, id, req.top_logprobs);
+      else
+        logprobs.reset();
+    };
   hooks.on_token = [&](int64_t id) {
     const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-    if (demux.token(id, is_stop_id) || handle->stop_.load()) return TokenVerdict::stop;
+    if (demux.token(id, is_stop_id, logprobs ? &*logprobs : nullptr) || handle->stop_.load())
+      return TokenVerdict::stop;
     return handle->cancel_.load() ? TokenVerdict::cancel : TokenVerdict::next;
   };
   if (options_.token_delay_ms > 0)
@@ -528,7 +558,8 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
       std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
     };
 
-  Sampler sampler(req.sampling, req.sampling.seed);
+  Sampler sampler(req.sampling, req.sampling.seed, req.penalties);
+  sampler.set_context(prompt);  // the repeat penalty's window reaches into the whole prompt
   GenerateResult result;
   try {
     result =

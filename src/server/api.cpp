@@ -11,6 +11,7 @@
 
 #include "text/chat.h"
 #include "text/prompt.h"
+#include "text/utf8.h"
 
 namespace k3::server {
 namespace {
@@ -277,9 +278,22 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
     auto it = b.find(key);
     return it == b.end() || it->is_null() ? nullptr : &*it;
   };
-  for (const char* key : {"frequency_penalty", "presence_penalty", "repetition_penalty"})
-    if (const json* v = field(key); v && !(v->is_number() && v->get<double>() == 0.0))
-      return unsupported_parameter(key, std::string("'") + key + "' is not supported (only 0)");
+  // Penalties: OpenAI's frequency / presence, llama.cpp's repeat_penalty with repeat_last_n.
+  // HF/vLLM's repetition_penalty (a window of everything) is not ours: only its neutral values.
+  if (const json* v = field("repetition_penalty");
+      v && !(v->is_number() && (v->get<double>() == 0.0 || v->get<double>() == 1.0)))
+    return unsupported_parameter(
+        "repetition_penalty",
+        "'repetition_penalty' is not supported; use 'repeat_penalty' with 'repeat_last_n'");
+  if (const json* v = field("frequency_penalty"))
+    if (auto e = get_number(*v, "frequency_penalty", -2.0, 2.0, false, r.frequency_penalty))
+      return e;
+  if (const json* v = field("presence_penalty"))
+    if (auto e = get_number(*v, "presence_penalty", -2.0, 2.0, false, r.presence_penalty)) return e;
+  if (const json* v = field("repeat_penalty"))
+    if (auto e = get_number(*v, "repeat_penalty", 0.0, 10.0, true, r.repeat_penalty)) return e;
+  if (const json* v = field("repeat_last_n"))
+    if (auto e = get_int(*v, "repeat_last_n", -1, int64_t{1} << 30, r.repeat_last_n)) return e;
   if (const json* v = field("logit_bias"); v && !(v->is_object() && v->empty()))
     return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
   if (const json* v = field("n")) {
@@ -416,11 +430,19 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
     return invalid_value("messages", "'messages' holds more than 4096 messages");
   if (auto e = parse_generation(b, config, config.max_tokens_ceiling, r)) return *e;
 
+  // Log-probabilities: logprobs true, with top_logprobs alternatives (0..20) per token.
+  bool logprobs = false;
+  if (const json* v = field("logprobs"))
+    if (auto e = get_bool(*v, "logprobs", logprobs)) return *e;
+  int64_t top = 0;
+  if (const json* v = field("top_logprobs")) {
+    if (auto e = get_int(*v, "top_logprobs", 0, 20, top)) return *e;
+    if (!logprobs && top > 0)
+      return invalid_value("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  }
+  r.top_logprobs = logprobs ? static_cast<int>(top) : -1;
+
   // Features we do not implement: refused by name, never dropped silently.
-  if (const json* v = field("logprobs"); v && !(v->is_boolean() && !v->get<bool>()))
-    return unsupported_parameter("logprobs", "'logprobs' is not supported");
-  if (const json* v = field("top_logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
-    return unsupported_parameter("top_logprobs", "'top_logprobs' is not supported");
   if (const json* v = field("response_format")) {
     if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
       return invalid_value("response_format", "'response_format' must be an object with a 'type'");
@@ -578,9 +600,12 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   if (const json* v = field("best_of"); v && !(is_int(*v) && v->get<double>() == 1))
     return api_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1",
                      "best_of");
-  if (const json* v = field("logprobs"); v && !(is_int(*v) && v->get<double>() == 0))
-    return unsupported_parameter("logprobs", "'logprobs' is not supported");
   if (auto e = parse_generation(b, config, 16, r)) return *e;
+  if (const json* v = field("logprobs")) {
+    int64_t n = 0;
+    if (auto e = get_int(*v, "logprobs", 0, 20, n)) return *e;
+    r.top_logprobs = static_cast<int>(n);
+  }
   if (auto e = check_model(r.model, config)) return *e;
   return r;
 }
@@ -627,6 +652,75 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
     }
   }
   return out;
+}
+
+std::variant<std::string, ApiError> render_chat_text(const ChatRequest& request) {
+  text::ChatOptions options;
+  options.thinking = request.thinking;
+  if (request.thinking && !request.effort.empty())
+    options.thinking_effort = text::PyValue::string(request.effort);
+  options.tool_choice = request.tool_choice;
+  auto segments = text::build_chat_segments(request.messages, request.tools, options);
+  if (!segments.ok())
+    return invalid_value("messages",
+                         "the conversation cannot be rendered: " + segments.status().message());
+  return text::join_segments(*segments);
+}
+
+namespace {
+// A token's text for the JSON (invalid UTF-8 — half a character — as U+FFFD) and its bytes.
+std::string token_text(std::string_view bytes) {
+  text::Utf8StreamDecoder decoder;
+  std::string out = decoder.push(bytes);
+  return out + decoder.finish();
+}
+json token_bytes_json(std::string_view bytes) {
+  json out = json::array();
+  for (unsigned char b : bytes) out.push_back(static_cast<int>(b));
+  return out;
+}
+}  // namespace
+
+json chat_logprobs_json(const std::vector<TokenLogprobs>& tokens,
+                        const text::Tokenizer& tokenizer) {
+  auto entry = [&](const TokenLogprob& t) {
+    const std::string_view bytes = tokenizer.token_bytes(static_cast<int32_t>(t.id));
+    json e = json::object();
+    e["token"] = token_text(bytes);
+    e["logprob"] = t.logprob;
+    e["bytes"] = token_bytes_json(bytes);
+    return e;
+  };
+  json content = json::array();
+  for (const TokenLogprobs& t : tokens) {
+    json e = entry(t.chosen);
+    json top = json::array();
+    for (const TokenLogprob& alt : t.top) top.push_back(entry(alt));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  return json{{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
+                              const text::Tokenizer& tokenizer, int64_t& offset) {
+  json text_tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  for (const TokenLogprobs& t : tokens) {
+    const std::string_view bytes = tokenizer.token_bytes(static_cast<int32_t>(t.chosen.id));
+    text_tokens.push_back(token_text(bytes));
+    token_logprobs.push_back(t.chosen.logprob);
+    json top = json::object();
+    for (const TokenLogprob& alt : t.top)
+      top[token_text(tokenizer.token_bytes(static_cast<int32_t>(alt.id)))] = alt.logprob;
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(offset);
+    offset += static_cast<int64_t>(bytes.size());
+  }
+  return json{{"tokens", std::move(text_tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)},
+              {"text_offset", std::move(text_offset)}};
 }
 
 void put_reasoning(json& delta, const std::string& text, const ApiConfig& config) {
@@ -690,7 +784,8 @@ json x_k3_json(const GenerationStats& stats) {
 }  // namespace
 
 json chat_completion_json(const ChatResult& result, const ChatRequest& request,
-                          const ApiConfig& config, const ResponseIds& ids) {
+                          const ApiConfig& config, const ResponseIds& ids,
+                          const text::Tokenizer* tokenizer) {
   json message = json::object();
   message["role"] = "assistant";
   if (request.reasoning_inline && !result.reasoning.empty())
@@ -708,7 +803,9 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request,
   json choice = json::object();
   choice["index"] = 0;
   choice["message"] = std::move(message);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = request.top_logprobs >= 0 && tokenizer
+                           ? chat_logprobs_json(result.logprobs, *tokenizer)
+                           : json(nullptr);
   choice["finish_reason"] = finish_reason_name(result.stats.finish);
   json out = envelope(ids, "chat.completion", request.model, config);
   out["choices"] = json::array({std::move(choice)});
@@ -725,12 +822,12 @@ json chunk_base(const ResponseIds& ids, const ApiConfig& config) {
 }  // namespace
 
 json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta,
-                const char* finish_reason, bool include_usage) {
+                const char* finish_reason, bool include_usage, json logprobs) {
   json c = chunk_base(ids, config);
   json choice = json::object();
   choice["index"] = 0;
   choice["delta"] = std::move(delta);
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
   c["choices"] = json::array({std::move(choice)});
   if (include_usage) c["usage"] = nullptr;
@@ -758,11 +855,12 @@ json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_
 }
 
 json completion_json(const std::string& text, const GenerationStats& stats,
-                     const std::string& model, const ApiConfig& config, const ResponseIds& ids) {
+                     const std::string& model, const ApiConfig& config, const ResponseIds& ids,
+                     json logprobs) {
   json choice = json::object();
   choice["text"] = text;
   choice["index"] = 0;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = finish_reason_name(stats.finish);
   json out = envelope(ids, "text_completion", model, config);
   out["choices"] = json::array({std::move(choice)});
@@ -773,11 +871,11 @@ json completion_json(const std::string& text, const GenerationStats& stats,
 }
 
 json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, const std::string& text,
-                           const char* finish_reason) {
+                           const char* finish_reason, json logprobs) {
   json choice = json::object();
   choice["text"] = text;
   choice["index"] = 0;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = finish_reason ? json(finish_reason) : json(nullptr);
   json c = envelope(ids, "text_completion", config.model_id, config);
   c["choices"] = json::array({std::move(choice)});

@@ -47,6 +47,11 @@ void apply_generation(const GenerationParams& g, ServiceRequest& sr) {
   sr.sampling.top_p = g.top_p;
   sr.sampling.top_k = g.top_k;
   sr.sampling.min_p = g.min_p;
+  sr.penalties.frequency_penalty = g.frequency_penalty;
+  sr.penalties.presence_penalty = g.presence_penalty;
+  sr.penalties.repeat_penalty = g.repeat_penalty;
+  sr.penalties.repeat_last_n = g.repeat_last_n;
+  sr.top_logprobs = g.top_logprobs;
   if (g.seed) {
     sr.sampling.seed = *g.seed;
   } else {
@@ -158,6 +163,7 @@ bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& hand
         break;
       case ServiceEvent::Kind::content:
         result.content += e.text;
+        result.logprobs.insert(result.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
         break;
       case ServiceEvent::Kind::tool_call:
         result.tool_calls.push_back(e.call);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "generation.h"
+#include "options/options.h"
 #include "server/api.h"
 #include "server/routes.h"
 #include "server/security.h"
@@ -42,7 +43,7 @@ json model_entry(const HandlerContext& c, const std::string& id) {
 
 void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& res,
                  std::shared_ptr<ChatRequest> request, std::shared_ptr<RequestHandle> handle,
-                 ResponseIds ids, ServiceEvent accepted) {
+                 ResponseIds ids, ServiceEvent accepted, const text::Tokenizer* tokenizer) {
   struct StreamState {
     bool saw_think_close = false;
     int tool_index = 0;
@@ -55,10 +56,11 @@ void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& 
   const ApiConfig* api = &c.options.api;
   serve_sse(
       c, req, res, handle, std::move(first),
-      [api, request, ids, accepted, state](const ServiceEvent& e) {
+      [api, request, ids, accepted, state, tokenizer](const ServiceEvent& e) {
         const ApiConfig& config = *api;
         const bool usage = request->include_usage;
         json delta = json::object();
+        json logprobs = nullptr;  // on the chunks of content tokens, when asked for
         switch (e.kind) {
           case ServiceEvent::Kind::progress:
             if (!request->return_progress) return std::vector<json>{};
@@ -75,6 +77,7 @@ void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& 
                 request->reasoning_inline && !std::exchange(state->saw_think_close, true)
                     ? "</think>" + e.text
                     : e.text;
+            if (request->top_logprobs >= 0) logprobs = chat_logprobs_json(e.logprobs, *tokenizer);
             break;
           case ServiceEvent::Kind::tool_call: {
             json call = tool_call_json(e.call, ids);
@@ -91,7 +94,8 @@ void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& 
           default:
             return std::vector<json>{};
         }
-        return std::vector<json>{chunk_json(ids, config, std::move(delta), nullptr, usage)};
+        return std::vector<json>{
+            chunk_json(ids, config, std::move(delta), nullptr, usage, std::move(logprobs))};
       });
 }
 
@@ -212,12 +216,12 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
   if (!handle) return res;
   const ResponseIds ids = new_response_ids();
   if (request->stream) {
-    stream_chat(c, req, res, request, handle, ids, accepted);
+    stream_chat(c, req, res, request, handle, ids, accepted, tokenizer);
     return res;
   }
   ChatResult result;
   if (collect(c, handle, req, res, result))
-    set_json(res, 200, chat_completion_json(result, *request, api, ids));
+    set_json(res, 200, chat_completion_json(result, *request, api, ids, tokenizer));
   return res;
 }
 
@@ -253,22 +257,96 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   auto handle = admit(c, std::move(sr), "prompt", req, res, accepted);
   if (!handle) return res;
   const ResponseIds ids = new_response_ids("cmpl-");
+  const bool with_logprobs = request->top_logprobs >= 0;
   if (!request->stream) {
     ChatResult result;
+    int64_t offset = 0;
     if (collect(c, handle, req, res, result))
-      set_json(res, 200, completion_json(result.content, result.stats, request->model, api, ids));
+      set_json(res, 200,
+               completion_json(result.content, result.stats, request->model, api, ids,
+                               with_logprobs
+                                   ? completion_logprobs_json(result.logprobs, *tokenizer, offset)
+                                   : json(nullptr)));
     return res;
   }
   const ApiConfig* config = &api;
-  serve_sse(c, req, res, handle, {}, [config, request, ids](const ServiceEvent& e) {
-    if (e.kind == ServiceEvent::Kind::content)
-      return std::vector<json>{completion_chunk_json(ids, *config, e.text, nullptr)};
-    if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
-    std::vector<json> out{
-        completion_chunk_json(ids, *config, "", finish_reason_name(e.stats.finish))};
-    if (request->include_usage) out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
-    return out;
-  });
+  auto offset = std::make_shared<int64_t>(0);  // text_offset runs on across the chunks
+  serve_sse(
+      c, req, res, handle, {}, [config, request, ids, tokenizer, offset](const ServiceEvent& e) {
+        if (e.kind == ServiceEvent::Kind::content)
+          return std::vector<json>{completion_chunk_json(
+              ids, *config, e.text, nullptr,
+              request->top_logprobs >= 0 ? completion_logprobs_json(e.logprobs, *tokenizer, *offset)
+                                         : json(nullptr))};
+        if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
+        std::vector<json> out{
+            completion_chunk_json(ids, *config, "", finish_reason_name(e.stats.finish))};
+        if (request->include_usage)
+          out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
+        return out;
+      });
+  return res;
+}
+
+HttpResponse props(const HandlerContext& c, const HttpRequest&) {
+  HttpResponse res;
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return res;
+  const ApiConfig& api = c.options.api;
+  const Penalties neutral;  // the penalties a request that does not set them gets (off)
+  json params = json::object();
+  params["n_predict"] = api.max_tokens_ceiling;
+  params["temperature"] = api.default_temperature;
+  params["top_k"] = api.default_top_k;
+  params["top_p"] = api.default_top_p;
+  params["min_p"] = api.default_min_p;
+  params["frequency_penalty"] = neutral.frequency_penalty;
+  params["presence_penalty"] = neutral.presence_penalty;
+  params["repeat_penalty"] = neutral.repeat_penalty;
+  params["repeat_last_n"] = neutral.repeat_last_n;
+  params["seed"] = -1;  // a fresh random seed per request
+  params["stop"] = json::array();
+  params["stream"] = false;
+  params["cache_prompt"] = true;
+  params["n_probs"] = 0;
+  params["thinking"] = api.default_thinking;
+  params["reasoning_format"] = "deepseek";
+  json body = json::object();
+  body["model_alias"] = api.model_id;
+  body["model_path"] = c.service.model_dir();
+  body["total_slots"] = 1;
+  body["default_generation_settings"] =
+      json{{"id", 0}, {"n_ctx", c.service.context_capacity()}, {"params", std::move(params)}};
+  // The chat template is the built-in XTML renderer (docs/chat_format.md), not a Jinja text:
+  // POST /apply-template shows what it makes of a conversation.
+  body["chat_template"] = "kimi-k3 XTML (built in; POST /apply-template renders a conversation)";
+  body["chat_template_caps"] = json{{"supports_system_role", true},
+                                    {"supports_tools", true},
+                                    {"supports_tool_calls", true},
+                                    {"supports_parallel_tool_calls", true},
+                                    {"supports_preserve_reasoning", true}};
+  body["bos_token"] = "";  // the release never prepends one
+  body["eos_token"] = "<|end_of_msg|>";
+  body["modalities"] = json{{"vision", false}, {"audio", false}};
+  body["build_info"] = version_text("coli");
+  body["is_sleeping"] = false;
+  set_json(res, 200, body);
+  return res;
+}
+
+HttpResponse apply_template(const HandlerContext& c, const HttpRequest& req) {
+  auto object = parse_json_object(req.body);
+  if (auto* e = std::get_if<ApiError>(&object)) return error_response(*e);
+  json& body = std::get<json>(object);
+  // The chat request's validation, with the model optional (llama-server's body has none).
+  if (!body.contains("model") || body["model"].is_null()) body["model"] = c.options.api.model_id;
+  auto parsed =
+      parse_chat_request(body.dump(-1, ' ', false, json::error_handler_t::strict), c.options.api);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
+  auto prompt = render_chat_text(std::get<ChatRequest>(parsed));
+  if (auto* e = std::get_if<ApiError>(&prompt)) return error_response(*e);
+  HttpResponse res;
+  set_json(res, 200, json{{"prompt", std::move(std::get<std::string>(prompt))}});
   return res;
 }
 

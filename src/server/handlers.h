@@ -60,6 +60,11 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req);
 HttpResponse metrics(const HandlerContext& c, const HttpRequest& req);
 HttpResponse slots(const HandlerContext& c, const HttpRequest& req);
 HttpResponse erase_slot(const HandlerContext& c, const HttpRequest& req);
+// GET /props: llama-server's server properties (model, context, default generation settings,
+// chat template, build); 503 while loading.
+HttpResponse props(const HandlerContext& c, const HttpRequest& req);
+// POST /apply-template: a chat body's messages (tools, thinking) → {"prompt": rendered text}.
+HttpResponse apply_template(const HandlerContext& c, const HttpRequest& req);
 // POST /tokenize, /detokenize.
 HttpResponse tokenize(const HandlerContext& c, const HttpRequest& req);
 HttpResponse detokenize(const HandlerContext& c, const HttpRequest& req);

@@ -138,6 +138,11 @@ Router::Router(EngineService& service, ServerOptions options)
   route("POST", "/detokenize", A::api_key, bind(detokenize));
   route("GET", "/detokenize", A::api_key, post_only);
   route("*", "/detokenize", A::api_key, not_found);
+  route("GET", "/props", A::api_key, bind(props));
+  route("*", "/props", A::api_key, not_found);
+  route("POST", "/apply-template", A::api_key, bind(apply_template));
+  route("GET", "/apply-template", A::api_key, post_only);
+  route("*", "/apply-template", A::api_key, not_found);
   // Everything else under the API prefixes: 404, after the key check.
   route("GET", "/v1/*", A::api_key, no_such_path);
   route("*", "/v1/*", A::api_key, not_found);

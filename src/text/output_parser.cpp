@@ -429,6 +429,13 @@ bool OutputParser::think_open() const {
   return false;
 }
 
+bool OutputParser::writes_content(int32_t id) const {
+  if (in_header_ || finished_ || id == open_id_ || id == close_id_ || id == end_id_) return false;
+  if (!stack_.empty() && (stack_.back() == Tag::argument || stack_.back() == Tag::json))
+    return false;
+  return !think_open();
+}
+
 void OutputParser::write_text(std::string_view bytes, std::vector<OutputEvent>& events) {
   if (bytes.empty()) return;
   if (!stack_.empty() && stack_.back() == Tag::argument) {

@@ -677,6 +677,172 @@ await check('completions.text_and_ids', async () => {
 });
 
 // =============================================================================================
+// Log-probabilities, penalties, /props and /apply-template (3.15, 3.16)
+// =============================================================================================
+
+// One chat logprobs entry (3.15.2): OpenAI's fields, alternatives most likely first, and at
+// temperature 0 without penalties the chosen token is the first alternative (its logits are the
+// ones reported).
+function checkLogprobEntry(e, top, what) {
+  assert(typeof e.token === 'string' && typeof e.logprob === 'number' && e.logprob <= 0, `${what}: ${show(e)}`);
+  assert(Array.isArray(e.bytes) && e.bytes.every((b) => Number.isInteger(b) && b >= 0 && b < 256), `${what}.bytes: ${show(e)}`);
+  eq(e.top_logprobs.length, top, `${what}.top_logprobs.length`);
+  e.top_logprobs.forEach((a, i) => {
+    if (i > 0) assert(e.top_logprobs[i - 1].logprob >= a.logprob, `${what}.top_logprobs not sorted: ${show(e.top_logprobs)}`);
+  });
+  if (top > 0) {
+    eq(e.bytes, e.top_logprobs[0].bytes, `${what}: greedy token = most likely alternative`);
+    eq(e.logprob, e.top_logprobs[0].logprob, `${what}: its logprob`);
+  }
+}
+
+let chatLogprobs = null;
+await check('logprobs.chat_nonstream_schema', async () => {
+  const s = await mainSrv();
+  const { data: j } = await client(s).chat.completions
+    .create(req([user('Name four fruits.')], { ...OFF, max_tokens: 10, logprobs: true, top_logprobs: 3 })).withResponse();
+  checkCompletion(j, { maxTokens: 10 });
+  const lp = j.choices[0].logprobs;
+  assert(lp && Array.isArray(lp.content), `choices[0].logprobs.content missing: ${show(j.choices[0])}`);
+  eq(lp.refusal, null, 'logprobs.refusal');
+  // Thinking off: every generated token but a stop id is a content token.
+  eq(lp.content.length, j.usage.completion_tokens - (j.choices[0].finish_reason === 'stop' ? 1 : 0), 'one entry per content token');
+  lp.content.forEach((e, i) => checkLogprobEntry(e, 3, `content[${i}]`));
+  eq(Buffer.from(lp.content.flatMap((e) => e.bytes)).toString('utf8'), j.choices[0].message.content, 'the entries\' bytes spell the content');
+  const plain = await complete(s, req([user('Name four fruits.')], { ...OFF, max_tokens: 10 }));
+  eq(plain.choices[0].logprobs, null, 'logprobs null when not asked for');
+  eq(plain.choices[0].message.content, j.choices[0].message.content, 'asking for logprobs changes no token');
+  chatLogprobs = lp.content;
+});
+
+await check('logprobs.chat_stream_per_chunk', async () => {
+  const s = await mainSrv();
+  assert(chatLogprobs, 'prerequisite logprobs.chat_nonstream_schema failed');
+  const body = req([user('Name four fruits.')], { ...OFF, max_tokens: 10, logprobs: true, top_logprobs: 3, stream: true });
+  const r = checkStream(await sse(s, body), { includeUsage: false });   // every chunk against the schema
+  const streamed = [];
+  for (const c of r.data) {
+    const ch = c.choices[0];
+    if (ch.logprobs === null) continue;
+    assert(typeof ch.delta.content === 'string', `a chunk with logprobs carries content: ${show(c)}`);
+    streamed.push(...ch.logprobs.content);
+  }
+  eq(streamed, chatLogprobs, 'streamed entries = non-streamed entries (greedy)');
+  // The SDK's stream iterator reads them too.
+  const st = await client(s).chat.completions.create(body);
+  const viaSdk = [];
+  for await (const chunk of st) if (chunk.choices[0]?.logprobs) viaSdk.push(...chunk.choices[0].logprobs.content);
+  eq(viaSdk, chatLogprobs, 'entries read through the openai client');
+  // Thinking on: reasoning tokens have no entries (3.15.2).
+  const on = checkStream(await sse(s, req([user('Name four fruits.')], { max_tokens: 6, logprobs: true, top_logprobs: 1, stream: true })), { includeUsage: false });
+  for (const c of on.data) {
+    const ch = c.choices[0];
+    if (ch?.delta?.reasoning_content) eq(ch.logprobs, null, 'a reasoning chunk carries no logprobs');
+  }
+});
+
+await check('logprobs.completions_legacy', async () => {
+  const s = await mainSrv();
+  const c = client(s);
+  const body = { model: MODEL_ID, prompt: 'The capital of France is', max_tokens: 6, temperature: 0, logprobs: 2 };
+  const a = await c.completions.create(body);
+  validateCompletion(a);
+  const lp = a.choices[0].logprobs;
+  assert(lp, `choices[0].logprobs missing: ${show(a.choices[0])}`);
+  const n = lp.tokens.length;
+  assert(n > 0, 'no tokens');
+  for (const k of ['token_logprobs', 'top_logprobs', 'text_offset']) eq(lp[k].length, n, `${k}.length`);
+  let offset = 0;
+  lp.tokens.forEach((t, i) => {
+    eq(lp.text_offset[i], offset, `text_offset[${i}] (UTF-8 bytes)`);
+    offset += Buffer.byteLength(t);
+    const alts = Object.values(lp.top_logprobs[i]);
+    assert(alts.length >= 1 && alts.length <= 2, `top_logprobs[${i}]: ${show(lp.top_logprobs[i])}`);
+    eq(lp.token_logprobs[i], Math.max(...alts), `greedy: token_logprobs[${i}] is the best alternative`);
+  });
+  eq(lp.tokens.join(''), a.choices[0].text, 'tokens spell the text');
+  const st = await c.completions.create({ ...body, stream: true });
+  const tokens = [], offsets = [];
+  for await (const chunk of st) {
+    const l = chunk.choices[0]?.logprobs;
+    if (l) { tokens.push(...l.tokens); offsets.push(...l.text_offset); }
+  }
+  eq(tokens, lp.tokens, 'streamed tokens');
+  eq(offsets, lp.text_offset, 'streamed text_offset runs on across chunks');
+});
+
+await check('penalties.reach_the_sampler', async () => {
+  const s = await mainSrv();
+  // Each chosen token is the argmax of the penalised logits: c x frequency + presence off every
+  // token generated c times so far; the reported logprobs are the raw ones (3.15.2). The demo
+  // model's greedy reply never repeats, so negative penalties (rewards) make the effect visible.
+  const base = { model: MODEL_ID, prompt: 'a b c', max_tokens: 32, temperature: 0, logprobs: 20 };
+  const plain = (await postJson(s, '/v1/completions', base)).json;
+  const [frequency, presence] = [-2, -2];
+  const pen = (await postJson(s, '/v1/completions', { ...base, frequency_penalty: frequency, presence_penalty: presence })).json;
+  assert(pen.choices, `penalties refused: ${show(pen)}`);
+  const count = new Map();
+  const score = (t, v) => (count.has(t) ? v - (count.get(t) * frequency + presence) : v);
+  const lp = pen.choices[0].logprobs;
+  lp.tokens.forEach((t, i) => {
+    const mine = score(t, lp.token_logprobs[i]);
+    for (const [alt, v] of Object.entries(lp.top_logprobs[i]))
+      assert(mine + 1e-9 >= score(alt, v), `step ${i}: ${show(t)} chosen over ${show(alt)}`);
+    count.set(t, (count.get(t) ?? 0) + 1);
+  });
+  assert(count.size < lp.tokens.length, `the rewarded reply should repeat a token: ${show(lp.tokens)}`);
+  assert(pen.choices[0].text !== plain.choices[0].text, 'the penalties changed nothing');
+  const rep = (await postJson(s, '/v1/completions', { ...base, repeat_penalty: 0.05, repeat_last_n: -1 })).json;
+  assert(rep.choices && rep.choices[0].text !== plain.choices[0].text, `repeat_penalty changed nothing: ${show(rep)}`);
+  const neutral = (await postJson(s, '/v1/completions', { ...base, frequency_penalty: 0, presence_penalty: 0, repeat_penalty: 1 })).json;
+  eq(neutral.choices[0].text, plain.choices[0].text, 'neutral penalties = none');
+  // The SDK's typed fields on chat.
+  const j = await client(s).chat.completions.create(req([user('Say a a a a.')], { ...OFF, max_tokens: 6, frequency_penalty: 1, presence_penalty: 0.5 }));
+  checkCompletion(j, { maxTokens: 6 });
+  expectError(await chat(s, req([user('x')], { frequency_penalty: 2.5 })), 400, 'invalid_value', { param: 'frequency_penalty' });
+});
+
+await check('props.fields', async () => {
+  const s = await mainSrv();
+  const r = await request(s, { path: '/props' });
+  eq(r.status, 200, `/props status: ${show(r.text)}`);
+  const p = r.json;
+  eq(p.model_alias, MODEL_ID, 'model_alias');
+  eq(fs.realpathSync(p.model_path), fs.realpathSync(modelDir), 'model_path');
+  eq(p.total_slots, 1, 'total_slots');
+  const g = p.default_generation_settings;
+  assert(g && Number.isInteger(g.n_ctx) && g.n_ctx > 0, `default_generation_settings.n_ctx: ${show(g)}`);
+  const models = await request(s, { path: '/v1/models' });
+  eq(g.n_ctx, models.json.data[0].meta.context_length, 'n_ctx = /v1/models context_length');
+  for (const [k, v] of Object.entries({ temperature: 0.6, top_p: 0.95, frequency_penalty: 0, presence_penalty: 0, repeat_penalty: 1, repeat_last_n: 64 }))
+    eq(g.params[k], v, `params.${k}`);
+  assert(typeof p.chat_template === 'string' && p.chat_template.length > 0, 'chat_template');
+  assert(typeof p.build_info === 'string' && p.build_info.includes('coli'), `build_info: ${show(p.build_info)}`);
+  eq(p.modalities, { vision: false, audio: false }, 'modalities');
+  eq(p.eos_token, '<|end_of_msg|>', 'eos_token');
+});
+
+await check('apply_template.equals_coli_render', async () => {
+  const s = await mainSrv();
+  const messages = [sys('Be brief.'), user('Hi'), { role: 'assistant', content: 'Hello.', reasoning_content: 'greet' }, user('Bye')];
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+  for (const [what, body, options] of [
+    ['thinking on (effort max)', { messages }, { thinking: true, thinking_effort: 'max' }],
+    ['thinking off', { messages, reasoning_effort: 'none' }, { thinking: false }],
+    ['tools', { messages, tools }, { thinking: true, thinking_effort: 'max' }],
+  ]) {
+    const r = await postJson(s, '/apply-template', body);
+    eq(r.status, 200, `${what}: status ${show(r.json)}`);
+    const out = spawnSync(coli, ['render', modelDir], { input: JSON.stringify({ messages, tools: body.tools, options }) + '\n', encoding: 'utf8', timeout: 60_000 });
+    eq(out.status, 0, `coli render: ${out.stderr}`);
+    const rendered = JSON.parse(out.stdout.trim().split('\n')[0]);
+    assert(typeof rendered.text === 'string', `coli render: ${show(rendered)}`);
+    eq(r.json.prompt, rendered.text, `${what}: /apply-template = coli render`);
+  }
+  expectError(await postJson(s, '/apply-template', { messages: [] }), 400, 'invalid_value', { param: 'messages' });
+});
+
+// =============================================================================================
 // Prefix reuse and checkpoints (3.10): reused state must give the cold answer
 // =============================================================================================
 
@@ -1078,8 +1244,10 @@ const badCases = [
   ['audio_part', { ...good, messages: [user([{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }])] },
    400, 'unsupported_content_type', 'messages.0.content.0'],
   ['n_2', { ...good, n: 2 }, 400, 'unsupported_value', 'n'],
-  ['frequency_penalty', { ...good, frequency_penalty: 0.5 }, 400, 'unsupported_parameter', 'frequency_penalty'],
-  ['logprobs', { ...good, logprobs: true }, 400, 'unsupported_parameter', 'logprobs'],
+  ['frequency_penalty', { ...good, frequency_penalty: 2.5 }, 400, 'invalid_value', 'frequency_penalty'],
+  ['repetition_penalty', { ...good, repetition_penalty: 1.2 }, 400, 'unsupported_parameter', 'repetition_penalty'],
+  ['logprobs', { ...good, logprobs: 'yes' }, 400, 'invalid_value', 'logprobs'],
+  ['top_logprobs_21', { ...good, logprobs: true, top_logprobs: 21 }, 400, 'invalid_value', 'top_logprobs'],
   ['response_format_json', { ...good, response_format: { type: 'json_object' } }, 400, 'unsupported_parameter', 'response_format'],
   ['reasoning_effort_unknown', { ...good, reasoning_effort: 'extreme' }, 400, 'unsupported_value', 'reasoning_effort'],
   ['lone_surrogate', '{"model":"kimi-k3","messages":[{"role":"user","content":"a\\ud800b"}]}', 400, ['invalid_json', 'invalid_value'], undefined],

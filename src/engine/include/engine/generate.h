@@ -40,6 +40,9 @@ struct GenerateSettings {
 struct GenerateHooks {
   // Sees every generated id in order (required).
   std::function<TokenVerdict(int64_t id)> on_token;
+  // Before on_token: the model's logits the id was chosen from (before the sampler's penalties),
+  // e.g. for log-probabilities. Unset: nothing is done per token.
+  std::function<void(int64_t id, std::span<const float> logits)> on_logits;
   // After each prefill piece, with the count of ids fed so far.
   std::function<void(int64_t fed)> on_prefilled;
   // After the prefill, before the first token is sampled.

@@ -58,6 +58,7 @@ struct ServiceRequest {
   bool starts_in_think = true;    // the prompt opened the think channel
   bool raw = false;               // plain completion: output bytes as content, no XTML channels
   SamplingOptions sampling;       // seed used as given
+  Penalties penalties;            // off unless set
   int64_t max_tokens = 16;        // clamped to the context room
   std::vector<std::string> stop;  // stop strings (withheld from the output)
   bool cache_prompt = true;       // false: ignore reusable state
@@ -65,6 +66,9 @@ struct ServiceRequest {
   // A position worth a checkpoint inside the prompt: the start of the last message, where an edited
   // or regenerated last turn diverges (0 = none: the checkpoint is taken at the prompt's end).
   int64_t anchor = 0;
+  // Log-probabilities of the content tokens (docs/serving.md §3.15): -1 = none; 0..20 = the
+  // chosen token's and this many alternatives', on the content events.
+  int top_logprobs = -1;
 };
 
 struct GenerationStats {
@@ -93,6 +97,10 @@ struct ServiceEvent {
   double elapsed_ms = 0;                    // progress: since prefill start
   GenerationStats stats;                    // accepted (prompt, cached, reuse) and done
   ServiceError error = ServiceError::none;  // error
+  // content, with ServiceRequest::top_logprobs >= 0: the content tokens generated since the last
+  // content event, in order (the text of some may be withheld, e.g. by a stop string; then an
+  // event may carry only these, with empty text). Reasoning and tool-call tokens have none.
+  std::vector<TokenLogprobs> logprobs;
 };
 
 class EngineService;
@@ -191,6 +199,7 @@ class EngineService {
   // The loaded engine (nullptr until ready). Its tokenizer is safe to use from any thread.
   const Engine* engine() const { return ready_.load() ? engine_.get() : nullptr; }
   int64_t context_capacity() const { return context_.load(); }
+  const std::string& model_dir() const { return options_.model_dir; }
 
  private:
   void run();

@@ -32,6 +32,13 @@ struct GenerationParams {
   int64_t top_k = 0;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  // Penalties (docs/serving.md §3.15): OpenAI's over the generated tokens, -2..2 (0 = off), and
+  // llama.cpp's repeat penalty over the last repeat_last_n tokens of prompt + reply (1 = off).
+  double frequency_penalty = 0.0, presence_penalty = 0.0, repeat_penalty = 1.0;
+  int64_t repeat_last_n = 64;
+  // Log-probabilities of the content tokens: -1 = none; else the chosen token's and this many
+  // alternatives' (chat: logprobs true + top_logprobs 0..20; completions: logprobs 0..20).
+  int top_logprobs = -1;
 };
 
 struct ChatRequest : GenerationParams {
@@ -58,8 +65,8 @@ struct CompletionRequest : GenerationParams {
   std::vector<int64_t> prompt_ids;  // or token ids
   bool ids_given = false;
 };
-// max_tokens defaults to 16, as OpenAI's. `echo`, `suffix`, `best_of` > 1 and logprobs are
-// refused by name.
+// max_tokens defaults to 16, as OpenAI's. `echo`, `suffix` and `best_of` > 1 are refused by name.
+// `logprobs: N` (0..20) asks for the legacy log-probability lists.
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
                                                                    const ApiConfig& config);
 
@@ -82,11 +89,15 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
 // The refusal of a prompt of `tokens` ids (-1: more than the context) in a context of
 // `context` positions, blamed on `param`.
 ApiError context_exceeded(int64_t tokens, int64_t context, const char* param);
+// The text of the chat prompt render_chat_prompt tokenizes (POST /apply-template): the XTML
+// segments joined, specials spelled out, as `coli render` prints them.
+std::variant<std::string, ApiError> render_chat_text(const ChatRequest& request);
 
 // Accumulates engine events into the final message (non-streaming) and builds the shapes.
 struct ChatResult {
   std::string reasoning, content;
   std::vector<text::ToolCallOut> tool_calls;
+  std::vector<TokenLogprobs> logprobs;  // content tokens, when asked for
   GenerationStats stats;
 };
 
@@ -95,14 +106,25 @@ struct ResponseIds {
   int64_t created = 0;  // unix seconds
 };
 
+// `tokenizer` spells the logprobs' tokens (needed only when request.top_logprobs >= 0).
 json chat_completion_json(const ChatResult& result, const ChatRequest& request,
-                          const ApiConfig& config, const ResponseIds& ids);
+                          const ApiConfig& config, const ResponseIds& ids,
+                          const text::Tokenizer* tokenizer = nullptr);
 json usage_json(const GenerationStats& stats);
 json timings_json(const GenerationStats& stats);
 // One streamed chunk with `delta` (role, content, reasoning_content, tool_calls) or a finish.
 // `"usage": null` is present only when the client asked for the usage chunk (as OpenAI does).
+// `logprobs`: the choice's logprobs (chat_logprobs_json), null when not asked for.
 json chunk_json(const ResponseIds& ids, const ApiConfig& config, json delta,
-                const char* finish_reason, bool include_usage = true);
+                const char* finish_reason, bool include_usage = true, json logprobs = nullptr);
+// OpenAI's chat logprobs object {"content": [{token, logprob, bytes, top_logprobs}], "refusal":
+// null} for content tokens (`token` is the token's text, invalid UTF-8 replaced; `bytes` its raw
+// bytes).
+json chat_logprobs_json(const std::vector<TokenLogprobs>& tokens, const text::Tokenizer& tokenizer);
+// The legacy completions logprobs {tokens, token_logprobs, top_logprobs, text_offset}; offsets
+// are UTF-8 byte offsets into the generated text, counted on from `offset` (updated).
+json completion_logprobs_json(const std::vector<TokenLogprobs>& tokens,
+                              const text::Tokenizer& tokenizer, int64_t& offset);
 json usage_chunk_json(const ResponseIds& ids, const ApiConfig& config,
                       const GenerationStats& stats);
 json progress_chunk_json(const ResponseIds& ids, const ApiConfig& config, int64_t total,
@@ -117,10 +139,11 @@ ResponseIds new_response_ids(const char* prefix = "chatcmpl-");
 
 // /v1/completions shapes (object "text_completion").
 json completion_json(const std::string& text, const GenerationStats& stats,
-                     const std::string& model, const ApiConfig& config, const ResponseIds& ids);
+                     const std::string& model, const ApiConfig& config, const ResponseIds& ids,
+                     json logprobs = nullptr);
 // Completion chunks carry no "usage": null (the completion schema allows only an object there).
 json completion_chunk_json(const ResponseIds& ids, const ApiConfig& config, const std::string& text,
-                           const char* finish_reason);
+                           const char* finish_reason, json logprobs = nullptr);
 json completion_usage_chunk_json(const ResponseIds& ids, const ApiConfig& config,
                                  const GenerationStats& stats);
 

@@ -85,6 +85,10 @@ class OutputParser {
   // Tokenizer::decode of all ids pushed (before, an incomplete UTF-8 tail is held back).
   const std::string& raw_text() const { return raw_text_; }
   bool saw_end_of_message() const { return saw_end_of_message_; }
+  // Whether `id`, pushed next, would write its bytes to the content channel: not one of
+  // `<|open|>`, `<|close|>`, `<|end_of_msg|>`, no header being collected, no argument or json body
+  // and no think open (a non-structural special is written there by name, so it counts).
+  bool writes_content(int32_t id) const;
 
  private:
   enum class Tag { message, think, response, tools, call, argument, json };
