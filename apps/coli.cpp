@@ -8,7 +8,9 @@
 //   coli tokenize <model_dir> [--allow-special]   {"text": ...} → {"ids": [...]} (other keys
 //   copied) coli render <model_dir>                       {"messages", "tools", "options"} →
 //   {"text", "ids"}
-// A bad input line gives an {"error": ...} line and the next line is read; nothing stops early.
+// Every input line gets exactly one output line, in order: a bad or blank input line gives an
+// {"error": ...} line and the next line is read; nothing stops early. Output lines are strict
+// JSON (text/pyjson.h DumpStyle::kStrictCompact).
 #include <malloc.h>
 #include <unistd.h>
 
@@ -52,8 +54,9 @@ void copy_keys(const PyValue& input, const std::vector<std::string>& skip, PyVal
   }
 }
 
+// One output line, always valid JSON (a copied 1e999 or NaN comes back as null, not Infinity).
 std::string json_line(const PyValue& value) {
-  std::string line = k3::text::dumps(value, k3::text::DumpStyle::kCompact);
+  std::string line = k3::text::dumps(value, k3::text::DumpStyle::kStrictCompact);
   line.push_back('\n');
   return line;
 }
@@ -79,7 +82,12 @@ void for_each_line(Handle handle) {
   };
   std::vector<Line> batch;
   auto answer = [&](Line& l) {
-    if (l.text.find_first_not_of(" \t\r") == std::string::npos) return;  // blank: no answer
+    // One output line per input line, blank ones included (an error line), so answers can be
+    // matched to inputs by position.
+    if (l.text.find_first_not_of(" \t\r") == std::string::npos) {
+      l.answer = json_line(error_line("blank line: expected a JSON object", l.number, nullptr));
+      return;
+    }
     const k3::Result<PyValue> parsed = k3::text::parse_pyjson(l.text);
     l.answer = parsed.ok() ? json_line(handle(*parsed, l.number))
                            : json_line(error_line("malformed JSON: " + parsed.status().message(),
@@ -111,8 +119,15 @@ void for_each_line(Handle handle) {
   std::fflush(stdout);
 }
 
+// The model's tokenizer, refused like the engine refuses it (docs/tokenizer.md §1.4).
+k3::text::Tokenizer load_checked(const std::string& dir) {
+  k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(dir);
+  k3::text::check_model_tokenizer(tokenizer, dir);
+  return tokenizer;
+}
+
 int tokenize(const k3::Options& opt) {
-  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(opt.model_dir);
+  const k3::text::Tokenizer tokenizer = load_checked(opt.model_dir);
   for_each_line([&](const PyValue& input, size_t line_number) {
     const PyValue* text = input.find("text");
     if (!text || !text->is_string())
@@ -128,7 +143,7 @@ int tokenize(const k3::Options& opt) {
 }
 
 int render(const k3::Options& opt) {
-  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(opt.model_dir);
+  const k3::text::Tokenizer tokenizer = load_checked(opt.model_dir);
   for_each_line([&](const PyValue& input, size_t line_number) {
     if (!input.is_object())
       return error_line("expected an object with \"messages\"", line_number, &input);

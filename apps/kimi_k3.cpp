@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -32,13 +33,20 @@ extern char** environ;
 
 namespace {
 
-// Ctrl-C: the first one stops generation after the current token (the reply so far and the
-// summary are printed, exit status 130); the handler then steps aside, so a second one ends the
-// process at once (e.g. during a long prefill).
-volatile std::sig_atomic_t g_interrupted = 0;
-extern "C" void on_interrupt(int) {
-  g_interrupted = 1;
-  std::signal(SIGINT, SIG_DFL);
+// Ctrl-C / SIGTERM: the first one stops the run at the next check — between tensors while the
+// weights load, before the next layer during the prefill, after the current token while
+// generating (the reply so far and the summary are printed; exit status 130 for SIGINT, 143 for
+// SIGTERM). The handler then steps aside, so a second signal ends the process at once.
+std::atomic<bool> g_stop{false};
+volatile std::sig_atomic_t g_signal = 0;
+static_assert(std::atomic<bool>::is_always_lock_free, "the flag is set from a signal handler");
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+  g_stop.store(true);
+  std::signal(sig, SIG_DFL);
+}
+int stopped_status() {
+  return g_signal == SIGTERM ? 143 : 130;
 }
 
 // Streams a chat reply: reasoning dimmed on a terminal (or hidden), content plain, tool calls on
@@ -116,17 +124,21 @@ void write_stdout(const std::string& text) {
   std::fflush(stdout);
 }
 
+// One line of ids, written (and flushed) as each id is generated, so a pipe that is cut by a
+// signal still holds every id generated before it.
 class IdsOutput : public Output {
  public:
-  void token(int64_t) override {}
-  void finish(const k3::GenerateResult& result, size_t) override {
-    std::string line;
-    for (size_t i = 0; i < result.tokens.size(); ++i) {
-      if (i) line.push_back(' ');
-      line.append(std::to_string(result.tokens[i]));
-    }
-    write_stdout(line + "\n");
+  void token(int64_t id) override {
+    std::string text;
+    if (!first_) text.push_back(' ');
+    text.append(std::to_string(id));
+    write_stdout(text);
+    first_ = false;
   }
+  void finish(const k3::GenerateResult&, size_t) override { write_stdout("\n"); }
+
+ private:
+  bool first_ = true;
 };
 
 bool contains(const std::vector<int64_t>& ids, int64_t id) {
@@ -296,7 +308,8 @@ std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokeniz
 }
 
 int run(int argc, char** argv) {
-  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   const std::vector<std::string> args(argv + 1, argv + argc);
   const k3::Options opt = k3::parse_kimi_k3_options(args, k3::environment_map(environ));
   if (opt.show_help || opt.show_version) {
@@ -312,14 +325,31 @@ int run(int argc, char** argv) {
     throw k3::Error("no prompt: pass a text prompt, --chat \"question\" or --ids 1,2,3");
   if (opt.runtime.threads > 0) omp_set_num_threads(opt.runtime.threads);
 
-  k3::Engine engine(opt.model_dir, opt.load);
+  // The prompt is tokenized and checked against the context before any weight is read.
+  std::vector<int64_t> prompt;
+  k3::EngineOptions eo;
+  eo.model_dir = opt.model_dir;
+  eo.load = opt.load;
+  eo.cancel = &g_stop;
+  eo.require_tokenizer = !ids_run;
+  eo.context = opt.runtime.max_tokens;
+  eo.before_weights = [&](const k3::EngineInfo&, const k3::text::Tokenizer* tokenizer) {
+    prompt = ids_run ? opt.ids : text_prompt(opt, *tokenizer, chat);
+    if (opt.runtime.max_tokens > 0 &&
+        static_cast<int64_t>(prompt.size()) + opt.ngen > opt.runtime.max_tokens)
+      throw k3::Error("--ctx / K3_MAXT=" + std::to_string(opt.runtime.max_tokens) +
+                      " cannot hold the prompt (" + std::to_string(prompt.size()) +
+                      " tokens) plus --ngen " + std::to_string(opt.ngen));
+  };
+  k3::Result<std::unique_ptr<k3::Engine>> loaded = k3::Engine::load(eo);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "kimi_k3: %s: stopped while loading (%s)\n",
+                 g_signal == SIGTERM ? "SIGTERM" : "SIGINT", loaded.status().message().c_str());
+    return stopped_status();
+  }
+  const k3::Engine& engine = **loaded;
   const k3::EngineInfo& config = engine.info();
   const k3::text::Tokenizer* tokenizer = engine.tokenizer();
-  if (!ids_run && !tokenizer)
-    throw k3::Error(
-        opt.model_dir +
-        " has no tiktoken.model, so text prompts cannot be tokenized: pass token ids with --ids");
-  const std::vector<int64_t> prompt = ids_run ? opt.ids : text_prompt(opt, *tokenizer, chat);
   if (opt.debug.prompt_ids) {
     std::string line = "prompt ids:";
     for (int64_t id : prompt) {
@@ -332,10 +362,6 @@ int run(int argc, char** argv) {
   const int64_t capacity = opt.runtime.max_tokens > 0
                                ? opt.runtime.max_tokens
                                : static_cast<int64_t>(prompt.size()) + opt.ngen;
-  if (static_cast<int64_t>(prompt.size()) + opt.ngen > capacity)
-    throw k3::Error("K3_MAXT=" + std::to_string(capacity) + " cannot hold the prompt (" +
-                    std::to_string(prompt.size()) + " tokens) plus --ngen " +
-                    std::to_string(opt.ngen));
   k3::Session session(engine, capacity);
   if (!opt.debug.x0_path.empty()) session.set_input_rows(k3::read_f32_file(opt.debug.x0_path));
 
@@ -354,6 +380,7 @@ int run(int argc, char** argv) {
   k3::GenerateSettings settings;
   settings.max_new_tokens = opt.ngen;
   settings.stop_ids = k3::stop_ids(engine);
+  settings.cancel = &g_stop;  // the prefill stops before the next layer, decode after the token
 
   std::unique_ptr<Output> output;
   if (opt.text.jsonl)
@@ -367,7 +394,7 @@ int run(int argc, char** argv) {
     output = std::make_unique<TextOutput>(*tokenizer, settings.stop_ids);
   const auto on_token = [&](int64_t id) {
     output->token(id);
-    return g_interrupted == 0;
+    return !g_stop.load();
   };
   const k3::GenerateResult result =
       k3::generate(session, prompt, sampler, settings, on_token, hooks);
@@ -392,7 +419,7 @@ int run(int argc, char** argv) {
                static_cast<double>(k3::peak_rss_bytes()) / 1e6, engine.describe_experts().c_str(),
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
   engine.save_history();
-  return g_interrupted ? 130 : 0;
+  return g_stop.load() ? stopped_status() : 0;
 }
 
 }  // namespace

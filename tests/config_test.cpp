@@ -377,3 +377,35 @@ TEST(ConfigReject, SpecialIdsOutsideVocab) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 16, defect 11: a quantization_config whose weights are not MXFP4 (4-bit floats in groups
+// of 32) describes bytes the engine would misread; each disagreeing field is refused by its path.
+TEST(ConfigReject, QuantizationConfigThatIsNotMxfp4) {
+  const std::string base = "quantization_config.config_groups.group_0.weights.";
+  const std::vector<std::pair<const char*, json>> cases = {
+      {"group_size", 16}, {"group_size", 128}, {"num_bits", 8},
+      {"num_bits", "4"},  {"type", "int"},     {"strategy", "channel"},
+  };
+  for (const auto& [key, value] : cases) {
+    const std::string msg = tiny_error([&](json& j) {
+      j["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"][key] = value;
+    });
+    EXPECT_HAS(msg, base + key);
+    EXPECT_HAS(msg, "config.json");
+  }
+  EXPECT_HAS(tiny_error([](json& j) {
+               j["text_config"]["quantization_config"]["config_groups"]["group_0"]["format"] =
+                   "int-quantized";
+             }),
+             "quantization_config.config_groups.group_0.format");
+  EXPECT_HAS(tiny_error([](json& j) {
+               j["text_config"]["quantization_config"]["config_groups"]["group_0"] = 3;
+             }),
+             "config_groups.group_0");
+  // The release's own quantization_config parses.
+  EXPECT_NO_THROW(k3::parse_k3_config(load(kReleaseConfig), "config.json"));
+}
+
+}  // namespace

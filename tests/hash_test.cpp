@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "util/siphash.h"
+
 namespace {
 
 static_assert(k3::fnv1a_32("") == 0x811c9dc5u);
@@ -35,6 +37,39 @@ TEST(Hash, Fnv1aContinuesARunningHash) {
   EXPECT_EQ(k3::fnv1a_64("bar", k3::fnv1a_64("foo")), k3::fnv1a_64("foobar"));
   EXPECT_EQ(k3::fnv1a_32("bar", k3::fnv1a_32("foo")), k3::fnv1a_32("foobar"));
   EXPECT_EQ(k3::fnv1a_32("", 12345u), 12345u);
+}
+
+// SipHash-2-4 against the vectors of its paper's reference implementation (key 00..0f, message
+// 00 01 02 ... of the given length).
+TEST(Hash, SipHash24KnownVectors) {
+  k3::SipKey key{};
+  for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<uint8_t>(i);
+  uint8_t msg[64];
+  for (size_t i = 0; i < sizeof msg; ++i) msg[i] = static_cast<uint8_t>(i);
+  EXPECT_EQ(k3::siphash24(key, msg, 0), 0x726fdb47dd0e0e31ull);
+  EXPECT_EQ(k3::siphash24(key, msg, 1), 0x74f839c593dc67fdull);
+  EXPECT_EQ(k3::siphash24(key, msg, 8), 0x93f5f5799a932462ull);
+  EXPECT_EQ(k3::siphash24(key, msg, 15), 0xa129ca6149be45e5ull);
+}
+
+TEST(Hash, SipHash24PiecesEqualOneCallAndTheKeyMatters) {
+  k3::SipKey key{};
+  for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<uint8_t>(3 * i + 1);
+  std::vector<uint8_t> msg(77);
+  for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 7 + 3);
+  const uint64_t whole = k3::siphash24(key, msg.data(), msg.size());
+  for (size_t a = 0; a <= msg.size(); a += 5)
+    for (size_t b = a; b <= msg.size(); b += 9) {
+      k3::SipHash24 h(key);
+      h.update(msg.data(), a);
+      h.update(msg.data() + a, b - a);
+      h.update(msg.data() + b, msg.size() - b);
+      EXPECT_EQ(h.final(), whole) << a << " " << b;
+    }
+  k3::SipKey other = key;
+  other[15] ^= 1;
+  EXPECT_NE(k3::siphash24(other, msg.data(), msg.size()), whole);
+  EXPECT_NE(k3::random_sip_key(), k3::random_sip_key());
 }
 
 }  // namespace

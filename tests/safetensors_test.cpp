@@ -3,14 +3,19 @@
 // Suite names start with Safetensors or ModelFiles (the sanitizer target filters on them).
 #include "io/safetensors.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -603,6 +608,45 @@ TEST(SnapshotDamaged, TruncatedLayerShardNamesTheFile) {
   // Cut so short that not even the header survives.
   fs::resize_file(dir->file(victim), 40);
   EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), victim);
+}
+
+// Runs `open` (which must throw) on another thread; when it is still blocked after a generous
+// bound, the FIFO at `fifo` is opened for writing once so the blocked open returns, and the test
+// fails: the loader must never wait on a FIFO (issue 16, defect 11).
+std::string error_without_blocking(const std::string& fifo, const std::function<void()>& open) {
+  auto result = std::async(std::launch::async, [&] { return error_of(open); });
+  if (result.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "opening the snapshot blocked on the FIFO " << fifo;
+    const int w = ::open(fifo.c_str(), O_WRONLY);
+    if (w >= 0) ::close(w);
+  }
+  return result.get();
+}
+
+TEST(SnapshotDamaged, FifoNamedLikeAShardIsRefusedWithoutBlocking) {
+  const auto dir = fixture_copy("fifo-shard");
+  const std::string victim = shard_name(4);
+  fs::remove(dir->file(victim));
+  ASSERT_EQ(::mkfifo(dir->file(victim).c_str(), 0600), 0) << std::strerror(errno);
+  const std::string msg =
+      error_without_blocking(dir->file(victim), [&] { k3::ModelFiles snap(dir->path()); });
+  EXPECT_HAS(msg, victim);
+  EXPECT_HAS(msg, "FIFO");
+  EXPECT_HAS(msg, "not a regular file");
+}
+
+TEST(SnapshotDamaged, FifoConfigIsRefusedWithoutBlocking) {
+  const auto dir = fixture_copy("fifo-config");
+  fs::remove(dir->file("config.json"));
+  ASSERT_EQ(::mkfifo(dir->file("config.json").c_str(), 0600), 0) << std::strerror(errno);
+  const std::string msg =
+      error_without_blocking(dir->file("config.json"), [&] { k3::ModelFiles snap(dir->path()); });
+  EXPECT_HAS(msg, "config.json");
+  EXPECT_HAS(msg, "FIFO");
+  // The same for any small file read whole (the tokenizer files, the index).
+  const std::string direct = error_without_blocking(
+      dir->file("config.json"), [&] { k3::read_text_file(dir->file("config.json")); });
+  EXPECT_HAS(direct, "FIFO");
 }
 
 TEST(SnapshotDamaged, IndexNamingAMissingShard) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -228,6 +229,15 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
     wait_ready(cold);
     struct stat st {};
     ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);  // created by the store, so private
+    // The files live in the store's own private subdirectory (docs/serving.md §3.10.4).
+    std::vector<std::string> subs;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      subs.push_back(e.path().string());
+    ASSERT_EQ(subs.size(), 1u);
+    const std::string sub = subs[0];
+    EXPECT_NE(warm.stats().checkpoints.find(sub), std::string::npos) << warm.stats().checkpoints;
+    ASSERT_EQ(::stat(sub.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
     const auto head = encode(warm, "User: list four colours.\nAssistant:");
     run(warm, greedy(head, 6));
@@ -237,7 +247,7 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
     EXPECT_EQ(first.done.restored_at, anchor);
     int files = 0;
     for (int slot = 0; slot < 2; ++slot) {
-      const std::string path = dir + "/k3_ckpt_" + std::to_string(slot) + ".bin";
+      const std::string path = sub + "/k3_ckpt_" + std::to_string(slot) + ".bin";
       if (::stat(path.c_str(), &st) != 0) continue;
       ++files;
       EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
@@ -246,7 +256,7 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
     // Corrupt every checkpoint's payload: a restore must reject them and fall back to a cold
     // prefill.
     for (int slot = 0; slot < 2; ++slot) {
-      std::fstream f(dir + "/k3_ckpt_" + std::to_string(slot) + ".bin",
+      std::fstream f(sub + "/k3_ckpt_" + std::to_string(slot) + ".bin",
                      std::ios::in | std::ios::out | std::ios::binary);
       f.seekp(100);
       const char junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -258,10 +268,7 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
     EXPECT_GE(warm.stats().ckpt.rejected, 1);
     EXPECT_EQ(after.content, run(cold, greedy(edited, 6)).content);
   }
-  struct stat st {};
-  for (int slot = 0; slot < 2; ++slot)
-    EXPECT_NE(::stat((dir + "/k3_ckpt_" + std::to_string(slot) + ".bin").c_str(), &st), 0)
-        << "checkpoint left behind";
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "checkpoints left behind";
 }
 
 TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {

@@ -11,22 +11,63 @@
 
 #include "io/file.h"
 #include "util/error.h"
-#include "util/hash.h"
+#include "util/siphash.h"
 #include "util/sys.h"
 
 namespace k3 {
 namespace {
 
 constexpr uint64_t kMagic = 0x504B4333u;  // "3CKP" little-endian
-constexpr uint64_t kVersion = 1;
+constexpr uint64_t kVersion = 2;          // 2: a keyed tag instead of an unkeyed checksum
 
 struct FileHeader {
   uint64_t magic = kMagic;
   uint64_t version = kVersion;
   uint64_t position = 0;
   uint64_t float_count = 0;
-  uint64_t checksum = 0;  // FNV-1a 64 of the payload bytes
+  uint64_t tag = 0;  // SipHash-2-4 under the store's key, see tag_of()
 };
+
+// The private subdirectory for this store's files inside `dir` (docs/serving.md §3.10.4). `dir`
+// is never changed: created 0700 when missing, otherwise only checked. It must be a directory
+// owned by us or root; one that other users may write to is refused unless it is sticky (like
+// /tmp), where nobody else can rename or remove what we create, and then a loud warning says so.
+// The subdirectory is made by mkdtemp (mode 0700, a fresh random name every start), so no file of
+// another user or another server can be there.
+std::string private_subdirectory(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw Error(dir + ": cannot create the checkpoint directory: " + std::strerror(errno));
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw Error(dir + ": the checkpoint directory is not a directory");
+  if (st.st_uid != ::getuid() && st.st_uid != 0)
+    throw Error(dir + ": the checkpoint directory belongs to uid " + std::to_string(st.st_uid) +
+                ", not to this user (uid " + std::to_string(::getuid()) +
+                "); its owner could replace the checkpoints. Use a directory of your own");
+  const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+  if (others_write && (st.st_mode & S_ISVTX) == 0)
+    throw Error(dir + ": the checkpoint directory is writable by other users (mode " +
+                [&] {
+                  char m[8];
+                  std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+                  return std::string(m);
+                }() +
+                ") and not sticky, so they could swap what is written there; use a private " +
+                "directory (it is never chmod-ed for you)");
+  if (others_write)
+    std::fprintf(stderr,
+                 "[K3-CKPT] WARNING: %s is shared with other users (mode %04o); the checkpoints go "
+                 "to a private 0700 subdirectory of it and carry a keyed tag\n",
+                 dir.c_str(), static_cast<unsigned>(st.st_mode & 07777));
+  std::string name = dir + "/k3-ckpt-XXXXXX";
+  if (::mkdtemp(name.data()) == nullptr)
+    throw Error(dir + ": cannot create a private checkpoint subdirectory: " + std::strerror(errno));
+  struct stat sub {};
+  if (::lstat(name.c_str(), &sub) != 0 || !S_ISDIR(sub.st_mode) || sub.st_uid != ::geteuid() ||
+      (sub.st_mode & 0077) != 0)
+    throw Error(name + ": the private checkpoint subdirectory is not ours or not 0700");
+  return name;
+}
 
 }  // namespace
 
@@ -35,29 +76,25 @@ CheckpointStore::CheckpointStore(const CheckpointPolicy& policy) : policy_(polic
     throw Error("checkpoints: " + std::to_string(policy_.slots) + " slots is outside [0, 8]");
   slots_.resize(static_cast<size_t>(policy_.slots));
   if (!policy_.dir.empty() && policy_.slots > 0) {
-    if (::mkdir(policy_.dir.c_str(), 0700) != 0 && errno != EEXIST)
-      throw Error(policy_.dir +
-                  ": cannot create the checkpoint directory: " + std::strerror(errno));
-    struct stat st {};
-    if (::stat(policy_.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw Error(policy_.dir + ": the checkpoint directory is not a directory");
-    if (st.st_uid == ::getuid() && (st.st_mode & 0077) != 0) ::chmod(policy_.dir.c_str(), 0700);
+    key_ = random_sip_key();
+    files_dir_ = private_subdirectory(policy_.dir);
   }
 }
 
 CheckpointStore::~CheckpointStore() {
-  if (!policy_.dir.empty() && !policy_.keep_files)
-    for (size_t s = 0; s < slots_.size(); ++s) ::unlink(slot_path(static_cast<int>(s)).c_str());
+  if (files_dir_.empty() || policy_.keep_files) return;
+  for (size_t s = 0; s < slots_.size(); ++s) ::unlink(slot_path(static_cast<int>(s)).c_str());
+  ::rmdir(files_dir_.c_str());  // fails harmlessly when something else was put there
 }
 
 std::string CheckpointStore::describe() const {
   if (!enabled()) return "off";
   const std::string n = std::to_string(slots_.size()) + (slots_.size() == 1 ? " slot" : " slots");
-  return policy_.dir.empty() ? "ram, " + n : "disk " + policy_.dir + ", " + n;
+  return files_dir_.empty() ? "ram, " + n : "disk " + files_dir_ + ", " + n;
 }
 
 std::string CheckpointStore::slot_path(int slot) const {
-  return policy_.dir + "/k3_ckpt_" + std::to_string(slot) + ".bin";
+  return files_dir_ + "/k3_ckpt_" + std::to_string(slot) + ".bin";
 }
 
 bool CheckpointStore::holds(int64_t position, std::span<const int64_t> ids) const {
@@ -86,9 +123,10 @@ bool CheckpointStore::save(const Session& session) {
         slots_.begin());
   Slot& slot = slots_[target];
   slot.used = false;
+  slot.serial = ++serial_;  // a file written for an earlier save never matches this one
   try {
     session.save_state(scratch_);
-    if (policy_.dir.empty()) {
+    if (files_dir_.empty()) {
       slot.kda = scratch_.kda;
     } else if (!write_file(static_cast<int>(target), scratch_)) {
       return false;
@@ -125,7 +163,7 @@ int64_t CheckpointStore::restore_best(Session& session, std::span<const int64_t>
     if (best < 0) return 0;
     Slot& slot = slots_[static_cast<size_t>(best)];
     const double t0 = now_seconds();
-    if (policy_.dir.empty()) {
+    if (files_dir_.empty()) {
       scratch_.kda = slot.kda;
     } else if (!read_file(best, session.state_floats(), scratch_)) {
       slot.used = false;  // rejected: try the next deepest
@@ -145,7 +183,7 @@ int64_t CheckpointStore::restore_best(Session& session, std::span<const int64_t>
 void CheckpointStore::clear() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i] = Slot{};
-    if (!policy_.dir.empty()) ::unlink(slot_path(static_cast<int>(i)).c_str());
+    if (!files_dir_.empty()) ::unlink(slot_path(static_cast<int>(i)).c_str());
   }
 }
 
@@ -163,11 +201,26 @@ int CheckpointStore::used() const {
       std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.used; }));
 }
 
+uint64_t CheckpointStore::tag_of(int slot, const Slot& meta, const FileHeaderFields& fields,
+                                 const float* payload) const {
+  // Everything that makes the file this checkpoint: the slot, the save's serial (per store, in
+  // memory only), the position, the ids it was taken after and the state itself.
+  SipHash24 h(key_);
+  const uint64_t head[5] = {kMagic, static_cast<uint64_t>(slot), meta.serial, fields.position,
+                            fields.float_count};
+  h.update(head, sizeof head);
+  h.update(meta.ids.data(), meta.ids.size() * sizeof(int64_t));
+  h.update(payload, fields.float_count * sizeof(float));
+  return h.final();
+}
+
 bool CheckpointStore::write_file(int slot, const SavedState& saved) {
   FileHeader header;
   header.position = static_cast<uint64_t>(saved.position);
   header.float_count = saved.kda.size();
-  header.checksum = fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float));
+  Slot& meta = slots_[static_cast<size_t>(slot)];
+  meta.ids = saved.ids;  // the tag covers them (set again by save())
+  header.tag = tag_of(slot, meta, {header.position, header.float_count}, saved.kda.data());
   try {
     write_file_atomic(slot_path(slot),
                       {ByteSpan{&header, sizeof header},
@@ -203,8 +256,8 @@ bool CheckpointStore::read_file(int slot, size_t floats, SavedState& saved) {
     saved.kda.resize(header.float_count);
     file->read_exact(saved.kda.data(), header.float_count * sizeof(float), sizeof header,
                      "checkpoint payload");
-    if (fnv1a_64_bytes(saved.kda.data(), saved.kda.size() * sizeof(float)) != header.checksum)
-      return reject("checksum mismatch");
+    if (tag_of(slot, meta, {header.position, header.float_count}, saved.kda.data()) != header.tag)
+      return reject("its keyed tag does not match (changed or swapped since it was written)");
   } catch (const Error& e) {
     return reject(e.what());
   }

@@ -43,7 +43,13 @@ static_assert(static_cast<int>(ForwardObserver::Site::kFinalHidden) ==
 
 Engine::Engine(const std::string& model_dir, const LoadOptions& load,
                const std::function<void(double)>& on_progress)
-    : Engine(EngineOptions{model_dir, load, on_progress}) {}
+    : Engine([&] {
+        EngineOptions o;
+        o.model_dir = model_dir;
+        o.load = load;
+        o.on_progress = on_progress;
+        return o;
+      }()) {}
 
 Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   const std::string& model_dir = options.model_dir;
@@ -56,32 +62,59 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   if (load.layers > config.num_hidden_layers)
     throw Error("K3_LAYERS=" + std::to_string(load.layers) + " exceeds the model's " +
                 std::to_string(config.num_hidden_layers) + " layers");
-  // The tokenizer first: a broken tiktoken.model fails in a second, not after the weights.
+  // Everything that needs no weight comes first, so a broken tokenizer or an impossible context
+  // fails in a second, not after the load (docs/tokenizer.md §1.4).
   if (text::Tokenizer::available(model_dir)) {
     m.tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::load(model_dir));
-    if (m.tokenizer->vocab_size() > config.vocab_size)
-      throw Error(model_dir + "/tiktoken.model: the tokenizer has " +
-                  std::to_string(m.tokenizer->vocab_size()) +
-                  " ids but config.json vocab_size is " + std::to_string(config.vocab_size));
+    text::check_model_tokenizer(*m.tokenizer, model_dir, config.vocab_size);
+  } else if (options.require_tokenizer) {
+    throw Error(model_dir + " has no tiktoken.model, so text cannot be tokenized: pass token ids " +
+                "with --ids, or use a snapshot with its tokenizer files");
   }
-  ModelSetup setup;
-  setup.isa = chosen_isa(load.isa);
-  setup.on_load_progress = options.on_progress;
-  m.model = std::make_unique<Model>(*m.files, config, load, setup);
   EngineInfo& info = m.info;
   info.hidden_size = config.hidden_size;
   info.vocab_size = config.vocab_size;
   info.num_hidden_layers = config.num_hidden_layers;
-  info.num_layers = m.model->num_layers();
   info.num_experts = config.num_experts;
   info.num_experts_per_token = config.num_experts_per_token;
   info.first_k_dense_replace = config.first_k_dense_replace;
   info.eos_token_ids = config.eos_token_ids;
+  if (options.context > 0) {
+    // A session's per-position state: every MLA layer's latent and rope rows, plus one attention
+    // score per head (src/model/state.cpp sizes them the same way).
+    const int64_t layers = load.layers > 0 ? std::min(load.layers, config.num_hidden_layers)
+                                           : config.num_hidden_layers;
+    uint64_t per_position = static_cast<uint64_t>(config.num_attention_heads);
+    for (int64_t l = 0; l < layers; ++l)
+      if (config.attention[static_cast<size_t>(l)] == AttentionKind::kMLA)
+        per_position += static_cast<uint64_t>(config.kv_lora_rank + config.qk_rope_head_dim);
+    const uint64_t need = per_position * sizeof(float) * static_cast<uint64_t>(options.context);
+    const uint64_t available = available_memory_bytes();
+    if (available > 0 && need > available)
+      throw Error(options.context_name + "=" + std::to_string(options.context) + ": the context " +
+                  "state alone needs " + std::to_string(need >> 20) + " MiB, more than the " +
+                  std::to_string(available >> 20) + " MiB of memory available");
+  }
+  if (options.before_weights) options.before_weights(info, m.tokenizer.get());
+  ModelSetup setup;
+  setup.isa = chosen_isa(load.isa);
+  setup.on_load_progress = options.on_progress;
+  setup.cancel = options.cancel;
+  m.model = std::make_unique<Model>(*m.files, config, load, setup);
+  info.num_layers = m.model->num_layers();
   info.has_embedding = m.model->has_embedding();
   info.has_head = m.model->has_head();
   info.resident_bytes = m.model->resident_bytes();
   info.tensor_prefix = m.files->prefix();
   m.load_seconds = now_seconds() - start;
+}
+
+Result<std::unique_ptr<Engine>> Engine::load(const EngineOptions& options) {
+  try {
+    return std::make_unique<Engine>(options);
+  } catch (const Interrupted&) {
+    return Status(Status::Code::cancelled, "the load of " + options.model_dir + " was cancelled");
+  }
 }
 
 Engine::~Engine() = default;

@@ -54,11 +54,12 @@ ExpertView ExpertStore::view(const uint8_t* bytes) const {
   return v;
 }
 
-void ExpertStore::load_all() {
+bool ExpertStore::load_all(const std::atomic<bool>* cancel) {
   const uint64_t each = geometry_.expert_bytes();
   arena_.resize(each * entries_.size());
   size_t i = 0;
   for (auto& [key, e] : entries_) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) return false;
     // Buffered, straight into the arena (no alignment needed).
     uint8_t* dst = arena_.data() + i * each;
     const ReadPlan plan = plan_read(key.first, key.second, dst, false);
@@ -75,6 +76,7 @@ void ExpertStore::load_all() {
     e.resident = dst;
     ++i;
   }
+  return true;
 }
 
 namespace {

@@ -7,8 +7,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "util/error.h"
 
@@ -68,10 +66,24 @@ class PosixFile : public File {
 
 }  // namespace
 
-std::unique_ptr<File> open_posix_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "of another kind";
+}
+
+// Opens `path` for reading only if it is a regular file. O_NONBLOCK makes the open itself return
+// at once for a FIFO (a plain open blocks until a writer appears: a FIFO named like a shard hung
+// the loader, issue 16); the type is then checked on the descriptor, so nothing can swap the file
+// between the check and the use, and the flag is cleared for the reads.
+int open_regular(const std::string& path, struct stat& st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
@@ -79,10 +91,27 @@ std::unique_ptr<File> open_posix_file(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(path + ": not a regular file");
+    throw Error(path + ": is " + file_type_name(st.st_mode) + ", not a regular file");
   }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace
+
+std::unique_ptr<File> open_posix_file(const std::string& path) {
+  struct stat st {};
+  const int fd = open_regular(path, st);
   // Opened eagerly, so picking the direct descriptor later is a plain read, safe from any thread.
-  const int direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  // The regular file was checked above; O_NONBLOCK keeps a FIFO swapped in since from blocking.
+  const int direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT | O_NONBLOCK);
+  struct stat direct_st {};
+  if (direct_fd >= 0 && (::fstat(direct_fd, &direct_st) != 0 || direct_st.st_ino != st.st_ino ||
+                         direct_st.st_dev != st.st_dev)) {
+    ::close(direct_fd);
+    throw Error(path + ": the file changed while it was being opened");
+  }
   return std::make_unique<PosixFile>(path, fd, direct_fd, static_cast<uint64_t>(st.st_size));
 }
 
@@ -102,12 +131,24 @@ void MemFile::read_exact(void* dst, uint64_t length, uint64_t offset,
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error(path + ": read failed");
-  return ss.str();
+  struct stat st {};
+  const int fd = open_regular(path, st);
+  std::string text;
+  text.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      throw Error(path + ": read failed: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 void write_file_atomic(const std::string& path, const void* bytes, size_t length) {

@@ -195,6 +195,29 @@ K3Config parse_k3_config(const nlohmann::json& root, const std::string& source) 
     const Reader qr(*q, source, scope + "quantization_config.");
     qr.expect_string("quant_method", "compressed-tensors");
     qr.expect_string("format", "mxfp4-pack-quantized");
+    // The routed experts are read as MXFP4 (docs/quant_formats.md §1): 4-bit floats in groups of
+    // 32 with one shared scale. A config group that claims other bits, another group size or an
+    // integer type describes bytes this engine would misread, so it is refused by name.
+    if (const json* groups = qr.find("config_groups")) {
+      if (!groups->is_object())
+        qr.fail("config_groups", "expected an object, got " + groups->dump());
+      for (const auto& [name, group] : groups->items()) {
+        const std::string gscope = scope + "quantization_config.config_groups." + name + ".";
+        if (!group.is_object())
+          throw Error(source + ": " + gscope.substr(0, gscope.size() - 1) +
+                      ": expected an object, got " + group.dump());
+        const Reader gr(group, source, gscope);
+        gr.expect_string("format", "mxfp4-pack-quantized");
+        const json* w = gr.find("weights");
+        if (!w) continue;
+        if (!w->is_object()) gr.fail("weights", "expected an object, got " + w->dump());
+        const Reader wr(*w, source, gscope + "weights.");
+        wr.expect_int("num_bits", 4);
+        wr.expect_int("group_size", 32);
+        wr.expect_string("type", "float");
+        wr.expect_string("strategy", "group");
+      }
+    }
   }
 
   // Layer schedule.

@@ -36,12 +36,12 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   int64_t num_layers = load_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers)
     num_layers = config_.num_hidden_layers;
-  weights_ = load_weights(files_, config_, num_layers, load_, setup.on_load_progress);
+  weights_ = load_weights(files_, config_, num_layers, load_, setup.on_load_progress, setup.cancel);
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) {
     m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64;
   });
-  if (load_.experts_in_memory) weights_.experts->load_all();
+  if (load_.experts_in_memory && !weights_.experts->load_all(setup.cancel)) throw Interrupted();
   ExpertCacheSetup cache;
   for (int64_t l = 0; l < num_layers; ++l)
     if (weights_.layers[static_cast<size_t>(l)].moe) cache.moe_layers.push_back(l);

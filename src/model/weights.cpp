@@ -1,7 +1,9 @@
 #include "model/weights.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "kernels/convert.h"
 #include "model/tensor_names.h"
@@ -13,11 +15,34 @@ namespace {
 
 const std::vector<DType> kFloatTypes = {DType::kBF16, DType::kF32, DType::kF16};
 
+// The cancel flag of the load running on this thread (load_weights sets it for its duration), so
+// every reader below polls it without threading it through each layer's loader.
+thread_local const std::atomic<bool>* t_cancel = nullptr;
+
+bool load_cancelled() {
+  return t_cancel != nullptr && t_cancel->load(std::memory_order_relaxed);
+}
+
+// Throws Interrupted when the caller asked the load to stop (checked before every tensor).
+void check_cancel() {
+  if (load_cancelled()) throw Interrupted();
+}
+
+// Sets t_cancel for one load_weights call and clears it however the call ends.
+class CancelScope {
+ public:
+  explicit CancelScope(const std::atomic<bool>* flag) { t_cancel = flag; }
+  ~CancelScope() { t_cancel = nullptr; }
+  CancelScope(const CancelScope&) = delete;
+  CancelScope& operator=(const CancelScope&) = delete;
+};
+
 // Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32. Large
 // tensors are read and widened in parallel pieces through small per-thread buffers, so the
 // raw bytes are never held whole next to their f32 copy.
 std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
                                const std::vector<int64_t>& shape) {
+  check_cancel();
   const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
   const size_t count = t.info->numel();
   const size_t esize = dtype_size(t.info->dtype);
@@ -25,8 +50,16 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
   constexpr size_t kPiece = size_t{4} << 20;  // elements per piece
   const int64_t pieces = static_cast<int64_t>((count + kPiece - 1) / kPiece);
   std::string failure;
+  // Read by the worker threads only (the flag itself is atomic); pieces after a cancel are skipped.
+  const std::atomic<bool>* cancel = t_cancel;
+  std::atomic<bool> stopped{false};
 #pragma omp parallel for schedule(dynamic) if (pieces > 1)
   for (int64_t p = 0; p < pieces; ++p) {
+    if (stopped.load(std::memory_order_relaxed)) continue;
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      stopped.store(true, std::memory_order_relaxed);
+      continue;
+    }
     const size_t first = static_cast<size_t>(p) * kPiece;
     const size_t n = std::min(kPiece, count - first);
     try {
@@ -48,6 +81,7 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
     }
   }
   if (!failure.empty()) throw Error(failure);
+  if (stopped.load()) throw Interrupted();
   return out;
 }
 
@@ -163,6 +197,7 @@ MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, int bits,
   const std::vector<int64_t> shapes[6] = {{I, R / 2},  {I, R / 32}, {R, I / 2},
                                           {R, I / 32}, {I, R / 2},  {I, R / 32}};
   for (int64_t e = 0; e < E; ++e) {
+    check_cancel();
     ExpertTensors t;
     for (size_t i = 0; i < 6; ++i)
       t[i] = s.require(expert(l, e, kExpertTensors[i]), DType::kU8, shapes[i]);
@@ -211,8 +246,10 @@ uint64_t bytes_read(const ModelFiles& s) {
 
 ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,
                           const LoadOptions& precision,
-                          const std::function<void(double)>& on_progress) {
+                          const std::function<void(double)>& on_progress,
+                          const std::atomic<bool>* cancel) {
   using namespace names;
+  const CancelScope cancel_scope(cancel);
   const int64_t D = c.hidden_size;
   ModelWeights mw;
   mw.experts = std::make_unique<ExpertStore>(
@@ -235,8 +272,13 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
       lw.moe = load_moe(s, c, l, precision.bits, *mw.experts);
     progress.set_bytes(bytes_read(s));
     progress.advance(1);
+    // K3_LOAD_DELAY_MS: a long load on a small model (tests of a stopped load), in slices that
+    // poll the cancel flag like the reads do.
+    for (int64_t waited = 0; waited < precision.load_delay_ms && !load_cancelled(); waited += 10)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   // Globals. A partial snapshot (validation with K3_X0) may lack them: then no embedding/head.
+  check_cancel();
   if (s.find(kEmbedTokens).info != nullptr) {
     mw.embedding.emplace(s.require_any(kEmbedTokens, kFloatTypes, {c.vocab_size, D}), c.vocab_size,
                          D);

@@ -497,6 +497,10 @@ const std::vector<OptionRow>& option_rows() {
        "raw f32 [T][hidden] file whose rows replace the embedding", text(FIELD(debug.x0_path))},
       {"--prefix-log,!--no-prefix-log", "K3_PREFIX_LOG", Group::kValidation, kServe | kChatApp,
        "log prefix-reuse and checkpoint decisions on stderr", boolean(FIELD(serve.prefix_log))},
+      {"--load-delay-ms", "K3_LOAD_DELAY_MS", Group::kValidation, kEngine,
+       "sleep this long after every loaded layer (tests of a stopped load; the sleep is cut short "
+       "by a stop)",
+       integer(FIELD(load.load_delay_ms), 0, 600000)},
       {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", Group::kValidation, kServe | kChatApp,
        "sleep this long after every generated token (client testing)",
        integer(FIELD(serve.token_delay_ms), 0, 60000)},

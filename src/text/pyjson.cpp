@@ -655,8 +655,9 @@ std::string json_quote(std::string_view utf8) {
 namespace {
 
 void dump_into(std::string& out, const PyValue& value, DumpStyle style) {
-  const char* item_separator = style == DumpStyle::kCompact ? "," : ", ";
-  const char* key_separator = style == DumpStyle::kCompact ? ":" : ": ";
+  const bool compact = style != DumpStyle::kDefault;
+  const char* item_separator = compact ? "," : ", ";
+  const char* key_separator = compact ? ":" : ": ";
   switch (value.kind()) {
     case PyValue::Kind::kNull:
       out += "null";
@@ -669,7 +670,10 @@ void dump_into(std::string& out, const PyValue& value, DumpStyle style) {
       return;
     case PyValue::Kind::kFloat: {
       const double x = value.as_float();
-      if (std::isnan(x))
+      const bool strict = style == DumpStyle::kStrictCompact;
+      if (strict && !std::isfinite(x))
+        out += "null";
+      else if (std::isnan(x))
         out += "NaN";
       else if (std::isinf(x))
         out += x < 0 ? "-Infinity" : "Infinity";

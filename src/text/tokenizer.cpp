@@ -247,6 +247,48 @@ void Tokenizer::Impl::encode_ordinary(std::string_view text, std::vector<int32_t
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+void check_model_tokenizer(const Tokenizer& tokenizer, const std::filesystem::path& dir,
+                           int64_t vocab_size) {
+  const std::string model = (dir / "tiktoken.model").string(),
+                    config = (dir / "tokenizer_config.json").string();
+  if (vocab_size > 0 && tokenizer.vocab_size() != vocab_size)
+    throw Error(model + ": " + std::to_string(tokenizer.base_vocab_size()) + " ranks + " +
+                std::to_string(kReservedSpecialCount) + " specials = " +
+                std::to_string(tokenizer.vocab_size()) + " ids, but config.json vocab_size is " +
+                std::to_string(vocab_size) + " (is the file cut short or from another model?)");
+  for (const std::string_view name : kChatSpecialNames) {
+    const std::optional<int32_t> id = tokenizer.special_id(name);
+    if (!id || !tokenizer.is_special(*id))
+      throw Error(config + ": added_tokens_decoder does not name the special token " +
+                  std::string(name) + ", which the chat format needs (is the file damaged?)");
+  }
+}
+
+void check_model_tokenizer(const Tokenizer& tokenizer, const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / "config.json";
+  std::error_code ec;
+  int64_t vocab_size = 0;
+  if (std::filesystem::exists(path, ec)) {
+    nlohmann::json root;
+    try {
+      root = nlohmann::json::parse(read_text_file(path.string()));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(path.string() + ": not valid JSON: " + e.what());
+    }
+    for (const nlohmann::json* obj :
+         {root.is_object() && root.contains("text_config") ? &root["text_config"] : nullptr,
+          &root}) {
+      if (obj == nullptr || !obj->is_object() || !obj->contains("vocab_size")) continue;
+      const nlohmann::json& v = (*obj)["vocab_size"];
+      if (!v.is_number_integer())
+        throw Error(path.string() + ": vocab_size: expected an integer, got " + v.dump());
+      vocab_size = v.get<int64_t>();
+      break;
+    }
+  }
+  check_model_tokenizer(tokenizer, dir, vocab_size);
+}
+
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;

@@ -1624,19 +1624,30 @@ await check('auth.env_key', async () => {
   eq((await request(s, { path: '/v1/models' })).status, 200, 'COLI_API_KEY from the environment');
 });
 
+// The checkpoint files live in a private subdirectory the server makes inside --ckpt-dir
+// (docs/serving.md §3.10.4): the directory itself is never chmod-ed.
+const ckptFiles = (dir) => {
+  if (!fs.existsSync(dir)) return { subs: [], files: [] };
+  const subs = fs.readdirSync(dir).filter((n) => n.startsWith('k3-ckpt-'));
+  const files = subs.flatMap((d) => fs.readdirSync(path.join(dir, d)).map((f) => path.join(dir, d, f)));
+  return { subs, files };
+};
+
 await check('ckpt.disk_files_private', async () => {
   const s = await diskSrv();
   const m1 = [user('Photos on disk, please.')];
   const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 6 }));
   await complete(s, req([...m1, asAssistant(r1), user('More.')], { ...OFF, max_tokens: 6 }));
-  let files = [];
-  for (let i = 0; i < 60 && files.length === 0; i++) {
-    files = fs.existsSync(CKDIR) ? fs.readdirSync(CKDIR) : [];
-    if (!files.length) await sleep(50);
+  let found = { subs: [], files: [] };
+  for (let i = 0; i < 60 && found.files.length === 0; i++) {
+    found = ckptFiles(CKDIR);
+    if (!found.files.length) await sleep(50);
   }
-  assert(files.length > 0, `no checkpoint files in ${CKDIR}`);
-  eq(modeOf(CKDIR).toString(8), '700', 'checkpoint directory mode');
-  for (const f of files) eq(modeOf(path.join(CKDIR, f)).toString(8), '600', `mode of ${f}`);
+  assert(found.files.length > 0, `no checkpoint files under ${CKDIR}`);
+  eq(found.subs.length, 1, 'one private subdirectory per server');
+  eq(modeOf(CKDIR).toString(8), '700', 'a --ckpt-dir the server created is 0700');
+  eq(modeOf(path.join(CKDIR, found.subs[0])).toString(8), '700', 'private subdirectory mode');
+  for (const f of found.files) eq(modeOf(f).toString(8), '600', `mode of ${f}`);
 });
 
 await check('ckpt.disk_files_removed_on_exit', async () => {
@@ -1653,9 +1664,9 @@ await check('ckpt.keep', async () => {
   await sleep(200);
   const e = await s.stop();
   eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
-  const left = fs.existsSync(CKDIR_KEEP) ? fs.readdirSync(CKDIR_KEEP) : [];
-  assert(left.length > 0, '--ckpt-keep: checkpoints should survive the exit');
-  for (const f of left) eq(modeOf(path.join(CKDIR_KEEP, f)).toString(8), '600', `mode of ${f}`);
+  const { files } = ckptFiles(CKDIR_KEEP);
+  assert(files.length > 0, '--ckpt-keep: checkpoints should survive the exit');
+  for (const f of files) eq(modeOf(f).toString(8), '600', `mode of ${f}`);
 });
 
 // =============================================================================================

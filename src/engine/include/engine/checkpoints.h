@@ -9,11 +9,16 @@
 // proves the MLA rows below pos are still valid) whose ids equal prompt[0, pos).
 //
 // RAM mode keeps the floats in memory. Disk mode writes one file per slot, `k3_ckpt_<slot>.bin`,
-// in a 0700 directory, mode 0600, through a temp file and a rename; the header (magic "3CKP",
-// version, position, float count, FNV-1a of the payload) is checked on load and a checkpoint that
-// fails the check is dropped, never restored. Metadata (ids, position, stamp) stays in memory:
-// checkpoints never outlive the process (the MLA rows do not). Files are removed when the store is
-// destroyed unless `keep_files`.
+// mode 0600, through a temp file and a rename, into a private subdirectory that the store creates
+// inside the policy's directory (mkdtemp, 0700, a new name every start; the directory itself is
+// never chmod-ed, and one other users may write to is refused unless sticky: docs/serving.md
+// §3.10.4). The header (magic "3CKP", version, position, float count) ends with a SipHash-2-4 tag
+// (util/siphash.h) under a key drawn at random when the store is made and kept only in memory; the
+// tag covers the slot, the save's serial, the position, the ids and the payload, so a file changed
+// or swapped in (from another slot, another save or another server) is rejected, never restored.
+// Metadata (ids, position, stamp) stays in memory: checkpoints never outlive the process (the MLA
+// rows do not). Files and the subdirectory are removed when the store is destroyed unless
+// `keep_files`.
 //
 // Failures to save (allocation, I/O) drop the checkpoint and never fail a request. Not thread-safe:
 // the engine worker owns the store.
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "util/siphash.h"
 
 namespace k3 {
 
@@ -42,14 +48,15 @@ struct CheckpointCounters {
 
 class CheckpointStore {
  public:
-  // Creates the directory (0700) in disk mode. Throws k3::Error when it cannot.
+  // Disk mode: creates the private subdirectory (see above) and draws the key. Throws k3::Error
+  // naming the directory when it cannot, or when the directory is not safe to use.
   explicit CheckpointStore(const CheckpointPolicy& policy);
   ~CheckpointStore();
   CheckpointStore(const CheckpointStore&) = delete;
   CheckpointStore& operator=(const CheckpointStore&) = delete;
 
   bool enabled() const { return !slots_.empty(); }
-  // "off", "ram, 2 slots", "disk /path, 2 slots".
+  // "off", "ram, 2 slots", "disk /path/k3-ckpt-XXXXXX, 2 slots".
   std::string describe() const;
   const CheckpointPolicy& policy() const { return policy_; }
 
@@ -72,8 +79,10 @@ class CheckpointStore {
   std::vector<SlotInfo> list() const;
   int used() const;
   const CheckpointCounters& counters() const { return counters_; }
-  // The file of `slot` in disk mode (tests corrupt it).
+  // The file of `slot` in disk mode (tests corrupt it), inside files_dir().
   std::string slot_path(int slot) const;
+  // The private subdirectory holding the files ("" in RAM mode).
+  const std::string& files_dir() const { return files_dir_; }
 
  private:
   struct Slot {
@@ -82,14 +91,23 @@ class CheckpointStore {
     std::vector<int64_t> ids;  // [position]
     std::vector<float> kda;    // RAM mode only
     uint64_t stamp = 0;        // LRU clock value of the last save or restore
+    uint64_t serial = 0;       // which save wrote the slot's file (part of its tag)
     double saved_at = 0;       // now_seconds() of the save
   };
+  struct FileHeaderFields {
+    uint64_t position, float_count;
+  };
+  uint64_t tag_of(int slot, const Slot& meta, const FileHeaderFields& fields,
+                  const float* payload) const;
   bool write_file(int slot, const SavedState& saved);
   bool read_file(int slot, size_t floats, SavedState& saved);
 
   CheckpointPolicy policy_;
   std::vector<Slot> slots_;
   uint64_t clock_ = 0;
+  uint64_t serial_ = 0;    // saves so far
+  SipKey key_{};           // disk mode: random per store, never written anywhere
+  std::string files_dir_;  // disk mode: the private subdirectory
   CheckpointCounters counters_;
   SavedState scratch_;  // the one bounce buffer (disk mode) / staging checkpoint
 };

@@ -15,15 +15,39 @@
 
 #include "options/options.h"
 #include "text/tokenizer.h"
+#include "util/status.h"
 
 namespace k3 {
 
+struct EngineInfo;
+
 // What an Engine is built from: the model directory, how to load it, and an optional observer
 // of the load (the loaded fraction in [0, 1] as the layers come in).
+//
+// Everything that can be checked without the weights is checked before they are read, so a bad
+// tokenizer or context fails in about a second instead of after the load (docs/tokenizer.md §1.4):
+// config.json, the tokenizer against config.json's vocab_size and the chat format's specials,
+// `require_tokenizer`, `context`, then `before_weights`.
 struct EngineOptions {
   std::string model_dir;
   LoadOptions load;
   std::function<void(double fraction)> on_progress;
+  // Polled between tensors while the weights load (and between pieces of a large tensor): when
+  // it reads true the load stops; Engine::load then returns Status::Code::cancelled. The caller
+  // sets it (a signal handler, a shutdown); the engine never reads signals itself.
+  const std::atomic<bool>* cancel = nullptr;
+  // Refuse a snapshot without tiktoken.model before the weights (text prompts, serving).
+  bool require_tokenizer = false;
+  // Positions the caller's session will hold (0 = not checked): refused before the weights when
+  // its state alone would not fit in the memory available now. `context_name` names the setting
+  // in that error ("--ctx / K3_MAXT").
+  int64_t context = 0;
+  std::string context_name = "--ctx / K3_MAXT";
+  // Runs once config.json and the tokenizer are read and checked, before any weight: the caller
+  // checks what depends on them (a prompt that must fit the context). `info` has config.json's
+  // fields (num_layers, resident_bytes and has_* are not known yet); `tokenizer` may be nullptr.
+  // Throwing k3::Error stops the load with that error.
+  std::function<void(const EngineInfo& info, const text::Tokenizer* tokenizer)> before_weights;
 };
 
 // Facts about the loaded model: config.json's dimensions and what was loaded.
@@ -66,8 +90,12 @@ struct ExpertStats {
 
 class Engine {
  public:
-  // Opens the model directory and loads the resident weights. Throws k3::Error.
+  // Opens the model directory and loads the resident weights. Throws k3::Error; a load stopped
+  // through options.cancel throws k3::Interrupted (prefer load(), which returns it as a Status).
   explicit Engine(const EngineOptions& options);
+  // The same, with a cancelled load returned as Status::Code::cancelled ("the load was
+  // cancelled"), nothing left behind. Failures still throw k3::Error naming the file.
+  static Result<std::unique_ptr<Engine>> load(const EngineOptions& options);
   Engine(const std::string& model_dir, const LoadOptions& load,
          const std::function<void(double fraction)>& on_progress = {});
   ~Engine();

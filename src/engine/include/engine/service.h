@@ -186,7 +186,8 @@ class EngineService {
   // The caller is gone: a waiter leaves the queue at once (an error event ServiceError::cancelled
   // is pushed), the active request stops within one layer (prefill) or one token (decode).
   void cancel(const std::shared_ptr<RequestHandle>& handle);
-  // Stop admitting (submit → unavailable) and fail the waiters with shutting_down.
+  // Stop admitting (submit → unavailable) and fail the waiters with shutting_down; a model still
+  // loading stops loading within one tensor (stats().state stays stopping, never ready).
   void begin_shutdown();
   // Cancels the running request (the drain timeout ran out).
   void cancel_active();
@@ -228,6 +229,7 @@ class EngineService {
   std::unique_ptr<CheckpointStore> checkpoints_;
   std::vector<int64_t> stop_ids_;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> load_cancel_{false};  // set by begin_shutdown / the destructor: stop loading
   std::atomic<int64_t> context_{0};
 
   mutable std::mutex mutex_;      // guards everything below

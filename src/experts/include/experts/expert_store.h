@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -96,7 +97,9 @@ class ExpertStore {
 
   // Reads every registered expert into RAM once (validated); later reads copy nothing. For
   // models whose routed experts fit in memory (tests, benchmarks, small checkpoints).
-  void load_all();
+  // `cancel` (optional) is polled before each expert: false when it stopped the load (the
+  // resident copy is then incomplete and must not be used).
+  bool load_all(const std::atomic<bool>* cancel = nullptr);
   // Bytes of all registered experts.
   uint64_t total_bytes() const { return geometry_.expert_bytes() * entries_.size(); }
   bool has(int64_t layer, int64_t expert) const { return entries_.count({layer, expert}) != 0; }

@@ -44,7 +44,8 @@ inline constexpr uint64_t kDirectAlign = 4096;
 // Largest single pread request; larger reads are split (Linux returns short reads past 2 GiB).
 inline constexpr uint64_t kMaxReadPiece = uint64_t{1} << 30;
 
-// Opens `path` read-only. Throws k3::Error when it cannot be opened.
+// Opens `path` read-only. Throws k3::Error when it cannot be opened or is not a regular file
+// (a FIFO, a device, a directory: refused by name without blocking on the open).
 std::unique_ptr<File> open_posix_file(const std::string& path);
 
 // A file held in memory (tests, fakes). `fail_at` >= 0 makes every read touching that byte fail
@@ -64,7 +65,8 @@ class MemFile : public File {
   int64_t fail_at_;
 };
 
-// Reads a whole (small) file into a string. Throws k3::Error naming the path.
+// Reads a whole (small) regular file into a string. Throws k3::Error naming the path (a FIFO or
+// another non-regular file is refused without blocking).
 std::string read_text_file(const std::string& path);
 
 // Writes `bytes` to `path` atomically: a temp file beside it, fsync, then rename.

@@ -12,6 +12,7 @@
 // Thread-safety: a Model is read-only after construction; one ModelState per sequence.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,6 +48,9 @@ class ForwardObserver {
 struct ModelSetup {
   Isa isa = Isa::kScalar;
   std::function<void(double fraction)> on_load_progress;  // after each loaded layer
+  // Polled between tensors (and between 8 MB pieces of a large one) while the weights load;
+  // when it reads true the constructor throws Interrupted. nullptr = never cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class Model {

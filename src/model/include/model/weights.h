@@ -4,6 +4,7 @@
 // experts (experts/ExpertStore) or the math (one file per layer kind).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -105,10 +106,13 @@ struct ModelWeights {
 // Dense matrices are quantised to `load`'s bits (KDA, latent, shared-expert and dense matrices),
 // mla_bits (MLA projections) and head_bits (lm_head) as they are loaded (in parallel; the f32 copy
 // of one matrix at a time is the peak overhead). `on_progress` (optional) sees the finished
-// fraction after each layer.
+// fraction after each layer. `cancel` (optional) is polled before every tensor and between the
+// 8 MB pieces of a large one: when it reads true the load stops and throws k3::Interrupted
+// (util/error.h), so a signal during a long load is acted on within a piece's read.
 ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64_t num_layers,
                           const LoadOptions& load,
-                          const std::function<void(double)>& on_progress = {});
+                          const std::function<void(double)>& on_progress = {},
+                          const std::atomic<bool>* cancel = nullptr);
 
 // Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all
 // of them: byte counts, load-time flags).

@@ -45,6 +45,7 @@ struct LoadOptions {
   double expert_top_p = 0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = off)
   int64_t chunk =
       32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
+  int64_t load_delay_ms = 0;  // K3_LOAD_DELAY_MS: debug sleep after every loaded layer
   CacheOptions cache;
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.

@@ -126,6 +126,10 @@ Result<PyValue> parse_pyjson(std::string_view text);
 enum class DumpStyle {
   kCompact,  // json.dumps(x, ensure_ascii=False, separators=(",", ":"))
   kDefault,  // json.dumps(x, ensure_ascii=False): ", " and ": "
+  // kCompact, but always valid JSON that every reader accepts (RFC 8259 has no NaN or Infinity,
+  // and readers differ on 1e999): a non-finite number is written as null. For the machine
+  // interfaces' output lines (coli tokenize / render), never for text the model sees.
+  kStrictCompact,
 };
 std::string dumps(const PyValue& value, DumpStyle style);
 

@@ -19,6 +19,26 @@
 
 namespace k3::text {
 
+// The special names the chat format (XTML) is built from, looked up by name: <|open|>,
+// <|close|>, <|sep|> and <|end_of_msg|>, which is also the generation stop (docs/tokenizer.md
+// §1.3).
+inline constexpr std::string_view kChatSpecialNames[4] = {"<|open|>", "<|close|>", "<|sep|>",
+                                                          "<|end_of_msg|>"};
+
+class Tokenizer;
+
+// The checks a model's tokenizer must pass before any weight is read (docs/tokenizer.md §1.4):
+// its id count (ranks of tiktoken.model + 256 specials) equals config.json's `vocab_size` (a
+// file cut at a line boundary still parses, with fewer ranks), and the four chat specials
+// resolve to special ids (a tokenizer_config.json without added_tokens_decoder names none of
+// them, and `<|open|>` would be encoded as text). `vocab_size` <= 0 skips the size check.
+// Throws k3::Error naming the file in `dir` and the expected and actual value.
+void check_model_tokenizer(const Tokenizer& tokenizer, const std::filesystem::path& dir,
+                           int64_t vocab_size);
+// The same with `vocab_size` read from `dir`/config.json (text_config first, then the root);
+// without a config.json only the specials are checked (coli tokenize on bare tokenizer files).
+void check_model_tokenizer(const Tokenizer& tokenizer, const std::filesystem::path& dir);
+
 class Tokenizer {
  public:
   // Loads `dir`/tiktoken.model and `dir`/tokenizer_config.json. Throws k3::Error naming the

@@ -17,8 +17,9 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
-// Thrown by a forward pass whose caller raised its interrupt flag (a cancelled prefill); not an
-// Error: nothing failed, and the caller restores or resets the state it interrupted.
+// Thrown by a forward pass or a weight load whose caller raised its interrupt / cancel flag (a
+// cancelled prefill, a load stopped by a signal); not an Error: nothing failed, and the caller
+// restores or resets the state it interrupted (a cancelled load leaves nothing behind).
 class Interrupted : public std::exception {
  public:
   const char* what() const noexcept override { return "interrupted"; }
