@@ -400,11 +400,19 @@ std::variant<json, ApiError> parse_json_object(std::string_view body) {
   return parsed;
 }
 
+const json* given(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
                                                        const ApiConfig& config) {
   auto parsed = parse_json_object(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
-  const json& b = std::get<json>(parsed);
+  return chat_request_from_json(std::get<json>(parsed), config);
+}
+
+std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const ApiConfig& config) {
   ChatRequest r;
   r.thinking = config.default_thinking;
   auto field = [&](const char* key) -> const json* {
@@ -773,6 +781,7 @@ json envelope(const ResponseIds& ids, const char* object, const std::string& mod
   c["system_fingerprint"] = config.fingerprint;
   return c;
 }
+}  // namespace
 
 json x_k3_json(const GenerationStats& stats) {
   json x = json::object();
@@ -781,7 +790,6 @@ json x_k3_json(const GenerationStats& stats) {
   x["queue_wait_ms"] = stats.queue_wait_ms;
   return x;
 }
-}  // namespace
 
 json chat_completion_json(const ChatResult& result, const ChatRequest& request,
                           const ApiConfig& config, const ResponseIds& ids,

@@ -143,6 +143,28 @@ std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr,
   return handle;
 }
 
+std::shared_ptr<RequestHandle> admit_chat(const HandlerContext& c, const ChatRequest& request,
+                                          const char* prompt_param, const HttpRequest& req,
+                                          HttpResponse& res, ServiceEvent& accepted) {
+  if (c.draining.load()) {
+    set_error(res, shutting_down());
+    return nullptr;
+  }
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return nullptr;
+  auto prompt = render_chat_prompt(request, *tokenizer, c.service.context_capacity());
+  if (auto* e = std::get_if<ApiError>(&prompt)) {
+    set_error(res, *e);
+    return nullptr;
+  }
+  ServiceRequest sr;
+  sr.prompt = std::move(std::get<RenderedPrompt>(prompt).ids);
+  sr.anchor = std::get<RenderedPrompt>(prompt).anchor;
+  sr.starts_in_think = request.thinking;
+  apply_generation(request, sr);
+  return admit(c, std::move(sr), prompt_param, req, res, accepted);
+}
+
 // Non-streaming: collects events until done. False (res set, or the client gone) otherwise.
 bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
              const HttpRequest& req, HttpResponse& res, ChatResult& result) {

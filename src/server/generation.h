@@ -37,6 +37,12 @@ void drain_until_done(const std::shared_ptr<RequestHandle>& handle);
 std::shared_ptr<RequestHandle> admit(const HandlerContext& c, ServiceRequest sr,
                                      const char* prompt_param, const HttpRequest& req,
                                      HttpResponse& res, ServiceEvent& accepted);
+// A chat-shaped request (chat completions, and the API shapes translated into one): the drain
+// check, the tokenizer, the XTML render, the service request (prompt, anchor, sampling) and
+// admit(). Returns the handle, or nullptr with `res` set.
+std::shared_ptr<RequestHandle> admit_chat(const HandlerContext& c, const ChatRequest& request,
+                                          const char* prompt_param, const HttpRequest& req,
+                                          HttpResponse& res, ServiceEvent& accepted);
 // Non-streaming: collects events until done. False (res set, or the client gone) otherwise.
 bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
              const HttpRequest& req, HttpResponse& res, ChatResult& result);

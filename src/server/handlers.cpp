@@ -201,18 +201,8 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
   auto parsed = parse_chat_request(req.body, api);
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   auto request = std::make_shared<ChatRequest>(std::move(std::get<ChatRequest>(parsed)));
-  if (c.draining.load()) return error_response(shutting_down());
-  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
-  if (!tokenizer) return res;
-  auto prompt = render_chat_prompt(*request, *tokenizer, c.service.context_capacity());
-  if (auto* e = std::get_if<ApiError>(&prompt)) return error_response(*e);
-  ServiceRequest sr;
-  sr.prompt = std::move(std::get<RenderedPrompt>(prompt).ids);
-  sr.anchor = std::get<RenderedPrompt>(prompt).anchor;
-  sr.starts_in_think = request->thinking;
-  apply_generation(*request, sr);
   ServiceEvent accepted;
-  auto handle = admit(c, std::move(sr), "messages", req, res, accepted);
+  auto handle = admit_chat(c, *request, "messages", req, res, accepted);
   if (!handle) return res;
   const ResponseIds ids = new_response_ids();
   if (request->stream) {

@@ -13,6 +13,7 @@
 
 #include "auth_brake.h"
 #include "handlers.h"
+#include "responses_handlers.h"
 #include "server/security.h"
 #include "util/sys.h"
 
@@ -128,6 +129,9 @@ Router::Router(EngineService& service, ServerOptions options)
   route("GET", "/v1/chat/completions", A::api_key, post_only);
   route("POST", "/v1/completions", A::api_key, bind(completions));
   route("GET", "/v1/completions", A::api_key, post_only);
+  route("POST", "/v1/responses", A::api_key, bind(responses));
+  route("GET", "/v1/responses", A::api_key, post_only);
+  route("*", "/v1/responses/{id}", A::api_key, bind(response_not_stored));
   route("GET", "/metrics", A::api_key, bind(metrics), nullptr, false);
   route("*", "/metrics", A::api_key, not_found, nullptr, false);
   route("GET", "/slots", A::api_key, bind(slots));

@@ -2,8 +2,10 @@
 // a small file committed with the tests (tests/data/openai/chat_schemas.json), so the serving
 // tests validate `coli serve`'s answers without needing the 3.4 MB original.
 //
-//   node tests/node/extract_openai_schemas.mjs [openapi.json] [out.json]
-//   defaults: /work/shared/openai/openapi.json → tests/data/openai/chat_schemas.json
+//   node tests/node/extract_openai_schemas.mjs [openapi.json] [out.json] [Root,Root,...]
+//   defaults: /work/shared/openai/openapi.json → tests/data/openai/chat_schemas.json, the chat
+//   roots below. The Responses API file (tests/node/responses_test.mjs) is made with
+//   ... tests/data/openai/responses_schemas.json Response,ResponseStreamEvent,ErrorResponse
 //
 // Output: {"$comment", "info": {...provenance...}, "components": {"schemas": {...}}} holding the
 // $ref closure of CreateChatCompletionResponse, CreateChatCompletionStreamResponse and
@@ -18,7 +20,8 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const src = process.argv[2] ?? '/work/shared/openai/openapi.json';
 const out = process.argv[3] ?? path.join(here, '..', 'data', 'openai', 'chat_schemas.json');
-const ROOTS = ['CreateChatCompletionResponse', 'CreateChatCompletionStreamResponse', 'CreateCompletionResponse'];
+const ROOTS = process.argv[4]?.split(',') ??
+  ['CreateChatCompletionResponse', 'CreateChatCompletionStreamResponse', 'CreateCompletionResponse'];
 const PREFIX = '#/components/schemas/';
 
 const api = JSON.parse(fs.readFileSync(src, 'utf8'));

@@ -89,3 +89,17 @@ function check(v, what, obj) {
 export const validateResponse = (obj) => check(vResponse, 'CreateChatCompletionResponse', obj);
 export const validateChunk = (obj) => check(vChunk, 'CreateChatCompletionStreamResponse', obj);
 export const validateCompletion = (obj) => check(vCompletion, 'CreateCompletionResponse', obj);
+
+// Validators for the named roots of another file extracted by extract_openai_schemas.mjs (e.g.
+// tests/data/openai/responses_schemas.json): {Name: (obj) => obj}, each throwing an Error that
+// lists every violation. The same nullable rewrite and formats as above.
+export function schemaValidators(file, names) {
+  const extracted = JSON.parse(fs.readFileSync(file, 'utf8'));
+  const id = path.basename(file);
+  if (!ajv.getSchema(id)) ajv.addSchema(rewriteNullable({ $id: id, components: extracted.components }));
+  return Object.fromEntries(names.map((name) => {
+    const v = ajv.getSchema(`${id}#/components/schemas/${name}`);
+    if (!v) throw new Error(`schema ${name} missing from ${file}`);
+    return [name, (obj) => check(v, name, obj)];
+  }));
+}

@@ -57,6 +57,10 @@ struct ChatRequest : GenerationParams {
 // not implement is refused with a 400 naming it.
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
                                                        const ApiConfig& config);
+// The same over a parsed body: other API shapes (server/responses.h) translate their bodies into
+// a chat body and validate it here.
+std::variant<ChatRequest, ApiError> chat_request_from_json(const json& body,
+                                                           const ApiConfig& config);
 
 // POST /v1/completions: raw text (or token ids) in, raw text out; no chat template.
 struct CompletionRequest : GenerationParams {
@@ -72,6 +76,8 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
 
 // Parses a JSON body for the small endpoints: an object, depth <= kMaxJsonDepth, valid UTF-8.
 std::variant<json, ApiError> parse_json_object(std::string_view body);
+// A body's field, or nullptr when it is absent or null (both mean "not given").
+const json* given(const json& body, const char* key);
 inline constexpr int kMaxJsonDepth = 64;
 
 // The chat prompt ids (XTML render + tokenize) and the anchor: the length of the rendering of
@@ -112,6 +118,8 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request,
                           const text::Tokenizer* tokenizer = nullptr);
 json usage_json(const GenerationStats& stats);
 json timings_json(const GenerationStats& stats);
+// Our extension block: reuse kind, restored checkpoint position, queue wait.
+json x_k3_json(const GenerationStats& stats);
 // One streamed chunk with `delta` (role, content, reasoning_content, tool_calls) or a finish.
 // `"usage": null` is present only when the client asked for the usage chunk (as OpenAI does).
 // `logprobs`: the choice's logprobs (chat_logprobs_json), null when not asked for.
