@@ -1,5 +1,5 @@
 // The OpenAI Responses API of `coli serve` without sockets (server/responses.h, docs/serving.md
-// §3.15): input items translated into the chat messages a chat request with the same turns has,
+// §3.17): input items translated into the chat messages a chat request with the same turns has,
 // the refusals naming their field, the response object and the event stream (order, sequence
 // numbers, the final response equal to what the deltas built), and POST /v1/responses through
 // the route table over a demo checkpoint.

@@ -1,7 +1,7 @@
 // End-to-end tests of the OpenAI Responses API of `coli serve` (POST /v1/responses, stateless)
 // with the official `openai` npm client's `responses.create` and `responses.stream`, raw HTTP for
 // the stream's framing, and every response, event and error validated against OpenAI's published
-// schemas (tests/data/openai/responses_schemas.json). Written from docs/serving.md §3.15.
+// schemas (tests/data/openai/responses_schemas.json). Written from docs/serving.md §3.17.
 //
 //   node tests/node/responses_test.mjs <path-to-coli>
 //   (ctest: Serve.OpenAIResponses; `make test` installs tests/node/node_modules)
