@@ -188,7 +188,9 @@ int serve(const k3::Options& opt, bool web) {
         return;
       }
       if (stop.load() || s.state == k3::ServiceStats::State::stopping) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      // Short: /health says ok as soon as the model is ready, and a client that saw it reads
+      // this line next (the transport answers /health in well under the old 50 ms poll).
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
   server.run();
