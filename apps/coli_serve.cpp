@@ -36,6 +36,9 @@ std::vector<std::string> read_key_file(const std::string& path) {
     while (start < line.size() && std::isspace(static_cast<unsigned char>(line[start]))) ++start;
     if (start < line.size()) keys.push_back(line.substr(start));
   }
+  if (in.bad() || !in.eof()) throw UsageError(path + ": cannot read the API key file");
+  if (keys.empty())
+    throw UsageError(path + ": the API key file holds no key (one per line, '#' comments)");
   return keys;
 }
 
@@ -72,9 +75,17 @@ k3::server::ApiConfig api_config(const k3::Options& opt) {
   return api;
 }
 
+// --host as the address to bind: "[::1]" (the URL spelling) is ::1.
+std::string bind_address(const std::string& host) {
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    return host.substr(1, host.size() - 2);
+  return host;
+}
+
 int serve(const k3::Options& opt, bool web) {
   k3::server::ServerOptions so;
-  so.security.bind_host = opt.serve.host;
+  const std::string bind_host = bind_address(opt.serve.host);
+  so.security.bind_host = bind_host;
   so.security.api_keys = opt.serve.api_keys;
   if (!opt.serve.api_key_file.empty())
     for (std::string& k : read_key_file(opt.serve.api_key_file))
@@ -88,10 +99,10 @@ int serve(const k3::Options& opt, bool web) {
                  "COLI_API_KEY or --api-key-file\n");
   so.security.allowed_hosts = opt.serve.allowed_hosts;
   so.security.cors_origins = opt.serve.cors_origins;
-  const bool loopback = k3::server::is_loopback_host(opt.serve.host);
+  const bool loopback = k3::server::is_loopback_host(bind_host);
   if (!loopback && so.security.api_keys.empty() && !opt.serve.insecure_bind)
     throw UsageError(
-        "refusing to listen on " + opt.serve.host +
+        "refusing to listen on " + bind_host +
         " without an API key: set --api-key / COLI_API_KEY, or --insecure-bind to accept the risk");
   const bool any_origin =
       std::find(so.security.cors_origins.begin(), so.security.cors_origins.end(), "*") !=
@@ -125,7 +136,7 @@ int serve(const k3::Options& opt, bool web) {
   k3::server::HttpServer server(service, so);
   const int port = server.bind();
   const std::string host =
-      opt.serve.host.find(':') != std::string::npos ? "[" + opt.serve.host + "]" : opt.serve.host;
+      bind_host.find(':') != std::string::npos ? "[" + bind_host + "]" : bind_host;
   const std::string url = "http://" + host + ":" + std::to_string(port) + "/";
   if (web)
     std::printf("coli web: open %s in your browser (the page waits while the model loads)\n",
@@ -136,8 +147,7 @@ int serve(const k3::Options& opt, bool web) {
               k3::model_note(opt).c_str());
   std::fflush(stdout);
   if (!loopback)
-    std::fprintf(stderr, "coli: listening on %s: reachable from the network%s\n",
-                 opt.serve.host.c_str(),
+    std::fprintf(stderr, "coli: listening on %s: reachable from the network%s\n", bind_host.c_str(),
                  so.security.api_keys.empty() ? " WITHOUT an API key (--insecure-bind)"
                                               : " (API key required)");
   if (opt.serve.log_prompts)
@@ -178,7 +188,9 @@ int serve(const k3::Options& opt, bool web) {
         return;
       }
       if (stop.load() || s.state == k3::ServiceStats::State::stopping) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      // Short: /health says ok as soon as the model is ready, and a client that saw it reads
+      // this line next (the transport answers /health in well under the old 50 ms poll).
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
   server.run();

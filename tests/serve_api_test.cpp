@@ -311,7 +311,7 @@ TEST(ServeApi, Guards) {
   c.port = 8000;
   EXPECT_TRUE(origin_allowed("http://127.0.0.1:8000", c));
   EXPECT_TRUE(origin_allowed("http://localhost:8000", c));
-  EXPECT_TRUE(origin_allowed("http://localhost:5173", c));
+  EXPECT_FALSE(origin_allowed("http://localhost:5173", c));  // no hard-coded extras
   EXPECT_FALSE(origin_allowed("http://127.0.0.1:8001", c));
   EXPECT_FALSE(origin_allowed("https://evil.example", c));
   EXPECT_FALSE(origin_allowed("null", c));

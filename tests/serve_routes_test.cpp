@@ -143,10 +143,10 @@ TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {
   expect_error(router.serve(request("GET", "/.env")), 404, "not_found");
   // The preflight and a foreign Host.
   HttpRequest preflight = request("OPTIONS", "/v1/chat/completions", "", nullptr);
-  preflight.headers.emplace_back("Origin", "http://localhost:5173");
+  preflight.headers.emplace_back("Origin", "http://localhost:8000");
   const HttpResponse cors = router.serve(preflight);
   EXPECT_EQ(cors.status, 204);
-  EXPECT_EQ(cors.header("Access-Control-Allow-Origin"), "http://localhost:5173");
+  EXPECT_EQ(cors.header("Access-Control-Allow-Origin"), "http://localhost:8000");
   HttpRequest rebound = request("GET", "/v1/models");
   rebound.headers[0].second = "evil.example";
   expect_error(router.serve(rebound), 403, "host_not_allowed");

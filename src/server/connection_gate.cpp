@@ -1,112 +1,153 @@
-// server/connection_gate.cpp — connection caps, sockets found by address, closing a connection
-// without reading on (see server/connection_gate.h).
+// server/connection_gate.cpp — connection caps and eviction, the peer of a socket and the owner
+// of a loopback client's socket, closing a connection without reading on (see
+// server/connection_gate.h).
 #include "connection_gate.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
+#include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <cstring>
 
-#include "server/security.h"
 #include "util/sys.h"
 
 namespace k3::server {
 namespace {
 
-template <class Visit>
-void for_each_connected_socket(Visit visit) {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (!dir) return;
-  while (dirent* entry = ::readdir(dir)) {
-    const int fd = std::atoi(entry->d_name);
-    if (fd <= 2) continue;
-    if (auto p = socket_peer(fd); p && !visit(*p)) break;
-  }
-  ::closedir(dir);
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
 }
 
-int find_connection_socket(const PeerAddress& a) {
-  int found = -1;
-  for_each_connected_socket([&](const Peer& p) {
-    if (p.is(a)) found = p.fd;
-    return found < 0;
-  });
-  return found;
+// Copies the address of `a` into a sock_diag address field (4 x 32 bits, network order).
+void diag_address(const sockaddr_storage& a, __be32 out[4]) {
+  if (a.ss_family == AF_INET)
+    std::memcpy(out, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, 4);
+  else
+    std::memcpy(out, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, 16);
 }
 
 }  // namespace
 
+bool is_loopback_address(const std::string& ip) {
+  in_addr v4{};
+  if (::inet_pton(AF_INET, ip.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, ip.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}
+
+std::optional<uid_t> loopback_socket_owner(int fd) {
+  sockaddr_storage peer{}, local{};
+  socklen_t pl = sizeof peer, ll = sizeof local;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      peer.ss_family != local.ss_family ||
+      (peer.ss_family != AF_INET && peer.ss_family != AF_INET6))
+    return std::nullopt;
+  const int nl = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (nl < 0) return std::nullopt;
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } query{};
+  query.header.nlmsg_len = sizeof query;
+  query.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  query.header.nlmsg_flags = NLM_F_REQUEST;
+  query.request.sdiag_family = static_cast<__u8>(peer.ss_family);
+  query.request.sdiag_protocol = IPPROTO_TCP;
+  query.request.idiag_states = ~0u;
+  // The client's socket: its local end is our peer, its remote end is our local address.
+  query.request.id.idiag_sport = htons(static_cast<uint16_t>(port_of(peer)));
+  query.request.id.idiag_dport = htons(static_cast<uint16_t>(port_of(local)));
+  diag_address(peer, query.request.id.idiag_src);
+  diag_address(local, query.request.id.idiag_dst);
+  query.request.id.idiag_cookie[0] = query.request.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  std::optional<uid_t> owner;
+  alignas(nlmsghdr) char reply[8192];
+  if (::send(nl, &query, sizeof query, 0) == static_cast<ssize_t>(sizeof query)) {
+    pollfd p{nl, POLLIN, 0};
+    const ssize_t n = ::poll(&p, 1, 200) > 0 ? ::recv(nl, reply, sizeof reply, 0) : -1;
+    const auto* h = reinterpret_cast<const nlmsghdr*>(reply);
+    if (n >= static_cast<ssize_t>(sizeof(nlmsghdr)) && NLMSG_OK(h, static_cast<unsigned>(n)) &&
+        h->nlmsg_type == SOCK_DIAG_BY_FAMILY && h->nlmsg_len >= NLMSG_LENGTH(sizeof(inet_diag_msg)))
+      owner = static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid;
+  }
+  ::close(nl);
+  return owner;
+}
+
 std::optional<Peer> socket_peer(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return std::nullopt;
   sockaddr_storage peer{}, local{};
   socklen_t pl = sizeof peer, ll = sizeof local;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) return std::nullopt;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) return std::nullopt;
   char ip[INET6_ADDRSTRLEN] = {};
+  if (peer.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, ip, sizeof ip);
+  else if (peer.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, ip, sizeof ip);
+  else
+    return std::nullopt;
   Peer p;
   p.fd = fd;
-  if (peer.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr, ip, sizeof ip);
-    p.port = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
-    p.local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-  } else if (peer.ss_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr, ip, sizeof ip);
-    p.port = ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port);
-    p.local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-  } else {
-    return std::nullopt;
-  }
   p.ip = ip;
+  p.port = port_of(peer);
+  p.local_port = port_of(local);
+  p.client = p.ip;
+  if (is_loopback_address(p.ip))
+    if (const auto uid = loopback_socket_owner(fd)) {
+      p.uid = *uid;
+      p.client += " uid " + std::to_string(*uid);
+    }
   return p;
 }
 
-void ConnectionGate::set_port(int port) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  port_ = port;
+bool ConnectionGate::capped(const Peer& p) const {
+  return cap_loopback_ || !is_loopback_address(p.ip);
 }
 
-uint64_t ConnectionGate::admit() {
+uint64_t ConnectionGate::admit(const Peer& peer) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::optional<Peer> fresh;
-  std::vector<uint64_t> seen;
-  for_each_connected_socket([&](const Peer& p) {
-    if (p.local_port != port_) return true;
-    for (const auto& [id, known] : live_)
-      if (known == p) {
-        seen.push_back(id);
-        return true;
-      }
-    if (!fresh) fresh = p;
-    return true;
-  });
-  // Connections already closed whose thread has not released them yet do not count.
-  for (auto it = live_.begin(); it != live_.end();) {
-    if (std::find(seen.begin(), seen.end(), it->first) != seen.end()) {
-      ++it;
-      continue;
-    }
-    uncount(it->second);
-    it = live_.erase(it);
-  }
-  if (!fresh) return kUntracked;
-  const bool capped =
-      cap_loopback_ || !(is_loopback_host(fresh->ip) || fresh->ip.rfind("::ffff:127.", 0) == 0);
-  if (live_.size() - retired_ >= max_total_ || (capped && per_ip_[fresh->ip] >= max_per_ip_)) {
-    ::shutdown(fresh->fd, SHUT_RDWR);
+  const auto share = per_client_.find(peer.client);
+  if (capped(peer) && share != per_client_.end() && share->second >= max_per_client_) {
     ++refused_;
     return 0;
   }
+  if (live_.size() - retired_ >= max_total_) {
+    // Full: evict the oldest connection that is not serving a request, from the client holding
+    // the most connections. Its thread sees the shutdown as end of stream and ends.
+    Peer* victim = nullptr;
+    size_t victim_share = 0;
+    for (auto& [id, p] : live_) {
+      if (p.busy || p.retired) continue;
+      const size_t held = per_client_[p.client];
+      if (!victim || held > victim_share || (held == victim_share && p.since < victim->since)) {
+        victim = &p;
+        victim_share = held;
+      }
+    }
+    if (!victim) {
+      ++refused_;
+      return 0;
+    }
+    ::shutdown(victim->fd, SHUT_RDWR);
+    uncount(*victim);
+    victim->retired = true;
+    ++retired_;
+    ++evicted_;
+  }
   const uint64_t id = next_id_++;
-  fresh->since = now_seconds();
-  live_[id] = *fresh;
-  ++per_ip_[fresh->ip];
+  Peer& p = live_[id] = peer;
+  p.since = now_seconds();
+  ++per_client_[p.client];
   return id;
 }
 
@@ -114,27 +155,25 @@ void ConnectionGate::release(uint64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = live_.find(id);
   if (it == live_.end()) return;
-  poisoned_.erase(std::remove(poisoned_.begin(), poisoned_.end(), it->second), poisoned_.end());
   uncount(it->second);
   live_.erase(it);
 }
 
-int ConnectionGate::socket_of(const PeerAddress& a) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [id, p] : live_)
-      if (p.is(a)) return p.fd;
-  }
-  return find_connection_socket(a);
+void ConnectionGate::mark(uint64_t id, bool busy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  it->second.busy = busy;
+  it->second.since = now_seconds();
 }
 
-void ConnectionGate::mark(const PeerAddress& a, bool busy) {
+void ConnectionGate::retire(uint64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (auto& [id, p] : live_)
-    if (p.is(a)) {
-      p.busy = busy;
-      p.since = now_seconds();
-    }
+  auto it = live_.find(id);
+  if (it == live_.end() || it->second.retired) return;
+  uncount(it->second);
+  it->second.retired = true;
+  ++retired_;
 }
 
 void ConnectionGate::visit_idle(double idle_for, const std::function<void(const Peer&)>& visit) {
@@ -147,35 +186,22 @@ void ConnectionGate::visit_idle(double idle_for, const std::function<void(const 
   }
 }
 
-void ConnectionGate::poison(int fd) {
+void ConnectionGate::refused_outright() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (auto p = socket_peer(fd)) poisoned_.push_back(*p);
+  ++refused_;
 }
 
-bool ConnectionGate::poisoned(const PeerAddress& a) {
+ConnectionGate::Stats ConnectionGate::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const Peer& p : poisoned_)
-    if (p.is(a)) return true;
-  return false;
+  return {live_.size() - retired_, refused_, evicted_};
 }
 
-void ConnectionGate::retire(int fd) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto p = socket_peer(fd);
-  if (!p) return;
-  for (auto& [id, known] : live_)
-    if (known == *p && !known.retired) {
-      uncount(known);
-      known.retired = true;
-      ++retired_;
-    }
-}
-
+// A retired connection no longer counts anywhere; one that is live counts for its client.
 void ConnectionGate::uncount(Peer& p) {
   if (p.retired) {
     --retired_;
-  } else if (--per_ip_[p.ip] == 0) {
-    per_ip_.erase(p.ip);
+  } else if (--per_client_[p.client] == 0) {
+    per_client_.erase(p.client);
   }
   p.retired = false;
 }
@@ -201,10 +227,14 @@ void end_connection(int fd, bool drain) {
   ::shutdown(fd, SHUT_RD);
 }
 
-bool peer_hung_up(int fd) {
-  if (fd < 0) return false;
+PeerState peer_state(int fd) {
+  PeerState s;
+  if (fd < 0) return s;
   pollfd p{fd, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  if (::poll(&p, 1, 0) <= 0) return s;
+  s.closed = (p.revents & (POLLHUP | POLLERR)) != 0;
+  s.sent_fin = s.closed || (p.revents & POLLRDHUP) != 0;
+  return s;
 }
 
 }  // namespace k3::server

@@ -1,13 +1,18 @@
-// server/connection_gate.h — live connections of `coli serve`: admitted or refused on the accept
-// thread (a global and a per-address cap, docs/serving.md), marked busy while a request is
-// served, retired once a closing response is written, and poisoned so bytes a client sent after
-// a refused request are never served. Also the socket probes the handlers need: has the client
-// hung up, and ending a connection without reading further requests from it.
+// server/connection_gate.h — live connections of `coli serve` (docs/serving.md §4.6): each one
+// admitted or refused by the thread that serves it (a global cap and a per-client cap), marked
+// busy while a request is served, retired once a closing response is written, and released when
+// its thread is done. When the table is full a connection that is not serving a request (idle
+// keep-alive, or still sending its headers) is evicted to make room, taken from the client that
+// holds the most, oldest first: one process opening slow connections cannot lock the others out.
 //
-// cpp-httplib 0.11 hands neither the accepted socket to its task queue nor the connection's
-// socket to handlers, so sockets are found by their addresses among this process's descriptors
-// (the fd stays valid while its connection is being served).
+// The gate is told each connection's socket by its own thread (server/http_server.cpp overrides
+// the HTTP library's per-connection entry point), so nothing is matched by address: state never
+// leaks from one connection to a later one on the same client port. The descriptors it holds
+// stay open until release(), so shutting one down (eviction, the read deadline) never reaches a
+// reused descriptor.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <functional>
@@ -15,75 +20,73 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <vector>
 
 namespace k3::server {
 
-// Which connection a request came on (as the HTTP library reports it).
-struct PeerAddress {
-  std::string ip;
-  int port = -1, local_port = -1;
-};
-
 struct Peer {
   int fd = -1;
-  std::string ip;
-  int port = -1, local_port = -1;
+  std::string ip;  // the client's address
+  int port = -1;   // the client's port
+  int local_port = -1;
+  // For a loopback client, the uid owning the client's socket (found through the kernel's socket
+  // table); -1 when unknown or remote.
+  int64_t uid = -1;
+  // What the caps, the eviction and the auth brake count by: the address, and for a loopback
+  // client the owning uid too ("127.0.0.1 uid 1000"): every local process shares 127.0.0.1.
+  std::string client;
   bool retired = false;  // answered its last request, no longer counted
   bool busy = false;     // a request's headers are in, its response not yet out
   double since = 0;      // now_seconds() of the accept or the last response
-  bool operator==(const Peer& o) const {
-    return fd == o.fd && ip == o.ip && port == o.port && local_port == o.local_port;
-  }
-  bool is(const PeerAddress& a) const {
-    return port == a.port && local_port == a.local_port && ip == a.ip;
-  }
 };
 
-// The peer of a connected socket `fd`, or nullopt when fd is not one.
+// The peer of a connected socket `fd` (with the owner of a loopback client's socket), or nullopt
+// when fd is not a connected TCP socket.
 std::optional<Peer> socket_peer(int fd);
+// For our end `fd` of a loopback connection, the uid owning the client's end (an exact
+// NETLINK_SOCK_DIAG lookup of that socket by its addresses); nullopt when unknown.
+std::optional<uid_t> loopback_socket_owner(int fd);
+// 127.0.0.0/8, ::1 or ::ffff:127.0.0.0/104 (a numeric address, as getpeername gives it).
+bool is_loopback_address(const std::string& ip);
 
 class ConnectionGate {
  public:
-  ConnectionGate(size_t max_total, size_t max_per_ip, bool cap_loopback)
-      : max_total_(max_total), max_per_ip_(max_per_ip), cap_loopback_(cap_loopback) {}
-  void set_port(int port);
+  ConnectionGate(size_t max_total, size_t max_per_client, bool cap_loopback)
+      : max_total_(max_total), max_per_client_(max_per_client), cap_loopback_(cap_loopback) {}
 
-  // The socket just accepted: registered (returns its id) or refused and shut down (0);
-  // kUntracked when no new socket was found.
-  uint64_t admit();
-  static constexpr uint64_t kUntracked = ~uint64_t{0};
-  // The connection's thread is done with it.
+  // A connection whose thread starts serving it: its id, or 0 when refused (the caller closes
+  // it). May shut down (evict) one connection that is not serving a request.
+  uint64_t admit(const Peer& peer);
+  // The connection's thread is done with it (before its descriptor is closed).
   void release(uint64_t id);
-
-  // The socket of the connection `a` came on: from the live table when the gate admitted it,
-  // else by a scan of the process's descriptors; -1 when none.
-  int socket_of(const PeerAddress& a);
   // A request of this connection is being served (busy) or has been answered.
-  void mark(const PeerAddress& a, bool busy);
+  void mark(uint64_t id, bool busy);
+  // The connection has answered its last request: it stops counting against the caps now, not
+  // when its thread gets around to closing it.
+  void retire(uint64_t id);
   // Calls `visit` (under the gate's lock) for each connection neither busy nor retired that has
   // been idle `idle_for` seconds since its accept or its last response, then restarts its clock
   // (so each is visited once per idle period).
   void visit_idle(double idle_for, const std::function<void(const Peer&)>& visit);
-  // The connection of `fd` must serve nothing more (see end_connection).
-  void poison(int fd);
-  bool poisoned(const PeerAddress& a);
-  // The connection of `fd` has answered its last request: it stops counting against the caps
-  // now, not when its thread gets around to closing it.
-  void retire(int fd);
+  // Counts a connection refused before the gate saw it (no thread was free).
+  void refused_outright();
+
+  struct Stats {
+    size_t live = 0;
+    int64_t refused = 0, evicted = 0;
+  };
+  Stats stats();
 
  private:
   void uncount(Peer& p);  // REQUIRES mutex_
+  bool capped(const Peer& p) const;
 
-  size_t max_total_, max_per_ip_;
+  size_t max_total_, max_per_client_;
   bool cap_loopback_;
-  int port_ = -1;
   std::mutex mutex_;
   std::map<uint64_t, Peer> live_;
-  std::map<std::string, size_t> per_ip_;
-  std::vector<Peer> poisoned_;
+  std::map<std::string, size_t> per_client_;
   uint64_t next_id_ = 1;
-  int64_t refused_ = 0;
+  int64_t refused_ = 0, evicted_ = 0;
   size_t retired_ = 0;
 };
 
@@ -93,7 +96,12 @@ class ConnectionGate {
 // (`drain`) so the client reads its 413/415 instead of a reset, then reading stops.
 void end_connection(int fd, bool drain);
 
-// The peer of `fd` has closed or reset its side (false for fd < 0).
-bool peer_hung_up(int fd);
+// What a socket says about its peer without reading: `closed` after a reset (or both sides
+// shut), `sent_fin` once the peer has sent FIN — closed, or only half-closed and still reading
+// (the two look alike until something is written to it). No data is consumed.
+struct PeerState {
+  bool closed = false, sent_fin = false;
+};
+PeerState peer_state(int fd);
 
 }  // namespace k3::server

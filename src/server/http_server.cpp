@@ -1,15 +1,29 @@
 // server/http_server.cpp — the cpp-httplib adapter of `coli serve`, the only file that knows the
 // HTTP library (see server/http_server.h): library requests become HttpRequest values, the
-// Router's answers become library responses, and the connection-level work (gate, read
-// deadline, body reads, closing) happens here.
+// Router's answers become library responses, and the connection-level work (the keep-alive
+// loop, gate, read deadline, body reads, closing) happens here. The library parses each request
+// (Server::process_request) over our per-connection stream; we own the socket (docs/serving.md
+// §4.10).
 #include "server/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "connection_gate.h"
 #include "read_deadline.h"
@@ -20,39 +34,282 @@
 namespace k3::server {
 namespace {
 
-// A task queue that admits each accepted connection through the gate before a thread reads it.
-class GatedQueue : public httplib::TaskQueue {
+// The listen backlog (the library's is 5: SYN-flood warnings and connect stalls at 50 clients);
+// the kernel caps it at net.core.somaxconn.
+constexpr int kListenBacklog = 1024;
+// Connection threads beyond --max-connections, so a new connection always finds a thread to be
+// admitted (or evicted for) while the table is full.
+constexpr size_t kSpareThreads = 8;
+// Requests per keep-alive connection, how long one waits idle for the next, and the send timeout.
+constexpr int kKeepAliveRequests = 100, kKeepAliveSeconds = 15;
+constexpr double kWriteTimeoutSeconds = 60;
+// The request line's allowance on top of --max-header-bytes (the library answers 414 past 8 KiB).
+constexpr size_t kRequestLineBytes = 8192 + 64;
+
+// One connection's byte stream for the library's request parser, kept for the whole connection
+// (the library's own is per request and drops bytes a client pipelined). Every read is bounded
+// by a deadline — the request line and headers must arrive within the read deadline of the
+// request's start, a body within the read deadline of its headers — so a client dripping a byte
+// at a time is cut off without a reaper thread; the head is cut off past its byte cap. What
+// ended a read is kept, so a refusal the library writes can say why (408, 431).
+class ConnectionStream : public httplib::Stream {
  public:
-  GatedQueue(size_t threads, ConnectionGate& gate) : pool_(threads), gate_(gate) {}
-  void enqueue(std::function<void()> fn) override {
-    const uint64_t id = gate_.admit();
-    if (id == 0) {  // refused: the socket is shut down, so the library reads EOF and closes it
-      fn();
-      return;
+  ConnectionStream(int fd, const Peer& peer, double write_timeout_s)
+      : fd_(fd), peer_(peer), write_ms_(static_cast<int>(write_timeout_s * 1000)) {
+    sockaddr_storage local{};
+    socklen_t ll = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0) {
+      char ip[INET6_ADDRSTRLEN] = {};
+      const void* addr =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(local).sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(local).sin6_addr);
+      ::inet_ntop(local.ss_family, addr, ip, sizeof ip);
+      local_ip_ = ip;
     }
-    pool_.enqueue([this, id, fn = std::move(fn)] {
-      fn();
-      if (id != ConnectionGate::kUntracked) gate_.release(id);
-    });
   }
-  void shutdown() override { pool_.shutdown(); }
+
+  // A request starts: its head must be in by `deadline` (now_seconds()) and within `head_limit`
+  // bytes.
+  void begin_request(double deadline, size_t head_limit) {
+    deadline_ = deadline;
+    head_limit_ = head_limit;
+    head_bytes_ = 0;
+    in_head_ = true;
+    timed_out_ = ended_ = head_too_large_ = false;
+  }
+  // The head is in: the body (if any) must be in by `deadline`.
+  void end_head(double deadline) {
+    in_head_ = false;
+    deadline_ = deadline;
+  }
+  bool buffered() const { return off_ < len_; }
+  bool timed_out() const { return timed_out_; }
+  bool ended() const { return ended_; }
+  bool head_too_large() const { return head_too_large_; }
+
+  bool is_readable() const override { return buffered() || wait(POLLIN, read_ms()); }
+  bool is_writable() const override { return wait(POLLOUT, write_ms_); }
+  ssize_t read(char* ptr, size_t size) override {
+    if (!buffered()) {
+      const int ms = read_ms();
+      if (ms <= 0 || !wait(POLLIN, ms)) {
+        timed_out_ = true;
+        return -1;
+      }
+      ssize_t n;
+      do n = ::recv(fd_, buffer_, sizeof buffer_, 0);
+      while (n < 0 && errno == EINTR);
+      if (n <= 0) {
+        ended_ = true;
+        return n;
+      }
+      off_ = 0;
+      len_ = static_cast<size_t>(n);
+    }
+    const size_t k = std::min(size, len_ - off_);
+    if (in_head_ && (head_bytes_ += k) > head_limit_) {
+      head_too_large_ = true;
+      return -1;
+    }
+    std::memcpy(ptr, buffer_ + off_, k);
+    off_ += k;
+    return static_cast<ssize_t>(k);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!wait(POLLOUT, write_ms_)) return -1;
+    return ::send(fd_, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = peer_.ip;
+    port = peer_.port;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = local_ip_;
+    port = peer_.local_port;
+  }
+  socket_t socket() const override { return fd_; }
 
  private:
-  httplib::ThreadPool pool_;
-  ConnectionGate& gate_;
+  int read_ms() const {
+    return static_cast<int>(std::clamp((deadline_ - now_seconds()) * 1000, 0.0, 3.6e6));
+  }
+  bool wait(short events, int ms) const {
+    pollfd p{fd_, events, 0};
+    int rc;
+    do rc = ::poll(&p, 1, ms);
+    while (rc < 0 && errno == EINTR);
+    return rc > 0;
+  }
+
+  int fd_;
+  const Peer& peer_;
+  int write_ms_;
+  std::string local_ip_;
+  char buffer_[16384];
+  size_t off_ = 0, len_ = 0;
+  double deadline_ = 0;
+  size_t head_limit_ = 0, head_bytes_ = 0;
+  bool in_head_ = false, timed_out_ = false, ended_ = false, head_too_large_ = false;
 };
+
+// The connection a library callback runs for: set by Transport::process_and_close_socket on the
+// connection's own thread, for the whole connection, so no state is found by address.
+struct Connection {
+  int fd = -1;
+  uint64_t id = 0;
+  Peer peer;
+  ConnectionStream* stream = nullptr;
+  bool closing = false;  // a response said "Connection: close": nothing more is served
+};
+thread_local Connection* t_conn = nullptr;
 
 // One request's state across the library's callbacks, which run in order on the connection's
-// thread: the pre-routing handler (headers in), the route handler (body), the logger (response
-// written). The library gives them no shared per-request slot but the thread.
-struct RequestScope {
+// thread: the pre-routing handler (headers in), the route handler (body), the post-routing
+// handler (response head about to be written), the logger (response written).
+struct RequestState {
   double headers_done = 0;   // now_seconds() when the headers were complete (the body's deadline)
   bool unread_body = false;  // refused before its body was read in full: drain before closing
+  bool started = false;      // the response's head is being written
+  bool probed = false;       // an interim 102 was written to tell a half-close from a close
 };
-thread_local RequestScope t_scope;
+thread_local std::shared_ptr<RequestState> t_request;
 
-PeerAddress address_of(const httplib::Request& req) {
-  return {req.remote_addr, req.remote_port, req.local_port};
+// Set while the accept thread runs a connection inline because no connection thread is free.
+thread_local bool t_no_thread = false;
+
+// A pool of connection threads; a connection that finds none free is refused at once (on the
+// accept thread) instead of waiting unserved in a queue.
+class ConnectionPool : public httplib::TaskQueue {
+ public:
+  explicit ConnectionPool(size_t threads) {
+    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~ConnectionPool() override { shutdown(); }
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (jobs_.size() < idle_) {
+        jobs_.push_back(std::move(fn));
+        ready_.notify_one();
+        return;
+      }
+    }
+    t_no_thread = true;
+    fn();
+    t_no_thread = false;
+  }
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& t : workers_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ++idle_;
+      ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) return;  // stopping, nothing left
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> workers_;
+  size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
+// cpp-httplib's server with its per-connection entry point taken over (a virtual the library's
+// accept loop calls on the connection's thread): the connection is admitted through the gate
+// with its socket in hand, then its requests are parsed and served by the library's
+// process_request over our ConnectionStream, in our keep-alive loop.
+class Transport : public httplib::Server {
+ public:
+  Transport(ConnectionGate& gate, const ServerOptions& options) : gate_(gate), options_(options) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    std::optional<Peer> peer;
+    uint64_t id = 0;
+    if (t_no_thread) {
+      gate_.refused_outright();
+    } else if ((peer = socket_peer(sock))) {
+      id = gate_.admit(*peer);
+    }
+    if (id == 0) {
+      ::shutdown(sock, SHUT_RDWR);
+      ::close(sock);
+      return false;
+    }
+    // The library writes a response's head and body separately: without TCP_NODELAY the body of
+    // every second request on a keep-alive connection waits ~40 ms for the delayed ACK.
+    const int yes = 1;
+    ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+    ConnectionStream stream(sock, *peer, kWriteTimeoutSeconds);
+    Connection c{sock, id, std::move(*peer), &stream};
+    t_conn = &c;
+    bool ok = true;
+    const size_t head_limit = options_.max_header_bytes + kRequestLineBytes;
+    for (int served = 0; served < kKeepAliveRequests && svr_sock_ != INVALID_SOCKET; ++served) {
+      if (!stream.buffered()) {
+        pollfd p{sock, POLLIN, 0};
+        if (::poll(&p, 1, kKeepAliveSeconds * 1000) <= 0) break;  // idle, or shut down
+      }
+      stream.begin_request(now_seconds() + options_.read_timeout_s, head_limit);
+      bool closed = false;
+      ok = process_request(stream, served + 1 == kKeepAliveRequests, closed, nullptr);
+      if (!ok || closed || c.closing) break;
+    }
+    t_conn = nullptr;
+    t_request.reset();
+    gate_.release(id);  // before the descriptor can be reused
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  ConnectionGate& gate_;
+  const ServerOptions& options_;
+};
+
+// Whether the library parsed the request line (it answers 400 without one, and for a header
+// line over its limit, before any handler runs).
+bool request_line_parsed(const httplib::Request& req) {
+  static const char* const kMethods[] = {"GET",     "HEAD",    "POST",  "PUT",  "DELETE",
+                                         "CONNECT", "OPTIONS", "TRACE", "PATCH"};
+  bool known = false;
+  for (const char* m : kMethods) known = known || req.method == m;
+  return known && (req.version == "HTTP/1.1" || req.version == "HTTP/1.0") && !req.path.empty();
+}
+
+// The client has hung up. Before the response's head is written, a peer that sent FIN may only
+// have half-closed its side and still be reading: an interim `102 Processing` is written once
+// (HTTP/1.1) and the peer counts as gone only when that draws a reset.
+bool client_gone(int fd, RequestState& request, bool http11) {
+  const PeerState s = peer_state(fd);
+  if (s.closed) return true;
+  if (!s.sent_fin) return false;
+  if (request.started || !http11) return true;
+  if (!request.probed) {
+    request.probed = true;
+    static constexpr char kProbe[] = "HTTP/1.1 102 Processing\r\n\r\n";
+    if (::send(fd, kProbe, sizeof kProbe - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) return true;
+  }
+  return false;
 }
 
 HttpRequest to_request(const httplib::Request& req) {
@@ -64,6 +321,7 @@ HttpRequest to_request(const httplib::Request& req) {
   for (const auto& [k, v] : req.headers) r.headers.emplace_back(k, v);
   r.remote_addr = req.remote_addr;
   r.remote_port = req.remote_port;
+  r.client = t_conn ? t_conn->peer.client : req.remote_addr;
   return r;
 }
 
@@ -85,7 +343,7 @@ void answer(HttpResponse out, httplib::Response& res) {
   res.headers.clear();
   for (auto& [k, v] : out.headers) res.set_header(k, v);
   res.status = out.status;
-  if (out.unread_body) t_scope.unread_body = true;
+  if (out.unread_body && t_request) t_request->unread_body = true;
   if (out.stream) {
     auto producer = std::make_shared<std::function<bool(StreamSink&)>>(std::move(out.stream));
     auto on_finish = std::move(out.on_finish);
@@ -112,36 +370,42 @@ void answer(HttpResponse out, httplib::Response& res) {
 struct HttpServer::Impl {
   ServerOptions options;
   Router router;
-  httplib::Server http;
   ConnectionGate gate{static_cast<size_t>(options.max_connections),
                       static_cast<size_t>(options.max_connections_per_ip), options.cap_loopback};
-  ReadDeadline deadline{options.read_timeout_s, gate};
+  Transport http{gate, options};
+  ReadDeadline deadline{options.read_timeout_s};
+  int listen_fd = -1;
+  // run() and shutdown() may race (a load that fails at once stops the server before it
+  // listens): shutdown() before run() makes run() return at once; after, it stops the listener.
+  std::mutex lifecycle;
+  bool stopped = false, listening = false;
+  std::atomic<bool> finished{false};
   std::once_flag shutdown_once;
 
   Impl(EngineService& s, ServerOptions o) : options(o), router(s, std::move(o)) {}
 
-  // The library's request with its body, through the route table; `client_gone` probes the
-  // connection's socket (found once, when first asked).
+  // The library's request with its body, through the route table.
   void dispatch(const httplib::Request& req, httplib::Response& res, std::string body) {
     HttpRequest r = to_request(req);
     r.body = std::move(body);
     r.request_id = res.get_header_value("x-request-id");
-    auto fd = std::make_shared<int>(-2);
-    r.client_gone = [this, fd, a = address_of(req)] {
-      if (*fd == -2) *fd = gate.socket_of(a);
-      return peer_hung_up(*fd);
-    };
+    if (t_conn && t_request)
+      r.client_gone = [fd = t_conn->fd, request = t_request, http11 = req.version == "HTTP/1.1"] {
+        return client_gone(fd, *request, http11);
+      };
     HttpResponse out = current(res);
     router.handle(std::move(r), out);
     answer(std::move(out), res);
   }
 
   // A POST's body, chunked or not, read up to the route's limit within the read deadline (the
-  // library bounds Content-Length bodies but not chunked ones), then dispatched.
+  // library bounds Content-Length bodies but not chunked ones), then dispatched. A body that
+  // stops arriving fails its read at the deadline: that is a 408 too, not a broken body.
   void read_and_dispatch(const httplib::Request& req, httplib::Response& res,
                          const httplib::ContentReader& reader) {
     const Route* route = router.find(req.method, req.path);
     const size_t limit = route ? route->body_limit : options.max_body_bytes;
+    const double headers_done = t_request ? t_request->headers_done : now_seconds();
     std::string body;
     bool too_large = false, too_slow = false;
     const bool complete = reader([&](const char* data, size_t length) {
@@ -149,13 +413,14 @@ struct HttpServer::Impl {
         too_large = true;
         return false;
       }
-      if (deadline.body_overdue(t_scope.headers_done)) {
+      if (deadline.body_overdue(headers_done)) {
         too_slow = true;
         return false;
       }
       body.append(data, length);
       return true;
     });
+    if (!complete && !too_large && t_conn && t_conn->stream->timed_out()) too_slow = true;
     if (too_slow || too_large || !complete) {
       HttpResponse out = current(res);
       const ApiError error = too_slow    ? body_too_slow(deadline.seconds())
@@ -173,13 +438,46 @@ struct HttpServer::Impl {
     dispatch(req, res, std::move(body));
   }
 
+  // A response the library wrote before any handler ran (no request line, a head over its
+  // limits or not in time): in our error shape, saying why, and the connection ends after it
+  // (never waits for a next request on a stream already out of step).
+  void library_refusal(const httplib::Request& req, httplib::Response& res) {
+    ApiError error = http_status_error(res.status);
+    const ConnectionStream* stream = t_conn ? t_conn->stream : nullptr;
+    if (res.status == 400 && stream && stream->timed_out()) {
+      error = api_error(408, "invalid_request_error", "request_timeout",
+                        "the request headers were not received within " +
+                            std::to_string(static_cast<int>(options.read_timeout_s)) + " s");
+    } else if (res.status == 400 && stream && stream->head_too_large()) {
+      error = api_error(
+          431, "invalid_request_error", "headers_too_large",
+          "the request headers exceed " + std::to_string(options.max_header_bytes / 1024) + " KiB");
+    } else if (res.status == 400 && !request_line_parsed(req)) {
+      error = api_error(400, "invalid_request_error", "bad_request",
+                        "the request line is not an HTTP/1.x request line");
+    } else if (res.status == 400 && stream && !stream->ended()) {
+      // The request line parsed and the stream did not fail: the library refuses a header line
+      // over its 8 KiB limit.
+      error = api_error(431, "invalid_request_error", "headers_too_large",
+                        "a request header line exceeds 8 KiB");
+    }
+    const HttpResponse e = error_response(error);
+    res.status = e.status;
+    for (const auto& [k, v] : e.headers) res.set_header(k, v);
+    res.set_header("Connection", "close");
+    res.set_content(e.body, e.content_type.c_str());
+  }
+
   void install() {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      const PeerAddress a = address_of(req);
-      gate.mark(a, true);
-      t_scope = RequestScope{now_seconds(), false};
-      if (gate.poisoned(a)) {  // bytes after a refused request: never served
-        res.status = 400;
+      t_request = std::make_shared<RequestState>();
+      t_request->headers_done = now_seconds();
+      if (t_conn) {
+        gate.mark(t_conn->id, true);
+        t_conn->stream->end_head(t_request->headers_done + options.read_timeout_s);
+      }
+      if (t_conn && t_conn->closing) {  // bytes after a closing response: never served
+        answer(error_response(http_status_error(400)), res);
         res.set_header("Connection", "close");
         return httplib::Server::HandlerResponse::Handled;
       }
@@ -191,27 +489,30 @@ struct HttpServer::Impl {
       answer(std::move(head), res);
       return httplib::Server::HandlerResponse::Handled;
     });
+    http.set_post_routing_handler([](const httplib::Request&, httplib::Response&) {
+      if (t_request) t_request->started = true;
+    });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
       // Runs once the response is written: a response that said "Connection: close" (an early
       // refusal, an SSE stream) ends the connection here, so bytes the client sent after its
-      // headers are never read as a next request; a request the library had already buffered
-      // is refused unanswered (poisoned).
-      if (res.get_header_value("Connection") == "close") {
-        const int fd = gate.socket_of(address_of(req));
-        if (fd >= 0) gate.poison(fd);
-        end_connection(fd, t_scope.unread_body);
-        if (fd >= 0) gate.retire(fd);
+      // headers are never read as a next request.
+      if (t_conn && res.get_header_value("Connection") == "close") {
+        t_conn->closing = true;
+        end_connection(t_conn->fd, t_request && t_request->unread_body);
+        gate.retire(t_conn->id);
       }
-      t_scope.unread_body = false;
-      gate.mark(address_of(req), false);
+      if (t_conn) gate.mark(t_conn->id, false);
+      t_request.reset();
+      if (req.method.empty() || !req.has_header("REMOTE_ADDR")) return;  // the library refused
       if (router.record(req.method, req.path, res.status))
         std::fputs(
             router.log_line(req.method, req.path, res.status, res.get_header_value("x-request-id"))
                 .c_str(),
             stderr);
     });
-    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      if (!req.has_header("REMOTE_ADDR")) return library_refusal(req, res);
       const HttpResponse e = error_response(http_status_error(res.status));
       res.set_content(e.body, e.content_type.c_str());
     });
@@ -247,10 +548,21 @@ HttpServer::HttpServer(EngineService& service, ServerOptions options)
     : impl_(std::make_unique<Impl>(service, std::move(options))) {
   Impl& s = *impl_;
   s.http.new_task_queue = [&s] {
-    return new GatedQueue(static_cast<size_t>(std::max(4, s.options.max_connections)) + 2, s.gate);
+    return new ConnectionPool(static_cast<size_t>(std::max(1, s.options.max_connections)) +
+                              kSpareThreads);
   };
+  // The library's default also sets SO_REUSEPORT, which lets a second server bind the same port
+  // and take half its connections: SO_REUSEADDR only (rebinding over TIME_WAIT after a restart).
+  s.http.set_socket_options([&s](socket_t fd) {
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    s.listen_fd = fd;
+  });
   s.http.set_payload_max_length(s.options.max_body_bytes);
-  s.http.set_read_timeout(static_cast<time_t>(s.options.read_timeout_s), 0);
+  const double t = s.options.read_timeout_s;
+  s.http.set_read_timeout(
+      static_cast<time_t>(t),
+      static_cast<time_t>((t - static_cast<double>(static_cast<time_t>(t))) * 1e6));
   s.http.set_write_timeout(60, 0);
   s.http.set_keep_alive_timeout(15);
   s.install();
@@ -258,35 +570,69 @@ HttpServer::HttpServer(EngineService& service, ServerOptions options)
 
 HttpServer::~HttpServer() = default;
 
+namespace {
+
+// Why `host` cannot be listened on when the library's bind failed: the system's reason (the
+// port in use, no such address here) or the resolver's.
+std::string bind_failure(const std::string& host, int saved_errno) {
+  if (saved_errno != 0) return std::strerror(saved_errno);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  return rc != 0 ? std::string("not an address of this machine (") + ::gai_strerror(rc) + ")"
+                 : "cannot bind";
+}
+
+}  // namespace
+
 int HttpServer::bind() {
   Impl& s = *impl_;
   const std::string& host = s.options.security.bind_host;
   int port = s.options.port;
+  errno = 0;
   if (port == 0)
     port = s.http.bind_to_any_port(host);
   else if (!s.http.bind_to_port(host, port))
     port = -1;
+  const int saved = errno;
   if (port <= 0)
     throw Error("cannot listen on " + host + ":" + std::to_string(s.options.port) + ": " +
-                std::strerror(errno));
+                bind_failure(host, saved));
+  if (s.listen_fd >= 0) ::listen(s.listen_fd, kListenBacklog);
   s.options.security.port = port;
   s.router.set_port(port);
-  s.gate.set_port(port);
   return port;
 }
 
 void HttpServer::run() {
   Impl& s = *impl_;
-  s.deadline.start();
+  {
+    std::lock_guard<std::mutex> lock(s.lifecycle);
+    if (s.stopped) return;
+    s.listening = true;
+  }
   s.http.listen_after_bind();
-  s.deadline.stop();
+  s.finished.store(true);
 }
 
 void HttpServer::shutdown() {
   Impl& s = *impl_;
   std::call_once(s.shutdown_once, [&] {
     s.router.drain();
+    {
+      std::lock_guard<std::mutex> lock(s.lifecycle);
+      s.stopped = true;
+      if (!s.listening) return;  // run() has not started listening: it will not
+    }
+    // run() is entering or in the library's accept loop, which marks itself running first.
+    while (!s.http.is_running() && !s.finished.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     s.http.stop();
+    // Idle keep-alive connections would hold the accept loop's exit for the keep-alive timeout.
+    s.gate.visit_idle(0, [](const Peer& p) { ::shutdown(p.fd, SHUT_RDWR); });
   });
 }
 

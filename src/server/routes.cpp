@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <sys/random.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -192,6 +193,27 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
                      "the request headers exceed 16 KiB"));
     return true;
   }
+  // Framing (request smuggling): at most one Content-Length, never together with
+  // Transfer-Encoding, and no Transfer-Encoding but chunked: a proxy in front may read either.
+  size_t lengths = 0, encodings = 0;
+  for (const auto& [k, v] : req.headers) {
+    lengths += same_field_name(k, "Content-Length") ? 1 : 0;
+    encodings += same_field_name(k, "Transfer-Encoding") ? 1 : 0;
+  }
+  std::string encoding;
+  for (char ch : req.header("Transfer-Encoding"))
+    if (ch != ' ' && ch != '\t')
+      encoding += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lengths > 1 || encodings > 1 || (lengths && encodings) ||
+      (encodings && encoding != "chunked")) {
+    refuse(req, res,
+           api_error(400, "invalid_request_error", "invalid_framing",
+                     lengths > 1 ? "more than one Content-Length header"
+                     : encodings > 1 || encoding != "chunked"
+                         ? "Transfer-Encoding must be exactly chunked"
+                         : "Content-Length together with Transfer-Encoding"));
+    return true;
+  }
   if (!host_allowed(req.header("Host"), options.security)) {
     refuse(
         req, res,
@@ -212,14 +234,15 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
   }
   const Route* route = find(req.method, req.path);
   if (route && route->auth == AuthClass::api_key && !options.security.api_keys.empty()) {
-    if (const int wait = state_->brake.blocked_for(req.remote_addr)) {
+    const std::string& client = req.client.empty() ? req.remote_addr : req.client;
+    if (const int wait = state_->brake.blocked_for(client)) {
       refuse(req, res,
              api_error(429, "rate_limit_error", "too_many_auth_failures",
                        "too many failed API keys from this address", std::nullopt, wait));
       return true;
     }
     if (!authorised(options, req)) {
-      state_->brake.failed(req.remote_addr);
+      state_->brake.failed(client);
       refuse(
           req, res,
           api_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));

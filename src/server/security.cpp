@@ -1,6 +1,9 @@
 // server/security.cpp — Host, Origin and API-key checks (see server/security.h).
 #include "server/security.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -23,8 +26,14 @@ std::string_view trim(std::string_view s) {
 }  // namespace
 
 bool is_loopback_host(std::string_view host) {
-  const std::string h = lower(host);
-  return h == "localhost" || h == "::1" || h == "[::1]" || h.rfind("127.", 0) == 0;
+  std::string h = lower(trim(host));
+  if (h == "localhost") return true;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, h.c_str(), &v6) != 1) return false;
+  return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
 }
 
 std::string host_without_port(std::string_view host_header) {
@@ -61,10 +70,7 @@ bool origin_allowed(std::string_view origin, const SecurityOptions& options) {
   const std::string port = std::to_string(options.port);
   for (const char* own : {"http://127.0.0.1:", "http://localhost:", "http://[::1]:"})
     if (o == own + port) return true;
-  if (!options.bind_host.empty() && o == "http://" + lower(options.bind_host) + ":" + port)
-    return true;
-  return o == "http://localhost:5173" || o == "tauri://localhost" ||
-         o == "http://tauri.localhost" || o == "https://tauri.localhost";
+  return !options.bind_host.empty() && o == "http://" + lower(options.bind_host) + ":" + port;
 }
 
 std::string presented_key(std::string_view authorization, std::string_view x_api_key) {

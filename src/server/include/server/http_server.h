@@ -1,9 +1,10 @@
 // server/http_server.h — `coli serve`: the OpenAI-compatible HTTP front end over one
-// EngineService (docs/serving.md). This is the socket side only: listening, the connection gate
-// (caps at accept), the read deadline, reading bodies up to the route's limit, writing
-// responses and SSE streams, and ending connections that must serve nothing more. What each
-// request gets is decided by the route table and its handlers (server/routes.h), which never
-// see a socket. HTTP threads never touch model state.
+// EngineService (docs/serving.md §4.10). This is the socket side only: listening (no port
+// sharing, a real backlog), each connection on its own thread through the connection gate (caps,
+// eviction of idle connections when full), the read deadline, reading bodies up to the route's
+// limit, writing responses and SSE streams, and ending connections that must serve nothing more.
+// What each request gets is decided by the route table and its handlers (server/routes.h), which
+// never see a socket. HTTP threads never touch model state.
 #pragma once
 
 #include <memory>

@@ -23,6 +23,9 @@ struct HttpRequest {
   std::string body;         // empty before the body is read
   std::string remote_addr;  // the peer's IP address
   int remote_port = -1;
+  // Who the client is for the auth brake: the address, and for a loopback client the uid owning
+  // its socket too ("127.0.0.1 uid 1000"); empty: the address.
+  std::string client;
   std::string request_id;  // x-request-id of the response ("req-<16 hex>")
   std::string path_param;  // the {id} of a route such as /v1/models/{id} (set by the router)
   // True once the client has hung up (polled while a generation waits or streams); null: never.

@@ -5,10 +5,11 @@
 // in one place. The socket adapter (server/http_server.h) calls screen() once the headers are
 // in, reads the body up to the route's limit, then handle(); a test calls serve().
 //
-// The guards of screen(), in order, before any body is read: headers over the cap (431), Host
-// allowlist (403), OPTIONS preflight (204), API key for api_key routes (429 after repeated
-// failures, 401), and on POST: foreign Origin (403), Content-Type application/json (415),
-// Content-Length over the route's limit (413) or missing without chunked encoding (411).
+// The guards of screen(), in order, before any body is read: headers over the cap (431),
+// ambiguous framing (400: two Content-Lengths, Content-Length with Transfer-Encoding, an encoding
+// but chunked), Host allowlist (403), OPTIONS preflight (204), API key for api_key routes (429
+// after repeated failures, 401), and on POST: foreign Origin (403), Content-Type application/json
+// (415), Content-Length over the route's limit (413) or missing without chunked encoding (411).
 #pragma once
 
 #include <functional>

@@ -17,14 +17,15 @@ struct SecurityOptions {
   std::vector<std::string> cors_origins;   // extra exact origins; "*" allows any
 };
 
-// 127.0.0.1 / ::1 / localhost (and the rest of 127.0.0.0/8).
+// localhost, or a numeric loopback address: 127.0.0.0/8 (dotted quad), ::1 (bracketed or not),
+// ::ffff:127.x.y.z. Anything else ("127.evil", a host name) is not.
 bool is_loopback_host(std::string_view host);
 // The host name of a Host header without its port ("[::1]:8000" → "::1", "a.b:80" → "a.b").
 std::string host_without_port(std::string_view host_header);
 // The Host header is localhost, 127.0.0.1, [::1], the bind address or an allowed host.
 bool host_allowed(std::string_view host_header, const SecurityOptions& options);
-// The origin is the server's own (any loopback spelling, same port), the UI dev server
-// (http://localhost:5173), the anchor's Tauri origins, or a --cors-origin entry.
+// The origin is the server's own (any loopback spelling or the bind address, same port) or a
+// --cors-origin entry.
 bool origin_allowed(std::string_view origin, const SecurityOptions& options);
 // The key from `Authorization: Bearer <key>` or `x-api-key` (trimmed); empty when absent or
 // another scheme.

@@ -36,7 +36,8 @@ struct ServerOptions {
   double queue_timeout_s = 300;
   double sse_ping_s = 10;  // 0 = no keep-alive comments
   double drain_timeout_s = 30;
-  int max_connections = 64;  // live connections (more are closed at accept)
+  // Live connections; when full, an idle one is evicted for a new one (docs/serving.md §4.6).
+  int max_connections = 64;
   // Live connections from one remote address; loopback clients (every local process shares
   // 127.0.0.1: an agent's connection pool, the web page, a script) only count against the
   // global cap unless `cap_loopback`.

@@ -1,0 +1,228 @@
+// The transport of `coli serve` under abuse (docs/serving.md §4.6, §4.10), over raw sockets:
+// client ports reused across many connections never get a 400, a second server cannot bind a
+// port in use, a load that fails at once ends the process, /health answers while one client
+// holds slow connections, the listen backlog, framing and header refusals (400 / 431 / 408), a
+// garbage request line closes the connection, a half-closed client still gets its answer, and
+// the --host / --api-key-file checks.
+//
+//   node tests/node/serve_transport_test.mjs <path-to-coli>
+//   (ctest: Serve.Transport; SERVE_TRANSPORT_CONNECTIONS sets the connection count of the first
+//   check, 20000 by default; docs/serving.md §4.10 gives the 100000 run)
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import {
+  MODEL_ID, Runner, Server, assert, globalTimeout, killAll, makeDemoModel, makeTempDir, rawSocket, request, show, sleep,
+} from './serve_util.mjs';
+
+const coliArg = process.argv[2];
+if (!coliArg) {
+  console.error('usage: node tests/node/serve_transport_test.mjs <path-to-coli>');
+  process.exit(2);
+}
+const coli = path.resolve(coliArg);
+const cancelTimeout = globalTimeout(Number(process.env.SERVE_TEST_TIMEOUT_S ?? 300) * 1000, 'serve_transport');
+const CONNECTIONS = Number(process.env.SERVE_TRANSPORT_CONNECTIONS ?? 20000);
+
+const R = new Runner('serve_transport');
+const tmp = makeTempDir('coli-serve-transport-');
+const modelDir = path.join(tmp, 'model');
+makeDemoModel(coli, modelDir);
+
+// One HTTP exchange on a socket from `localPort` (0: any). Resolves {status, ms, error}.
+function exchange(port, text, { localPort = 0, timeoutMs = 10_000 } = {}) {
+  return new Promise((resolve) => {
+    const t0 = performance.now();
+    const parts = Array.isArray(text) ? text : [text];
+    let sent = 1;
+    const sock = net.connect({ host: '127.0.0.1', port, ...(localPort ? { localPort } : {}) });
+    let buf = '';
+    let done = false;
+    const finish = (error) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      sock.destroy();
+      const m = buf.match(/^HTTP\/1\.1 (\d{3})/);
+      const statuses = [...buf.matchAll(/HTTP\/1\.1 (\d{3})/g)].map((x) => Number(x[1]));
+      resolve({ status: m ? Number(m[1]) : 0, statuses, ms: performance.now() - t0, error, text: buf });
+    };
+    const timer = setTimeout(() => finish('timeout'), timeoutMs);
+    sock.setEncoding('latin1');
+    sock.on('connect', () => sock.write(parts[0]));
+    sock.on('data', (d) => {
+      buf += d;
+      // Every request on the socket answered: the last response is complete.
+      const n = parts.length;
+      const answers = buf.split(/HTTP\/1\.1 \d{3}/).length - 1;
+      if (!/\r\n\r\n\{[^]*\}\s*$/.test(buf)) return;
+      if (answers >= n) finish(null);
+      else if (answers > sent - 1) sock.write(parts[sent++]);
+    });
+    sock.on('error', (e) => finish(e.code ?? e.message));
+    sock.on('close', () => finish(null));
+  });
+}
+
+const HEALTH = 'GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n';
+const HEALTH_CLOSE = 'GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n';
+
+const srv = await new Server(coli, modelDir, 'transport', ['--read-deadline', '3']).start();
+
+await R.check(`transport.${CONNECTIONS}_connections_zero_400`, async () => {
+  // Half close after one request (the server closes first), half keep-alive with three requests
+  // (the client closes). The closing half reuses a small set of client ports, so many
+  // connections share an address and port with an earlier one.
+  const counts = {};
+  let next = 0;
+  const t0 = performance.now();
+  let maxMs = 0, requests = 0;
+  const worker = async (w) => {
+    for (let i = next++; i < CONNECTIONS; i = next++) {
+      const close = i % 2 === 0;
+      const text = close ? HEALTH_CLOSE : [HEALTH, HEALTH, HEALTH];
+      const localPort = close ? 40000 + w * 50 + ((i >> 1) % 50) : 0;
+      let r = await exchange(srv.port, text, { localPort });
+      if (r.error === 'EADDRINUSE' || r.error === 'EADDRNOTAVAIL') r = await exchange(srv.port, text);
+      const expected = close ? 1 : 3;
+      for (const st of r.statuses) counts[st] = (counts[st] ?? 0) + 1;
+      if (r.statuses.length < expected) counts[`missing (${r.error})`] = (counts[`missing (${r.error})`] ?? 0) + expected - r.statuses.length;
+      requests += expected;
+      maxMs = Math.max(maxMs, r.ms);
+    }
+  };
+  await Promise.all(Array.from({ length: 8 }, (_, w) => worker(w)));
+  const s = (performance.now() - t0) / 1000;
+  console.log(`      ${CONNECTIONS} connections, ${requests} requests in ${s.toFixed(1)} s (${Math.round(CONNECTIONS / s)} connections/s), slowest ${maxMs.toFixed(0)} ms: ${show(counts)}`);
+  assert(!counts['400'], `400 answers: ${show(counts)}`);
+  assert(counts['200'] === requests, `not every request got 200: ${show(counts)}`);
+});
+
+await R.check('transport.listen_backlog', async () => {
+  const r = spawnSync('ss', ['-ltnH', `sport = :${srv.port}`], { encoding: 'utf8' });
+  assert(r.status === 0, `ss failed: ${r.stderr}`);
+  const backlog = Number(r.stdout.trim().split(/\s+/)[2]);
+  assert(backlog >= 128, `listen backlog ${backlog} (ss: ${r.stdout.trim()})`);
+});
+
+await R.check('transport.second_server_on_the_port_refused', async () => {
+  const r = spawnSync(coli, ['serve', '--model', modelDir, '--port', String(srv.port)], { encoding: 'utf8', timeout: 60_000 });
+  assert(r.status !== 0 && r.status !== null, `second server exited ${r.status} ${r.signal}: ${r.stderr}`);
+  assert(/in use/i.test(r.stderr) && r.stderr.includes(String(srv.port)), `message: ${r.stderr}`);
+  const h = await request(srv, { path: '/health' });
+  assert(h.status === 200, `first server: ${h.status}`);
+});
+
+await R.check('transport.fast_load_failure_exits', async () => {
+  // The load fails at once, maybe before the listener runs: the process must still end.
+  const runs = await Promise.all(Array.from({ length: 16 }, () => new Promise((resolve) => {
+    const p = spawn(coli, ['serve', '--model', path.join(tmp, 'nonexistent'), '--port', '0'], { stdio: 'ignore' });
+    const t = setTimeout(() => { p.kill('SIGKILL'); resolve('hung'); }, 20_000);
+    p.on('exit', (code) => { clearTimeout(t); resolve(code); });
+  })));
+  assert(runs.every((c) => c === 3), `exit codes: ${show(runs)}`);
+});
+
+await R.check('transport.health_answers_while_one_client_holds_slow_connections', async () => {
+  const slow = await new Server(coli, modelDir, 'slowloris', ['--read-deadline', '60']).start();
+  const sockets = [];
+  try {
+    // 100 connections (the cap is 64) dripping a request head a byte at a time.
+    for (let i = 0; i < 100; ++i) {
+      const s = net.connect({ host: '127.0.0.1', port: slow.port });
+      s.on('error', () => {});
+      sockets.push(s);
+    }
+    const drip = setInterval(() => { for (const s of sockets) if (!s.destroyed) s.write('X'); }, 200);
+    for (const s of sockets) s.write('GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ');
+    await sleep(1000);
+    const probes = [];
+    for (let i = 0; i < 20; ++i) probes.push(await exchange(slow.port, HEALTH_CLOSE, { timeoutMs: 5000 }));
+    clearInterval(drip);
+    const ok = probes.filter((p) => p.status === 200).length;
+    console.log(`      /health under 100 slow connections: ${ok}/20 answered, slowest ${Math.max(...probes.map((p) => p.ms)).toFixed(0)} ms`);
+    assert(ok === 20, `probes: ${show(probes.map((p) => p.status || p.error))}`);
+  } finally {
+    for (const s of sockets) s.destroy();
+    await slow.stop();
+  }
+});
+
+await R.check('transport.framing_and_header_refusals', async () => {
+  const post = (extra, body = '{}') =>
+    `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n${extra}\r\n${body}`;
+  const twoLengths = await rawSocket(srv.port, [post('Content-Length: 2\r\nContent-Length: 30\r\n')]);
+  assert(twoLengths.status === 400 && /invalid_framing/.test(twoLengths.text), `two lengths: ${show(twoLengths.text)}`);
+  const teCl = await rawSocket(srv.port, [post('Content-Length: 7\r\nTransfer-Encoding: chunked\r\n', '2\r\n{}\r\n0\r\n\r\n')]);
+  assert(teCl.status === 400 && /invalid_framing/.test(teCl.text), `TE+CL: ${show(teCl.text)}`);
+  const big = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`]);
+  assert(big.status === 431 && /headers_too_large/.test(big.text), `20 KB header: ${show(big.text)}`);
+  const many = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n${'X-A: b\r\n'.repeat(4000)}\r\n`]);
+  assert(many.status === 431, `32 KB of headers: ${show(many.text)}`);
+  // The body stops after 2 of 100 bytes: 408 once the read deadline (3 s here) passes.
+  const stalled = await rawSocket(srv.port, [post('Content-Length: 100\r\n', '{"')], { readTimeoutMs: 10_000 });
+  assert(stalled.status === 408 && /request_timeout/.test(stalled.text), `stalled body: ${show(stalled.text)}`);
+  // A request head that never ends: 408, not a silent close.
+  const head = await rawSocket(srv.port, ['GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n'], { readTimeoutMs: 10_000 });
+  assert(head.status === 408 && head.closed, `stalled head: ${show(head.text)}`);
+});
+
+await R.check('transport.garbage_request_line_closes_the_connection', async () => {
+  // Answered and closed at once (the keep-alive wait is 15 s; the socket gives up at 8).
+  const r = await rawSocket(srv.port, ['\x16\x03\x01 garbage here\r\n\r\n'], { readTimeoutMs: 8000 });
+  assert(r.status === 400 && r.closed && /bad_request/.test(r.text), `garbage: closed=${r.closed} ${show(r.text)}`);
+});
+
+await R.check('transport.half_closed_client_gets_its_answer', async () => {
+  const body = JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: 'hi' }], max_tokens: 4, temperature: 0 });
+  const r = await new Promise((resolve) => {
+    const sock = net.connect({ host: '127.0.0.1', port: srv.port });
+    let buf = '';
+    const t = setTimeout(() => { sock.destroy(); resolve({ buf, error: 'timeout' }); }, 60_000);
+    sock.setEncoding('utf8');
+    sock.on('connect', () => {
+      sock.end(`POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    });
+    sock.on('data', (d) => { buf += d; });
+    sock.on('close', () => { clearTimeout(t); resolve({ buf }); });
+    sock.on('error', (e) => { clearTimeout(t); resolve({ buf, error: e.code }); });
+  });
+  const final = r.buf.replace(/^HTTP\/1\.1 1\d\d [^\r]*\r\n\r\n/g, '');
+  assert(/^HTTP\/1\.1 200/.test(final) && /chat\.completion/.test(final), `half-closed: ${show(r)}`);
+});
+
+await R.check('transport.host_and_key_file_checks', async () => {
+  const evil = spawnSync(coli, ['serve', '--model', modelDir, '--host', '127.evil', '--port', '0'], { encoding: 'utf8', timeout: 30_000 });
+  assert(evil.status !== 0 && /refusing to listen on 127\.evil/.test(evil.stderr), `127.evil: ${evil.status} ${evil.stderr}`);
+  const keyFile = path.join(tmp, 'keys');
+  fs.writeFileSync(keyFile, '# no key yet\n\n', { mode: 0o600 });
+  const empty = spawnSync(coli, ['serve', '--model', modelDir, '--api-key-file', keyFile, '--port', '0'], { encoding: 'utf8', timeout: 30_000 });
+  assert(empty.status !== 0 && empty.stderr.includes(keyFile) && /no key/.test(empty.stderr), `empty key file: ${empty.status} ${empty.stderr}`);
+  // --host [::1] (the URL spelling) listens on ::1 and answers there.
+  const v6 = new Server(coli, modelDir, 'v6', ['--host', '[::1]']);
+  v6.spawnProcess();
+  for (let i = 0; i < 300 && !/\[::1\]:\d+/.test(v6.out) && !v6.exit; ++i) await sleep(50);
+  const m = v6.out.match(/http:\/\/\[::1\]:(\d+)/);
+  assert(m, `--host [::1]: no listening line\n${v6.logTail()}`);
+  const h = await new Promise((resolve) => {
+    const sock = net.connect({ host: '::1', port: Number(m[1]) });
+    let buf = '';
+    sock.on('connect', () => sock.write('GET /health HTTP/1.1\r\nHost: [::1]\r\nConnection: close\r\n\r\n'));
+    sock.on('data', (d) => { buf += d; });
+    sock.on('close', () => resolve(buf));
+    sock.on('error', (e) => resolve(`error ${e.code}`));
+  });
+  assert(/^HTTP\/1\.1 (200|503)/.test(h), `/health on [::1]: ${show(h)}`);
+  await v6.stop();
+});
+
+await R.check('transport.server_exits_cleanly', async () => {
+  const e = await srv.stop();
+  assert(e.code === 0, `exit ${show(e)}\n${srv.logTail()}`);
+});
+
+cancelTimeout();
+killAll();
+fs.rmSync(tmp, { recursive: true, force: true });
+process.exit(R.summary() ? 0 : 1);
