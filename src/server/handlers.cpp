@@ -204,6 +204,7 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
   ServiceEvent accepted;
   auto handle = admit_chat(c, *request, "messages", req, res, accepted);
   if (!handle) return res;
+  const text::Tokenizer* tokenizer = c.service.engine()->tokenizer();  // admitted: loaded
   const ResponseIds ids = new_response_ids();
   if (request->stream) {
     stream_chat(c, req, res, request, handle, ids, accepted, tokenizer);
