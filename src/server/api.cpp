@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "request_fields.h"
 #include "text/chat.h"
 #include "text/prompt.h"
 
@@ -45,6 +46,9 @@ bool depth_within(std::string_view body, int limit) {
   return true;
 }
 
+}  // namespace
+
+// The field checks shared with the other API shapes (server/request_fields.h).
 bool is_int(const json& v) {
   return v.is_number_integer() ||
          (v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -132,6 +136,8 @@ bool is_media_part(const std::string& type) {
          type == "audio" || type == "file" || type == "input_file" || type == "video" ||
          type == "video_url";
 }
+
+namespace {
 
 // Validates one message and returns it normalised for the renderer.
 std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
@@ -354,6 +360,8 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
   return std::nullopt;
 }
 
+}  // namespace
+
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
   if (!config.accept_any_model && model != config.model_id &&
       std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
@@ -363,8 +371,6 @@ std::optional<ApiError> check_model(const std::string& model, const ApiConfig& c
         "model");
   return std::nullopt;
 }
-
-}  // namespace
 
 std::variant<json, ApiError> parse_json_object(std::string_view body) {
   if (!depth_within(body, kMaxJsonDepth))
