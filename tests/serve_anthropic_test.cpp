@@ -71,7 +71,9 @@ TEST(ServeAnthropic, RefusalsNameTheField) {
       {messages_body(R"("stop_sequences":["ok",""])"), 400, "stop_sequences.1"},
       {messages_body(R"("stream":"yes")"), 400, "stream"},
       {messages_body(R"("system":[{"type":"image"}])"), 400, "system.0.type"},
-      {messages_body("", R"([{"role":"system","content":"hi"}])"), 400, "messages.0.role"},
+      {messages_body("", R"([{"role":"wizard","content":"hi"}])"), 400, "messages.0.role"},
+      {messages_body("", R"([{"role":"system","content":[{"type":"image"}]}])"), 400,
+       "messages.0.content.0.type"},
       {messages_body("", R"([{"role":"user"}])"), 400, "messages.0.content"},
       {messages_body("", R"([{"role":"user","content":[{"type":"image","source":{}}]}])"), 400,
        "messages.0.content.0"},
@@ -107,6 +109,11 @@ TEST(ServeAnthropic, RefusalsNameTheField) {
       {messages_body(R"("thinking":{"type":"enabled","budget_tokens":2048})"), 400,
        "thinking.budget_tokens"},  // not below max_tokens (64)
       {messages_body(R"("mcp_servers":[{}])"), 400, "mcp_servers"},
+      {messages_body(R"("thinking":{"type":"adaptive","display":"full"})"), 400,
+       "thinking.display"},
+      {messages_body(R"("output_config":{"effort":"extreme"})"), 400, "output_config.effort"},
+      {messages_body(R"("output_config":{"format":{"type":"json_schema"}})"), 400,
+       "output_config.format"},
       {messages_body(R"("metadata":"x")"), 400, "metadata"},
   };
   for (const Case& c : cases) {
@@ -182,6 +189,18 @@ TEST(ServeAnthropic, SettingsMapToTheEngine) {
                                      std::to_string(budget) + "}"))
                   .chat.effort,
               effort);
+  // Adaptive thinking (what Claude Code sends): on, the effort from output_config.
+  const MessagesRequest adaptive = accepted(messages_body(
+      R"("thinking":{"type":"adaptive","display":"omitted"},"output_config":{"effort":"medium"})"));
+  EXPECT_TRUE(adaptive.chat.thinking);
+  EXPECT_TRUE(adaptive.omit_thinking);
+  EXPECT_EQ(adaptive.chat.effort, "high");
+  // A system message between the turns renders as the OpenAI system message does.
+  EXPECT_EQ(rendered(accepted(messages_body("", R"([{"role":"user","content":"hi"},
+              {"role":"system","content":[{"type":"text","text":"Be brief."}]}])"))
+                         .chat),
+            rendered(openai(R"({"model":"kimi-k3","messages":[{"role":"user","content":"hi"},
+              {"role":"system","content":[{"type":"text","text":"Be brief."}]}]})")));
   // tool_choice: any → required; tool → required with only that tool declared; none → none.
   const std::string tools =
       R"("tools":[{"name":"f","input_schema":{}},{"name":"g","input_schema":{}}],)";
@@ -243,6 +262,10 @@ TEST(ServeAnthropic, MessageShape) {
   const json s = messages_response_json(result, "msg_x", "kimi-k3");
   EXPECT_EQ(s["stop_reason"], "stop_sequence");
   EXPECT_EQ(s["stop_sequence"], "END");
+  // thinking.display omitted: the block keeps its signature, not its text.
+  const json omitted = messages_response_json(result, "msg_x", "kimi-k3", true);
+  EXPECT_EQ(omitted["content"][0]["thinking"], "");
+  EXPECT_EQ(omitted["content"][0]["signature"], thinking_signature("Think."));
   // Arguments that are not a JSON object are kept whole.
   call.arguments_json = "not json";
   EXPECT_EQ(tool_input_json(call), (json{{"arguments", "not json"}}));
@@ -309,6 +332,16 @@ TEST(ServeAnthropic, StreamEventOrder) {
   EXPECT_EQ(data[11]["delta"], (json{{"type", "input_json_delta"}, {"partial_json", "{\"x\":1}"}}));
   EXPECT_EQ(data[13]["delta"]["stop_reason"], "tool_use");
   EXPECT_EQ(data[13]["usage"]["output_tokens"], 5);
+}
+
+TEST(ServeAnthropic, StreamOmitsThinkingText) {
+  MessagesStream stream("msg_x", "kimi-k3", true);
+  std::vector<std::string> deltas;
+  for (const ServiceEvent& e :
+       {event(ServiceEvent::Kind::reasoning, "a"), event(ServiceEvent::Kind::content, "b")})
+    for (const auto& [name, d] : stream.on_event(e))
+      if (name == "content_block_delta") deltas.push_back(d["delta"]["type"]);
+  EXPECT_EQ(deltas, (std::vector<std::string>{"signature_delta", "text_delta"}));
 }
 
 TEST(ServeAnthropic, ErrorEnvelope) {

@@ -50,18 +50,20 @@ bool is_document_block(const std::string& type) {
          type == "container_upload";
 }
 
-// `system`: a string or text blocks → one system message (text parts).
-std::optional<ApiError> add_system(const json& v, json& messages) {
+// `system` (or a system message's content at `param`): a string or text blocks → one system
+// message (text parts).
+std::optional<ApiError> add_system(const json& v, json& messages,
+                                   const std::string& param = "system") {
   if (v.is_string()) {
-    if (auto e = check_text(v, "system")) return e;
+    if (auto e = check_text(v, param)) return e;
     if (!v.get_ref<const std::string&>().empty())
       messages.push_back(json{{"role", "system"}, {"content", v}});
     return std::nullopt;
   }
-  if (!v.is_array()) return invalid_value("system", "'system' must be a string or text blocks");
+  if (!v.is_array()) return invalid_value(param, "'" + param + "' must be a string or text blocks");
   json parts = json::array();
   for (size_t i = 0; i < v.size(); ++i) {
-    const std::string where = at("system", i);
+    const std::string where = at(param, i);
     auto type = block_type(v[i], where);
     if (auto* e = std::get_if<ApiError>(&type)) return *e;
     if (std::get<std::string>(type) != "text")
@@ -278,10 +280,7 @@ std::optional<ApiError> apply_tool_choice(const json& v, json& tools, ChatReques
 // The sampling fields, the budget and the stop sequences.
 std::optional<ApiError> parse_generation_fields(const json& b, const ApiConfig& config,
                                                 int64_t& requested_max, ChatRequest& r) {
-  auto field = [&](const char* key) -> const json* {
-    auto it = b.find(key);
-    return it == b.end() || it->is_null() ? nullptr : &*it;
-  };
+  auto field = [&](const char* key) { return present(b, key); };
   const json* max = field("max_tokens");
   if (!max) return missing("max_tokens");
   if (auto e = get_int(*max, "max_tokens", 1, (int64_t{1} << 31) - 1, requested_max)) return e;
@@ -322,10 +321,7 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
   auto parsed = parse_json_object(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& b = std::get<json>(parsed);
-  auto field = [&](const char* key) -> const json* {
-    auto it = b.find(key);
-    return it == b.end() || it->is_null() ? nullptr : &*it;
-  };
+  auto field = [&](const char* key) { return present(b, key); };
   MessagesRequest out;
   ChatRequest& r = out.chat;
   r.thinking = config.default_thinking;
@@ -339,12 +335,7 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* messages = field("messages");
-  if (!messages) return missing("messages");
-  if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
-  if (messages->empty())
-    return invalid_value("messages", "'messages' must contain at least one message");
-  if (messages->size() > 4096)
-    return invalid_value("messages", "'messages' holds more than 4096 messages");
+  if (auto e = check_messages(messages)) return *e;
   int64_t requested_max = 0;
   if (!count_only)
     if (auto e = parse_generation_fields(b, config, requested_max, r)) return *e;
@@ -362,11 +353,10 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
     const json& m = (*messages)[i];
     if (!m.is_object()) return invalid_value(where, "'" + where + "' must be an object");
     auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || (*role != "user" && *role != "assistant"))
+    if (role == m.end() || !role->is_string() ||
+        (*role != "user" && *role != "assistant" && *role != "system"))
       return invalid_value(where + ".role",
-                           "'" + where +
-                               ".role' must be user or assistant (the system prompt is "
-                               "the top-level 'system')");
+                           "'" + where + ".role' must be user, assistant or system");
     auto content = m.find("content");
     if (content == m.end())
       return invalid_value(where + ".content", "'" + where + ".content' is required");
@@ -375,6 +365,10 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
     } else if (!content->is_array()) {
       return invalid_value(where + ".content",
                            "'" + where + ".content' must be a string or an array of blocks");
+    }
+    if (*role == "system") {  // a system message between the turns (Claude Code sends them)
+      if (auto e = add_system(*content, normalised, where + ".content")) return *e;
+      continue;
     }
     const bool user = *role == "user";
     if (!user && i + 1 == messages->size())
@@ -394,12 +388,41 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
     if (auto e = apply_tool_choice(*v, tools, r)) return *e;
   if (!tools.empty()) r.tools = to_py(tools);
 
+  if (const json* v = field("output_config")) {
+    if (!v->is_object()) return invalid_value("output_config", "'output_config' must be an object");
+    if (auto f = v->find("format"); f != v->end() && !f->is_null())
+      return api_error(400, "invalid_request_error", "unsupported_parameter",
+                       "'output_config.format' (structured output) is not supported",
+                       "output_config.format");
+    if (auto effort = v->find("effort"); effort != v->end() && !effort->is_null()) {
+      const std::string e = effort->is_string() ? effort->get<std::string>() : "";
+      if (e == "low")
+        r.effort = "low";
+      else if (e == "medium" || e == "high")
+        r.effort = "high";
+      else if (e == "xhigh" || e == "max")
+        r.effort = "max";
+      else
+        return api_error(400, "invalid_request_error", "unsupported_value",
+                         "'output_config.effort' must be low, medium, high, xhigh or max",
+                         "output_config.effort");
+    }
+  }
   if (const json* v = field("thinking")) {
-    if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string() ||
-        ((*v)["type"] != "enabled" && (*v)["type"] != "disabled"))
-      return invalid_value("thinking.type", "'thinking.type' must be enabled or disabled");
-    r.thinking = (*v)["type"] == "enabled";
-    if (r.thinking) {
+    const std::string type = v->is_object() && v->contains("type") && (*v)["type"].is_string()
+                                 ? (*v)["type"].get<std::string>()
+                                 : "";
+    if (type != "enabled" && type != "adaptive" && type != "disabled")
+      return invalid_value("thinking.type",
+                           "'thinking.type' must be enabled, adaptive or disabled");
+    r.thinking = type != "disabled";
+    if (auto display = v->find("display"); display != v->end() && !display->is_null()) {
+      if (*display != "summarized" && *display != "omitted")
+        return invalid_value("thinking.display",
+                             "'thinking.display' must be summarized or omitted");
+      out.omit_thinking = *display == "omitted";
+    }
+    if (type == "enabled") {
       auto budget = v->find("budget_tokens");
       if (budget == v->end() || budget->is_null()) return missing("thinking.budget_tokens");
       if (auto e = get_int(*budget, "thinking.budget_tokens", 1024, (int64_t{1} << 31) - 1,
@@ -464,11 +487,11 @@ json stop_sequence_json(const GenerationStats& stats) {
 }  // namespace
 
 json messages_response_json(const ChatResult& result, const std::string& id,
-                            const std::string& model) {
+                            const std::string& model, bool omit_thinking) {
   json content = json::array();
   if (!result.reasoning.empty())
     content.push_back(json{{"type", "thinking"},
-                           {"thinking", result.reasoning},
+                           {"thinking", omit_thinking ? "" : result.reasoning},
                            {"signature", thinking_signature(result.reasoning)}});
   if (!result.content.empty()) content.push_back(json{{"type", "text"}, {"text", result.content}});
   for (const auto& call : result.tool_calls)
@@ -540,7 +563,7 @@ NamedEvents MessagesStream::on_event(const ServiceEvent& e) {
     case ServiceEvent::Kind::reasoning:
       open_block(out, Block::thinking);
       thinking_ += e.text;
-      delta(json{{"type", "thinking_delta"}, {"thinking", e.text}});
+      if (!omit_thinking_) delta(json{{"type", "thinking_delta"}, {"thinking", e.text}});
       break;
     case ServiceEvent::Kind::content:
       open_block(out, Block::text);

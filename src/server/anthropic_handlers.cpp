@@ -54,8 +54,8 @@ bool prepare(const HandlerContext& c, const HttpRequest& req, bool count_only,
 
 void stream_message(const HandlerContext& c, const HttpRequest& req, HttpResponse& res,
                     std::shared_ptr<RequestHandle> handle, const std::string& id,
-                    const std::string& model, const ServiceEvent& accepted) {
-  auto stream = std::make_shared<MessagesStream>(id, model);
+                    const MessagesRequest& request, const ServiceEvent& accepted) {
+  auto stream = std::make_shared<MessagesStream>(id, request.chat.model, request.omit_thinking);
   auto frames = [](NamedEvents events) {
     std::vector<SseFrame> out;
     for (auto& [name, data] : events) out.push_back(SseFrame{name, std::move(data)});
@@ -95,12 +95,13 @@ HttpResponse anthropic_messages(const HandlerContext& c, const HttpRequest& req)
   const std::string id = new_response_ids("msg_").id;
   res.set_header("request-id", req.request_id);
   if (request->chat.stream) {
-    stream_message(c, req, res, handle, id, request->chat.model, accepted);
+    stream_message(c, req, res, handle, id, *request, accepted);
     return res;
   }
   ChatResult result;
   if (collect(c, handle, req, res, result))
-    set_json(res, 200, messages_response_json(result, id, request->chat.model));
+    set_json(res, 200,
+             messages_response_json(result, id, request->chat.model, request->omit_thinking));
   else
     restyle(res);
   return res;

@@ -362,6 +362,23 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
 
 }  // namespace
 
+const json* present(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<ApiError> check_messages(const json* messages) {
+  if (!messages)
+    return api_error(400, "invalid_request_error", "missing_required_parameter",
+                     "'messages' is required", "messages");
+  if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
+  if (messages->empty())
+    return invalid_value("messages", "'messages' must contain at least one message");
+  if (messages->size() > 4096)
+    return invalid_value("messages", "'messages' holds more than 4096 messages");
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
   if (!config.accept_any_model && model != config.model_id &&
       std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
@@ -412,14 +429,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body,
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* messages = field("messages");
-  if (!messages)
-    return api_error(400, "invalid_request_error", "missing_required_parameter",
-                     "'messages' is required", "messages");
-  if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
-  if (messages->empty())
-    return invalid_value("messages", "'messages' must contain at least one message");
-  if (messages->size() > 4096)
-    return invalid_value("messages", "'messages' holds more than 4096 messages");
+  if (auto e = check_messages(messages)) return *e;
   if (auto e = parse_generation(b, config, config.max_tokens_ceiling, r)) return *e;
 
   // Features we do not implement: refused by name, never dropped silently.

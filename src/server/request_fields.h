@@ -30,6 +30,10 @@ std::optional<ApiError> check_text(const json& v, const std::string& param);
 text::PyValue to_py(const json& v);
 // A content-part type that is not text (images, audio, files, video).
 bool is_media_part(const std::string& type);
+// The field `key` of a request body, or nullptr when absent or null.
+const json* present(const json& body, const char* key);
+// `messages` (present()'s result): required, an array of 1 to 4096 entries.
+std::optional<ApiError> check_messages(const json* messages);
 // 404 model_not_found unless `model` is the served id, an alias, or any model is accepted.
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config);
 

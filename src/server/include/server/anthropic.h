@@ -19,8 +19,9 @@
 namespace k3::server {
 
 struct MessagesRequest {
-  ChatRequest chat;           // the conversation for render_chat_prompt, the generation settings
-  int64_t budget_tokens = 0;  // thinking.budget_tokens (0 = not given): picks the effort
+  ChatRequest chat;            // the conversation for render_chat_prompt, the generation settings
+  int64_t budget_tokens = 0;   // thinking.budget_tokens (0 = not given): picks the effort
+  bool omit_thinking = false;  // thinking.display "omitted": thinking blocks carry no text
 };
 
 // Parses and validates a /v1/messages body (`count_only`: a /v1/messages/count_tokens body, which
@@ -48,14 +49,14 @@ json tool_input_json(const text::ToolCallOut& call);
 // The non-streaming Message: {"id","type":"message","role":"assistant","model","content":[
 // thinking?, text?, tool_use*],"stop_reason","stop_sequence","usage"}.
 json messages_response_json(const ChatResult& result, const std::string& id,
-                            const std::string& model);
+                            const std::string& model, bool omit_thinking = false);
 
 // One streamed Message as named SSE events: (event name, data).
 using NamedEvents = std::vector<std::pair<std::string, json>>;
 class MessagesStream {
  public:
-  MessagesStream(std::string id, std::string model)
-      : id_(std::move(id)), model_(std::move(model)) {}
+  MessagesStream(std::string id, std::string model, bool omit_thinking = false)
+      : id_(std::move(id)), model_(std::move(model)), omit_thinking_(omit_thinking) {}
   // message_start (usage from the acceptance) and a first ping.
   NamedEvents start(const GenerationStats& accepted) const;
   // content_block_start / _delta / _stop as the channel changes; on done the open block closes,
@@ -67,6 +68,7 @@ class MessagesStream {
   void close_block(NamedEvents& out);
   void open_block(NamedEvents& out, Block kind);
   std::string id_, model_;
+  bool omit_thinking_ = false;  // thinking blocks without thinking_delta (only the signature)
   Block open_ = Block::none;
   int index_ = -1;  // of the open (or last) block
   std::string thinking_;
