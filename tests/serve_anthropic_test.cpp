@@ -109,8 +109,7 @@ TEST(ServeAnthropic, RefusalsNameTheField) {
       {messages_body(R"("thinking":{"type":"enabled","budget_tokens":2048})"), 400,
        "thinking.budget_tokens"},  // not below max_tokens (64)
       {messages_body(R"("mcp_servers":[{}])"), 400, "mcp_servers"},
-      {messages_body(R"("thinking":{"type":"adaptive","display":"full"})"), 400,
-       "thinking.display"},
+      {messages_body(R"("thinking":{"type":"adaptive","display":7})"), 400, "thinking.display"},
       {messages_body(R"("output_config":{"effort":"extreme"})"), 400, "output_config.effort"},
       {messages_body(R"("output_config":{"format":{"type":"json_schema"}})"), 400,
        "output_config.format"},

@@ -417,9 +417,9 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
                            "'thinking.type' must be enabled, adaptive or disabled");
     r.thinking = type != "disabled";
     if (auto display = v->find("display"); display != v->end() && !display->is_null()) {
-      if (*display != "summarized" && *display != "omitted")
-        return invalid_value("thinking.display",
-                             "'thinking.display' must be summarized or omitted");
+      if (!display->is_string())
+        return invalid_value("thinking.display", "'thinking.display' must be a string");
+      // "omitted" drops the text; the other displays (summarized, updates, ...) get it whole.
       out.omit_thinking = *display == "omitted";
     }
     if (type == "enabled") {
