@@ -228,5 +228,68 @@ TEST(ServeApi, RouteTableLabelsAndLogging) {
       << after;
 }
 
+// Anthropic's routes answer in Anthropic's envelope, the guards' refusals included; a Message
+// and count_tokens through the table over the demo model (docs/serving.md §3.15).
+void expect_anthropic_error(const HttpResponse& res, int status, const std::string& type) {
+  EXPECT_EQ(res.status, status) << res.body;
+  const json b = body_of(res);
+  EXPECT_EQ(b["type"], "error") << res.body;
+  EXPECT_EQ(b["error"]["type"], type) << res.body;
+  EXPECT_FALSE(b["error"]["message"].get<std::string>().empty());
+  EXPECT_FALSE(b.contains("code"));
+}
+
+TEST(ServeApi, RoutesAnthropicMessages) {
+  EngineService& service = shared_service();
+  wait_ready(service);
+  Router router(service, server_options());
+  const std::string body =
+      R"({"model":"kimi-k3","max_tokens":3,"temperature":0,"thinking":{"type":"disabled"},
+          "messages":[{"role":"user","content":"Hello"}]})";
+  expect_anthropic_error(router.serve(request("POST", "/v1/messages", body, nullptr)), 401,
+                         "authentication_error");
+  expect_anthropic_error(router.serve(request("POST", "/v1/messages/count_tokens", body, "bad")),
+                         401, "authentication_error");
+  HttpRequest text = request("POST", "/v1/messages", body);
+  for (auto& [k, v] : text.headers)
+    if (k == "Content-Type") v = "text/plain";
+  expect_anthropic_error(router.serve(text), 415, "invalid_request_error");
+  expect_anthropic_error(router.serve(request("POST", "/v1/messages", std::string(2000, ' '))), 413,
+                         "request_too_large");
+  expect_anthropic_error(router.serve(request("POST", "/v1/messages", "{")), 400,
+                         "invalid_request_error");
+  expect_anthropic_error(router.serve(request("GET", "/v1/messages")), 405,
+                         "invalid_request_error");
+  expect_anthropic_error(router.serve(request("GET", "/v1/messages/batches")), 404,
+                         "not_found_error");
+  expect_anthropic_error(router.serve(request("DELETE", "/v1/messages")), 404, "not_found_error");
+  // The OpenAI routes keep OpenAI's envelope.
+  expect_error(router.serve(request("POST", "/v1/chat/completions", "{}", nullptr)), 401,
+               "invalid_api_key");
+  // A prompt longer than the context: 400 in Anthropic's envelope, the code in details.
+  std::string words;
+  for (int i = 0; i < 440; ++i) words += "a ";  // one token a word: more than the 256 of context
+  const HttpResponse big = router.serve(
+      request("POST", "/v1/messages",
+              R"({"model":"kimi-k3","max_tokens":3,"messages":[{"role":"user","content":")" +
+                  words + "\"}]}"));
+  expect_anthropic_error(big, 400, "invalid_request_error");
+  EXPECT_EQ(body_of(big)["error"]["details"]["error_code"], "context_length_exceeded");
+
+  const HttpResponse res = router.serve(request("POST", "/v1/messages", body));
+  ASSERT_EQ(res.status, 200) << res.body;
+  const json m = body_of(res);
+  EXPECT_EQ(m["type"], "message");
+  EXPECT_EQ(m["stop_reason"], "max_tokens");
+  EXPECT_EQ(m["usage"]["output_tokens"], 3);
+  EXPECT_EQ(res.header("request-id"), res.header("x-request-id"));
+  const HttpResponse count = router.serve(request("POST", "/v1/messages/count_tokens", body));
+  ASSERT_EQ(count.status, 200) << count.body;
+  EXPECT_EQ(body_of(count)["input_tokens"],
+            m["usage"]["input_tokens"].get<int64_t>() +
+                m["usage"]["cache_read_input_tokens"].get<int64_t>());
+  EXPECT_EQ(router.label("POST", "/v1/messages"), "/v1/messages");
+}
+
 }  // namespace
 }  // namespace k3::server

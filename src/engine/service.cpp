@@ -32,6 +32,11 @@ class StopMatcher {
     }
     if (first != std::string::npos) {
       matched = true;
+      for (const std::string& st : stops_)
+        if (pending_.compare(first, st.size(), st) == 0) {
+          matched_ = st;  // the first listed of those starting there
+          break;
+        }
       std::string out = pending_.substr(0, first);
       pending_.clear();
       return out;
@@ -48,10 +53,12 @@ class StopMatcher {
     return out;
   }
   std::string flush() { return std::exchange(pending_, {}); }
+  const std::string& matched() const { return matched_; }
 
  private:
   const std::vector<std::string>& stops_;
   std::string pending_;
+  std::string matched_;  // the stop string found ("" = none yet)
 };
 
 // The output side of one request: generated ids → XTML channels (text::OutputParser) or, for a
@@ -113,6 +120,10 @@ class OutputDemux {
     }
   }
   bool stopped_by_string() const { return stopped_by_string_; }
+  // The stop string that ended the reply ("" = none).
+  const std::string& matched_stop() const {
+    return reasoning_stop_.matched().empty() ? content_stop_.matched() : reasoning_stop_.matched();
+  }
 
  private:
   void raw_event(std::string text) {
@@ -595,6 +606,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
   if (result.finish != FinishReason::cancelled) demux.finish();
   stats.finish = result.finish;
+  stats.stop_sequence = demux.matched_stop();
   if (stats.finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string())
     stats.finish = FinishReason::tool_calls;
   end_generation(*handle, stats, result);

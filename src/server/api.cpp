@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "request_fields.h"
 #include "text/chat.h"
 #include "text/prompt.h"
 #include "text/utf8.h"
@@ -46,6 +47,9 @@ bool depth_within(std::string_view body, int limit) {
   return true;
 }
 
+}  // namespace
+
+// The field checks shared with the other API shapes (server/request_fields.h).
 bool is_int(const json& v) {
   return v.is_number_integer() ||
          (v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -133,6 +137,8 @@ bool is_media_part(const std::string& type) {
          type == "audio" || type == "file" || type == "input_file" || type == "video" ||
          type == "video_url";
 }
+
+namespace {
 
 // Validates one message and returns it normalised for the renderer.
 std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
@@ -368,6 +374,25 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
   return std::nullopt;
 }
 
+}  // namespace
+
+const json* present(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<ApiError> check_messages(const json* messages) {
+  if (!messages)
+    return api_error(400, "invalid_request_error", "missing_required_parameter",
+                     "'messages' is required", "messages");
+  if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
+  if (messages->empty())
+    return invalid_value("messages", "'messages' must contain at least one message");
+  if (messages->size() > 4096)
+    return invalid_value("messages", "'messages' holds more than 4096 messages");
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
   if (!config.accept_any_model && model != config.model_id &&
       std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
@@ -377,8 +402,6 @@ std::optional<ApiError> check_model(const std::string& model, const ApiConfig& c
         "model");
   return std::nullopt;
 }
-
-}  // namespace
 
 std::variant<json, ApiError> parse_json_object(std::string_view body) {
   if (!depth_within(body, kMaxJsonDepth))
@@ -428,14 +451,7 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
   if (!model->is_string()) return invalid_value("model", "'model' must be a string");
   r.model = model->get<std::string>();
   const json* messages = field("messages");
-  if (!messages)
-    return api_error(400, "invalid_request_error", "missing_required_parameter",
-                     "'messages' is required", "messages");
-  if (!messages->is_array()) return invalid_value("messages", "'messages' must be an array");
-  if (messages->empty())
-    return invalid_value("messages", "'messages' must contain at least one message");
-  if (messages->size() > 4096)
-    return invalid_value("messages", "'messages' holds more than 4096 messages");
+  if (auto e = check_messages(messages)) return *e;
   if (auto e = parse_generation(b, config, config.max_tokens_ceiling, r)) return *e;
 
   // Log-probabilities: logprobs true, with top_logprobs alternatives (0..20) per token.

@@ -51,4 +51,38 @@ HttpResponse error_response(const ApiError& error) {
   return res;
 }
 
+ErrorStyle error_style_for(std::string_view path) {
+  constexpr std::string_view kMessages = "/v1/messages";
+  const bool messages = path.rfind(kMessages, 0) == 0 &&
+                        (path.size() == kMessages.size() || path[kMessages.size()] == '/');
+  return messages ? ErrorStyle::anthropic : ErrorStyle::openai;
+}
+
+json anthropic_error_body(const ApiError& error) {
+  const int s = error.status;
+  const char* type = s == 401   ? "authentication_error"
+                     : s == 403 ? "permission_error"
+                     : s == 404 ? "not_found_error"
+                     : s == 413 ? "request_too_large"
+                     : s == 429 ? "rate_limit_error"
+                     : s == 503 ? "overloaded_error"
+                     : s == 504 ? "timeout_error"
+                     : s >= 500 ? "api_error"
+                                : "invalid_request_error";
+  json e = json{{"type", type}, {"message", error.message}};
+  if (!error.code.empty()) {  // the SDK's APIError.errorCode / .details
+    json details = json{{"error_code", error.code}};
+    if (error.param) details["param"] = *error.param;
+    e["details"] = std::move(details);
+  }
+  return json{{"type", "error"}, {"error", std::move(e)}};
+}
+
+HttpResponse error_response(const ApiError& error, ErrorStyle style) {
+  HttpResponse res = error_response(error);
+  if (style == ErrorStyle::anthropic)
+    res.body = anthropic_error_body(error).dump(-1, ' ', false, json::error_handler_t::replace);
+  return res;
+}
+
 }  // namespace k3::server

@@ -426,7 +426,7 @@ struct HttpServer::Impl {
       const ApiError error = too_slow    ? body_too_slow(deadline.seconds())
                              : too_large ? body_too_large(limit)
                                          : body_unreadable();
-      HttpResponse refusal = error_response(error);
+      HttpResponse refusal = error_response(error, error_style_for(req.path));
       for (auto& [k, v] : refusal.headers) out.set_header(k, v);
       out.status = refusal.status;
       out.body = std::move(refusal.body);
@@ -513,10 +513,11 @@ struct HttpServer::Impl {
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (!req.has_header("REMOTE_ADDR")) return library_refusal(req, res);
-      const HttpResponse e = error_response(http_status_error(res.status));
+      const HttpResponse e =
+          error_response(http_status_error(res.status), error_style_for(req.path));
       res.set_content(e.body, e.content_type.c_str());
     });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+    http.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
                                   std::exception_ptr ep) {
       std::string what = "unknown";
       try {
@@ -528,7 +529,8 @@ struct HttpServer::Impl {
       std::fprintf(stderr, "[http] %s: internal error: %s\n",
                    res.get_header_value("x-request-id").c_str(), what.c_str());
       const HttpResponse e =
-          error_response(api_error(500, "server_error", "internal_error", "internal server error"));
+          error_response(api_error(500, "server_error", "internal_error", "internal server error"),
+                         error_style_for(req.path));
       res.status = e.status;
       res.set_content(e.body, e.content_type.c_str());
     });

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "anthropic_handlers.h"
 #include "auth_brake.h"
 #include "handlers.h"
 #include "responses_handlers.h"
@@ -52,7 +53,7 @@ void merge(HttpResponse& into, HttpResponse from) {
 // A refusal before (or instead of) reading the body: the connection closes after it, and what
 // the client still sends is drained, never read as a next request.
 void refuse(const HttpRequest& req, HttpResponse& res, const ApiError& error) {
-  merge(res, error_response(error));
+  merge(res, error_response(error, error_style_for(req.path)));
   res.set_header("Connection", "close");
   res.unread_body = req.method == "POST" || req.has_header("Content-Length") ||
                     req.has_header("Transfer-Encoding");
@@ -133,6 +134,13 @@ Router::Router(EngineService& service, ServerOptions options)
   route("POST", "/v1/responses", A::api_key, bind(responses));
   route("GET", "/v1/responses", A::api_key, post_only);
   route("*", "/v1/responses/{id}", A::api_key, bind(response_not_stored));
+  // The Anthropic Messages API (server/anthropic_handlers.h): its refusals in its own envelope.
+  route("POST", "/v1/messages", A::api_key, bind(anthropic_messages));
+  route("POST", "/v1/messages/count_tokens", A::api_key, bind(anthropic_count_tokens));
+  route("GET", "/v1/messages", A::api_key, anthropic_post_only);
+  route("GET", "/v1/messages/count_tokens", A::api_key, anthropic_post_only);
+  route("*", "/v1/messages", A::api_key, anthropic_not_found);
+  route("*", "/v1/messages/*", A::api_key, anthropic_not_found);
   route("GET", "/metrics", A::api_key, bind(metrics), nullptr, false);
   route("*", "/metrics", A::api_key, not_found, nullptr, false);
   route("GET", "/slots", A::api_key, bind(slots));

@@ -73,6 +73,7 @@ struct ServiceRequest {
 
 struct GenerationStats {
   FinishReason finish = FinishReason::length;
+  std::string stop_sequence;  // the stop string that ended the reply ("" = none)
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // positions reused (live or restored)
   int64_t completion_tokens = 0;

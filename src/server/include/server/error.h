@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "server/http_types.h"
 
@@ -37,5 +38,17 @@ ApiError http_status_error(int status);
 json error_body(const ApiError& error);
 // The response for `error`: status, JSON body, Retry-After when set, WWW-Authenticate on 401.
 HttpResponse error_response(const ApiError& error);
+
+// The envelope of a path's errors: Anthropic's on /v1/messages and the paths below it (the
+// Messages API, server/anthropic.h), OpenAI's everywhere else. The guards that refuse a request
+// before its handler runs (server/routes.h) and the socket adapter's body-read refusals pick the
+// envelope with it, so an Anthropic client parses every refusal.
+enum class ErrorStyle { openai, anthropic };
+ErrorStyle error_style_for(std::string_view path);
+// Anthropic's {"type":"error","error":{"type","message","details"}}, the type from the status,
+// details {"error_code": code, "param"} when the error has a code (docs/serving.md §3.15.5).
+json anthropic_error_body(const ApiError& error);
+// The response for `error` in `style` (the headers as error_response's).
+HttpResponse error_response(const ApiError& error, ErrorStyle style);
 
 }  // namespace k3::server

@@ -1,0 +1,40 @@
+// server/request_fields.h — the field checks every request shape of `coli serve` validates its
+// JSON body with (OpenAI's in api.cpp, Anthropic's in anthropic.cpp): typed getters that return
+// a 400 naming the parameter, the JSON → PyValue conversion for the XTML renderer, the model
+// check. Private to server/ (defined in api.cpp).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "server/error.h"
+#include "server/server_options.h"
+#include "text/pyjson.h"
+
+namespace k3::server {
+
+// An integer, or a float with an integral value (256.0: SDKs write them).
+bool is_int(const json& v);
+// Each sets `out` or returns a 400 invalid_value naming `param` (type, or the range).
+std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi,
+                                int64_t& out);
+// A finite number in [lo, hi] ((lo, hi] when `lo_open`).
+std::optional<ApiError> get_number(const json& v, const std::string& param, double lo, double hi,
+                                   bool lo_open, double& out);
+std::optional<ApiError> get_bool(const json& v, const std::string& param, bool& out);
+bool has_nul(const std::string& s);
+// A string without NUL characters.
+std::optional<ApiError> check_text(const json& v, const std::string& param);
+// The JSON value as the renderer's PyValue (object key order kept).
+text::PyValue to_py(const json& v);
+// A content-part type that is not text (images, audio, files, video).
+bool is_media_part(const std::string& type);
+// The field `key` of a request body, or nullptr when absent or null.
+const json* present(const json& body, const char* key);
+// `messages` (present()'s result): required, an array of 1 to 4096 entries.
+std::optional<ApiError> check_messages(const json* messages);
+// 404 model_not_found unless `model` is the served id, an alias, or any model is accepted.
+std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config);
+
+}  // namespace k3::server
