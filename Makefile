@@ -1,10 +1,12 @@
 # Two commands for a fresh Debian 12 machine: `make run` and `make test`.
+# No "Entering directory" lines from the build inside (cmake --build runs make again).
+MAKEFLAGS += --no-print-directory
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 DEMO := $(BUILD)/demo-model
 
-.PHONY: setup build run test bench asan clean format format-check train train-test train-export
+.PHONY: setup build run test bench asan clean format format-check train train-test train-export install quiet-build
 
 setup:
 	@bash scripts/setup.sh
@@ -12,6 +14,15 @@ setup:
 build: setup
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+
+# kimi_k3, coli, k3_synth, k3_bench into $(PREFIX)/bin and the built-in model into
+# $(PREFIX)/share/kimi_k3/k3-mini (coli's default model once the source tree is gone).
+PREFIX ?= /usr/local
+install: setup
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --install $(BUILD) >/dev/null
+	@echo "installed kimi_k3, coli, k3_synth, k3_bench in $(PREFIX)/bin; the built-in model in $(PREFIX)/share/kimi_k3/k3-mini"
 
 # The trained tiny K3 (tools/train/, committed): the model of `make run` and coli's default.
 MINI := assets/k3-mini
@@ -22,7 +33,13 @@ $(DEMO)/config.json: | build
 
 # One chat turn, thinking on, in the model's training distribution (tools/train/README.md: the
 # synthetic chats); it stops by itself at <|end_of_msg|> (--ngen is only a cap).
-run: build
+# The build's own lines, less cmake's "Built target" list (all that an up-to-date build prints);
+# compile progress and errors still show, and the build's exit status is kept.
+quiet-build: setup
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@{ cmake --build $(BUILD) -j $(JOBS) 2>&1; echo $$? > $(BUILD)/.build-rc; } | grep -v '\] Built target'; exit $$(cat $(BUILD)/.build-rc)
+
+run: quiet-build
 	@test -f $(MINI)/config.json || { echo "make run: $(MINI)/config.json is missing (the trained tiny K3 ships in the source tree)"; exit 1; }
 	@echo "== kimi_k3 --chat on $(MINI): a ~11M-parameter K3-architecture model trained on the Brown corpus (it writes Brown-style English, not answers)"
 	@$(BUILD)/apps/kimi_k3 $(MINI) --chat "Continue this passage: The old man walked slowly down the road toward the river. He had not been there since the war." --labels --ngen 256 --temp 0.6 --top-p 0.95 --seed 1

@@ -7,35 +7,16 @@
 #include <thread>
 
 #include "engine/service.h"
+#include "serve_demo.h"
 #include "server/routes.h"
-#include "synth_lib.h"
 #include "test_util.h"
 
 namespace k3::server {
 namespace {
 
-const std::string& demo_dir() {
-  static const testing::TempDir dir("routes-demo");
-  static const bool written = [] {
-    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
-    return true;
-  }();
-  (void)written;
-  return dir.path();
-}
-
-ServiceOptions service_options() {
-  ServiceOptions o;
-  o.model_dir = demo_dir();
-  o.context = 256;
-  o.ckpt_slots = 0;
-  return o;
-}
-
 // One service for every test (a Router per test: the brake and the counters start empty).
 EngineService& shared_service() {
-  static EngineService service(service_options());
-  return service;
+  return testing::serve_demo_service();
 }
 
 ServerOptions server_options() {

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "engine/service.h"
+#include "serve_demo.h"
 #include "server/routes.h"
-#include "synth_lib.h"
 #include "test_util.h"
 #include "text/chat.h"
 #include "text/pyjson.h"
@@ -18,25 +18,8 @@
 namespace k3::server {
 namespace {
 
-const std::string& demo_dir() {
-  static const testing::TempDir dir("sampling-demo");
-  static const bool written = [] {
-    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
-    return true;
-  }();
-  (void)written;
-  return dir.path();
-}
-
 EngineService& shared_service() {
-  static EngineService service([] {
-    ServiceOptions o;
-    o.model_dir = demo_dir();
-    o.context = 256;
-    o.ckpt_slots = 0;
-    return o;
-  }());
-  return service;
+  return testing::serve_demo_service();
 }
 
 Router& router() {
@@ -260,7 +243,7 @@ TEST(ServeSampling, PropsDescribeTheServer) {
   ASSERT_EQ(res.status, 200) << res.body;
   const json p = json::parse(res.body);
   EXPECT_EQ(p["model_alias"], "kimi-k3");
-  EXPECT_EQ(p["model_path"], demo_dir());
+  EXPECT_EQ(p["model_path"], testing::serve_demo_dir());
   EXPECT_EQ(p["total_slots"], 1);
   EXPECT_EQ(p["default_generation_settings"]["n_ctx"], 256);
   const json& params = p["default_generation_settings"]["params"];

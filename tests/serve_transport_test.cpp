@@ -11,9 +11,9 @@
 
 #include "../src/server/connection_gate.h"
 #include "engine/service.h"
+#include "serve_demo.h"
 #include "server/routes.h"
 #include "server/security.h"
-#include "synth_lib.h"
 #include "test_util.h"
 
 namespace k3::server {
@@ -39,25 +39,8 @@ TEST(ServeTransport, NoHardCodedExtraOrigins) {
   EXPECT_TRUE(origin_allowed("http://localhost:5173", c));
 }
 
-const std::string& demo_dir() {
-  static const testing::TempDir dir("transport-demo");
-  static const bool written = [] {
-    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
-    return true;
-  }();
-  (void)written;
-  return dir.path();
-}
-
 EngineService& shared_service() {
-  static EngineService service([] {
-    ServiceOptions o;
-    o.model_dir = demo_dir();
-    o.context = 256;
-    o.ckpt_slots = 0;
-    return o;
-  }());
-  return service;
+  return testing::serve_demo_service();
 }
 
 ServerOptions server_options() {

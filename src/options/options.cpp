@@ -685,7 +685,15 @@ std::map<std::string, std::string> environment_map(char** envp) {
 }
 
 std::string builtin_model_dir() {
-  return std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
+  // The source tree's copy while it exists (a build), else the installed one (`make install`).
+  const std::string source = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(std::filesystem::path(source) / "config.json", ec))
+    return source;
+  const std::string installed = K3_INSTALLED_MODEL_DIR;
+  if (std::filesystem::is_regular_file(std::filesystem::path(installed) / "config.json", ec))
+    return installed;
+  return source;
 }
 
 std::string require_builtin_model(const std::string& dir) {

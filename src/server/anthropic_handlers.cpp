@@ -43,7 +43,9 @@ bool prepare(const HandlerContext& c, const HttpRequest& req, bool count_only,
     restyle(res);
     return false;
   }
-  auto rendered = render_chat_prompt(request->chat, *tokenizer);
+  // A generation's prompt is refused once it passes the context; count_tokens counts it all.
+  auto rendered = render_chat_prompt(request->chat, *tokenizer,
+                                     count_only ? INT64_MAX : c.service.context_capacity());
   if (auto* e = std::get_if<ApiError>(&rendered)) {
     res = refusal(*e);
     return false;

@@ -643,28 +643,45 @@ ApiError context_exceeded(int64_t tokens, int64_t context, const char* param) {
                    param);
 }
 
-std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
-                                                          const text::Tokenizer& tokenizer,
-                                                          int64_t context) {
+namespace {
+
+// The template's options for a request (thinking, effort message, tool choice).
+text::ChatOptions chat_options(const ChatRequest& request) {
   text::ChatOptions options;
   options.thinking = request.thinking;
   if (request.thinking && !request.effort.empty())
     options.thinking_effort = text::PyValue::string(request.effort);
   options.tool_choice = request.tool_choice;
-  auto segments = text::build_chat_segments(request.messages, request.tools, options);
+  return options;
+}
+
+// The XTML segments of the whole prompt, or a 400 naming `messages`.
+std::variant<std::vector<text::Segment>, ApiError> chat_segments(const ChatRequest& request) {
+  auto segments = text::build_chat_segments(request.messages, request.tools, chat_options(request));
   if (!segments.ok())
     return invalid_value("messages",
                          "the conversation cannot be rendered: " + segments.status().message());
+  return std::move(*segments);
+}
+
+}  // namespace
+
+std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
+                                                          const text::Tokenizer& tokenizer,
+                                                          int64_t context,
+                                                          const char* prompt_param) {
+  auto segments = chat_segments(request);
+  if (auto* e = std::get_if<ApiError>(&segments)) return *e;
   std::vector<int32_t> ids32;
   const size_t most = context == INT64_MAX ? SIZE_MAX : static_cast<size_t>(context - 1);
-  text::encode_segments(tokenizer, *segments, ids32, most);
-  if (ids32.size() > most) return context_exceeded(-1, context, "messages");
+  text::encode_segments(tokenizer, std::get<std::vector<text::Segment>>(segments), ids32, most);
+  if (ids32.size() > most) return context_exceeded(-1, context, prompt_param);
   RenderedPrompt out;
   out.ids.assign(ids32.begin(), ids32.end());
   const auto& all = request.messages.as_array();
   if (all.size() > 1) {
     text::PyValue head = text::PyValue::array(text::PyValue::Array(all.begin(), all.end() - 1));
-    text::ChatOptions head_options = options;
+    text::ChatOptions head_options = chat_options(request);
     head_options.add_generation_prompt = false;
     auto head_segments = text::build_chat_segments(head, request.tools, head_options);
     if (head_segments.ok()) {
@@ -679,16 +696,9 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
 }
 
 std::variant<std::string, ApiError> render_chat_text(const ChatRequest& request) {
-  text::ChatOptions options;
-  options.thinking = request.thinking;
-  if (request.thinking && !request.effort.empty())
-    options.thinking_effort = text::PyValue::string(request.effort);
-  options.tool_choice = request.tool_choice;
-  auto segments = text::build_chat_segments(request.messages, request.tools, options);
-  if (!segments.ok())
-    return invalid_value("messages",
-                         "the conversation cannot be rendered: " + segments.status().message());
-  return text::join_segments(*segments);
+  auto segments = chat_segments(request);
+  if (auto* e = std::get_if<ApiError>(&segments)) return *e;
+  return text::join_segments(std::get<std::vector<text::Segment>>(segments));
 }
 
 namespace {

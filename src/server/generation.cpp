@@ -152,7 +152,7 @@ std::shared_ptr<RequestHandle> admit_chat(const HandlerContext& c, const ChatReq
   }
   const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
   if (!tokenizer) return nullptr;
-  auto prompt = render_chat_prompt(request, *tokenizer, c.service.context_capacity());
+  auto prompt = render_chat_prompt(request, *tokenizer, c.service.context_capacity(), prompt_param);
   if (auto* e = std::get_if<ApiError>(&prompt)) {
     set_error(res, *e);
     return nullptr;

@@ -91,7 +91,8 @@ struct RenderedPrompt {
 };
 std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& request,
                                                           const text::Tokenizer& tokenizer,
-                                                          int64_t context = INT64_MAX);
+                                                          int64_t context = INT64_MAX,
+                                                          const char* prompt_param = "messages");
 // The refusal of a prompt of `tokens` ids (-1: more than the context) in a context of
 // `context` positions, blamed on `param`.
 ApiError context_exceeded(int64_t tokens, int64_t context, const char* param);

@@ -46,7 +46,7 @@ HttpResponse error_response(const ApiError& error);
 enum class ErrorStyle { openai, anthropic };
 ErrorStyle error_style_for(std::string_view path);
 // Anthropic's {"type":"error","error":{"type","message","details"}}, the type from the status,
-// details {"error_code": code, "param"} when the error has a code (docs/serving.md §3.15.5).
+// details {"error_code": code, "param"} when the error has a code (docs/serving.md §3.18.5).
 json anthropic_error_body(const ApiError& error);
 // The response for `error` in `style` (the headers as error_response's).
 HttpResponse error_response(const ApiError& error, ErrorStyle style);
