@@ -29,19 +29,7 @@ ServerOptions server_options() {
 
 HttpRequest request(std::string method, std::string path, std::string body = "",
                     const char* key = "sk-test") {
-  HttpRequest r;
-  r.method = std::move(method);
-  r.path = path;
-  r.target = std::move(path);
-  r.remote_addr = "127.0.0.1";
-  r.headers = {{"Host", "127.0.0.1:8000"}};
-  if (key) r.headers.emplace_back("Authorization", std::string("Bearer ") + key);
-  if (r.method == "POST") {
-    r.headers.emplace_back("Content-Type", "application/json");
-    r.headers.emplace_back("Content-Length", std::to_string(body.size()));
-  }
-  r.body = std::move(body);
-  return r;
+  return testing::demo_request(std::move(method), std::move(path), std::move(body), key);
 }
 
 json body_of(const HttpResponse& res) {

@@ -35,18 +35,7 @@ Router& router() {
 }
 
 HttpResponse call(std::string method, std::string path, std::string body = "") {
-  HttpRequest r;
-  r.method = std::move(method);
-  r.path = path;
-  r.target = std::move(path);
-  r.remote_addr = "127.0.0.1";
-  r.headers = {{"Host", "127.0.0.1:8000"}};
-  if (r.method == "POST") {
-    r.headers.emplace_back("Content-Type", "application/json");
-    r.headers.emplace_back("Content-Length", std::to_string(body.size()));
-  }
-  r.body = std::move(body);
-  return router().serve(std::move(r));
+  return router().serve(testing::demo_request(std::move(method), std::move(path), std::move(body)));
 }
 
 json post_json(const std::string& path, const std::string& body) {
