@@ -260,5 +260,34 @@ TEST(ServeApi, RoutesAnthropicMessages) {
   EXPECT_EQ(router.label("POST", "/v1/messages"), "/v1/messages");
 }
 
+// /health while every generation fails: 503 "degraded" (a probe notices), back to 200 "ok" once
+// one ends normally. The scripted 3rd id is outside the vocabulary: fed back, it faults.
+TEST(ServeApi, HealthReportsDegradedWhileGenerationsFail) {
+  ServiceOptions o = testing::serve_demo_options();
+  o.scripted_tokens = {1000, 1001, -5};
+  EngineService service(o);
+  wait_ready(service);
+  Router router(service, server_options());
+  auto chat = [&](int max_tokens) {
+    return router.serve(
+        request("POST", "/v1/chat/completions",
+                json{{"model", "kimi-k3"},
+                     {"max_tokens", max_tokens},
+                     {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})}}
+                    .dump()));
+  };
+  EXPECT_EQ(router.serve(request("GET", "/health")).status, 200);
+  expect_error(chat(8), 500, "engine_error");
+  const HttpResponse bad = router.serve(request("GET", "/health"));
+  EXPECT_EQ(bad.status, 503) << bad.body;
+  EXPECT_EQ(body_of(bad)["status"], "degraded");
+  EXPECT_EQ(body_of(bad)["failed_in_a_row"], 1);
+  EXPECT_FALSE(body_of(bad)["last_error"].get<std::string>().empty());
+  EXPECT_EQ(chat(2).status, 200);  // the faulting id is never fed back
+  const HttpResponse good = router.serve(request("GET", "/health"));
+  EXPECT_EQ(good.status, 200) << good.body;
+  EXPECT_EQ(body_of(good)["status"], "ok");
+}
+
 }  // namespace
 }  // namespace k3::server

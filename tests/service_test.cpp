@@ -436,11 +436,14 @@ TEST(Service, EngineFaultFailsTheRequestAndServingGoesOn) {
   EXPECT_NE(failed.error.find("engine_error"), std::string::npos) << failed.error;
   EXPECT_FALSE(failed.content.empty());  // what was generated before the fault was delivered
   EXPECT_EQ(service.stats().failed, 1);
+  EXPECT_EQ(service.stats().failed_in_a_row, 1);  // /health reports degraded
+  EXPECT_FALSE(service.stats().last_failure.empty());
   EXPECT_EQ(service.stats().fed_tokens, 0);              // reset, not half-fed
   const Outcome next = run(service, greedy(prompt, 3));  // the last token is never fed: no fault
   EXPECT_TRUE(next.error.empty()) << next.error;
   EXPECT_EQ(next.done.completion_tokens, 3);
   EXPECT_EQ(next.done.cached_tokens, 0);
+  EXPECT_EQ(service.stats().failed_in_a_row, 0);  // a normal end clears it
 }
 
 }  // namespace

@@ -618,6 +618,8 @@ void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const c
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.failed;
+    ++stats_.failed_in_a_row;
+    stats_.last_failure = what;
   }
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::error;
@@ -667,6 +669,7 @@ void EngineService::end_generation(RequestHandle& handle, GenerationStats& stats
       ++stats_.cancelled_decode;
     else
       ++stats_.completed;
+    stats_.failed_in_a_row = 0;
   }
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;

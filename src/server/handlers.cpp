@@ -139,7 +139,13 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
     set_json(res, 500, json{{"status", "error"}, {"message", "model load failed"}});
     return res;
   }
-  body["status"] = s.state == ServiceStats::State::stopping ? "stopping" : "ok";
+  // Degraded: the model is loaded but the latest generations failed (none has ended normally
+  // since); a probe sees 503 until one does.
+  const bool degraded = s.state == ServiceStats::State::ready && s.failed_in_a_row > 0;
+  body["status"] = s.state == ServiceStats::State::stopping ? "stopping"
+                   : degraded                               ? "degraded"
+                                                            : "ok";
+  if (degraded) body["failed_in_a_row"] = s.failed_in_a_row;
   if (authorised(c.options, req)) {
     body["model"] = c.options.api.model_id;
     body["uptime_s"] = now_seconds() - c.started;
@@ -171,7 +177,8 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
     if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
   }
-  set_json(res, s.state == ServiceStats::State::stopping ? 503 : 200, body);
+  if (degraded && authorised(c.options, req)) body["last_error"] = s.last_failure;
+  set_json(res, s.state == ServiceStats::State::stopping || degraded ? 503 : 200, body);
   return res;
 }
 

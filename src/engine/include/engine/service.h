@@ -163,6 +163,9 @@ struct ServiceStats {
   int64_t fed_tokens = 0;
   size_t active = 0, queued = 0, max_queue = 0;
   int64_t admitted = 0, completed = 0, rejected = 0, failed = 0;
+  // Generations that failed in a row since the last one that ended normally (/health: degraded).
+  int64_t failed_in_a_row = 0;
+  std::string last_failure;  // the engine's message of the most recent failure
   int64_t cancelled_queue = 0, cancelled_prefill = 0, cancelled_decode = 0;
   int64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
