@@ -29,28 +29,15 @@ void restyle(HttpResponse& res) {
   res.body = anthropic_error_body(e).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// The request, its rendered prompt and the tokenizer; false with `res` set.
-bool prepare(const HandlerContext& c, const HttpRequest& req, bool count_only,
-             std::shared_ptr<MessagesRequest>& request, RenderedPrompt& prompt, HttpResponse& res) {
+// The validated request; false with `res` set to the refusal.
+bool parse(const HandlerContext& c, const HttpRequest& req, bool count_only,
+           std::shared_ptr<MessagesRequest>& request, HttpResponse& res) {
   auto parsed = parse_messages_request(req.body, c.options.api, count_only);
   if (auto* e = std::get_if<ApiError>(&parsed)) {
     res = refusal(*e);
     return false;
   }
   request = std::make_shared<MessagesRequest>(std::move(std::get<MessagesRequest>(parsed)));
-  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
-  if (!tokenizer) {
-    restyle(res);
-    return false;
-  }
-  // A generation's prompt is refused once it passes the context; count_tokens counts it all.
-  auto rendered = render_chat_prompt(request->chat, *tokenizer,
-                                     count_only ? INT64_MAX : c.service.context_capacity());
-  if (auto* e = std::get_if<ApiError>(&rendered)) {
-    res = refusal(*e);
-    return false;
-  }
-  prompt = std::move(std::get<RenderedPrompt>(rendered));
   return true;
 }
 
@@ -80,16 +67,11 @@ void stream_message(const HandlerContext& c, const HttpRequest& req, HttpRespons
 HttpResponse anthropic_messages(const HandlerContext& c, const HttpRequest& req) {
   HttpResponse res;
   std::shared_ptr<MessagesRequest> request;
-  RenderedPrompt prompt;
   if (c.draining.load()) return refusal(shutting_down());
-  if (!prepare(c, req, false, request, prompt, res)) return res;
-  ServiceRequest sr;
-  sr.prompt = std::move(prompt.ids);
-  sr.anchor = prompt.anchor;
-  sr.starts_in_think = request->chat.thinking;
-  apply_generation(request->chat, sr);
+  if (!parse(c, req, false, request, res)) return res;
+  // Admitted as a chat completion is (render, context check, queue); its refusals restyled.
   ServiceEvent accepted;
-  auto handle = admit(c, std::move(sr), "messages", req, res, accepted);
+  auto handle = admit_chat(c, request->chat, "messages", req, res, accepted);
   if (!handle) {
     restyle(res);
     return res;
@@ -112,9 +94,17 @@ HttpResponse anthropic_messages(const HandlerContext& c, const HttpRequest& req)
 HttpResponse anthropic_count_tokens(const HandlerContext& c, const HttpRequest& req) {
   HttpResponse res;
   std::shared_ptr<MessagesRequest> request;
-  RenderedPrompt prompt;
-  if (!prepare(c, req, true, request, prompt, res)) return res;
-  set_json(res, 200, json{{"input_tokens", static_cast<int64_t>(prompt.ids.size())}});
+  if (!parse(c, req, true, request, res)) return res;
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) {
+    restyle(res);
+    return res;
+  }
+  auto rendered = render_chat_prompt(request->chat, *tokenizer);  // counted whole: no context cap
+  if (auto* e = std::get_if<ApiError>(&rendered)) return refusal(*e);
+  set_json(
+      res, 200,
+      json{{"input_tokens", static_cast<int64_t>(std::get<RenderedPrompt>(rendered).ids.size())}});
   return res;
 }
 
