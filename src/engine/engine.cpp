@@ -80,15 +80,11 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   info.first_k_dense_replace = config.first_k_dense_replace;
   info.eos_token_ids = config.eos_token_ids;
   if (options.context > 0) {
-    // A session's per-position state: every MLA layer's latent and rope rows, plus one attention
-    // score per head (src/model/state.cpp sizes them the same way).
+    // A session's per-position state, as the session will allocate it.
     const int64_t layers = load.layers > 0 ? std::min(load.layers, config.num_hidden_layers)
                                            : config.num_hidden_layers;
-    uint64_t per_position = static_cast<uint64_t>(config.num_attention_heads);
-    for (int64_t l = 0; l < layers; ++l)
-      if (config.attention[static_cast<size_t>(l)] == AttentionKind::kMLA)
-        per_position += static_cast<uint64_t>(config.kv_lora_rank + config.qk_rope_head_dim);
-    const uint64_t need = per_position * sizeof(float) * static_cast<uint64_t>(options.context);
+    const uint64_t need = ModelState::floats_per_position(config, layers) * sizeof(float) *
+                          static_cast<uint64_t>(options.context);
     const uint64_t available = available_memory_bytes();
     if (available > 0 && need > available)
       throw Error(options.context_name + "=" + std::to_string(options.context) + ": the context " +

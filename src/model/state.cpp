@@ -49,6 +49,14 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_,
   w.reserve(c, rows);
 }
 
+uint64_t ModelState::floats_per_position(const K3Config& c, int64_t num_layers) {
+  uint64_t floats = static_cast<uint64_t>(c.num_attention_heads);  // work.mla_scores
+  for (size_t l = 0; l < static_cast<size_t>(num_layers); ++l)
+    if (c.attention[l] != AttentionKind::kKDA)  // mla[l].latent + mla[l].rope
+      floats += static_cast<uint64_t>(c.kv_lora_rank + c.qk_rope_head_dim);
+  return floats;
+}
+
 void Workspace::reserve(const K3Config& c, size_t n) {
   if (n <= rows) return;
   rows = n;

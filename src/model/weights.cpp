@@ -28,6 +28,13 @@ void check_cancel() {
   if (load_cancelled()) throw Interrupted();
 }
 
+// Bytes the snapshot's shards have delivered so far (load progress: GB/s).
+uint64_t bytes_read(const ModelFiles& s) {
+  uint64_t total = 0;
+  for (const auto& shard : s.shards()) total += shard->bytes_read();
+  return total;
+}
+
 // Sets t_cancel for one load_weights call and clears it however the call ends.
 class CancelScope {
  public:
@@ -235,14 +242,6 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
       break;
   }
 }
-
-namespace {
-uint64_t bytes_read(const ModelFiles& s) {
-  uint64_t total = 0;
-  for (const auto& shard : s.shards()) total += shard->bytes_read();
-  return total;
-}
-}  // namespace
 
 ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,
                           const LoadOptions& precision,

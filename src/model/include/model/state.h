@@ -124,6 +124,9 @@ struct ModelState {
   // workspace sized for passes of `rows` rows (one: decode).
   ModelState(const K3Config& config, int64_t num_layers, int64_t capacity, size_t rows = 1);
   void reset();
+  // The floats the constructor allocates per position of `capacity`: every MLA layer's latent and
+  // rope rows, plus one attention score per head (a context's cost, known before any weight).
+  static uint64_t floats_per_position(const K3Config& config, int64_t num_layers);
 };
 
 }  // namespace k3
