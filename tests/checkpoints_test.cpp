@@ -24,10 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nexpected it to contain: " << (sub)
-
 const Engine& tiny_engine() {
   static const Engine engine(std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny", LoadOptions{});
   return engine;

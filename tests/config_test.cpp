@@ -22,10 +22,6 @@ namespace {
 
 using k3::testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nexpected it to contain: " << (sub)
-
 const std::string kTinyConfig = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny/config.json";
 const std::string kReleaseConfig = std::string(K3_SOURCE_DIR) + "/assets/k3-release/config.json";
 

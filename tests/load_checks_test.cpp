@@ -23,10 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nexpected it to contain: " << (sub)
-
 // The demo checkpoint: the real tokenizer and vocabulary, random weights, 6 layers.
 const std::string& demo_dir() {
   static const testing::TempDir dir("load-checks-demo");

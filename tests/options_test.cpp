@@ -22,10 +22,6 @@ namespace {
 
 using k3::testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nexpected it to contain: " << (sub)
-
 using Args = std::vector<std::string>;
 using Env = std::map<std::string, std::string>;
 

@@ -34,10 +34,6 @@ using k3::testing::TempDir;
 
 using k3::testing::error_of;
 
-#define EXPECT_HAS(msg, sub)                               \
-  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
-      << "message: " << (msg) << "\nexpected it to contain: " << (sub)
-
 const std::string kFixtureDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 const std::string kVisionShard = "model-00010-of-000010.safetensors";
 const std::string kPath = "mem/test-shard.safetensors";

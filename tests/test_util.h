@@ -15,6 +15,11 @@
 #include "kernels/isa.h"
 #include "util/error.h"
 
+// Expects the error message `msg` to contain `sub`, printing both when it does not.
+#define EXPECT_HAS(msg, sub)                               \
+  EXPECT_NE(std::string(msg).find(sub), std::string::npos) \
+      << "message: " << (msg) << "\nexpected it to contain: " << (sub)
+
 namespace k3::testing {
 
 // Read-only access to the tensors of one safetensors file.
