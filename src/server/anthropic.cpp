@@ -325,10 +325,7 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
   MessagesRequest out;
   ChatRequest& r = out.chat;
   r.thinking = config.default_thinking;
-  r.temperature = config.default_temperature;
-  r.top_p = config.default_top_p;
-  r.top_k = config.default_top_k;
-  r.min_p = config.default_min_p;
+  set_sampling_defaults(config, r);
 
   const json* model = field("model");
   if (!model) return missing("model");

@@ -275,15 +275,9 @@ std::optional<ApiError> check_tools(const json& tools) {
 // The generation fields shared by /v1/chat/completions and /v1/completions.
 std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
                                          int64_t default_max_tokens, GenerationParams& r) {
-  r.temperature = config.default_temperature;
-  r.top_p = config.default_top_p;
-  r.top_k = config.default_top_k;
-  r.min_p = config.default_min_p;
+  set_sampling_defaults(config, r);
   r.max_tokens = std::min(default_max_tokens, config.max_tokens_ceiling);
-  auto field = [&](const char* key) -> const json* {
-    auto it = b.find(key);
-    return it == b.end() || it->is_null() ? nullptr : &*it;
-  };
+  auto field = [&](const char* key) { return present(b, key); };
   // Penalties: OpenAI's frequency / presence, llama.cpp's repeat_penalty with repeat_last_n.
   // HF/vLLM's repetition_penalty (a window of everything) is not ours: only its neutral values.
   if (const json* v = field("repetition_penalty");
@@ -375,6 +369,13 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
 }
 
 }  // namespace
+
+void set_sampling_defaults(const ApiConfig& config, GenerationParams& r) {
+  r.temperature = config.default_temperature;
+  r.top_p = config.default_top_p;
+  r.top_k = config.default_top_k;
+  r.min_p = config.default_min_p;
+}
 
 const json* present(const json& body, const char* key) {
   auto it = body.find(key);

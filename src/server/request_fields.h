@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "server/api.h"
 #include "server/error.h"
 #include "server/server_options.h"
 #include "text/pyjson.h"
@@ -34,6 +35,9 @@ bool is_media_part(const std::string& type);
 const json* present(const json& body, const char* key);
 // `messages` (present()'s result): required, an array of 1 to 4096 entries.
 std::optional<ApiError> check_messages(const json* messages);
+// The server's sampling defaults (--temp, --top-p, --top-k, --min-p) into `params`, before a
+// request's own fields override them.
+void set_sampling_defaults(const ApiConfig& config, GenerationParams& params);
 // 404 model_not_found unless `model` is the served id, an alias, or any model is accepted.
 std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config);
 
