@@ -209,13 +209,6 @@ TEST(SafetensorsShard, ScalarAndEmptyShapes) {
   EXPECT_EQ(e->shape, (std::vector<int64_t>{0, 5}));
 }
 
-TEST(SafetensorsShard, TrailingBytesAfterTheLastTensorAreAllowed) {
-  json header;
-  header["w"] = entry("U8", {2}, 0, 2);
-  const auto shard = open_mem(assemble(header.dump(), pattern(10, 1)));
-  EXPECT_EQ(shard->tensors().size(), 1u);
-}
-
 TEST(SafetensorsHeader, ParseDirectlyReportsAbsoluteOffsets) {
   json header;
   header["x"] = entry("F64", {2}, 0, 16);
@@ -330,6 +323,41 @@ TEST(SafetensorsReject, EndBeforeBegin) {
   const std::string msg = open_error(header, 16);
   EXPECT_HAS(msg, kPath);
   EXPECT_HAS(msg, "tensor w");
+}
+
+// The strict rules of the format (huggingface/safetensors README): the data region is exactly
+// the tensors' bytes, and a name appears once. Every container k3_repack writes must pass them.
+TEST(SafetensorsReject, HolesBetweenBeforeOrAfterTensors) {
+  json header;
+  header["a"] = entry("U8", {2}, 0, 2);
+  header["b"] = entry("U8", {2}, 6, 8);
+  const std::string msg = open_error(header, 8);
+  EXPECT_HAS(msg, kPath);
+  EXPECT_HAS(msg, "4 bytes between tensors a and b");
+  json header2;
+  header2["late"] = entry("U8", {2}, 2, 4);
+  const std::string msg2 = open_error(header2, 4);
+  EXPECT_HAS(msg2, "late");
+  EXPECT_HAS(msg2, "starts 2 bytes into the data region");
+  // Bytes after the last tensor (8 here) are a hole too.
+  json header3;
+  header3["w"] = entry("U8", {2}, 0, 2);
+  EXPECT_HAS(open_error(header3, 10), "8 bytes after the last tensor");
+}
+
+TEST(SafetensorsReject, DuplicateTensorNames) {
+  const std::string h = R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                        R"("w":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})";
+  const std::string msg = error_of([&] { open_mem(assemble(h, pattern(4, 1))); });
+  EXPECT_HAS(msg, kPath);
+  EXPECT_HAS(msg, "tensor w appears twice");
+}
+
+TEST(SafetensorsReject, HeaderNotStartingWithBrace) {
+  const std::string h = R"( {"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+  const std::string msg = error_of([&] { open_mem(assemble(h, pattern(2, 1))); });
+  EXPECT_HAS(msg, "does not start with '{'");
+  EXPECT_HAS(msg, kPath);
 }
 
 TEST(SafetensorsReject, OverlappingTensors) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "util/error.h"
 
@@ -69,12 +70,27 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
                 " bytes runs past the end of the file (" + std::to_string(file_size) + " bytes)");
   }
   const uint64_t data_size = file_size - data_start;
+  // The format (huggingface/safetensors README): the header is a JSON object, optionally
+  // followed by space padding, every tensor name appears once.
+  if (header_json.empty() || header_json.front() != '{')
+    throw Error(path + ": header is not JSON text of an object (it does not start with '{')");
   nlohmann::json root;
+  std::string duplicate;
+  std::set<std::string> keys;
+  const nlohmann::json::parser_callback_t on_token =
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+            !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+          duplicate = parsed.get<std::string>();
+        return true;
+      };
   try {
-    root = nlohmann::json::parse(header_json);
+    root = nlohmann::json::parse(header_json, on_token);
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": header is not valid JSON: " + e.what());
   }
+  if (!duplicate.empty())
+    throw Error(path + ": tensor " + duplicate + " appears twice in the header");
   if (!root.is_object()) throw Error(path + ": header is not a JSON object");
 
   std::vector<TensorInfo> tensors;
@@ -138,7 +154,24 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
     const TensorInfo& cur = tensors[i];
     if (cur.file_offset < prev.file_offset + prev.nbytes)
       throw Error(path + ": tensors " + prev.name + " and " + cur.name + " overlap");
+    if (cur.file_offset > prev.file_offset + prev.nbytes)
+      throw Error(path + ": " + std::to_string(cur.file_offset - prev.file_offset - prev.nbytes) +
+                  " bytes between tensors " + prev.name + " and " + cur.name +
+                  " belong to no tensor (the format allows no holes)");
   }
+  // The data region is exactly the tensors' bytes: no hole before the first one, nothing after
+  // the last one.
+  const uint64_t first = tensors.empty() ? data_start : tensors.front().file_offset;
+  const uint64_t last =
+      tensors.empty() ? data_start : tensors.back().file_offset + tensors.back().nbytes;
+  if (first != data_start)
+    throw Error(path + ": the first tensor, " + tensors.front().name + ", starts " +
+                std::to_string(first - data_start) +
+                " bytes into the data region (the format allows no holes)");
+  if (last != file_size)
+    throw Error(path + ": " + std::to_string(file_size - last) +
+                " bytes after the last tensor belong to no tensor (file longer than its header "
+                "says)");
   return tensors;
 }
 
