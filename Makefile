@@ -15,14 +15,14 @@ build: setup
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# kimi_k3, coli, k3_synth, k3_bench into $(PREFIX)/bin and the built-in model into
+# kimi_k3, coli, k3_synth, k3_repack, k3_bench into $(PREFIX)/bin and the built-in model into
 # $(PREFIX)/share/kimi_k3/k3-mini (coli's default model once the source tree is gone).
 PREFIX ?= /usr/local
 install: setup
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 	@cmake --install $(BUILD) >/dev/null
-	@echo "installed kimi_k3, coli, k3_synth, k3_bench in $(PREFIX)/bin; the built-in model in $(PREFIX)/share/kimi_k3/k3-mini"
+	@echo "installed kimi_k3, coli, k3_synth, k3_repack, k3_bench in $(PREFIX)/bin; the built-in model in $(PREFIX)/share/kimi_k3/k3-mini"
 
 # The trained tiny K3 (tools/train/, committed): the model of `make run` and coli's default.
 MINI := assets/k3-mini
@@ -71,9 +71,9 @@ asan: setup $(NODE_TEST_DEPS)
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test \
 	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test text_review_test \
-	  service_test serve_api_test chunked_prefill_test read_queue_test expert_cache_test coli kimi_k3 k3_options_md k3_synth
+	  service_test serve_api_test chunked_prefill_test read_queue_test expert_cache_test repack_test coli kimi_k3 k3_options_md k3_synth k3_repack
 	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) \
-	  -R '^(Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache)' -E '^Chat.Tmux'
+	  -R '^(Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache|Repack|Container)' -E '^Chat.Tmux'
 
 # Benchmarks (timings, never assertions on them): kernel GB/s vs a DRAM probe, then decode tok/s
 # on a slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice; with the released

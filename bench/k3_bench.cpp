@@ -1620,7 +1620,6 @@ int run_quality(const QualityArgs& a) {
       "index%s)\n\n%s",
       static_cast<long long>(ref.row().positions), bounds.empty() ? "" : "; bounds in parentheses",
       q::markdown(rows, bounds).c_str());
-  std::printf("\nThe container and the K3_BITS=4 downcast rows come with issue 17.\n");
   print_results();
   return 0;
 }

@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "util/sha256.h"
 #include "util/siphash.h"
 
 namespace {
@@ -73,3 +75,19 @@ TEST(Hash, SipHash24PiecesEqualOneCallAndTheKeyMatters) {
 }
 
 }  // namespace
+
+// SHA-256 (util/sha256.h) on the FIPS 180-4 examples, and fed in uneven pieces.
+TEST(Sha256, KnownDigests) {
+  EXPECT_EQ(k3::sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(k3::sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(k3::sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  const std::string million(1000000, 'a');
+  EXPECT_EQ(k3::sha256_hex(million),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  k3::Sha256 pieces;
+  for (size_t at = 0, step = 1; at < million.size(); at += step, step = step * 3 % 997 + 1)
+    pieces.update(million.data() + at, std::min(step, million.size() - at));
+  EXPECT_EQ(pieces.hex(), k3::sha256_hex(million));
+}

@@ -22,22 +22,24 @@ inline constexpr int64_t kWindowTokens = 128;
 inline constexpr int64_t kGreedyTokens = 64;
 
 // One precision setting a user can pick: the K3_BITS / K3_MLA_BITS / K3_HEAD_BITS / K3_IDOT /
-// K3_TOPP values it runs with.
+// K3_TOPP values it runs with, and whether it reads the model repacked by k3_repack
+// (docs/container.md) instead of the snapshot.
 struct Setting {
   std::string name;  // key in the bounds file ("exact", "bits4_idot", "defaults_topp0.9", ...)
+  // 0 = not set (a container's stored width; the release default on a snapshot).
   int bits = 32, mla_bits = 32, head_bits = 32;
   bool idot = false;
-  double top_p = 0;  // K3_TOPP (0 = off)
+  double top_p = 0;   // K3_TOPP (0 = off)
+  int container = 0;  // > 0: measured on the model repacked with `k3_repack --bits <container>`
 
-  // "K3_BITS=4 K3_MLA_BITS=8 K3_HEAD_BITS=8 K3_IDOT=1" (+ " K3_TOPP=0.9").
+  // "K3_BITS=4 K3_MLA_BITS=8 K3_HEAD_BITS=8 K3_IDOT=1" (+ " K3_TOPP=0.9"); a container row
+  // starts with "container --bits N:" and leaves out the widths it does not set.
   std::string env() const;
   // `base` (cache and ISA choices) with this setting's precision fields.
   LoadOptions apply(LoadOptions base) const;
 };
 
-// Every row of the table, the exact reference first. (The container and the K3_BITS=4 downcast
-// of a BF16 checkpoint are settings too: their rows come with issue 17, see settings() in
-// quality_lib.cpp.)
+// Every row of the table, the exact reference first, the container rows last.
 std::vector<Setting> settings();
 // The setting called `name`; throws k3::Error listing the names when there is none.
 Setting setting(const std::string& name);
@@ -91,6 +93,13 @@ class Reference {
   std::vector<std::vector<int64_t>> greedy_;  // per prompt: kGreedyTokens ids
   std::vector<std::vector<int64_t>> expert_use_;
   Row row_;
+  // Containers made for container rows (k3_repack --bits N -> directory), removed with this.
+  mutable std::map<int, std::string> containers_;
+
+ public:
+  ~Reference();
+  Reference(const Reference&) = delete;
+  Reference& operator=(const Reference&) = delete;
 };
 
 // What a row may measure at worst (quality_bounds.json: {setting: {ppl_max, kl_mean_max,

@@ -128,11 +128,30 @@ double Engine::load_seconds() const {
 std::string Engine::describe() const {
   const Model& model = *impl_->model;
   const LoadOptions& o = model.load_options();
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d | idot %d | resident %.1f MB",
-                isa_name(model.isa()), o.bits, o.mla_bits, o.head_bits, o.idot ? 1 : 0,
-                static_cast<double>(model.resident_bytes()) / 1e6);
-  return buf;
+  const ContainerInfo& box = model.container();
+  // A container's stored widths apply to the classes the user left unset.
+  const int bits = box.present && !o.bits_chosen ? box.bits : o.bits;
+  const int mla_bits = box.present && !o.mla_bits_chosen ? box.mla_bits : o.mla_bits;
+  const int head_bits = box.present && !o.head_bits_chosen ? box.head_bits : o.head_bits;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d%s | idot %d | resident %.1f MB",
+                isa_name(model.isa()), bits, mla_bits, head_bits,
+                box.present ? (" (container, " + box.layout + " layout)").c_str() : "",
+                o.idot ? 1 : 0, static_cast<double>(model.resident_bytes()) / 1e6);
+  std::string text = buf;
+  if (o.mmap) {
+    const MemoryUse use = memory_use();
+    std::snprintf(buf, sizeof buf, " | mapped %.1f MB",
+                  static_cast<double>(model.mapped_bytes()) / 1e6);
+    text += buf;
+    if (use.known) {
+      std::snprintf(buf, sizeof buf, " | anon %.1f MB, file-backed %.1f MB",
+                    static_cast<double>(use.anonymous_bytes) / 1e6,
+                    static_cast<double>(use.file_backed_bytes) / 1e6);
+      text += buf;
+    }
+  }
+  return text;
 }
 
 ExpertStats Engine::expert_stats() const {

@@ -11,7 +11,10 @@ void ExpertStore::add(int64_t layer, int64_t expert, const ExpertTensors& tensor
   const uint64_t want[6] = {geometry_.gate_packed_bytes(), geometry_.gate_scale_bytes(),
                             geometry_.down_packed_bytes(), geometry_.down_scale_bytes(),
                             geometry_.gate_packed_bytes(), geometry_.gate_scale_bytes()};
-  Entry e{tensors, true};
+  if (layer < 0 || expert < 0)
+    throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                ": negative index");
+  Entry e{tensors, true, true};
   for (int i = 0; i < 6; ++i) {
     const LocatedTensor& t = tensors[static_cast<size_t>(i)];
     if (t.info == nullptr)
@@ -28,15 +31,24 @@ void ExpertStore::add(int64_t layer, int64_t expert, const ExpertTensors& tensor
         e.contiguous = false;
     }
   }
-  entries_[{layer, expert}] = e;
+  const auto l = static_cast<size_t>(layer), x = static_cast<size_t>(expert);
+  if (entries_.size() <= l) entries_.resize(l + 1);
+  if (entries_[l].size() <= x) entries_[l].resize(x + 1);
+  if (!entries_[l][x].registered) ++registered_;
+  entries_[l][x] = e;
+}
+
+bool ExpertStore::has(int64_t layer, int64_t expert) const {
+  const auto l = static_cast<size_t>(layer), x = static_cast<size_t>(expert);
+  return layer >= 0 && expert >= 0 && l < entries_.size() && x < entries_[l].size() &&
+         entries_[l][x].registered;
 }
 
 const ExpertStore::Entry& ExpertStore::entry(int64_t layer, int64_t expert) const {
-  const auto it = entries_.find({layer, expert});
-  if (it == entries_.end())
+  if (!has(layer, expert))
     throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
                 " is not registered");
-  return it->second;
+  return entries_[static_cast<size_t>(layer)][static_cast<size_t>(expert)];
 }
 
 bool ExpertStore::contiguous(int64_t layer, int64_t expert) const {
@@ -56,26 +68,30 @@ ExpertView ExpertStore::view(const uint8_t* bytes) const {
 
 bool ExpertStore::load_all(const std::atomic<bool>* cancel) {
   const uint64_t each = geometry_.expert_bytes();
-  arena_.resize(each * entries_.size());
+  arena_.resize(each * registered_);
   size_t i = 0;
-  for (auto& [key, e] : entries_) {
-    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) return false;
-    // Buffered, straight into the arena (no alignment needed).
-    uint8_t* dst = arena_.data() + i * each;
-    const ReadPlan plan = plan_read(key.first, key.second, dst, false);
-    std::string error;
-    try {
-      for (size_t r = 0; r < plan.count; ++r) {
-        const ReadRequest& q = plan.requests[r];
-        q.file->read_exact(q.dst, q.length, q.offset, e.tensors[0].info->name);
+  for (size_t layer = 0; layer < entries_.size(); ++layer)
+    for (size_t expert = 0; expert < entries_[layer].size(); ++expert) {
+      Entry& e = entries_[layer][expert];
+      if (!e.registered) continue;
+      const auto key = std::make_pair(static_cast<int64_t>(layer), static_cast<int64_t>(expert));
+      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) return false;
+      // Buffered, straight into the arena (no alignment needed).
+      uint8_t* dst = arena_.data() + i * each;
+      const ReadPlan plan = plan_read(key.first, key.second, dst, false);
+      std::string error;
+      try {
+        for (size_t r = 0; r < plan.count; ++r) {
+          const ReadRequest& q = plan.requests[r];
+          q.file->read_exact(q.dst, q.length, q.offset, e.tensors[0].info->name);
+        }
+      } catch (const Error& err) {
+        error = err.what();
       }
-    } catch (const Error& err) {
-      error = err.what();
+      finish_read(key.first, key.second, dst, error);
+      e.resident = dst;
+      ++i;
     }
-    finish_read(key.first, key.second, dst, error);
-    e.resident = dst;
-    ++i;
-  }
   return true;
 }
 

@@ -1,6 +1,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -188,6 +189,20 @@ void write_file_atomic(const std::string& path, std::initializer_list<ByteSpan> 
     ::unlink(tmp.c_str());
     throw Error(path + ": rename failed: " + std::strerror(err));
   }
+}
+
+std::shared_ptr<const FileMapping> FileMapping::map(const File& file) {
+  const int fd = file.descriptor(false);
+  if (fd < 0) throw Error(file.path() + ": cannot be memory-mapped (no file descriptor)");
+  if (file.size() == 0) throw Error(file.path() + ": cannot map an empty file");
+  void* p = ::mmap(nullptr, file.size(), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw Error(file.path() + ": mmap failed: " + std::strerror(errno));
+  return std::shared_ptr<const FileMapping>(
+      new FileMapping(static_cast<const uint8_t*>(p), file.size()));
+}
+
+FileMapping::~FileMapping() {
+  ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 }  // namespace k3

@@ -35,6 +35,15 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     } catch (const nlohmann::json::exception& e) {
       throw Error(index_path.string() + ": not valid JSON: " + e.what());
     }
+    // A container's index carries its record too: an unknown format version is refused here,
+    // before any shard is opened.
+    const auto meta = index.find("metadata");
+    if (meta != index.end() && meta->is_object() && meta->contains(kContainerKey)) {
+      SafetensorsMetadata record;
+      for (const auto& [key, value] : meta->items())
+        if (value.is_string()) record[key] = value.get<std::string>();
+      parse_container_info(record, index_path.string());
+    }
     const auto wm = index.find("weight_map");
     if (!index.is_object() || wm == index.end() || !wm->is_object())
       throw Error(index_path.string() + ": missing \"weight_map\" object");
@@ -75,6 +84,21 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     for (const auto& f : files) open_shard(f);
   }
 
+  // Every shard carries the container record, or none does; the record is the same in all.
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ContainerInfo info = parse_container_info(shards_[i]->metadata(), shards_[i]->path());
+    if (i == 0) {
+      container_ = info;
+    } else if (!(info == container_)) {
+      throw Error(shards_[i]->path() + ": " +
+                  (info.present != container_.present
+                       ? std::string("mixes repacked-container shards and plain shards (") +
+                             shards_[0]->path() + ")"
+                       : "container record differs from " + shards_[0]->path() +
+                             "'s (shards of two different repacks)"));
+    }
+  }
+
   // The real snapshot nests the text model under "language_model."; flat fixtures do not.
   if (by_name_.count("language_model.model.layers.0.input_layernorm.weight"))
     prefix_ = "language_model.";
@@ -90,6 +114,7 @@ void ModelFiles::open_shard(const std::string& file_name) {
       }
   auto shard = std::make_unique<SafetensorsShard>(open_posix_file(path));
   for (const auto& t : shard->tensors()) {
+    if (is_padding_tensor(t.name)) continue;  // alignment filler, not a weight
     const auto [it, inserted] = by_name_.emplace(t.name, LocatedTensor{shard.get(), &t});
     if (!inserted)
       throw Error(path + ": tensor " + t.name + " also appears in " + it->second.shard->path());

@@ -62,8 +62,17 @@ uint64_t TensorInfo::numel() const {
   return n;
 }
 
+std::string padding_tensor_name(uint64_t n) {
+  return kPaddingTensorPrefix + std::to_string(n);
+}
+
+bool is_padding_tensor(const std::string& name) {
+  return name.rfind(kPaddingTensorPrefix, 0) == 0;
+}
+
 std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json, uint64_t file_size,
-                                                 const std::string& path) {
+                                                 const std::string& path,
+                                                 SafetensorsMetadata* metadata) {
   const uint64_t data_start = 8 + header_json.size();
   if (data_start > file_size) {
     throw Error(path + ": header of " + std::to_string(header_json.size()) +
@@ -96,7 +105,15 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
   std::vector<TensorInfo> tensors;
   tensors.reserve(root.size());
   for (const auto& [name, entry] : root.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw Error(path + ": \"__metadata__\" is not an object of strings");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string())
+          throw Error(path + ": \"__metadata__\" entry " + key + " is not a string");
+        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
+      }
+      continue;
+    }
     const std::string where = path + ": tensor " + name;
     if (!entry.is_object()) throw Error(where + ": entry is not an object");
     const auto dtype_it = entry.find("dtype");
@@ -192,13 +209,20 @@ SafetensorsShard::SafetensorsShard(std::unique_ptr<File> file) : file_(std::move
                 " runs past the end of the file (" + std::to_string(file_->size()) + " bytes)");
   std::string header(header_len, '\0');
   file_->read_exact(header.data(), header_len, 8, "header");
-  tensors_ = parse_safetensors_header(header, file_->size(), p);
+  tensors_ = parse_safetensors_header(header, file_->size(), p, &metadata_);
+  data_start_ = 8 + header_len;
   for (size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
 }
 
 const TensorInfo* SafetensorsShard::find(const std::string& name) const {
   const auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::shared_ptr<const FileMapping> SafetensorsShard::mapping() const {
+  const std::lock_guard<std::mutex> lock(mapping_mutex_);
+  if (!mapping_) mapping_ = FileMapping::map(*file_);
+  return mapping_;
 }
 
 void SafetensorsShard::read(const TensorInfo& info, void* dst) const {

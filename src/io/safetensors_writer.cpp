@@ -120,8 +120,37 @@ void SafetensorsWriter::add_bytes(const std::string& name, DType dtype,
   });
 }
 
+void SafetensorsWriter::set_metadata(std::vector<std::pair<std::string, std::string>> entries) {
+  for (const auto& [key, value] : entries)
+    if (key == "format") throw Error("safetensors writer: metadata key \"format\" is reserved");
+  metadata_ = std::move(entries);
+}
+
+void SafetensorsWriter::set_data_alignment(uint64_t align) {
+  if (align < 8 || (align & (align - 1)) != 0)
+    throw Error("safetensors writer: data alignment " + std::to_string(align) +
+                " is not a power of two >= 8");
+  data_alignment_ = align;
+}
+
+uint64_t SafetensorsWriter::pad_to(uint64_t align) {
+  const uint64_t n = (align - data_bytes_ % align) % align;
+  if (n == 0) return 0;
+  add(padding_tensor_name(paddings_++), DType::kU8, {static_cast<int64_t>(n)},
+      [](uint8_t* dst, uint64_t nbytes) { std::memset(dst, 0, nbytes); });
+  return n;
+}
+
 std::string SafetensorsWriter::header() const {
-  std::string h = "{\"__metadata__\":{\"format\":\"pt\"}";
+  std::string h = "{\"__metadata__\":{\"format\":\"pt\"";
+  for (const auto& [key, value] : metadata_) {
+    h += ",\"";
+    h += json_escape(key);
+    h += "\":\"";
+    h += json_escape(value);
+    h += '"';
+  }
+  h += '}';
   for (const Entry& e : entries_) {
     h += ",\"";
     h += json_escape(e.name);
@@ -139,9 +168,9 @@ std::string SafetensorsWriter::header() const {
     h += "]}";
   }
   h += '}';
-  // Pad with spaces so the data region (8 + header) starts at a multiple of 8; no padding when
-  // already aligned (the convention of the reference safetensors writer).
-  h.append((8 - (8 + h.size()) % 8) % 8, ' ');
+  // Pad with spaces so the data region (8 + header) starts at a multiple of the alignment (8 by
+  // default); no padding when already aligned (the convention of the reference writer).
+  h.append((data_alignment_ - (8 + h.size()) % data_alignment_) % data_alignment_, ' ');
   return h;
 }
 

@@ -58,13 +58,13 @@ void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t 
   split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
     switch (W.format) {
       case WeightFormat::kF32:
-        k.matmul_f32(W.f32.data(), cols, X, n, Y, rows, begin, end);
+        k.matmul_f32(W.f32_data(), cols, X, n, Y, rows, begin, end);
         break;
       case WeightFormat::kInt8Row:
-        k.matmul_int8(W.q8.data(), W.scales.data(), cols, X, n, Y, rows, begin, end);
+        k.matmul_int8(W.q8_data(), W.scale_data(), cols, X, n, Y, rows, begin, end);
         break;
       case WeightFormat::kInt4G64:
-        k.matmul_int4(W.q4.data(), W.scales.data(), cols, X, n, Y, rows, begin, end);
+        k.matmul_int4(W.q4_data(), W.scale_data(), cols, X, n, Y, rows, begin, end);
         break;
     }
   });
@@ -92,17 +92,17 @@ void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, con
         const size_t b = lo - base, e = hi - base;
         switch (W.format) {
           case WeightFormat::kF32:
-            k.matmul_f32(W.f32.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            k.matmul_f32(W.f32_data(), cols, x, 1, jobs[j].Y, rows, b, e);
             break;
           case WeightFormat::kInt8Row:
-            k.matmul_int8(W.q8.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            k.matmul_int8(W.q8_data(), W.scale_data(), cols, x, 1, jobs[j].Y, rows, b, e);
             break;
           case WeightFormat::kInt4G64:
             if (W.int8_activations)
-              k.matmul_int4_idot(W.q4.data(), W.scales.data(), cols, q.q8, q.d, 1, jobs[j].Y, rows,
+              k.matmul_int4_idot(W.q4_data(), W.scale_data(), cols, q.q8, q.d, 1, jobs[j].Y, rows,
                                  b, e);
             else
-              k.matmul_int4(W.q4.data(), W.scales.data(), cols, x, 1, jobs[j].Y, rows, b, e);
+              k.matmul_int4(W.q4_data(), W.scale_data(), cols, x, 1, jobs[j].Y, rows, b, e);
             break;
         }
       }
@@ -116,20 +116,20 @@ void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, 
   const size_t cols = static_cast<size_t>(W.cols), count = row_end - row_begin;
   switch (W.format) {
     case WeightFormat::kF32:
-      k.matmul_f32(W.f32.data() + row_begin * cols, cols, x, 1, y, count, 0, count);
+      k.matmul_f32(W.f32_data() + row_begin * cols, cols, x, 1, y, count, 0, count);
       break;
     case WeightFormat::kInt8Row:
-      k.matmul_int8(W.q8.data() + row_begin * cols, W.scales.data() + row_begin, cols, x, 1, y,
+      k.matmul_int8(W.q8_data() + row_begin * cols, W.scale_data() + row_begin, cols, x, 1, y,
                     count, 0, count);
       break;
     case WeightFormat::kInt4G64:
       if (W.int8_activations) {
         const Q8Rows q = quantized_rows(k, x, 1, cols);
-        k.matmul_int4_idot(W.q4.data() + row_begin * cols / 2,
-                           W.scales.data() + row_begin * cols / 64, cols, q.q8, q.d, 1, y, count, 0,
+        k.matmul_int4_idot(W.q4_data() + row_begin * cols / 2,
+                           W.scale_data() + row_begin * cols / 64, cols, q.q8, q.d, 1, y, count, 0,
                            count);
       } else {
-        k.matmul_int4(W.q4.data() + row_begin * cols / 2, W.scales.data() + row_begin * cols / 64,
+        k.matmul_int4(W.q4_data() + row_begin * cols / 2, W.scale_data() + row_begin * cols / 64,
                       cols, x, 1, y, count, 0, count);
       }
       break;
@@ -144,19 +144,19 @@ void accumulate_rows_transposed(const WeightMatrix& W, size_t row_begin, size_t 
     const float c = coeffs[r];
     switch (W.format) {
       case WeightFormat::kF32: {
-        const float* w = W.f32.data() + row * cols;
+        const float* w = W.f32_data() + row * cols;
         for (size_t i = 0; i < cols; ++i) out[i] += c * w[i];
         break;
       }
       case WeightFormat::kInt8Row: {
-        const int8_t* q = W.q8.data() + row * cols;
-        const float cs = c * W.scales[row];
+        const int8_t* q = W.q8_data() + row * cols;
+        const float cs = c * W.scale_data()[row];
         for (size_t i = 0; i < cols; ++i) out[i] += cs * static_cast<float>(q[i]);
         break;
       }
       case WeightFormat::kInt4G64: {
-        const uint8_t* p = W.q4.data() + row * cols / 2;
-        const float* s = W.scales.data() + row * cols / 64;
+        const uint8_t* p = W.q4_data() + row * cols / 2;
+        const float* s = W.scale_data() + row * cols / 64;
         for (size_t g = 0; g < cols / 64; ++g) {
           const float cs = c * s[g];
           for (size_t j = 0; j < 32; ++j) {
@@ -192,7 +192,7 @@ void matmul_int4_idot(const KernelTable& k, const WeightMatrix& W, const int8_t*
                 ", not int4-g64");
   const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
   split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
-    k.matmul_int4_idot(W.q4.data(), W.scales.data(), cols, Q8, D, n, Y, rows, begin, end);
+    k.matmul_int4_idot(W.q4_data(), W.scale_data(), cols, Q8, D, n, Y, rows, begin, end);
   });
 }
 
@@ -206,7 +206,7 @@ void matmul_int8_idot(const KernelTable& k, const WeightMatrix& W, const int8_t*
     throw Error("matmul_int8_idot: " + std::to_string(cols) +
                 " columns is not a multiple of 32 (quantize_q8_32 has no tail)");
   split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
-    k.matmul_int8_idot(W.q8.data(), W.scales.data(), cols, Q8, D, n, Y, rows, begin, end);
+    k.matmul_int8_idot(W.q8_data(), W.scale_data(), cols, Q8, D, n, Y, rows, begin, end);
   });
 }
 

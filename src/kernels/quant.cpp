@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "util/error.h"
 
@@ -54,6 +55,23 @@ void quantize_int4_g64_row(const float* w, size_t cols, uint8_t* packed, float* 
       packed[g * 32 + j] = static_cast<uint8_t>(lo | (hi << 4));
     }
     scales[g] = s;
+  }
+}
+
+void downcast_int8_row_to_int4_g64(const int8_t* q8, float s8, size_t cols, uint8_t* packed,
+                                   float* scales) {
+  for (size_t g = 0; g < cols / 64; ++g) {
+    const int8_t* qg = q8 + g * 64;
+    int am = 0;
+    for (size_t i = 0; i < 64; ++i) am = std::max(am, std::abs(static_cast<int>(qg[i])));
+    const float s4 = std::max(static_cast<float>(am) * s8 / 7.0f, 1e-20f);
+    const auto q4 = [&](size_t i) {
+      return static_cast<int>(std::clamp(rne(static_cast<float>(qg[i]) * s8 / s4), -8.0f, 7.0f)) +
+             8;
+    };
+    for (size_t j = 0; j < 32; ++j)
+      packed[g * 32 + j] = static_cast<uint8_t>(q4(2 * j) | (q4(2 * j + 1) << 4));
+    scales[g] = s4;
   }
 }
 

@@ -37,6 +37,7 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers)
     num_layers = config_.num_hidden_layers;
   weights_ = load_weights(files_, config_, num_layers, load_, setup.on_load_progress, setup.cancel);
+  container_ = files_.container();
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) {
     m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64;
@@ -54,6 +55,12 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
 }
 
 Model::~Model() = default;
+
+uint64_t Model::mapped_bytes() const {
+  uint64_t total = 0;
+  for_each_matrix(weights_, [&](const Matrix& m) { total += m.mapped_bytes(); });
+  return total;
+}
 
 uint64_t Model::resident_bytes() const {
   uint64_t total = 0;

@@ -92,14 +92,156 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
   return out;
 }
 
-// Reads a [rows][cols] matrix and quantises it to `bits` (32 keeps f32).
+// How one class of dense matrix is wanted (docs/container.md §5): the width, whether the user
+// chose it (a container's stored width is kept otherwise), the option naming it in messages, and
+// K3_MMAP (use a container's prepared bytes in place).
+struct MatrixPolicy {
+  int bits = 32;
+  bool chosen = true;
+  const char* option = nullptr;
+  bool mmap = false;
+};
+// Matrices that are always f32 in RAM (router, f_a/f_b, b_proj): widened, never mapped.
+const MatrixPolicy kAlwaysF32{};
+
+int stored_bits(WeightFormat f) {
+  return f == WeightFormat::kInt8Row ? 8 : f == WeightFormat::kInt4G64 ? 4 : 32;
+}
+
+// A container's prepared matrix: U8 `name` plus its F32 `<name>.qs` sidecar, told apart by their
+// sizes (int8: O*I bytes and O scales; int4-g64: O*I/2 bytes and O*I/64 scales).
+Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::string& name,
+                     int64_t rows, int64_t cols, const MatrixPolicy& policy) {
+  const std::string where = t.shard->path() + ": tensor " + t.info->name;
+  const LocatedTensor qs = snap.find(name + ".qs");
+  if (qs.info == nullptr)
+    throw Error(where + " is U8 but its scale sidecar " + t.info->name +
+                ".qs is missing (not a k3_repack container tensor)");
+  if (qs.info->dtype != DType::kF32)
+    throw Error(qs.shard->path() + ": tensor " + qs.info->name + " has dtype " +
+                dtype_name(qs.info->dtype) + ", expected F32 (scale sidecar)");
+  const uint64_t o = static_cast<uint64_t>(rows), i = static_cast<uint64_t>(cols);
+  WeightFormat stored;
+  if (t.info->nbytes == o * i && qs.info->numel() == o)
+    stored = WeightFormat::kInt8Row;
+  else if (i % 64 == 0 && t.info->nbytes == o * i / 2 && qs.info->numel() == o * i / 64)
+    stored = WeightFormat::kInt4G64;
+  else
+    throw Error(where + " holds " + std::to_string(t.info->nbytes) + " bytes with " +
+                std::to_string(qs.info->numel()) + " scales; a [" + std::to_string(o) + ", " +
+                std::to_string(i) + "] matrix needs " + std::to_string(o * i) + " bytes + " +
+                std::to_string(o) + " scales (int8)" +
+                (i % 64 == 0 ? " or " + std::to_string(o * i / 2) + " bytes + " +
+                                   std::to_string(o * i / 64) + " scales (int4-g64)"
+                             : std::string()));
+  // What to build: the stored format, unless the user chose a width. A chosen 4 on int8 is the
+  // downcast; int8 stays int8 where the width is not a multiple of 64 (as the load-time path
+  // does); anything else cannot be honoured from these bytes.
+  WeightFormat target = stored;
+  const int have = stored_bits(stored);
+  if (policy.chosen && policy.bits != have) {
+    if (stored == WeightFormat::kInt8Row && policy.bits == 4) {
+      if (i % 64 == 0) target = WeightFormat::kInt4G64;
+    } else {
+      throw Error(where + " is stored as " + weight_format_name(stored) + " in this container; " +
+                  policy.option + "=" + std::to_string(policy.bits) + " cannot be made from it (" +
+                  (policy.bits > have ? "the dropped precision is gone"
+                                      : "only int8 -> int4 is a downcast") +
+                  "): unset " + policy.option + " to use the stored " + weight_format_name(stored) +
+                  ", or repack with k3_repack --bits " + std::to_string(policy.bits));
+    }
+  }
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.format = target;
+  if (policy.mmap) {
+    if (target != stored)
+      throw Error(where + ": K3_MMAP=1 cannot use it in place: " + policy.option + "=" +
+                  std::to_string(policy.bits) + " needs an int8 -> int4-g64 conversion at load " +
+                  "(unset " + policy.option + ", or repack with --bits 4)");
+    if (qs.info->file_offset % alignof(float) != 0)
+      throw Error(qs.shard->path() + ": tensor " + qs.info->name + " starts at byte " +
+                  std::to_string(qs.info->file_offset) +
+                  ", not 4-byte aligned, so K3_MMAP=1 cannot use its floats in place (repack with "
+                  "the aligned layout)");
+    const auto weights_map = t.shard->mapping();
+    const auto scales_map = qs.shard->mapping();
+    const uint8_t* bytes = weights_map->data() + t.info->file_offset;
+    if (stored == WeightFormat::kInt8Row)
+      m.mapped_q8 = reinterpret_cast<const int8_t*>(bytes);
+    else
+      m.mapped_q4 = bytes;
+    m.mapped_scales = reinterpret_cast<const float*>(scales_map->data() + qs.info->file_offset);
+    m.mapped_bytes_ = t.info->nbytes + qs.info->nbytes;
+    m.mapping = std::make_shared<
+        std::pair<std::shared_ptr<const FileMapping>, std::shared_ptr<const FileMapping>>>(
+        weights_map, scales_map);
+    return m;
+  }
+  std::vector<float> scales(qs.info->numel());
+  ModelFiles::read(qs, scales.data());
+  if (stored == WeightFormat::kInt4G64) {
+    m.q4.resize(t.info->nbytes);
+    ModelFiles::read(t, m.q4.data());
+    m.scales = std::move(scales);
+    return m;
+  }
+  std::vector<int8_t> q8(t.info->nbytes);
+  ModelFiles::read(t, q8.data());
+  if (target == WeightFormat::kInt8Row) {
+    m.q8 = std::move(q8);
+    m.scales = std::move(scales);
+    return m;
+  }
+  m.q4.resize(o * i / 2);
+  m.scales.resize(o * i / 64);
+#pragma omp parallel for schedule(static) if (o * i > (1u << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t row = static_cast<size_t>(r);
+    downcast_int8_row_to_int4_g64(q8.data() + row * i, scales[row], i, m.q4.data() + row * i / 2,
+                                  m.scales.data() + row * i / 64);
+  }
+  return m;
+}
+
+// Reads a [rows][cols] matrix in the policy's width: a container's prepared bytes as they are
+// (or downcast), a float tensor widened and quantised as at load (32 keeps f32).
 Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows, int64_t cols,
-                   int bits = 32) {
+                   const MatrixPolicy& policy = kAlwaysF32) {
+  check_cancel();
+  const LocatedTensor t = snap.find(name);
+  if (t.info != nullptr && t.info->dtype == DType::kU8) {
+    if (policy.option == nullptr)
+      throw Error(t.shard->path() + ": tensor " + t.info->name +
+                  " is U8, but this matrix is always kept in f32 (a container stores it in its "
+                  "source dtype)");
+    return read_prepared(snap, t, name, rows, cols, policy);
+  }
+  if (policy.mmap) {
+    const LocatedTensor f = snap.require_any(name, kFloatTypes, {rows, cols});
+    if (!(f.info->dtype == DType::kF32 && policy.bits == 32))
+      throw Error(f.shard->path() + ": tensor " + f.info->name + ": K3_MMAP=1 cannot use it in " +
+                  "place: it is stored as " + dtype_name(f.info->dtype) + " and " + policy.option +
+                  "=" + std::to_string(policy.bits) +
+                  " needs a conversion at load (repack with k3_repack at that width)");
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    auto mapping = f.shard->mapping();
+    m.mapped_f32 = reinterpret_cast<const float*>(mapping->data() + f.info->file_offset);
+    m.mapped_bytes_ = f.info->nbytes;
+    if (f.info->file_offset % alignof(float) != 0)
+      throw Error(f.shard->path() + ": tensor " + f.info->name +
+                  " is not 4-byte aligned; K3_MMAP=1 cannot use it in place");
+    m.mapping = std::move(mapping);
+    return m;
+  }
   Matrix m;
   m.rows = rows;
   m.cols = cols;
   m.f32 = read_floats(snap, name, {rows, cols});
-  quantize_matrix(m, bits);
+  quantize_matrix(m, policy.bits);
   return m;
 }
 
@@ -121,7 +263,7 @@ std::vector<float> read_res_query(const ModelFiles& snap, const std::string& nor
   return norm;
 }
 
-KdaWeights load_kda(const ModelFiles& s, const K3Config& c, int64_t l, int bits) {
+KdaWeights load_kda(const ModelFiles& s, const K3Config& c, int64_t l, const MatrixPolicy& bits) {
   using namespace names;
   const int64_t D = c.hidden_size, P = c.kda_projection_size(), dk = c.kda_head_dim,
                 H = c.kda_num_heads, K = c.short_conv_kernel_size;
@@ -159,7 +301,7 @@ KdaWeights load_kda(const ModelFiles& s, const K3Config& c, int64_t l, int bits)
   return w;
 }
 
-MlaWeights load_mla(const ModelFiles& s, const K3Config& c, int64_t l, int bits) {
+MlaWeights load_mla(const ModelFiles& s, const K3Config& c, int64_t l, const MatrixPolicy& bits) {
   using namespace names;
   const int64_t D = c.hidden_size, H = c.num_attention_heads;
   MlaWeights w;
@@ -175,7 +317,8 @@ MlaWeights load_mla(const ModelFiles& s, const K3Config& c, int64_t l, int bits)
   return w;
 }
 
-DenseMlpWeights load_dense(const ModelFiles& s, const K3Config& c, int64_t l, int bits) {
+DenseMlpWeights load_dense(const ModelFiles& s, const K3Config& c, int64_t l,
+                           const MatrixPolicy& bits) {
   using namespace names;
   DenseMlpWeights w;
   w.gate_proj = read_matrix(s, layer(l, kMlpGateProj), c.intermediate_size, c.hidden_size, bits);
@@ -184,7 +327,7 @@ DenseMlpWeights load_dense(const ModelFiles& s, const K3Config& c, int64_t l, in
   return w;
 }
 
-MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, int bits,
+MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, const MatrixPolicy& bits,
                     ExpertStore& experts) {
   using namespace names;
   const int64_t D = c.hidden_size, E = c.num_experts, R = c.routed_expert_hidden_size,
@@ -250,6 +393,22 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
   using namespace names;
   const CancelScope cancel_scope(cancel);
   const int64_t D = c.hidden_size;
+  // A container keeps its stored widths unless the user chose others (docs/container.md §5).
+  const ContainerInfo& box = s.container();
+  const auto policy = [&](int bits, bool chosen, int stored, const char* option) {
+    MatrixPolicy p;
+    p.bits = (!chosen && box.present) ? stored : bits;
+    p.chosen = chosen;
+    p.option = option;
+    p.mmap = precision.mmap;
+    return p;
+  };
+  const MatrixPolicy bits_policy =
+      policy(precision.bits, precision.bits_chosen, box.bits, "K3_BITS");
+  const MatrixPolicy mla_policy =
+      policy(precision.mla_bits, precision.mla_bits_chosen, box.mla_bits, "K3_MLA_BITS");
+  const MatrixPolicy head_policy =
+      policy(precision.head_bits, precision.head_bits_chosen, box.head_bits, "K3_HEAD_BITS");
   ModelWeights mw;
   mw.experts = std::make_unique<ExpertStore>(
       ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
@@ -262,13 +421,13 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
     lw.attn_res_query = read_res_query(s, layer(l, kAttnResNorm), layer(l, kAttnResProj), D);
     lw.mlp_res_query = read_res_query(s, layer(l, kMlpResNorm), layer(l, kMlpResProj), D);
     if (c.attention[static_cast<size_t>(l)] == AttentionKind::kKDA)
-      lw.kda = load_kda(s, c, l, precision.bits);
+      lw.kda = load_kda(s, c, l, bits_policy);
     else
-      lw.mla = load_mla(s, c, l, precision.mla_bits);
+      lw.mla = load_mla(s, c, l, mla_policy);
     if (c.ffn[static_cast<size_t>(l)] == FfnKind::kDense)
-      lw.dense = load_dense(s, c, l, precision.bits);
+      lw.dense = load_dense(s, c, l, bits_policy);
     else
-      lw.moe = load_moe(s, c, l, precision.bits, *mw.experts);
+      lw.moe = load_moe(s, c, l, bits_policy, *mw.experts);
     progress.set_bytes(bytes_read(s));
     progress.advance(1);
     // K3_LOAD_DELAY_MS: a long load on a small model (tests of a stopped load), in slices that
@@ -283,7 +442,7 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
                          D);
   }
   if (s.find(kLmHead).info != nullptr) {
-    mw.lm_head = read_matrix(s, kLmHead, c.vocab_size, D, precision.head_bits);
+    mw.lm_head = read_matrix(s, kLmHead, c.vocab_size, D, head_policy);
     mw.final_norm = read_floats(s, kFinalNorm, {D});
     mw.output_res_query = read_res_query(s, kOutputAttnResNorm, kOutputAttnResProj, D);
   }

@@ -151,15 +151,17 @@ Value choice(F f, std::vector<std::string> choices, std::string note = "") {
           [f](const Options& o) { return read(f, o); }, range};
 }
 
-// Dense-matrix bit widths: 4 (int4 groups of 64), 8 (int8 per row) or 32 (f32).
-template <class F>
-Value bits(F f) {
-  return {[f](Options& o, const std::string& v, const std::string& s) {
+// Dense-matrix bit widths: 4 (int4 groups of 64), 8 (int8 per row) or 32 (f32); `chosen` records
+// that the user set it.
+template <class F, class C>
+Value bits(F f, C chosen) {
+  return {[f, chosen](Options& o, const std::string& v, const std::string& s) {
             const int64_t b = parse_int(v, s, 1, 64);
             if (b != 4 && b != 8 && b != 32)
               throw Error(s + "=" + v +
                           " is not a supported width: use 4 (int4 g64), 8 (int8) or 32 (f32)");
             f(o) = static_cast<int>(b);
+            chosen(o) = true;
           },
           [f](const Options& o) { return std::to_string(read(f, o)); }, "4|8|32"};
 }
@@ -278,12 +280,17 @@ const std::vector<OptionRow>& option_rows() {
        integer(FIELD(load.chunk), 1, 512)},
       // quantization
       {"--bits", "K3_BITS", Group::kQuantization, kEngine,
-       "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32",
-       bits(FIELD(load.bits))},
+       "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32 (a repacked "
+       "container keeps its stored width unless set)",
+       bits(FIELD(load.bits), FIELD(load.bits_chosen))},
       {"--mla-bits", "K3_MLA_BITS", Group::kQuantization, kEngine, "MLA matrices in RAM",
-       bits(FIELD(load.mla_bits))},
+       bits(FIELD(load.mla_bits), FIELD(load.mla_bits_chosen))},
       {"--head-bits", "K3_HEAD_BITS", Group::kQuantization, kEngine, "lm_head in RAM",
-       bits(FIELD(load.head_bits))},
+       bits(FIELD(load.head_bits), FIELD(load.head_bits_chosen))},
+      {"--mmap,!--no-mmap", "K3_MMAP", Group::kQuantization, kEngine,
+       "repacked container: use its prepared matrices in place from a read-only file mapping "
+       "(clean page cache) instead of copying them; refuses tensors that need conversion",
+       boolean(FIELD(load.mmap))},
       {"--idot,!--no-idot", "K3_IDOT", Group::kQuantization, kEngine,
        "MXFP4 experts and int4 matrices: integer dots on int8 activations (off = float kernels)",
        boolean(FIELD(load.idot))},

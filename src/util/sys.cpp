@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 namespace k3 {
 
@@ -12,6 +13,28 @@ uint64_t peak_rss_bytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<uint64_t>(usage.ru_maxrss) * 1024u;  // Linux reports KiB
+}
+
+MemoryUse memory_use() {
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  MemoryUse use;
+  uint64_t rss_kb = 0, anon_kb = 0;
+  bool have_rss = false, have_anon = false;
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  std::string line;
+  while (std::getline(rollup, line)) {
+    std::istringstream fields(line);
+    if (!(fields >> key >> kb >> unit)) continue;
+    if (key == "Rss:") rss_kb = kb, have_rss = true;
+    if (key == "Anonymous:") anon_kb = kb, have_anon = true;
+  }
+  if (!have_rss || !have_anon) return use;
+  use.known = true;
+  use.anonymous_bytes = anon_kb * 1024;
+  use.file_backed_bytes = (rss_kb > anon_kb ? rss_kb - anon_kb : 0) * 1024;
+  return use;
 }
 
 std::string cpu_model_name() {

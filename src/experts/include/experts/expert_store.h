@@ -9,7 +9,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -101,12 +100,13 @@ class ExpertStore {
   // resident copy is then incomplete and must not be used).
   bool load_all(const std::atomic<bool>* cancel = nullptr);
   // Bytes of all registered experts.
-  uint64_t total_bytes() const { return geometry_.expert_bytes() * entries_.size(); }
-  bool has(int64_t layer, int64_t expert) const { return entries_.count({layer, expert}) != 0; }
+  uint64_t total_bytes() const { return geometry_.expert_bytes() * registered_; }
+  bool has(int64_t layer, int64_t expert) const;
 
  private:
   struct Entry {
     ExpertTensors tensors;
+    bool registered = false;
     bool contiguous = false;
     const uint8_t* resident = nullptr;  // into arena_ after load_all()
   };
@@ -114,7 +114,9 @@ class ExpertStore {
   void validate(const Entry& e, const uint8_t* bytes, int64_t layer, int64_t expert) const;
 
   ExpertGeometry geometry_;
-  std::map<std::pair<int64_t, int64_t>, Entry> entries_;
+  // [layer][expert], indexed directly (no search on the read path); unregistered holes allowed.
+  std::vector<std::vector<Entry>> entries_;
+  uint64_t registered_ = 0;
   std::vector<uint8_t> arena_;  // [experts][expert_bytes] after load_all()
 };
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/container.h"
 #include "io/safetensors.h"
 
 namespace k3 {
@@ -47,6 +48,10 @@ class ModelFiles {
   static void read(const LocatedTensor& t, void* dst) { t.shard->read(*t.info, dst); }
 
   const std::vector<std::unique_ptr<SafetensorsShard>>& shards() const { return shards_; }
+  // The repacked container's record (io/container.h), the same in every shard; `present` false
+  // for a Hugging Face snapshot. Shards that disagree, or a mix of container and plain shards,
+  // are refused at open.
+  const ContainerInfo& container() const { return container_; }
 
  private:
   void open_shard(const std::string& file_name);
@@ -57,6 +62,7 @@ class ModelFiles {
   std::string prefix_;
   std::vector<std::unique_ptr<SafetensorsShard>> shards_;
   std::map<std::string, LocatedTensor> by_name_;
+  ContainerInfo container_;
 };
 
 // True for tensor names that belong to the vision tower or its projector.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,15 @@ struct TensorInfo {
   uint64_t numel() const;
 };
 
+// The header's "__metadata__" object (string to string; anything else is refused).
+using SafetensorsMetadata = std::map<std::string, std::string>;
+
+// Padding tensors: zero-filled U8 tensors a writer inserts so the next tensor starts on an
+// alignment boundary (the format forbids holes between tensors). Lookups skip them.
+inline constexpr const char* kPaddingTensorPrefix = "__k3_pad.";
+std::string padding_tensor_name(uint64_t n);  // "__k3_pad.<n>"
+bool is_padding_tensor(const std::string& name);
+
 // Header JSON larger than this is refused (the real shard 93 header is ~0.8 MB).
 inline constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
 
@@ -54,7 +64,8 @@ inline constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
 // `file_size` is the shard size. Tensors are returned in data-offset order. Throws k3::Error
 // naming `path` and the offending tensor.
 std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json, uint64_t file_size,
-                                                 const std::string& path);
+                                                 const std::string& path,
+                                                 SafetensorsMetadata* metadata = nullptr);
 
 // An open shard: its file and its validated tensor table.
 class SafetensorsShard {
@@ -65,17 +76,26 @@ class SafetensorsShard {
   const std::string& path() const { return file_->path(); }
   const File& file() const { return *file_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const SafetensorsMetadata& metadata() const { return metadata_; }
+  // Bytes before the data region (8 + header length).
+  uint64_t data_start() const { return data_start_; }
   // nullptr when the shard has no tensor of that name.
   const TensorInfo* find(const std::string& name) const;
   // Reads the raw bytes of `info` (which must belong to this shard) into `dst`.
   void read(const TensorInfo& info, void* dst) const;
+  // The whole shard mapped read-only (K3_MMAP), created on first use and shared by every caller.
+  std::shared_ptr<const FileMapping> mapping() const;
   // Bytes read() has delivered so far (load progress: GB/s and ETA).
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
 
  private:
   mutable std::atomic<uint64_t> bytes_read_{0};
+  mutable std::mutex mapping_mutex_;
+  mutable std::shared_ptr<const FileMapping> mapping_;
   std::unique_ptr<File> file_;
   std::vector<TensorInfo> tensors_;
+  SafetensorsMetadata metadata_;
+  uint64_t data_start_ = 0;
   std::map<std::string, size_t> by_name_;
 };
 

@@ -1,12 +1,15 @@
 // io/safetensors_writer.h — writes one safetensors shard in the real snapshot's conventions:
-// compact JSON header starting with "__metadata__":{"format":"pt"}, space-padded so the data
-// starts at a multiple of 8, tensors back to back in the order they were added. Written to a
-// temp file and renamed, so a crash never leaves a half-written shard under the final name.
+// compact JSON header starting with "__metadata__":{"format":"pt"} (plus any entries the caller
+// sets), space-padded so the data starts at a multiple of 8 (or of a larger alignment), tensors
+// back to back in the order they were added; alignment inside the data region is made with
+// zero-filled padding tensors (docs/container.md §3), never with holes. Written to a temp file,
+// fsynced and renamed, so a crash never leaves a half-written shard under the final name.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/safetensors.h"
@@ -22,9 +25,19 @@ class SafetensorsWriter {
   // Convenience: copies `bytes` (must be shape x dtype bytes).
   void add_bytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                  std::vector<uint8_t> bytes);
+  // Extra "__metadata__" entries written after "format":"pt", in this order (string to string).
+  void set_metadata(std::vector<std::pair<std::string, std::string>> entries);
+  // The data region starts at a multiple of `align` bytes of the file (default 8; a power of 2).
+  void set_data_alignment(uint64_t align);
+  // Adds a zero-filled U8 padding tensor (name from padding_tensor_name(), io/safetensors.h) so
+  // the next tensor starts at a multiple of `align` bytes of the data region; adds nothing when
+  // already aligned. Returns the padding's size in bytes.
+  uint64_t pad_to(uint64_t align);
   // Total data bytes added so far.
   uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<std::string>& names() const { return names_; }
+  // Bytes of the whole file write() produces (length prefix, header, data).
+  uint64_t file_bytes() const { return 8 + header().size() + data_bytes_; }
   // Writes `path` (via path + ".tmp" and rename). `on_tensor(nbytes)` reports progress.
   void write(const std::string& path,
              const std::function<void(uint64_t)>& on_tensor = nullptr) const;
@@ -41,6 +54,9 @@ class SafetensorsWriter {
   };
   std::vector<Entry> entries_;
   std::vector<std::string> names_;
+  std::vector<std::pair<std::string, std::string>> metadata_;
+  uint64_t data_alignment_ = 8;
+  uint64_t paddings_ = 0;
   uint64_t data_bytes_ = 0;
 };
 

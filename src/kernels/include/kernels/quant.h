@@ -6,10 +6,15 @@
 //   int4 g64:      per 64 columns s = max(max|w| / 7, 1e-20); q = clamp(rne(w * (1/s)), -8, 7);
 //                  byte j = (q[2j] + 8) | ((q[2j+1] + 8) << 4)      (low nibble = even column)
 // rne = round half to even; the reciprocal is an f32 multiply, never a divide per element.
+//
+//   int8 -> int4 g64 downcast (a stored int8 matrix asked for at 4 bits, docs/container.md §5),
+//   per 64 columns:  am = max|q8|;  s4 = max(am * s8 / 7, 1e-20);  q4 = clamp(rne(q8 * s8 / s4),
+//   -8, 7)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,8 +36,26 @@ struct WeightMatrix {
   // kInt4G64 only (K3_IDOT): the matmul wrappers multiply q8(x) with exact integer dots (the
   // int4 idot contract of kernels/isa.h) instead of f32 activations.
   bool int8_activations = false;
-  // Bytes of weights + scales held in RAM.
+  // K3_MMAP: the matrix lives in a read-only file mapping (kept alive by `mapping`, opaque here);
+  // the vectors above stay empty and these point into the mapping.
+  std::shared_ptr<const void> mapping;
+  const float* mapped_f32 = nullptr;
+  const int8_t* mapped_q8 = nullptr;
+  const uint8_t* mapped_q4 = nullptr;
+  const float* mapped_scales = nullptr;
+  uint64_t mapped_bytes_ = 0;
+
+  // The matrix's bytes wherever they live (heap vectors or the mapping): what kernels read.
+  const float* f32_data() const { return mapped_f32 != nullptr ? mapped_f32 : f32.data(); }
+  const int8_t* q8_data() const { return mapped_q8 != nullptr ? mapped_q8 : q8.data(); }
+  const uint8_t* q4_data() const { return mapped_q4 != nullptr ? mapped_q4 : q4.data(); }
+  const float* scale_data() const {
+    return mapped_scales != nullptr ? mapped_scales : scales.data();
+  }
+  // Bytes of weights + scales held in heap memory (0 for a mapped matrix).
   uint64_t bytes() const;
+  // Bytes of weights + scales read from a file mapping (0 unless mapped).
+  uint64_t mapped_bytes() const { return mapped_bytes_; }
 };
 
 // Converts an f32 matrix to `bits` (32 keeps f32, 8 -> int8 per row, 4 -> int4 g64; a 4-bit
@@ -43,5 +66,8 @@ void quantize_matrix(WeightMatrix& m, int bits);
 // The row quantisers (exposed for tests and the repack tool).
 void quantize_int8_row(const float* w, size_t cols, int8_t* q, float* scale);
 void quantize_int4_g64_row(const float* w, size_t cols, uint8_t* packed, float* scales);
+// One int8 row (scale s8) re-quantised to int4 g64 by the downcast rule above; cols % 64 == 0.
+void downcast_int8_row_to_int4_g64(const int8_t* q8, float s8, size_t cols, uint8_t* packed,
+                                   float* scales);
 
 }  // namespace k3

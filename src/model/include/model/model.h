@@ -69,6 +69,10 @@ class Model {
   ExpertCache& experts() const { return *experts_; }
   // Bytes of resident weights (dense matrices in their RAM formats and vectors).
   uint64_t resident_bytes() const;
+  // Bytes of dense matrices used in place from file mappings (K3_MMAP=1; 0 otherwise).
+  uint64_t mapped_bytes() const;
+  // The repacked container's record (present false for a Hugging Face snapshot).
+  const ContainerInfo& container() const { return container_; }
   int64_t num_layers() const { return static_cast<int64_t>(weights_.layers.size()); }
   bool has_embedding() const { return weights_.embedding.has_value(); }
   bool has_head() const { return weights_.lm_head.has_value(); }
@@ -106,6 +110,7 @@ class Model {
   LoadOptions load_;
   Compute compute_;
   ModelWeights weights_;
+  ContainerInfo container_;
   std::unique_ptr<ExpertCache> experts_;
 };
 

@@ -36,6 +36,10 @@ struct LoadOptions {
   int bits = 4;       // K3_BITS: KDA, latent, shared-expert and dense matrices (4, 8, 32)
   int mla_bits = 8;   // K3_MLA_BITS: MLA projections
   int head_bits = 8;  // K3_HEAD_BITS: lm_head
+  // Whether each width above was chosen (flag, variable or code) rather than left at its default:
+  // a repacked container's stored widths are kept unless chosen (docs/container.md §5).
+  bool bits_chosen = false, mla_bits_chosen = false, head_bits_chosen = false;
+  bool mmap = false;  // K3_MMAP: map a container's prepared matrices read-only instead of copying
   bool idot =
       true;  // K3_IDOT: integer dots for MXFP4 experts and int4 matrices (0 = float kernels)
   int64_t layers = 0;              // K3_LAYERS: run only the first N layers (0 = all)
@@ -52,6 +56,7 @@ struct LoadOptions {
   static LoadOptions exact() {
     LoadOptions o;
     o.bits = o.mla_bits = o.head_bits = 32;
+    o.bits_chosen = o.mla_bits_chosen = o.head_bits_chosen = true;
     o.idot = false;
     return o;
   }

@@ -1,0 +1,651 @@
+// tools/repack_lib.cpp — the container writer (docs/container.md).
+//
+// Per source shard N (vision-only shards dropped), output "model-N-of-TOTAL.safetensors":
+//   [non-expert tensors, in source data-offset order]   quantised: U8 `name` + F32 `name.qs`
+//   [expert records, (layer, expert id) order]           w1p w1s w2p w2s w3p w3s, bytes unchanged
+// Aligned layout: data region at 4 KiB, tensors at 64-byte offsets, every expert record starting
+// on 4 KiB and padded to a multiple of 4 KiB with zero-filled U8 padding tensors (the format
+// forbids holes). Packed layout: everything back to back (the anchor's layout).
+#include "repack_lib.h"
+
+#include <omp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "io/container.h"
+#include "io/file.h"
+#include "io/model_files.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "kernels/convert.h"
+#include "kernels/quant.h"
+#include "model/config.h"
+#include "model/tensor_names.h"
+#include "util/error.h"
+#include "util/progress.h"
+#include "util/sha256.h"
+#include "util/sys.h"
+
+namespace k3::repack {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr uint64_t kPage = 4096;            // expert record alignment (O_DIRECT block)
+constexpr uint64_t kTensorAlign = 64;       // non-expert tensors (cache line; F32 sidecars aligned)
+constexpr uint64_t kChunkBytes = 64 << 20;  // source bytes per quantisation / compare piece
+
+enum class Class { kBits, kMla, kHead, kKeep };
+
+// The quantisation class of a non-expert tensor (docs/container.md §4). `name` has no prefix.
+Class classify(const std::string& name, const K3Config& config) {
+  using namespace names;
+  if (name == kLmHead) return Class::kHead;
+  static const std::string kLayers = "model.layers.";
+  if (name.rfind(kLayers, 0) != 0) return Class::kKeep;
+  size_t pos = kLayers.size();
+  size_t end = name.find('.', pos);
+  if (end == std::string::npos) return Class::kKeep;
+  const int64_t layer_index = std::stoll(name.substr(pos, end - pos));
+  const std::string suffix = name.substr(end + 1);
+  if (layer_index < 0 || layer_index >= config.num_hidden_layers) return Class::kKeep;
+  const bool kda = config.attention[static_cast<size_t>(layer_index)] == AttentionKind::kKDA;
+  for (const char* s :
+       {kKdaQProj, kKdaKProj, kKdaVProj, kMoeLatentDown, kMoeLatentUp, kMoeSharedGate, kMoeSharedUp,
+        kMoeSharedDown, kMlpGateProj, kMlpUpProj, kMlpDownProj})
+    if (suffix == s) return Class::kBits;
+  for (const char* s : {kMlaQAProj, kMlaQBProj, kMlaKvAProj, kMlaKvBProj})
+    if (suffix == s) return Class::kMla;
+  // o_proj and g_proj have the same names in both layer kinds: the layer kind decides.
+  if (suffix == kKdaOProj || suffix == kKdaGProj) return kda ? Class::kBits : Class::kMla;
+  return Class::kKeep;
+}
+
+// Parses "model.layers.L.block_sparse_moe.experts.E.<suffix>"; false for any other name. The
+// name is rebuilt with names::expert() so the spelling lives in model/tensor_names.h only.
+bool parse_expert(const std::string& name, int64_t* layer_index, int64_t* expert_index, int* slot) {
+  static const std::regex pattern(
+      R"(^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, pattern)) return false;
+  const int64_t l = std::stoll(m[1].str()), e = std::stoll(m[2].str());
+  for (int i = 0; i < 6; ++i)
+    if (m[3].str() == names::kExpertTensors[i] &&
+        names::expert(l, e, names::kExpertTensors[i]) == name) {
+      *layer_index = l;
+      *expert_index = e;
+      *slot = i;
+      return true;
+    }
+  return false;
+}
+
+bool is_float(DType d) {
+  return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32;
+}
+
+// Widens `count` stored elements to f32.
+void widen(DType dtype, const uint8_t* raw, size_t count, float* out) {
+  if (dtype == DType::kBF16)
+    widen_bf16(raw, count, out);
+  else if (dtype == DType::kF16)
+    widen_f16(raw, count, out);
+  else
+    std::memcpy(out, raw, count * 4);
+}
+
+// A quantised matrix being produced: U8 bytes are made by the first fill, the scales kept for the
+// sidecar's fill (the writer calls fills in order).
+struct Quantised {
+  LocatedTensor source;
+  int64_t rows = 0, cols = 0;
+  bool int4 = false;
+  std::vector<float> scales;  // [rows] or [rows][cols / 64]
+  uint64_t weight_bytes() const {
+    return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) / (int4 ? 2 : 1);
+  }
+  // Fills `dst` with the U8 bytes (and `scales`), reading the source in row pieces.
+  void make(uint8_t* dst, std::atomic<uint64_t>* bytes_read) {
+    const size_t c = static_cast<size_t>(cols);
+    const size_t esize = dtype_size(source.info->dtype);
+    scales.assign(int4 ? static_cast<size_t>(rows) * c / 64 : static_cast<size_t>(rows), 0.0f);
+    const int64_t piece_rows =
+        std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (c * esize)));
+    std::vector<uint8_t> raw;
+    std::vector<float> wide;
+    for (int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
+      const int64_t n = std::min(piece_rows, rows - r0);
+      raw.resize(static_cast<size_t>(n) * c * esize);
+      wide.resize(static_cast<size_t>(n) * c);
+      source.shard->file().read_exact(
+          raw.data(), raw.size(), source.info->file_offset + static_cast<uint64_t>(r0) * c * esize,
+          "tensor " + source.info->name);
+      bytes_read->fetch_add(raw.size(), std::memory_order_relaxed);
+      widen(source.info->dtype, raw.data(), wide.size(), wide.data());
+#pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
+      for (int64_t r = 0; r < n; ++r) {
+        const size_t row = static_cast<size_t>(r0 + r);
+        const float* w = wide.data() + static_cast<size_t>(r) * c;
+        if (int4)
+          quantize_int4_g64_row(w, c, dst + row * c / 2, scales.data() + row * c / 64);
+        else
+          quantize_int8_row(w, c, reinterpret_cast<int8_t*>(dst + row * c), scales.data() + row);
+      }
+    }
+  }
+};
+
+// One output file of a shard: its writer and where it goes.
+struct OutputFile {
+  std::string path;
+  std::string name;  // file name (index weight_map value)
+  SafetensorsWriter writer;
+  bool has_tensors = false;
+};
+
+// Everything one run shares: counters, the kill hook, the container record.
+struct Run {
+  const Options& options;
+  std::vector<std::pair<std::string, std::string>> record;
+  std::atomic<uint64_t> bytes_read{0};
+  uint64_t produced = 0;  // output bytes produced this run (kill hook)
+  explicit Run(const Options& o) : options(o) {}
+  void produce(uint64_t n) {
+    produced += n;
+    if (options.kill_at_byte != 0 && produced >= options.kill_at_byte) ::raise(SIGKILL);
+  }
+};
+
+uint64_t file_size_or_zero(const std::string& path) {
+  std::error_code ec;
+  const auto n = fs::file_size(path, ec);
+  return ec ? 0 : static_cast<uint64_t>(n);
+}
+
+// True when `path` is exactly what `writer` would write, judged by size and header bytes.
+bool already_complete(const std::string& path, const SafetensorsWriter& writer) {
+  if (!fs::is_regular_file(path) || file_size_or_zero(path) != writer.file_bytes()) return false;
+  const std::string header = writer.header();
+  std::string have(8 + header.size(), '\0');
+  try {
+    open_posix_file(path)->read_exact(have.data(), have.size(), 0, "header");
+  } catch (const Error&) {
+    return false;
+  }
+  std::string want(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    want[static_cast<size_t>(i)] = static_cast<char>(header.size() >> (8 * i));
+  return have == want + header;
+}
+
+// Compares `n` bytes of `a` at `ao` with `b` at `bo` in pieces; returns the first differing
+// offset (relative) or UINT64_MAX when equal.
+uint64_t first_difference(const File& a, uint64_t ao, const File& b, uint64_t bo, uint64_t n) {
+  std::vector<uint8_t> x, y;
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t k = std::min<uint64_t>(kChunkBytes, n - done);
+    x.resize(k);
+    y.resize(k);
+    a.read_exact(x.data(), k, ao + done, "verify");
+    b.read_exact(y.data(), k, bo + done, "verify");
+    if (std::memcmp(x.data(), y.data(), k) != 0) {
+      for (uint64_t i = 0; i < k; ++i)
+        if (x[i] != y[i]) return done + i;
+    }
+    done += k;
+  }
+  return UINT64_MAX;
+}
+
+}  // namespace
+
+std::string output_shard_name(int64_t number, int64_t total, int64_t stripe) {
+  char buf[64];
+  if (stripe > 0)
+    std::snprintf(buf, sizeof buf, "model-%05lld-of-%06lld-e%lld.safetensors",
+                  static_cast<long long>(number), static_cast<long long>(total),
+                  static_cast<long long>(stripe));
+  else
+    std::snprintf(buf, sizeof buf, "model-%05lld-of-%06lld.safetensors",
+                  static_cast<long long>(number), static_cast<long long>(total));
+  return buf;
+}
+
+std::vector<int64_t> parse_shard_list(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    static const std::regex range(R"(^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?$)");
+    std::smatch m;
+    if (!std::regex_match(item, m, range))
+      throw Error("--shards: \"" + item + "\" is not a shard number or range (e.g. 1,3,5-8)");
+    const int64_t a = std::stoll(m[1].str());
+    const int64_t b = m[2].matched ? std::stoll(m[2].str()) : a;
+    if (a < 1 || b < a) throw Error("--shards: \"" + item + "\" is not an increasing range >= 1");
+    for (int64_t n = a; n <= b; ++n) out.push_back(n);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Summary run(const Options& options, const std::function<void(const std::string&)>& log_fn) {
+  const double t0 = now_seconds();
+  const auto log = [&](const std::string& line) {
+    if (log_fn) log_fn(line);
+  };
+  for (const int b : {options.bits, options.mla_bits, options.head_bits})
+    if (b != 0 && b != 4 && b != 8 && b != 32)
+      throw Error("--bits/--mla-bits/--head-bits: " + std::to_string(b) +
+                  " is not a supported width (4, 8 or 32)");
+  if (options.bits == 0) throw Error("--bits must be 4, 8 or 32");
+  if (options.layout != "aligned" && options.layout != "packed")
+    throw Error("--layout must be aligned or packed, got \"" + options.layout + "\"");
+  const int bits = options.bits;
+  const int mla_bits = options.mla_bits ? options.mla_bits : std::max(bits, 8);
+  const int head_bits = options.head_bits ? options.head_bits : std::max(bits, 8);
+  if (options.jobs > 0) omp_set_num_threads(options.jobs);
+  const bool aligned = options.layout == "aligned";
+  const int64_t stripes = static_cast<int64_t>(options.stripe.size());
+
+  if (fs::exists(options.dest) && fs::equivalent(options.source, options.dest))
+    throw Error(options.dest + ": the container must go to another directory than the source");
+  const ModelFiles source(options.source);
+  if (source.container().present)
+    throw Error(options.source + ": is already a repacked container (" +
+                source.shards().front()->path() + " carries a k3_container record)");
+  const K3Config config = parse_k3_config(source.config_root(), options.source + "/config.json");
+  const std::string prefix = source.prefix();
+  const fs::path index_path = fs::path(options.source) / "model.safetensors.index.json";
+  const std::string source_sha =
+      fs::exists(index_path) ? sha256_hex(read_text_file(index_path.string())) : "none";
+
+  Run state(options);
+  state.record = {{kContainerKey, kContainerVersion},
+                  {kContainerLayoutKey, options.layout},
+                  {kContainerBitsKey, std::to_string(bits)},
+                  {kContainerMlaBitsKey, std::to_string(mla_bits)},
+                  {kContainerHeadBitsKey, std::to_string(head_bits)},
+                  {kContainerSourceKey, source_sha},
+                  {kContainerWriterKey, "k3_repack"},
+                  {"k3_stripes", std::to_string(std::max<int64_t>(1, stripes))}};
+
+  // Source shards holding text tensors, with their numbers (from the name, else the position).
+  struct SourceShard {
+    int64_t number;
+    const SafetensorsShard* shard;
+  };
+  std::vector<SourceShard> shards;
+  static const std::regex shard_name(R"(^model-(\d+)-of-(\d+)\.safetensors$)");
+  int64_t position = 0;
+  for (const auto& sh : source.shards()) {
+    ++position;
+    bool text = false;
+    for (const TensorInfo& t : sh->tensors())
+      text = text ||
+             !is_vision_tensor(t.name.substr(t.name.rfind(prefix, 0) == 0 ? prefix.size() : 0));
+    if (!text) continue;
+    std::smatch m;
+    const std::string file = fs::path(sh->path()).filename().string();
+    const int64_t number =
+        std::regex_match(file, m, shard_name) ? std::stoll(m[1].str()) : position;
+    if (number < 1 || number > 99999)
+      throw Error(sh->path() + ": shard number " + std::to_string(number) + " is outside 1..99999");
+    for (const SourceShard& s : shards)
+      if (s.number == number)
+        throw Error(sh->path() + ": shard number " + std::to_string(number) + " is also " +
+                    s.shard->path() + "'s");
+    shards.push_back({number, sh.get()});
+  }
+  std::sort(shards.begin(), shards.end(),
+            [](const SourceShard& a, const SourceShard& b) { return a.number < b.number; });
+  const int64_t total = static_cast<int64_t>(shards.size());
+  if (total == 0) throw Error(options.source + ": no shard holds text-model tensors");
+  std::set<int64_t> selected(options.shards.begin(), options.shards.end());
+  for (const int64_t n : selected)
+    if (std::none_of(shards.begin(), shards.end(),
+                     [&](const SourceShard& s) { return s.number == n; }))
+      throw Error("--shards: the source has no text shard number " + std::to_string(n));
+  if (selected.empty())
+    for (const SourceShard& s : shards) selected.insert(s.number);
+
+  // Output directories; temp files of an interrupted run are removed (never renamed into place).
+  std::vector<std::string> dirs{options.dest};
+  for (const std::string& d : options.stripe) dirs.push_back(d);
+  static const std::regex ours(
+      R"(^(model-\d{5}-of-\d{6}(-e\d+)?\.safetensors|model\.safetensors\.index\.json)(\.tmp)?$)");
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    fs::create_directories(d, ec);
+    if (ec) throw Error(d + ": cannot create the output directory: " + ec.message());
+    for (const auto& entry : fs::directory_iterator(d)) {
+      const std::string n = entry.path().filename().string();
+      std::smatch m;
+      if (std::regex_match(n, m, ours) && m[3].matched) fs::remove(entry.path());
+    }
+  }
+
+  Summary summary;
+  summary.shards_total = total;
+
+  // Builds the output files of one source shard (writers with lazy fills; nothing is read yet).
+  const auto plan = [&](const SourceShard& src, std::vector<std::unique_ptr<OutputFile>>& files,
+                        std::vector<std::shared_ptr<Quantised>>& quantised,
+                        std::vector<std::pair<const TensorInfo*, const TensorInfo*>>& copies) {
+    files.clear();
+    for (int64_t k = 0; k <= stripes; ++k) {
+      auto f = std::make_unique<OutputFile>();
+      f->name = output_shard_name(src.number, total, k);
+      f->path =
+          (fs::path(k == 0 ? options.dest : options.stripe[static_cast<size_t>(k - 1)]) / f->name)
+              .string();
+      f->writer.set_metadata(state.record);
+      if (aligned) f->writer.set_data_alignment(kPage);
+      files.push_back(std::move(f));
+    }
+    const SafetensorsShard& sh = *src.shard;
+    const File* in = &sh.file();
+    std::atomic<uint64_t>* counter = &state.bytes_read;
+    const auto copy_fill = [in, counter](const TensorInfo* t) {
+      return [in, counter, t](uint8_t* dst, uint64_t n) {
+        in->read_exact(dst, n, t->file_offset, "tensor " + t->name);
+        counter->fetch_add(n, std::memory_order_relaxed);
+      };
+    };
+    std::map<std::pair<int64_t, int64_t>, std::array<const TensorInfo*, 6>> experts;
+    OutputFile& main = *files[0];
+    for (const TensorInfo& t : sh.tensors()) {
+      const std::string name = t.name.rfind(prefix, 0) == 0 ? t.name.substr(prefix.size()) : t.name;
+      if (is_vision_tensor(name)) continue;
+      int64_t l = 0, e = 0;
+      int slot = 0;
+      if (parse_expert(name, &l, &e, &slot)) {
+        auto& rec = experts[{l, e}];
+        if (rec[static_cast<size_t>(slot)] != nullptr)
+          throw Error(sh.path() + ": tensor " + t.name + " appears twice");
+        rec[static_cast<size_t>(slot)] = &t;
+        continue;
+      }
+      const Class c = classify(name, config);
+      const int want = c == Class::kBits   ? bits
+                       : c == Class::kMla  ? mla_bits
+                       : c == Class::kHead ? head_bits
+                                           : 32;
+      if (aligned) main.writer.pad_to(kTensorAlign);
+      if (want < 32 && is_float(t.dtype) && t.shape.size() == 2) {
+        auto q = std::make_shared<Quantised>();
+        q->source = {&sh, &t};
+        q->rows = t.shape[0];
+        q->cols = t.shape[1];
+        q->int4 = want == 4 && q->cols % 64 == 0;
+        const std::vector<int64_t> shape = {q->rows, q->int4 ? q->cols / 2 : q->cols};
+        main.writer.add(t.name, DType::kU8, shape,
+                        [q, counter](uint8_t* dst, uint64_t) { q->make(dst, counter); });
+        if (aligned) main.writer.pad_to(kTensorAlign);
+        const std::vector<int64_t> scale_shape =
+            q->int4 ? std::vector<int64_t>{q->rows, q->cols / 64} : std::vector<int64_t>{q->rows};
+        main.writer.add(t.name + ".qs", DType::kF32, scale_shape, [q](uint8_t* dst, uint64_t n) {
+          std::memcpy(dst, q->scales.data(), n);
+          std::vector<float>().swap(q->scales);
+        });
+        quantised.push_back(q);
+      } else {
+        main.writer.add(t.name, t.dtype, t.shape, copy_fill(&t));
+        copies.push_back({&t, &t});
+      }
+      main.has_tensors = true;
+    }
+    // Expert records, (layer, id) order; each one read of exactly its size in the aligned layout.
+    for (const auto& [key, rec] : experts) {
+      for (int i = 0; i < 6; ++i)
+        if (rec[static_cast<size_t>(i)] == nullptr)
+          throw Error(sh.path() + ": expert " + std::to_string(key.second) + " of layer " +
+                      std::to_string(key.first) + " lacks its tensor " + prefix +
+                      names::expert(key.first, key.second, names::kExpertTensors[i]));
+      OutputFile& out = stripes > 0 ? *files[static_cast<size_t>(key.second % stripes + 1)] : main;
+      if (aligned) out.writer.pad_to(kPage);
+      for (const TensorInfo* t : rec) {
+        out.writer.add(t->name, t->dtype, t->shape, copy_fill(t));
+        copies.push_back({t, t});
+      }
+      if (aligned) out.writer.pad_to(kPage);
+      out.has_tensors = true;
+    }
+    files.erase(
+        std::remove_if(files.begin() + 1, files.end(),
+                       [](const std::unique_ptr<OutputFile>& f) { return !f->has_tensors; }),
+        files.end());
+  };
+
+  // The whole run's size, for the overall figures in each shard's progress label.
+  uint64_t run_bytes = 0;
+  for (const SourceShard& src : shards) {
+    if (!selected.count(src.number)) continue;
+    std::vector<std::unique_ptr<OutputFile>> files;
+    std::vector<std::shared_ptr<Quantised>> quantised;
+    std::vector<std::pair<const TensorInfo*, const TensorInfo*>> copies;
+    plan(src, files, quantised, copies);
+    for (const auto& f : files) run_bytes += f->writer.file_bytes();
+  }
+  uint64_t run_done = 0;
+  const double run_start = now_seconds();
+  int64_t index_in_run = 0;
+  for (const SourceShard& src : shards) {
+    if (!selected.count(src.number)) continue;
+    ++index_in_run;
+    std::vector<std::unique_ptr<OutputFile>> files;
+    std::vector<std::shared_ptr<Quantised>> quantised;
+    std::vector<std::pair<const TensorInfo*, const TensorInfo*>> copies;
+    plan(src, files, quantised, copies);
+    uint64_t shard_bytes = 0;
+    bool complete = true;
+    for (const auto& f : files) {
+      shard_bytes += f->writer.file_bytes();
+      complete = complete && already_complete(f->path, f->writer);
+    }
+    const std::string label = output_shard_name(src.number, total) + " [" +
+                              std::to_string(index_in_run) + "/" + std::to_string(selected.size()) +
+                              "]";
+    if (complete) {
+      ++summary.shards_kept;
+      run_done += shard_bytes;
+      log(label + ": complete from an earlier run (size and header match), kept");
+      continue;
+    }
+    // Overall figures so far (this shard's own bytes, GB/s and ETA are the bar's).
+    const double elapsed = now_seconds() - run_start;
+    const double rate = elapsed > 0 ? static_cast<double>(summary.bytes_written) / elapsed : 0;
+    std::string eta;
+    if (rate > 0)
+      eta = ", ETA " +
+            std::to_string(static_cast<int64_t>(static_cast<double>(run_bytes - run_done) / rate)) +
+            " s";
+    char overall[128];
+    std::snprintf(overall, sizeof overall, " | overall %.1f of %.1f GB%s",
+                  static_cast<double>(run_done) / 1e9, static_cast<double>(run_bytes) / 1e9,
+                  eta.c_str());
+    Progress progress("repack " + label + overall, shard_bytes);
+    const uint64_t read0 = state.bytes_read.load();
+    const double s0 = now_seconds();
+    for (const auto& f : files) {
+      if (already_complete(f->path, f->writer)) continue;
+      const uint64_t header_bytes = 8 + f->writer.header().size();
+      state.produce(header_bytes);
+      uint64_t written = header_bytes;
+      f->writer.write(f->path, [&](uint64_t n) {
+        written += n;
+        progress.set_bytes(written);
+        progress.advance(n);
+        state.produce(n);
+      });
+      summary.bytes_written += f->writer.file_bytes();
+    }
+    progress.finish();
+    run_done += shard_bytes;
+    ++summary.shards_written;
+    const double dt = std::max(1e-9, now_seconds() - s0);
+    char line[256];
+    std::snprintf(line, sizeof line, "%s: wrote %.3f GB (%zu file%s) in %.2f s, %.2f GB/s read",
+                  label.c_str(), static_cast<double>(shard_bytes) / 1e9, files.size(),
+                  files.size() == 1 ? "" : "s", dt,
+                  static_cast<double>(state.bytes_read.load() - read0) / 1e9 / dt);
+    log(line);
+  }
+  summary.bytes_read = state.bytes_read.load();
+
+  // The index, rebuilt from every complete output file in the output directories (so disjoint
+  // --shards runs add up), written atomically.
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total_size = 0;
+  std::set<int64_t> present;
+  static const std::regex output_name(R"(^model-(\d{5})-of-(\d{6})(-e\d+)?\.safetensors$)");
+  for (const std::string& d : dirs) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(d)) {
+      const std::string n = entry.path().filename().string();
+      std::smatch m;
+      if (entry.is_regular_file() && std::regex_match(n, m, output_name) &&
+          std::stoll(m[2].str()) == total)
+        names.push_back(n);
+    }
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) {
+      const std::string path = (fs::path(d) / n).string();
+      const SafetensorsShard shard(open_posix_file(path));
+      for (const auto& [key, value] : state.record) {
+        const auto it = shard.metadata().find(key);
+        if (it == shard.metadata().end() || it->second != value)
+          throw Error(path + ": written by a run with other settings (" + key + " is \"" +
+                      (it == shard.metadata().end() ? std::string("absent") : it->second) +
+                      "\", this run's is \"" + value +
+                      "\"); use an empty directory or the same "
+                      "options");
+      }
+      if (weight_map.contains(n)) continue;
+      for (const TensorInfo& t : shard.tensors()) {
+        if (is_padding_tensor(t.name)) continue;
+        if (weight_map.contains(t.name))
+          throw Error(path + ": tensor " + t.name + " is also in " +
+                      weight_map[t.name].get<std::string>());
+        weight_map[t.name] = n;
+        total_size += t.nbytes;
+      }
+      std::smatch m;
+      std::regex_match(n, m, output_name);
+      if (!m[3].matched) present.insert(std::stoll(m[1].str()));
+    }
+  }
+  summary.shards_present = static_cast<int64_t>(present.size());
+  nlohmann::json metadata = {{"total_size", total_size}};
+  for (const auto& [key, value] : state.record) metadata[key] = value;
+  const std::string index_text =
+      nlohmann::json{{"metadata", metadata}, {"weight_map", weight_map}}.dump(2) + "\n";
+  const std::string index_out = (fs::path(options.dest) / "model.safetensors.index.json").string();
+  if (options.kill_at_byte != 0 && state.produced + index_text.size() >= options.kill_at_byte) {
+    // Fault injection mid-index: part of the temp file, then the kill.
+    const uint64_t part =
+        options.kill_at_byte > state.produced ? options.kill_at_byte - state.produced : 0;
+    FILE* f = std::fopen((index_out + ".tmp").c_str(), "wb");
+    if (f != nullptr) {
+      std::fwrite(index_text.data(), 1, std::min<uint64_t>(part, index_text.size()), f);
+      std::fclose(f);
+    }
+    ::raise(SIGKILL);
+  }
+  const bool index_same = fs::is_regular_file(index_out) && read_text_file(index_out) == index_text;
+  if (!index_same) write_file_atomic(index_out, index_text.data(), index_text.size());
+
+  // The snapshot's other files (config, generation config, tokenizer), copied atomically.
+  for (const auto& entry : fs::directory_iterator(options.source)) {
+    const std::string n = entry.path().filename().string();
+    if (!entry.is_regular_file() || n.empty() || n[0] == '.' || n.ends_with(".safetensors") ||
+        n.ends_with(".tmp") || n == "model.safetensors.index.json")
+      continue;
+    const std::string to = (fs::path(options.dest) / n).string();
+    const std::string bytes = read_text_file(entry.path().string());
+    if (fs::is_regular_file(to) && read_text_file(to) == bytes) continue;
+    write_file_atomic(to, bytes.data(), bytes.size());
+  }
+
+  // --verify-full: every output tensor against the source (bytes, or re-derived quantisation).
+  if (options.verify_full) {
+    for (const SourceShard& src : shards) {
+      if (!selected.count(src.number)) continue;
+      std::vector<std::unique_ptr<OutputFile>> files;
+      std::vector<std::shared_ptr<Quantised>> quantised;
+      std::vector<std::pair<const TensorInfo*, const TensorInfo*>> copies;
+      plan(src, files, quantised, copies);
+      std::map<std::string, const TensorInfo*> copy_by_name;
+      for (const auto& [t, same] : copies) copy_by_name[t->name] = t;
+      std::map<std::string, std::shared_ptr<Quantised>> quant_by_name;
+      for (const auto& q : quantised) quant_by_name[q->source.info->name] = q;
+      uint64_t verified = 0;
+      for (const auto& f : files) {
+        const SafetensorsShard out(open_posix_file(f->path));
+        if (!already_complete(f->path, f->writer))
+          throw Error(f->path + ": verify: size or header differs from what this run would write");
+        for (const TensorInfo& t : out.tensors()) {
+          const std::string where = f->path + ": verify: tensor " + t.name;
+          if (is_padding_tensor(t.name)) {
+            std::vector<uint8_t> pad(t.nbytes);
+            out.file().read_exact(pad.data(), pad.size(), t.file_offset, t.name);
+            if (std::any_of(pad.begin(), pad.end(), [](uint8_t b) { return b != 0; }))
+              throw Error(where + ": padding is not all zero");
+            continue;
+          }
+          if (t.name.ends_with(".qs")) continue;  // checked with its matrix
+          const auto q = quant_by_name.find(t.name);
+          if (q != quant_by_name.end()) {
+            std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
+            q->second->make(want.data(), &state.bytes_read);
+            out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
+            const TensorInfo* sidecar = out.find(t.name + ".qs");
+            if (sidecar == nullptr || have != want ||
+                sidecar->nbytes != q->second->scales.size() * sizeof(float))
+              throw Error(where + ": quantised bytes differ from the source re-quantised");
+            std::vector<float> scales(q->second->scales.size());
+            out.file().read_exact(scales.data(), sidecar->nbytes, sidecar->file_offset,
+                                  sidecar->name);
+            if (std::memcmp(scales.data(), q->second->scales.data(), sidecar->nbytes) != 0)
+              throw Error(where + ".qs: scales differ from the source re-quantised");
+            ++verified;
+            continue;
+          }
+          const auto c = copy_by_name.find(t.name);
+          if (c == copy_by_name.end()) throw Error(where + ": not a tensor of the source shard");
+          if (c->second->nbytes != t.nbytes || c->second->dtype != t.dtype ||
+              c->second->shape != t.shape)
+            throw Error(where + ": dtype, shape or size differ from the source");
+          const uint64_t at = first_difference(out.file(), t.file_offset, src.shard->file(),
+                                               c->second->file_offset, t.nbytes);
+          if (at != UINT64_MAX)
+            throw Error(where + ": byte " + std::to_string(at) + " differs from the source (" +
+                        src.shard->path() + ")");
+          ++verified;
+        }
+      }
+      summary.tensors_verified += verified;
+      log(output_shard_name(src.number, total) + ": verified " + std::to_string(verified) +
+          " tensors against " + src.shard->path());
+    }
+  }
+  summary.bytes_read = state.bytes_read.load();
+  summary.seconds = now_seconds() - t0;
+  return summary;
+}
+
+}  // namespace k3::repack
