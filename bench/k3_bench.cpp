@@ -29,6 +29,7 @@
 //   RESULT <name> <value> <unit> ratio=<r>
 // ratio is GB/s / DRAM probe for bandwidth figures, the figure itself for "x" figures and nan
 // where there is no reference (decode).
+#include <fcntl.h>
 #include <omp.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,6 +67,7 @@
 #include "model/compute.h"
 #include "options/options.h"
 #include "quality_lib.h"
+#include "repack_lib.h"
 #include "synth_lib.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -1302,6 +1304,183 @@ int run_stream(const StreamArgs& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// container: the repacked container (docs/container.md) against the snapshot it came from, on
+// the same slice: load time cold (pages dropped), repack throughput vs the drive's O_DIRECT read
+// rate, bytes read from the drive per streamed expert and decode s/token.
+
+struct ContainerArgs {
+  int64_t layers = 2;      // slice layers (the first is dense)
+  int64_t experts = 64;    // slice routed experts per MoE layer
+  int bits = 4;            // K3_BITS of the load-time path and k3_repack --bits
+  int64_t tokens = 6;      // decode tokens per layout
+  double expert_gb = 0.3;  // expert cache budget: small, so decode streams
+  double probe_gb = 2;     // bytes dd reads for the drive rate
+  std::string dir;
+  std::string isa = "auto";
+  int threads = 0;
+};
+
+// Drops the page cache of every regular file in `dir` (posix_fadvise DONTNEED), so the next read
+// comes from the drive (or whatever cache sits below the page cache).
+void drop_pages(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+uint64_t tensor_bytes_in(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") n += e.file_size();
+  return n;
+}
+
+int run_container(const ContainerArgs& a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const k3::Isa isa = resolve_isa(a.isa);
+  print_machine(isa);
+  const std::string dir = a.dir.empty() ? default_slice_dir() + "-container" : a.dir;
+  std::printf(
+      "\n== container vs snapshot on a slice checkpoint (%lld layers, %lld experts of "
+      "real size, --bits %d)\n",
+      static_cast<long long>(a.layers), static_cast<long long>(a.experts), a.bits);
+  ensure_slice(dir, a.layers, a.experts);
+  const std::string box = dir + ".container";
+  std::string shards;
+  drop_pages(dir);
+  const double drive = drive_rate_dd(dir, a.probe_gb, &shards);
+  std::printf("drive: dd iflag=direct bs=4M over %.1f GB of %s: %.3f GB/s\n", a.probe_gb,
+              shards.c_str(), drive);
+  add_result("container_drive_dd", drive, "GB/s", 1.0);
+
+  // Repack, source pages dropped first: one streaming pass, read + quantise + write.
+  fs::remove_all(box);
+  drop_pages(dir);
+  k3::repack::Options ro;
+  ro.source = dir;
+  ro.dest = box;
+  ro.bits = a.bits;
+  const k3::repack::Summary rs = k3::repack::run(ro);
+  const double src_rate = static_cast<double>(rs.bytes_read) / 1e9 / rs.seconds;
+  std::printf(
+      "repack --bits %d: %.2f GB read, %.2f GB written in %.2f s: %.3f GB/s read (%.2fx dd), "
+      "%.3f GB/s written\n",
+      a.bits, static_cast<double>(rs.bytes_read) / 1e9, static_cast<double>(rs.bytes_written) / 1e9,
+      rs.seconds, src_rate, drive > 0 ? src_rate / drive : 0,
+      static_cast<double>(rs.bytes_written) / 1e9 / rs.seconds);
+  add_result("container_repack_read", src_rate, "GB/s",
+             drive > 0 ? src_rate / drive : std::nan(""));
+  std::printf("sizes: snapshot %.2f GB, container %.2f GB\n",
+              static_cast<double>(tensor_bytes_in(dir)) / 1e9,
+              static_cast<double>(tensor_bytes_in(box)) / 1e9);
+
+  // Load time, cold (both directories' pages dropped before each load) and warm.
+  const std::string state =
+      (fs::temp_directory_path() / ("k3_bench-state-" + std::to_string(::getpid()))).string();
+  k3::LoadOptions hf_load;
+  hf_load.isa = a.isa;
+  hf_load.bits = a.bits;
+  hf_load.bits_chosen = true;
+  hf_load.cache.expert_gb = a.expert_gb;
+  hf_load.cache.pin = false;
+  hf_load.cache.state_dir = state;
+  k3::LoadOptions box_load = hf_load;
+  box_load.bits_chosen = false;  // the container's own widths
+  struct Layout {
+    const char* name;
+    const std::string* dir;
+    const k3::LoadOptions* load;
+  };
+  const Layout layouts[] = {{"snapshot", &dir, &hf_load}, {"container", &box, &box_load}};
+  double cold[2] = {0, 0};
+  std::printf("\n%-10s %12s %12s\n", "load", "cold s", "warm s");
+  for (int i = 0; i < 2; ++i) {
+    drop_pages(dir);
+    drop_pages(box);
+    double t0 = k3::now_seconds();
+    { const k3::Engine e(*layouts[i].dir, *layouts[i].load); }
+    cold[i] = k3::now_seconds() - t0;
+    t0 = k3::now_seconds();
+    { const k3::Engine e(*layouts[i].dir, *layouts[i].load); }
+    const double warm = k3::now_seconds() - t0;
+    std::printf("%-10s %12.3f %12.3f\n", layouts[i].name, cold[i], warm);
+    add_result(std::string("container_load_cold_") + layouts[i].name, cold[i], "s", std::nan(""));
+    add_result(std::string("container_load_warm_") + layouts[i].name, warm, "s", std::nan(""));
+  }
+  {  // K3_MMAP=1: the prepared matrices used in place (no copy, no first touch of new memory).
+    k3::LoadOptions mapped = box_load;
+    mapped.mmap = true;
+    drop_pages(dir);
+    drop_pages(box);
+    double t0 = k3::now_seconds();
+    { const k3::Engine e(box, mapped); }
+    const double cold_mmap = k3::now_seconds() - t0;
+    t0 = k3::now_seconds();
+    { const k3::Engine e(box, mapped); }
+    const double warm_mmap = k3::now_seconds() - t0;
+    std::printf("%-10s %12.3f %12.3f   (K3_MMAP=1)\n", "mapped", cold_mmap, warm_mmap);
+    std::printf("load speed-up, cold: %.1fx copying, %.1fx mapped (target >= 20x at K3_BITS=%d)\n",
+                cold[0] / cold[1], cold[0] / cold_mmap, a.bits);
+    add_result("container_load_speedup", cold[0] / cold[1], "x", cold[0] / cold[1]);
+    add_result("container_load_speedup_mmap", cold[0] / cold_mmap, "x", cold[0] / cold_mmap);
+  }
+  {  // What a copying load cannot beat here: the first touch of fresh anonymous memory.
+    const size_t n = size_t{1} << 30;
+    const double t0 = k3::now_seconds();
+    std::vector<uint8_t> fresh;
+    k3::resize_huge(fresh, n);
+    const double touch = static_cast<double>(n) / 1e9 / (k3::now_seconds() - t0);
+    std::printf("first touch of fresh memory (1 GiB, huge pages advised): %.2f GB/s\n", touch);
+    add_result("container_first_touch", touch, "GB/s", std::nan(""));
+  }
+
+  // Streamed decode: bytes the drive delivered per expert read, and s/token.
+  const k3::ExpertGeometry geometry = [&] {
+    const k3::Engine e(dir, hf_load);
+    const k3::K3Config& c = k3::internal::config(e);
+    return k3::ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size};
+  }();
+  std::printf("\nexpert: %llu bytes (%.3f pages of 4 KiB)\n",
+              static_cast<unsigned long long>(geometry.expert_bytes()),
+              static_cast<double>(geometry.expert_bytes()) / 4096);
+  std::printf("%-10s %10s %14s %14s %10s\n", "stream", "reads", "drive B/read", "x record",
+              "s/token");
+  for (const Layout& l : layouts) {
+    k3::Engine engine(*l.dir, *l.load);
+    k3::ExpertCache& cache = k3::internal::model(engine).experts();
+    k3::Session session(engine, a.tokens + 8);
+    const std::vector<int64_t> prompt = {1, 2, 3, 4};
+    std::vector<float> logits = session.prefill(prompt);
+    cache.clear();
+    drop_pages(dir);
+    drop_pages(box);
+    const k3::ExpertCacheStats s0 = cache.stats();
+    const double t0 = k3::now_seconds();
+    for (int64_t i = 0; i < a.tokens; ++i) logits = session.step(k3::argmax(logits));
+    const double dt = (k3::now_seconds() - t0) / static_cast<double>(a.tokens);
+    const k3::ExpertCacheStats s1 = cache.stats();
+    const double reads = static_cast<double>(s1.misses - s0.misses);
+    const double per = reads > 0 ? static_cast<double>(s1.drive_bytes - s0.drive_bytes) / reads : 0;
+    const double record = static_cast<double>((geometry.expert_bytes() + 4095) / 4096 * 4096);
+    std::printf("%-10s %10.0f %14.0f %14.5f %10.3f\n", l.name, reads, per, per / record, dt);
+    add_result(std::string("container_stream_bytes_per_read_") + l.name, per, "B", per / record);
+    add_result(std::string("container_stream_decode_") + l.name, dt, "s/token", std::nan(""));
+  }
+  fs::remove_all(state);
+  std::printf(
+      "(x record = drive bytes per read / the aligned record size; 1.00000 = exactly the "
+      "record)\n");
+  std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
+  print_results();
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // routing: per-layer routing statistics of held-out text, trained routers against random ones
 
 struct RoutingArgs {
@@ -1724,8 +1903,33 @@ int main(int argc, char** argv) {
   routing->add_option("--threads", ra.threads, "OpenMP threads (0 = OpenMP default)")
       ->capture_default_str();
 
+  ContainerArgs ca;
+  CLI::App* container = app.add_subcommand(
+      "container",
+      "repacked container vs snapshot: cold load time, repack GB/s vs the drive, expert reads");
+  container->add_option("--layers", ca.layers, "slice layers")->capture_default_str();
+  container->add_option("--experts", ca.experts, "slice routed experts")->capture_default_str();
+  container->add_option("--bits", ca.bits, "K3_BITS / k3_repack --bits")
+      ->check(CLI::IsMember({4, 8}))
+      ->capture_default_str();
+  container->add_option("--tokens", ca.tokens, "decode tokens per layout")->capture_default_str();
+  container->add_option("--expert-gb", ca.expert_gb, "expert cache budget (GB)")
+      ->capture_default_str();
+  container->add_option("--probe-gb", ca.probe_gb, "bytes dd reads for the drive rate (GB)")
+      ->capture_default_str();
+  container->add_option("--dir", ca.dir, "slice directory (default <build>/bench-slice-container)");
+  container->add_option("--isa", ca.isa, "kernel variant: auto, scalar, avx2, avx512")
+      ->capture_default_str();
+  container->add_option("--threads", ca.threads, "OpenMP threads (0 = OpenMP default)")
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (container->parsed()) {
+      if (ca.layers < 2 || ca.experts < 1 || ca.tokens < 1)
+        throw k3::Error("--layers must be >= 2; --experts, --tokens >= 1");
+      return run_container(ca);
+    }
     if (routing->parsed()) {
       if (ra.window < 2) throw k3::Error("--window must be >= 2");
       return run_routing(ra);

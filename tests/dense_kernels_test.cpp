@@ -297,6 +297,65 @@ TEST(KernelsQuant, Int8RoundsHalfToEven) {
   EXPECT_EQ(q2, want2);
 }
 
+// The quantisers against the formula written with nearbyint (the libm round half to even), on
+// random rows with exact .5 products, tiny and huge magnitudes, zeros and negative zeros: the
+// quantisers' own rounding (kernels/quant.cpp, rne) must give the same bytes.
+TEST(KernelsQuant, MatchTheFormulaWrittenWithNearbyint) {
+  std::mt19937 rng(1202);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const float magnitudes[] = {1e-30f, 1e-7f, 1.0f, 127.0f, 3e5f, 1e30f};
+  for (int trial = 0; trial < 400; ++trial) {
+    const size_t cols = 64 * (1 + static_cast<size_t>(trial % 5));
+    const float mag = magnitudes[trial % std::size(magnitudes)];
+    std::vector<float> w(cols);
+    for (float& x : w) x = unit(rng) * mag;
+    if (trial % 3 == 0)  // products landing on exact halves: w = (k + 0.5) * s with s = amax/127
+      for (size_t i = 0; i < cols; ++i)
+        w[i] = (static_cast<float>(static_cast<int>(i % 127) - 63) + 0.5f) * mag / 127.0f;
+    if (trial % 7 == 0) w[0] = -0.0f;
+    // int8 per row.
+    std::vector<int8_t> q(cols), want(cols);
+    float s = 0;
+    k3::quantize_int8_row(w.data(), cols, q.data(), &s);
+    float amax = 0;
+    for (float x : w) amax = std::max(amax, std::fabs(x));
+    const float s8 = std::max(amax / 127.0f, 1e-20f), inv8 = 1.0f / s8;
+    for (size_t i = 0; i < cols; ++i)
+      want[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] * inv8), -127.0f, 127.0f));
+    ASSERT_EQ(s, s8) << trial;
+    ASSERT_EQ(q, want) << trial;
+    // int4 groups of 64, and the int8 -> int4 downcast.
+    std::vector<uint8_t> packed(cols / 2), want4(cols / 2), down(cols / 2), want_down(cols / 2);
+    std::vector<float> scales(cols / 64), down_scales(cols / 64);
+    k3::quantize_int4_g64_row(w.data(), cols, packed.data(), scales.data());
+    k3::downcast_int8_row_to_int4_g64(q.data(), s, cols, down.data(), down_scales.data());
+    for (size_t g = 0; g < cols / 64; ++g) {
+      float gmax = 0;
+      int qmax = 0;
+      for (size_t i = 0; i < 64; ++i) {
+        gmax = std::max(gmax, std::fabs(w[g * 64 + i]));
+        qmax = std::max(qmax, std::abs(static_cast<int>(q[g * 64 + i])));
+      }
+      const float s4 = std::max(gmax / 7.0f, 1e-20f), inv4 = 1.0f / s4;
+      const float sd = std::max(static_cast<float>(qmax) * s / 7.0f, 1e-20f);
+      ASSERT_EQ(scales[g], s4) << trial;
+      ASSERT_EQ(down_scales[g], sd) << trial;
+      for (size_t j = 0; j < 32; ++j) {
+        const auto code = [&](float v) {
+          return static_cast<int>(std::clamp(std::nearbyint(v), -8.0f, 7.0f)) + 8;
+        };
+        const size_t a = g * 64 + 2 * j, b = a + 1;
+        want4[g * 32 + j] = static_cast<uint8_t>(code(w[a] * inv4) | (code(w[b] * inv4) << 4));
+        want_down[g * 32 + j] =
+            static_cast<uint8_t>(code(static_cast<float>(q[a]) * s / sd) |
+                                 (code(static_cast<float>(q[b]) * s / sd) << 4));
+      }
+    }
+    ASSERT_EQ(packed, want4) << trial;
+    ASSERT_EQ(down, want_down) << trial;
+  }
+}
+
 // The 32 bytes of group g of a packed int4 row, unpacked to the 64 signed codes.
 std::vector<int> unpack_int4(const std::vector<uint8_t>& packed, size_t g) {
   std::vector<int> q(64);

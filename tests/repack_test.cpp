@@ -156,9 +156,10 @@ TEST_P(RepackLogits, EqualTheLoadTimePathBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Container, RepackLogits,
                          ::testing::Values(Case{"tiny", 8, "aligned"}, Case{"tiny", 4, "aligned"},
                                            Case{"tiny", 32, "aligned"}, Case{"tiny", 8, "packed"},
-                                           Case{"tiny", 4, "packed"}, Case{"synth", 8, "aligned"},
-                                           Case{"synth", 4, "aligned"},
-                                           Case{"synth", 32, "packed"}),
+                                           Case{"tiny", 4, "packed"}, Case{"tiny", 32, "packed"},
+                                           Case{"synth", 8, "aligned"}, Case{"synth", 4, "aligned"},
+                                           Case{"synth", 32, "aligned"}, Case{"synth", 8, "packed"},
+                                           Case{"synth", 4, "packed"}, Case{"synth", 32, "packed"}),
                          [](const ::testing::TestParamInfo<Case>& p) {
                            return std::string(p.param.source) + "_bits" +
                                   std::to_string(p.param.bits) + "_" + p.param.layout;
@@ -327,6 +328,24 @@ TEST(Repack, InterruptedRunsFinishByteIdentical) {
         << killed.status << " " << killed.err;
     // A second interruption on the rerun, later than the first, then a clean finish.
     repack(synth_source() + " " + box + " --kill-at-byte " + std::to_string(point / 2 + 1));
+    const CommandResult finish = repack(synth_source() + " " + box);
+    ASSERT_EQ(finish.status, 0) << finish.err;
+    EXPECT_EQ(tree_sha(box), want);
+  }
+}
+
+// A real kill -9 from outside at a few moments of a run (wherever it lands: before the first
+// shard, mid-shard, mid-index or after the end), then a rerun: the same bytes as a clean run.
+TEST(Repack, KillNineFromOutsideThenRerun) {
+  TempDir tmp("repack-kill9");
+  const std::string clean = tmp.file("clean");
+  ASSERT_EQ(repack(synth_source() + " " + clean + " --jobs 1").status, 0);
+  const auto want = tree_sha(clean);
+  for (const char* delay : {"0.005", "0.02", "0.05", "0.1"}) {
+    SCOPED_TRACE(std::string("kill -9 after ") + delay + " s");
+    const std::string box = tmp.file(std::string("box") + delay);
+    k3::testing::run_split("timeout -s KILL " + std::string(delay) + " " + kRepack + " " +
+                           synth_source() + " " + box + " --jobs 1");
     const CommandResult finish = repack(synth_source() + " " + box);
     ASSERT_EQ(finish.status, 0) << finish.err;
     EXPECT_EQ(tree_sha(box), want);

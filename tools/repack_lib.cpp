@@ -46,18 +46,55 @@ constexpr uint64_t kChunkBytes = 64 << 20;  // source bytes per quantisation / c
 
 enum class Class { kBits, kMla, kHead, kKeep };
 
+// The pieces of names::layer() and names::expert() around their numbers ("model.layers." and
+// ".block_sparse_moe.experts."), found by building the names with sentinel numbers, so the
+// spelling stays in model/tensor_names.h only.
+struct NameShape {
+  std::string layer_prefix;
+  std::string expert_infix;
+  NameShape() {
+    const std::string l = names::layer(987654321, "");
+    layer_prefix = l.substr(0, l.find("987654321"));
+    const std::string e = names::expert(987654321, 123456789, "");
+    const size_t from = e.find("987654321") + 9;
+    expert_infix = e.substr(from, e.find("123456789") - from);
+  }
+};
+
+const NameShape& name_shape() {
+  static const NameShape shape;
+  return shape;
+}
+
+// Reads the decimal number at *pos (at most 9 digits); false when there is none.
+bool read_number(const std::string& s, size_t* pos, int64_t* out) {
+  size_t i = *pos;
+  int64_t v = 0;
+  while (i < s.size() && i - *pos < 9 && s[i] >= '0' && s[i] <= '9') v = v * 10 + (s[i++] - '0');
+  if (i == *pos) return false;
+  *pos = i;
+  *out = v;
+  return true;
+}
+
+// "model.layers.L.<suffix>" -> L and suffix; false for any other name.
+bool parse_layer(const std::string& name, int64_t* layer_index, std::string* suffix) {
+  const std::string& prefix = name_shape().layer_prefix;
+  if (name.rfind(prefix, 0) != 0) return false;
+  size_t pos = prefix.size();
+  if (!read_number(name, &pos, layer_index) || pos >= name.size() || name[pos] != '.') return false;
+  *suffix = name.substr(pos + 1);
+  return true;
+}
+
 // The quantisation class of a non-expert tensor (docs/container.md §4). `name` has no prefix.
 Class classify(const std::string& name, const K3Config& config) {
   using namespace names;
   if (name == kLmHead) return Class::kHead;
-  static const std::string kLayers = "model.layers.";
-  if (name.rfind(kLayers, 0) != 0) return Class::kKeep;
-  size_t pos = kLayers.size();
-  size_t end = name.find('.', pos);
-  if (end == std::string::npos) return Class::kKeep;
-  const int64_t layer_index = std::stoll(name.substr(pos, end - pos));
-  const std::string suffix = name.substr(end + 1);
-  if (layer_index < 0 || layer_index >= config.num_hidden_layers) return Class::kKeep;
+  int64_t layer_index = 0;
+  std::string suffix;
+  if (!parse_layer(name, &layer_index, &suffix) || layer_index >= config.num_hidden_layers)
+    return Class::kKeep;
   const bool kda = config.attention[static_cast<size_t>(layer_index)] == AttentionKind::kKDA;
   for (const char* s :
        {kKdaQProj, kKdaKProj, kKdaVProj, kMoeLatentDown, kMoeLatentUp, kMoeSharedGate, kMoeSharedUp,
@@ -70,16 +107,20 @@ Class classify(const std::string& name, const K3Config& config) {
   return Class::kKeep;
 }
 
-// Parses "model.layers.L.block_sparse_moe.experts.E.<suffix>"; false for any other name. The
-// name is rebuilt with names::expert() so the spelling lives in model/tensor_names.h only.
+// A routed expert's tensor name -> layer, expert and which of the six it is (kExpertTensors
+// order); false for any other name. The parse is checked by rebuilding the name.
 bool parse_expert(const std::string& name, int64_t* layer_index, int64_t* expert_index, int* slot) {
-  static const std::regex pattern(
-      R"(^model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(.+)$)");
-  std::smatch m;
-  if (!std::regex_match(name, m, pattern)) return false;
-  const int64_t l = std::stoll(m[1].str()), e = std::stoll(m[2].str());
+  const std::string& prefix = name_shape().layer_prefix;
+  const std::string& infix = name_shape().expert_infix;
+  if (name.rfind(prefix, 0) != 0) return false;
+  size_t pos = prefix.size();
+  int64_t l = 0, e = 0;
+  if (!read_number(name, &pos, &l) || name.compare(pos, infix.size(), infix) != 0) return false;
+  pos += infix.size();
+  if (!read_number(name, &pos, &e) || pos >= name.size() || name[pos] != '.') return false;
+  const std::string tensor = name.substr(pos + 1);
   for (int i = 0; i < 6; ++i)
-    if (m[3].str() == names::kExpertTensors[i] &&
+    if (tensor == names::kExpertTensors[i] &&
         names::expert(l, e, names::kExpertTensors[i]) == name) {
       *layer_index = l;
       *expert_index = e;
@@ -113,24 +154,24 @@ struct Quantised {
   uint64_t weight_bytes() const {
     return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) / (int4 ? 2 : 1);
   }
-  // Fills `dst` with the U8 bytes (and `scales`), reading the source in row pieces.
-  void make(uint8_t* dst, std::atomic<uint64_t>* bytes_read) {
+  // Fills `dst` with the U8 bytes (and `scales`), reading the source in row pieces through
+  // `raw` and `wide` (kept by the caller, so their memory is touched once per run).
+  void make(uint8_t* dst, std::atomic<uint64_t>* bytes_read, std::vector<uint8_t>& raw,
+            std::vector<float>& wide) {
     const size_t c = static_cast<size_t>(cols);
     const size_t esize = dtype_size(source.info->dtype);
     scales.assign(int4 ? static_cast<size_t>(rows) * c / 64 : static_cast<size_t>(rows), 0.0f);
     const int64_t piece_rows =
         std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (c * esize)));
-    std::vector<uint8_t> raw;
-    std::vector<float> wide;
     for (int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
       const int64_t n = std::min(piece_rows, rows - r0);
-      raw.resize(static_cast<size_t>(n) * c * esize);
-      wide.resize(static_cast<size_t>(n) * c);
+      resize_huge(raw, static_cast<size_t>(n) * c * esize);
+      resize_huge(wide, static_cast<size_t>(n) * c);
       source.shard->file().read_exact(
           raw.data(), raw.size(), source.info->file_offset + static_cast<uint64_t>(r0) * c * esize,
           "tensor " + source.info->name);
       bytes_read->fetch_add(raw.size(), std::memory_order_relaxed);
-      widen(source.info->dtype, raw.data(), wide.size(), wide.data());
+      widen(source.info->dtype, raw.data(), static_cast<size_t>(n) * c, wide.data());
 #pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
       for (int64_t r = 0; r < n; ++r) {
         const size_t row = static_cast<size_t>(r0 + r);
@@ -158,6 +199,9 @@ struct Run {
   std::vector<std::pair<std::string, std::string>> record;
   std::atomic<uint64_t> bytes_read{0};
   uint64_t produced = 0;  // output bytes produced this run (kill hook)
+  // Staging buffers reused across tensors and files.
+  std::vector<uint8_t> scratch, raw;
+  std::vector<float> wide;
   explicit Run(const Options& o) : options(o) {}
   void produce(uint64_t n) {
     produced += n;
@@ -290,7 +334,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
     const SafetensorsShard* shard;
   };
   std::vector<SourceShard> shards;
-  static const std::regex shard_name(R"(^model-(\d+)-of-(\d+)\.safetensors$)");
+  static const std::regex shard_name(R"(^model-(\d{1,9})-of-(\d{1,9})\.safetensors$)");
   int64_t position = 0;
   for (const auto& sh : source.shards()) {
     ++position;
@@ -393,8 +437,10 @@ Summary run(const Options& options, const std::function<void(const std::string&)
         q->cols = t.shape[1];
         q->int4 = want == 4 && q->cols % 64 == 0;
         const std::vector<int64_t> shape = {q->rows, q->int4 ? q->cols / 2 : q->cols};
-        main.writer.add(t.name, DType::kU8, shape,
-                        [q, counter](uint8_t* dst, uint64_t) { q->make(dst, counter); });
+        Run* run_state = &state;
+        main.writer.add(t.name, DType::kU8, shape, [q, counter, run_state](uint8_t* dst, uint64_t) {
+          q->make(dst, counter, run_state->raw, run_state->wide);
+        });
         if (aligned) main.writer.pad_to(kTensorAlign);
         const std::vector<int64_t> scale_shape =
             q->int4 ? std::vector<int64_t>{q->rows, q->cols / 64} : std::vector<int64_t>{q->rows};
@@ -486,12 +532,15 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       const uint64_t header_bytes = 8 + f->writer.header().size();
       state.produce(header_bytes);
       uint64_t written = header_bytes;
-      f->writer.write(f->path, [&](uint64_t n) {
-        written += n;
-        progress.set_bytes(written);
-        progress.advance(n);
-        state.produce(n);
-      });
+      f->writer.write(
+          f->path,
+          [&](uint64_t n) {
+            written += n;
+            progress.set_bytes(written);
+            progress.advance(n);
+            state.produce(n);
+          },
+          &state.scratch);
       summary.bytes_written += f->writer.file_bytes();
     }
     progress.finish();
@@ -611,7 +660,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
           const auto q = quant_by_name.find(t.name);
           if (q != quant_by_name.end()) {
             std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
-            q->second->make(want.data(), &state.bytes_read);
+            q->second->make(want.data(), &state.bytes_read, state.raw, state.wide);
             out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
             const TensorInfo* sidecar = out.find(t.name + ".qs");
             if (sidecar == nullptr || have != want ||

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "util/error.h"
+#include "util/sys.h"
 
 namespace k3 {
 namespace {
@@ -74,6 +75,12 @@ class TempOutput {
       if (got == 0) throw Error(path_ + ": write made no progress");
       done += static_cast<uint64_t>(got);
     }
+    // Start write-back of what was just written (asynchronous), so dirty pages stay bounded on a
+    // long write and the final fsync finds little left to do.
+    if (n >= kWriteBufferBytes)
+      ::sync_file_range(fd_, static_cast<off_t>(written_), static_cast<off_t>(n),
+                        SYNC_FILE_RANGE_WRITE);
+    written_ += n;
   }
 
   void commit() {
@@ -90,6 +97,7 @@ class TempOutput {
   std::string path_;
   std::string tmp_;
   int fd_ = -1;
+  uint64_t written_ = 0;
   bool committed_ = false;
 };
 
@@ -175,7 +183,8 @@ std::string SafetensorsWriter::header() const {
 }
 
 void SafetensorsWriter::write(const std::string& path,
-                              const std::function<void(uint64_t)>& on_tensor) const {
+                              const std::function<void(uint64_t)>& on_tensor,
+                              std::vector<uint8_t>* scratch) const {
   const std::string h = header();
   TempOutput out(path);
   try {
@@ -187,11 +196,14 @@ void SafetensorsWriter::write(const std::string& path,
 
     uint64_t largest = 0;
     for (const Entry& e : entries_) largest = std::max(largest, e.end - e.begin);
-    std::vector<uint8_t> buf(std::min(std::max(largest, kWriteBufferBytes), data_bytes_));
+    std::vector<uint8_t> own;
+    std::vector<uint8_t>& buf = scratch != nullptr ? *scratch : own;
+    const uint64_t want = std::min(std::max(largest, kWriteBufferBytes), data_bytes_);
+    if (buf.size() < want) resize_huge(buf, want);
     uint64_t used = 0;
     for (const Entry& e : entries_) {
       const uint64_t n = e.end - e.begin;
-      if (used + n > buf.size()) {
+      if (used + n > want) {
         out.write_all(buf.data(), used);
         used = 0;
       }

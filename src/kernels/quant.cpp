@@ -1,17 +1,29 @@
 #include "kernels/quant.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 
 #include "util/error.h"
+#include "util/sys.h"
+
+static_assert(FLT_EVAL_METHOD == 0, "rne() needs float arithmetic without excess precision");
 
 namespace k3 {
 namespace {
 
-// round half to even in the default rounding mode.
+// Round half to even (the default rounding mode), as nearbyint but without its libm call (which
+// saves and restores the FP environment: 2/3 of the quantisers' time). For |v| < 2^22, adding
+// 1.5 * 2^23 lands in [2^23, 2^24), where floats are spaced exactly 1 apart, so the addition itself
+// rounds half to even and the subtraction is exact. Larger magnitudes, inf and NaN take nearbyint.
+// Needs float arithmetic without excess precision (FLT_EVAL_METHOD 0, x86-64 SSE) and no
+// -ffast-math (which would fold the two operations away). Only the sign of a zero result can
+// differ from nearbyint, and every caller converts to an integer.
 inline float rne(float v) {
-  return std::nearbyint(v);
+  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
+  if (!(std::fabs(v) < 4194304.0f)) return std::nearbyint(v);
+  return (v + kShift) - kShift;
 }
 
 }  // namespace
@@ -83,11 +95,11 @@ void quantize_matrix(WeightMatrix& m, int bits) {
   if (bits != 4 && bits != 8)
     throw Error("quantize_matrix: unsupported bit width " + std::to_string(bits));
   if (int4) {
-    m.q4.resize(rows * cols / 2);
-    m.scales.resize(rows * cols / 64);
+    resize_huge(m.q4, rows * cols / 2);
+    resize_huge(m.scales, rows * cols / 64);
   } else {
-    m.q8.resize(rows * cols);
-    m.scales.resize(rows);
+    resize_huge(m.q8, rows * cols);
+    resize_huge(m.scales, rows);
   }
   const int64_t n = m.rows;
 #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))

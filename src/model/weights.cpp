@@ -9,6 +9,7 @@
 #include "model/tensor_names.h"
 #include "util/error.h"
 #include "util/progress.h"
+#include "util/sys.h"
 
 namespace k3 {
 namespace {
@@ -53,7 +54,8 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
   const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
   const size_t count = t.info->numel();
   const size_t esize = dtype_size(t.info->dtype);
-  std::vector<float> out(count);
+  std::vector<float> out;
+  resize_huge(out, count);
   constexpr size_t kPiece = size_t{4} << 20;  // elements per piece
   const int64_t pieces = static_cast<int64_t>((count + kPiece - 1) / kPiece);
   std::string failure;
@@ -179,23 +181,25 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
         weights_map, scales_map);
     return m;
   }
-  std::vector<float> scales(qs.info->numel());
+  std::vector<float> scales;
+  resize_huge(scales, qs.info->numel());
   ModelFiles::read(qs, scales.data());
   if (stored == WeightFormat::kInt4G64) {
-    m.q4.resize(t.info->nbytes);
+    resize_huge(m.q4, t.info->nbytes);
     ModelFiles::read(t, m.q4.data());
     m.scales = std::move(scales);
     return m;
   }
-  std::vector<int8_t> q8(t.info->nbytes);
+  std::vector<int8_t> q8;
+  resize_huge(q8, t.info->nbytes);
   ModelFiles::read(t, q8.data());
   if (target == WeightFormat::kInt8Row) {
     m.q8 = std::move(q8);
     m.scales = std::move(scales);
     return m;
   }
-  m.q4.resize(o * i / 2);
-  m.scales.resize(o * i / 64);
+  resize_huge(m.q4, o * i / 2);
+  resize_huge(m.scales, o * i / 64);
 #pragma omp parallel for schedule(static) if (o * i > (1u << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const size_t row = static_cast<size_t>(r);

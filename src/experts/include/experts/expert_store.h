@@ -1,9 +1,9 @@
 // experts/expert_store.h — where each routed expert's bytes live, and reading them.
 // Owns: per (layer, expert) the six MXFP4 tensors' locations taken from the shard headers (never
-// computed from the id), the contiguity check (one read per expert, six otherwise), byte counts
-// checked against the geometry, exponent-byte validation, the O_DIRECT read with its 4 KiB
-// alignment at both ends. Does not own: caching (ExpertCache), background I/O or the tensor
-// names (model/tensor_names).
+// computed from the id; the table is indexed directly by layer and expert, no search), the
+// contiguity check (one read per expert, six otherwise), byte counts checked against the geometry,
+// exponent-byte validation, the O_DIRECT read with its 4 KiB alignment at both ends. Does not own:
+// caching (ExpertCache), background I/O or the tensor names (model/tensor_names).
 #pragma once
 
 #include <array>

@@ -39,8 +39,10 @@ class SafetensorsWriter {
   // Bytes of the whole file write() produces (length prefix, header, data).
   uint64_t file_bytes() const { return 8 + header().size() + data_bytes_; }
   // Writes `path` (via path + ".tmp" and rename). `on_tensor(nbytes)` reports progress.
-  void write(const std::string& path,
-             const std::function<void(uint64_t)>& on_tensor = nullptr) const;
+  // `scratch` (optional) is the staging buffer, kept and reused by the caller across files (a
+  // long run then touches its memory once instead of once per file).
+  void write(const std::string& path, const std::function<void(uint64_t)>& on_tensor = nullptr,
+             std::vector<uint8_t>* scratch = nullptr) const;
   // The header bytes write() would emit (length prefix excluded, padding included).
   std::string header() const;
 
