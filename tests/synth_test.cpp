@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -170,6 +171,55 @@ TEST(SafetensorsWriter, RoundTripSeveralDtypes) {
   EXPECT_EQ(shard.find("zeta.f32")->shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(shard.find("alpha.bf16")->dtype, k3::DType::kBF16);
   EXPECT_EQ(shard.find("mid.u8")->shape, (std::vector<int64_t>{7, 1}));
+}
+
+// add_copy: large tensors go file to file in the kernel (copy_file_range), small ones and those
+// from files without a descriptor through the staging buffers; a source on another filesystem
+// (/dev/shm, where copy_file_range says EXDEV) falls back to memory. Every byte must arrive, with
+// metadata, alignment and padding tensors around them, and the source bytes counted.
+TEST(SafetensorsWriter, CopiedTensorsArriveWhicheverWayTheyTravel) {
+  TempDir dir("writer-copy");
+  std::vector<uint8_t> big((3 << 20) + 100), small(1000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<uint8_t>(255 - i);
+  std::vector<std::string> sources = {dir.path()};
+  if (fs::is_directory("/dev/shm")) sources.push_back("/dev/shm");
+  for (const std::string& where : sources) {
+    SCOPED_TRACE(where);
+    const std::string src = where + "/k3_writer_copy_src_" + std::to_string(::getpid());
+    std::string bytes(100, 'x');
+    bytes.append(reinterpret_cast<const char*>(big.data()), big.size());
+    bytes.append(reinterpret_cast<const char*>(small.data()), small.size());
+    k3::write_file_atomic(src, bytes.data(), bytes.size());
+    const auto file = k3::open_posix_file(src);
+    const k3::MemFile mem("mem", big);
+    std::atomic<uint64_t> counted{0};
+    k3::SafetensorsWriter w;
+    w.set_metadata({{"k3_note", "copy test"}});
+    w.set_data_alignment(4096);
+    w.add_copy("big", k3::DType::kU8, {static_cast<int64_t>(big.size())}, *file, 100, &counted);
+    w.pad_to(4096);
+    w.add_copy("small", k3::DType::kU8, {1000}, *file, 100 + big.size(), &counted);
+    w.add_copy("from_memory", k3::DType::kU8, {static_cast<int64_t>(big.size())}, mem, 0, &counted);
+    const std::string out = dir.file("copy.safetensors");
+    w.write(out);
+    EXPECT_EQ(counted.load(), 2 * big.size() + small.size());
+    const k3::SafetensorsShard shard(k3::open_posix_file(out));
+    EXPECT_EQ(shard.metadata().at("k3_note"), "copy test");
+    EXPECT_EQ(shard.data_start() % 4096, 0u);
+    const std::vector<std::pair<std::string, const std::vector<uint8_t>*>> want = {
+        {"big", &big}, {"small", &small}, {"from_memory", &big}};
+    for (const auto& [name, data] : want) {
+      const k3::TensorInfo* t = shard.find(name);
+      ASSERT_NE(t, nullptr) << name;
+      std::vector<uint8_t> got(t->nbytes);
+      shard.read(*t, got.data());
+      EXPECT_TRUE(got == *data) << name;
+    }
+    EXPECT_EQ(shard.find("small")->file_offset % 4096, 0u);
+    EXPECT_NE(shard.find(k3::padding_tensor_name(0)), nullptr);
+    fs::remove(src);
+  }
 }
 
 TEST(SafetensorsWriter, PaddingMatchesEveryFixtureShard) {

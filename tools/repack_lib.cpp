@@ -200,7 +200,8 @@ struct Run {
   std::atomic<uint64_t> bytes_read{0};
   uint64_t produced = 0;  // output bytes produced this run (kill hook)
   // Staging buffers reused across tensors and files.
-  std::vector<uint8_t> scratch, raw;
+  WriterScratch scratch;
+  std::vector<uint8_t> raw;
   std::vector<float> wide;
   explicit Run(const Options& o) : options(o) {}
   void produce(uint64_t n) {
@@ -402,14 +403,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       files.push_back(std::move(f));
     }
     const SafetensorsShard& sh = *src.shard;
-    const File* in = &sh.file();
     std::atomic<uint64_t>* counter = &state.bytes_read;
-    const auto copy_fill = [in, counter](const TensorInfo* t) {
-      return [in, counter, t](uint8_t* dst, uint64_t n) {
-        in->read_exact(dst, n, t->file_offset, "tensor " + t->name);
-        counter->fetch_add(n, std::memory_order_relaxed);
-      };
-    };
     std::map<std::pair<int64_t, int64_t>, std::array<const TensorInfo*, 6>> experts;
     OutputFile& main = *files[0];
     for (const TensorInfo& t : sh.tensors()) {
@@ -450,7 +444,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
         });
         quantised.push_back(q);
       } else {
-        main.writer.add(t.name, t.dtype, t.shape, copy_fill(&t));
+        main.writer.add_copy(t.name, t.dtype, t.shape, sh.file(), t.file_offset, counter);
         copies.push_back({&t, &t});
       }
       main.has_tensors = true;
@@ -465,7 +459,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       OutputFile& out = stripes > 0 ? *files[static_cast<size_t>(key.second % stripes + 1)] : main;
       if (aligned) out.writer.pad_to(kPage);
       for (const TensorInfo* t : rec) {
-        out.writer.add(t->name, t->dtype, t->shape, copy_fill(t));
+        out.writer.add_copy(t->name, t->dtype, t->shape, sh.file(), t->file_offset, counter);
         copies.push_back({t, t});
       }
       if (aligned) out.writer.pad_to(kPage);

@@ -7,6 +7,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <thread>
+#include <utility>
 
 #include "util/error.h"
 #include "util/sys.h"
@@ -83,6 +86,33 @@ class TempOutput {
     written_ += n;
   }
 
+  // Appends `n` bytes of `source` at `offset` with copy_file_range (in-kernel, no user-space
+  // copy). False when the kernel or filesystem cannot (EXDEV, EINVAL, ENOSYS, EOPNOTSUPP) before
+  // anything was copied: the caller then copies through memory.
+  bool copy_from(int source_fd, uint64_t offset, uint64_t n, const std::string& what) {
+    uint64_t done = 0;
+    auto in = static_cast<loff_t>(offset);
+    while (done < n) {
+      const ssize_t got = ::copy_file_range(source_fd, &in, fd_, nullptr,
+                                            std::min<uint64_t>(n - done, kMaxReadPiece), 0);
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (done == 0 &&
+            (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
+          return false;
+        throw Error(path_ + ": copying " + what + " failed: " + std::strerror(errno));
+      }
+      if (got == 0)
+        throw Error(path_ + ": copying " + what + ": the source ended early (truncated?)");
+      done += static_cast<uint64_t>(got);
+    }
+    if (n >= kWriteBufferBytes)
+      ::sync_file_range(fd_, static_cast<off_t>(written_), static_cast<off_t>(n),
+                        SYNC_FILE_RANGE_WRITE);
+    written_ += n;
+    return true;
+  }
+
   void commit() {
     if (::fsync(fd_) != 0) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
     const int rc = ::close(fd_);
@@ -114,6 +144,19 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   entries_.push_back(Entry{name, dtype, shape, data_bytes_, data_bytes_ + n, std::move(fill)});
   names_.push_back(name);
   data_bytes_ += n;
+}
+
+void SafetensorsWriter::add_copy(const std::string& name, DType dtype,
+                                 const std::vector<int64_t>& shape, const File& source,
+                                 uint64_t offset, std::atomic<uint64_t>* bytes_read) {
+  add(name, dtype, shape, [&source, offset, name, bytes_read](uint8_t* dst, uint64_t n) {
+    source.read_exact(dst, n, offset, "tensor " + name);
+    if (bytes_read != nullptr) bytes_read->fetch_add(n, std::memory_order_relaxed);
+  });
+  Entry& e = entries_.back();
+  e.copy_from = &source;
+  e.copy_offset = offset;
+  e.bytes_read = bytes_read;
 }
 
 void SafetensorsWriter::add_bytes(const std::string& name, DType dtype,
@@ -182,9 +225,47 @@ std::string SafetensorsWriter::header() const {
   return h;
 }
 
+namespace {
+
+// Writes staged buffers on a second thread while the caller fills the next one; at most one write
+// is in flight. A write error is rethrown on the caller's thread at the next hand-over or at
+// finish(); the destructor waits for the thread (the file must not close under it).
+class BackgroundWriter {
+ public:
+  explicit BackgroundWriter(TempOutput& out) : out_(out) {}
+  ~BackgroundWriter() {
+    if (thread_.joinable()) thread_.join();
+  }
+  BackgroundWriter(const BackgroundWriter&) = delete;
+  BackgroundWriter& operator=(const BackgroundWriter&) = delete;
+
+  void write(const uint8_t* p, uint64_t n) {
+    wait();
+    thread_ = std::thread([this, p, n] {
+      try {
+        out_.write_all(p, n);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    });
+  }
+  // Waits for the write in flight; rethrows its error.
+  void wait() {
+    if (thread_.joinable()) thread_.join();
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  TempOutput& out_;
+  std::thread thread_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
 void SafetensorsWriter::write(const std::string& path,
                               const std::function<void(uint64_t)>& on_tensor,
-                              std::vector<uint8_t>* scratch) const {
+                              WriterScratch* scratch) const {
   const std::string h = header();
   TempOutput out(path);
   try {
@@ -194,28 +275,61 @@ void SafetensorsWriter::write(const std::string& path,
     out.write_all(len, 8);
     out.write_all(reinterpret_cast<const uint8_t*>(h.data()), h.size());
 
+    // Two staging buffers: tensors are filled into one while the other is being written, so
+    // reading (or quantising) the source overlaps the copy into the page cache.
+    const auto kernel_copied = [](const Entry& e) {
+      return e.copy_from != nullptr && e.copy_from->descriptor(false) >= 0 &&
+             e.end - e.begin >= kWriteBufferBytes / 8;
+    };
     uint64_t largest = 0;
-    for (const Entry& e : entries_) largest = std::max(largest, e.end - e.begin);
-    std::vector<uint8_t> own;
-    std::vector<uint8_t>& buf = scratch != nullptr ? *scratch : own;
-    const uint64_t want = std::min(std::max(largest, kWriteBufferBytes), data_bytes_);
-    if (buf.size() < want) resize_huge(buf, want);
+    for (const Entry& e : entries_)
+      if (!kernel_copied(e)) largest = std::max(largest, e.end - e.begin);
+    WriterScratch own;
+    WriterScratch& buffers = scratch != nullptr ? *scratch : own;
+    uint64_t want = std::min(std::max(largest, kWriteBufferBytes), data_bytes_);
+    for (std::vector<uint8_t>& b : buffers.buffers)
+      if (b.size() < want) resize_huge(b, want);
+    BackgroundWriter writer(out);
+    int current = 0;
     uint64_t used = 0;
+    bool kernel_copy = true;  // until the filesystem refuses copy_file_range
     for (const Entry& e : entries_) {
       const uint64_t n = e.end - e.begin;
+      if (kernel_copy && kernel_copied(e)) {
+        // A large copied tensor goes file to file in the kernel, after what is staged.
+        if (used > 0) {
+          writer.write(buffers.buffers[current].data(), used);
+          current ^= 1;
+          used = 0;
+        }
+        writer.wait();
+        if (out.copy_from(e.copy_from->descriptor(false), e.copy_offset, n, "tensor " + e.name)) {
+          if (e.bytes_read != nullptr) e.bytes_read->fetch_add(n, std::memory_order_relaxed);
+          if (on_tensor) on_tensor(n);
+          continue;
+        }
+        kernel_copy = false;  // refused: this and every later tensor go through memory
+      }
+      if (n > want) {  // only after a refused kernel copy: stage the tensor whole
+        writer.wait();
+        for (std::vector<uint8_t>& b : buffers.buffers) resize_huge(b, n);
+        want = n;
+      }
       if (used + n > want) {
-        out.write_all(buf.data(), used);
+        writer.write(buffers.buffers[current].data(), used);
+        current ^= 1;
         used = 0;
       }
       try {
-        e.fill(buf.data() + used, n);
+        e.fill(buffers.buffers[current].data() + used, n);
       } catch (const Error& err) {
         throw Error(path + ": filling tensor " + e.name + ": " + err.what());
       }
       used += n;
       if (on_tensor) on_tensor(n);
     }
-    out.write_all(buf.data(), used);
+    writer.write(buffers.buffers[current].data(), used);
+    writer.wait();
     out.commit();
   } catch (const Error&) {
     throw;

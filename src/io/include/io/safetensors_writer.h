@@ -6,6 +6,7 @@
 // fsynced and renamed, so a crash never leaves a half-written shard under the final name.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -16,12 +17,22 @@
 
 namespace k3 {
 
+// The staging buffers of SafetensorsWriter::write.
+struct WriterScratch {
+  std::vector<uint8_t> buffers[2];
+};
+
 class SafetensorsWriter {
  public:
   // Fills exactly nbytes at dst. Called once, in order, during write().
   using Fill = std::function<void(uint8_t* dst, uint64_t nbytes)>;
 
   void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, Fill fill);
+  // A tensor copied unchanged from `source` at `offset` (the bytes the shape needs): large ones
+  // file to file in the kernel (copy_file_range, no user-space copy), others through the staging
+  // buffers. `bytes_read` (optional) counts the source bytes as they are copied.
+  void add_copy(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                const File& source, uint64_t offset, std::atomic<uint64_t>* bytes_read = nullptr);
   // Convenience: copies `bytes` (must be shape x dtype bytes).
   void add_bytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                  std::vector<uint8_t> bytes);
@@ -39,10 +50,11 @@ class SafetensorsWriter {
   // Bytes of the whole file write() produces (length prefix, header, data).
   uint64_t file_bytes() const { return 8 + header().size() + data_bytes_; }
   // Writes `path` (via path + ".tmp" and rename). `on_tensor(nbytes)` reports progress.
-  // `scratch` (optional) is the staging buffer, kept and reused by the caller across files (a
-  // long run then touches its memory once instead of once per file).
+  // Tensors are staged in two buffers (each as large as the largest tensor, at least 8 MiB): one
+  // is filled while the other is written by a second thread. `scratch` (optional) holds them
+  // for the caller, reused across files, so a long run touches that memory once.
   void write(const std::string& path, const std::function<void(uint64_t)>& on_tensor = nullptr,
-             std::vector<uint8_t>* scratch = nullptr) const;
+             WriterScratch* scratch = nullptr) const;
   // The header bytes write() would emit (length prefix excluded, padding included).
   std::string header() const;
 
@@ -53,6 +65,9 @@ class SafetensorsWriter {
     std::vector<int64_t> shape;
     uint64_t begin, end;
     Fill fill;
+    const File* copy_from = nullptr;  // add_copy: the source file and offset
+    uint64_t copy_offset = 0;
+    std::atomic<uint64_t>* bytes_read = nullptr;
   };
   std::vector<Entry> entries_;
   std::vector<std::string> names_;
