@@ -193,6 +193,14 @@ struct OutputFile {
   bool has_tensors = false;
 };
 
+// What one source shard becomes: its output files (writers with lazy fills, nothing read yet),
+// the matrices quantised on the way and the tensors copied unchanged.
+struct ShardPlan {
+  std::vector<std::unique_ptr<OutputFile>> files;
+  std::vector<std::shared_ptr<Quantised>> quantised;
+  std::vector<const TensorInfo*> copies;
+};
+
 // Everything one run shares: counters, the kill hook, the container record.
 struct Run {
   const Options& options;
@@ -388,10 +396,11 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   summary.shards_total = total;
 
   // Builds the output files of one source shard (writers with lazy fills; nothing is read yet).
-  const auto plan = [&](const SourceShard& src, std::vector<std::unique_ptr<OutputFile>>& files,
-                        std::vector<std::shared_ptr<Quantised>>& quantised,
-                        std::vector<std::pair<const TensorInfo*, const TensorInfo*>>& copies) {
-    files.clear();
+  const auto plan = [&](const SourceShard& src) {
+    ShardPlan shard_plan;
+    auto& files = shard_plan.files;
+    auto& quantised = shard_plan.quantised;
+    auto& copies = shard_plan.copies;
     for (int64_t k = 0; k <= stripes; ++k) {
       auto f = std::make_unique<OutputFile>();
       f->name = output_shard_name(src.number, total, k);
@@ -445,7 +454,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
         quantised.push_back(q);
       } else {
         main.writer.add_copy(t.name, t.dtype, t.shape, sh.file(), t.file_offset, counter);
-        copies.push_back({&t, &t});
+        copies.push_back(&t);
       }
       main.has_tensors = true;
     }
@@ -460,7 +469,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       if (aligned) out.writer.pad_to(kPage);
       for (const TensorInfo* t : rec) {
         out.writer.add_copy(t->name, t->dtype, t->shape, sh.file(), t->file_offset, counter);
-        copies.push_back({t, t});
+        copies.push_back(t);
       }
       if (aligned) out.writer.pad_to(kPage);
       out.has_tensors = true;
@@ -469,17 +478,15 @@ Summary run(const Options& options, const std::function<void(const std::string&)
         std::remove_if(files.begin() + 1, files.end(),
                        [](const std::unique_ptr<OutputFile>& f) { return !f->has_tensors; }),
         files.end());
+    return shard_plan;
   };
 
   // The whole run's size, for the overall figures in each shard's progress label.
   uint64_t run_bytes = 0;
   for (const SourceShard& src : shards) {
     if (!selected.count(src.number)) continue;
-    std::vector<std::unique_ptr<OutputFile>> files;
-    std::vector<std::shared_ptr<Quantised>> quantised;
-    std::vector<std::pair<const TensorInfo*, const TensorInfo*>> copies;
-    plan(src, files, quantised, copies);
-    for (const auto& f : files) run_bytes += f->writer.file_bytes();
+    const ShardPlan sizes = plan(src);
+    for (const auto& f : sizes.files) run_bytes += f->writer.file_bytes();
   }
   uint64_t run_done = 0;
   const double run_start = now_seconds();
@@ -487,10 +494,8 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   for (const SourceShard& src : shards) {
     if (!selected.count(src.number)) continue;
     ++index_in_run;
-    std::vector<std::unique_ptr<OutputFile>> files;
-    std::vector<std::shared_ptr<Quantised>> quantised;
-    std::vector<std::pair<const TensorInfo*, const TensorInfo*>> copies;
-    plan(src, files, quantised, copies);
+    const ShardPlan shard_plan = plan(src);
+    const auto& files = shard_plan.files;
     uint64_t shard_bytes = 0;
     bool complete = true;
     for (const auto& f : files) {
@@ -628,14 +633,12 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   if (options.verify_full) {
     for (const SourceShard& src : shards) {
       if (!selected.count(src.number)) continue;
-      std::vector<std::unique_ptr<OutputFile>> files;
-      std::vector<std::shared_ptr<Quantised>> quantised;
-      std::vector<std::pair<const TensorInfo*, const TensorInfo*>> copies;
-      plan(src, files, quantised, copies);
+      const ShardPlan shard_plan = plan(src);
+      const auto& files = shard_plan.files;
       std::map<std::string, const TensorInfo*> copy_by_name;
-      for (const auto& [t, same] : copies) copy_by_name[t->name] = t;
+      for (const TensorInfo* t : shard_plan.copies) copy_by_name[t->name] = t;
       std::map<std::string, std::shared_ptr<Quantised>> quant_by_name;
-      for (const auto& q : quantised) quant_by_name[q->source.info->name] = q;
+      for (const auto& q : shard_plan.quantised) quant_by_name[q->source.info->name] = q;
       uint64_t verified = 0;
       for (const auto& f : files) {
         const SafetensorsShard out(open_posix_file(f->path));
