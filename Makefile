@@ -80,10 +80,12 @@ asan: setup $(NODE_TEST_DEPS)
 # per-layer dimensions it is also where the last decode step is checked against a one-shot
 # prefill, a check too heavy for `make test`), experts streamed from disk against the drive's
 # O_DIRECT rate (a ~17 GB slice with 128 experts per layer, written once into
-# $(BUILD)/bench-slice-stream), the routing statistics of the trained tiny K3 on held-out text
-# against the random-weights demo checkpoint, then tokenizer MB/s beside npm tiktoken on the same multilingual
-# corpus. The ggml peer comes from npm when it can be installed; without it the bench still runs
-# and says the peer is unavailable.
+# $(BUILD)/bench-slice-stream), the repacked container against its snapshot (cold load, repack
+# GB/s vs the drive, drive bytes per expert read; a 9.4 GB slice in $(BUILD)/bench-slice-container),
+# the routing statistics of the trained tiny K3 on held-out text against the random-weights demo
+# checkpoint, then tokenizer MB/s beside npm tiktoken on the same multilingual corpus. The ggml
+# peer comes from npm when it can be installed; without it the bench still runs and says the peer
+# is unavailable.
 bench: build $(DEMO)/config.json
 	@if [ ! -d bench/node_modules/@node-llama-cpp/linux-x64 ] || [ ! -d bench/node_modules/tiktoken ]; then \
 	  npm ci --prefix bench --ignore-scripts --no-audit --no-fund > $(BUILD)/bench-npm.log 2>&1 \
@@ -92,6 +94,7 @@ bench: build $(DEMO)/config.json
 	@$(BUILD)/bench/k3_bench kernels
 	@$(BUILD)/bench/k3_bench decode --dir $(BUILD)/bench-slice
 	@$(BUILD)/bench/k3_bench stream --dir $(BUILD)/bench-slice-stream
+	@$(BUILD)/bench/k3_bench container --dir $(BUILD)/bench-slice-container
 	@$(BUILD)/bench/k3_bench routing --model $(MINI) --ids tests/data/k3-mini/heldout_text.u32 --contrast $(DEMO)
 	@node bench/tokenizer_bench.mjs $(BUILD)/bench/k3_tokenizer_bench tests/data/k3-release
 

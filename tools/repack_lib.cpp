@@ -315,7 +315,8 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   const bool aligned = options.layout == "aligned";
   const int64_t stripes = static_cast<int64_t>(options.stripe.size());
 
-  if (fs::exists(options.dest) && fs::equivalent(options.source, options.dest))
+  std::error_code same_ec;
+  if (fs::exists(options.dest) && fs::equivalent(options.source, options.dest, same_ec))
     throw Error(options.dest + ": the container must go to another directory than the source");
   const ModelFiles source(options.source);
   if (source.container().present)
