@@ -409,7 +409,10 @@ Summary run(const Options& options, const std::function<void(const std::string&)
           (fs::path(k == 0 ? options.dest : options.stripe[static_cast<size_t>(k - 1)]) / f->name)
               .string();
       f->writer.set_metadata(state.record);
-      if (aligned) f->writer.set_data_alignment(kPage);
+      if (aligned) {
+        f->writer.set_data_alignment(kPage);
+        f->writer.set_direct_writes(true);
+      }
       files.push_back(std::move(f));
     }
     const SafetensorsShard& sh = *src.shard;

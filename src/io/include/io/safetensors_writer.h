@@ -47,6 +47,9 @@ class SafetensorsWriter {
   // Total data bytes added so far.
   uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<std::string>& names() const { return names_; }
+  // Data written with O_DIRECT from 4 KiB-aligned staging buffers when the header ends on a
+  // block boundary (set_data_alignment(4096)) and the filesystem allows it; buffered otherwise.
+  void set_direct_writes(bool on) { direct_writes_ = on; }
   // Bytes of the whole file write() produces (length prefix, header, data).
   uint64_t file_bytes() const { return 8 + header().size() + data_bytes_; }
   // Writes `path` (via path + ".tmp" and rename). `on_tensor(nbytes)` reports progress.
@@ -73,6 +76,7 @@ class SafetensorsWriter {
   std::vector<std::string> names_;
   std::vector<std::pair<std::string, std::string>> metadata_;
   uint64_t data_alignment_ = 8;
+  bool direct_writes_ = false;
   uint64_t paddings_ = 0;
   uint64_t data_bytes_ = 0;
 };
