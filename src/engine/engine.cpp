@@ -129,13 +129,10 @@ std::string Engine::describe() const {
   const Model& model = *impl_->model;
   const LoadOptions& o = model.load_options();
   const ContainerInfo& box = model.container();
-  // A container's stored widths apply to the classes the user left unset.
-  const int bits = box.present && !o.bits_chosen ? box.bits : o.bits;
-  const int mla_bits = box.present && !o.mla_bits_chosen ? box.mla_bits : o.mla_bits;
-  const int head_bits = box.present && !o.head_bits_chosen ? box.head_bits : o.head_bits;
+  const ClassWidths widths = effective_widths(o, box);
   char buf[256];
   std::snprintf(buf, sizeof buf, "isa %s | bits %d/%d/%d%s | idot %d | resident %.1f MB",
-                isa_name(model.isa()), bits, mla_bits, head_bits,
+                isa_name(model.isa()), widths.bits, widths.mla_bits, widths.head_bits,
                 box.present ? (" (container, " + box.layout + " layout)").c_str() : "",
                 o.idot ? 1 : 0, static_cast<double>(model.resident_bytes()) / 1e6);
   std::string text = buf;

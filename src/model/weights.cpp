@@ -390,6 +390,15 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
   }
 }
 
+ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& container) {
+  const auto width = [&](int requested, bool chosen, int stored) {
+    return container.present && !chosen ? stored : requested;
+  };
+  return {width(load.bits, load.bits_chosen, container.bits),
+          width(load.mla_bits, load.mla_bits_chosen, container.mla_bits),
+          width(load.head_bits, load.head_bits_chosen, container.head_bits)};
+}
+
 ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,
                           const LoadOptions& precision,
                           const std::function<void(double)>& on_progress,
@@ -397,22 +406,19 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
   using namespace names;
   const CancelScope cancel_scope(cancel);
   const int64_t D = c.hidden_size;
-  // A container keeps its stored widths unless the user chose others (docs/container.md §5).
-  const ContainerInfo& box = s.container();
-  const auto policy = [&](int bits, bool chosen, int stored, const char* option) {
+  const ClassWidths widths = effective_widths(precision, s.container());
+  const auto policy = [&](int bits, bool chosen, const char* option) {
     MatrixPolicy p;
-    p.bits = (!chosen && box.present) ? stored : bits;
+    p.bits = bits;
     p.chosen = chosen;
     p.option = option;
     p.mmap = precision.mmap;
     return p;
   };
-  const MatrixPolicy bits_policy =
-      policy(precision.bits, precision.bits_chosen, box.bits, "K3_BITS");
-  const MatrixPolicy mla_policy =
-      policy(precision.mla_bits, precision.mla_bits_chosen, box.mla_bits, "K3_MLA_BITS");
+  const MatrixPolicy bits_policy = policy(widths.bits, precision.bits_chosen, "K3_BITS");
+  const MatrixPolicy mla_policy = policy(widths.mla_bits, precision.mla_bits_chosen, "K3_MLA_BITS");
   const MatrixPolicy head_policy =
-      policy(precision.head_bits, precision.head_bits_chosen, box.head_bits, "K3_HEAD_BITS");
+      policy(widths.head_bits, precision.head_bits_chosen, "K3_HEAD_BITS");
   ModelWeights mw;
   mw.experts = std::make_unique<ExpertStore>(
       ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});

@@ -100,6 +100,13 @@ struct ModelWeights {
   std::unique_ptr<ExpertStore> experts;
 };
 
+// The width each class of dense matrix is loaded at: the requested one, except that a repacked
+// container keeps its stored width for every class the user did not choose (docs/container.md §5).
+struct ClassWidths {
+  int bits = 0, mla_bits = 0, head_bits = 0;
+};
+ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& container);
+
 // Binds every resident weight of layers [0, num_layers) and the globals. `num_layers` <=
 // config.num_hidden_layers (K3_LAYERS). Throws k3::Error naming the tensor and the expected and
 // actual shape or dtype.
