@@ -51,8 +51,8 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
       W.rows = rows;
       W.cols = cols;
       W.f32 = randn(rows * cols, 7);
-      if (fmt == 1) k3::quantize_matrix(W, 8);
-      if (fmt == 2 || fmt == 3) k3::quantize_matrix(W, 4);
+      if (fmt == 1) k3::quantize_matrix(W, 8, k3::kernel_table(k3::best_isa()));
+      if (fmt == 2 || fmt == 3) k3::quantize_matrix(W, 4, k3::kernel_table(k3::best_isa()));
       W.int8_activations = fmt == 3;
       std::vector<uint8_t> packed(rows * cols / 2), scales(rows * cols / 32);
       std::mt19937 rng(3);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -76,7 +77,8 @@ Case make_case(WeightFormat format, size_t rows, size_t cols, std::mt19937& rng)
     for (size_t i = 0; i < rows * cols; ++i) c.deq[i] = c.m.f32[i];
     return c;
   }
-  k3::quantize_matrix(c.m, format == WeightFormat::kInt8Row ? 8 : 4);
+  k3::quantize_matrix(c.m, format == WeightFormat::kInt8Row ? 8 : 4,
+                      k3::kernel_table(k3::best_isa()));
   EXPECT_EQ(c.m.format, format);
   for (size_t o = 0; o < rows; ++o)
     for (size_t i = 0; i < cols; ++i) {
@@ -497,73 +499,164 @@ TEST(KernelsQuant, ExtremeValuesAndClampLimits) {
   }
 }
 
-// quantize_matrix = the row quantisers applied to every row, in the documented layout.
-TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
-  std::mt19937 rng(9);
-  const auto make = [&](size_t rows, size_t cols) {
-    WeightMatrix m;
-    m.rows = static_cast<int64_t>(rows);
-    m.cols = static_cast<int64_t>(cols);
-    m.f32 = random_floats(rows * cols, rng);
-    return m;
-  };
-  {  // 32 bits: unchanged.
-    WeightMatrix m = make(5, 100);
-    const std::vector<float> before = m.f32;
-    k3::quantize_matrix(m, 32);
-    EXPECT_EQ(m.format, WeightFormat::kF32);
-    EXPECT_EQ(m.f32, before);
-    EXPECT_EQ(m.bytes(), 5u * 100u * 4u);
-  }
-  for (auto [bits, cols, want] : {std::tuple{8, size_t{100}, WeightFormat::kInt8Row},
-                                  std::tuple{8, size_t{128}, WeightFormat::kInt8Row},
-                                  std::tuple{4, size_t{128}, WeightFormat::kInt4G64},
-                                  std::tuple{4, size_t{100}, WeightFormat::kInt8Row},    // fallback
-                                  std::tuple{4, size_t{96}, WeightFormat::kInt8Row}}) {  // fallback
-    SCOPED_TRACE("bits=" + std::to_string(bits) + " cols=" + std::to_string(cols));
-    const size_t rows = 7;
-    WeightMatrix m = make(rows, cols);
-    const std::vector<float> w = m.f32;
-    k3::quantize_matrix(m, bits);
-    EXPECT_EQ(m.format, want);
-    EXPECT_TRUE(m.f32.empty());
-    if (want == WeightFormat::kInt8Row) {
-      ASSERT_EQ(m.q8.size(), rows * cols);
-      ASSERT_EQ(m.scales.size(), rows);
-      EXPECT_TRUE(m.q4.empty());
-      EXPECT_EQ(m.bytes(), rows * cols + rows * 4);
-      for (size_t o = 0; o < rows; ++o) {
-        std::vector<int8_t> q(cols);
-        float s = 0.0f;
-        k3::quantize_int8_row(w.data() + o * cols, cols, q.data(), &s);
-        EXPECT_EQ(s, m.scales[o]);
-        EXPECT_TRUE(std::equal(q.begin(), q.end(), m.q8.begin() + static_cast<ptrdiff_t>(o * cols)))
-            << o;
-      }
-    } else {
-      ASSERT_EQ(m.q4.size(), rows * cols / 2);
-      ASSERT_EQ(m.scales.size(), rows * cols / 64);
-      EXPECT_TRUE(m.q8.empty());
-      EXPECT_EQ(m.bytes(), rows * cols / 2 + rows * cols / 64 * 4);
-      for (size_t o = 0; o < rows; ++o) {
-        std::vector<uint8_t> p(cols / 2);
-        std::vector<float> s(cols / 64);
-        k3::quantize_int4_g64_row(w.data() + o * cols, cols, p.data(), s.data());
-        EXPECT_TRUE(std::equal(s.begin(), s.end(),
-                               m.scales.begin() + static_cast<ptrdiff_t>(o * cols / 64)))
-            << o;
-        EXPECT_TRUE(
-            std::equal(p.begin(), p.end(), m.q4.begin() + static_cast<ptrdiff_t>(o * cols / 2)))
-            << o;
+// Every ISA's row quantisers (KernelTable) against the scalar twins, byte for byte, on awkward
+// widths (column tails of every length around the vector widths) and values: exact .5 products,
+// ties at the clamp, zeros and negative zeros, denormals, huge and tiny magnitudes, NaN (skipped
+// by the max, level 0) and infinities (scale inf, every level 0 or NaN -> 0).
+TEST(KernelsQuant, EveryIsaMatchesTheScalarTwinByteForByte) {
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const float magnitudes[] = {1e-38f, 1e-30f, 1e-3f, 1.0f, 1e4f, 3e38f};
+  const size_t widths[] = {1,  2,  7,  8,  9,   15,  16,  17,  31,  32,  33,   47,
+                           63, 64, 65, 96, 100, 127, 128, 129, 192, 448, 1000, 7168};
+  int cases = 0;
+  for (const size_t cols : widths)
+    for (int trial = 0; trial < 24; ++trial) {
+      const float mag = magnitudes[trial % std::size(magnitudes)];
+      std::vector<float> w(cols);
+      for (float& x : w) x = unit(rng) * mag;
+      if (trial % 4 == 1)  // exact halves: w = (k + 0.5) * amax / 127, amax the last column's
+        for (size_t i = 0; i < cols; ++i)
+          w[i] = (static_cast<float>(static_cast<int>(i % 255) - 127) + 0.5f) * mag / 127.0f;
+      if (trial % 5 == 2) w[rng() % cols] = -0.0f;
+      if (trial % 6 == 3) w[rng() % cols] = std::numeric_limits<float>::quiet_NaN();
+      if (trial % 8 == 5) w[rng() % cols] = std::numeric_limits<float>::denorm_min();
+      if (trial % 12 == 7) w[rng() % cols] = -std::numeric_limits<float>::infinity();
+      if (trial == 23) std::fill(w.begin(), w.end(), 0.0f);
+      std::vector<int8_t> want8(cols);
+      float want_scale = 0;
+      k3::quantize_int8_row(w.data(), cols, want8.data(), &want_scale);
+      const size_t groups = cols / 64;
+      std::vector<uint8_t> want4(groups * 32);
+      std::vector<float> want4_scales(groups);
+      k3::quantize_int4_g64_row(w.data(), cols, want4.data(), want4_scales.data());
+      for (const Isa isa : k3::supported_isas()) {
+        const KernelTable& kt = k3::kernel_table(isa);
+        const std::string where = std::string(k3::isa_name(isa)) + " cols " + std::to_string(cols) +
+                                  " trial " + std::to_string(trial);
+        std::vector<int8_t> q(cols + 1, 0x55);  // one guard byte past the row
+        float scale = -1;
+        kt.quantize_int8_row(w.data(), cols, q.data(), &scale);
+        ASSERT_EQ(std::memcmp(&scale, &want_scale, 4), 0) << where;
+        ASSERT_EQ(std::memcmp(q.data(), want8.data(), cols), 0) << where;
+        ASSERT_EQ(q[cols], 0x55) << where << ": wrote past the row";
+        std::vector<uint8_t> p(groups * 32 + 1, 0x55);
+        std::vector<float> s(groups + 1, -1.0f);
+        kt.quantize_int4_g64_row(w.data(), cols, p.data(), s.data());
+        ASSERT_EQ(std::memcmp(p.data(), want4.data(), groups * 32), 0) << where;
+        ASSERT_EQ(std::memcmp(s.data(), want4_scales.data(), groups * 4), 0) << where;
+        ASSERT_EQ(p[groups * 32], 0x55) << where << ": wrote past the row";
+        ASSERT_EQ(s[groups], -1.0f) << where << ": wrote past the scales";
+        ++cases;
       }
     }
-  }
-  {  // Unsupported widths and double quantisation are errors.
-    WeightMatrix m = make(2, 64);
-    EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 16); }), "");
-    EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 2); }), "");
-    k3::quantize_matrix(m, 8);
-    EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 4); }), "");
+  EXPECT_GE(cases, static_cast<int>(std::size(widths)) * 24);
+}
+
+// The scalar rules on the values the vector variants must reproduce: a NaN weight is skipped by
+// the max and gets level 0; an infinity makes the scale inf, every finite weight level 0 and the
+// infinity itself NaN -> 0; ties round to even.
+TEST(KernelsQuant, NanInfinityAndTiesByTheScalarRule) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> w(64, 0.0f);
+  w[0] = 127.0f;  // scale 1: levels are the weights rounded
+  w[1] = nan;
+  w[2] = 2.5f;   // tie -> 2
+  w[3] = -3.5f;  // tie -> -4
+  std::vector<int8_t> q(64);
+  float s = 0;
+  k3::quantize_int8_row(w.data(), 64, q.data(), &s);
+  EXPECT_EQ(s, 1.0f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], 0);
+  EXPECT_EQ(q[2], 2);
+  EXPECT_EQ(q[3], -4);
+  w[5] = -inf;
+  k3::quantize_int8_row(w.data(), 64, q.data(), &s);
+  EXPECT_EQ(s, inf);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(q[static_cast<size_t>(i)], 0) << i;
+  std::vector<uint8_t> p(32);
+  float s4 = 0;
+  k3::quantize_int4_g64_row(w.data(), 64, p.data(), &s4);
+  EXPECT_EQ(s4, inf);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(p[static_cast<size_t>(j)], 0x88) << j;  // level 0 = 8
+}
+
+// quantize_matrix = the scalar row quantisers applied to every row, in the documented layout,
+// with every ISA's table.
+TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
+  for (const Isa isa : k3::supported_isas()) {
+    SCOPED_TRACE(k3::isa_name(isa));
+    const KernelTable& kt = k3::kernel_table(isa);
+    std::mt19937 rng(9);
+    const auto make = [&](size_t rows, size_t cols) {
+      WeightMatrix m;
+      m.rows = static_cast<int64_t>(rows);
+      m.cols = static_cast<int64_t>(cols);
+      m.f32 = random_floats(rows * cols, rng);
+      return m;
+    };
+    {  // 32 bits: unchanged.
+      WeightMatrix m = make(5, 100);
+      const std::vector<float> before = m.f32;
+      k3::quantize_matrix(m, 32, kt);
+      EXPECT_EQ(m.format, WeightFormat::kF32);
+      EXPECT_EQ(m.f32, before);
+      EXPECT_EQ(m.bytes(), 5u * 100u * 4u);
+    }
+    for (auto [bits, cols, want] :
+         {std::tuple{8, size_t{100}, WeightFormat::kInt8Row},
+          std::tuple{8, size_t{128}, WeightFormat::kInt8Row},
+          std::tuple{4, size_t{128}, WeightFormat::kInt4G64},
+          std::tuple{4, size_t{100}, WeightFormat::kInt8Row},    // fallback
+          std::tuple{4, size_t{96}, WeightFormat::kInt8Row}}) {  // fallback
+      SCOPED_TRACE("bits=" + std::to_string(bits) + " cols=" + std::to_string(cols));
+      const size_t rows = 7;
+      WeightMatrix m = make(rows, cols);
+      const std::vector<float> w = m.f32;
+      k3::quantize_matrix(m, bits, kt);
+      EXPECT_EQ(m.format, want);
+      EXPECT_TRUE(m.f32.empty());
+      if (want == WeightFormat::kInt8Row) {
+        ASSERT_EQ(m.q8.size(), rows * cols);
+        ASSERT_EQ(m.scales.size(), rows);
+        EXPECT_TRUE(m.q4.empty());
+        EXPECT_EQ(m.bytes(), rows * cols + rows * 4);
+        for (size_t o = 0; o < rows; ++o) {
+          std::vector<int8_t> q(cols);
+          float s = 0.0f;
+          k3::quantize_int8_row(w.data() + o * cols, cols, q.data(), &s);
+          EXPECT_EQ(s, m.scales[o]);
+          EXPECT_TRUE(
+              std::equal(q.begin(), q.end(), m.q8.begin() + static_cast<ptrdiff_t>(o * cols)))
+              << o;
+        }
+      } else {
+        ASSERT_EQ(m.q4.size(), rows * cols / 2);
+        ASSERT_EQ(m.scales.size(), rows * cols / 64);
+        EXPECT_TRUE(m.q8.empty());
+        EXPECT_EQ(m.bytes(), rows * cols / 2 + rows * cols / 64 * 4);
+        for (size_t o = 0; o < rows; ++o) {
+          std::vector<uint8_t> p(cols / 2);
+          std::vector<float> s(cols / 64);
+          k3::quantize_int4_g64_row(w.data() + o * cols, cols, p.data(), s.data());
+          EXPECT_TRUE(std::equal(s.begin(), s.end(),
+                                 m.scales.begin() + static_cast<ptrdiff_t>(o * cols / 64)))
+              << o;
+          EXPECT_TRUE(
+              std::equal(p.begin(), p.end(), m.q4.begin() + static_cast<ptrdiff_t>(o * cols / 2)))
+              << o;
+        }
+      }
+    }
+    {  // Unsupported widths and double quantisation are errors.
+      WeightMatrix m = make(2, 64);
+      EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 16, kt); }), "");
+      EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 2, kt); }), "");
+      k3::quantize_matrix(m, 8, kt);
+      EXPECT_NE(k3::testing::error_of([&] { k3::quantize_matrix(m, 4, kt); }), "");
+    }
   }
 }
 
@@ -581,7 +674,7 @@ TEST(KernelsQuant, QuantizeMatrixIndependentOfThreadCount) {
       m.rows = static_cast<int64_t>(rows);
       m.cols = static_cast<int64_t>(cols);
       m.f32 = w;
-      k3::quantize_matrix(m, bits);
+      k3::quantize_matrix(m, bits, k3::kernel_table(k3::best_isa()));
       out.push_back(std::move(m));
     }
     for (size_t i = 1; i < out.size(); ++i) {

@@ -43,7 +43,8 @@ std::string tensor_name(int64_t layer, int64_t expert, int tensor) {
 std::string write_shard(const std::string& path, const std::vector<int64_t>& layers, int64_t lead) {
   k3::SafetensorsWriter w;
   if (lead > 0)
-    w.add("pad", k3::DType::kU8, {lead}, [](uint8_t* d, uint64_t n) { std::memset(d, 1, n); });
+    w.add("pad", k3::DType::kU8, {lead},
+          [](uint8_t* d, uint64_t, uint64_t n) { std::memset(d, 1, n); });
   const uint64_t sizes[6] = {kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes(),
                              kGeometry.down_packed_bytes(), kGeometry.down_scale_bytes(),
                              kGeometry.gate_packed_bytes(), kGeometry.gate_scale_bytes()};
@@ -51,7 +52,7 @@ std::string write_shard(const std::string& path, const std::vector<int64_t>& lay
     for (int64_t e = kExperts - 1; e >= 0; --e)  // not in id order on disk
       for (int i = 0; i < 6; ++i)
         w.add(tensor_name(l, e, i), k3::DType::kU8, {static_cast<int64_t>(sizes[i])},
-              [=](uint8_t* d, uint64_t n) {
+              [=](uint8_t* d, uint64_t, uint64_t n) {
                 for (uint64_t k = 0; k < n; ++k) d[k] = pattern(l, e, i, k);
               });
   w.write(path);

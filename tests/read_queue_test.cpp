@@ -1,7 +1,8 @@
 // The background read engines (io_uring and threads) over a real file and in-memory fakes: many
 // tickets in flight, extents split small, direct windows with a buffered tail, short reads past
 // the end and after truncation, the O_DIRECT refusal fallback, MemFile errors, stats, destroying
-// the queue with reads in flight, concurrent submitters, and ReadTicket on its own.
+// the queue with reads in flight, concurrent submitters, ReadTicket on its own, and ReadAhead
+// (io/read_ahead.h) on top of them.
 #include "io/read_queue.h"
 
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "io/file.h"
+#include "io/read_ahead.h"
 #include "util/error.h"
 
 namespace {
@@ -478,6 +480,107 @@ TEST_P(ReadQueueTest, SubmittingThreadMayExitBeforeItsReadsFinish) {
   EXPECT_EQ(ticket.error(), "");
   EXPECT_EQ(first_mismatch(static_cast<uint8_t*>(a.request.dst), bytes_, 5, uint64_t{2} << 20), -1);
   EXPECT_EQ(first_mismatch(b.buffer.get(), bytes_, uint64_t{4} << 20, uint64_t{2} << 20), -1);
+}
+
+// ReadAhead (io/read_ahead.h) over the same file: a schedule of awkward ranges read several
+// ahead, each delivered exactly; the O_DIRECT windows; restarts; misuse and read errors.
+TEST_P(ReadQueueTest, ReadAheadDeliversEveryRangeOfASchedule) {
+  auto queue = make();
+  const uint64_t whole = kFileBytes / kDirectAlign * kDirectAlign;
+  std::mt19937_64 rng(11);
+  std::vector<k3::ReadRange> ranges;
+  // Edges first: empty, one byte, a block exactly, the last byte, the partial last block, the
+  // whole file, a range ending on the last whole block; then random ones.
+  for (const auto& [offset, length] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {0, 0},
+           {5, 1},
+           {kDirectAlign, kDirectAlign},
+           {kFileBytes - 1, 1},
+           {whole - 7, kFileBytes - whole + 7},
+           {0, kFileBytes},
+           {whole - 3 * kDirectAlign - 1, 3 * kDirectAlign + 1}})
+    ranges.push_back({file_.get(), offset, length, "edge"});
+  for (int i = 0; i < 150; ++i) {
+    const uint64_t length = rng() % 3 == 0 ? rng() % 5000 : rng() % (uint64_t{3} << 20);
+    ranges.push_back({file_.get(), rng() % (kFileBytes - length + 1), length, "random"});
+  }
+  for (const int slots : {2, 3, 5}) {
+    k3::ReadAhead ahead(*queue, slots);
+    ahead.start(ranges);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const k3::ReadRange& r = ranges[i];
+      const uint8_t* got = ahead.next(*file_, r.offset, r.length);
+      ASSERT_EQ(first_mismatch(got, bytes_, r.offset, r.length), -1)
+          << "slots " << slots << " range " << i << " [" << r.offset << ", +" << r.length << ")";
+      sum += r.length;
+    }
+    EXPECT_EQ(ahead.bytes_delivered(), sum);
+    // Past the schedule's end: refused, named.
+    try {
+      ahead.next(*file_, 0, 1);
+      ADD_FAILURE() << "a request past the schedule was served";
+    } catch (const k3::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("after the schedule's last range"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST_P(ReadQueueTest, ReadAheadReadsWholeBlocksDirectly) {
+  auto queue = make();
+  k3::ReadAhead ahead(*queue, 2);
+  // 5000 bytes at offset 100 lie in blocks 0 and 1: with O_DIRECT the drive delivers exactly
+  // those two blocks; without it (a filesystem that has none), exactly the range.
+  ahead.start({{file_.get(), 100, 5000, "t"}});
+  EXPECT_EQ(first_mismatch(ahead.next(*file_, 100, 5000), bytes_, 100, 5000), -1);
+  const bool direct = file_->descriptor(true) >= 0;
+  EXPECT_EQ(queue->stats().bytes, direct ? 2 * kDirectAlign : 5000u);
+}
+
+TEST_P(ReadQueueTest, ReadAheadRestartsAndMixesFiles) {
+  auto queue = make();
+  const k3::MemFile mem("mem.bin", random_bytes(10000, 3));
+  const std::vector<uint8_t> mem_bytes = random_bytes(10000, 3);
+  k3::ReadAhead ahead(*queue, 3);
+  std::vector<k3::ReadRange> first;
+  for (uint64_t i = 0; i < 8; ++i) first.push_back({file_.get(), i << 20, 1 << 20, "first"});
+  ahead.start(first);
+  EXPECT_EQ(first_mismatch(ahead.next(*file_, 0, 1 << 20), bytes_, 0, 1 << 20), -1);
+  // A new schedule while the first one's reads are in flight: they are withdrawn.
+  ahead.start({{&mem, 17, 9000, "mem"}, {file_.get(), 3, 70000, "file"}, {&mem, 0, 10000, "all"}});
+  EXPECT_EQ(first_mismatch(ahead.next(mem, 17, 9000), mem_bytes, 17, 9000), -1);
+  EXPECT_EQ(first_mismatch(ahead.next(*file_, 3, 70000), bytes_, 3, 70000), -1);
+  EXPECT_EQ(first_mismatch(ahead.next(mem, 0, 10000), mem_bytes, 0, 10000), -1);
+}
+
+TEST_P(ReadQueueTest, ReadAheadNamesMisuseAndReadErrors) {
+  auto queue = make();
+  k3::ReadAhead ahead(*queue, 2);
+  ahead.start({{file_.get(), 0, 100, "a"}, {file_.get(), 100, 100, "b"}});
+  try {
+    ahead.next(*file_, 100, 100);  // skips "a"
+    ADD_FAILURE() << "an out-of-order request was served";
+  } catch (const k3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the schedule's next range is"), std::string::npos)
+        << e.what();
+  }
+  // A range that runs past the end of the file (a truncated source): the file, and the range's
+  // name, are in the error.
+  ahead.start({{file_.get(), kFileBytes - 10, 20, "model.embed_tokens.weight"}});
+  try {
+    ahead.next(*file_, kFileBytes - 10, 20);
+    ADD_FAILURE() << "a read past the end succeeded";
+  } catch (const k3::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path_), std::string::npos) << what;
+    EXPECT_NE(what.find("model.embed_tokens.weight"), std::string::npos) << what;
+  }
+  const k3::MemFile failing("bad.bin", std::vector<uint8_t>(5000), 4000);
+  ahead.start({{&failing, 0, 3000, "fine"}, {&failing, 3000, 2000, "broken"}});
+  EXPECT_NE(ahead.next(failing, 0, 3000), nullptr);
+  EXPECT_THROW(ahead.next(failing, 3000, 2000), k3::Error);
+  EXPECT_THROW({ k3::ReadAhead one_slot(*queue, 1); }, k3::Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ReadQueueTest,

@@ -20,6 +20,7 @@
 #include "io/file.h"
 #include "io/model_files.h"
 #include "io/safetensors.h"
+#include "kernels/isa.h"
 #include "kernels/quant.h"
 #include "model/config.h"
 #include "model/tensor_names.h"
@@ -178,9 +179,10 @@ TEST(Repack, DowncastFollowsTheFormula) {
   want8.bits_chosen = want8.mla_bits_chosen = want8.head_bits_chosen = true;
   k3::LoadOptions want4 = want8;
   want4.bits = want4.mla_bits = want4.head_bits = 4;
-  const k3::ModelWeights from_hf = k3::load_weights(hf, config, config.num_hidden_layers, want8);
-  const k3::ModelWeights down =
-      k3::load_weights(container, config, config.num_hidden_layers, want4);
+  const k3::ModelWeights from_hf = k3::load_weights(hf, config, config.num_hidden_layers, want8,
+                                                    k3::kernel_table(k3::best_isa()));
+  const k3::ModelWeights down = k3::load_weights(container, config, config.num_hidden_layers, want4,
+                                                 k3::kernel_table(k3::best_isa()));
   std::vector<const k3::Matrix*> a, b;
   k3::for_each_matrix(from_hf, [&](const k3::Matrix& m) { a.push_back(&m); });
   k3::for_each_matrix(down, [&](const k3::Matrix& m) { b.push_back(&m); });

@@ -121,7 +121,8 @@ TEST(SafetensorsWriter, RoundTripSeveralDtypes) {
   k3::SafetensorsWriter w;
   w.add_bytes("zeta.f32", k3::DType::kF32, {2, 3}, f32);
   w.add_bytes("alpha.bf16", k3::DType::kBF16, {5}, bf16);
-  w.add("mid.u8", k3::DType::kU8, {7, 1}, [&](uint8_t* dst, uint64_t n) {
+  w.add("mid.u8", k3::DType::kU8, {7, 1}, [&](uint8_t* dst, uint64_t offset, uint64_t n) {
+    ASSERT_EQ(offset, 0u);
     ASSERT_EQ(n, 7u);
     std::memcpy(dst, u8.data(), n);
   });
@@ -173,53 +174,72 @@ TEST(SafetensorsWriter, RoundTripSeveralDtypes) {
   EXPECT_EQ(shard.find("mid.u8")->shape, (std::vector<int64_t>{7, 1}));
 }
 
-// add_copy: large tensors go file to file in the kernel (copy_file_range), small ones and those
-// from files without a descriptor through the staging buffers; a source on another filesystem
-// (/dev/shm, where copy_file_range says EXDEV) falls back to memory. Every byte must arrive, with
-// metadata, alignment and padding tensors around them, and the source bytes counted.
-TEST(SafetensorsWriter, CopiedTensorsArriveWhicheverWayTheyTravel) {
-  TempDir dir("writer-copy");
-  std::vector<uint8_t> big((3 << 20) + 100), small(1000);
-  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 131 + (i >> 12));
-  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<uint8_t>(255 - i);
-  std::vector<std::string> sources = {dir.path()};
-  if (fs::is_directory("/dev/shm")) sources.push_back("/dev/shm");
-  for (const std::string& where : sources) {
-    SCOPED_TRACE(where);
-    const std::string src = where + "/k3_writer_copy_src_" + std::to_string(::getpid());
-    std::string bytes(100, 'x');
-    bytes.append(reinterpret_cast<const char*>(big.data()), big.size());
-    bytes.append(reinterpret_cast<const char*>(small.data()), small.size());
-    k3::write_file_atomic(src, bytes.data(), bytes.size());
-    const auto file = k3::open_posix_file(src);
-    const k3::MemFile mem("mem", big);
-    std::atomic<uint64_t> counted{0};
-    k3::SafetensorsWriter w;
-    w.set_metadata({{"k3_note", "copy test"}});
-    w.set_data_alignment(4096);
-    w.add_copy("big", k3::DType::kU8, {static_cast<int64_t>(big.size())}, *file, 100, &counted);
-    w.pad_to(4096);
-    w.add_copy("small", k3::DType::kU8, {1000}, *file, 100 + big.size(), &counted);
-    w.add_copy("from_memory", k3::DType::kU8, {static_cast<int64_t>(big.size())}, mem, 0, &counted);
-    const std::string out = dir.file("copy.safetensors");
-    w.write(out);
-    EXPECT_EQ(counted.load(), 2 * big.size() + small.size());
-    const k3::SafetensorsShard shard(k3::open_posix_file(out));
-    EXPECT_EQ(shard.metadata().at("k3_note"), "copy test");
-    EXPECT_EQ(shard.data_start() % 4096, 0u);
-    const std::vector<std::pair<std::string, const std::vector<uint8_t>*>> want = {
-        {"big", &big}, {"small", &small}, {"from_memory", &big}};
-    for (const auto& [name, data] : want) {
-      const k3::TensorInfo* t = shard.find(name);
-      ASSERT_NE(t, nullptr) << name;
-      std::vector<uint8_t> got(t->nbytes);
-      shard.read(*t, got.data());
-      EXPECT_TRUE(got == *data) << name;
+// Fills in pieces: each tensor's fill is called in order over the tensor with exactly the piece
+// size (the last one shorter), and every byte arrives, with O_DIRECT writes (whole blocks, the
+// remainder carried to the next staging buffer, the file's partial last block buffered) and
+// without, on a filesystem that has O_DIRECT and on /dev/shm (tmpfs, which may refuse it). The
+// data is larger than one staging buffer (64 MiB), so buffers are handed over several times.
+TEST(SafetensorsWriter, PieceFillsArriveInOrderWithAndWithoutODirect) {
+  TempDir dir("writer-pieces");
+  struct Tensor {
+    std::string name;
+    uint64_t bytes, piece;
+  };
+  const std::vector<Tensor> tensors = {
+      {"big", (uint64_t{70} << 20) + 100, (1 << 20) + 7}, {"small", 1000, 0}, {"tail", 5000, 333}};
+  const auto pattern = [](size_t tensor, uint64_t i) {
+    return static_cast<uint8_t>(i * 131 + (i >> 12) + tensor * 77);
+  };
+  std::vector<std::string> where = {dir.path()};
+  if (fs::is_directory("/dev/shm")) where.push_back("/dev/shm");
+  k3::WriterScratch scratch;  // reused by every write, as k3_repack does
+  for (const std::string& d : where)
+    for (const bool direct : {true, false}) {
+      SCOPED_TRACE(d + (direct ? " direct" : " buffered"));
+      k3::SafetensorsWriter w;
+      w.set_metadata({{"k3_note", "pieces"}});
+      w.set_data_alignment(4096);
+      w.set_direct_writes(direct);
+      std::vector<uint64_t> next(tensors.size(), 0);  // each tensor's next expected offset
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        const Tensor& spec = tensors[t];
+        w.add(
+            spec.name, k3::DType::kU8, {static_cast<int64_t>(spec.bytes)},
+            [&, t](uint8_t* dst, uint64_t offset, uint64_t n) {
+              const Tensor& s = tensors[t];
+              EXPECT_EQ(offset, next[t]) << s.name;
+              EXPECT_EQ(n, std::min(s.piece == 0 ? s.bytes : s.piece, s.bytes - offset)) << s.name;
+              for (uint64_t k = 0; k < n; ++k) dst[k] = pattern(t, offset + k);
+              next[t] = offset + n;
+            },
+            spec.piece);
+        if (t == 0) w.pad_to(4096);
+      }
+      const std::string out = d + "/k3_writer_pieces_" + std::to_string(::getpid());
+      uint64_t reported = 0;
+      w.write(
+          out, [&](uint64_t n) { reported += n; }, &scratch);
+      for (size_t t = 0; t < tensors.size(); ++t) EXPECT_EQ(next[t], tensors[t].bytes);
+      EXPECT_EQ(reported, w.data_bytes());
+      EXPECT_EQ(fs::file_size(out), w.file_bytes());
+      EXPECT_FALSE(fs::exists(out + ".tmp"));
+      const k3::SafetensorsShard shard(k3::open_posix_file(out));
+      EXPECT_EQ(shard.metadata().at("k3_note"), "pieces");
+      EXPECT_EQ(shard.data_start() % 4096, 0u);
+      EXPECT_EQ(shard.find("small")->file_offset % 4096, 0u);
+      EXPECT_NE(shard.find(k3::padding_tensor_name(0)), nullptr);
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        const k3::TensorInfo* info = shard.find(tensors[t].name);
+        ASSERT_NE(info, nullptr) << tensors[t].name;
+        std::vector<uint8_t> got(info->nbytes);
+        shard.read(*info, got.data());
+        uint64_t bad = got.size();
+        for (uint64_t i = 0; i < got.size() && bad == got.size(); ++i)
+          if (got[i] != pattern(t, i)) bad = i;
+        EXPECT_EQ(bad, got.size()) << tensors[t].name << ": first wrong byte";
+      }
+      fs::remove(out);
     }
-    EXPECT_EQ(shard.find("small")->file_offset % 4096, 0u);
-    EXPECT_NE(shard.find(k3::padding_tensor_name(0)), nullptr);
-    fs::remove(src);
-  }
 }
 
 TEST(SafetensorsWriter, PaddingMatchesEveryFixtureShard) {
@@ -229,7 +249,7 @@ TEST(SafetensorsWriter, PaddingMatchesEveryFixtureShard) {
     k3::SafetensorsShard shard(k3::open_posix_file(path));
     k3::SafetensorsWriter w;
     for (const auto& t : shard.tensors())
-      w.add(t.name, t.dtype, t.shape, [](uint8_t*, uint64_t) {});
+      w.add(t.name, t.dtype, t.shape, [](uint8_t*, uint64_t, uint64_t) {});
     EXPECT_EQ(w.header(), header_bytes(path)) << f;
   }
 }
@@ -251,7 +271,7 @@ TEST(SafetensorsWriter, FailureLeavesNothingBehind) {
   const std::string path = dir.file("b.safetensors");
   k3::SafetensorsWriter w;
   w.add_bytes("ok", k3::DType::kU8, {4}, {1, 2, 3, 4});
-  w.add("bad", k3::DType::kU8, {4}, [](uint8_t*, uint64_t) { throw k3::Error("boom"); });
+  w.add("bad", k3::DType::kU8, {4}, [](uint8_t*, uint64_t, uint64_t) { throw k3::Error("boom"); });
   try {
     w.write(path);
     FAIL() << "expected k3::Error";

@@ -25,9 +25,12 @@
 #include "io/container.h"
 #include "io/file.h"
 #include "io/model_files.h"
+#include "io/read_ahead.h"
+#include "io/read_queue.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "kernels/convert.h"
+#include "kernels/isa.h"
 #include "kernels/quant.h"
 #include "model/config.h"
 #include "model/tensor_names.h"
@@ -42,7 +45,8 @@ namespace {
 
 constexpr uint64_t kPage = 4096;            // expert record alignment (O_DIRECT block)
 constexpr uint64_t kTensorAlign = 64;       // non-expert tensors (cache line; F32 sidecars aligned)
-constexpr uint64_t kChunkBytes = 64 << 20;  // source bytes per quantisation / compare piece
+constexpr uint64_t kChunkBytes = 64 << 20;  // source bytes per quantisation / copy / compare piece
+constexpr int kReadAheadSlots = 4;          // pieces held or in flight: 3 being read ahead
 
 enum class Class { kBits, kMla, kHead, kKeep };
 
@@ -144,44 +148,68 @@ void widen(DType dtype, const uint8_t* raw, size_t count, float* out) {
     std::memcpy(out, raw, count * 4);
 }
 
-// A quantised matrix being produced: U8 bytes are made by the first fill, the scales kept for the
-// sidecar's fill (the writer calls fills in order).
+// Reads `length` source bytes at `offset` of the tensor's shard; the bytes stay valid until the
+// next call. The write path takes them from the read-ahead (io/read_ahead.h), verification reads
+// them directly.
+using SourceBytes = std::function<const uint8_t*(uint64_t offset, uint64_t length)>;
+
+// A quantised matrix being produced in pieces of whole rows: each piece's U8 bytes come from one
+// source read; the scales are kept for the sidecar's fill (the writer calls fills in order).
 struct Quantised {
   LocatedTensor source;
   int64_t rows = 0, cols = 0;
   bool int4 = false;
+  // The engine's row quantisers (kernels/quant.h) of the best ISA here: the same bytes on all.
+  const KernelTable* kernels = &kernel_table(best_isa());
   std::vector<float> scales;  // [rows] or [rows][cols / 64]
-  uint64_t weight_bytes() const {
-    return static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols) / (int4 ? 2 : 1);
+  uint64_t weight_bytes() const { return static_cast<uint64_t>(rows) * out_row_bytes(); }
+  uint64_t out_row_bytes() const { return static_cast<uint64_t>(cols) / (int4 ? 2 : 1); }
+  uint64_t source_row_bytes() const {
+    return static_cast<uint64_t>(cols) * dtype_size(source.info->dtype);
   }
-  // Fills `dst` with the U8 bytes (and `scales`), reading the source in row pieces through
-  // `raw` and `wide` (kept by the caller, so their memory is touched once per run).
-  void make(uint8_t* dst, std::atomic<uint64_t>* bytes_read, std::vector<uint8_t>& raw,
-            std::vector<float>& wide) {
+  // Rows per piece: a piece reads at most kChunkBytes of the source (at least one row).
+  uint64_t piece_rows() const { return std::max<uint64_t>(1, kChunkBytes / source_row_bytes()); }
+  uint64_t piece_bytes() const { return piece_rows() * out_row_bytes(); }
+  // The source range piece `first_row` reads (the schedule of the read-ahead).
+  ReadRange source_range(uint64_t first_row) const {
+    const uint64_t n = std::min(piece_rows(), static_cast<uint64_t>(rows) - first_row);
+    return {&source.shard->file(), source.info->file_offset + first_row * source_row_bytes(),
+            n * source_row_bytes(), source.info->name};
+  }
+  // Fills bytes [offset, offset + nbytes) of the U8 matrix (whole rows) and their scales. Each
+  // row is widened to f32 and quantised by one thread.
+  void make(uint8_t* dst, uint64_t offset, uint64_t nbytes, const SourceBytes& read,
+            std::atomic<uint64_t>* bytes_read) {
     const size_t c = static_cast<size_t>(cols);
-    const size_t esize = dtype_size(source.info->dtype);
-    scales.assign(int4 ? static_cast<size_t>(rows) * c / 64 : static_cast<size_t>(rows), 0.0f);
-    const int64_t piece_rows =
-        std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / (c * esize)));
-    for (int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
-      const int64_t n = std::min(piece_rows, rows - r0);
-      resize_huge(raw, static_cast<size_t>(n) * c * esize);
-      resize_huge(wide, static_cast<size_t>(n) * c);
-      source.shard->file().read_exact(
-          raw.data(), raw.size(), source.info->file_offset + static_cast<uint64_t>(r0) * c * esize,
-          "tensor " + source.info->name);
-      bytes_read->fetch_add(raw.size(), std::memory_order_relaxed);
-      widen(source.info->dtype, raw.data(), static_cast<size_t>(n) * c, wide.data());
-#pragma omp parallel for schedule(static) if (n * cols > (1 << 16))
+    if (offset == 0)
+      scales.assign(int4 ? static_cast<size_t>(rows) * c / 64 : static_cast<size_t>(rows), 0.0f);
+    const uint64_t r0 = offset / out_row_bytes();
+    const auto n = static_cast<int64_t>(nbytes / out_row_bytes());
+    const ReadRange range = source_range(r0);
+    const uint8_t* raw = read(range.offset, range.length);
+    bytes_read->fetch_add(range.length, std::memory_order_relaxed);
+    const DType dtype = source.info->dtype;
+    const size_t row_bytes = source_row_bytes();
+#pragma omp parallel if (n * cols > (1 << 16))
+    {
+      std::vector<float> wide(c);  // [cols]: one row in f32
+#pragma omp for schedule(static)
       for (int64_t r = 0; r < n; ++r) {
-        const size_t row = static_cast<size_t>(r0 + r);
-        const float* w = wide.data() + static_cast<size_t>(r) * c;
+        const size_t row = r0 + static_cast<size_t>(r);
+        widen(dtype, raw + static_cast<size_t>(r) * row_bytes, c, wide.data());
+        uint8_t* out = dst + static_cast<size_t>(r) * out_row_bytes();
         if (int4)
-          quantize_int4_g64_row(w, c, dst + row * c / 2, scales.data() + row * c / 64);
+          kernels->quantize_int4_g64_row(wide.data(), c, out, scales.data() + row * c / 64);
         else
-          quantize_int8_row(w, c, reinterpret_cast<int8_t*>(dst + row * c), scales.data() + row);
+          kernels->quantize_int8_row(wide.data(), c, reinterpret_cast<int8_t*>(out),
+                                     scales.data() + row);
       }
     }
+  }
+  // The whole matrix (verification).
+  void make_all(uint8_t* dst, const SourceBytes& read, std::atomic<uint64_t>* bytes_read) {
+    for (uint64_t at = 0; at < weight_bytes(); at += piece_bytes())
+      make(dst + at, at, std::min(piece_bytes(), weight_bytes() - at), read, bytes_read);
   }
 };
 
@@ -190,6 +218,7 @@ struct OutputFile {
   std::string path;
   std::string name;  // file name (index weight_map value)
   SafetensorsWriter writer;
+  std::vector<ReadRange> reads;  // the source ranges its fills read, in the order they read them
   bool has_tensors = false;
 };
 
@@ -207,10 +236,12 @@ struct Run {
   std::vector<std::pair<std::string, std::string>> record;
   std::atomic<uint64_t> bytes_read{0};
   uint64_t produced = 0;  // output bytes produced this run (kill hook)
-  // Staging buffers reused across tensors and files.
+  // The source is read ahead of the fills (O_DIRECT windows, io_uring), into buffers reused
+  // across files like the writer's staging buffers.
+  std::unique_ptr<ReadQueue> queue = make_read_queue(ReadQueueOptions{});
+  ReadAhead ahead{*queue, kReadAheadSlots};
   WriterScratch scratch;
-  std::vector<uint8_t> raw;
-  std::vector<float> wide;
+  std::vector<uint8_t> raw;  // verification's reads
   explicit Run(const Options& o) : options(o) {}
   void produce(uint64_t n) {
     produced += n;
@@ -416,7 +447,20 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       files.push_back(std::move(f));
     }
     const SafetensorsShard& sh = *src.shard;
-    std::atomic<uint64_t>* counter = &state.bytes_read;
+    // A tensor copied unchanged, in pieces taken from the read-ahead.
+    const auto add_copy = [&state](OutputFile& out, const TensorInfo& t, const File& file) {
+      Run* run_state = &state;
+      const uint64_t base = t.file_offset;
+      out.writer.add(
+          t.name, t.dtype, t.shape,
+          [run_state, &file, base](uint8_t* dst, uint64_t offset, uint64_t n) {
+            std::memcpy(dst, run_state->ahead.next(file, base + offset, n), n);
+            run_state->bytes_read.fetch_add(n, std::memory_order_relaxed);
+          },
+          kChunkBytes);
+      for (uint64_t at = 0; at < t.nbytes; at += kChunkBytes)
+        out.reads.push_back({&file, base + at, std::min(kChunkBytes, t.nbytes - at), t.name});
+    };
     std::map<std::pair<int64_t, int64_t>, std::array<const TensorInfo*, 6>> experts;
     OutputFile& main = *files[0];
     for (const TensorInfo& t : sh.tensors()) {
@@ -445,19 +489,29 @@ Summary run(const Options& options, const std::function<void(const std::string&)
         q->int4 = want == 4 && q->cols % 64 == 0;
         const std::vector<int64_t> shape = {q->rows, q->int4 ? q->cols / 2 : q->cols};
         Run* run_state = &state;
-        main.writer.add(t.name, DType::kU8, shape, [q, counter, run_state](uint8_t* dst, uint64_t) {
-          q->make(dst, counter, run_state->raw, run_state->wide);
-        });
+        main.writer.add(
+            t.name, DType::kU8, shape,
+            [q, run_state](uint8_t* dst, uint64_t offset, uint64_t nbytes) {
+              const File& file = q->source.shard->file();
+              q->make(
+                  dst, offset, nbytes,
+                  [&](uint64_t at, uint64_t n) { return run_state->ahead.next(file, at, n); },
+                  &run_state->bytes_read);
+            },
+            q->piece_bytes());
+        for (uint64_t r = 0; r < static_cast<uint64_t>(q->rows); r += q->piece_rows())
+          main.reads.push_back(q->source_range(r));
         if (aligned) main.writer.pad_to(kTensorAlign);
         const std::vector<int64_t> scale_shape =
             q->int4 ? std::vector<int64_t>{q->rows, q->cols / 64} : std::vector<int64_t>{q->rows};
-        main.writer.add(t.name + ".qs", DType::kF32, scale_shape, [q](uint8_t* dst, uint64_t n) {
-          std::memcpy(dst, q->scales.data(), n);
-          std::vector<float>().swap(q->scales);
-        });
+        main.writer.add(t.name + ".qs", DType::kF32, scale_shape,
+                        [q](uint8_t* dst, uint64_t, uint64_t n) {
+                          std::memcpy(dst, q->scales.data(), n);
+                          std::vector<float>().swap(q->scales);
+                        });
         quantised.push_back(q);
       } else {
-        main.writer.add_copy(t.name, t.dtype, t.shape, sh.file(), t.file_offset, counter);
+        add_copy(main, t, sh.file());
         copies.push_back(&t);
       }
       main.has_tensors = true;
@@ -472,7 +526,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       OutputFile& out = stripes > 0 ? *files[static_cast<size_t>(key.second % stripes + 1)] : main;
       if (aligned) out.writer.pad_to(kPage);
       for (const TensorInfo* t : rec) {
-        out.writer.add_copy(t->name, t->dtype, t->shape, sh.file(), t->file_offset, counter);
+        add_copy(out, *t, sh.file());
         copies.push_back(t);
       }
       if (aligned) out.writer.pad_to(kPage);
@@ -534,6 +588,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       if (already_complete(f->path, f->writer)) continue;
       const uint64_t header_bytes = 8 + f->writer.header().size();
       state.produce(header_bytes);
+      state.ahead.start(f->reads);
       uint64_t written = header_bytes;
       f->writer.write(
           f->path,
@@ -661,7 +716,15 @@ Summary run(const Options& options, const std::function<void(const std::string&)
           const auto q = quant_by_name.find(t.name);
           if (q != quant_by_name.end()) {
             std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
-            q->second->make(want.data(), &state.bytes_read, state.raw, state.wide);
+            const File& source_file = src.shard->file();
+            q->second->make_all(
+                want.data(),
+                [&](uint64_t at, uint64_t n) {
+                  resize_huge(state.raw, n);
+                  source_file.read_exact(state.raw.data(), n, at, "tensor " + t.name);
+                  return state.raw.data();
+                },
+                &state.bytes_read);
             out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
             const TensorInfo* sidecar = out.find(t.name + ".qs");
             if (sidecar == nullptr || have != want ||

@@ -802,8 +802,9 @@ void write_checkpoint(const SynthSpec& spec, const std::string& out_dir) {
     for (const TensorPlan& t : shards[static_cast<size_t>(k)].tensors) {
       const TensorPlan* tp = &t;
       const uint64_t seed = spec.seed;
-      w.add(t.name, t.dtype, t.shape,
-            [tp, seed](uint8_t* dst, uint64_t nbytes) { fill_tensor(*tp, seed, dst, nbytes); });
+      w.add(t.name, t.dtype, t.shape, [tp, seed](uint8_t* dst, uint64_t, uint64_t nbytes) {
+        fill_tensor(*tp, seed, dst, nbytes);
+      });
       weight_map[t.name] = file;
     }
     w.write((fs::path(out_dir) / file).string(), [&progress](uint64_t n) {

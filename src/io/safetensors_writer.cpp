@@ -17,8 +17,9 @@
 namespace k3 {
 namespace {
 
-// Small tensors are gathered into one buffer and written together; a tensor larger than this
-// gets a buffer of its own size (Fill is called once per tensor, on the whole tensor).
+// The staging buffers' size: pieces are gathered into one and written together (a larger piece
+// gets buffers of its own size). Buffered writes this large start their write-back at once.
+constexpr uint64_t kStageBytes = uint64_t{64} << 20;
 constexpr uint64_t kWriteBufferBytes = uint64_t{8} << 20;
 
 std::string json_escape(const std::string& s) {
@@ -65,6 +66,8 @@ class TempOutput {
     if (fd_ >= 0) ::close(fd_);
     if (!committed_) ::unlink(tmp_.c_str());
   }
+  TempOutput(const TempOutput&) = delete;
+  TempOutput& operator=(const TempOutput&) = delete;
 
   // A second descriptor with O_DIRECT for whole-block writes; false where the filesystem has
   // none (the writer then stays buffered).
@@ -74,16 +77,20 @@ class TempOutput {
   }
   // Writes [p, p + n) at `offset`: with O_DIRECT when `direct` (p, n and offset 4 KiB-aligned;
   // a filesystem that refuses it with EINVAL gets this and every later write buffered).
+  // Buffered writes of a staging buffer's size start their write-back at once (asynchronous),
+  // so dirty pages stay bounded on a long write and the final fsync finds little left to do.
   void write_at(const uint8_t* p, uint64_t n, uint64_t offset, bool direct) {
     uint64_t done = 0;
+    bool buffered = !direct || !direct_ok_;
     while (done < n) {
-      const int fd = direct && direct_ok_ ? direct_fd_ : fd_;
+      const int fd = buffered ? fd_ : direct_fd_;
       const ssize_t got = ::pwrite(fd, p + done, std::min<uint64_t>(n - done, kMaxReadPiece),
                                    static_cast<off_t>(offset + done));
       if (got < 0) {
         if (errno == EINTR) continue;
-        if (errno == EINVAL && fd == direct_fd_) {
+        if (errno == EINVAL && !buffered) {
           direct_ok_ = false;
+          buffered = true;
           continue;
         }
         throw Error(path_ + ": write failed: " + std::strerror(errno));
@@ -91,54 +98,9 @@ class TempOutput {
       if (got == 0) throw Error(path_ + ": write made no progress");
       done += static_cast<uint64_t>(got);
     }
-  }
-  TempOutput(const TempOutput&) = delete;
-  TempOutput& operator=(const TempOutput&) = delete;
-
-  void write_all(const uint8_t* p, uint64_t n) {
-    uint64_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::write(fd_, p + done, std::min<uint64_t>(n - done, kMaxReadPiece));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        throw Error(path_ + ": write failed: " + std::strerror(errno));
-      }
-      if (got == 0) throw Error(path_ + ": write made no progress");
-      done += static_cast<uint64_t>(got);
-    }
-    // Start write-back of what was just written (asynchronous), so dirty pages stay bounded on a
-    // long write and the final fsync finds little left to do.
-    if (n >= kWriteBufferBytes)
-      ::sync_file_range(fd_, static_cast<off_t>(written_), static_cast<off_t>(n),
+    if (buffered && n >= kWriteBufferBytes)
+      ::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n),
                         SYNC_FILE_RANGE_WRITE);
-    written_ += n;
-  }
-
-  // Appends `n` bytes of `source` at `offset` with copy_file_range (in-kernel, no user-space
-  // copy). False when the kernel or filesystem cannot (EXDEV, EINVAL, ENOSYS, EOPNOTSUPP) before
-  // anything was copied: the caller then copies through memory.
-  bool copy_from(int source_fd, uint64_t offset, uint64_t n, const std::string& what) {
-    uint64_t done = 0;
-    auto in = static_cast<loff_t>(offset);
-    while (done < n) {
-      const ssize_t got = ::copy_file_range(source_fd, &in, fd_, nullptr,
-                                            std::min<uint64_t>(n - done, kMaxReadPiece), 0);
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        if (done == 0 &&
-            (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
-          return false;
-        throw Error(path_ + ": copying " + what + " failed: " + std::strerror(errno));
-      }
-      if (got == 0)
-        throw Error(path_ + ": copying " + what + ": the source ended early (truncated?)");
-      done += static_cast<uint64_t>(got);
-    }
-    if (n >= kWriteBufferBytes)
-      ::sync_file_range(fd_, static_cast<off_t>(written_), static_cast<off_t>(n),
-                        SYNC_FILE_RANGE_WRITE);
-    written_ += n;
-    return true;
   }
 
   void commit() {
@@ -157,36 +119,23 @@ class TempOutput {
   int fd_ = -1;
   int direct_fd_ = -1;
   bool direct_ok_ = true;
-  uint64_t written_ = 0;
   bool committed_ = false;
 };
 
 }  // namespace
 
 void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                            Fill fill) {
+                            Fill fill, uint64_t piece_bytes) {
   if (name.empty() || name == "__metadata__")
     throw Error("safetensors writer: invalid tensor name \"" + name + "\"");
   if (std::find(names_.begin(), names_.end(), name) != names_.end())
     throw Error("safetensors writer: tensor " + name + " added twice");
   if (!fill) throw Error("safetensors writer: tensor " + name + " has no fill function");
   const uint64_t n = shape_bytes(name, dtype, shape);
-  entries_.push_back(Entry{name, dtype, shape, data_bytes_, data_bytes_ + n, std::move(fill)});
+  entries_.push_back(Entry{name, dtype, shape, data_bytes_, data_bytes_ + n, std::move(fill),
+                           piece_bytes == 0 ? std::max<uint64_t>(n, 1) : piece_bytes});
   names_.push_back(name);
   data_bytes_ += n;
-}
-
-void SafetensorsWriter::add_copy(const std::string& name, DType dtype,
-                                 const std::vector<int64_t>& shape, const File& source,
-                                 uint64_t offset, std::atomic<uint64_t>* bytes_read) {
-  add(name, dtype, shape, [&source, offset, name, bytes_read](uint8_t* dst, uint64_t n) {
-    source.read_exact(dst, n, offset, "tensor " + name);
-    if (bytes_read != nullptr) bytes_read->fetch_add(n, std::memory_order_relaxed);
-  });
-  Entry& e = entries_.back();
-  e.copy_from = &source;
-  e.copy_offset = offset;
-  e.bytes_read = bytes_read;
 }
 
 void SafetensorsWriter::add_bytes(const std::string& name, DType dtype,
@@ -196,7 +145,7 @@ void SafetensorsWriter::add_bytes(const std::string& name, DType dtype,
     throw Error("safetensors writer: tensor " + name + " shape " + shape_string(shape) + " x " +
                 dtype_name(dtype) + " needs " + std::to_string(n) + " bytes, got " +
                 std::to_string(bytes.size()));
-  add(name, dtype, shape, [data = std::move(bytes)](uint8_t* dst, uint64_t nbytes) {
+  add(name, dtype, shape, [data = std::move(bytes)](uint8_t* dst, uint64_t, uint64_t nbytes) {
     std::memcpy(dst, data.data(), nbytes);
   });
 }
@@ -218,7 +167,7 @@ uint64_t SafetensorsWriter::pad_to(uint64_t align) {
   const uint64_t n = (align - data_bytes_ % align) % align;
   if (n == 0) return 0;
   add(padding_tensor_name(paddings_++), DType::kU8, {static_cast<int64_t>(n)},
-      [](uint8_t* dst, uint64_t nbytes) { std::memset(dst, 0, nbytes); });
+      [](uint8_t* dst, uint64_t, uint64_t nbytes) { std::memset(dst, 0, nbytes); });
   return n;
 }
 
@@ -269,9 +218,6 @@ class BackgroundWriter {
   BackgroundWriter(const BackgroundWriter&) = delete;
   BackgroundWriter& operator=(const BackgroundWriter&) = delete;
 
-  void write(const uint8_t* p, uint64_t n) {
-    start([this, p, n] { out_.write_all(p, n); });
-  }
   // Runs `job` on the thread once the previous one has finished.
   void start(std::function<void()> job) {
     wait();
@@ -298,144 +244,73 @@ class BackgroundWriter {
 }  // namespace
 
 void SafetensorsWriter::write(const std::string& path,
-                              const std::function<void(uint64_t)>& on_tensor,
+                              const std::function<void(uint64_t)>& on_piece,
                               WriterScratch* scratch) const {
   const std::string h = header();
   TempOutput out(path);
   try {
-    uint8_t len[8];
-    uint64_t hl = h.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(hl >> (8 * i));
-    out.write_all(len, 8);
-    out.write_all(reinterpret_cast<const uint8_t*>(h.data()), h.size());
-    // The data region with O_DIRECT (set_direct_writes, a header ending on a block boundary):
-    // staged in 4 KiB-aligned buffers, written in whole blocks on the background thread while the
-    // next buffer fills; the sub-block remainder moves to the start of the next buffer and the
-    // file's last partial block is written buffered. Copied tensors are read in pieces into the
-    // buffers, so no tensor needs a buffer of its own size and nothing goes through the page cache
-    // on the way out.
-    if (direct_writes_ && (8 + h.size()) % kDirectAlign == 0 && out.open_direct()) {
-      WriterScratch own_direct;
-      WriterScratch& buffers = scratch != nullptr ? *scratch : own_direct;
-      uint64_t offset = 8 + h.size();
-      uint64_t largest = 0;
-      for (const Entry& e : entries_)
-        if (e.copy_from == nullptr) largest = std::max(largest, e.end - e.begin);
-      const uint64_t capacity = std::max(largest, kWriteBufferBytes * 8) + kDirectAlign;
-      uint8_t* base[2];
-      for (int i = 0; i < 2; ++i) {
-        std::vector<uint8_t>& b = buffers.buffers[i];
-        if (b.size() < capacity + kDirectAlign) resize_huge(b, capacity + kDirectAlign);
-        base[i] =
-            reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(b.data()) + kDirectAlign - 1) &
-                                       ~uintptr_t{kDirectAlign - 1});
-      }
-      BackgroundWriter writer(out);
-      int current = 0;
-      uint64_t used = 0;
-      const auto flush = [&](bool last) {
-        const uint64_t whole = used / kDirectAlign * kDirectAlign;
-        uint8_t* full = base[current];
-        if (whole > 0) {
-          const uint64_t at = offset;
-          writer.start([&out, full, whole, at] { out.write_at(full, whole, at, true); });
-        }
-        offset += whole;
-        const uint64_t rest = used - whole;
-        current ^= 1;  // start() waited for the other buffer's write: it is free
-        if (rest > 0) std::memcpy(base[current], full + whole, rest);
-        used = rest;
-        if (last && rest > 0) {
-          writer.wait();
-          out.write_at(base[current], rest, offset, false);
-          offset += rest;
-          used = 0;
-        }
-      };
-      for (const Entry& e : entries_) {
-        const uint64_t n = e.end - e.begin;
-        if (e.copy_from != nullptr) {
-          for (uint64_t done = 0; done < n;) {
-            if (used == capacity) flush(false);
-            const uint64_t k = std::min(capacity - used, n - done);
-            e.copy_from->read_exact(base[current] + used, k, e.copy_offset + done,
-                                    "tensor " + e.name);
-            if (e.bytes_read != nullptr) e.bytes_read->fetch_add(k, std::memory_order_relaxed);
-            used += k;
-            done += k;
-          }
-          if (on_tensor) on_tensor(n);
-          continue;
-        }
-        if (used + n > capacity) flush(false);
-        try {
-          e.fill(base[current] + used, n);
-        } catch (const Error& err) {
-          throw Error(path + ": filling tensor " + e.name + ": " + err.what());
-        }
-        used += n;
-        if (on_tensor) on_tensor(n);
-      }
-      flush(true);
-      writer.wait();
-      out.commit();
-      return;
-    }
-
-    // Two staging buffers: tensors are filled into one while the other is being written, so
-    // reading (or quantising) the source overlaps the copy into the page cache.
-    const auto kernel_copied = [](const Entry& e) {
-      return e.copy_from != nullptr && e.copy_from->descriptor(false) >= 0 &&
-             e.end - e.begin >= kWriteBufferBytes / 8;
-    };
+    std::string prefix(8, '\0');
+    for (int i = 0; i < 8; ++i)
+      prefix[static_cast<size_t>(i)] = static_cast<char>(h.size() >> (8 * i));
+    prefix += h;
+    out.write_at(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size(), 0, false);
+    // With O_DIRECT (set_direct_writes, a header ending on a block boundary) the buffers are
+    // written in whole blocks: the sub-block remainder moves to the start of the next buffer and
+    // the file's last partial block is written buffered. Otherwise `block` is 1 and every buffer
+    // goes out whole.
+    const bool direct = direct_writes_ && prefix.size() % kDirectAlign == 0 && out.open_direct();
+    const uint64_t block = direct ? kDirectAlign : 1;
     uint64_t largest = 0;
     for (const Entry& e : entries_)
-      if (!kernel_copied(e)) largest = std::max(largest, e.end - e.begin);
+      largest = std::max(largest, std::min(e.piece_bytes, e.end - e.begin));
+    const uint64_t capacity = std::max(largest, std::min(kStageBytes, data_bytes_)) + block;
     WriterScratch own;
     WriterScratch& buffers = scratch != nullptr ? *scratch : own;
-    uint64_t want = std::min(std::max(largest, kWriteBufferBytes), data_bytes_);
-    for (std::vector<uint8_t>& b : buffers.buffers)
-      if (b.size() < want) resize_huge(b, want);
+    uint8_t* base[2];
+    for (int i = 0; i < 2; ++i) {
+      std::vector<uint8_t>& b = buffers.buffers[i];
+      if (b.size() < capacity + kDirectAlign) resize_huge(b, capacity + kDirectAlign);
+      const auto at = reinterpret_cast<uintptr_t>(b.data());
+      base[i] = b.data() + (kDirectAlign - at % kDirectAlign) % kDirectAlign;
+    }
     BackgroundWriter writer(out);
     int current = 0;
     uint64_t used = 0;
-    bool kernel_copy = true;  // until the filesystem refuses copy_file_range
-    for (const Entry& e : entries_) {
-      const uint64_t n = e.end - e.begin;
-      if (kernel_copy && kernel_copied(e)) {
-        // A large copied tensor goes file to file in the kernel, after what is staged.
-        if (used > 0) {
-          writer.write(buffers.buffers[current].data(), used);
-          current ^= 1;
-          used = 0;
-        }
-        writer.wait();
-        if (out.copy_from(e.copy_from->descriptor(false), e.copy_offset, n, "tensor " + e.name)) {
-          if (e.bytes_read != nullptr) e.bytes_read->fetch_add(n, std::memory_order_relaxed);
-          if (on_tensor) on_tensor(n);
-          continue;
-        }
-        kernel_copy = false;  // refused: this and every later tensor go through memory
+    uint64_t offset = prefix.size();
+    const auto flush = [&](bool last) {
+      const uint64_t whole = used / block * block;
+      uint8_t* full = base[current];
+      if (whole > 0) {
+        const uint64_t at = offset;
+        writer.start([&out, full, whole, at, direct] { out.write_at(full, whole, at, direct); });
       }
-      if (n > want) {  // only after a refused kernel copy: stage the tensor whole
+      offset += whole;
+      const uint64_t rest = used - whole;
+      current ^= 1;  // start() waited for the other buffer's write: it is free
+      if (rest > 0) std::memcpy(base[current], full + whole, rest);
+      used = rest;
+      if (last && rest > 0) {
         writer.wait();
-        for (std::vector<uint8_t>& b : buffers.buffers) resize_huge(b, n);
-        want = n;
-      }
-      if (used + n > want) {
-        writer.write(buffers.buffers[current].data(), used);
-        current ^= 1;
+        out.write_at(base[current], rest, offset, false);
         used = 0;
       }
-      try {
-        e.fill(buffers.buffers[current].data() + used, n);
-      } catch (const Error& err) {
-        throw Error(path + ": filling tensor " + e.name + ": " + err.what());
+    };
+    for (const Entry& e : entries_) {
+      const uint64_t n = e.end - e.begin;
+      for (uint64_t at = 0; at < n;) {
+        const uint64_t k = std::min(e.piece_bytes, n - at);
+        if (used + k > capacity) flush(false);
+        try {
+          e.fill(base[current] + used, at, k);
+        } catch (const Error& err) {
+          throw Error(path + ": filling tensor " + e.name + ": " + err.what());
+        }
+        used += k;
+        at += k;
+        if (on_piece) on_piece(k);
       }
-      used += n;
-      if (on_tensor) on_tensor(n);
     }
-    writer.write(buffers.buffers[current].data(), used);
+    flush(true);
     writer.wait();
     out.commit();
   } catch (const Error&) {

@@ -6,18 +6,22 @@
 namespace k3 {
 namespace {
 
-#define K3_TABLE(isa_value, suffix)                                                               \
+// `quant`: the row quantisers' variant. They are bound by memory and the source read, not by
+// lane count, so the AVX-512 table uses the AVX2 ones (tested byte for byte on every machine
+// with AVX2, which every AVX-512 machine has).
+#define K3_TABLE(isa_value, suffix, quant)                                                        \
   KernelTable {                                                                                   \
     isa_value, impl::matmul_f32_##suffix, impl::matmul_int8_##suffix, impl::matmul_int4_##suffix, \
         impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                         \
         impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                        \
         impl::matmul_int8_idot_##suffix, impl::kda_head_step_##suffix,                            \
-        impl::mla_head_attend_##suffix                                                            \
+        impl::mla_head_attend_##suffix, impl::quantize_int8_row_##quant,                          \
+        impl::quantize_int4_g64_row_##quant                                                       \
   }
 
-const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar);
-const KernelTable kAvx2 = K3_TABLE(Isa::kAvx2, avx2);
-const KernelTable kAvx512 = K3_TABLE(Isa::kAvx512, avx512);
+const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar, scalar);
+const KernelTable kAvx2 = K3_TABLE(Isa::kAvx2, avx2, avx2);
+const KernelTable kAvx512 = K3_TABLE(Isa::kAvx512, avx512, avx2);
 
 #undef K3_TABLE
 

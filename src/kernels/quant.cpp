@@ -5,28 +5,15 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "impl/kernels_impl.h"
+#include "impl/quant_common.h"
+#include "kernels/isa.h"
 #include "util/error.h"
 #include "util/sys.h"
 
-static_assert(FLT_EVAL_METHOD == 0, "rne() needs float arithmetic without excess precision");
-
 namespace k3 {
-namespace {
 
-// Round half to even (the default rounding mode), as nearbyint but without its libm call (which
-// saves and restores the FP environment: 2/3 of the quantisers' time). For |v| < 2^22, adding
-// 1.5 * 2^23 lands in [2^23, 2^24), where floats are spaced exactly 1 apart, so the addition itself
-// rounds half to even and the subtraction is exact. Larger magnitudes, inf and NaN take nearbyint.
-// Needs float arithmetic without excess precision (FLT_EVAL_METHOD 0, x86-64 SSE) and no
-// -ffast-math (which would fold the two operations away). Only the sign of a zero result can
-// differ from nearbyint, and every caller converts to an integer.
-inline float rne(float v) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23
-  if (!(std::fabs(v) < 4194304.0f)) return std::nearbyint(v);
-  return (v + kShift) - kShift;
-}
-
-}  // namespace
+using impl::quant_rne;
 
 const char* weight_format_name(WeightFormat format) {
   switch (format) {
@@ -45,29 +32,11 @@ uint64_t WeightMatrix::bytes() const {
 }
 
 void quantize_int8_row(const float* w, size_t cols, int8_t* q, float* scale) {
-  float amax = 0.0f;
-  for (size_t i = 0; i < cols; ++i) amax = std::max(amax, std::fabs(w[i]));
-  const float s = std::max(amax / 127.0f, 1e-20f);
-  const float inv = 1.0f / s;
-  for (size_t i = 0; i < cols; ++i)
-    q[i] = static_cast<int8_t>(std::clamp(rne(w[i] * inv), -127.0f, 127.0f));
-  *scale = s;
+  impl::quantize_int8_row_scalar(w, cols, q, scale);
 }
 
 void quantize_int4_g64_row(const float* w, size_t cols, uint8_t* packed, float* scales) {
-  for (size_t g = 0; g < cols / 64; ++g) {
-    const float* wg = w + g * 64;
-    float amax = 0.0f;
-    for (size_t i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(wg[i]));
-    const float s = std::max(amax / 7.0f, 1e-20f);
-    const float inv = 1.0f / s;
-    for (size_t j = 0; j < 32; ++j) {
-      const int lo = static_cast<int>(std::clamp(rne(wg[2 * j] * inv), -8.0f, 7.0f)) + 8;
-      const int hi = static_cast<int>(std::clamp(rne(wg[2 * j + 1] * inv), -8.0f, 7.0f)) + 8;
-      packed[g * 32 + j] = static_cast<uint8_t>(lo | (hi << 4));
-    }
-    scales[g] = s;
-  }
+  impl::quantize_int4_g64_row_scalar(w, cols, packed, scales);
 }
 
 void downcast_int8_row_to_int4_g64(const int8_t* q8, float s8, size_t cols, uint8_t* packed,
@@ -78,7 +47,8 @@ void downcast_int8_row_to_int4_g64(const int8_t* q8, float s8, size_t cols, uint
     for (size_t i = 0; i < 64; ++i) am = std::max(am, std::abs(static_cast<int>(qg[i])));
     const float s4 = std::max(static_cast<float>(am) * s8 / 7.0f, 1e-20f);
     const auto q4 = [&](size_t i) {
-      return static_cast<int>(std::clamp(rne(static_cast<float>(qg[i]) * s8 / s4), -8.0f, 7.0f)) +
+      return static_cast<int>(
+                 std::clamp(quant_rne(static_cast<float>(qg[i]) * s8 / s4), -8.0f, 7.0f)) +
              8;
     };
     for (size_t j = 0; j < 32; ++j)
@@ -87,7 +57,7 @@ void downcast_int8_row_to_int4_g64(const int8_t* q8, float s8, size_t cols, uint
   }
 }
 
-void quantize_matrix(WeightMatrix& m, int bits) {
+void quantize_matrix(WeightMatrix& m, int bits, const KernelTable& kernels) {
   if (m.format != WeightFormat::kF32) throw Error("quantize_matrix: matrix is already quantised");
   if (bits >= 32) return;
   const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
@@ -107,10 +77,10 @@ void quantize_matrix(WeightMatrix& m, int bits) {
     const size_t row = static_cast<size_t>(r);
     const float* w = m.f32.data() + row * cols;
     if (int4)
-      quantize_int4_g64_row(w, cols, m.q4.data() + row * cols / 2,
-                            m.scales.data() + row * cols / 64);
+      kernels.quantize_int4_g64_row(w, cols, m.q4.data() + row * cols / 2,
+                                    m.scales.data() + row * cols / 64);
     else
-      quantize_int8_row(w, cols, m.q8.data() + row * cols, m.scales.data() + row);
+      kernels.quantize_int8_row(w, cols, m.q8.data() + row * cols, m.scales.data() + row);
   }
   m.format = int4 ? WeightFormat::kInt4G64 : WeightFormat::kInt8Row;
   std::vector<float>().swap(m.f32);

@@ -36,7 +36,8 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   int64_t num_layers = load_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers)
     num_layers = config_.num_hidden_layers;
-  weights_ = load_weights(files_, config_, num_layers, load_, setup.on_load_progress, setup.cancel);
+  weights_ = load_weights(files_, config_, num_layers, load_, *compute_.kernels,
+                          setup.on_load_progress, setup.cancel);
   container_ = files_.container();
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) {

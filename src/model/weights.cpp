@@ -102,6 +102,7 @@ struct MatrixPolicy {
   bool chosen = true;
   const char* option = nullptr;
   bool mmap = false;
+  const KernelTable* kernels = nullptr;  // the row quantisers (set when bits < 32)
 };
 // Matrices that are always f32 in RAM (router, f_a/f_b, b_proj): widened, never mapped.
 const MatrixPolicy kAlwaysF32{};
@@ -245,7 +246,7 @@ Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows
   m.rows = rows;
   m.cols = cols;
   m.f32 = read_floats(snap, name, {rows, cols});
-  quantize_matrix(m, policy.bits);
+  if (policy.bits < 32) quantize_matrix(m, policy.bits, *policy.kernels);
   return m;
 }
 
@@ -400,7 +401,7 @@ ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& conta
 }
 
 ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,
-                          const LoadOptions& precision,
+                          const LoadOptions& precision, const KernelTable& kernels,
                           const std::function<void(double)>& on_progress,
                           const std::atomic<bool>* cancel) {
   using namespace names;
@@ -413,6 +414,7 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
     p.chosen = chosen;
     p.option = option;
     p.mmap = precision.mmap;
+    p.kernels = &kernels;
     return p;
   };
   const MatrixPolicy bits_policy = policy(widths.bits, precision.bits_chosen, "K3_BITS");

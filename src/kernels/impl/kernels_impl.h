@@ -42,6 +42,12 @@ K3_DECLARE_KERNELS(avx512)
 
 #undef K3_DECLARE_KERNELS
 
+// The row quantisers (kernels/quant.h): scalar and AVX2 (the AVX-512 table uses AVX2's).
+void quantize_int8_row_scalar(const float* w, size_t cols, int8_t* q, float* scale);
+void quantize_int4_g64_row_scalar(const float* w, size_t cols, uint8_t* packed, float* scales);
+void quantize_int8_row_avx2(const float* w, size_t cols, int8_t* q, float* scale);
+void quantize_int4_g64_row_avx2(const float* w, size_t cols, uint8_t* packed, float* scales);
+
 namespace {
 
 // The one float step of the int4 integer path (kernels/isa.h), shared so that every ISA rounds

@@ -6,7 +6,6 @@
 // fsynced and renamed, so a crash never leaves a half-written shard under the final name.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,15 +23,13 @@ struct WriterScratch {
 
 class SafetensorsWriter {
  public:
-  // Fills exactly nbytes at dst. Called once, in order, during write().
-  using Fill = std::function<void(uint8_t* dst, uint64_t nbytes)>;
+  // Fills bytes [offset, offset + nbytes) of the tensor at dst. write() calls it in order over
+  // the tensor, in pieces of the size given to add() (the last one shorter), once per piece.
+  using Fill = std::function<void(uint8_t* dst, uint64_t offset, uint64_t nbytes)>;
 
-  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, Fill fill);
-  // A tensor copied unchanged from `source` at `offset` (the bytes the shape needs): large ones
-  // file to file in the kernel (copy_file_range, no user-space copy), others through the staging
-  // buffers. `bytes_read` (optional) counts the source bytes as they are copied.
-  void add_copy(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                const File& source, uint64_t offset, std::atomic<uint64_t>* bytes_read = nullptr);
+  // `piece_bytes` 0: the whole tensor in one call (the staging buffers then hold it whole).
+  void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, Fill fill,
+           uint64_t piece_bytes = 0);
   // Convenience: copies `bytes` (must be shape x dtype bytes).
   void add_bytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                  std::vector<uint8_t> bytes);
@@ -47,16 +44,17 @@ class SafetensorsWriter {
   // Total data bytes added so far.
   uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<std::string>& names() const { return names_; }
-  // Data written with O_DIRECT from 4 KiB-aligned staging buffers when the header ends on a
-  // block boundary (set_data_alignment(4096)) and the filesystem allows it; buffered otherwise.
+  // Data written with O_DIRECT in whole 4 KiB blocks when the header ends on a block boundary
+  // (set_data_alignment(4096)) and the filesystem allows it; buffered otherwise.
   void set_direct_writes(bool on) { direct_writes_ = on; }
   // Bytes of the whole file write() produces (length prefix, header, data).
   uint64_t file_bytes() const { return 8 + header().size() + data_bytes_; }
-  // Writes `path` (via path + ".tmp" and rename). `on_tensor(nbytes)` reports progress.
-  // Tensors are staged in two buffers (each as large as the largest tensor, at least 8 MiB): one
-  // is filled while the other is written by a second thread. `scratch` (optional) holds them
-  // for the caller, reused across files, so a long run touches that memory once.
-  void write(const std::string& path, const std::function<void(uint64_t)>& on_tensor = nullptr,
+  // Writes `path` (via path + ".tmp" and rename). `on_piece(nbytes)` reports progress after each
+  // filled piece. Pieces are staged in two buffers (64 MiB, or the largest piece when larger, or
+  // the data when smaller): one is filled while the other is written by a second thread.
+  // `scratch` (optional) holds them for the caller, reused across files, so a long run touches
+  // that memory once.
+  void write(const std::string& path, const std::function<void(uint64_t)>& on_piece = nullptr,
              WriterScratch* scratch = nullptr) const;
   // The header bytes write() would emit (length prefix excluded, padding included).
   std::string header() const;
@@ -68,9 +66,7 @@ class SafetensorsWriter {
     std::vector<int64_t> shape;
     uint64_t begin, end;
     Fill fill;
-    const File* copy_from = nullptr;  // add_copy: the source file and offset
-    uint64_t copy_offset = 0;
-    std::atomic<uint64_t>* bytes_read = nullptr;
+    uint64_t piece_bytes;  // > 0
   };
   std::vector<Entry> entries_;
   std::vector<std::string> names_;

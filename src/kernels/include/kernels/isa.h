@@ -100,6 +100,12 @@ struct KernelTable {
   void (*mla_head_attend)(const float* qabs, const float* q_pe, const float* latent,
                           const float* rope, size_t T, size_t kv_lora, size_t rope_dim, float scale,
                           float* scores, float* lat);
+
+  // The row quantisers of kernels/quant.h (int8 per row; int4 g64 over cols / 64 whole groups),
+  // byte for byte equal on every ISA: the formula's f32 operations in the same order, rounding
+  // half to even, NaN levels 0.
+  void (*quantize_int8_row)(const float* w, size_t cols, int8_t* q, float* scale);
+  void (*quantize_int4_g64_row)(const float* w, size_t cols, uint8_t* packed, float* scales);
 };
 
 // The table of `isa`. REQUIRES isa_supported(isa) (throws k3::Error otherwise).

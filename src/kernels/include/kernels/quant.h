@@ -20,6 +20,8 @@
 
 namespace k3 {
 
+struct KernelTable;
+
 enum class WeightFormat { kF32, kInt8Row, kInt4G64 };
 
 const char* weight_format_name(WeightFormat format);
@@ -59,11 +61,13 @@ struct WeightMatrix {
 };
 
 // Converts an f32 matrix to `bits` (32 keeps f32, 8 -> int8 per row, 4 -> int4 g64; a 4-bit
-// request on a width that is not a multiple of 64 falls back to int8). Frees the f32 copy.
-// Parallel over rows; the bytes do not depend on the thread count.
-void quantize_matrix(WeightMatrix& m, int bits);
+// request on a width that is not a multiple of 64 falls back to int8) with the row quantisers of
+// `kernels` (the same bytes on every ISA). Frees the f32 copy. Parallel over rows; the bytes do
+// not depend on the thread count.
+void quantize_matrix(WeightMatrix& m, int bits, const KernelTable& kernels);
 
-// The row quantisers (exposed for tests and the repack tool).
+// The row quantisers' scalar twins: the formula above, the reference of the per-ISA variants in
+// KernelTable (kernels/isa.h). A NaN level (a row or group holding an infinity) is 0.
 void quantize_int8_row(const float* w, size_t cols, int8_t* q, float* scale);
 void quantize_int4_g64_row(const float* w, size_t cols, uint8_t* packed, float* scales);
 // One int8 row (scale s8) re-quantised to int4 g64 by the downcast rule above; cols % 64 == 0.

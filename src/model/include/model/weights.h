@@ -13,6 +13,7 @@
 
 #include "experts/expert_store.h"
 #include "io/model_files.h"
+#include "kernels/isa.h"
 #include "kernels/quant.h"
 #include "model/config.h"
 #include "options/options.h"
@@ -111,13 +112,14 @@ ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& conta
 // config.num_hidden_layers (K3_LAYERS). Throws k3::Error naming the tensor and the expected and
 // actual shape or dtype.
 // Dense matrices are quantised to `load`'s bits (KDA, latent, shared-expert and dense matrices),
-// mla_bits (MLA projections) and head_bits (lm_head) as they are loaded (in parallel; the f32 copy
+// mla_bits (MLA projections) and head_bits (lm_head) as they are loaded with `kernels`' row
+// quantisers (the same bytes on every ISA; in parallel; the f32 copy
 // of one matrix at a time is the peak overhead). `on_progress` (optional) sees the finished
 // fraction after each layer. `cancel` (optional) is polled before every tensor and between the
 // 8 MB pieces of a large one: when it reads true the load stops and throws k3::Interrupted
 // (util/error.h), so a signal during a long load is acted on within a piece's read.
 ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64_t num_layers,
-                          const LoadOptions& load,
+                          const LoadOptions& load, const KernelTable& kernels,
                           const std::function<void(double)>& on_progress = {},
                           const std::atomic<bool>* cancel = nullptr);
 
