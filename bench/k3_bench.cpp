@@ -1071,6 +1071,23 @@ std::vector<std::pair<uintmax_t, fs::path>> largest_shards(const std::string& di
 
 // The drive's sequential O_DIRECT rate over the checkpoint's largest shards (dd iflag=direct,
 // bs=4M), in GB/s; 0 when dd is unavailable.
+// Runs a dd command line; its wall seconds, or 0 (with dd's message printed) when it fails.
+double timed_dd(const std::string& cmd) {
+  const double t0 = k3::now_seconds();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  char line[512];
+  std::string out;
+  while (std::fgets(line, sizeof line, p)) out += line;
+  const int rc = ::pclose(p);
+  const double dt = k3::now_seconds() - t0;
+  if (rc != 0) {
+    std::printf("dd failed: %s\n", trim(out).c_str());
+    return 0;
+  }
+  return dt;
+}
+
 double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what) {
   const std::vector<std::pair<uintmax_t, fs::path>> shards = largest_shards(dir);
   const uint64_t block = uint64_t{4} << 20;
@@ -1084,18 +1101,8 @@ double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what)
     const std::string cmd = "dd if='" + path.string() +
                             "' of=/dev/null iflag=direct bs=4M count=" + std::to_string(count) +
                             " 2>&1";
-    const double t0 = k3::now_seconds();
-    FILE* p = ::popen(cmd.c_str(), "r");
-    if (!p) return 0;
-    char line[512];
-    std::string out;
-    while (std::fgets(line, sizeof line, p)) out += line;
-    const int rc = ::pclose(p);
-    const double dt = k3::now_seconds() - t0;
-    if (rc != 0) {
-      std::printf("dd failed: %s\n", trim(out).c_str());
-      return 0;
-    }
+    const double dt = timed_dd(cmd);
+    if (dt <= 0) return 0;
     bytes += count * block;
     seconds += dt;
     left -= count * block;
@@ -1114,20 +1121,9 @@ double drive_write_rate_dd(const std::string& dir, double probe_gb) {
   const std::string cmd = "dd if=/dev/zero of='" + probe +
                           "' oflag=direct conv=fdatasync bs=4M count=" + std::to_string(count) +
                           " 2>&1";
-  const double t0 = k3::now_seconds();
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return 0;
-  char line[512];
-  std::string out;
-  while (std::fgets(line, sizeof line, p)) out += line;
-  const int rc = ::pclose(p);
-  const double dt = k3::now_seconds() - t0;
+  const double dt = timed_dd(cmd);
   fs::remove(probe);
-  if (rc != 0) {
-    std::printf("dd failed: %s\n", trim(out).c_str());
-    return 0;
-  }
-  return static_cast<double>(count * (uint64_t{4} << 20)) / 1e9 / dt;
+  return dt > 0 ? static_cast<double>(count * (uint64_t{4} << 20)) / 1e9 / dt : 0;
 }
 
 // The same drive read the way the engine reads it: O_DIRECT through k3::ReadQueue (io_uring when
