@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "io/file.h"
@@ -201,6 +202,8 @@ TEST(SafetensorsWriter, PieceFillsArriveInOrderWithAndWithoutODirect) {
       w.set_data_alignment(4096);
       w.set_direct_writes(direct);
       std::vector<uint64_t> next(tensors.size(), 0);  // each tensor's next expected offset
+      using Piece = std::tuple<std::string, uint64_t, uint64_t>;  // name, offset, bytes
+      std::vector<Piece> filled;                                  // every fill call, in order
       for (size_t t = 0; t < tensors.size(); ++t) {
         const Tensor& spec = tensors[t];
         w.add(
@@ -211,6 +214,7 @@ TEST(SafetensorsWriter, PieceFillsArriveInOrderWithAndWithoutODirect) {
               EXPECT_EQ(n, std::min(s.piece == 0 ? s.bytes : s.piece, s.bytes - offset)) << s.name;
               for (uint64_t k = 0; k < n; ++k) dst[k] = pattern(t, offset + k);
               next[t] = offset + n;
+              filled.emplace_back(s.name, offset, n);
             },
             spec.piece);
         if (t == 0) w.pad_to(4096);
@@ -220,6 +224,13 @@ TEST(SafetensorsWriter, PieceFillsArriveInOrderWithAndWithoutODirect) {
       w.write(
           out, [&](uint64_t n) { reported += n; }, &scratch);
       for (size_t t = 0; t < tensors.size(); ++t) EXPECT_EQ(next[t], tensors[t].bytes);
+      // for_each_piece lists exactly those calls (the padding's fill included), in their order.
+      std::vector<Piece> listed;
+      w.for_each_piece([&](const std::string& name, uint64_t offset, uint64_t n) {
+        if (name != k3::padding_tensor_name(0)) listed.emplace_back(name, offset, n);
+      });
+      EXPECT_GT(filled.size(), 70u);
+      EXPECT_EQ(listed, filled);
       EXPECT_EQ(reported, w.data_bytes());
       EXPECT_EQ(fs::file_size(out), w.file_bytes());
       EXPECT_FALSE(fs::exists(out + ".tmp"));

@@ -170,11 +170,11 @@ struct Quantised {
   // Rows per piece: a piece reads at most kChunkBytes of the source (at least one row).
   uint64_t piece_rows() const { return std::max<uint64_t>(1, kChunkBytes / source_row_bytes()); }
   uint64_t piece_bytes() const { return piece_rows() * out_row_bytes(); }
-  // The source range piece `first_row` reads (the schedule of the read-ahead).
-  ReadRange source_range(uint64_t first_row) const {
-    const uint64_t n = std::min(piece_rows(), static_cast<uint64_t>(rows) - first_row);
-    return {&source.shard->file(), source.info->file_offset + first_row * source_row_bytes(),
-            n * source_row_bytes(), source.info->name};
+  // The source rows behind bytes [offset, offset + nbytes) of the U8 matrix (whole rows).
+  ReadRange source_range(uint64_t offset, uint64_t nbytes) const {
+    return {&source.shard->file(),
+            source.info->file_offset + offset / out_row_bytes() * source_row_bytes(),
+            nbytes / out_row_bytes() * source_row_bytes(), source.info->name};
   }
   // Fills bytes [offset, offset + nbytes) of the U8 matrix (whole rows) and their scales. Each
   // row is widened to f32 and quantised by one thread.
@@ -185,7 +185,7 @@ struct Quantised {
       scales.assign(int4 ? static_cast<size_t>(rows) * c / 64 : static_cast<size_t>(rows), 0.0f);
     const uint64_t r0 = offset / out_row_bytes();
     const auto n = static_cast<int64_t>(nbytes / out_row_bytes());
-    const ReadRange range = source_range(r0);
+    const ReadRange range = source_range(offset, nbytes);
     const uint8_t* raw = read(range.offset, range.length);
     bytes_read->fetch_add(range.length, std::memory_order_relaxed);
     const DType dtype = source.info->dtype;
@@ -218,8 +218,19 @@ struct OutputFile {
   std::string path;
   std::string name;  // file name (index weight_map value)
   SafetensorsWriter writer;
-  std::vector<ReadRange> reads;  // the source ranges its fills read, in the order they read them
+  // Where each tensor's fill reads its source: bytes [offset, offset + nbytes) of the output
+  // tensor come from this range. Tensors made without reading (padding, scales) are absent.
+  std::map<std::string, std::function<ReadRange(uint64_t offset, uint64_t nbytes)>> sources;
   bool has_tensors = false;
+  // The source ranges the fills read, in the order the writer calls them (its own piece rule).
+  std::vector<ReadRange> reads() const {
+    std::vector<ReadRange> out;
+    writer.for_each_piece([&](const std::string& tensor, uint64_t offset, uint64_t nbytes) {
+      const auto it = sources.find(tensor);
+      if (it != sources.end()) out.push_back(it->second(offset, nbytes));
+    });
+    return out;
+  }
 };
 
 // What one source shard becomes: its output files (writers with lazy fills, nothing read yet),
@@ -449,17 +460,17 @@ Summary run(const Options& options, const std::function<void(const std::string&)
     const SafetensorsShard& sh = *src.shard;
     // A tensor copied unchanged, in pieces taken from the read-ahead.
     const auto add_copy = [&state](OutputFile& out, const TensorInfo& t, const File& file) {
-      Run* run_state = &state;
       const uint64_t base = t.file_offset;
       out.writer.add(
           t.name, t.dtype, t.shape,
-          [run_state, &file, base](uint8_t* dst, uint64_t offset, uint64_t n) {
-            std::memcpy(dst, run_state->ahead.next(file, base + offset, n), n);
-            run_state->bytes_read.fetch_add(n, std::memory_order_relaxed);
+          [&state, &file, base](uint8_t* dst, uint64_t offset, uint64_t n) {
+            std::memcpy(dst, state.ahead.next(file, base + offset, n), n);
+            state.bytes_read.fetch_add(n, std::memory_order_relaxed);
           },
           kChunkBytes);
-      for (uint64_t at = 0; at < t.nbytes; at += kChunkBytes)
-        out.reads.push_back({&file, base + at, std::min(kChunkBytes, t.nbytes - at), t.name});
+      out.sources[t.name] = [&file, base, name = t.name](uint64_t offset, uint64_t n) {
+        return ReadRange{&file, base + offset, n, name};
+      };
     };
     std::map<std::pair<int64_t, int64_t>, std::array<const TensorInfo*, 6>> experts;
     OutputFile& main = *files[0];
@@ -488,19 +499,19 @@ Summary run(const Options& options, const std::function<void(const std::string&)
         q->cols = t.shape[1];
         q->int4 = want == 4 && q->cols % 64 == 0;
         const std::vector<int64_t> shape = {q->rows, q->int4 ? q->cols / 2 : q->cols};
-        Run* run_state = &state;
         main.writer.add(
             t.name, DType::kU8, shape,
-            [q, run_state](uint8_t* dst, uint64_t offset, uint64_t nbytes) {
+            [q, &state](uint8_t* dst, uint64_t offset, uint64_t nbytes) {
               const File& file = q->source.shard->file();
               q->make(
                   dst, offset, nbytes,
-                  [&](uint64_t at, uint64_t n) { return run_state->ahead.next(file, at, n); },
-                  &run_state->bytes_read);
+                  [&](uint64_t at, uint64_t n) { return state.ahead.next(file, at, n); },
+                  &state.bytes_read);
             },
             q->piece_bytes());
-        for (uint64_t r = 0; r < static_cast<uint64_t>(q->rows); r += q->piece_rows())
-          main.reads.push_back(q->source_range(r));
+        main.sources[t.name] = [q](uint64_t offset, uint64_t nbytes) {
+          return q->source_range(offset, nbytes);
+        };
         if (aligned) main.writer.pad_to(kTensorAlign);
         const std::vector<int64_t> scale_shape =
             q->int4 ? std::vector<int64_t>{q->rows, q->cols / 64} : std::vector<int64_t>{q->rows};
@@ -588,7 +599,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       if (already_complete(f->path, f->writer)) continue;
       const uint64_t header_bytes = 8 + f->writer.header().size();
       state.produce(header_bytes);
-      state.ahead.start(f->reads);
+      state.ahead.start(f->reads());
       uint64_t written = header_bytes;
       f->writer.write(
           f->path,

@@ -171,6 +171,22 @@ uint64_t SafetensorsWriter::pad_to(uint64_t align) {
   return n;
 }
 
+void SafetensorsWriter::visit_pieces(
+    const std::function<void(const Entry&, uint64_t offset, uint64_t nbytes)>& piece) const {
+  for (const Entry& e : entries_) {
+    const uint64_t n = e.end - e.begin;
+    for (uint64_t at = 0; at < n; at += e.piece_bytes)
+      piece(e, at, std::min(e.piece_bytes, n - at));
+  }
+}
+
+void SafetensorsWriter::for_each_piece(
+    const std::function<void(const std::string& name, uint64_t offset, uint64_t nbytes)>& piece)
+    const {
+  visit_pieces(
+      [&](const Entry& e, uint64_t offset, uint64_t nbytes) { piece(e.name, offset, nbytes); });
+}
+
 std::string SafetensorsWriter::header() const {
   std::string h = "{\"__metadata__\":{\"format\":\"pt\"";
   for (const auto& [key, value] : metadata_) {
@@ -295,21 +311,16 @@ void SafetensorsWriter::write(const std::string& path,
         used = 0;
       }
     };
-    for (const Entry& e : entries_) {
-      const uint64_t n = e.end - e.begin;
-      for (uint64_t at = 0; at < n;) {
-        const uint64_t k = std::min(e.piece_bytes, n - at);
-        if (used + k > capacity) flush(false);
-        try {
-          e.fill(base[current] + used, at, k);
-        } catch (const Error& err) {
-          throw Error(path + ": filling tensor " + e.name + ": " + err.what());
-        }
-        used += k;
-        at += k;
-        if (on_piece) on_piece(k);
+    visit_pieces([&](const Entry& e, uint64_t at, uint64_t k) {
+      if (used + k > capacity) flush(false);
+      try {
+        e.fill(base[current] + used, at, k);
+      } catch (const Error& err) {
+        throw Error(path + ": filling tensor " + e.name + ": " + err.what());
       }
-    }
+      used += k;
+      if (on_piece) on_piece(k);
+    });
     flush(true);
     writer.wait();
     out.commit();

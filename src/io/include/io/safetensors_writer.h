@@ -41,6 +41,10 @@ class SafetensorsWriter {
   // the next tensor starts at a multiple of `align` bytes of the data region; adds nothing when
   // already aligned. Returns the padding's size in bytes.
   uint64_t pad_to(uint64_t align);
+  // Calls `piece(name, offset, nbytes)` for every fill call write() will make, in its order (one
+  // rule for both, so a caller can plan what the fills need, e.g. a read-ahead schedule).
+  void for_each_piece(const std::function<void(const std::string& name, uint64_t offset,
+                                               uint64_t nbytes)>& piece) const;
   // Total data bytes added so far.
   uint64_t data_bytes() const { return data_bytes_; }
   const std::vector<std::string>& names() const { return names_; }
@@ -68,6 +72,8 @@ class SafetensorsWriter {
     Fill fill;
     uint64_t piece_bytes;  // > 0
   };
+  void visit_pieces(
+      const std::function<void(const Entry&, uint64_t offset, uint64_t nbytes)>& piece) const;
   std::vector<Entry> entries_;
   std::vector<std::string> names_;
   std::vector<std::pair<std::string, std::string>> metadata_;
