@@ -31,6 +31,7 @@
 // where there is no reference (decode).
 #include <fcntl.h>
 #include <omp.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1069,8 +1070,6 @@ std::vector<std::pair<uintmax_t, fs::path>> largest_shards(const std::string& di
   return shards;
 }
 
-// The drive's sequential O_DIRECT rate over the checkpoint's largest shards (dd iflag=direct,
-// bs=4M), in GB/s; 0 when dd is unavailable.
 // Runs a dd command line; its wall seconds, or 0 (with dd's message printed) when it fails.
 double timed_dd(const std::string& cmd) {
   const double t0 = k3::now_seconds();
@@ -1088,6 +1087,8 @@ double timed_dd(const std::string& cmd) {
   return dt;
 }
 
+// The drive's sequential O_DIRECT rate over the checkpoint's largest shards (dd iflag=direct,
+// bs=4M), in GB/s; 0 when dd is unavailable.
 double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what) {
   const std::vector<std::pair<uintmax_t, fs::path>> shards = largest_shards(dir);
   const uint64_t block = uint64_t{4} << 20;
@@ -1113,17 +1114,17 @@ double drive_rate_dd(const std::string& dir, double probe_gb, std::string* what)
 
 // The drive's O_DIRECT write rate: dd writes `probe_gb` of zeros to a scratch file in `dir`
 // (fdatasync'd, then removed). 0 when dd fails.
-double drive_write_rate_dd(const std::string& dir, double probe_gb) {
+double drive_write_rate_dd(const std::string& dir, double probe_gb, uint64_t block_mib = 4) {
   const std::string probe =
       (fs::path(dir) / ("k3_bench-write-probe-" + std::to_string(::getpid()))).string();
-  const uint64_t count =
-      std::max<uint64_t>(1, static_cast<uint64_t>(probe_gb * 1e9) / (uint64_t{4} << 20));
+  const uint64_t block = block_mib << 20;
+  const uint64_t count = std::max<uint64_t>(1, static_cast<uint64_t>(probe_gb * 1e9) / block);
   const std::string cmd = "dd if=/dev/zero of='" + probe +
-                          "' oflag=direct conv=fdatasync bs=4M count=" + std::to_string(count) +
-                          " 2>&1";
+                          "' oflag=direct conv=fdatasync bs=" + std::to_string(block_mib) +
+                          "M count=" + std::to_string(count) + " 2>&1";
   const double dt = timed_dd(cmd);
   fs::remove(probe);
-  return dt > 0 ? static_cast<double>(count * (uint64_t{4} << 20)) / 1e9 / dt : 0;
+  return dt > 0 ? static_cast<double>(count * block) / 1e9 / dt : 0;
 }
 
 // The same drive read the way the engine reads it: O_DIRECT through k3::ReadQueue (io_uring when
@@ -1355,6 +1356,28 @@ void drop_pages(const std::string& dir) {
   }
 }
 
+// What this process has done so far: bytes it had read from storage (/proc/self/io read_bytes:
+// O_DIRECT and io_uring reads included, page-cache hits not) and CPU seconds of all its threads.
+struct ProcessWork {
+  uint64_t storage_read_bytes = 0;
+  double cpu_seconds = 0;
+};
+ProcessWork process_work() {
+  ProcessWork w;
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value)
+    if (key == "read_bytes:") w.storage_read_bytes = value;
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const auto secs = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  w.cpu_seconds = secs(usage.ru_utime) + secs(usage.ru_stime);
+  return w;
+}
+
 uint64_t tensor_bytes_in(const std::string& dir) {
   uint64_t n = 0;
   for (const auto& e : fs::directory_iterator(dir))
@@ -1398,7 +1421,9 @@ int run_container(const ContainerArgs& a) {
   ro.source = dir;
   ro.dest = box;
   ro.bits = a.bits;
+  const ProcessWork repack0 = process_work();
   const k3::repack::Summary rs = k3::repack::run(ro);
+  const double repack_cpu = process_work().cpu_seconds - repack0.cpu_seconds;
   std::string again;
   drop_pages(dir);
   const double dd_after = drive_rate_dd(dir, a.probe_gb, &again);
@@ -1419,6 +1444,36 @@ int run_container(const ContainerArgs& a) {
       static_cast<double>(rs.bytes_written) / 1e9 / rs.seconds);
   add_result("container_repack_read", src_rate, "GB/s",
              drive > 0 ? src_rate / drive : std::nan(""));
+  {
+    // The drive doing what the repack does: reading (the queue probe) while it writes (dd with
+    // 64 MiB O_DIRECT blocks, the writer's staging size) in the repack's proportions, both at
+    // once. On a drive whose reads and writes share its bandwidth, this is the read rate a
+    // repack can reach.
+    const double write_share = static_cast<double>(rs.bytes_written) /
+                               static_cast<double>(std::max<uint64_t>(1, rs.bytes_read));
+    drop_pages(dir);
+    const double m0 = k3::now_seconds();
+    std::thread writes([&] { drive_write_rate_dd(box_parent, a.probe_gb * write_share, 64); });
+    drive_rate_queue(dir, a.probe_gb, 32, uint64_t{4} << 20, &engine_name);
+    writes.join();
+    const double mixed = a.probe_gb / (k3::now_seconds() - m0);
+    std::printf(
+        "drive reading %.1f GB while writing %.1f GB (the repack's proportions) at once: %.3f "
+        "GB/s of reading; the repack read at %.2fx that\n",
+        a.probe_gb, a.probe_gb * write_share, mixed, src_rate / mixed);
+    add_result("container_repack_vs_mixed", src_rate, "GB/s", src_rate / mixed);
+  }
+  {
+    // A repack bound by its CPU keeps every core busy; one bound by the drive leaves them idle.
+    const double cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency()));
+    const double busy = repack_cpu / (rs.seconds * cores);
+    std::printf(
+        "repack CPU: %.2f s of user + system time in %.2f s on %.0f cores = %.0f%% busy (%s)\n",
+        repack_cpu, rs.seconds, cores, 100 * busy,
+        busy < 0.75 ? "not CPU-bound: the rest of the time it waits on the drive"
+                    : "CPU-bound: more cores or faster kernels would raise it");
+    add_result("container_repack_cpu_busy", busy, "fraction", busy);
+  }
   if (drive > 0 && drive_write > 0) {
     // What the drive alone allows for these bytes: reading and writing one after the other (a
     // drive whose reads and writes share its bandwidth) or at the same time (one that does both
@@ -1456,17 +1511,23 @@ int run_container(const ContainerArgs& a) {
   };
   const Layout layouts[] = {{"snapshot", &dir, &hf_load}, {"container", &box, &box_load}};
   double cold[2] = {0, 0};
-  std::printf("\n%-10s %12s %12s\n", "load", "cold s", "warm s");
+  uint64_t cold_read[2] = {0, 0};  // bytes each cold load read from storage
+  std::printf("\n%-10s %12s %12s %14s %12s\n", "load", "cold s", "warm s", "cold GB read",
+              "cold GB/s");
   for (int i = 0; i < 2; ++i) {
     drop_pages(dir);
     drop_pages(box);
+    const ProcessWork w0 = process_work();
     double t0 = k3::now_seconds();
     { const k3::Engine e(*layouts[i].dir, *layouts[i].load); }
     cold[i] = k3::now_seconds() - t0;
+    cold_read[i] = process_work().storage_read_bytes - w0.storage_read_bytes;
     t0 = k3::now_seconds();
     { const k3::Engine e(*layouts[i].dir, *layouts[i].load); }
     const double warm = k3::now_seconds() - t0;
-    std::printf("%-10s %12.3f %12.3f\n", layouts[i].name, cold[i], warm);
+    const double gb = static_cast<double>(cold_read[i]) / 1e9;
+    std::printf("%-10s %12.3f %12.3f %14.3f %12.3f\n", layouts[i].name, cold[i], warm, gb,
+                gb / cold[i]);
     add_result(std::string("container_load_cold_") + layouts[i].name, cold[i], "s", std::nan(""));
     add_result(std::string("container_load_warm_") + layouts[i].name, warm, "s", std::nan(""));
   }
@@ -1484,6 +1545,16 @@ int run_container(const ContainerArgs& a) {
     std::printf("%-10s %12.3f %12.3f   (K3_MMAP=1)\n", "mapped", cold_mmap, warm_mmap);
     std::printf("load speed-up, cold: %.1fx copying, %.1fx mapped (target >= 20x at K3_BITS=%d)\n",
                 cold[0] / cold[1], cold[0] / cold_mmap, a.bits);
+    // A copying load must read its bytes from the drive: at the drive's best rate that takes
+    // at least this long, which caps its speed-up over this snapshot load.
+    const double floor_s = static_cast<double>(cold_read[1]) / 1e9 / drive;
+    std::printf(
+        "copying load's floor: %.3f GB at the drive's %.3f GB/s = %.3f s (measured %.3f s = "
+        "%.2fx the floor); so at most %.1fx faster than this snapshot load\n",
+        static_cast<double>(cold_read[1]) / 1e9, drive, floor_s, cold[1], cold[1] / floor_s,
+        cold[0] / floor_s);
+    add_result("container_load_copy_vs_floor", cold[1], "s", floor_s / cold[1]);
+    add_result("container_load_speedup_ceiling", cold[0] / floor_s, "x", cold[0] / floor_s);
     add_result("container_load_speedup", cold[0] / cold[1], "x", cold[0] / cold[1]);
     add_result("container_load_speedup_mmap", cold[0] / cold_mmap, "x", cold[0] / cold_mmap);
   }
