@@ -241,9 +241,23 @@ struct ShardPlan {
   std::vector<const TensorInfo*> copies;
 };
 
-// Everything one run shares: counters, the kill hook, the container record.
+// A source shard holding text tensors, with its number (from its name, else its position).
+struct SourceShard {
+  int64_t number;
+  const SafetensorsShard* shard;
+};
+
+using Log = std::function<void(const std::string&)>;
+
+// Everything one run shares: its settings, counters, the kill hook, the container record.
 struct Run {
   const Options& options;
+  K3Config config;
+  std::string prefix;  // the source's tensor-name prefix (stripped to classify a name)
+  int bits = 8, mla_bits = 8, head_bits = 8;
+  bool aligned = true;
+  int64_t stripes = 0;  // --stripe directories (0: expert records stay in the main file)
+  int64_t total = 0;    // output shards of the complete container
   std::vector<std::pair<std::string, std::string>> record;
   std::atomic<uint64_t> bytes_read{0};
   uint64_t produced = 0;  // output bytes produced this run (kill hook)
@@ -257,6 +271,13 @@ struct Run {
   void produce(uint64_t n) {
     produced += n;
     if (options.kill_at_byte != 0 && produced >= options.kill_at_byte) ::raise(SIGKILL);
+  }
+  // The width a tensor of class `c` is stored at (32: unchanged).
+  int width(Class c) const {
+    return c == Class::kBits   ? bits
+           : c == Class::kMla  ? mla_bits
+           : c == Class::kHead ? head_bits
+                               : 32;
   }
 };
 
@@ -301,90 +322,8 @@ uint64_t first_difference(const File& a, uint64_t ao, const File& b, uint64_t bo
   return UINT64_MAX;
 }
 
-}  // namespace
-
-std::string output_shard_name(int64_t number, int64_t total, int64_t stripe) {
-  char buf[64];
-  if (stripe > 0)
-    std::snprintf(buf, sizeof buf, "model-%05lld-of-%06lld-e%lld.safetensors",
-                  static_cast<long long>(number), static_cast<long long>(total),
-                  static_cast<long long>(stripe));
-  else
-    std::snprintf(buf, sizeof buf, "model-%05lld-of-%06lld.safetensors",
-                  static_cast<long long>(number), static_cast<long long>(total));
-  return buf;
-}
-
-std::vector<int64_t> parse_shard_list(const std::string& text) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    static const std::regex range(R"(^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?$)");
-    std::smatch m;
-    if (!std::regex_match(item, m, range))
-      throw Error("--shards: \"" + item + "\" is not a shard number or range (e.g. 1,3,5-8)");
-    const int64_t a = std::stoll(m[1].str());
-    const int64_t b = m[2].matched ? std::stoll(m[2].str()) : a;
-    if (a < 1 || b < a) throw Error("--shards: \"" + item + "\" is not an increasing range >= 1");
-    for (int64_t n = a; n <= b; ++n) out.push_back(n);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-Summary run(const Options& options, const std::function<void(const std::string&)>& log_fn) {
-  const double t0 = now_seconds();
-  const auto log = [&](const std::string& line) {
-    if (log_fn) log_fn(line);
-  };
-  for (const int b : {options.bits, options.mla_bits, options.head_bits})
-    if (b != 0 && b != 4 && b != 8 && b != 32)
-      throw Error("--bits/--mla-bits/--head-bits: " + std::to_string(b) +
-                  " is not a supported width (4, 8 or 32)");
-  if (options.bits == 0) throw Error("--bits must be 4, 8 or 32");
-  if (options.layout != "aligned" && options.layout != "packed")
-    throw Error("--layout must be aligned or packed, got \"" + options.layout + "\"");
-  const int bits = options.bits;
-  const int mla_bits = options.mla_bits ? options.mla_bits : std::max(bits, 8);
-  const int head_bits = options.head_bits ? options.head_bits : std::max(bits, 8);
-  if (options.jobs > 0) omp_set_num_threads(options.jobs);
-  const bool aligned = options.layout == "aligned";
-  const int64_t stripes = static_cast<int64_t>(options.stripe.size());
-
-  std::error_code same_ec;
-  if (fs::exists(options.dest) && fs::equivalent(options.source, options.dest, same_ec))
-    throw Error(options.dest + ": the container must go to another directory than the source");
-  const ModelFiles source(options.source);
-  if (source.container().present)
-    throw Error(options.source + ": is already a repacked container (" +
-                source.shards().front()->path() + " carries a k3_container record)");
-  const K3Config config = parse_k3_config(source.config_root(), options.source + "/config.json");
-  const std::string prefix = source.prefix();
-  const fs::path index_path = fs::path(options.source) / "model.safetensors.index.json";
-  const std::string source_sha =
-      fs::exists(index_path) ? sha256_hex(read_text_file(index_path.string())) : "none";
-
-  Run state(options);
-  state.record = {{kContainerKey, kContainerVersion},
-                  {kContainerLayoutKey, options.layout},
-                  {kContainerBitsKey, std::to_string(bits)},
-                  {kContainerMlaBitsKey, std::to_string(mla_bits)},
-                  {kContainerHeadBitsKey, std::to_string(head_bits)},
-                  {kContainerSourceKey, source_sha},
-                  {kContainerWriterKey, "k3_repack"},
-                  {"k3_stripes", std::to_string(std::max<int64_t>(1, stripes))}};
-
-  // Source shards holding text tensors, with their numbers (from the name, else the position).
-  struct SourceShard {
-    int64_t number;
-    const SafetensorsShard* shard;
-  };
+// The source's text shards in number order; two with one number are refused.
+std::vector<SourceShard> text_shards(const ModelFiles& source, const std::string& prefix) {
   std::vector<SourceShard> shards;
   static const std::regex shard_name(R"(^model-(\d{1,9})-of-(\d{1,9})\.safetensors$)");
   int64_t position = 0;
@@ -409,8 +348,11 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   }
   std::sort(shards.begin(), shards.end(),
             [](const SourceShard& a, const SourceShard& b) { return a.number < b.number; });
-  const int64_t total = static_cast<int64_t>(shards.size());
-  if (total == 0) throw Error(options.source + ": no shard holds text-model tensors");
+  return shards;
+}
+
+// The shard numbers --shards names (all when empty), each checked to exist.
+std::set<int64_t> selected_shards(const Options& options, const std::vector<SourceShard>& shards) {
   std::set<int64_t> selected(options.shards.begin(), options.shards.end());
   for (const int64_t n : selected)
     if (std::none_of(shards.begin(), shards.end(),
@@ -418,10 +360,12 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       throw Error("--shards: the source has no text shard number " + std::to_string(n));
   if (selected.empty())
     for (const SourceShard& s : shards) selected.insert(s.number);
+  return selected;
+}
 
-  // Output directories; temp files of an interrupted run are removed (never renamed into place).
-  std::vector<std::string> dirs{options.dest};
-  for (const std::string& d : options.stripe) dirs.push_back(d);
+// Creates the output directories and removes the temp files of an interrupted run (a temp file
+// is never renamed into place).
+void prepare_output_dirs(const std::vector<std::string>& dirs) {
   static const std::regex ours(
       R"(^(model-\d{5}-of-\d{6}(-e\d+)?\.safetensors|model\.safetensors\.index\.json)(\.tmp)?$)");
   for (const std::string& d : dirs) {
@@ -434,128 +378,130 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       if (std::regex_match(n, m, ours) && m[3].matched) fs::remove(entry.path());
     }
   }
+}
 
-  Summary summary;
-  summary.shards_total = total;
-
-  // Builds the output files of one source shard (writers with lazy fills; nothing is read yet).
-  const auto plan = [&](const SourceShard& src) {
-    ShardPlan shard_plan;
-    auto& files = shard_plan.files;
-    auto& quantised = shard_plan.quantised;
-    auto& copies = shard_plan.copies;
-    for (int64_t k = 0; k <= stripes; ++k) {
-      auto f = std::make_unique<OutputFile>();
-      f->name = output_shard_name(src.number, total, k);
-      f->path =
-          (fs::path(k == 0 ? options.dest : options.stripe[static_cast<size_t>(k - 1)]) / f->name)
-              .string();
-      f->writer.set_metadata(state.record);
-      if (aligned) {
-        f->writer.set_data_alignment(kPage);
-        f->writer.set_direct_writes(true);
-      }
-      files.push_back(std::move(f));
-    }
-    const SafetensorsShard& sh = *src.shard;
-    // A tensor copied unchanged, in pieces taken from the read-ahead.
-    const auto add_copy = [&state](OutputFile& out, const TensorInfo& t, const File& file) {
-      const uint64_t base = t.file_offset;
-      out.writer.add(
-          t.name, t.dtype, t.shape,
-          [&state, &file, base](uint8_t* dst, uint64_t offset, uint64_t n) {
-            std::memcpy(dst, state.ahead.next(file, base + offset, n), n);
-            state.bytes_read.fetch_add(n, std::memory_order_relaxed);
-          },
-          kChunkBytes);
-      out.sources[t.name] = [&file, base, name = t.name](uint64_t offset, uint64_t n) {
-        return ReadRange{&file, base + offset, n, name};
-      };
-    };
-    std::map<std::pair<int64_t, int64_t>, std::array<const TensorInfo*, 6>> experts;
-    OutputFile& main = *files[0];
-    for (const TensorInfo& t : sh.tensors()) {
-      const std::string name = t.name.rfind(prefix, 0) == 0 ? t.name.substr(prefix.size()) : t.name;
-      if (is_vision_tensor(name)) continue;
-      int64_t l = 0, e = 0;
-      int slot = 0;
-      if (parse_expert(name, &l, &e, &slot)) {
-        auto& rec = experts[{l, e}];
-        if (rec[static_cast<size_t>(slot)] != nullptr)
-          throw Error(sh.path() + ": tensor " + t.name + " appears twice");
-        rec[static_cast<size_t>(slot)] = &t;
-        continue;
-      }
-      const Class c = classify(name, config);
-      const int want = c == Class::kBits   ? bits
-                       : c == Class::kMla  ? mla_bits
-                       : c == Class::kHead ? head_bits
-                                           : 32;
-      if (aligned) main.writer.pad_to(kTensorAlign);
-      if (want < 32 && is_float(t.dtype) && t.shape.size() == 2) {
-        auto q = std::make_shared<Quantised>();
-        q->source = {&sh, &t};
-        q->rows = t.shape[0];
-        q->cols = t.shape[1];
-        q->int4 = want == 4 && q->cols % 64 == 0;
-        const std::vector<int64_t> shape = {q->rows, q->int4 ? q->cols / 2 : q->cols};
-        main.writer.add(
-            t.name, DType::kU8, shape,
-            [q, &state](uint8_t* dst, uint64_t offset, uint64_t nbytes) {
-              const File& file = q->source.shard->file();
-              q->make(
-                  dst, offset, nbytes,
-                  [&](uint64_t at, uint64_t n) { return state.ahead.next(file, at, n); },
-                  &state.bytes_read);
-            },
-            q->piece_bytes());
-        main.sources[t.name] = [q](uint64_t offset, uint64_t nbytes) {
-          return q->source_range(offset, nbytes);
-        };
-        if (aligned) main.writer.pad_to(kTensorAlign);
-        const std::vector<int64_t> scale_shape =
-            q->int4 ? std::vector<int64_t>{q->rows, q->cols / 64} : std::vector<int64_t>{q->rows};
-        main.writer.add(t.name + ".qs", DType::kF32, scale_shape,
-                        [q](uint8_t* dst, uint64_t, uint64_t n) {
-                          std::memcpy(dst, q->scales.data(), n);
-                          std::vector<float>().swap(q->scales);
-                        });
-        quantised.push_back(q);
-      } else {
-        add_copy(main, t, sh.file());
-        copies.push_back(&t);
-      }
-      main.has_tensors = true;
-    }
-    // Expert records, (layer, id) order; each one read of exactly its size in the aligned layout.
-    for (const auto& [key, rec] : experts) {
-      for (int i = 0; i < 6; ++i)
-        if (rec[static_cast<size_t>(i)] == nullptr)
-          throw Error(sh.path() + ": expert " + std::to_string(key.second) + " of layer " +
-                      std::to_string(key.first) + " lacks its tensor " + prefix +
-                      names::expert(key.first, key.second, names::kExpertTensors[i]));
-      OutputFile& out = stripes > 0 ? *files[static_cast<size_t>(key.second % stripes + 1)] : main;
-      if (aligned) out.writer.pad_to(kPage);
-      for (const TensorInfo* t : rec) {
-        add_copy(out, *t, sh.file());
-        copies.push_back(t);
-      }
-      if (aligned) out.writer.pad_to(kPage);
-      out.has_tensors = true;
-    }
-    files.erase(
-        std::remove_if(files.begin() + 1, files.end(),
-                       [](const std::unique_ptr<OutputFile>& f) { return !f->has_tensors; }),
-        files.end());
-    return shard_plan;
+// A tensor copied unchanged into `out`, in pieces taken from the read-ahead.
+void add_copy(Run& state, OutputFile& out, const TensorInfo& t, const File& file) {
+  const uint64_t base = t.file_offset;
+  out.writer.add(
+      t.name, t.dtype, t.shape,
+      [&state, &file, base](uint8_t* dst, uint64_t offset, uint64_t n) {
+        std::memcpy(dst, state.ahead.next(file, base + offset, n), n);
+        state.bytes_read.fetch_add(n, std::memory_order_relaxed);
+      },
+      kChunkBytes);
+  out.sources[t.name] = [&file, base, name = t.name](uint64_t offset, uint64_t n) {
+    return ReadRange{&file, base + offset, n, name};
   };
+}
 
+// A matrix quantised into `out` (U8 `name` + F32 `name.qs`), its rows taken from the read-ahead.
+std::shared_ptr<Quantised> add_quantised(Run& state, OutputFile& out, const SafetensorsShard& sh,
+                                         const TensorInfo& t, int width) {
+  auto q = std::make_shared<Quantised>();
+  q->source = {&sh, &t};
+  q->rows = t.shape[0];
+  q->cols = t.shape[1];
+  q->int4 = width == 4 && q->cols % 64 == 0;
+  const std::vector<int64_t> shape = {q->rows, q->int4 ? q->cols / 2 : q->cols};
+  out.writer.add(
+      t.name, DType::kU8, shape,
+      [q, &state](uint8_t* dst, uint64_t offset, uint64_t nbytes) {
+        const File& file = q->source.shard->file();
+        q->make(
+            dst, offset, nbytes,
+            [&](uint64_t at, uint64_t n) { return state.ahead.next(file, at, n); },
+            &state.bytes_read);
+      },
+      q->piece_bytes());
+  out.sources[t.name] = [q](uint64_t offset, uint64_t nbytes) {
+    return q->source_range(offset, nbytes);
+  };
+  if (state.aligned) out.writer.pad_to(kTensorAlign);
+  const std::vector<int64_t> scale_shape =
+      q->int4 ? std::vector<int64_t>{q->rows, q->cols / 64} : std::vector<int64_t>{q->rows};
+  out.writer.add(t.name + ".qs", DType::kF32, scale_shape, [q](uint8_t* dst, uint64_t, uint64_t n) {
+    std::memcpy(dst, q->scales.data(), n);
+    std::vector<float>().swap(q->scales);
+  });
+  return q;
+}
+
+// The output files of one source shard: writers with lazy fills; nothing is read yet.
+ShardPlan plan_shard(Run& state, const SourceShard& src) {
+  const Options& options = state.options;
+  ShardPlan plan;
+  for (int64_t k = 0; k <= state.stripes; ++k) {
+    auto f = std::make_unique<OutputFile>();
+    f->name = output_shard_name(src.number, state.total, k);
+    f->path =
+        (fs::path(k == 0 ? options.dest : options.stripe[static_cast<size_t>(k - 1)]) / f->name)
+            .string();
+    f->writer.set_metadata(state.record);
+    if (state.aligned) {
+      f->writer.set_data_alignment(kPage);
+      f->writer.set_direct_writes(true);
+    }
+    plan.files.push_back(std::move(f));
+  }
+  const SafetensorsShard& sh = *src.shard;
+  const std::string& prefix = state.prefix;
+  std::map<std::pair<int64_t, int64_t>, std::array<const TensorInfo*, 6>> experts;
+  OutputFile& main = *plan.files[0];
+  for (const TensorInfo& t : sh.tensors()) {
+    const std::string name = t.name.rfind(prefix, 0) == 0 ? t.name.substr(prefix.size()) : t.name;
+    if (is_vision_tensor(name)) continue;
+    int64_t l = 0, e = 0;
+    int slot = 0;
+    if (parse_expert(name, &l, &e, &slot)) {
+      auto& rec = experts[{l, e}];
+      if (rec[static_cast<size_t>(slot)] != nullptr)
+        throw Error(sh.path() + ": tensor " + t.name + " appears twice");
+      rec[static_cast<size_t>(slot)] = &t;
+      continue;
+    }
+    const int width = state.width(classify(name, state.config));
+    if (state.aligned) main.writer.pad_to(kTensorAlign);
+    if (width < 32 && is_float(t.dtype) && t.shape.size() == 2) {
+      plan.quantised.push_back(add_quantised(state, main, sh, t, width));
+    } else {
+      add_copy(state, main, t, sh.file());
+      plan.copies.push_back(&t);
+    }
+    main.has_tensors = true;
+  }
+  // Expert records, (layer, id) order; each one read of exactly its size in the aligned layout.
+  for (const auto& [key, rec] : experts) {
+    for (int i = 0; i < 6; ++i)
+      if (rec[static_cast<size_t>(i)] == nullptr)
+        throw Error(sh.path() + ": expert " + std::to_string(key.second) + " of layer " +
+                    std::to_string(key.first) + " lacks its tensor " + prefix +
+                    names::expert(key.first, key.second, names::kExpertTensors[i]));
+    OutputFile& out =
+        state.stripes > 0 ? *plan.files[static_cast<size_t>(key.second % state.stripes + 1)] : main;
+    if (state.aligned) out.writer.pad_to(kPage);
+    for (const TensorInfo* t : rec) {
+      add_copy(state, out, *t, sh.file());
+      plan.copies.push_back(t);
+    }
+    if (state.aligned) out.writer.pad_to(kPage);
+    out.has_tensors = true;
+  }
+  plan.files.erase(
+      std::remove_if(plan.files.begin() + 1, plan.files.end(),
+                     [](const std::unique_ptr<OutputFile>& f) { return !f->has_tensors; }),
+      plan.files.end());
+  return plan;
+}
+
+// Writes the selected shards not complete from an earlier run, with progress and a log line each.
+void write_shards(Run& state, const std::vector<SourceShard>& shards,
+                  const std::set<int64_t>& selected, Summary& summary, const Log& log) {
   // The whole run's size, for the overall figures in each shard's progress label.
   uint64_t run_bytes = 0;
   for (const SourceShard& src : shards) {
     if (!selected.count(src.number)) continue;
-    const ShardPlan sizes = plan(src);
-    for (const auto& f : sizes.files) run_bytes += f->writer.file_bytes();
+    for (const auto& f : plan_shard(state, src).files) run_bytes += f->writer.file_bytes();
   }
   uint64_t run_done = 0;
   const double run_start = now_seconds();
@@ -563,15 +509,15 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   for (const SourceShard& src : shards) {
     if (!selected.count(src.number)) continue;
     ++index_in_run;
-    const ShardPlan shard_plan = plan(src);
-    const auto& files = shard_plan.files;
+    const ShardPlan plan = plan_shard(state, src);
+    const auto& files = plan.files;
     uint64_t shard_bytes = 0;
     bool complete = true;
     for (const auto& f : files) {
       shard_bytes += f->writer.file_bytes();
       complete = complete && already_complete(f->path, f->writer);
     }
-    const std::string label = output_shard_name(src.number, total) + " [" +
+    const std::string label = output_shard_name(src.number, state.total) + " [" +
                               std::to_string(index_in_run) + "/" + std::to_string(selected.size()) +
                               "]";
     if (complete) {
@@ -623,10 +569,11 @@ Summary run(const Options& options, const std::function<void(const std::string&)
                   static_cast<double>(state.bytes_read.load() - read0) / 1e9 / dt);
     log(line);
   }
-  summary.bytes_read = state.bytes_read.load();
+}
 
-  // The index, rebuilt from every complete output file in the output directories (so disjoint
-  // --shards runs add up), written atomically.
+// The index, rebuilt from every complete output file in the output directories (so disjoint
+// --shards runs add up) and written atomically. Returns how many source shards are complete.
+int64_t write_index(Run& state, const std::vector<std::string>& dirs) {
   nlohmann::json weight_map = nlohmann::json::object();
   uint64_t total_size = 0;
   std::set<int64_t> present;
@@ -637,7 +584,7 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       const std::string n = entry.path().filename().string();
       std::smatch m;
       if (entry.is_regular_file() && std::regex_match(n, m, output_name) &&
-          std::stoll(m[2].str()) == total)
+          std::stoll(m[2].str()) == state.total)
         names.push_back(n);
     }
     std::sort(names.begin(), names.end());
@@ -667,11 +614,11 @@ Summary run(const Options& options, const std::function<void(const std::string&)
       if (!m[3].matched) present.insert(std::stoll(m[1].str()));
     }
   }
-  summary.shards_present = static_cast<int64_t>(present.size());
   nlohmann::json metadata = {{"total_size", total_size}};
   for (const auto& [key, value] : state.record) metadata[key] = value;
   const std::string index_text =
       nlohmann::json{{"metadata", metadata}, {"weight_map", weight_map}}.dump(2) + "\n";
+  const Options& options = state.options;
   const std::string index_out = (fs::path(options.dest) / "model.safetensors.index.json").string();
   if (options.kill_at_byte != 0 && state.produced + index_text.size() >= options.kill_at_byte) {
     // Fault injection mid-index: part of the temp file, then the kill.
@@ -686,87 +633,187 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   }
   const bool index_same = fs::is_regular_file(index_out) && read_text_file(index_out) == index_text;
   if (!index_same) write_file_atomic(index_out, index_text.data(), index_text.size());
+  return static_cast<int64_t>(present.size());
+}
 
-  // The snapshot's other files (config, generation config, tokenizer), copied atomically.
-  for (const auto& entry : fs::directory_iterator(options.source)) {
+// The snapshot's other files (config, generation config, tokenizer), copied atomically.
+void copy_snapshot_files(const std::string& source, const std::string& dest) {
+  for (const auto& entry : fs::directory_iterator(source)) {
     const std::string n = entry.path().filename().string();
     if (!entry.is_regular_file() || n.empty() || n[0] == '.' || n.ends_with(".safetensors") ||
         n.ends_with(".tmp") || n == "model.safetensors.index.json")
       continue;
-    const std::string to = (fs::path(options.dest) / n).string();
+    const std::string to = (fs::path(dest) / n).string();
     const std::string bytes = read_text_file(entry.path().string());
     if (fs::is_regular_file(to) && read_text_file(to) == bytes) continue;
     write_file_atomic(to, bytes.data(), bytes.size());
   }
+}
 
-  // --verify-full: every output tensor against the source (bytes, or re-derived quantisation).
-  if (options.verify_full) {
-    for (const SourceShard& src : shards) {
-      if (!selected.count(src.number)) continue;
-      const ShardPlan shard_plan = plan(src);
-      const auto& files = shard_plan.files;
-      std::map<std::string, const TensorInfo*> copy_by_name;
-      for (const TensorInfo* t : shard_plan.copies) copy_by_name[t->name] = t;
-      std::map<std::string, std::shared_ptr<Quantised>> quant_by_name;
-      for (const auto& q : shard_plan.quantised) quant_by_name[q->source.info->name] = q;
-      uint64_t verified = 0;
-      for (const auto& f : files) {
-        const SafetensorsShard out(open_posix_file(f->path));
-        if (!already_complete(f->path, f->writer))
-          throw Error(f->path + ": verify: size or header differs from what this run would write");
-        for (const TensorInfo& t : out.tensors()) {
-          const std::string where = f->path + ": verify: tensor " + t.name;
-          if (is_padding_tensor(t.name)) {
-            std::vector<uint8_t> pad(t.nbytes);
-            out.file().read_exact(pad.data(), pad.size(), t.file_offset, t.name);
-            if (std::any_of(pad.begin(), pad.end(), [](uint8_t b) { return b != 0; }))
-              throw Error(where + ": padding is not all zero");
-            continue;
-          }
-          if (t.name.ends_with(".qs")) continue;  // checked with its matrix
-          const auto q = quant_by_name.find(t.name);
-          if (q != quant_by_name.end()) {
-            std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
-            const File& source_file = src.shard->file();
-            q->second->make_all(
-                want.data(),
-                [&](uint64_t at, uint64_t n) {
-                  resize_huge(state.raw, n);
-                  source_file.read_exact(state.raw.data(), n, at, "tensor " + t.name);
-                  return state.raw.data();
-                },
-                &state.bytes_read);
-            out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
-            const TensorInfo* sidecar = out.find(t.name + ".qs");
-            if (sidecar == nullptr || have != want ||
-                sidecar->nbytes != q->second->scales.size() * sizeof(float))
-              throw Error(where + ": quantised bytes differ from the source re-quantised");
-            std::vector<float> scales(q->second->scales.size());
-            out.file().read_exact(scales.data(), sidecar->nbytes, sidecar->file_offset,
-                                  sidecar->name);
-            if (std::memcmp(scales.data(), q->second->scales.data(), sidecar->nbytes) != 0)
-              throw Error(where + ".qs: scales differ from the source re-quantised");
-            ++verified;
-            continue;
-          }
-          const auto c = copy_by_name.find(t.name);
-          if (c == copy_by_name.end()) throw Error(where + ": not a tensor of the source shard");
-          if (c->second->nbytes != t.nbytes || c->second->dtype != t.dtype ||
-              c->second->shape != t.shape)
-            throw Error(where + ": dtype, shape or size differ from the source");
-          const uint64_t at = first_difference(out.file(), t.file_offset, src.shard->file(),
-                                               c->second->file_offset, t.nbytes);
-          if (at != UINT64_MAX)
-            throw Error(where + ": byte " + std::to_string(at) + " differs from the source (" +
-                        src.shard->path() + ")");
-          ++verified;
-        }
+// --verify-full for one source shard: every output tensor against the source (bytes, or the
+// quantisation re-derived), padding all zero. Returns the tensors verified.
+uint64_t verify_shard(Run& state, const SourceShard& src) {
+  const ShardPlan plan = plan_shard(state, src);
+  std::map<std::string, const TensorInfo*> copy_by_name;
+  for (const TensorInfo* t : plan.copies) copy_by_name[t->name] = t;
+  std::map<std::string, std::shared_ptr<Quantised>> quant_by_name;
+  for (const auto& q : plan.quantised) quant_by_name[q->source.info->name] = q;
+  uint64_t verified = 0;
+  for (const auto& f : plan.files) {
+    const SafetensorsShard out(open_posix_file(f->path));
+    if (!already_complete(f->path, f->writer))
+      throw Error(f->path + ": verify: size or header differs from what this run would write");
+    for (const TensorInfo& t : out.tensors()) {
+      const std::string where = f->path + ": verify: tensor " + t.name;
+      if (is_padding_tensor(t.name)) {
+        std::vector<uint8_t> pad(t.nbytes);
+        out.file().read_exact(pad.data(), pad.size(), t.file_offset, t.name);
+        if (std::any_of(pad.begin(), pad.end(), [](uint8_t b) { return b != 0; }))
+          throw Error(where + ": padding is not all zero");
+        continue;
       }
-      summary.tensors_verified += verified;
-      log(output_shard_name(src.number, total) + ": verified " + std::to_string(verified) +
-          " tensors against " + src.shard->path());
+      if (t.name.ends_with(".qs")) continue;  // checked with its matrix
+      const auto q = quant_by_name.find(t.name);
+      if (q != quant_by_name.end()) {
+        std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
+        const File& source_file = src.shard->file();
+        q->second->make_all(
+            want.data(),
+            [&](uint64_t at, uint64_t n) {
+              resize_huge(state.raw, n);
+              source_file.read_exact(state.raw.data(), n, at, "tensor " + t.name);
+              return state.raw.data();
+            },
+            &state.bytes_read);
+        out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
+        const TensorInfo* sidecar = out.find(t.name + ".qs");
+        if (sidecar == nullptr || have != want ||
+            sidecar->nbytes != q->second->scales.size() * sizeof(float))
+          throw Error(where + ": quantised bytes differ from the source re-quantised");
+        std::vector<float> scales(q->second->scales.size());
+        out.file().read_exact(scales.data(), sidecar->nbytes, sidecar->file_offset, sidecar->name);
+        if (std::memcmp(scales.data(), q->second->scales.data(), sidecar->nbytes) != 0)
+          throw Error(where + ".qs: scales differ from the source re-quantised");
+        ++verified;
+        continue;
+      }
+      const auto c = copy_by_name.find(t.name);
+      if (c == copy_by_name.end()) throw Error(where + ": not a tensor of the source shard");
+      if (c->second->nbytes != t.nbytes || c->second->dtype != t.dtype ||
+          c->second->shape != t.shape)
+        throw Error(where + ": dtype, shape or size differ from the source");
+      const uint64_t at = first_difference(out.file(), t.file_offset, src.shard->file(),
+                                           c->second->file_offset, t.nbytes);
+      if (at != UINT64_MAX)
+        throw Error(where + ": byte " + std::to_string(at) + " differs from the source (" +
+                    src.shard->path() + ")");
+      ++verified;
     }
   }
+  return verified;
+}
+
+}  // namespace
+
+std::string output_shard_name(int64_t number, int64_t total, int64_t stripe) {
+  char buf[64];
+  if (stripe > 0)
+    std::snprintf(buf, sizeof buf, "model-%05lld-of-%06lld-e%lld.safetensors",
+                  static_cast<long long>(number), static_cast<long long>(total),
+                  static_cast<long long>(stripe));
+  else
+    std::snprintf(buf, sizeof buf, "model-%05lld-of-%06lld.safetensors",
+                  static_cast<long long>(number), static_cast<long long>(total));
+  return buf;
+}
+
+std::vector<int64_t> parse_shard_list(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    static const std::regex range(R"(^\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?$)");
+    std::smatch m;
+    if (!std::regex_match(item, m, range))
+      throw Error("--shards: \"" + item + "\" is not a shard number or range (e.g. 1,3,5-8)");
+    const int64_t a = std::stoll(m[1].str());
+    const int64_t b = m[2].matched ? std::stoll(m[2].str()) : a;
+    if (a < 1 || b < a) throw Error("--shards: \"" + item + "\" is not an increasing range >= 1");
+    for (int64_t n = a; n <= b; ++n) out.push_back(n);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Summary run(const Options& options, const std::function<void(const std::string&)>& log_fn) {
+  const double t0 = now_seconds();
+  const Log log = [&](const std::string& line) {
+    if (log_fn) log_fn(line);
+  };
+  for (const int b : {options.bits, options.mla_bits, options.head_bits})
+    if (b != 0 && b != 4 && b != 8 && b != 32)
+      throw Error("--bits/--mla-bits/--head-bits: " + std::to_string(b) +
+                  " is not a supported width (4, 8 or 32)");
+  if (options.bits == 0) throw Error("--bits must be 4, 8 or 32");
+  if (options.layout != "aligned" && options.layout != "packed")
+    throw Error("--layout must be aligned or packed, got \"" + options.layout + "\"");
+  if (options.jobs > 0) omp_set_num_threads(options.jobs);
+
+  std::error_code same_ec;
+  if (fs::exists(options.dest) && fs::equivalent(options.source, options.dest, same_ec))
+    throw Error(options.dest + ": the container must go to another directory than the source");
+  const ModelFiles source(options.source);
+  if (source.container().present)
+    throw Error(options.source + ": is already a repacked container (" +
+                source.shards().front()->path() + " carries a k3_container record)");
+  const K3Config config = parse_k3_config(source.config_root(), options.source + "/config.json");
+  const fs::path index_path = fs::path(options.source) / "model.safetensors.index.json";
+  const std::string source_sha =
+      fs::exists(index_path) ? sha256_hex(read_text_file(index_path.string())) : "none";
+
+  Run state(options);
+  state.config = config;
+  state.prefix = source.prefix();
+  state.bits = options.bits;
+  state.mla_bits = options.mla_bits ? options.mla_bits : std::max(options.bits, 8);
+  state.head_bits = options.head_bits ? options.head_bits : std::max(options.bits, 8);
+  state.aligned = options.layout == "aligned";
+  state.stripes = static_cast<int64_t>(options.stripe.size());
+  state.record = {{kContainerKey, kContainerVersion},
+                  {kContainerLayoutKey, options.layout},
+                  {kContainerBitsKey, std::to_string(state.bits)},
+                  {kContainerMlaBitsKey, std::to_string(state.mla_bits)},
+                  {kContainerHeadBitsKey, std::to_string(state.head_bits)},
+                  {kContainerSourceKey, source_sha},
+                  {kContainerWriterKey, "k3_repack"},
+                  {"k3_stripes", std::to_string(std::max<int64_t>(1, state.stripes))}};
+
+  const std::vector<SourceShard> shards = text_shards(source, state.prefix);
+  state.total = static_cast<int64_t>(shards.size());
+  if (state.total == 0) throw Error(options.source + ": no shard holds text-model tensors");
+  const std::set<int64_t> selected = selected_shards(options, shards);
+  std::vector<std::string> dirs{options.dest};
+  for (const std::string& d : options.stripe) dirs.push_back(d);
+  prepare_output_dirs(dirs);
+
+  Summary summary;
+  summary.shards_total = state.total;
+  write_shards(state, shards, selected, summary, log);
+  summary.shards_present = write_index(state, dirs);
+  copy_snapshot_files(options.source, options.dest);
+  if (options.verify_full)
+    for (const SourceShard& src : shards) {
+      if (!selected.count(src.number)) continue;
+      const uint64_t verified = verify_shard(state, src);
+      summary.tensors_verified += verified;
+      log(output_shard_name(src.number, state.total) + ": verified " + std::to_string(verified) +
+          " tensors against " + src.shard->path());
+    }
   summary.bytes_read = state.bytes_read.load();
   summary.seconds = now_seconds() - t0;
   return summary;
