@@ -31,7 +31,6 @@
 // where there is no reference (decode).
 #include <fcntl.h>
 #include <omp.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1356,26 +1355,15 @@ void drop_pages(const std::string& dir) {
   }
 }
 
-// What this process has done so far: bytes it had read from storage (/proc/self/io read_bytes:
-// O_DIRECT and io_uring reads included, page-cache hits not) and CPU seconds of all its threads.
-struct ProcessWork {
-  uint64_t storage_read_bytes = 0;
-  double cpu_seconds = 0;
-};
-ProcessWork process_work() {
-  ProcessWork w;
+// Bytes this process has read from storage so far (/proc/self/io read_bytes: O_DIRECT and
+// io_uring reads included, page-cache hits not).
+uint64_t storage_read_bytes() {
   std::ifstream io("/proc/self/io");
   std::string key;
   uint64_t value = 0;
   while (io >> key >> value)
-    if (key == "read_bytes:") w.storage_read_bytes = value;
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  const auto secs = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
-  };
-  w.cpu_seconds = secs(usage.ru_utime) + secs(usage.ru_stime);
-  return w;
+    if (key == "read_bytes:") return value;
+  return 0;
 }
 
 uint64_t tensor_bytes_in(const std::string& dir) {
@@ -1421,9 +1409,9 @@ int run_container(const ContainerArgs& a) {
   ro.source = dir;
   ro.dest = box;
   ro.bits = a.bits;
-  const ProcessWork repack0 = process_work();
+  const double repack_cpu0 = process_cpu_seconds();
   const k3::repack::Summary rs = k3::repack::run(ro);
-  const double repack_cpu = process_work().cpu_seconds - repack0.cpu_seconds;
+  const double repack_cpu = process_cpu_seconds() - repack_cpu0;
   std::string again;
   drop_pages(dir);
   const double dd_after = drive_rate_dd(dir, a.probe_gb, &again);
@@ -1517,11 +1505,11 @@ int run_container(const ContainerArgs& a) {
   for (int i = 0; i < 2; ++i) {
     drop_pages(dir);
     drop_pages(box);
-    const ProcessWork w0 = process_work();
+    const uint64_t read0 = storage_read_bytes();
     double t0 = k3::now_seconds();
     { const k3::Engine e(*layouts[i].dir, *layouts[i].load); }
     cold[i] = k3::now_seconds() - t0;
-    cold_read[i] = process_work().storage_read_bytes - w0.storage_read_bytes;
+    cold_read[i] = storage_read_bytes() - read0;
     t0 = k3::now_seconds();
     { const k3::Engine e(*layouts[i].dir, *layouts[i].load); }
     const double warm = k3::now_seconds() - t0;
@@ -1545,16 +1533,18 @@ int run_container(const ContainerArgs& a) {
     std::printf("%-10s %12.3f %12.3f   (K3_MMAP=1)\n", "mapped", cold_mmap, warm_mmap);
     std::printf("load speed-up, cold: %.1fx copying, %.1fx mapped (target >= 20x at K3_BITS=%d)\n",
                 cold[0] / cold[1], cold[0] / cold_mmap, a.bits);
-    // A copying load must read its bytes from the drive: at the drive's best rate that takes
-    // at least this long, which caps its speed-up over this snapshot load.
-    const double floor_s = static_cast<double>(cold_read[1]) / 1e9 / drive;
-    std::printf(
-        "copying load's floor: %.3f GB at the drive's %.3f GB/s = %.3f s (measured %.3f s = "
-        "%.2fx the floor); so at most %.1fx faster than this snapshot load\n",
-        static_cast<double>(cold_read[1]) / 1e9, drive, floor_s, cold[1], cold[1] / floor_s,
-        cold[0] / floor_s);
-    add_result("container_load_copy_vs_floor", cold[1], "s", floor_s / cold[1]);
-    add_result("container_load_speedup_ceiling", cold[0] / floor_s, "x", cold[0] / floor_s);
+    if (drive > 0 && cold_read[1] > 0) {
+      // A copying load must read its bytes from the drive: at the drive's best rate that takes
+      // at least this long, which caps its speed-up over this snapshot load.
+      const double floor_s = static_cast<double>(cold_read[1]) / 1e9 / drive;
+      std::printf(
+          "copying load's floor: %.3f GB at the drive's %.3f GB/s = %.3f s (measured %.3f s = "
+          "%.2fx the floor); so at most %.1fx faster than this snapshot load\n",
+          static_cast<double>(cold_read[1]) / 1e9, drive, floor_s, cold[1], cold[1] / floor_s,
+          cold[0] / floor_s);
+      add_result("container_load_copy_vs_floor", cold[1], "s", floor_s / cold[1]);
+      add_result("container_load_speedup_ceiling", cold[0] / floor_s, "x", cold[0] / floor_s);
+    }
     add_result("container_load_speedup", cold[0] / cold[1], "x", cold[0] / cold[1]);
     add_result("container_load_speedup_mmap", cold[0] / cold_mmap, "x", cold[0] / cold_mmap);
   }
