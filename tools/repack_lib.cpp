@@ -233,18 +233,19 @@ struct OutputFile {
   }
 };
 
-// What one source shard becomes: its output files (writers with lazy fills, nothing read yet),
-// the matrices quantised on the way and the tensors copied unchanged.
-struct ShardPlan {
-  std::vector<std::unique_ptr<OutputFile>> files;
-  std::vector<std::shared_ptr<Quantised>> quantised;
-  std::vector<const TensorInfo*> copies;
-};
-
 // A source shard holding text tensors, with its number (from its name, else its position).
 struct SourceShard {
   int64_t number;
   const SafetensorsShard* shard;
+};
+
+// What one source shard becomes: its output files (writers with lazy fills, nothing read yet),
+// the matrices quantised on the way and the tensors copied unchanged.
+struct ShardPlan {
+  SourceShard source;
+  std::vector<std::unique_ptr<OutputFile>> files;
+  std::vector<std::shared_ptr<Quantised>> quantised;
+  std::vector<const TensorInfo*> copies;
 };
 
 using Log = std::function<void(const std::string&)>;
@@ -431,6 +432,7 @@ std::shared_ptr<Quantised> add_quantised(Run& state, OutputFile& out, const Safe
 ShardPlan plan_shard(Run& state, const SourceShard& src) {
   const Options& options = state.options;
   ShardPlan plan;
+  plan.source = src;
   for (int64_t k = 0; k <= state.stripes; ++k) {
     auto f = std::make_unique<OutputFile>();
     f->name = output_shard_name(src.number, state.total, k);
@@ -494,22 +496,19 @@ ShardPlan plan_shard(Run& state, const SourceShard& src) {
   return plan;
 }
 
-// Writes the selected shards not complete from an earlier run, with progress and a log line each.
-void write_shards(Run& state, const std::vector<SourceShard>& shards,
-                  const std::set<int64_t>& selected, Summary& summary, const Log& log) {
+// Writes the planned shards not complete from an earlier run, with progress and a log line each.
+void write_shards(Run& state, const std::vector<ShardPlan>& plans, Summary& summary,
+                  const Log& log) {
   // The whole run's size, for the overall figures in each shard's progress label.
   uint64_t run_bytes = 0;
-  for (const SourceShard& src : shards) {
-    if (!selected.count(src.number)) continue;
-    for (const auto& f : plan_shard(state, src).files) run_bytes += f->writer.file_bytes();
-  }
+  for (const ShardPlan& plan : plans)
+    for (const auto& f : plan.files) run_bytes += f->writer.file_bytes();
   uint64_t run_done = 0;
   const double run_start = now_seconds();
   int64_t index_in_run = 0;
-  for (const SourceShard& src : shards) {
-    if (!selected.count(src.number)) continue;
+  for (const ShardPlan& plan : plans) {
+    const SourceShard& src = plan.source;
     ++index_in_run;
-    const ShardPlan plan = plan_shard(state, src);
     const auto& files = plan.files;
     uint64_t shard_bytes = 0;
     bool complete = true;
@@ -518,7 +517,7 @@ void write_shards(Run& state, const std::vector<SourceShard>& shards,
       complete = complete && already_complete(f->path, f->writer);
     }
     const std::string label = output_shard_name(src.number, state.total) + " [" +
-                              std::to_string(index_in_run) + "/" + std::to_string(selected.size()) +
+                              std::to_string(index_in_run) + "/" + std::to_string(plans.size()) +
                               "]";
     if (complete) {
       ++summary.shards_kept;
@@ -652,8 +651,8 @@ void copy_snapshot_files(const std::string& source, const std::string& dest) {
 
 // --verify-full for one source shard: every output tensor against the source (bytes, or the
 // quantisation re-derived), padding all zero. Returns the tensors verified.
-uint64_t verify_shard(Run& state, const SourceShard& src) {
-  const ShardPlan plan = plan_shard(state, src);
+uint64_t verify_shard(Run& state, const ShardPlan& plan) {
+  const SourceShard& src = plan.source;
   std::map<std::string, const TensorInfo*> copy_by_name;
   for (const TensorInfo* t : plan.copies) copy_by_name[t->name] = t;
   std::map<std::string, std::shared_ptr<Quantised>> quant_by_name;
@@ -694,6 +693,7 @@ uint64_t verify_shard(Run& state, const SourceShard& src) {
         out.file().read_exact(scales.data(), sidecar->nbytes, sidecar->file_offset, sidecar->name);
         if (std::memcmp(scales.data(), q->second->scales.data(), sidecar->nbytes) != 0)
           throw Error(where + ".qs: scales differ from the source re-quantised");
+        std::vector<float>().swap(q->second->scales);  // the plan outlives this shard's check
         ++verified;
         continue;
       }
@@ -797,22 +797,25 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   state.total = static_cast<int64_t>(shards.size());
   if (state.total == 0) throw Error(options.source + ": no shard holds text-model tensors");
   const std::set<int64_t> selected = selected_shards(options, shards);
+  // Every selected shard planned before anything is written (a bad source stops the run here).
+  std::vector<ShardPlan> plans;
+  for (const SourceShard& src : shards)
+    if (selected.count(src.number)) plans.push_back(plan_shard(state, src));
   std::vector<std::string> dirs{options.dest};
   for (const std::string& d : options.stripe) dirs.push_back(d);
   prepare_output_dirs(dirs);
 
   Summary summary;
   summary.shards_total = state.total;
-  write_shards(state, shards, selected, summary, log);
+  write_shards(state, plans, summary, log);
   summary.shards_present = write_index(state, dirs);
   copy_snapshot_files(options.source, options.dest);
   if (options.verify_full)
-    for (const SourceShard& src : shards) {
-      if (!selected.count(src.number)) continue;
-      const uint64_t verified = verify_shard(state, src);
+    for (const ShardPlan& plan : plans) {
+      const uint64_t verified = verify_shard(state, plan);
       summary.tensors_verified += verified;
-      log(output_shard_name(src.number, state.total) + ": verified " + std::to_string(verified) +
-          " tensors against " + src.shard->path());
+      log(output_shard_name(plan.source.number, state.total) + ": verified " +
+          std::to_string(verified) + " tensors against " + plan.source.shard->path());
     }
   summary.bytes_read = state.bytes_read.load();
   summary.seconds = now_seconds() - t0;
