@@ -6,21 +6,28 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 DEMO := $(BUILD)/demo-model
 
-.PHONY: setup build run test bench asan clean format format-check train train-test train-export install quiet-build
+.PHONY: setup setup-test build run test bench asan clean format format-check train train-test train-export install quiet-build
 
+# `make run` and `make install` need only what builds the programs; the tests, benchmarks and
+# their oracles (GoogleTest, Chromium, Node.js, ...) come with `make build` / `make test`.
 setup:
 	@bash scripts/setup.sh
 
-build: setup
-	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+setup-test:
+	@bash scripts/setup.sh --test
+
+# Everything: programs, tests and benchmarks.
+FULL_FLAGS := -DK3_BUILD_TESTS=ON -DK3_BUILD_BENCH=ON
+build: setup-test
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(FULL_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # kimi_k3, coli, k3_synth, k3_repack, k3_bench into $(PREFIX)/bin and the built-in model into
 # $(PREFIX)/share/kimi_k3/k3-mini (coli's default model once the source tree is gone).
 PREFIX ?= /usr/local
 install: setup
-	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(RUN_FLAGS) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) --target kimi_k3 coli k3_synth k3_repack $(if $(filter ON,$(BENCH_IN_CACHE)),k3_bench)
 	@cmake --install $(BUILD) >/dev/null
 	@echo "installed kimi_k3, coli, k3_synth, k3_repack, k3_bench in $(PREFIX)/bin; the built-in model in $(PREFIX)/share/kimi_k3/k3-mini"
 
@@ -33,11 +40,15 @@ $(DEMO)/config.json: | build
 
 # One chat turn, thinking on, in the model's training distribution (tools/train/README.md: the
 # synthetic chats); it stops by itself at <|end_of_msg|> (--ngen is only a cap).
-# The build's own lines, less cmake's "Built target" list (all that an up-to-date build prints);
-# compile progress and errors still show, and the build's exit status is kept.
+# `make run` builds kimi_k3 alone. A fresh build folder is configured without the tests and
+# benchmarks (their packages are not installed by `make run`); one that `make build` / `make test`
+# configured keeps them. The build's own lines, less cmake's "Built target" list (all that an
+# up-to-date build prints); compile progress and errors still show, and the exit status is kept.
+BENCH_IN_CACHE = $(shell sed -n 's/^K3_BUILD_BENCH:BOOL=//p' $(BUILD)/CMakeCache.txt 2>/dev/null)
+RUN_FLAGS = $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DK3_BUILD_TESTS=OFF -DK3_BUILD_BENCH=OFF)
 quiet-build: setup
-	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
-	@{ cmake --build $(BUILD) -j $(JOBS) 2>&1; echo $$? > $(BUILD)/.build-rc; } | grep -v '\] Built target'; exit $$(cat $(BUILD)/.build-rc)
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(RUN_FLAGS) >/dev/null
+	@{ cmake --build $(BUILD) -j $(JOBS) --target kimi_k3 2>&1; echo $$? > $(BUILD)/.build-rc; } | grep -v '\] Built target'; exit $$(cat $(BUILD)/.build-rc)
 
 run: quiet-build
 	@test -f $(MINI)/config.json || { echo "make run: $(MINI)/config.json is missing (the trained tiny K3 ships in the source tree)"; exit 1; }
@@ -46,7 +57,7 @@ run: quiet-build
 
 # The test oracles from npm (pinned in tests/node/package-lock.json), installed once.
 NODE_TEST_DEPS := tests/node/node_modules/.package-lock.json
-$(NODE_TEST_DEPS): tests/node/package-lock.json | setup
+$(NODE_TEST_DEPS): tests/node/package-lock.json | setup-test
 	@npm ci --prefix tests/node --ignore-scripts --no-audit --no-fund >/dev/null
 
 # On an AVX-512 machine the suites whose outcome depends on the generated text (prefix reuse and
@@ -67,7 +78,7 @@ test: build $(NODE_TEST_DEPS)
 
 # Parsers, kernels and the text front end again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (the npm differential fuzz drives the sanitized coli too).
-asan: setup $(NODE_TEST_DEPS)
+asan: setup-test $(NODE_TEST_DEPS)
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test \
 	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test text_review_test \
