@@ -1,5 +1,5 @@
-// apps/k3_options_md — README.md's option table, generated from the option table itself
-// (options/options.h). README.md holds it between "<!-- options-table -->" and
+// apps/k3_options_md — docs/options.md's option table, generated from the option table itself
+// (options/options.h). docs/options.md holds it between "<!-- options-table -->" and
 // "<!-- /options-table -->"; tests/options_test fails when that copy is stale.
 //   k3_options_md                 print the table
 //   k3_options_md --write FILE    replace the marked section of FILE with it
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc != 3 || std::string(argv[1]) != "--write") {
-    std::fprintf(stderr, "usage: k3_options_md [--write README.md]\n");
+    std::fprintf(stderr, "usage: k3_options_md [--write docs/options.md]\n");
     return 2;
   }
   try {

@@ -147,4 +147,4 @@ TEST(Cli, HelpListsTheEnvironmentVariables) {
 
 }  // namespace
 
-// README.md's option table: OptionsReadme.TableIsCurrent (tests/options_test.cpp).
+// docs/options.md's option table: OptionsReadme.TableIsCurrent (tests/options_test.cpp).

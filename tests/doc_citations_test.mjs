@@ -5,7 +5,7 @@
 //   node tests/doc_citations_test.mjs [repository root]      (default: the current directory)
 //
 // What is read: text files under src/ apps/ tools/ tests/ bench/ docs/ web/ ref/ cmake/
-// scripts/, and the top-level README.md, CMakeLists.txt and Makefile (node_modules, build
+// scripts/, and the top-level README.md, CONTRIBUTING.md, CMakeLists.txt and Makefile (node_modules, build
 // trees and data files are skipped). A cited path is looked up beside the citing file, then
 // from the repository root. A bare "§N.N" with no file before it refers to the page itself in
 // docs/, and elsewhere to the docs/ page cited last before it in the same file (none: not
@@ -16,7 +16,7 @@ import path from 'node:path';
 
 const root = path.resolve(process.argv[2] ?? '.');
 const DIRS = ['src', 'apps', 'tools', 'tests', 'bench', 'docs', 'web', 'ref', 'cmake', 'scripts'];
-const TOP_FILES = ['README.md', 'CMakeLists.txt', 'Makefile'];
+const TOP_FILES = ['README.md', 'CONTRIBUTING.md', 'CMakeLists.txt', 'Makefile'];
 const TEXT_EXT = new Set(['.h', '.hpp', '.c', '.cc', '.cpp', '.inc', '.mjs', '.js', '.cjs', '.ts',
                           '.sh', '.py', '.md', '.txt', '.cmake', '.html', '.css']);
 const SKIP_DIRS = new Set(['node_modules', '.git', 'build', 'data']);  // tests/data: fixtures

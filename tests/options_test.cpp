@@ -1,7 +1,7 @@
 // options_test — run-time options (options/options.h): defaults, flag > environment > default,
 // refusals naming the flag or variable, every boolean form, unknown K3_* / COLI_* variables with
 // the nearest known name, "was it given?", per-program defaults and help, --version, and
-// README.md's copy of the option table.
+// docs/options.md's copy of the option table.
 #include "options/options.h"
 
 #include <gtest/gtest.h>
@@ -505,17 +505,18 @@ TEST(OptionsHelp, Version) {
   }
 }
 
-// README.md's option table is the generated one (regenerate: build/apps/k3_options_md --write
-// README.md).
+// docs/options.md's option table is the generated one (regenerate: build/apps/k3_options_md
+// --write docs/options.md).
 TEST(OptionsReadme, TableIsCurrent) {
-  const std::string readme = k3::read_text_file(std::string(K3_SOURCE_DIR) + "/README.md");
+  const std::string readme = k3::read_text_file(std::string(K3_SOURCE_DIR) + "/docs/options.md");
   const std::string open = "<!-- options-table -->\n", close = "<!-- /options-table -->";
   const size_t begin = readme.find(open), end = readme.find(close);
   ASSERT_NE(begin, std::string::npos);
   ASSERT_NE(end, std::string::npos);
   EXPECT_EQ(readme.substr(begin + open.size(), end - begin - open.size()),
             k3::options_table_markdown())
-      << "README.md's option table is stale: run build/apps/k3_options_md --write README.md";
+      << "docs/options.md's option table is stale: run build/apps/k3_options_md --write "
+         "docs/options.md";
 }
 
 }  // namespace

@@ -200,7 +200,7 @@ std::string model_note(const Options& options);
 std::vector<int64_t> parse_id_list(const std::string& text);
 
 // The option table as Markdown ("| flag | variable | default | range | group | meaning |"), each
-// row with kimi_k3's default and coli's where it differs. README.md holds a copy between
+// row with kimi_k3's default and coli's where it differs. docs/options.md holds a copy between
 // "<!-- options-table -->" markers: apps/k3_options_md regenerates it, options_test checks it.
 std::string options_table_markdown();
 
