@@ -42,6 +42,12 @@ std::vector<std::string> read_key_file(const std::string& path) {
   return keys;
 }
 
+// What the built-in model is (assets/k3-mini/README.md), said on the web page's start screen
+// (GET /v1/models meta.description): people who open it should not expect answers.
+constexpr const char* kBuiltinModelDescription =
+    "k3-mini: an 11M-parameter model of the Kimi K3 architecture trained on the Brown corpus. "
+    "It writes Brown-style English; it does not answer questions.";
+
 }  // namespace
 
 k3::ServiceOptions service_options(const k3::Options& opt) {
@@ -72,6 +78,7 @@ k3::server::ApiConfig api_config(const k3::Options& opt) {
   api.default_top_p = opt.sampling.top_p;
   api.default_top_k = opt.sampling.top_k;
   api.default_min_p = opt.sampling.min_p;
+  if (opt.builtin_model) api.model_description = kBuiltinModelDescription;
   return api;
 }
 

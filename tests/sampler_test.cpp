@@ -135,6 +135,114 @@ TEST(Sampler, EdgesAndSeeds) {
   EXPECT_NE(sa, sc);
 }
 
+// Draws `n` tokens and counts them.
+std::map<int64_t, int> draw(const std::vector<float>& logits, const SamplingOptions& o, int n,
+                            uint64_t seed = 7) {
+  Sampler s(o, seed);
+  std::map<int64_t, int> got;
+  for (int i = 0; i < n; ++i) ++got[s.sample(logits)];
+  return got;
+}
+
+// Logits whose softmax at temperature 1 is proportional to `relative` (the first is the top).
+std::vector<float> logits_of(const std::vector<double>& relative) {
+  std::vector<float> out;
+  for (double p : relative) out.push_back(static_cast<float>(std::log(p)));
+  return out;
+}
+
+// The drawn ids are exactly `want` (each reached, none other), each at its weight / the sum of
+// the weights, within 4.5 sigma of a binomial.
+void expect_draws(const std::map<int64_t, int>& got, const std::map<int64_t, double>& want, int n,
+                  const std::string& what) {
+  std::set<int64_t> got_ids, want_ids;
+  for (const auto& [id, count] : got) got_ids.insert(id);
+  double total = 0;
+  for (const auto& [id, w] : want) {
+    want_ids.insert(id);
+    total += w;
+  }
+  EXPECT_EQ(got_ids, want_ids) << what;
+  for (const auto& [id, w] : want) {
+    const double p = w / total, expected = p * n, sigma = std::sqrt(n * p * (1 - p));
+    const auto it = got.find(id);
+    EXPECT_NEAR(it == got.end() ? 0 : it->second, expected, 4.5 * sigma + 2)
+        << what << ": token " << id;
+  }
+}
+
+TEST(Sampler, TopKKeepsExactlyTheKMostLikely) {
+  // 300 tokens of similar weight: without top-k a draw of 20000 reaches most of them.
+  const auto logits = random_logits(300, 23, 0.3f);
+  std::vector<int64_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  for (const int64_t k : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{40}}) {
+    SamplingOptions o;
+    o.temperature = 1.0;
+    o.top_k = k;
+    std::map<int64_t, double> want;
+    for (int64_t i = 0; i < k; ++i) want[order[i]] = std::exp(logits[order[i]] - logits[order[0]]);
+    expect_draws(draw(logits, o, 20000), want, 20000, "top_k " + std::to_string(k));
+  }
+  // 0 and k >= the vocabulary: no filter.
+  for (const int64_t k : {int64_t{0}, int64_t{300}, int64_t{1} << 30}) {
+    SamplingOptions o;
+    o.temperature = 1.0;
+    o.top_k = k;
+    EXPECT_GT(draw(logits, o, 20000).size(), 290u) << "top_k " << k;
+  }
+}
+
+TEST(Sampler, MinPDropsTokensBelowMinPTimesTheTopProbability) {
+  // Probabilities relative to the top one; min-p 0.3 keeps 1, 0.6, 0.31 and drops 0.29 and below.
+  const std::vector<double> relative = {0.29, 1.0, 0.1, 0.6, 0.05, 0.31, 0.01};
+  const auto logits = logits_of(relative);
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.min_p = 0.3;
+  expect_draws(draw(logits, o, 40000), {{1, 1.0}, {3, 0.6}, {5, 0.31}}, 40000, "min_p 0.3");
+  // The threshold applies to the probabilities at the temperature: at 2 they are the square
+  // roots (0.54, 1, 0.32, 0.77, 0.22, 0.56, 0.1), so 0.29 and 0.1 pass as well.
+  o.temperature = 2.0;
+  std::map<int64_t, double> want;
+  for (int64_t id : {0, 1, 2, 3, 5}) want[id] = std::sqrt(relative[id]);
+  expect_draws(draw(logits, o, 40000), want, 40000, "min_p 0.3 at temperature 2");
+  // min-p 0 keeps everything; 1 keeps the top token only.
+  o.temperature = 1.0;
+  o.min_p = 0.0;
+  EXPECT_EQ(draw(logits, o, 40000).size(), relative.size());
+  o.min_p = 1.0;
+  expect_draws(draw(logits, o, 1000), {{1, 1.0}}, 1000, "min_p 1");
+}
+
+TEST(Sampler, TopKMinPAndTopPTogetherInTheirOrder) {
+  // Relative probabilities 1, .8, .6, .5, .4, .2, .1 (ids shuffled). top-k 5 keeps the first
+  // five, min-p 0.45 the first four (total 2.9); top-p 0.75 then needs 2.175 of that mass:
+  // 1 + .8 + .6 = 2.4 reaches it, so three tokens are drawn, in proportion 1 : .8 : .6.
+  // (Top-p before min-p, as llama.cpp orders them, would measure 0.75 of the top-k set's 3.3
+  // and keep four.)
+  const auto logits = logits_of({0.2, 0.6, 1.0, 0.1, 0.5, 0.8, 0.4});
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_k = 5;
+  o.min_p = 0.45;
+  o.top_p = 0.75;
+  expect_draws(draw(logits, o, 40000), {{2, 1.0}, {5, 0.8}, {1, 0.6}}, 40000, "combined");
+  // Each filter alone, as a check that the case needs all three.
+  SamplingOptions k = o, m = o, p = o;
+  k.min_p = 0.0;
+  k.top_p = 1.0;
+  m.top_k = 0;
+  m.top_p = 1.0;
+  p.top_k = 0;
+  p.min_p = 0.0;
+  EXPECT_EQ(draw(logits, k, 40000).size(), 5u);
+  EXPECT_EQ(draw(logits, m, 40000).size(), 4u);
+  EXPECT_EQ(draw(logits, p, 40000).size(), 4u);  // 0.75 of 3.6: 1 + .8 + .6 + .5
+}
+
 // Exact values on a small vector: every number is a sum or product of powers of two, so float
 // arithmetic gives them exactly.
 const std::vector<float> kSmall = {2.0f, -1.0f, 0.5f, 3.0f, -0.5f, 1.0f};

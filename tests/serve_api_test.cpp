@@ -3,8 +3,10 @@
 // handlers are tested in serve_routes_test.cpp.
 #include <gtest/gtest.h>
 
+#include "server/anthropic.h"
 #include "server/api.h"
 #include "server/http_server.h"
+#include "server/responses.h"
 #include "server/routes.h"
 #include "server/security.h"
 
@@ -185,6 +187,101 @@ TEST(ServeApi, AcceptsWhatSdksSend) {
   EXPECT_EQ(neutral.frequency_penalty, 0.0);
   EXPECT_EQ(neutral.repeat_penalty, 1.0);
   EXPECT_EQ(neutral.repeat_last_n, 64);  // llama.cpp's default window
+}
+
+// An out-of-range number is a 400 whose message names the field, the value sent and the range,
+// on every API shape that takes sampling fields.
+TEST(ServeApi, OutOfRangeMessagesNameTheFieldTheValueAndTheRange) {
+  struct RangeCase {
+    std::variant<ChatRequest, ApiError> (*parse)(const std::string&);
+    std::string extra, param, message;
+  };
+  auto chat =
+      +[](const std::string& extra) { return parse_chat_request(with(extra), ApiConfig{}); };
+  auto completion = +[](const std::string& extra) {
+    auto r =
+        parse_completion_request(R"({"model":"kimi-k3","prompt":"x",)" + extra + "}", ApiConfig{});
+    if (auto* e = std::get_if<ApiError>(&r)) return std::variant<ChatRequest, ApiError>(*e);
+    return std::variant<ChatRequest, ApiError>(ChatRequest{});
+  };
+  auto messages = +[](const std::string& extra) {
+    auto r = parse_messages_request(
+        R"({"model":"kimi-k3","max_tokens":8,"messages":[{"role":"user","content":"hi"}],)" +
+            extra + "}",
+        ApiConfig{}, false);
+    if (auto* e = std::get_if<ApiError>(&r)) return std::variant<ChatRequest, ApiError>(*e);
+    return std::variant<ChatRequest, ApiError>(ChatRequest{});
+  };
+  auto responses = +[](const std::string& extra) {
+    auto r =
+        parse_responses_request(R"({"model":"kimi-k3","input":"hi",)" + extra + "}", ApiConfig{});
+    if (auto* e = std::get_if<ApiError>(&r)) return std::variant<ChatRequest, ApiError>(*e);
+    return std::variant<ChatRequest, ApiError>(ChatRequest{});
+  };
+  const std::vector<RangeCase> cases = {
+      {chat, R"("top_k":-1)", "top_k", "'top_k' is -1; it must be in [0, 1073741824]"},
+      {chat, R"("top_k":18446744073709551615)", "top_k",
+       "'top_k' is 18446744073709551615; it must be in [0, 1073741824]"},
+      {chat, R"("top_k":1e20)", "top_k", "'top_k' is 1e+20; it must be in [0, 1073741824]"},
+      {chat, R"("min_p":1.5)", "min_p", "'min_p' is 1.5; it must be in [0, 1]"},
+      {chat, R"("top_p":0)", "top_p", "'top_p' is 0; it must be in (0, 1]"},
+      {chat, R"("temperature":2.5)", "temperature", "'temperature' is 2.5; it must be in [0, 2]"},
+      {chat, R"("frequency_penalty":-3)", "frequency_penalty",
+       "'frequency_penalty' is -3; it must be in [-2, 2]"},
+      {chat, R"("presence_penalty":2.25)", "presence_penalty",
+       "'presence_penalty' is 2.25; it must be in [-2, 2]"},
+      {chat, R"("repeat_penalty":0)", "repeat_penalty",
+       "'repeat_penalty' is 0; it must be in (0, 10]"},
+      {chat, R"("repeat_last_n":-2)", "repeat_last_n",
+       "'repeat_last_n' is -2; it must be in [-1, 1073741824]"},
+      {chat, R"("max_tokens":0)", "max_tokens", "'max_tokens' is 0; it must be in [1, 2147483647]"},
+      {chat, R"("n_predict":-2)", "n_predict", "'n_predict' is -2; it must be in [-1, 2147483647]"},
+      {chat, R"("n_predict":0)", "n_predict",
+       "'n_predict' is 0; it must be -1 (up to --max-tokens) or in [1, 2147483647]"},
+      {completion, R"("top_k":-5)", "top_k", "'top_k' is -5; it must be in [0, 1073741824]"},
+      {completion, R"("n_predict":0)", "n_predict",
+       "'n_predict' is 0; it must be -1 (up to --max-tokens) or in [1, 2147483647]"},
+      {messages, R"("temperature":1.5)", "temperature",
+       "'temperature' is 1.5; it must be in [0, 1]"},
+      {messages, R"("top_k":-1)", "top_k", "'top_k' is -1; it must be in [0, 1073741824]"},
+      {messages, R"("top_p":1.01)", "top_p", "'top_p' is 1.01; it must be in (0, 1]"},
+      {responses, R"("top_p":2)", "top_p", "'top_p' is 2; it must be in (0, 1]"},
+      {responses, R"("temperature":-0.5)", "temperature",
+       "'temperature' is -0.5; it must be in [0, 2]"},
+      {responses, R"("min_p":7)", "min_p", "'min_p' is 7; it must be in [0, 1]"},
+  };
+  for (const RangeCase& c : cases) {
+    const auto r = c.parse(c.extra);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << "accepted: " << c.extra;
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.status, 400) << c.extra;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.extra;
+    EXPECT_EQ(e.message, c.message) << c.extra;
+  }
+}
+
+// llama-server's n_predict on the OpenAI routes: the reply budget, winning over max_tokens as
+// there; -1 is the --max-tokens ceiling; larger values clamp to it.
+TEST(ServeApi, NPredictIsTheReplyBudget) {
+  EXPECT_EQ(accepted(with(R"("n_predict":5)")).max_tokens, 5);
+  EXPECT_EQ(accepted(with(R"("max_tokens":100,"n_predict":5)")).max_tokens, 5);
+  EXPECT_EQ(accepted(with(R"("n_predict":5,"max_completion_tokens":100)")).max_tokens, 5);
+  EXPECT_EQ(accepted(with(R"("n_predict":-1,"max_tokens":100)")).max_tokens,
+            config().max_tokens_ceiling);
+  EXPECT_EQ(accepted(with(R"("n_predict":999999999)")).max_tokens, config().max_tokens_ceiling);
+  EXPECT_EQ(accepted(with(R"("n_predict":null,"max_tokens":7)")).max_tokens, 7);
+  auto completion =
+      parse_completion_request(R"({"model":"kimi-k3","prompt":"x","n_predict":3})", ApiConfig{});
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(completion));
+  EXPECT_EQ(std::get<CompletionRequest>(completion).max_tokens, 3);
+  const std::vector<Case> cases = {
+      {with(R"("n_predict":"5")"), 400, "invalid_value", "n_predict"},
+      {with(R"("n_predict":2.5)"), 400, "invalid_value", "n_predict"},
+      {with(R"("n_predict":0)"), 400, "invalid_value", "n_predict"},
+      {with(R"("n_predict":2147483648)"), 400, "invalid_value", "n_predict"},
+  };
+  expect_refusals(cases,
+                  [](const std::string& body) { return parse_chat_request(body, config()); });
 }
 
 TEST(ServeApi, CompletionRequests) {

@@ -227,6 +227,77 @@ TEST(ServeSampling, PenaltiesChooseTheArgmaxOfThePenalisedLogits) {
             plain["choices"][0]["text"]);
 }
 
+// The filters reach the sampler on every API shape: a sampled request (temperature 1, a seed)
+// whose sampled text differs from the greedy one gives the greedy text with top_k 1, and with
+// min_p 1 (only the most likely token passes), where the API has min_p.
+TEST(ServeSampling, TopKOneAndMinPOneMakeASampledRequestGreedy) {
+  struct Api {
+    std::string path;
+    std::string body;  // without the closing brace
+    std::string (*text)(const json&);
+    bool has_min_p;
+  };
+  const std::vector<Api> apis = {
+      {"/v1/chat/completions",
+       R"({"model":"kimi-k3","messages":[{"role":"user","content":"Tell me a story."}],
+           "max_tokens":12,"reasoning_effort":"none")",
+       [](const json& j) { return j["choices"][0]["message"]["content"].get<std::string>(); },
+       true},
+      {"/v1/completions", R"({"model":"kimi-k3","prompt":"Once upon a time","max_tokens":12)",
+       [](const json& j) { return j["choices"][0]["text"].get<std::string>(); }, true},
+      {"/v1/messages",
+       R"({"model":"kimi-k3","messages":[{"role":"user","content":"Tell me a story."}],
+           "max_tokens":12,"thinking":{"type":"disabled"})",
+       [](const json& j) {
+         std::string out;
+         for (const json& b : j["content"])
+           if (b["type"] == "text") out += b["text"].get<std::string>();
+         return out;
+       },
+       false},
+      {"/v1/responses",
+       R"({"model":"kimi-k3","input":"Tell me a story.","max_output_tokens":12,
+           "reasoning":{"effort":"none"})",
+       [](const json& j) {
+         std::string out;
+         for (const json& item : j["output"])
+           if (item["type"] == "message")
+             for (const json& part : item["content"]) out += part["text"].get<std::string>();
+         return out;
+       },
+       true},
+  };
+  for (const Api& api : apis) {
+    auto text = [&](const std::string& extra) {
+      return api.text(post_json(api.path, api.body + "," + extra + "}"));
+    };
+    const std::string greedy = text(R"("temperature":0)");
+    ASSERT_FALSE(greedy.empty()) << api.path;
+    // The case can tell: without a filter the sampled text is another.
+    EXPECT_NE(text(R"("temperature":1,"seed":11)"), greedy) << api.path;
+    EXPECT_EQ(text(R"("temperature":1,"seed":11,"top_k":1)"), greedy) << api.path << " top_k 1";
+    if (api.has_min_p) {
+      EXPECT_EQ(text(R"("temperature":1,"seed":11,"min_p":1)"), greedy) << api.path << " min_p 1";
+    }
+  }
+}
+
+// GET /v1/models says what the model is when the server was told (coli serve on the built-in
+// model), and says nothing otherwise.
+TEST(ServeSampling, ModelsCarryTheDescription) {
+  const json plain = json::parse(call("GET", "/v1/models").body);
+  EXPECT_FALSE(plain["data"][0]["meta"].contains("description")) << plain.dump();
+  ServerOptions o;
+  o.api.model_description = "k3-mini: a small model.";
+  Router described(shared_service(), o);
+  const HttpResponse res = described.serve(testing::demo_request("GET", "/v1/models"));
+  ASSERT_EQ(res.status, 200) << res.body;
+  EXPECT_EQ(json::parse(res.body)["data"][0]["meta"]["description"], "k3-mini: a small model.");
+  const HttpResponse one = described.serve(testing::demo_request("GET", "/v1/models/kimi-k3"));
+  ASSERT_EQ(one.status, 200) << one.body;
+  EXPECT_EQ(json::parse(one.body)["meta"]["description"], "k3-mini: a small model.");
+}
+
 TEST(ServeSampling, PropsDescribeTheServer) {
   const HttpResponse res = call("GET", "/props");
   ASSERT_EQ(res.status, 200) << res.body;

@@ -1,7 +1,8 @@
 // web/api.js — the page's protocol helpers, free of DOM so Node tests can run them:
-// an incremental Server-Sent Events parser, the chat request body, the error text of a failed
-// response, a Prometheus text parser for /metrics, the stored settings' migration, conversation
-// search, the JSON and Markdown exports, and the context-usage figures.
+// an incremental Server-Sent Events parser, the chat request body (sampling settings included),
+// the start screen's model line, the error text of a failed response, a Prometheus text parser
+// for /metrics, the stored settings' migration, conversation search, the JSON and Markdown
+// exports, and the context-usage figures.
 
 // Incremental SSE parser (the WHATWG event-stream rules that matter here). push(text) returns
 // the events completed by that text, each {data} for a `data:` event or {comment} for a `:` line
@@ -91,18 +92,44 @@ export const DEFAULT_MAX_TOKENS = 512;
 const OLD_DEFAULT_MAX_TOKENS = 4096;  // what pages before settings version 2 stored
 export const SETTINGS_VERSION = 2;
 
+// The samplers the page offers besides temperature: the setting, the request field it becomes,
+// and the input that edits it (web/index.html, which holds the ranges the server accepts:
+// docs/serving.md §3.6.1). null (an empty input) sends nothing, so the server's default applies.
+export const SAMPLING_FIELDS = Object.freeze([
+  { key: 'topP', param: 'top_p', input: 'top-p' },
+  { key: 'topK', param: 'top_k', input: 'top-k' },
+  { key: 'minP', param: 'min_p', input: 'min-p' },
+  { key: 'seed', param: 'seed', input: 'seed' },
+  { key: 'frequencyPenalty', param: 'frequency_penalty', input: 'frequency-penalty' },
+  { key: 'presencePenalty', param: 'presence_penalty', input: 'presence-penalty' },
+  { key: 'repeatPenalty', param: 'repeat_penalty', input: 'repeat-penalty' },
+  { key: 'repeatLastN', param: 'repeat_last_n', input: 'repeat-last-n' },
+].map(Object.freeze));
+
 export const DEFAULT_SETTINGS = Object.freeze({
   version: SETTINGS_VERSION, temperature: 0.6, maxTokens: DEFAULT_MAX_TOKENS, thinking: true,
   effort: DEFAULT_EFFORT, system: '', model: '',
+  ...Object.fromEntries(SAMPLING_FIELDS.map((f) => [f.key, null])),
 });
+
+// A sampling setting as typed or stored → a number, or null for "the server's default" (empty,
+// missing, or not a finite number). Range checks are the server's: it answers a value out of
+// range with an error that names the field, the value and the range, and the page shows it.
+export function samplingValue(raw) {
+  if (raw === null || raw === undefined || (typeof raw === 'string' && !raw.trim()) || typeof raw === 'boolean') return null;
+  const n = Number(raw);
+  return Number.isFinite(n) ? n : null;
+}
 
 // Settings as stored by any version of the page → the current shape. Version 1 stored every
 // field, defaults included, so its 4096-token default is taken for the default it was, and its
-// efforts are mapped onto the template's (an empty effort meant "not sent", i.e. max).
+// efforts are mapped onto the template's (an empty effort meant "not sent", i.e. max). Sampling
+// settings stored by no version (older pages) are null: the server's defaults.
 export function migrateSettings(stored) {
   const s = { ...DEFAULT_SETTINGS, ...(stored && typeof stored === 'object' && !Array.isArray(stored) ? stored : {}) };
   if (!(Number(stored?.version) >= 2) && Number(s.maxTokens) === OLD_DEFAULT_MAX_TOKENS) s.maxTokens = DEFAULT_MAX_TOKENS;
   s.effort = EFFORTS.includes(s.effort) ? s.effort : EFFORT_ALIASES[s.effort] ?? DEFAULT_EFFORT;
+  for (const f of SAMPLING_FIELDS) s[f.key] = samplingValue(s[f.key]);
   s.version = SETTINGS_VERSION;
   return s;
 }
@@ -121,7 +148,21 @@ export function buildRequestBody(settings, model, messages) {
   const maxTokens = Math.floor(Number(settings.maxTokens));
   if (Number.isFinite(maxTokens) && maxTokens >= 1) body.max_completion_tokens = maxTokens;
   if (settings.thinking && EFFORTS.includes(settings.effort)) body.reasoning_effort = settings.effort;
+  for (const f of SAMPLING_FIELDS) {
+    const v = samplingValue(settings[f.key]);
+    if (v !== null) body[f.param] = v;
+  }
   return body;
+}
+
+// The start screen's line about the model: what the server says it is (meta.description, given
+// for the built-in model), else its id and context length. '' before the model list arrives.
+export function modelLine(model, format = (n) => String(n)) {
+  if (!model || typeof model.id !== 'string') return '';
+  const description = model.meta?.description;
+  if (typeof description === 'string' && description.trim()) return description.trim();
+  const context = model.meta?.context_length;
+  return Number.isFinite(context) && context > 0 ? `${model.id} · context ${format(context)} tokens` : model.id;
 }
 
 // The text to show for a failed response: error.message of an OpenAI error envelope, else the

@@ -1,8 +1,8 @@
 // web/app.js — the chat page served by `coli serve` / `coli web` (docs/serving.md §3.12).
 //
 // Talks to its own origin only: GET /health (loading screen, liveness; not polled while a reply
-// streams, since the stream itself drives the Generation panel), GET /v1/models (the model and
-// its context length), GET /metrics (only while the operator fold is open), and
+// streams, since the stream itself drives the Generation panel), GET /v1/models (the model, its
+// context length and, for the built-in model, what it is: the start screen says so), GET /metrics (only while the operator fold is open), and
 // POST /v1/chat/completions streamed as SSE. Model output goes through markdown.js, which builds
 // DOM nodes and never parses HTML. Conversations and settings live in localStorage; the API key
 // lives in sessionStorage only. Exports are made in the page (Blob URLs), never sent anywhere.
@@ -10,6 +10,7 @@ import { parse as parseMarkdown, toDom } from './markdown.js';
 import {
   SseParser, buildMessages, buildRequestBody, errorText, parsePrometheus, EFFORTS, migrateSettings,
   searchConversations, conversationToJson, conversationToMarkdown, exportFileName, contextUsage,
+  SAMPLING_FIELDS, samplingValue, modelLine,
 } from './api.js';
 
 const $ = (id) => document.getElementById(id);
@@ -26,7 +27,8 @@ const state = {
   settings: migrateSettings({}),
   conversations: [],  // [{id, title, created, updated, messages: [{role, content, reasoning, state, error, stats}]}]
   currentId: null,    // null: a fresh, unsaved thread
-  models: [],
+  models: [],         // the ids of /v1/models
+  modelEntries: [],   // its entries (meta: context_length, description)
   active: null,       // the reply being streamed: {conversation, message, controller}
   views: new Map(),   // message → its DOM view, for the messages of the thread on screen
   healthy: false,
@@ -884,6 +886,7 @@ function showHealth(body) {
   }
   if (body.warning) rows.push(['Warning', body.warning]);
   fillList($('health-info'), rows);
+  showSamplingDefaults(body.defaults);
   // The operator's counters, folded away by default.
   const ops = [];
   const q = body.scheduler;
@@ -900,6 +903,18 @@ function showHealth(body) {
   if (Number.isFinite(body.memory?.rss_gb)) ops.push(['Memory', `${fmt(body.memory.rss_gb, 2)} GB`]);
   if (Number.isFinite(body.load_s)) ops.push(['Load time', `${fmt(body.load_s, 1)} s`]);
   fillList($('operator-info'), ops);
+}
+
+// The server's own defaults (authorised /health: the --top-p, --top-k, --min-p it runs with) as
+// the placeholders of the empty sampling inputs.
+function showSamplingDefaults(defaults) {
+  if (!defaults) return;
+  for (const [param, id] of [['top_p', 'top-p'], ['top_k', 'top-k'], ['min_p', 'min-p']]) {
+    const v = defaults[param];
+    if (!Number.isFinite(v)) continue;
+    const off = (param === 'top_p' && v >= 1) || (param !== 'top_p' && v === 0);
+    $(id).placeholder = `${v}${off ? ' (off)' : ''}`;
+  }
 }
 
 function duration(seconds) {
@@ -978,9 +993,11 @@ async function loadModels() {
     const select = $('model');
     select.replaceChildren(...models.map((m) => { const o = el('option', '', m.id); o.value = m.id; return o; }));
     select.value = state.models.includes(state.settings.model) ? state.settings.model : state.models[0] ?? '';
+    state.modelEntries = models;
     const meta = models.find((m) => m.id === select.value)?.meta;
     if (Number.isFinite(meta?.max_output_tokens)) $('max-tokens').max = String(meta.max_output_tokens);
     if (Number.isFinite(meta?.context_length)) state.contextLength = meta.context_length;
+    showModelLine();
     updateContext();
     notice('');
   } catch (e) {
@@ -988,6 +1005,13 @@ async function loadModels() {
   } finally {
     modelsLoading = false;
   }
+}
+
+// The start screen's line on the selected model (api.js modelLine).
+function showModelLine() {
+  const line = modelLine(state.modelEntries.find((m) => m.id === $('model').value), (n) => fmt(n));
+  $('model-line').textContent = line;
+  $('model-line').hidden = !line;
 }
 
 function notice(text) {
@@ -1012,6 +1036,15 @@ function bindSettings() {
   effort.disabled = !s.thinking;
   system.value = s.system ?? '';
   $('api-key').value = apiKey();
+  for (const f of SAMPLING_FIELDS) {
+    const input = $(f.input);
+    input.value = s[f.key] === null ? '' : String(s[f.key]);
+    input.addEventListener('input', () => { s[f.key] = samplingValue(input.value); saveSettings(); });
+  }
+  $('sampling-reset').addEventListener('click', () => {
+    for (const f of SAMPLING_FIELDS) { s[f.key] = null; $(f.input).value = ''; }
+    saveSettings();
+  });
 
   temperature.addEventListener('input', () => {
     s.temperature = Number(temperature.value);
@@ -1029,7 +1062,7 @@ function bindSettings() {
   });
   effort.addEventListener('change', () => { s.effort = effort.value; saveSettings(); });
   system.addEventListener('input', () => { s.system = system.value; saveSettings(); });
-  $('model').addEventListener('change', () => { s.model = $('model').value; saveSettings(); });
+  $('model').addEventListener('change', () => { s.model = $('model').value; saveSettings(); showModelLine(); });
   $('api-key').addEventListener('change', () => {
     try {
       if ($('api-key').value) sessionStorage.setItem(KEYS.apiKey, $('api-key').value);

@@ -57,17 +57,24 @@ bool is_int(const json& v) {
 }
 
 // An integer field (an integral float such as 256.0 is accepted, as SDKs write them).
+// Out of range: "'top_k' is -1; it must be in [0, 1073741824]" (the field, the value as sent,
+// the range).
 std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi,
                                 int64_t& out) {
+  const auto out_of_range = [&] {
+    return invalid_value(param, "'" + param + "' is " + v.dump() + "; it must be in [" +
+                                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  // Whole numbers beyond int64 (1e20, 18446744073709551615) are integers out of range.
+  if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+      std::floor(v.get<double>()) == v.get<double>() && !is_int(v))
+    return out_of_range();
   if (!is_int(v)) return invalid_value(param, "'" + param + "' must be an integer");
   if (v.is_number_unsigned() &&
       v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " +
-                                    std::to_string(hi) + "]");
+    return out_of_range();
   const int64_t x = v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
-  if (x < lo || x > hi)
-    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " +
-                                    std::to_string(hi) + "]");
+  if (x < lo || x > hi) return out_of_range();
   out = x;
   return std::nullopt;
 }
@@ -78,9 +85,8 @@ std::optional<ApiError> get_number(const json& v, const std::string& param, doub
   const double x = v.get<double>();
   if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g]", param.c_str(), lo_open ? "(" : "[",
-                  lo, hi);
-    return invalid_value(param, buf);
+    std::snprintf(buf, sizeof buf, "; it must be in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+    return invalid_value(param, "'" + param + "' is " + v.dump() + buf);
   }
   out = x;
   return std::nullopt;
@@ -321,6 +327,18 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
       if (auto e = get_int(*v, key, 1, (int64_t{1} << 31) - 1, n)) return e;
       r.max_tokens = std::min(n, config.max_tokens_ceiling);  // max_completion_tokens (later) wins
     }
+  }
+  // llama-server's name, which wins over max_tokens there too; -1 = no limit of its own (the
+  // --max-tokens ceiling, then the context). 0 (llama-server: evaluate the prompt only) is not
+  // something this server does.
+  if (const json* v = field("n_predict")) {
+    int64_t n = 0;
+    if (auto e = get_int(*v, "n_predict", -1, (int64_t{1} << 31) - 1, n)) return e;
+    if (n == 0)
+      return invalid_value("n_predict",
+                           "'n_predict' is 0; it must be -1 (up to --max-tokens) or in [1, " +
+                               std::to_string((int64_t{1} << 31) - 1) + "]");
+    r.max_tokens = n < 0 ? config.max_tokens_ceiling : std::min(n, config.max_tokens_ceiling);
   }
   if (const json* v = field("temperature"))
     if (auto e = get_number(*v, "temperature", 0.0, 2.0, false, r.temperature)) return e;

@@ -29,16 +29,19 @@ json model_entry(const HandlerContext& c, const std::string& id) {
   const int64_t loaded = s.state == ServiceStats::State::loading
                              ? c.started_unix
                              : c.started_unix + static_cast<int64_t>(s.load_elapsed_s + 0.5);
+  json meta = json{{"context_length", c.service.context_capacity()},
+                   {"max_output_tokens", c.options.api.max_tokens_ceiling},
+                   {"reasoning", true},
+                   {"tools", true},
+                   {"vision", false},
+                   {"aliases", c.options.api.aliases}};
+  if (!c.options.api.model_description.empty())
+    meta["description"] = c.options.api.model_description;
   return json{{"id", id},
               {"object", "model"},
               {"created", loaded},
               {"owned_by", "local"},
-              {"meta", json{{"context_length", c.service.context_capacity()},
-                            {"max_output_tokens", c.options.api.max_tokens_ceiling},
-                            {"reasoning", true},
-                            {"tools", true},
-                            {"vision", false},
-                            {"aliases", c.options.api.aliases}}}};
+              {"meta", std::move(meta)}};
 }
 
 void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& res,

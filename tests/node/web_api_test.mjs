@@ -1,11 +1,13 @@
 // Unit tests of web/api.js in Node: the web page's SSE parser (every way a stream can be cut
 // into network chunks must give the same events), the chat request body and history, the error
 // text of failed responses, the /metrics parser, the stored settings' migration (max tokens,
-// efforts), conversation search, the JSON and Markdown exports, and the context-usage figures.
+// efforts, samplers), the sampling fields of the request body, the start screen's model line,
+// conversation search, the JSON and Markdown exports, and the context-usage figures.
 // Usage: node tests/node/web_api_test.mjs        (exit status 1 on any failure)
 import {
   SseParser, buildMessages, buildRequestBody, errorText, parsePrometheus, EFFORTS, DEFAULT_SETTINGS, migrateSettings,
-  searchConversations, exportFileName, conversationToJson, conversationToMarkdown, contextUsage,
+  searchConversations, exportFileName, conversationToJson, conversationToMarkdown, contextUsage, SAMPLING_FIELDS,
+  samplingValue, modelLine,
 } from '../../web/api.js';
 import { parse as parseMarkdown } from '../../web/markdown.js';
 import { mulberry32 } from './kimi_k3.mjs';
@@ -110,6 +112,31 @@ check('request body without thinking: no effort, temperature clamped, bad max to
 check('request body ignores an unknown effort', !('reasoning_effort' in buildRequestBody({ thinking: true, effort: 'ludicrous' }, 'm', msgs)));
 check('request body sends OpenAI-only effort names never (the menu maps them)', !('reasoning_effort' in buildRequestBody({ thinking: true, effort: 'medium' }, 'm', msgs)));
 
+// The samplers: each setting goes out under the server's field name; empty means the server's
+// default, so nothing is sent; 0 is a value like any other.
+const SAMPLERS = { topP: 0.9, topK: 40, minP: 0.05, seed: 1234, frequencyPenalty: 0.5, presencePenalty: -0.25, repeatPenalty: 1.1, repeatLastN: 32 };
+const sampled = buildRequestBody({ temperature: 1, maxTokens: 16, thinking: false, ...SAMPLERS }, 'm', msgs);
+checkEqual('request body carries the sampling settings under the API\'s names',
+           Object.fromEntries(['top_p', 'top_k', 'min_p', 'seed', 'frequency_penalty', 'presence_penalty', 'repeat_penalty', 'repeat_last_n'].map((k) => [k, sampled[k]])),
+           { top_p: 0.9, top_k: 40, min_p: 0.05, seed: 1234, frequency_penalty: 0.5, presence_penalty: -0.25, repeat_penalty: 1.1, repeat_last_n: 32 });
+checkEqual('the sampling table covers every setting', SAMPLING_FIELDS.map((f) => f.key), Object.keys(SAMPLERS));
+const unset = buildRequestBody({ ...DEFAULT_SETTINGS, topK: '', minP: null, seed: undefined, repeatLastN: 'abc' }, 'm', msgs);
+checkEqual('empty sampling settings are not sent (the server\'s defaults)',
+           SAMPLING_FIELDS.filter((f) => f.param in unset).map((f) => f.param), []);
+const zeros = buildRequestBody({ topK: 0, seed: '0', presencePenalty: '-0.5', repeatLastN: '-1' }, 'm', msgs);
+checkEqual('zero and typed text are values', [zeros.top_k, zeros.seed, zeros.presence_penalty, zeros.repeat_last_n], [0, 0, -0.5, -1]);
+checkEqual('samplingValue', ['', '  ', null, undefined, 'x', NaN, Infinity, true, '3', 2.5, -1].map(samplingValue),
+           [null, null, null, null, null, null, null, null, 3, 2.5, -1]);
+
+// The start screen's line: the server's description of the model when it gives one (the
+// built-in model), else the id and the context.
+checkEqual('model line: the description', modelLine({ id: 'kimi-k3', meta: { context_length: 8192, description: 'k3-mini: a small model.' } }),
+           'k3-mini: a small model.');
+checkEqual('model line: id and context', modelLine({ id: 'kimi-k3', meta: { context_length: 8192 } }, (n) => n.toLocaleString('en-US')),
+           'kimi-k3 · context 8,192 tokens');
+checkEqual('model line: no meta', modelLine({ id: 'x' }), 'x');
+checkEqual('model line: no model yet', modelLine(undefined), '');
+
 // ---------------------------------------------------------------------------------------------
 // Settings: defaults and the migration of what older pages stored
 
@@ -119,11 +146,15 @@ checkEqual('no stored settings → defaults', migrateSettings(null), { ...DEFAUL
 checkEqual('garbage stored settings → defaults', migrateSettings([1, 2]), { ...DEFAULT_SETTINGS });
 const v1 = migrateSettings({ temperature: 0.2, maxTokens: 4096, thinking: false, effort: 'medium', system: 'S', model: 'm' });
 checkEqual('version 1 settings: the old 4096 default becomes the new default, medium → high, the rest kept', v1,
-           { version: 2, temperature: 0.2, maxTokens: 512, thinking: false, effort: 'high', system: 'S', model: 'm' });
+           { ...DEFAULT_SETTINGS, version: 2, temperature: 0.2, maxTokens: 512, thinking: false, effort: 'high', system: 'S', model: 'm' });
 checkEqual('version 1 efforts map like the server does', ['minimal', 'low', 'medium', 'high', 'xhigh', '', 'bogus'].map((e) => migrateSettings({ effort: e }).effort),
            ['low', 'low', 'high', 'high', 'max', 'max', 'max']);
 checkEqual('a chosen max tokens is kept', migrateSettings({ maxTokens: 2000 }).maxTokens, 2000);
 checkEqual('version 2 keeps a deliberate 4096', migrateSettings({ version: 2, maxTokens: 4096 }).maxTokens, 4096);
+checkEqual('sampling settings default to the server\'s (null)', SAMPLING_FIELDS.map((f) => migrateSettings({})[f.key]), SAMPLING_FIELDS.map(() => null));
+const storedSamplers = migrateSettings({ version: 2, topK: 40, minP: '0.05', seed: 'abc', repeatPenalty: {}, topP: 0.9 });
+checkEqual('stored sampling settings are kept; what is not a number is dropped',
+           [storedSamplers.topK, storedSamplers.minP, storedSamplers.seed, storedSamplers.repeatPenalty, storedSamplers.topP], [40, 0.05, null, null, 0.9]);
 
 // ---------------------------------------------------------------------------------------------
 // Conversations: search, exports, context usage

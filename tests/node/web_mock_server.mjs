@@ -1,7 +1,8 @@
 // A stand-in for `coli serve` for work on the web page (web/) without a model: serves web/ with
 // the server's security headers and fakes the API the page uses (docs/serving.md §3.5–3.7):
 //   GET /health             503 {"status":"loading",...} for --loading-s seconds, then 200
-//   GET /v1/models          one model, "kimi-k3-mock"
+//   GET /v1/models          one model, "kimi-k3-mock" (with meta.description when --description
+//                           is given, as coli serve says what its built-in model is)
 //   GET /metrics            Prometheus text with the k3_* counters the page shows
 //   POST /v1/chat/completions  SSE (or JSON without stream): prompt_progress chunks when
 //       return_progress, reasoning_content deltas when thinking is on, then content deltas, one
@@ -13,7 +14,7 @@
 //   POST /mock/loaded       ends the loading phase now (tests start with a long --loading-s
 //                           and end it once they have seen the loading screen)
 // Usage: node tests/node/web_mock_server.mjs [--port 0] [--token-delay-ms 30] [--loading-s 0]
-//                                            [--api-key KEY]
+//                                            [--api-key KEY] [--description TEXT]
 // Prints "web mock: listening on http://127.0.0.1:PORT/" once ready.
 import http from 'node:http';
 import fs from 'node:fs';
@@ -37,6 +38,7 @@ const port = Number(option(args, '--port', '0'));
 const tokenDelayMs = Number(option(args, '--token-delay-ms', '30'));
 let loadingS = Number(option(args, '--loading-s', '0'));
 const apiKey = option(args, '--api-key', '');
+const description = option(args, '--description', '');
 const started = Date.now();
 const requests = [];
 const counters = { prompt: 0, cached: 0, generated: 0, prefill: 0, decode: 0, http: new Map() };
@@ -244,7 +246,8 @@ const server = http.createServer(async (req, res) => {
     if (req.method === 'GET' && (pathname === '/health' || pathname === '/v1/health')) return health(req, res);
     if (req.method === 'GET' && pathname === '/v1/models') {
       return sendJson(res, 200, { object: 'list', data: [{ id: MODEL, object: 'model', created: Math.floor(started / 1000), owned_by: 'local',
-        meta: { context_length: 8192, max_output_tokens: 16384, reasoning: true, tools: false, vision: false, aliases: [] } }] });
+        meta: { context_length: 8192, max_output_tokens: 16384, reasoning: true, tools: false, vision: false, aliases: [],
+                ...(description ? { description } : {}) } }] });
     }
     if (req.method === 'GET' && pathname === '/metrics') return metrics(res);
     if (req.method === 'GET' && pathname === '/mock/requests') return sendJson(res, 200, requests);

@@ -18,8 +18,11 @@
 // usage chunk and meta.context_length, Copy (clipboard), Regenerate (same history sent again),
 // Edit (Escape cancels; Enter resends from there), Rename by keyboard, Search, Export as JSON
 // and Markdown (the downloaded files), the operator fold (no /metrics until it opens), and
-// persistence across a reload. Any console error, page error or request to another origin
-// fails the run. The mock run adds the loading screen, hostile Markdown and an error event
+// persistence across a reload, the sampling settings (top-p, top-k, min-p, seed and the
+// penalties: sent in the request body under the API's names, stored, restored after a reload,
+// and cleared by "Server defaults"), and the start screen's line on the model (its id and
+// context; for the built-in model, `coli web` without --model, what it is). Any console error,
+// page error or request to another origin fails the run. The mock run adds the loading screen, hostile Markdown and an error event
 // mid-stream. On failure every open page is saved as <screenshot>-failure-N.png and the paths
 // are printed. Exit status 1 with a reason on failure; everything is over in 240 s.
 import { chromium } from 'playwright-core';
@@ -61,12 +64,23 @@ const tempDirs = [];
 // ---------------------------------------------------------------------------------------------
 // Server
 
-// Starts a server (the mock, or coli web on the demo model, written once) and returns its URL.
-async function startServer(extraArgs = []) {
+// What the mock says of its model when it plays the built-in one (coli web says what
+// apps/coli_serve.cpp kBuiltinModelDescription says).
+const MOCK_DESCRIPTION = 'k3-mini: a mock of the built-in model, trained on the Brown corpus.';
+
+// Starts a server (the mock, or coli web on the demo model, written once; with `builtin`, coli
+// web on its built-in model, or the mock describing its model as coli web does that one) and
+// returns its URL.
+async function startServer(extraArgs = [], { builtin = false } = {}) {
   let command, args;
   if (mock) {
     command = process.execPath;
-    args = [path.join(HERE, 'web_mock_server.mjs'), '--port', '0', '--token-delay-ms', '30', ...extraArgs];
+    args = [path.join(HERE, 'web_mock_server.mjs'), '--port', '0', '--token-delay-ms', '30', ...extraArgs,
+            ...(builtin ? ['--description', MOCK_DESCRIPTION] : [])];
+  } else if (builtin) {
+    expect(fs.existsSync(coli), `no coli binary at ${coli}`);
+    command = coli;
+    args = ['web', '--port', '0', '--token-delay-ms', '30', ...extraArgs];
   } else {
     if (!modelDir) {
       const synth = path.join(path.dirname(path.resolve(coli)), '..', 'tools', 'k3_synth');
@@ -153,9 +167,18 @@ const stored = (page) => page.evaluate(() => ({
   current: localStorage.getItem('k3chat.current'),
 }));
 
-async function setSettings(page, { maxTokens, thinking, effort, apiKey }) {
+// The sampling inputs (web/index.html), the request field each fills and the value the test sets.
+const SAMPLING = [
+  ['top-p', 'top_p', 0.9], ['top-k', 'top_k', 5], ['min-p', 'min_p', 0.05], ['seed', 'seed', 1234],
+  ['frequency-penalty', 'frequency_penalty', 0.5], ['presence-penalty', 'presence_penalty', 0.25],
+  ['repeat-penalty', 'repeat_penalty', 1.1], ['repeat-last-n', 'repeat_last_n', 32],
+];
+const samplingSent = (body) => SAMPLING.filter(([, param]) => param in body).map(([, param]) => param);
+
+async function setSettings(page, { maxTokens, thinking, effort, apiKey, sampling }) {
   if (await page.locator('#settings').isHidden()) await page.click('#toggle-settings');
   if (maxTokens !== undefined) await page.fill('#max-tokens', String(maxTokens));
+  for (const [id, value] of sampling ?? []) await page.fill(`#${id}`, String(value));
   if (thinking !== undefined) await page.setChecked('#thinking', thinking);
   if (effort !== undefined) await page.selectOption('#effort', effort);
   if (apiKey !== undefined) {
@@ -320,6 +343,16 @@ async function run() {
   expect(model === models.data[0].id, `the model picker shows ${model}, /v1/models lists ${models.data[0].id} first`);
   await page.waitForFunction(() => document.querySelector('#health-dot')?.classList.contains('ok'), null, { timeout: 10_000 });
   log(`page ready; model ${model}; status: ${(await page.textContent('#health-info')).slice(0, 80)}`);
+  // The start screen says which model answers: for a model given with --model its id and context
+  // (the built-in one is described instead: step 8).
+  await page.waitForSelector('#model-line:not([hidden])', { timeout: 5000 });
+  const modelLineText = await page.textContent('#model-line');
+  const modelEntry = models.data[0];
+  log(`start screen: ${JSON.stringify(modelLineText)}`);
+  expect(modelEntry.meta.description === undefined, `/v1/models describes a model given with --model: ${JSON.stringify(modelEntry.meta)}`);
+  expect(modelLineText.startsWith(`${modelEntry.id} · context `) && modelLineText.replace(/\D/g, '').endsWith(String(modelEntry.meta.context_length)) &&
+         await page.isVisible('#empty-thread'),
+         `the start screen's model line reads ${JSON.stringify(modelLineText)} (model ${modelEntry.id}, context ${modelEntry.meta.context_length})`);
   checkProblems();
 
   // The defaults: a short max_tokens, the effort menu holds exactly the template's values, the
@@ -377,6 +410,7 @@ async function run() {
          `request 1 lacks stream / include_usage / return_progress: ${JSON.stringify(req).slice(0, 300)}`);
   expect(req.chat_template_kwargs?.enable_thinking === true && req.max_completion_tokens === reply1Max && req.model === model && req.reasoning_effort === 'low',
          `request 1 settings: ${JSON.stringify({ kw: req.chat_template_kwargs, max: req.max_completion_tokens, model: req.model, effort: req.reasoning_effort })}`);
+  expect(samplingSent(req).length === 0, `request 1 sends ${samplingSent(req).join(', ')} though no sampling setting was made (empty = the server's default)`);
   const sse1 = await chatBody(0);
   const got1 = fromSse(sse1);
   expect(got1.done, 'response 1 did not end with data: [DONE]');
@@ -580,6 +614,29 @@ async function run() {
     checkProblems();
   }
 
+  // Samplers: the values set in Settings go out in the request body under the API's names (the
+  // request captured as Chromium sends it), the server takes them, and they are stored with the
+  // other settings.
+  await setSettings(page, { maxTokens: 8, thinking: false, sampling: SAMPLING.map(([id, , value]) => [id, value]) });
+  const [samplingRequest] = await Promise.all([
+    page.waitForRequest((r) => new URL(r.url()).pathname === '/v1/chat/completions' && r.method() === 'POST', { timeout: 5000 }),
+    send(page, 'Sample with my settings.'),
+  ]);
+  const samplingBody = samplingRequest.postDataJSON();
+  const samplingWant = Object.fromEntries(SAMPLING.map(([, param, value]) => [param, value]));
+  const samplingGot = Object.fromEntries(SAMPLING.map(([, param]) => [param, samplingBody[param]]));
+  log(`sampling settings sent: ${JSON.stringify(samplingGot)}`);
+  expect(JSON.stringify(samplingGot) === JSON.stringify(samplingWant),
+         `the request body carries ${JSON.stringify(samplingGot)}, the settings say ${JSON.stringify(samplingWant)}`);
+  await page.waitForFunction(() => [...document.querySelectorAll('.msg.assistant')].at(-1).dataset.state !== 'streaming', null, { timeout: REPLY_MS });
+  const samplingReply = await lastReply(page);
+  expect(samplingReply.state === 'done', `the reply with the sampling settings ended ${samplingReply.state}: ${samplingReply.note}`);
+  const storedSampling = await page.evaluate(() => JSON.parse(localStorage.getItem('k3chat.settings')));
+  expect(storedSampling.topP === 0.9 && storedSampling.topK === 5 && storedSampling.minP === 0.05 && storedSampling.seed === 1234 &&
+         storedSampling.frequencyPenalty === 0.5 && storedSampling.presencePenalty === 0.25 && storedSampling.repeatPenalty === 1.1 &&
+         storedSampling.repeatLastN === 32, `the stored settings: ${JSON.stringify(storedSampling)}`);
+  checkProblems();
+
   // 6. New chat: an empty thread, the old conversation still listed and reopened intact.
   const messagesBefore = await page.locator('#thread .msg').count();
   await page.click('#new-chat');
@@ -647,6 +704,17 @@ async function run() {
   expect(JSON.stringify(await page.locator('#conversations .conv-open').allTextContents()) === '["Renamed chat"]' &&
          await page.locator('#thread .msg').count() === messagesBefore, 'the conversation did not survive a reload');
   await page.waitForFunction(() => document.querySelector('#model')?.value, null, { timeout: 15_000 });
+  const restored = await page.evaluate((ids) => ids.map((id) => document.getElementById(id).value), SAMPLING.map(([id]) => id));
+  expect(JSON.stringify(restored) === JSON.stringify(SAMPLING.map(([, , value]) => String(value))),
+         `the sampling inputs after a reload: ${JSON.stringify(restored)}`);
+  // "Server defaults" empties them: nothing is stored, nothing will be sent (checked below).
+  await page.click('#toggle-settings');
+  await page.click('#sampling-reset');
+  await page.click('#close-settings');
+  const samplingCleared = await page.evaluate((ids) => ({ inputs: ids.map((id) => document.getElementById(id).value),
+                                                  stored: JSON.parse(localStorage.getItem('k3chat.settings')) }), SAMPLING.map(([id]) => id));
+  expect(samplingCleared.inputs.every((v) => v === '') && ['topP', 'topK', 'minP', 'seed', 'frequencyPenalty', 'presencePenalty', 'repeatPenalty', 'repeatLastN'].every((k) => samplingCleared.stored[k] === null),
+         `after "Server defaults": ${JSON.stringify(samplingCleared)}`);
   checkProblems();
   await page.locator('#thread').evaluate((t) => { t.scrollTop = 0; });
   fs.mkdirSync(path.dirname(path.resolve(screenshot)), { recursive: true });
@@ -664,7 +732,12 @@ async function run() {
 
   // Delete works too (on a second, fresh conversation, so the first stays for inspection).
   await page.click('#new-chat');
-  await send(page, 'A conversation to delete');
+  const [defaultsRequest] = await Promise.all([
+    page.waitForRequest((r) => new URL(r.url()).pathname === '/v1/chat/completions' && r.method() === 'POST', { timeout: 5000 }),
+    send(page, 'A conversation to delete'),
+  ]);
+  expect(samplingSent(defaultsRequest.postDataJSON()).length === 0,
+         `after "Server defaults" the request still sends ${samplingSent(defaultsRequest.postDataJSON()).join(', ')}`);
   await watchReply(page, 'content');
   expect(await page.locator('#conversations .conv').count() === 2, 'the second conversation is not listed');
   await page.click('#toggle-sidebar').catch(() => {});
@@ -702,6 +775,24 @@ async function run() {
   log(`with an API key: notice ${JSON.stringify(askText)}; reply ${w.final.state}, ${w.final.content.length} chars`);
   expect(w.final.state === 'done', `with the key set the reply ended ${w.final.state}: ${w.final.note}`);
   expect(chatRequests.at(-1).headers.authorization === 'Bearer k3-web-secret', 'the key was not sent as Bearer');
+  checkProblems();
+
+  // 8. The built-in model (coli web without --model): the start screen says what it is, in the
+  // words of GET /v1/models meta.description.
+  const builtinUrl = await startServer([], { builtin: true });
+  if (!mock) await waitForHealth(builtinUrl, 60_000);
+  const builtinModels = await (await fetch(new URL('v1/models', builtinUrl))).json();
+  const description = builtinModels.data[0].meta.description;
+  const builtinPage = await browserContext.newPage();
+  watchPage(builtinPage, new URL(builtinUrl).origin);
+  await builtinPage.goto(builtinUrl, { waitUntil: 'load' });
+  await builtinPage.waitForSelector('#model-line:not([hidden])', { timeout: 15_000 });
+  const builtinLine = await builtinPage.textContent('#model-line');
+  log(`built-in model: start screen ${JSON.stringify(builtinLine)}`);
+  expect(typeof description === 'string' && /k3-mini/.test(description) && /Brown/.test(description),
+         `/v1/models of the built-in model says ${JSON.stringify(builtinModels.data[0].meta)}`);
+  expect(builtinLine === description && await builtinPage.isVisible('#empty-thread'),
+         `the start screen of the built-in model reads ${JSON.stringify(builtinLine)}; /v1/models says ${JSON.stringify(description)}`);
   checkProblems();
 }
 

@@ -1,10 +1,18 @@
 // engine/sampler.h — next-token choice: greedy (ties -> lowest id) or temperature sampling with
-// optional top-k, min-p and top-p (in that order), reproducible from a seed on every platform (own
-// PRNG, no implementation-defined std distributions). Before either, the penalties of
-// SamplingOptions (frequency / presence over the generated tokens, OpenAI; repeat over the last
-// repeat_last_n tokens of prompt + generated, llama.cpp) adjust a copy of the logits; with every
-// penalty off the logits are read as given (docs/serving.md §3.15). Also the log-probabilities the
-// API reports (token_logprobs). Not thread-safe: one Sampler per generation.
+// optional min-p, top-k and top-p, reproducible from a seed on every platform (own PRNG, no
+// implementation-defined std distributions). Before either, the penalties (frequency / presence
+// over the generated tokens, OpenAI; repeat over the last repeat_last_n tokens of prompt +
+// generated, llama.cpp) adjust a copy of the logits; with every penalty off the logits are read
+// as given (docs/serving.md §3.15). Also the log-probabilities the API reports (token_logprobs).
+// Not thread-safe: one Sampler per generation.
+//
+// The order of the filters (vLLM's; docs/serving.md §3.15.3): the logits are divided by the
+// temperature first; min-p keeps the tokens whose probability at that temperature is at least
+// min_p x the most likely one's; top-k keeps the k most likely (both keep a most-likely prefix,
+// so they commute); top-p then keeps the smallest most-likely set whose probability reaches top_p
+// of what min-p and top-k kept, renormalised over it; the draw is over that set. llama.cpp's
+// default chain differs: top-k, top-p, then min-p on the logits as they are, the temperature
+// last.
 #pragma once
 
 #include <cstdint>

@@ -25,6 +25,9 @@ struct ApiConfig {
   bool default_thinking = true;                       // --reasoning on|off
   std::string reasoning_field = "reasoning_content";  // reasoning_content | reasoning | both
   std::string fingerprint = "kimi_k3-1.0.0-cpu";
+  // One line on what the model is, for people (GET /v1/models meta.description; the web page's
+  // start screen). Empty: none is said (a model given with --model).
+  std::string model_description;
 };
 
 struct ServerOptions {
