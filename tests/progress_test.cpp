@@ -151,7 +151,7 @@ const std::vector<std::string> kLabels = {
 // Every redraw at every width stays inside the terminal, with at most one ETA: the screen ends
 // with exactly the closing line, nothing wrapped, no stale line.
 TEST(Progress, TerminalLinesFitTheWidthAndNeverWrap) {
-  for (const int width : {40, 80, 200}) {
+  for (const int width : {10, 40, 80, 200}) {
     for (const std::string& label : kLabels) {
       SCOPED_TRACE("width " + std::to_string(width) + ", label \"" + label + "\"");
       Output out;

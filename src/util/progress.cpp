@@ -198,7 +198,7 @@ std::string fit_line(const std::string& label, double fraction, const std::vecto
       if (kept[i]) add(display_width(figures[i].text));
     return cols + (items > 0 ? items - 1 : 0);
   };
-  for (int rank = 0; need() > avail && rank <= 9; ++rank) {
+  for (int rank = 0; need() > avail && rank < 9; ++rank) {  // the percentage always stays
     if (rank == kLabelFullRank) label_min = std::min(label_cols, kLabelMin);
     if (rank == kBarRank) bar = false;
     if (rank == kLabelRank) {
@@ -227,7 +227,7 @@ std::string fit_line(const std::string& label, double fraction, const std::vecto
   if (bar) put(bar_text(fraction, kBarMin + std::min(spare, kBarMax - kBarMin)));
   for (size_t i = 0; i < figures.size(); ++i)
     if (kept[i]) put(figures[i].text);
-  if (display_width(line) > avail) line = shorten(line, avail);  // a width under a few columns
+  if (display_width(line) > avail) line = shorten(line, avail);  // under ~8 columns
   return line;
 }
 

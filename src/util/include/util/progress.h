@@ -34,7 +34,8 @@ ProgressSink stderr_sink();
 // and zero-width characters 0, anything else (an invalid byte included) 1.
 size_t display_width(std::string_view utf8);
 
-// Thread-safe: advance may be called from many threads at once.
+// Thread-safe: advance may be called from many threads at once. The observer and print_above's
+// `print` run under the Progress's lock, so they must not call back into it.
 class Progress {
  public:
   // `total` bytes of work; `label` says what they are. `observer` (optional) sees the finished
