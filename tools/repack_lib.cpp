@@ -496,69 +496,62 @@ ShardPlan plan_shard(Run& state, const SourceShard& src) {
   return plan;
 }
 
-// Writes the planned shards not complete from an earlier run, with progress and a log line each.
+// Writes the planned shards not complete from an earlier run, with a log line each. One progress
+// line covers the whole run's bytes (the shard being written named in its label), so its
+// percentage and its one ETA move with every piece written, inside a shard as across shards.
 void write_shards(Run& state, const std::vector<ShardPlan>& plans, Summary& summary,
                   const Log& log) {
-  // The whole run's size, for the overall figures in each shard's progress label.
-  uint64_t run_bytes = 0;
-  for (const ShardPlan& plan : plans)
-    for (const auto& f : plan.files) run_bytes += f->writer.file_bytes();
-  uint64_t run_done = 0;
-  const double run_start = now_seconds();
-  int64_t index_in_run = 0;
+  std::vector<bool> complete;
+  uint64_t run_bytes = 0;  // what this run writes (shards kept from an earlier run excluded)
   for (const ShardPlan& plan : plans) {
-    const SourceShard& src = plan.source;
-    ++index_in_run;
+    bool done = true;
+    for (const auto& f : plan.files) done = done && already_complete(f->path, f->writer);
+    complete.push_back(done);
+    if (!done)
+      for (const auto& f : plan.files)
+        if (!already_complete(f->path, f->writer)) run_bytes += f->writer.file_bytes();
+  }
+  std::unique_ptr<Progress> progress;
+  const auto say = [&](const std::string& line) {
+    if (progress)
+      progress->print_above([&] { log(line); });
+    else
+      log(line);
+  };
+  for (size_t k = 0; k < plans.size(); ++k) {
+    const ShardPlan& plan = plans[k];
     const auto& files = plan.files;
     uint64_t shard_bytes = 0;
-    bool complete = true;
-    for (const auto& f : files) {
-      shard_bytes += f->writer.file_bytes();
-      complete = complete && already_complete(f->path, f->writer);
-    }
-    const std::string label = output_shard_name(src.number, state.total) + " [" +
-                              std::to_string(index_in_run) + "/" + std::to_string(plans.size()) +
-                              "]";
-    if (complete) {
+    for (const auto& f : files) shard_bytes += f->writer.file_bytes();
+    const std::string label = output_shard_name(plan.source.number, state.total) + " [" +
+                              std::to_string(k + 1) + "/" + std::to_string(plans.size()) + "]";
+    if (complete[k]) {
       ++summary.shards_kept;
-      run_done += shard_bytes;
-      log(label + ": complete from an earlier run (size and header match), kept");
+      say(label + ": complete from an earlier run (size and header match), kept");
       continue;
     }
-    // Overall figures so far (this shard's own bytes, GB/s and ETA are the bar's).
-    const double elapsed = now_seconds() - run_start;
-    const double rate = elapsed > 0 ? static_cast<double>(summary.bytes_written) / elapsed : 0;
-    std::string eta;
-    if (rate > 0)
-      eta = ", ETA " +
-            std::to_string(static_cast<int64_t>(static_cast<double>(run_bytes - run_done) / rate)) +
-            " s";
-    char overall[128];
-    std::snprintf(overall, sizeof overall, " | overall %.1f of %.1f GB%s",
-                  static_cast<double>(run_done) / 1e9, static_cast<double>(run_bytes) / 1e9,
-                  eta.c_str());
-    Progress progress("repack " + label + overall, shard_bytes);
+    if (!progress) {
+      ProgressSink sink = state.options.progress.write ? state.options.progress : stderr_sink();
+      progress = std::make_unique<Progress>("repack " + label, run_bytes, std::move(sink));
+    }
+    progress->set_label("repack " + label);
     const uint64_t read0 = state.bytes_read.load();
     const double s0 = now_seconds();
     for (const auto& f : files) {
       if (already_complete(f->path, f->writer)) continue;
       const uint64_t header_bytes = 8 + f->writer.header().size();
       state.produce(header_bytes);
+      progress->advance(header_bytes);
       state.ahead.start(f->reads());
-      uint64_t written = header_bytes;
       f->writer.write(
           f->path,
           [&](uint64_t n) {
-            written += n;
-            progress.set_bytes(written);
-            progress.advance(n);
+            progress->advance(n);
             state.produce(n);
           },
           &state.scratch);
       summary.bytes_written += f->writer.file_bytes();
     }
-    progress.finish();
-    run_done += shard_bytes;
     ++summary.shards_written;
     const double dt = std::max(1e-9, now_seconds() - s0);
     char line[256];
@@ -566,7 +559,11 @@ void write_shards(Run& state, const std::vector<ShardPlan>& plans, Summary& summ
                   label.c_str(), static_cast<double>(shard_bytes) / 1e9, files.size(),
                   files.size() == 1 ? "" : "s", dt,
                   static_cast<double>(state.bytes_read.load() - read0) / 1e9 / dt);
-    log(line);
+    say(line);
+  }
+  if (progress) {
+    progress->set_label("repack " + state.options.dest);  // the closing line is the run's
+    progress->finish();
   }
 }
 

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "util/progress.h"
+
 namespace k3::repack {
 
 struct Options {
@@ -27,6 +29,8 @@ struct Options {
   // Test hook (fault injection): SIGKILL this process once this many output bytes were produced
   // in this run (shards, then the index); 0 = off.
   uint64_t kill_at_byte = 0;
+  // Where the run's progress line goes; no `write`: stderr (util/progress.h).
+  ProgressSink progress;
 };
 
 struct Summary {

@@ -798,6 +798,7 @@ void write_checkpoint(const SynthSpec& spec, const std::string& out_dir) {
   std::map<std::string, std::string> weight_map;
   for (int64_t k = 0; k < total_shards; ++k) {
     const std::string file = shard_file_name(k + 1, total_shards);
+    if (progress) progress->set_label("k3_synth " + spec.preset + " " + file);
     SafetensorsWriter w;
     for (const TensorPlan& t : shards[static_cast<size_t>(k)].tensors) {
       const TensorPlan* tp = &t;
@@ -811,7 +812,10 @@ void write_checkpoint(const SynthSpec& spec, const std::string& out_dir) {
       if (progress) progress->advance(n);
     });
   }
-  if (progress) progress->finish();
+  if (progress) {
+    progress->set_label("k3_synth " + spec.preset);  // the closing line is the run's
+    progress->finish();
+  }
 
   nlohmann::ordered_json index;
   index["metadata"]["total_size"] = total_bytes;

@@ -29,27 +29,60 @@ void check_cancel() {
   if (load_cancelled()) throw Interrupted();
 }
 
-// Bytes the snapshot's shards have delivered so far (load progress: GB/s).
-uint64_t bytes_read(const ModelFiles& s) {
+// The progress of the load running on this thread, advanced by the bytes of every tensor as it
+// is read (piece by piece), converted or mapped, so a slice of a few layers moves during its first
+// seconds rather than once per layer.
+thread_local Progress* t_progress = nullptr;
+
+void advance_load(uint64_t bytes) {
+  if (t_progress != nullptr) t_progress->advance(bytes);
+}
+
+// Sets t_cancel and t_progress for one load_weights call and clears them however the call ends.
+class LoadScope {
+ public:
+  LoadScope(const std::atomic<bool>* flag, Progress& progress) {
+    t_cancel = flag;
+    t_progress = &progress;
+  }
+  ~LoadScope() {
+    t_cancel = nullptr;
+    t_progress = nullptr;
+  }
+  LoadScope(const LoadScope&) = delete;
+  LoadScope& operator=(const LoadScope&) = delete;
+};
+
+// The bytes load_weights reads or maps, the total of its progress: every tensor of layers
+// [0, num_layers) but the routed experts (indexed only; read when routed), and the head's tensors
+// when there is a head (the embedding is read a row at a time, later).
+uint64_t planned_bytes(const ModelFiles& s, int64_t num_layers) {
   uint64_t total = 0;
-  for (const auto& shard : s.shards()) total += shard->bytes_read();
+  for (const auto& shard : s.shards())
+    for (const TensorInfo& t : shard->tensors()) {
+      if (!t.name.starts_with(s.prefix())) continue;
+      const std::string name = t.name.substr(s.prefix().size());
+      const int64_t l = names::layer_of(name);
+      if (l < 0 || l >= num_layers || names::is_routed_expert(name)) continue;
+      if (s.find(name).info != &t) continue;  // padding, or a name another shard holds first
+      total += t.nbytes;
+    }
+  if (s.find(names::kLmHead).info != nullptr)
+    for (const std::string& name :
+         {std::string(names::kLmHead), std::string(names::kLmHead) + ".qs",
+          std::string(names::kFinalNorm), std::string(names::kOutputAttnResNorm),
+          std::string(names::kOutputAttnResProj)})
+      if (const LocatedTensor t = s.find(name); t.info != nullptr) total += t.info->nbytes;
   return total;
 }
 
-// Sets t_cancel for one load_weights call and clears it however the call ends.
-class CancelScope {
- public:
-  explicit CancelScope(const std::atomic<bool>* flag) { t_cancel = flag; }
-  ~CancelScope() { t_cancel = nullptr; }
-  CancelScope(const CancelScope&) = delete;
-  CancelScope& operator=(const CancelScope&) = delete;
-};
-
 // Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32. Large
 // tensors are read and widened in parallel pieces through small per-thread buffers, so the
-// raw bytes are never held whole next to their f32 copy.
+// raw bytes are never held whole next to their f32 copy. Each piece advances the load's progress
+// by its bytes / `progress_parts` (2 when the caller converts the floats next and advances the
+// other half then; every piece's byte count is even).
 std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
-                               const std::vector<int64_t>& shape) {
+                               const std::vector<int64_t>& shape, uint64_t progress_parts = 1) {
   check_cancel();
   const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
   const size_t count = t.info->numel();
@@ -61,6 +94,7 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
   std::string failure;
   // Read by the worker threads only (the flag itself is atomic); pieces after a cancel are skipped.
   const std::atomic<bool>* cancel = t_cancel;
+  Progress* progress = t_progress;
   std::atomic<bool> stopped{false};
 #pragma omp parallel for schedule(dynamic) if (pieces > 1)
   for (int64_t p = 0; p < pieces; ++p) {
@@ -75,15 +109,16 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
       if (t.info->dtype == DType::kF32) {
         t.shard->file().read_exact(out.data() + first, n * 4, t.info->file_offset + first * 4,
                                    "tensor " + t.info->name);
-        continue;
+      } else {
+        std::vector<uint8_t> raw(n * esize);
+        t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
+                                   "tensor " + t.info->name);
+        if (t.info->dtype == DType::kBF16)
+          widen_bf16(raw.data(), n, out.data() + first);
+        else
+          widen_f16(raw.data(), n, out.data() + first);
       }
-      std::vector<uint8_t> raw(n * esize);
-      t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
-                                 "tensor " + t.info->name);
-      if (t.info->dtype == DType::kBF16)
-        widen_bf16(raw.data(), n, out.data() + first);
-      else
-        widen_f16(raw.data(), n, out.data() + first);
+      if (progress != nullptr) progress->advance(n * esize / progress_parts);
     } catch (const std::exception& e) {
 #pragma omp critical(k3_read_floats_failure)
       if (failure.empty()) failure = e.what();
@@ -177,6 +212,7 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
       m.mapped_q4 = bytes;
     m.mapped_scales = reinterpret_cast<const float*>(scales_map->data() + qs.info->file_offset);
     m.mapped_bytes_ = t.info->nbytes + qs.info->nbytes;
+    advance_load(m.mapped_bytes_);
     m.mapping = std::make_shared<
         std::pair<std::shared_ptr<const FileMapping>, std::shared_ptr<const FileMapping>>>(
         weights_map, scales_map);
@@ -185,15 +221,18 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
   std::vector<float> scales;
   resize_huge(scales, qs.info->numel());
   ModelFiles::read(qs, scales.data());
+  advance_load(qs.info->nbytes);
   if (stored == WeightFormat::kInt4G64) {
     resize_huge(m.q4, t.info->nbytes);
     ModelFiles::read(t, m.q4.data());
+    advance_load(t.info->nbytes);
     m.scales = std::move(scales);
     return m;
   }
   std::vector<int8_t> q8;
   resize_huge(q8, t.info->nbytes);
   ModelFiles::read(t, q8.data());
+  advance_load(t.info->nbytes);
   if (target == WeightFormat::kInt8Row) {
     m.q8 = std::move(q8);
     m.scales = std::move(scales);
@@ -240,13 +279,22 @@ Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows
       throw Error(f.shard->path() + ": tensor " + f.info->name +
                   " is not 4-byte aligned; K3_MMAP=1 cannot use it in place");
     m.mapping = std::move(mapping);
+    advance_load(f.info->nbytes);
     return m;
   }
   Matrix m;
   m.rows = rows;
   m.cols = cols;
-  m.f32 = read_floats(snap, name, {rows, cols});
-  if (policy.bits < 32) quantize_matrix(m, policy.bits, *policy.kernels);
+  // A quantised matrix: half its bytes when read, the other half once quantised (which takes
+  // about as long), so the progress does not stall on the conversion.
+  const bool converts = policy.bits < 32;
+  m.f32 = read_floats(snap, name, {rows, cols}, converts ? 2 : 1);
+  if (converts) {
+    quantize_matrix(m, policy.bits, *policy.kernels);
+    check_cancel();
+    const uint64_t nbytes = snap.find(name).info->nbytes;
+    advance_load(nbytes - nbytes / 2);
+  }
   return m;
 }
 
@@ -405,7 +453,6 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
                           const std::function<void(double)>& on_progress,
                           const std::atomic<bool>* cancel) {
   using namespace names;
-  const CancelScope cancel_scope(cancel);
   const int64_t D = c.hidden_size;
   const ClassWidths widths = effective_widths(precision, s.container());
   const auto policy = [&](int bits, bool chosen, const char* option) {
@@ -424,7 +471,8 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
   ModelWeights mw;
   mw.experts = std::make_unique<ExpertStore>(
       ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
-  Progress progress("loading", static_cast<uint64_t>(num_layers + 1), on_progress);
+  Progress progress("loading " + s.dir(), planned_bytes(s, num_layers), on_progress);
+  const LoadScope load_scope(cancel, progress);
   mw.layers.resize(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) {
     LayerWeights& lw = mw.layers[static_cast<size_t>(l)];
@@ -440,8 +488,6 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
       lw.dense = load_dense(s, c, l, bits_policy);
     else
       lw.moe = load_moe(s, c, l, bits_policy, *mw.experts);
-    progress.set_bytes(bytes_read(s));
-    progress.advance(1);
     // K3_LOAD_DELAY_MS: a long load on a small model (tests of a stopped load), in slices that
     // poll the cancel flag like the reads do.
     for (int64_t waited = 0; waited < precision.load_delay_ms && !load_cancelled(); waited += 10)
@@ -458,8 +504,6 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
     mw.final_norm = read_floats(s, kFinalNorm, {D});
     mw.output_res_query = read_res_query(s, kOutputAttnResNorm, kOutputAttnResProj, D);
   }
-  progress.set_bytes(bytes_read(s));
-  progress.advance(1);
   progress.finish();
   return mw;
 }

@@ -20,6 +20,11 @@ std::string layer(int64_t layer, const char* suffix);
 // "model.layers.{layer}.block_sparse_moe.experts.{expert}." + suffix.
 std::string expert(int64_t layer, int64_t expert, const char* suffix);
 
+// The layer a name (relative to the prefix) belongs to, -1 for a global; and whether it is a
+// routed expert's tensor (load progress counts what the loader reads).
+int64_t layer_of(const std::string& name);
+bool is_routed_expert(const std::string& name);
+
 // Per-layer suffixes common to every layer.
 inline constexpr const char* kInputLayernorm = "input_layernorm.weight";
 inline constexpr const char* kPostAttentionLayernorm = "post_attention_layernorm.weight";

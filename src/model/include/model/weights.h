@@ -115,7 +115,8 @@ ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& conta
 // mla_bits (MLA projections) and head_bits (lm_head) as they are loaded with `kernels`' row
 // quantisers (the same bytes on every ISA; in parallel; the f32 copy
 // of one matrix at a time is the peak overhead). `on_progress` (optional) sees the finished
-// fraction after each layer. `cancel` (optional) is polled before every tensor and between the
+// fraction of the bytes to read as they are read (piece by piece, quantisation counted), rising,
+// and 1 once at the end. `cancel` (optional) is polled before every tensor and between the
 // 8 MB pieces of a large one: when it reads true the load stops and throws k3::Interrupted
 // (util/error.h), so a signal during a long load is acted on within a piece's read.
 ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64_t num_layers,
