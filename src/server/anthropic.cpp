@@ -433,7 +433,7 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
     }
   }
 
-  if (auto e = check_model(r.model, config)) return *e;
+  if (auto e = resolve_model(r.model, config)) return *e;
   return out;
 }
 

@@ -390,17 +390,27 @@ std::optional<ApiError> check_messages(const json* messages) {
   if (messages->empty())
     return invalid_value("messages", "'messages' must contain at least one message");
   if (messages->size() > 4096)
-    return invalid_value("messages", "'messages' holds more than 4096 messages");
+    return invalid_value("messages", "'messages' holds " + std::to_string(messages->size()) +
+                                         " messages; at most 4096");
   return std::nullopt;
 }
 
-std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
-  if (!config.accept_any_model && model != config.model_id &&
-      std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
-    return api_error(
-        404, "invalid_request_error", "model_not_found",
-        "the model '" + model + "' does not exist; this server serves '" + config.model_id + "'",
-        "model");
+bool names_served_model(const std::string& name, const ApiConfig& config) {
+  return name == config.model_id ||
+         std::find(config.aliases.begin(), config.aliases.end(), name) != config.aliases.end();
+}
+
+std::optional<ApiError> resolve_model(std::string& model, const ApiConfig& config) {
+  if (config.strict_model && !names_served_model(model, config)) {
+    std::string served = "'" + config.model_id + "'";
+    for (const std::string& alias : config.aliases) served += ", '" + alias + "'";
+    return api_error(404, "invalid_request_error", "model_not_found",
+                     "the model '" + model + "' does not exist: this server serves " + served +
+                         " and --strict-model refuses other names (without it any name gets "
+                         "the served model)",
+                     "model");
+  }
+  model = config.model_id;
   return std::nullopt;
 }
 
@@ -572,7 +582,7 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
   }
 
   // The model last: a bad body is a 400 whatever the model says.
-  if (auto e = check_model(r.model, config)) return *e;
+  if (auto e = resolve_model(r.model, config)) return *e;
   return r;
 }
 
@@ -631,7 +641,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     if (auto e = get_int(*v, "logprobs", 0, 20, n)) return *e;
     r.top_logprobs = static_cast<int>(n);
   }
-  if (auto e = check_model(r.model, config)) return *e;
+  if (auto e = resolve_model(r.model, config)) return *e;
   return r;
 }
 

@@ -14,6 +14,7 @@
 
 #include "generation.h"
 #include "options/options.h"
+#include "request_fields.h"
 #include "server/api.h"
 #include "server/routes.h"
 #include "server/security.h"
@@ -183,20 +184,20 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
 }
 
 HttpResponse list_models(const HandlerContext& c, const HttpRequest&) {
+  json data = json::array({model_entry(c, c.options.api.model_id)});
+  for (const std::string& alias : c.options.api.aliases)
+    if (alias != c.options.api.model_id) data.push_back(model_entry(c, alias));
   HttpResponse res;
-  set_json(
-      res, 200,
-      json{{"object", "list"}, {"data", json::array({model_entry(c, c.options.api.model_id)})}});
+  set_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
   return res;
 }
 
+// The id or an alias: its own entry. Another name: the served model's entry (the name a
+// generation request may use too), or 404 under --strict-model, as the generation routes.
 HttpResponse get_model(const HandlerContext& c, const HttpRequest& req) {
-  const std::string& id = req.path_param;
-  const auto& aliases = c.options.api.aliases;
-  if (id != c.options.api.model_id &&
-      std::find(aliases.begin(), aliases.end(), id) == aliases.end())
-    return error_response(api_error(404, "invalid_request_error", "model_not_found",
-                                    "the model '" + id + "' does not exist", "model"));
+  std::string id = req.path_param;
+  if (!names_served_model(id, c.options.api))
+    if (auto e = resolve_model(id, c.options.api)) return error_response(*e);
   HttpResponse res;
   set_json(res, 200, model_entry(c, id));
   return res;

@@ -340,6 +340,19 @@ await check('function_call.round_trip', async () => {
   eq(partsOf(a).text, c.choices[0].message.content ?? '', 'turn 2 answer = the chat answer');
 });
 
+// Any model name (OpenAI apps send gpt-4o-mini) gets the served model; the response names it.
+await check('model.any_name', async () => {
+  const s = await mainSrv();
+  const r = await client(s).responses.create(body('Hello', { ...OFF, model: 'gpt-4o-mini', max_output_tokens: 2 }));
+  checkResponse(r);
+  eq(r.model, MODEL_ID, 'model');
+  const events = [];
+  for await (const ev of await client(s).responses.create(body('Hello', { ...OFF, model: 'gpt-4.1', max_output_tokens: 2, stream: true })))
+    events.push(ev);
+  eq(events[0]?.response?.model, MODEL_ID, `streamed ${events[0]?.type} model`);
+  eq(events[events.length - 1]?.response?.model, MODEL_ID, `streamed ${events[events.length - 1]?.type} model`);
+});
+
 await check('errors', async () => {
   const s = await mainSrv();
   const post = (b) => postJson(s, '/v1/responses', b);

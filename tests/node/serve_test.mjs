@@ -87,6 +87,9 @@ const limitsSrv = lazy('limits', ['--api-key', API_KEY, '--max-body-mb', '1', '-
                                   '--allowed-host', 'good.example', '--cors-origin', GOOD_ORIGIN], { key: API_KEY });
 const diskSrv = lazy('disk', ['--ckpt', '2', '--ckpt-dir', CKDIR], { env: { COLI_API_KEY: ENV_KEY }, key: ENV_KEY });
 const keepSrv = lazy('disk-keep', ['--ckpt', '2', '--ckpt-dir', CKDIR_KEEP, '--ckpt-keep']);
+const ALIASES = ['k3-alias', 'house-model'];
+const strictSrv = lazy('strict', ['--strict-model', '--alias', ALIASES.join(',')]);
+const aliasSrv = lazy('alias', ['--alias', ALIASES.join(',')]);
 
 const client = (s) => new OpenAI({ apiKey: s.key ?? 'sk-local-dummy', baseURL: `${s.url}/v1`, maxRetries: 0, timeout: 120_000 });
 
@@ -369,9 +372,63 @@ await check('models.list', async () => {
   eq((await c.models.retrieve(MODEL_ID)).id, MODEL_ID, 'SDK models.retrieve()');
 });
 
-await check('models.unknown_404', async () => {
+// A one-model server answers whatever model name a client sends (OpenAI apps send gpt-4o-mini,
+// Claude Code claude-sonnet-4-5-…), and responses name the served id.
+await check('models.any_name_is_the_served_model', async () => {
   const s = await mainSrv();
+  const one = await request(s, { path: '/v1/models/gpt-4o-mini' });
+  eq(one.status, 200, `GET /v1/models/gpt-4o-mini (${show(one.text)})`);
+  eq(one.json?.id, MODEL_ID, 'the served id');
+  const c = client(s);
+  eq((await c.models.retrieve('gpt-4o-mini')).id, MODEL_ID, 'SDK models.retrieve(gpt-4o-mini)');
+  const j = await c.chat.completions.create({ model: 'gpt-4o-mini', messages: [user('Hello')], max_tokens: 3, temperature: 0 });
+  checkCompletion(j);
+  eq(j.model, MODEL_ID, 'chat.completion model');
+  const chunks = [];
+  for await (const ch of await c.chat.completions.create({ model: 'gpt-4o-mini', messages: [user('Hello')], max_tokens: 3, stream: true })) chunks.push(ch);
+  assert(chunks.length > 1 && chunks.every((ch) => ch.model === MODEL_ID), `chunk models: ${show(chunks.map((ch) => ch.model))}`);
+  const t = await c.completions.create({ model: 'gpt-4o-mini', prompt: 'The capital of France is', max_tokens: 3, temperature: 0 });
+  validateCompletion(t);
+  eq(t.model, MODEL_ID, 'text_completion model');
+  const r = await c.responses.create({ model: 'gpt-4o-mini', input: 'Hello', max_output_tokens: 3 });
+  eq(r.model, MODEL_ID, 'response model');
+  const m = await postJson(s, '/v1/messages', { model: 'claude-haiku-4-5-20251001', max_tokens: 3, messages: [user('Hello')] });
+  eq([m.status, m.json?.model], [200, MODEL_ID], `POST /v1/messages with a Claude model name (${show(m.text)})`);
+});
+
+// /v1/models lists the id and every --alias.
+await check('models.aliases_listed', async () => {
+  const s = await aliasSrv();
+  const ids = [];
+  for await (const x of client(s).models.list()) ids.push(x.id);
+  eq(ids, [MODEL_ID, ...ALIASES], 'SDK models.list() ids');
+  eq((await client(s).models.retrieve(ALIASES[1])).id, ALIASES[1], 'models.retrieve(alias)');
+});
+
+// --strict-model: names other than the id and the aliases are a 404 on every API; the id and
+// the aliases are served (and answered under the served id).
+await check('models.strict_model', async () => {
+  const s = await strictSrv();
+  const c = client(s);
   expectError(await request(s, { path: '/v1/models/gpt-4o' }), 404, 'model_not_found', { param: 'model' });
+  eq((await request(s, { path: `/v1/models/${ALIASES[0]}` })).status, 200, 'GET /v1/models/<alias>');
+  const e = expectError(await chat(s, { ...good, model: 'gpt-4o-mini' }), 404, 'model_not_found', { param: 'model' });
+  for (const name of ['gpt-4o-mini', MODEL_ID, ...ALIASES, '--strict-model'])
+    assert(e.message.includes(name), `the 404 names ${name}: ${e.message}`);
+  expectError(await postJson(s, '/v1/completions', { model: 'gpt-4o-mini', prompt: 'x', max_tokens: 1 }), 404, 'model_not_found', { param: 'model' });
+  expectError(await postJson(s, '/v1/responses', { model: 'gpt-4o-mini', input: 'x', max_output_tokens: 1 }), 404, 'model_not_found', { param: 'model' });
+  const a = await postJson(s, '/v1/messages?beta=true', { model: 'claude-sonnet-4-5-20250929', max_tokens: 1, messages: [user('hi')] });
+  eq([a.status, a.json?.type, a.json?.error?.type], [404, 'error', 'not_found_error'], `Anthropic 404 (${show(a.text)})`);
+  try {
+    await c.chat.completions.create({ ...good, model: 'no-such-model' });
+    assert(false, 'expected an error');
+  } catch (err) {
+    eq([err.status, err.code, err.param], [404, 'model_not_found', 'model'], 'SDK NotFoundError');
+  }
+  for (const model of [MODEL_ID, ...ALIASES]) {
+    const j = await c.chat.completions.create({ ...good, model });
+    eq(j.model, MODEL_ID, `served under ${model}`);
+  }
 });
 
 // =============================================================================================
@@ -1235,7 +1292,6 @@ const badCases = [
   ['enable_thinking_string', { ...good, chat_template_kwargs: { enable_thinking: 'yes' } }, 400, 'invalid_value', 'chat_template_kwargs.enable_thinking'],
   ['missing_messages', { model: MODEL_ID }, 400, 'missing_required_parameter', 'messages'],
   ['missing_model', { messages: [user('hi')] }, 400, 'missing_required_parameter', 'model'],
-  ['unknown_model', { ...good, model: 'gpt-4o' }, 404, 'model_not_found', 'model'],
   ['empty_messages', { ...good, messages: [] }, 400, 'invalid_value', 'messages'],
   ['bad_role', { ...good, messages: [{ role: 'wizard', content: 'hi' }] }, 400, 'invalid_value', 'messages.0.role'],
   ['content_number', { ...good, messages: [{ role: 'user', content: 42 }] }, 400, 'invalid_value', 'messages.0.content'],
@@ -1309,9 +1365,9 @@ await check('accept.tolerated_inputs', async () => {
     checkCompletion(r.json);
     return r.json;
   };
-  const dup = '{"model":"nope","model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":2}';
-  await ok('duplicate keys: the last one wins', dup);
-  expectError(await chat(s, '{"model":"kimi-k3","model":"nope","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'),
+  const dup = '{"max_tokens":7,"messages":[{"role":"user","content":"hi"}],"model":"kimi-k3","max_tokens":2}';
+  eq((await ok('duplicate keys: the last one wins', dup)).usage.completion_tokens <= 2, true, 'the last max_tokens (2) wins');
+  expectError(await chat(await strictSrv(), '{"model":"kimi-k3","model":"nope","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'),
               404, 'model_not_found', { param: 'model' });
   const j = await ok('integer written as 3.0', '{"model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":3.0,"temperature":0}');
   assert(j.usage.completion_tokens <= 3, 'max_tokens 3.0 honoured');
