@@ -50,6 +50,12 @@ bool depth_within(std::string_view body, int limit) {
 }  // namespace
 
 // The field checks shared with the other API shapes (server/request_fields.h).
+std::string shown_value(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 40) text = text.substr(0, 40) + "...";
+  return text;
+}
+
 bool is_int(const json& v) {
   return v.is_number_integer() ||
          (v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -60,14 +66,15 @@ bool is_int(const json& v) {
 std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi,
                                 int64_t& out) {
   if (!is_int(v)) return invalid_value(param, "'" + param + "' must be an integer");
+  auto out_of_range = [&] {
+    return invalid_value(param, "'" + param + "' is " + shown_value(v) + ", out of range [" +
+                                    std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
   if (v.is_number_unsigned() &&
       v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " +
-                                    std::to_string(hi) + "]");
+    return out_of_range();
   const int64_t x = v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>();
-  if (x < lo || x > hi)
-    return invalid_value(param, "'" + param + "' is out of range [" + std::to_string(lo) + ", " +
-                                    std::to_string(hi) + "]");
+  if (x < lo || x > hi) return out_of_range();
   out = x;
   return std::nullopt;
 }
@@ -77,10 +84,10 @@ std::optional<ApiError> get_number(const json& v, const std::string& param, doub
   if (!v.is_number()) return invalid_value(param, "'" + param + "' must be a number");
   const double x = v.get<double>();
   if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "'%s' must be in %s%g, %g]", param.c_str(), lo_open ? "(" : "[",
-                  lo, hi);
-    return invalid_value(param, buf);
+    char range[64];
+    std::snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
+    return invalid_value(param,
+                         "'" + param + "' is " + shown_value(v) + "; it must be in " + range);
   }
   out = x;
   return std::nullopt;
@@ -344,16 +351,25 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
       if (v->get_ref<const std::string&>().empty())
         return invalid_value("stop", "'stop' must not be empty");
       if (v->get_ref<const std::string&>().size() > 256)
-        return invalid_value("stop", "a stop string is longer than 256 bytes");
+        return invalid_value("stop", "'stop' is " +
+                                         std::to_string(v->get_ref<const std::string&>().size()) +
+                                         " bytes long; at most 256");
       r.stop.push_back(v->get<std::string>());
     } else if (v->is_array()) {
-      if (v->size() > 16) return invalid_value("stop", "'stop' holds more than 16 strings");
+      if (v->size() > 16)
+        return invalid_value("stop",
+                             "'stop' holds " + std::to_string(v->size()) + " strings; at most 16");
       for (size_t i = 0; i < v->size(); ++i) {
         const json& s = (*v)[i];
         const std::string at = "stop." + std::to_string(i);
         if (!s.is_string() || s.get_ref<const std::string&>().empty() ||
             s.get_ref<const std::string&>().size() > 256)
-          return invalid_value(at, "'" + at + "' must be a non-empty string of at most 256 bytes");
+          return invalid_value(
+              at,
+              "'" + at + "' must be a non-empty string of at most 256 bytes" +
+                  (s.is_string()
+                       ? " (it is " + std::to_string(s.get_ref<const std::string&>().size()) + ")"
+                       : std::string()));
         r.stop.push_back(s.get<std::string>());
       }
     } else {
@@ -618,7 +634,9 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     for (size_t i = 0; i < prompt->size(); ++i) {
       const int64_t id = (*prompt)[i].get<int64_t>();
       if (id < 0 || id > std::numeric_limits<int32_t>::max())
-        return invalid_value("prompt." + std::to_string(i), "not a token id");
+        return invalid_value(
+            "prompt." + std::to_string(i),
+            "'prompt." + std::to_string(i) + "' is " + std::to_string(id) + ", not a token id");
       r.prompt_ids.push_back(id);
     }
     r.ids_given = true;
@@ -647,11 +665,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
 
 ApiError context_exceeded(int64_t tokens, int64_t context, const char* param) {
   return api_error(400, "invalid_request_error", "context_length_exceeded",
-                   (tokens < 0 ? "the prompt has more than " + std::to_string(context - 1)
-                               : "the prompt has " + std::to_string(tokens)) +
-                       " tokens; the context holds " + std::to_string(context) +
-                       " (and one must be left to generate)",
-                   param);
+                   context_overflow_message("the prompt", tokens, context), param);
 }
 
 namespace {
@@ -684,9 +698,9 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
   auto segments = chat_segments(request);
   if (auto* e = std::get_if<ApiError>(&segments)) return *e;
   std::vector<int32_t> ids32;
-  const size_t most = context == INT64_MAX ? SIZE_MAX : static_cast<size_t>(context - 1);
-  text::encode_segments(tokenizer, std::get<std::vector<text::Segment>>(segments), ids32, most);
-  if (ids32.size() > most) return context_exceeded(-1, context, prompt_param);
+  text::encode_segments(tokenizer, std::get<std::vector<text::Segment>>(segments), ids32);
+  if (static_cast<int64_t>(ids32.size()) >= context)
+    return context_exceeded(static_cast<int64_t>(ids32.size()), context, prompt_param);
   RenderedPrompt out;
   out.ids.assign(ids32.begin(), ids32.end());
   const auto& all = request.messages.as_array();

@@ -236,17 +236,17 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   if (!tokenizer) return res;
   ServiceRequest sr;
   if (request->ids_given) {
+    const int64_t vocab = c.service.engine()->info().vocab_size;
     for (size_t i = 0; i < request->prompt_ids.size(); ++i)
-      if (request->prompt_ids[i] >= c.service.engine()->info().vocab_size)
-        return error_response(
-            invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
+      if (request->prompt_ids[i] >= vocab)
+        return error_response(invalid_value(
+            "prompt." + std::to_string(i),
+            "'prompt." + std::to_string(i) + "' is " + std::to_string(request->prompt_ids[i]) +
+                ", not a token id of this vocabulary (0.." + std::to_string(vocab - 1) + ")"));
     sr.prompt = request->prompt_ids;
   } else {
     std::vector<int32_t> ids32;
-    const int64_t capacity = c.service.context_capacity();
-    tokenizer->encode(request->prompt, false, ids32, nullptr, static_cast<size_t>(capacity - 1));
-    if (static_cast<int64_t>(ids32.size()) >= capacity)
-      return error_response(context_exceeded(-1, capacity, "prompt"));
+    tokenizer->encode(request->prompt, false, ids32);  // counted whole: admit() names the count
     sr.prompt.assign(ids32.begin(), ids32.end());
   }
   sr.raw = true;
@@ -501,8 +501,10 @@ HttpResponse detokenize(const HandlerContext& c, const HttpRequest& req) {
     const json& t = (*it)[i];
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
         t.get<int64_t>() >= tokenizer->vocab_size())
-      return error_response(
-          invalid_value("tokens." + std::to_string(i), "not a token id of this vocabulary"));
+      return error_response(invalid_value(
+          "tokens." + std::to_string(i), "'tokens." + std::to_string(i) + "' is " + shown_value(t) +
+                                             ", not a token id of this vocabulary (0.." +
+                                             std::to_string(tokenizer->vocab_size() - 1) + ")"));
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   set_json(res, 200, json{{"content", tokenizer->decode(ids)}});

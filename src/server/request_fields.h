@@ -15,6 +15,8 @@
 
 namespace k3::server {
 
+// A request's value as an error message quotes it: its JSON, cut at 40 bytes ("...").
+std::string shown_value(const json& v);
 // An integer, or a float with an integral value (256.0: SDKs write them).
 bool is_int(const json& v);
 // Each sets `out` or returns a 400 invalid_value naming `param` (type, or the range).

@@ -1341,12 +1341,13 @@ await check('errors.sdk_maps_errors', async () => {
   const s = await mainSrv();
   const c = client(s);
   try {
-    await c.chat.completions.create({ ...good, model: 'no-such-model' });
+    await c.chat.completions.create({ ...good, temperature: 2.5 });
     assert(false, 'expected an error');
   } catch (e) {
-    eq(e.status, 404, 'SDK error status');
-    eq(e.code, 'model_not_found', 'SDK error code');
-    eq(e.param, 'model', 'SDK error param');
+    eq(e.status, 400, 'SDK error status');
+    eq(e.code, 'invalid_value', 'SDK error code');
+    eq(e.param, 'temperature', 'SDK error param');
+    assert(/2\.5/.test(e.message) && /\[0, 2\]/.test(e.message), `the message names the value and the range: ${e.message}`);
   }
   try {
     await c.chat.completions.create({ ...good, n: 2 });
@@ -1519,24 +1520,30 @@ await check('cors.preflight_and_origin', async () => {
 const parseRawJson = (text) => { try { return JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4)); } catch { return undefined; } };
 const head = (s, lines) => `${lines.join('\r\n')}\r\nHost: 127.0.0.1:${s.port}\r\nAuthorization: Bearer ${s.key}\r\n\r\n`;
 
-// Prompts far over the context are refused after the first tokenizer chunk, not after all of a
-// 6 MB body (2.5M ids), and the memory of large requests goes back to the system: the server's RSS
-// after eight such bodies stays within 64 MB of its level before them (it grew by ~1 GB).
+// Prompts far over the context are refused with their whole token count (a 6 MB body, bounded by
+// --max-body-mb, is counted in full: the count /tokenize gives for the same text), and the memory
+// of large requests goes back to the system: the server's RSS after eight such bodies stays within
+// 64 MB of its level before them (it grew by ~1 GB).
 const rssMb = (pid) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) / 1024;
-await check('limits.large_prompt_refused_early_rss_returns', async () => {
+await check('limits.large_prompt_counted_rss_returns', async () => {
   const s = await mainSrv();
   await complete(s, req([user('Warm up.')], { ...OFF, max_tokens: 2 }));
   const before = rssMb(s.proc.pid);
   const words = 'lorem ipsum dolor sit amet consectetur '.repeat(160_000);  // ~6.2 MB
   for (let i = 0; i < 8; ++i) {
     const r = await chat(s, req([user(words + i)], { max_tokens: 4 }));
-    expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
-    assert(/more than/.test(r.json.error.message), `refused before full tokenization: ${show(r.json)}`);
+    const e = expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
+    const n = Number(/the prompt has (\d+) tokens/.exec(e.message)?.[1]);
+    assert(n > 1_000_000 && e.message.includes(`raise --ctx to ${n + 1} `) && e.message.includes('holds 8192 (--ctx / COLI_CTX)'),
+           `the whole count, the context and the setting: ${e.message}`);
   }
   const after = rssMb(s.proc.pid);
   assert(after <= before + 64, `RSS ${before.toFixed(1)} MB before eight 6 MB prompts, ${after.toFixed(1)} MB after`);
   const c = await postJson(s, '/v1/completions', { model: MODEL_ID, prompt: words, max_tokens: 4 });
-  expectError(c, 400, 'context_length_exceeded', { param: 'prompt' });
+  const ce = expectError(c, 400, 'context_length_exceeded', { param: 'prompt' });
+  const counted = (await postJson(s, '/tokenize', { content: words })).json.tokens.length;
+  assert(ce.message.startsWith(`the prompt has ${counted} tokens and the reply needs at least 1 more, ${counted + 1} in all, but the context holds 8192`),
+         `/v1/completions names the prompt's ${counted} tokens: ${ce.message}`);
 });
 
 await check('limits.body_413_without_reading', async () => {
@@ -1548,6 +1555,8 @@ await check('limits.body_413_without_reading', async () => {
   eq(r.status, 413, `status (${show(r.text.slice(0, 300))})`);
   const j = parseRawJson(r.text);
   eq(j?.error?.code, 'request_too_large', 'error.code');
+  for (const part of [`${size} bytes`, '1048576 bytes', '1 MiB', '--max-body-mb / COLI_MAX_BODY_MB'])
+    assert(j.error.message.includes(part), `the 413 names ${part}: ${j.error.message}`);
 });
 
 await check('limits.body_413_sent', async () => {
@@ -1631,8 +1640,17 @@ await check('context.prompt_too_long_400', async () => {
   for (const stream of [false, true]) {
     const r = await chat(s, req([user(long)], { ...OFF, max_tokens: 4, stream }));
     const e = expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
-    assert(/256/.test(e.message), `message should state the capacity 256: ${e.message}`);
+    const m = /^the prompt has (\d+) tokens and the reply needs at least 1 more, (\d+) in all, but the context holds 256 \(--ctx \/ COLI_CTX\): raise --ctx to (\d+) or more/.exec(e.message);
+    assert(m && Number(m[1]) > 256 && Number(m[2]) === Number(m[1]) + 1 && m[3] === m[2],
+           `the prompt's count, the context 256 and the setting: ${e.message}`);
   }
+  // The same count as /v1/messages/count_tokens gives for the conversation (thinking off both).
+  const a = await postJson(s, '/v1/messages', { model: MODEL_ID, max_tokens: 4, thinking: { type: 'disabled' }, messages: [user(long)] });
+  eq([a.status, a.json?.type, a.json?.error?.type, a.json?.error?.details?.error_code], [400, 'error', 'invalid_request_error', 'context_length_exceeded'],
+     `Anthropic envelope (${show(a.text)})`);
+  const n = (await postJson(s, '/v1/messages/count_tokens', { model: MODEL_ID, thinking: { type: 'disabled' }, messages: [user(long)] })).json.input_tokens;
+  assert(a.json.error.message.startsWith(`the prompt has ${n} tokens`) && a.json.error.message.includes('--ctx'),
+         `count_tokens says ${n}: ${a.json.error.message}`);
   eq((await request(s, { path: '/health' })).status, 200, 'server alive after context_length_exceeded');
 });
 

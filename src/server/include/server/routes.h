@@ -104,9 +104,14 @@ class Router {
   std::vector<Route> routes_;
 };
 
-// The refusals of a body read: over the route's limit (413), not received within the read
-// deadline (408), or broken off (400).
-ApiError body_too_large(size_t limit);
+// A request path (or method) as a log line shows it: bytes outside printable ASCII, spaces and
+// '%' percent-encoded (the path arrives decoded: an encoded newline must not start a forged
+// line), at most 256 bytes then "...".
+std::string log_path(std::string_view path);
+
+// The refusals of a body read: over the route's limit (413: `size` bytes, or at least that many
+// when the read stopped there), not received within the read deadline (408), or broken off (400).
+ApiError body_too_large(size_t limit, size_t size, bool at_least = false);
 ApiError body_too_slow(double seconds);
 ApiError body_unreadable();
 
