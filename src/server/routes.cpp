@@ -362,10 +362,28 @@ std::string Router::label(std::string_view method, std::string_view path) const 
   return route ? route->label : "static";
 }
 
+std::string log_path(std::string_view path) {
+  constexpr size_t kMostBytes = 256;
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (size_t i = 0; i < path.size() && i < kMostBytes; ++i) {
+    const auto c = static_cast<unsigned char>(path[i]);
+    if (c <= ' ' || c >= 0x7f || c == '%') {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (path.size() > kMostBytes) out += "...";
+  return out.empty() ? "/" : out;
+}
+
 std::string Router::log_line(std::string_view method, std::string_view path, int status,
                              const std::string& request_id) {
-  std::string line = "[http] " + request_id + " " + std::string(method) + " " +
-                     label(method, path) + " " + std::to_string(status);
+  std::string line = "[http] " + request_id + " " + log_path(method) + " " + log_path(path) + " " +
+                     std::to_string(status);
   std::optional<GenerationStats> stats;
   {
     std::lock_guard<std::mutex> lock(state_->counters.mutex);

@@ -276,6 +276,21 @@ const goodText = JSON.stringify(good);
 // Basic endpoints
 // =============================================================================================
 
+// One log line per request names its path (a probe of /favicon.ico, a model looked up by name),
+// read from the server's stderr as it is written.
+await check('logs.line_names_the_path', async () => {
+  const s = await mainSrv();
+  const probe = await request(s, { path: '/favicon.ico' });
+  eq(probe.status, 404, 'GET /favicon.ico');
+  const rid = probe.headers['x-request-id'];
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${rid} GET /favicon\\.ico 404$`, 'm'));
+  const model = await request(s, { path: '/v1/models/gpt-4o-mini?x=1' });
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${model.headers['x-request-id']} GET /v1/models/gpt-4o-mini 200$`, 'm'));
+  const odd = await request(s, { path: '/a%20b%0Aforged' });
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${odd.headers['x-request-id']} GET /a%20b%0Aforged 404$`, 'm'));
+  assert(!/^forged/m.test(s.err), 'an encoded newline in a path started a log line');
+});
+
 await check('health.ok', async () => {
   const s = await mainSrv();
   const r = await request(s, { path: '/health' });

@@ -85,9 +85,9 @@ class Router {
   bool record(std::string_view method, std::string_view path, int status);
   // The label (metrics, log) of the route serving (method, path).
   std::string label(std::string_view method, std::string_view path) const;
-  // The one log line of a written response, llama-server style: request id, method, route label,
-  // status and, for a generation, prompt / cached / generated tokens, time to first token and
-  // decode tokens per second, e.g.
+  // The one log line of a written response, llama-server style: request id, method, the path
+  // (log_path: the query left out), status and, for a generation, prompt / cached / generated
+  // tokens, time to first token and decode tokens per second, e.g.
   //   [http] req-1f.. POST /v1/chat/completions 200 prompt=41 cached=30 gen=12 ttft_ms=85
   //   tok_s=38.2
   std::string log_line(std::string_view method, std::string_view path, int status,
