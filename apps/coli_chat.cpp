@@ -724,9 +724,9 @@ class Chat {
     if (auto e = render(request)) return e;
     const int64_t capacity = service_.context_capacity();
     if (static_cast<int64_t>(request.prompt.size()) >= capacity)
-      return "the conversation has " + std::to_string(request.prompt.size()) +
-             " tokens and the context holds " + std::to_string(capacity) +
-             ": /new starts over (or raise --ctx)";
+      return k3::context_overflow_message("the conversation",
+                                          static_cast<int64_t>(request.prompt.size()), capacity) +
+             " (/new starts over)";
     request.starts_in_think = think_;
     request.sampling.temperature = api_.default_temperature;
     request.sampling.top_p = api_.default_top_p;

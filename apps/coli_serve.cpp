@@ -70,7 +70,7 @@ k3::server::ApiConfig api_config(const k3::Options& opt) {
   k3::server::ApiConfig api;
   api.model_id = opt.serve.model_id;
   api.aliases = opt.serve.aliases;
-  api.accept_any_model = opt.serve.accept_any_model;
+  api.strict_model = opt.serve.strict_model;
   api.max_tokens_ceiling = opt.serve.max_tokens;
   api.default_thinking = opt.serve.reasoning;
   api.reasoning_field = opt.serve.reasoning_field;

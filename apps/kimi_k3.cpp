@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "engine/service.h"
 #include "engine/trace.h"
 #include "text/output_parser.h"
 #include "text/prompt.h"
@@ -343,9 +344,9 @@ int run(int argc, char** argv) {
     prompt = ids_run ? opt.ids : text_prompt(opt, *tokenizer, chat);
     if (opt.runtime.max_tokens > 0 &&
         static_cast<int64_t>(prompt.size()) + opt.ngen > opt.runtime.max_tokens)
-      throw k3::Error("--ctx / K3_MAXT=" + std::to_string(opt.runtime.max_tokens) +
-                      " cannot hold the prompt (" + std::to_string(prompt.size()) +
-                      " tokens) plus --ngen " + std::to_string(opt.ngen));
+      throw k3::Error(k3::context_overflow_message(
+          "the prompt", static_cast<int64_t>(prompt.size()), opt.runtime.max_tokens, opt.ngen,
+          "--ngen " + std::to_string(opt.ngen)));
   };
   k3::Result<std::unique_ptr<k3::Engine>> loaded = k3::Engine::load(eo);
   if (!loaded.ok()) {

@@ -106,7 +106,7 @@ TEST(Cli, RefusesUnsupportedAndUnknownSettings) {
       {"K3_ISA=neon", "--ids 1 --ngen 1", "K3_ISA"},
       {"K3_TYPO=1", "--ids 1 --ngen 1", "K3_TYPO"},
       {"", "--ids 1 --ngen abc", "--ngen"},
-      {"K3_MAXT=3", "--ids 1,2 --ngen 4", "K3_MAXT"},
+      {"K3_MAXT=3", "--ids 1,2 --ngen 4", "raise --ctx to 6"},
       {"", "--ids 1,99999 --ngen 1", "99999"},
       {"K3_LAYERS=9", "--ids 1 --ngen 1", "K3_LAYERS"},
   };

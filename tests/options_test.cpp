@@ -275,7 +275,7 @@ TEST(OptionsBool, EveryForm) {
       {"bos", nullptr, [](const k3::Options& o) { return o.text.bos; }},
       {"prompt-ids", "K3_CHAT_IDS", [](const k3::Options& o) { return o.debug.prompt_ids; }},
       {"raw", nullptr, [](const k3::Options& o) { return o.serve.raw; }},
-      {"accept-any-model", nullptr, [](const k3::Options& o) { return o.serve.accept_any_model; }},
+      {"strict-model", nullptr, [](const k3::Options& o) { return o.serve.strict_model; }},
       {"insecure-bind", "COLI_ALLOW_INSECURE_BIND",
        [](const k3::Options& o) { return o.serve.insecure_bind; }},
       {"log-prompts", nullptr, [](const k3::Options& o) { return o.serve.log_prompts; }},
@@ -302,6 +302,10 @@ TEST(OptionsBool, EveryForm) {
   // The old spellings stay.
   EXPECT_FALSE(k3::parse_kimi_k3_options({"m", "--hide-think"}, {}).text.show_think);
   EXPECT_FALSE(parse("coli serve", {"m", "--no-webui"}).serve.web_ui);
+  // --accept-any-model (before --strict-model, any name was refused unless it was given) is the
+  // default now: it stays accepted and means "not strict".
+  EXPECT_FALSE(parse("coli serve", {"m"}).serve.strict_model);
+  EXPECT_FALSE(parse("coli serve", {"m", "--accept-any-model"}).serve.strict_model);
 }
 
 TEST(OptionsBool, ValueAfterASpaceIsRefused) {

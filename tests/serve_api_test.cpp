@@ -3,6 +3,8 @@
 // handlers are tested in serve_routes_test.cpp.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "server/anthropic.h"
 #include "server/api.h"
 #include "server/http_server.h"
@@ -74,8 +76,6 @@ TEST(ServeApi, RefusalsNameTheParameter) {
       {R"({"model":"kimi-k3","messages":{}})", 400, "invalid_value", "messages"},
       {R"({"model":"kimi-k3","messages":[]})", 400, "invalid_value", "messages"},
       {R"({"model":7,"messages":[{"role":"user","content":"hi"}]})", 400, "invalid_value", "model"},
-      {R"({"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]})", 404, "model_not_found",
-       "model"},
       {R"({"model":"kimi-k3","messages":[{"role":"wizard","content":"hi"}]})", 400, "invalid_value",
        "messages.0.role"},
       {R"({"model":"kimi-k3","messages":[{"content":"hi"}]})", 400, "invalid_value",
@@ -134,6 +134,115 @@ TEST(ServeApi, RefusalsNameTheParameter) {
   };
   expect_refusals(cases,
                   [](const std::string& body) { return parse_chat_request(body, config()); });
+}
+
+// Any model name reaches the one served model on every API (Claude Code sends claude-sonnet-4-5-…,
+// OpenAI apps gpt-4o-mini), and the request names the served id from then on; --strict-model
+// refuses names other than the id and the aliases, and its 404 lists what is served.
+TEST(ServeApi, AnyModelNameGetsTheServedModelUnlessStrict) {
+  ApiConfig loose;
+  loose.aliases = {"k3"};
+  ApiConfig strict = loose;
+  strict.strict_model = true;
+  const std::string user = R"("messages":[{"role":"user","content":"hi"}])";
+  using Model = std::variant<std::string, ApiError>;
+  auto model_of = [](auto parsed, auto get) -> Model {
+    if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+    return get(std::get<0>(parsed));
+  };
+  struct Api {
+    const char* name;
+    std::function<Model(const std::string&, const ApiConfig&)> model;
+  };
+  const std::vector<Api> apis = {
+      {"chat",
+       [&](const std::string& m, const ApiConfig& c) {
+         return model_of(parse_chat_request(R"({"model":")" + m + "\"," + user + "}", c),
+                         [](const ChatRequest& r) { return r.model; });
+       }},
+      {"completions",
+       [&](const std::string& m, const ApiConfig& c) {
+         return model_of(parse_completion_request(R"({"model":")" + m + R"(","prompt":"x"})", c),
+                         [](const CompletionRequest& r) { return r.model; });
+       }},
+      {"messages",
+       [&](const std::string& m, const ApiConfig& c) {
+         return model_of(
+             parse_messages_request(R"({"model":")" + m + R"(","max_tokens":8,)" + user + "}", c),
+             [](const MessagesRequest& r) { return r.chat.model; });
+       }},
+      {"responses",
+       [&](const std::string& m, const ApiConfig& c) {
+         return model_of(parse_responses_request(R"({"model":")" + m + R"(","input":"x"})", c),
+                         [](const ResponsesRequest& r) { return r.chat.model; });
+       }},
+  };
+  for (const Api& api : apis) {
+    SCOPED_TRACE(api.name);
+    for (const char* name : {"gpt-4o-mini", "claude-sonnet-4-5-20250929", "k3", "kimi-k3", ""}) {
+      const Model got = api.model(name, loose);
+      ASSERT_TRUE(std::holds_alternative<std::string>(got))
+          << name << ": " << std::get<ApiError>(got).message;
+      EXPECT_EQ(std::get<std::string>(got), "kimi-k3") << name;  // responses name the served id
+    }
+    for (const char* name : {"kimi-k3", "k3"}) {
+      const Model got = api.model(name, strict);
+      ASSERT_TRUE(std::holds_alternative<std::string>(got)) << name;
+      EXPECT_EQ(std::get<std::string>(got), "kimi-k3");
+    }
+    const Model refused = api.model("gpt-4o-mini", strict);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+    const ApiError& e = std::get<ApiError>(refused);
+    EXPECT_EQ(e.status, 404);
+    EXPECT_EQ(e.code, "model_not_found");
+    EXPECT_EQ(e.param.value_or(""), "model");
+    for (const char* part : {"'gpt-4o-mini'", "'kimi-k3'", "'k3'", "--strict-model"})
+      EXPECT_NE(e.message.find(part), std::string::npos) << part << ": " << e.message;
+  }
+  // The served id is what a response names, whatever the request said.
+  const ChatRequest r = accepted(R"({"model":"gpt-4o-mini",)" + user + "}");
+  EXPECT_EQ(chat_completion_json(ChatResult{}, r, loose, new_response_ids())["model"], "kimi-k3");
+}
+
+// The refusals carry the value that was refused and the limit it broke (and, for a server limit,
+// the setting that raises it).
+TEST(ServeApi, RefusalsCarryTheirNumbers) {
+  auto message = [](const std::string& body) -> std::string {
+    const auto r = parse_chat_request(body, config());
+    return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r).message : "accepted";
+  };
+  auto has = [](const std::string& text, std::initializer_list<const char*> parts) {
+    for (const char* part : parts)
+      EXPECT_NE(text.find(part), std::string::npos) << part << ": " << text;
+  };
+  has(message(with(R"("temperature":2.5)")), {"'temperature' is 2.5", "[0, 2]"});
+  has(message(with(R"("max_tokens":0)")), {"'max_tokens' is 0", "[1, 2147483647]"});
+  has(message(with(R"("logprobs":true,"top_logprobs":21)")), {"is 21", "[0, 20]"});
+  has(message(with(R"("stop":")" + std::string(300, 'x') + "\"")), {"300", "256"});
+  std::string stops;
+  for (int i = 0; i < 17; ++i) stops += (i ? ",\"s" : "\"s") + std::to_string(i) + "\"";
+  has(message(with(R"("stop":[)" + stops + "]")), {"holds 17", "16"});
+  has(message(with(R"("stop":["a",")" + std::string(300, 'y') + "\"]")), {"(it is 300)"});
+  std::string many;
+  for (int i = 0; i < 4100; ++i)
+    many += std::string(i ? "," : "") + R"({"role":"user","content":"a"})";
+  has(message(R"({"model":"kimi-k3","messages":[)" + many + "]}"), {"holds 4100", "4096"});
+  // A value quoted in a message is cut at 40 bytes: the message stays short whatever the body.
+  const auto cut = parse_responses_request(
+      R"({"model":"kimi-k3","input":"x","max_output_tokens":")" + std::string(5000, 'z') + "\"}",
+      config());
+  ASSERT_TRUE(std::holds_alternative<ApiError>(cut));
+  has(std::get<ApiError>(cut).message, {"'max_output_tokens' is \"zzz", "zzz...; it must be"});
+  EXPECT_LT(std::get<ApiError>(cut).message.size(), 120u);
+  // The server's own limits: the value, the limit and the setting.
+  has(body_too_large(1048576, 2097152).message,
+      {"2097152 bytes", "1048576 bytes", "1 MiB", "--max-body-mb", "COLI_MAX_BODY_MB"});
+  has(body_too_large(1048576, 1048600, true).message, {"at least 1048600"});
+  has(body_too_slow(30).message, {"30 s", "--read-deadline"});
+  const ApiError context = context_exceeded(300, 256, "messages");
+  EXPECT_EQ(context.code, "context_length_exceeded");
+  EXPECT_EQ(context.param.value_or(""), "messages");
+  has(context.message, {"300 tokens", "256", "raise --ctx to 301", "COLI_CTX"});
 }
 
 TEST(ServeApi, AcceptsWhatSdksSend) {
@@ -314,7 +423,6 @@ TEST(ServeApi, CompletionRequests) {
        "frequency_penalty"},
       {R"({"model":"kimi-k3","prompt":"x","n":3})", 400, "unsupported_value", "n"},
       {R"({"model":"kimi-k3","prompt":"x","temperature":-1})", 400, "invalid_value", "temperature"},
-      {R"({"model":"other","prompt":"x"})", 404, "model_not_found", "model"},
   };
   expect_refusals(cases, parse);
   GenerationStats stats;

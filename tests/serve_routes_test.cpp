@@ -95,9 +95,6 @@ TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {
   expect_error(router.serve(request("GET", "/v1/nope")), 404, "not_found");
   expect_error(router.serve(request("POST", "/v1/nope", "{}")), 404, "not_found");
   expect_error(router.serve(request("GET", "/v1/models/")), 404, "not_found");
-  const HttpResponse model = router.serve(request("GET", "/v1/models/gpt-4o"));
-  expect_error(model, 404, "model_not_found");
-  EXPECT_EQ(body_of(model)["error"]["param"], "model");
   EXPECT_EQ(body_of(router.serve(request("GET", "/v1/models/kimi-k3")))["id"], "kimi-k3");
   const HttpResponse get = router.serve(request("GET", "/v1/chat/completions"));
   expect_error(get, 405, "method_not_allowed");
@@ -258,6 +255,57 @@ TEST(ServeApi, RoutesAnthropicMessages) {
             m["usage"]["input_tokens"].get<int64_t>() +
                 m["usage"]["cache_read_input_tokens"].get<int64_t>());
   EXPECT_EQ(router.label("POST", "/v1/messages"), "/v1/messages");
+}
+
+// Any model name is the served model (/v1/models/{name} answers the served id), /v1/models lists
+// the id and every alias; --strict-model makes other names a 404 naming what is served.
+TEST(ServeApi, ModelsListAliasesAndAnswerAnyNameUnlessStrict) {
+  EngineService& service = shared_service();
+  ServerOptions o = server_options();
+  o.api.aliases = {"k3", "kimi"};
+  Router loose(service, o);
+  const json list = body_of(loose.serve(request("GET", "/v1/models")));
+  ASSERT_EQ(list["data"].size(), 3u) << list;
+  EXPECT_EQ(list["data"][0]["id"], "kimi-k3");
+  EXPECT_EQ(list["data"][1]["id"], "k3");
+  EXPECT_EQ(list["data"][2]["id"], "kimi");
+  EXPECT_EQ(body_of(loose.serve(request("GET", "/v1/models/k3")))["id"], "k3");
+  const HttpResponse any = loose.serve(request("GET", "/v1/models/gpt-4o-mini"));
+  EXPECT_EQ(any.status, 200) << any.body;
+  EXPECT_EQ(body_of(any)["id"], "kimi-k3");
+  o.api.strict_model = true;
+  Router strict(service, o);
+  const HttpResponse refused = strict.serve(request("GET", "/v1/models/gpt-4o-mini"));
+  expect_error(refused, 404, "model_not_found");
+  EXPECT_EQ(body_of(refused)["error"]["param"], "model");
+  EXPECT_NE(body_of(refused)["error"]["message"].get<std::string>().find("'kimi'"),
+            std::string::npos);
+  EXPECT_EQ(strict.serve(request("GET", "/v1/models/kimi")).status, 200);
+  // The generation routes: a chat for another name is a 404 only when strict.
+  wait_ready(service);
+  const std::string chat =
+      R"({"model":"gpt-4o-mini","max_tokens":1,"messages":[{"role":"user","content":"hi"}]})";
+  const HttpResponse served = loose.serve(request("POST", "/v1/chat/completions", chat));
+  ASSERT_EQ(served.status, 200) << served.body;
+  EXPECT_EQ(body_of(served)["model"], "kimi-k3");
+  expect_error(strict.serve(request("POST", "/v1/chat/completions", chat)), 404, "model_not_found");
+}
+
+// The log line names the request's path (not the route's label), its bytes outside printable
+// ASCII percent-encoded so a path cannot forge a line.
+TEST(ServeApi, LogLineNamesThePath) {
+  Router router(shared_service(), server_options());
+  EXPECT_EQ(router.log_line("GET", "/favicon.ico", 404, "req-1"),
+            "[http] req-1 GET /favicon.ico 404\n");
+  EXPECT_EQ(router.log_line("GET", "/v1/models/gpt-4o", 200, "req-2"),
+            "[http] req-2 GET /v1/models/gpt-4o 200\n");
+  EXPECT_EQ(router.log_line("POST", "/v1/messages", 200, "req-3"),
+            "[http] req-3 POST /v1/messages 200\n");
+  EXPECT_EQ(router.log_line("GET", "/a b\n[http] forged%", 404, "req-4"),
+            "[http] req-4 GET /a%20b%0A[http]%20forged%25 404\n");
+  const std::string long_line = router.log_line("GET", "/" + std::string(1000, 'x'), 404, "r");
+  EXPECT_LT(long_line.size(), 300u);
+  EXPECT_NE(long_line.find("x... 404"), std::string::npos) << long_line;
 }
 
 // /health while every generation fails: 503 "degraded" (a probe notices), back to 200 "ok" once

@@ -288,6 +288,10 @@ TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
   auto refused = service.submit(greedy(prompt, 4));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Status::Code::resource_exhausted);
+  EXPECT_NE(refused.status().message().find(
+                "1 waiting behind the running request, the limit (--max-queue"),
+            std::string::npos)
+      << refused.status().message();
   EXPECT_EQ(service.stats().queued, 1u);
   service.cancel(*waiter);
   EXPECT_EQ(service.stats().queued, 0u);  // gone at once, not when the worker gets to it
@@ -332,8 +336,32 @@ TEST(Service, RefusesPromptsThatDoNotFitAndReportsLoading) {
   auto refused = service.submit(greedy(long_prompt, 2));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), Status::Code::invalid_argument);
+  EXPECT_EQ(
+      refused.status().message(),
+      "the prompt has 16 tokens and the reply needs at least 1 more, 17 in all, but the "
+      "context holds 16 (--ctx / COLI_CTX): raise --ctx to 17 or more, or shorten the prompt");
   const Outcome clamped = run(service, greedy(std::vector<int64_t>(12, 100), 100));
   EXPECT_EQ(clamped.done.completion_tokens, 4);  // clamped to the context room
+}
+
+// The context refusal every front end shows (the server's context_length_exceeded, coli chat,
+// kimi_k3 with --ngen): the prompt's length, the reply's room, the context and the setting.
+TEST(Service, ContextOverflowMessageNamesEveryNumberAndTheSetting) {
+  EXPECT_EQ(context_overflow_message("the prompt", 11000, 8192),
+            "the prompt has 11000 tokens and the reply needs at least 1 more, 11001 in all, but "
+            "the context holds 8192 (--ctx / COLI_CTX): raise --ctx to 11001 or more, or shorten "
+            "the prompt");
+  EXPECT_EQ(context_overflow_message("the prompt", 2, 3, 4, "--ngen 4"),
+            "the prompt has 2 tokens and the reply needs 4 more (--ngen 4), 6 in all, but the "
+            "context holds 3 (--ctx / COLI_CTX): raise --ctx to 6 or more, or shorten the prompt");
+  EXPECT_EQ(context_overflow_message("the conversation", 900, 512),
+            "the conversation has 900 tokens and the reply needs at least 1 more, 901 in all, but "
+            "the context holds 512 (--ctx / COLI_CTX): raise --ctx to 901 or more, or shorten the "
+            "conversation");
+  // Beyond the largest --ctx (2^24) only shortening helps.
+  const std::string huge = context_overflow_message("the prompt", int64_t{1} << 24, 8192);
+  EXPECT_NE(huge.find("shorten the prompt (--ctx goes up to 16777216)"), std::string::npos) << huge;
+  EXPECT_EQ(huge.find("raise"), std::string::npos) << huge;
 }
 
 TEST(Service, ChatAnchorIsThePrefixBeforeTheLastMessage) {

@@ -186,6 +186,26 @@ const char* service_error_name(ServiceError error) {
   return "?";
 }
 
+std::string context_overflow_message(std::string_view subject, int64_t tokens, int64_t context,
+                                     int64_t reply, std::string_view reply_setting) {
+  // The largest --ctx the option table takes (src/options/options.cpp).
+  constexpr int64_t kMaxContext = int64_t{1} << 24;
+  const int64_t needed = tokens + reply;
+  std::string out = std::string(subject) + " has " + std::to_string(tokens) +
+                    " tokens and the reply needs " + (reply_setting.empty() ? "at least " : "") +
+                    std::to_string(reply) + " more";
+  if (!reply_setting.empty()) out += " (" + std::string(reply_setting) + ")";
+  out += ", " + std::to_string(needed) + " in all, but the context holds " +
+         std::to_string(context) + " (--ctx / COLI_CTX): ";
+  if (needed <= kMaxContext)
+    out +=
+        "raise --ctx to " + std::to_string(needed) + " or more, or shorten " + std::string(subject);
+  else
+    out += "shorten " + std::string(subject) + " (--ctx goes up to " + std::to_string(kMaxContext) +
+           ")";
+  return out;
+}
+
 const char* reuse_kind_name(ReuseKind kind) {
   switch (kind) {
     case ReuseKind::none:
@@ -260,9 +280,8 @@ Result<std::shared_ptr<RequestHandle>> EngineService::submit(ServiceRequest requ
   }
   if (request.prompt.empty()) return Status::invalid("the prompt is empty");
   if (static_cast<int64_t>(request.prompt.size()) >= capacity)
-    return Status::invalid("the prompt has " + std::to_string(request.prompt.size()) +
-                           " tokens; the context holds " + std::to_string(capacity) +
-                           " and at least one must be left to generate");
+    return Status::invalid(context_overflow_message(
+        "the prompt", static_cast<int64_t>(request.prompt.size()), capacity));
   const int64_t room = capacity - static_cast<int64_t>(request.prompt.size());
   request.max_tokens = std::clamp<int64_t>(request.max_tokens, 1, room);
   auto handle = std::make_shared<RequestHandle>();
@@ -274,7 +293,9 @@ Result<std::shared_ptr<RequestHandle>> EngineService::submit(ServiceRequest requ
     if (queue_.size() >= options_.max_queue && (active_ || !queue_.empty())) {
       ++stats_.rejected;
       return Status(Status::Code::resource_exhausted,
-                    "the queue is full (" + std::to_string(options_.max_queue) + " waiting)");
+                    "the queue is full: " + std::to_string(queue_.size()) +
+                        " waiting behind the running request, the limit (--max-queue / "
+                        "COLI_MAX_QUEUE)");
     }
     queue_.push_back(handle);
     stats_.queued = queue_.size();

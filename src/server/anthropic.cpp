@@ -297,14 +297,19 @@ std::optional<ApiError> parse_generation_fields(const json& b, const ApiConfig& 
     if (!v->is_array())
       return invalid_value("stop_sequences", "'stop_sequences' must be an array of strings");
     if (v->size() > 16)
-      return invalid_value("stop_sequences", "'stop_sequences' holds more than 16 strings");
+      return invalid_value("stop_sequences", "'stop_sequences' holds " + std::to_string(v->size()) +
+                                                 " strings; at most 16");
     for (size_t i = 0; i < v->size(); ++i) {
       const json& s = (*v)[i];
       const std::string where = at("stop_sequences", i);
       if (!s.is_string() || s.get_ref<const std::string&>().empty() ||
           s.get_ref<const std::string&>().size() > 256 || has_nul(s.get<std::string>()))
-        return invalid_value(where,
-                             "'" + where + "' must be a non-empty string of at most 256 bytes");
+        return invalid_value(
+            where,
+            "'" + where + "' must be a non-empty string of at most 256 bytes" +
+                (s.is_string()
+                     ? " (it is " + std::to_string(s.get_ref<const std::string&>().size()) + ")"
+                     : std::string()));
       r.stop.push_back(s.get<std::string>());
     }
   }
@@ -426,14 +431,16 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
                            out.budget_tokens))
         return *e;
       if (!count_only && out.budget_tokens >= requested_max)
-        return invalid_value("thinking.budget_tokens",
-                             "'thinking.budget_tokens' must be less than 'max_tokens'");
+        return invalid_value("thinking.budget_tokens", "'thinking.budget_tokens' (" +
+                                                           std::to_string(out.budget_tokens) +
+                                                           ") must be less than 'max_tokens' (" +
+                                                           std::to_string(requested_max) + ")");
       // The template's effort message closest to the budget (docs/serving.md §3.18.3).
       r.effort = out.budget_tokens < 4096 ? "low" : out.budget_tokens < 16384 ? "high" : "max";
     }
   }
 
-  if (auto e = check_model(r.model, config)) return *e;
+  if (auto e = resolve_model(r.model, config)) return *e;
   return out;
 }
 

@@ -50,6 +50,12 @@ bool depth_within(std::string_view body, int limit) {
 }  // namespace
 
 // The field checks shared with the other API shapes (server/request_fields.h).
+std::string shown_value(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 40) text = text.substr(0, 40) + "...";
+  return text;
+}
+
 bool is_int(const json& v) {
   return v.is_number_integer() ||
          (v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -62,7 +68,7 @@ bool is_int(const json& v) {
 std::optional<ApiError> get_int(const json& v, const std::string& param, int64_t lo, int64_t hi,
                                 int64_t& out) {
   const auto out_of_range = [&] {
-    return invalid_value(param, "'" + param + "' is " + v.dump() + "; it must be in [" +
+    return invalid_value(param, "'" + param + "' is " + shown_value(v) + "; it must be in [" +
                                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
   };
   // Whole numbers beyond int64 (1e20, 18446744073709551615) are integers out of range.
@@ -86,7 +92,7 @@ std::optional<ApiError> get_number(const json& v, const std::string& param, doub
   if (!std::isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
     char buf[96];
     std::snprintf(buf, sizeof buf, "; it must be in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
-    return invalid_value(param, "'" + param + "' is " + v.dump() + buf);
+    return invalid_value(param, "'" + param + "' is " + shown_value(v) + buf);
   }
   out = x;
   return std::nullopt;
@@ -362,16 +368,25 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
       if (v->get_ref<const std::string&>().empty())
         return invalid_value("stop", "'stop' must not be empty");
       if (v->get_ref<const std::string&>().size() > 256)
-        return invalid_value("stop", "a stop string is longer than 256 bytes");
+        return invalid_value("stop", "'stop' is " +
+                                         std::to_string(v->get_ref<const std::string&>().size()) +
+                                         " bytes long; at most 256");
       r.stop.push_back(v->get<std::string>());
     } else if (v->is_array()) {
-      if (v->size() > 16) return invalid_value("stop", "'stop' holds more than 16 strings");
+      if (v->size() > 16)
+        return invalid_value("stop",
+                             "'stop' holds " + std::to_string(v->size()) + " strings; at most 16");
       for (size_t i = 0; i < v->size(); ++i) {
         const json& s = (*v)[i];
         const std::string at = "stop." + std::to_string(i);
         if (!s.is_string() || s.get_ref<const std::string&>().empty() ||
             s.get_ref<const std::string&>().size() > 256)
-          return invalid_value(at, "'" + at + "' must be a non-empty string of at most 256 bytes");
+          return invalid_value(
+              at,
+              "'" + at + "' must be a non-empty string of at most 256 bytes" +
+                  (s.is_string()
+                       ? " (it is " + std::to_string(s.get_ref<const std::string&>().size()) + ")"
+                       : std::string()));
         r.stop.push_back(s.get<std::string>());
       }
     } else {
@@ -408,17 +423,27 @@ std::optional<ApiError> check_messages(const json* messages) {
   if (messages->empty())
     return invalid_value("messages", "'messages' must contain at least one message");
   if (messages->size() > 4096)
-    return invalid_value("messages", "'messages' holds more than 4096 messages");
+    return invalid_value("messages", "'messages' holds " + std::to_string(messages->size()) +
+                                         " messages; at most 4096");
   return std::nullopt;
 }
 
-std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config) {
-  if (!config.accept_any_model && model != config.model_id &&
-      std::find(config.aliases.begin(), config.aliases.end(), model) == config.aliases.end())
-    return api_error(
-        404, "invalid_request_error", "model_not_found",
-        "the model '" + model + "' does not exist; this server serves '" + config.model_id + "'",
-        "model");
+bool names_served_model(const std::string& name, const ApiConfig& config) {
+  return name == config.model_id ||
+         std::find(config.aliases.begin(), config.aliases.end(), name) != config.aliases.end();
+}
+
+std::optional<ApiError> resolve_model(std::string& model, const ApiConfig& config) {
+  if (config.strict_model && !names_served_model(model, config)) {
+    std::string served = "'" + config.model_id + "'";
+    for (const std::string& alias : config.aliases) served += ", '" + alias + "'";
+    return api_error(404, "invalid_request_error", "model_not_found",
+                     "the model '" + model + "' does not exist: this server serves " + served +
+                         " and --strict-model refuses other names (without it any name gets "
+                         "the served model)",
+                     "model");
+  }
+  model = config.model_id;
   return std::nullopt;
 }
 
@@ -590,7 +615,7 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
   }
 
   // The model last: a bad body is a 400 whatever the model says.
-  if (auto e = check_model(r.model, config)) return *e;
+  if (auto e = resolve_model(r.model, config)) return *e;
   return r;
 }
 
@@ -626,7 +651,9 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     for (size_t i = 0; i < prompt->size(); ++i) {
       const int64_t id = (*prompt)[i].get<int64_t>();
       if (id < 0 || id > std::numeric_limits<int32_t>::max())
-        return invalid_value("prompt." + std::to_string(i), "not a token id");
+        return invalid_value(
+            "prompt." + std::to_string(i),
+            "'prompt." + std::to_string(i) + "' is " + std::to_string(id) + ", not a token id");
       r.prompt_ids.push_back(id);
     }
     r.ids_given = true;
@@ -649,17 +676,13 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     if (auto e = get_int(*v, "logprobs", 0, 20, n)) return *e;
     r.top_logprobs = static_cast<int>(n);
   }
-  if (auto e = check_model(r.model, config)) return *e;
+  if (auto e = resolve_model(r.model, config)) return *e;
   return r;
 }
 
 ApiError context_exceeded(int64_t tokens, int64_t context, const char* param) {
   return api_error(400, "invalid_request_error", "context_length_exceeded",
-                   (tokens < 0 ? "the prompt has more than " + std::to_string(context - 1)
-                               : "the prompt has " + std::to_string(tokens)) +
-                       " tokens; the context holds " + std::to_string(context) +
-                       " (and one must be left to generate)",
-                   param);
+                   context_overflow_message("the prompt", tokens, context), param);
 }
 
 namespace {
@@ -692,9 +715,9 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
   auto segments = chat_segments(request);
   if (auto* e = std::get_if<ApiError>(&segments)) return *e;
   std::vector<int32_t> ids32;
-  const size_t most = context == INT64_MAX ? SIZE_MAX : static_cast<size_t>(context - 1);
-  text::encode_segments(tokenizer, std::get<std::vector<text::Segment>>(segments), ids32, most);
-  if (ids32.size() > most) return context_exceeded(-1, context, prompt_param);
+  text::encode_segments(tokenizer, std::get<std::vector<text::Segment>>(segments), ids32);
+  if (static_cast<int64_t>(ids32.size()) >= context)
+    return context_exceeded(static_cast<int64_t>(ids32.size()), context, prompt_param);
   RenderedPrompt out;
   out.ids.assign(ids32.begin(), ids32.end());
   const auto& all = request.messages.as_array();

@@ -25,7 +25,10 @@ const text::Tokenizer* tokenizer_or_503(const HandlerContext& c, HttpResponse& r
   if (s.state == ServiceStats::State::failed)
     set_error(res, api_error(500, "server_error", "engine_error", "the model failed to load"));
   else
-    set_error(res, api_error(503, "server_error", "model_loading", "the model is still loading",
+    set_error(res, api_error(503, "server_error", "model_loading",
+                             "the model is still loading (" +
+                                 std::to_string(static_cast<int>(s.load_progress * 100)) +
+                                 "% read); GET /health reports the progress",
                              std::nullopt, 5));
   return nullptr;
 }
@@ -99,8 +102,13 @@ bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHand
     }
     if (Clock::now() > deadline) {
       c.service.cancel(handle);
-      set_error(res, api_error(429, "rate_limit_error", "queue_timeout",
-                               "waited too long in the queue", std::nullopt, retry_after(c)));
+      char waited[160];
+      std::snprintf(waited, sizeof waited,
+                    "waited %g s in the queue behind the running generation, the limit "
+                    "(--queue-timeout / COLI_QUEUE_TIMEOUT)",
+                    c.options.queue_timeout_s);
+      set_error(res, api_error(429, "rate_limit_error", "queue_timeout", waited, std::nullopt,
+                               retry_after(c)));
       return false;
     }
   }

@@ -14,6 +14,7 @@
 
 #include "generation.h"
 #include "options/options.h"
+#include "request_fields.h"
 #include "server/api.h"
 #include "server/routes.h"
 #include "server/security.h"
@@ -186,20 +187,20 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
 }
 
 HttpResponse list_models(const HandlerContext& c, const HttpRequest&) {
+  json data = json::array({model_entry(c, c.options.api.model_id)});
+  for (const std::string& alias : c.options.api.aliases)
+    if (alias != c.options.api.model_id) data.push_back(model_entry(c, alias));
   HttpResponse res;
-  set_json(
-      res, 200,
-      json{{"object", "list"}, {"data", json::array({model_entry(c, c.options.api.model_id)})}});
+  set_json(res, 200, json{{"object", "list"}, {"data", std::move(data)}});
   return res;
 }
 
+// The id or an alias: its own entry. Another name: the served model's entry (the name a
+// generation request may use too), or 404 under --strict-model, as the generation routes.
 HttpResponse get_model(const HandlerContext& c, const HttpRequest& req) {
-  const std::string& id = req.path_param;
-  const auto& aliases = c.options.api.aliases;
-  if (id != c.options.api.model_id &&
-      std::find(aliases.begin(), aliases.end(), id) == aliases.end())
-    return error_response(api_error(404, "invalid_request_error", "model_not_found",
-                                    "the model '" + id + "' does not exist", "model"));
+  std::string id = req.path_param;
+  if (!names_served_model(id, c.options.api))
+    if (auto e = resolve_model(id, c.options.api)) return error_response(*e);
   HttpResponse res;
   set_json(res, 200, model_entry(c, id));
   return res;
@@ -238,17 +239,17 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   if (!tokenizer) return res;
   ServiceRequest sr;
   if (request->ids_given) {
+    const int64_t vocab = c.service.engine()->info().vocab_size;
     for (size_t i = 0; i < request->prompt_ids.size(); ++i)
-      if (request->prompt_ids[i] >= c.service.engine()->info().vocab_size)
-        return error_response(
-            invalid_value("prompt." + std::to_string(i), "not a token id of this vocabulary"));
+      if (request->prompt_ids[i] >= vocab)
+        return error_response(invalid_value(
+            "prompt." + std::to_string(i),
+            "'prompt." + std::to_string(i) + "' is " + std::to_string(request->prompt_ids[i]) +
+                ", not a token id of this vocabulary (0.." + std::to_string(vocab - 1) + ")"));
     sr.prompt = request->prompt_ids;
   } else {
     std::vector<int32_t> ids32;
-    const int64_t capacity = c.service.context_capacity();
-    tokenizer->encode(request->prompt, false, ids32, nullptr, static_cast<size_t>(capacity - 1));
-    if (static_cast<int64_t>(ids32.size()) >= capacity)
-      return error_response(context_exceeded(-1, capacity, "prompt"));
+    tokenizer->encode(request->prompt, false, ids32);  // counted whole: admit() names the count
     sr.prompt.assign(ids32.begin(), ids32.end());
   }
   sr.raw = true;
@@ -503,8 +504,10 @@ HttpResponse detokenize(const HandlerContext& c, const HttpRequest& req) {
     const json& t = (*it)[i];
     if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
         t.get<int64_t>() >= tokenizer->vocab_size())
-      return error_response(
-          invalid_value("tokens." + std::to_string(i), "not a token id of this vocabulary"));
+      return error_response(invalid_value(
+          "tokens." + std::to_string(i), "'tokens." + std::to_string(i) + "' is " + shown_value(t) +
+                                             ", not a token id of this vocabulary (0.." +
+                                             std::to_string(tokenizer->vocab_size() - 1) + ")"));
     ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
   }
   set_json(res, 200, json{{"content", tokenizer->decode(ids)}});

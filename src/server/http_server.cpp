@@ -408,9 +408,11 @@ struct HttpServer::Impl {
     const double headers_done = t_request ? t_request->headers_done : now_seconds();
     std::string body;
     bool too_large = false, too_slow = false;
+    size_t arrived = 0;  // bytes of the body read when it went over the limit
     const bool complete = reader([&](const char* data, size_t length) {
       if (body.size() + length > limit) {
         too_large = true;
+        arrived = body.size() + length;
         return false;
       }
       if (deadline.body_overdue(headers_done)) {
@@ -424,7 +426,7 @@ struct HttpServer::Impl {
     if (too_slow || too_large || !complete) {
       HttpResponse out = current(res);
       const ApiError error = too_slow    ? body_too_slow(deadline.seconds())
-                             : too_large ? body_too_large(limit)
+                             : too_large ? body_too_large(limit, arrived, true)
                                          : body_unreadable();
       HttpResponse refusal = error_response(error, error_style_for(req.path));
       for (auto& [k, v] : refusal.headers) out.set_header(k, v);
@@ -447,11 +449,12 @@ struct HttpServer::Impl {
     if (res.status == 400 && stream && stream->timed_out()) {
       error = api_error(408, "invalid_request_error", "request_timeout",
                         "the request headers were not received within " +
-                            std::to_string(static_cast<int>(options.read_timeout_s)) + " s");
+                            std::to_string(static_cast<int>(options.read_timeout_s)) +
+                            " s (--read-deadline / COLI_READ_DEADLINE)");
     } else if (res.status == 400 && stream && stream->head_too_large()) {
       error = api_error(
           431, "invalid_request_error", "headers_too_large",
-          "the request headers exceed " + std::to_string(options.max_header_bytes / 1024) + " KiB");
+          "the request headers exceed " + std::to_string(options.max_header_bytes) + " bytes");
     } else if (res.status == 400 && !request_line_parsed(req)) {
       error = api_error(400, "invalid_request_error", "bad_request",
                         "the request line is not an HTTP/1.x request line");

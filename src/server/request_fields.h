@@ -15,6 +15,8 @@
 
 namespace k3::server {
 
+// A request's value as an error message quotes it: its JSON, cut at 40 bytes ("...").
+std::string shown_value(const json& v);
 // An integer, or a float with an integral value (256.0: SDKs write them).
 bool is_int(const json& v);
 // Each sets `out` or returns a 400 invalid_value naming `param` (type, or the range).
@@ -38,7 +40,12 @@ std::optional<ApiError> check_messages(const json* messages);
 // The server's sampling defaults (--temp, --top-p, --top-k, --min-p) into `params`, before a
 // request's own fields override them.
 void set_sampling_defaults(const ApiConfig& config, GenerationParams& params);
-// 404 model_not_found unless `model` is the served id, an alias, or any model is accepted.
-std::optional<ApiError> check_model(const std::string& model, const ApiConfig& config);
+// The model a request names, resolved to the one the server serves: `model` becomes
+// config.model_id (responses name the served id). Any name is accepted unless
+// config.strict_model, which answers 404 model_not_found for a name other than the id and the
+// aliases.
+std::optional<ApiError> resolve_model(std::string& model, const ApiConfig& config);
+// Whether `name` is the served id or one of its aliases.
+bool names_served_model(const std::string& name, const ApiConfig& config);
 
 }  // namespace k3::server

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <iterator>
 
+#include "request_fields.h"
+
 namespace k3::server {
 namespace {
 
@@ -372,7 +374,9 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
     messages.push_back(json{{"role", "user"}, {"content", *input}});
   } else if (input->is_array()) {
     if (input->empty()) return invalid_value("input", "'input' must contain at least one item");
-    if (input->size() > 4096) return invalid_value("input", "'input' holds more than 4096 items");
+    if (input->size() > 4096)
+      return invalid_value(
+          "input", "'input' holds " + std::to_string(input->size()) + " items; at most 4096");
     for (size_t i = 0; i < input->size(); ++i)
       if (auto e = add_item((*input)[i], i, messages)) return *e;
   } else {
@@ -387,8 +391,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
         v->is_number_integer() || (v->is_number_float() && std::isfinite(v->get<double>()) &&
                                    std::floor(v->get<double>()) == v->get<double>());
     if (!integral || v->get<double>() < 1 || v->get<double>() > 2147483647.0)
-      return invalid_value("max_output_tokens",
-                           "'max_output_tokens' must be an integer in [1, 2147483647]");
+      return invalid_value("max_output_tokens", "'max_output_tokens' is " + shown_value(*v) +
+                                                    "; it must be an integer in [1, 2147483647]");
     chat["max_completion_tokens"] = *v;
     echo["max_output_tokens"] = *v;
   }

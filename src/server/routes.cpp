@@ -74,15 +74,26 @@ bool Route::matches(std::string_view m, std::string_view path, std::string* para
   return path == pattern;
 }
 
-ApiError body_too_large(size_t limit) {
+namespace {
+// "8 MiB", "0.5 MiB": a byte count as --max-body-mb states it.
+std::string mib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+}  // namespace
+
+ApiError body_too_large(size_t limit, size_t size, bool at_least) {
   return api_error(413, "invalid_request_error", "request_too_large",
-                   "the body exceeds " + std::to_string(limit) + " bytes");
+                   "the body is " + std::string(at_least ? "at least " : "") +
+                       std::to_string(size) + " bytes, over the limit of " + std::to_string(limit) +
+                       " bytes (" + mib(limit) + "): raise --max-body-mb / COLI_MAX_BODY_MB");
 }
 
 ApiError body_too_slow(double seconds) {
-  return api_error(
-      408, "invalid_request_error", "request_timeout",
-      "the body was not received within " + std::to_string(static_cast<int>(seconds)) + " s");
+  return api_error(408, "invalid_request_error", "request_timeout",
+                   "the body was not received within " + std::to_string(static_cast<int>(seconds)) +
+                       " s of the request's start (--read-deadline / COLI_READ_DEADLINE)");
 }
 
 ApiError body_unreadable() {
@@ -198,7 +209,9 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
   if (header_bytes > options.max_header_bytes || req.headers.size() > 100) {
     refuse(req, res,
            api_error(431, "invalid_request_error", "headers_too_large",
-                     "the request headers exceed 16 KiB"));
+                     "the request head is " + std::to_string(header_bytes) + " bytes in " +
+                         std::to_string(req.headers.size()) + " headers; the limit is " +
+                         std::to_string(options.max_header_bytes) + " bytes and 100 headers"));
     return true;
   }
   // Framing (request smuggling): at most one Content-Length, never together with
@@ -223,9 +236,11 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
     return true;
   }
   if (!host_allowed(req.header("Host"), options.security)) {
-    refuse(
-        req, res,
-        api_error(403, "permission_error", "host_not_allowed", "the Host header is not allowed"));
+    refuse(req, res,
+           api_error(403, "permission_error", "host_not_allowed",
+                     "the Host header '" + req.header("Host").substr(0, 256) +
+                         "' is not allowed: the server answers loopback names and its --host "
+                         "(--allowed-host / COLI_ALLOWED_HOSTS adds names)"));
     return true;
   }
   if (req.method == "OPTIONS") {
@@ -246,14 +261,17 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
     if (const int wait = state_->brake.blocked_for(client)) {
       refuse(req, res,
              api_error(429, "rate_limit_error", "too_many_auth_failures",
-                       "too many failed API keys from this address", std::nullopt, wait));
+                       "too many failed API keys from this address: retry in " +
+                           std::to_string(wait) + " s",
+                       std::nullopt, wait));
       return true;
     }
     if (!authorised(options, req)) {
       state_->brake.failed(client);
-      refuse(
-          req, res,
-          api_error(401, "authentication_error", "invalid_api_key", "a valid API key is required"));
+      refuse(req, res,
+             api_error(401, "authentication_error", "invalid_api_key",
+                       "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY; "
+                       "the server's keys are --api-key / COLI_API_KEY)"));
       return true;
     }
   }
@@ -261,7 +279,8 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
     if (!origin_ok) {
       refuse(req, res,
              api_error(403, "permission_error", "origin_not_allowed",
-                       "the request's Origin is not allowed"));
+                       "the Origin '" + origin.substr(0, 256) +
+                           "' is not allowed (--cors-origin / COLI_CORS_ORIGINS adds origins)"));
       return true;
     }
     const std::string type = req.header("Content-Type");
@@ -273,7 +292,7 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
     if (lowered != "application/json") {
       refuse(req, res,
              api_error(415, "invalid_request_error", "unsupported_media_type",
-                       "POST bodies must be application/json"));
+                       "POST bodies must be application/json, not '" + type.substr(0, 128) + "'"));
       return true;
     }
     const size_t limit = route ? route->body_limit : options.max_body_bytes;
@@ -284,11 +303,12 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
       const unsigned long long n = std::strtoull(length.c_str(), &end, 10);
       if (length.empty() || *end != '\0' || errno != 0 || length[0] == '-') {
         refuse(req, res,
-               api_error(400, "invalid_request_error", "invalid_value", "bad Content-Length"));
+               api_error(400, "invalid_request_error", "invalid_value",
+                         "bad Content-Length '" + length.substr(0, 64) + "'"));
         return true;
       }
       if (n > limit) {
-        refuse(req, res, body_too_large(limit));
+        refuse(req, res, body_too_large(limit, static_cast<size_t>(n)));
         return true;
       }
     } else if (req.header("Transfer-Encoding").find("chunked") == std::string::npos) {
@@ -320,7 +340,7 @@ HttpResponse Router::serve(HttpRequest request) {
   request.request_id = res.header("x-request-id");
   const Route* route = find(request.method, request.path);
   if (route && request.body.size() > route->body_limit) {
-    refuse(request, res, body_too_large(route->body_limit));
+    refuse(request, res, body_too_large(route->body_limit, request.body.size()));
     return res;
   }
   handle(std::move(request), res);
@@ -342,10 +362,28 @@ std::string Router::label(std::string_view method, std::string_view path) const 
   return route ? route->label : "static";
 }
 
+std::string log_path(std::string_view path) {
+  constexpr size_t kMostBytes = 256;
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (size_t i = 0; i < path.size() && i < kMostBytes; ++i) {
+    const auto c = static_cast<unsigned char>(path[i]);
+    if (c <= ' ' || c >= 0x7f || c == '%') {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (path.size() > kMostBytes) out += "...";
+  return out.empty() ? "/" : out;
+}
+
 std::string Router::log_line(std::string_view method, std::string_view path, int status,
                              const std::string& request_id) {
-  std::string line = "[http] " + request_id + " " + std::string(method) + " " +
-                     label(method, path) + " " + std::to_string(status);
+  std::string line = "[http] " + request_id + " " + log_path(method) + " " + log_path(path) + " " +
+                     std::to_string(status);
   std::optional<GenerationStats> stats;
   {
     std::lock_guard<std::mutex> lock(state_->counters.mutex);

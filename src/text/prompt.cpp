@@ -4,11 +4,8 @@
 namespace k3::text {
 
 void encode_segments(const Tokenizer& tokenizer, const std::vector<Segment>& segments,
-                     std::vector<int32_t>& out, size_t limit) {
-  for (const Segment& segment : segments) {
-    if (out.size() > limit) return;
-    tokenizer.encode(segment.text, segment.special, out, nullptr, limit);
-  }
+                     std::vector<int32_t>& out) {
+  for (const Segment& segment : segments) tokenizer.encode(segment.text, segment.special, out);
 }
 
 Result<std::vector<Segment>> one_turn_segments(const std::string& system, const std::string& user,

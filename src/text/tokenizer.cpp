@@ -437,7 +437,7 @@ Tokenizer Tokenizer::from_text(std::string_view tiktoken_model,
 }
 
 void Tokenizer::encode(std::string_view text, bool allow_special, std::vector<int32_t>& out,
-                       size_t* replaced, size_t limit) const {
+                       size_t* replaced) const {
   std::string repaired;
   if (replaced) *replaced = 0;
   if (!is_valid_utf8(text)) {
@@ -448,7 +448,6 @@ void Tokenizer::encode(std::string_view text, bool allow_special, std::vector<in
   chunks.clear();
   chunk_text(text, chunks);
   for (const Piece& chunk : chunks) {
-    if (out.size() > limit) return;
     const std::string_view part = text.substr(chunk.begin, chunk.end - chunk.begin);
     if (!allow_special) {
       impl_->encode_ordinary(part, out);

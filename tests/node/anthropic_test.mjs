@@ -265,9 +265,6 @@ await check('errors.anthropic_envelope', async () => {
   eq(noMax.details?.param, 'max_tokens', 'details.param');
   const image = await client(main).messages.create(ask([{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAAA' } }])).catch((e) => e);
   assert(image instanceof Anthropic.BadRequestError, () => `image block: ${image}`);
-  const model = await client(main).messages.create({ ...ask('hi'), model: 'claude-sonnet-4-5' }).catch((e) => e);
-  assert(model instanceof Anthropic.NotFoundError, () => `unknown model: ${model}`);
-  eq(model.type, 'not_found_error', 'type');
   const badCount = await client(main).messages.countTokens({ model: MODEL_ID, messages: [] }).catch((e) => e);
   assert(badCount instanceof Anthropic.BadRequestError, () => `empty messages: ${badCount}`);
   // Raw: the guards' refusals on the Messages paths.
@@ -285,6 +282,96 @@ await check('errors.anthropic_envelope', async () => {
   eq(bearer.status, 200, 'Bearer key');
   const openai = await request(main, { path: '/v1/models', auth: false });
   eq([openai.status, typeof openai.json?.error?.code], [401, 'string'], 'OpenAI envelope elsewhere');
+});
+
+// Claude Code's model names (claude-sonnet-4-5-…, the small fast claude-haiku-4-5-… of its side
+// requests) are served by the one model, and the reply names the served id.
+await check('model.any_claude_name', async () => {
+  const c = client(main);
+  for (const model of ['claude-sonnet-4-5-20250929', 'claude-haiku-4-5-20251001', 'claude-opus-4-1']) {
+    const m = await c.messages.create({ ...ask('hi', OFF), model, max_tokens: 2 });
+    eq(m.model, MODEL_ID, `${model}: the served id`);
+  }
+  const final = await c.messages.stream({ ...ask('hi', OFF), model: 'claude-sonnet-4-5-20250929', max_tokens: 2 }).finalMessage();
+  eq(final.model, MODEL_ID, 'streamed message_start.message.model');
+  const n = await c.messages.countTokens({ model: 'claude-haiku-4-5-20251001', messages: [{ role: 'user', content: 'hi' }] });
+  assert(n.input_tokens > 0, 'count_tokens under a Claude name');
+});
+
+// A request shaped like Claude Code's main-loop request (claude-code 2.x: POST
+// /v1/messages?beta=true, anthropic-beta and anthropic-version headers, the system prompt as text
+// blocks with cache_control, content blocks, a tools array with JSON-Schema input schemas,
+// max_tokens 32000 over the server's ceiling, stream, metadata.user_id), and its small
+// non-streaming side request (a title from the haiku model).
+const CLAUDE_CODE_HEADERS = {
+  'anthropic-version': '2023-06-01',
+  'anthropic-beta': 'claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14',
+  'anthropic-dangerous-direct-browser-access': 'true',
+  'x-app': 'cli',
+  'user-agent': 'claude-cli/2.0.14 (external, cli)',
+};
+await check('claude_code.request_shape', async () => {
+  const s = await start('claude-code', ['--max-tokens', '6']);
+  const tools = [
+    { name: 'Bash', description: 'Executes a given bash command in a persistent shell session.',
+      input_schema: { type: 'object', properties: { command: { type: 'string', description: 'The command to execute' },
+        timeout: { type: 'number', description: 'Optional timeout in milliseconds (max 600000)' } },
+        required: ['command'], additionalProperties: false, $schema: 'http://json-schema.org/draft-07/schema#' } },
+    { name: 'Read', description: 'Reads a file from the local filesystem.',
+      input_schema: { type: 'object', properties: { file_path: { type: 'string' }, offset: { type: 'number' }, limit: { type: 'number' } },
+        required: ['file_path'], additionalProperties: false, $schema: 'http://json-schema.org/draft-07/schema#' } },
+  ];
+  const body = {
+    model: 'claude-sonnet-4-5-20250929',
+    max_tokens: 32000,
+    temperature: 1,
+    stream: true,
+    metadata: { user_id: 'user_0123456789abcdef_account__session_01234567-89ab-cdef-0123-456789abcdef' },
+    system: [
+      { type: 'text', text: "You are Claude Code, Anthropic's official CLI for Claude.", cache_control: { type: 'ephemeral' } },
+      { type: 'text', text: 'You are an interactive CLI tool that helps users with software engineering tasks.', cache_control: { type: 'ephemeral' } },
+    ],
+    messages: [{ role: 'user', content: [
+      { type: 'text', text: "<system-reminder>\nAs you answer the user's questions, you can use the following context.\n</system-reminder>" },
+      { type: 'text', text: 'List the files here.', cache_control: { type: 'ephemeral' } },
+    ] }],
+    tools,
+  };
+  const st = await sse(s, body, { path: '/v1/messages?beta=true', headers: CLAUDE_CODE_HEADERS });
+  eq(st.status, 200, `status (${show(st.json ?? st.text)})`);
+  const events = st.events.filter((e) => e.kind === 'data').map((e) => e.json);
+  eq(events[0]?.type, 'message_start', 'first event');
+  eq(events[0].message.model, MODEL_ID, 'message_start names the served id');
+  eq(events[events.length - 1]?.type, 'message_stop', 'last event');
+  const delta = events.find((e) => e.type === 'message_delta');
+  eq(delta?.usage?.output_tokens, 6, 'max_tokens 32000 clamped to --max-tokens 6');
+  // The side request: non-streaming, the small model's name, a short budget.
+  const side = await request(s, { method: 'POST', path: '/v1/messages?beta=true', headers: CLAUDE_CODE_HEADERS, body: {
+    model: 'claude-haiku-4-5-20251001', max_tokens: 512, temperature: 0,
+    system: [{ type: 'text', text: 'Summarize this coding conversation in under 50 characters.' }],
+    messages: [{ role: 'user', content: 'List the files here.' }],
+    metadata: { user_id: body.metadata.user_id } } });
+  eq([side.status, side.json?.type, side.json?.model], [200, 'message', MODEL_ID], `side request (${show(side.text)})`);
+  const count = await request(s, { method: 'POST', path: '/v1/messages/count_tokens?beta=true', headers: CLAUDE_CODE_HEADERS,
+                                   body: { model: body.model, system: body.system, messages: body.messages, tools } });
+  assert(count.status === 200 && count.json.input_tokens > 50, `count_tokens?beta=true: ${show(count.text)}`);
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${side.headers['x-request-id']} POST /v1/messages 200 prompt=\\d+`, 'm'));
+});
+
+// A prompt over the context: the SDK's BadRequestError in Anthropic's envelope, the message naming
+// the prompt's whole count (the one count_tokens gives), the context and the setting.
+await check('errors.context_overflow_numbers', async () => {
+  const s = await start('ctx-256', ['--ctx', '256']);
+  const long = { model: 'claude-sonnet-4-5-20250929', system: 'Be brief.', messages: [{ role: 'user', content: 'lorem ipsum dolor sit amet '.repeat(80) }], ...OFF };
+  const n = (await client(s).messages.countTokens(long)).input_tokens;
+  assert(n > 256, `the prompt (${n} tokens) is over the context`);
+  const e = await client(s).messages.create({ ...long, max_tokens: 8 }).catch((x) => x);
+  assert(e instanceof Anthropic.BadRequestError, () => `over the context: ${e}`);
+  eq([e.type, e.errorCode, e.details?.param], ['invalid_request_error', 'context_length_exceeded', 'messages'], 'type, code, param');
+  eq(e.apiMessage, `the prompt has ${n} tokens and the reply needs at least 1 more, ${n + 1} in all, but the context holds 256 ` +
+     `(--ctx / COLI_CTX): raise --ctx to ${n + 1} or more, or shorten the prompt`, 'message');
+  const streamed = await request(s, { method: 'POST', path: '/v1/messages?beta=true', body: { ...long, max_tokens: 8, stream: true } });
+  eq([streamed.status, streamed.json?.error?.details?.error_code], [400, 'context_length_exceeded'], 'streamed request: refused before the stream');
 });
 
 // ---- summary --------------------------------------------------------------------------------

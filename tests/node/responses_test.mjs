@@ -340,6 +340,19 @@ await check('function_call.round_trip', async () => {
   eq(partsOf(a).text, c.choices[0].message.content ?? '', 'turn 2 answer = the chat answer');
 });
 
+// Any model name (OpenAI apps send gpt-4o-mini) gets the served model; the response names it.
+await check('model.any_name', async () => {
+  const s = await mainSrv();
+  const r = await client(s).responses.create(body('Hello', { ...OFF, model: 'gpt-4o-mini', max_output_tokens: 2 }));
+  checkResponse(r);
+  eq(r.model, MODEL_ID, 'model');
+  const events = [];
+  for await (const ev of await client(s).responses.create(body('Hello', { ...OFF, model: 'gpt-4.1', max_output_tokens: 2, stream: true })))
+    events.push(ev);
+  eq(events[0]?.response?.model, MODEL_ID, `streamed ${events[0]?.type} model`);
+  eq(events[events.length - 1]?.response?.model, MODEL_ID, `streamed ${events[events.length - 1]?.type} model`);
+});
+
 await check('errors', async () => {
   const s = await mainSrv();
   const post = (b) => postJson(s, '/v1/responses', b);
@@ -355,11 +368,18 @@ await check('errors', async () => {
             'unsupported_content_type', 'input.0.content.0');
   await err(body([{ type: 'item_reference', id: 'msg_1' }]), 400, 'unsupported_parameter', 'input.0');
   await err({ model: MODEL_ID }, 400, 'missing_required_parameter', 'input');
-  await err(body('x', { model: 'gpt-4o' }), 404, 'model_not_found', 'model');
   await err(body('x', { max_output_tokens: 0 }), 400, 'invalid_value', 'max_output_tokens');
   await err(body('x', { text: { format: { type: 'json_object' } } }), 400, 'unsupported_parameter', 'text.format');
   const long = await post(body('word '.repeat(5000)));
-  expectError(long, 400, 'context_length_exceeded', { param: 'input' });
+  const e = expectError(long, 400, 'context_length_exceeded', { param: 'input' });
+  v.ErrorResponse(long.json);
+  // The whole count, the same the chat endpoint gives for the same turn, the context and the setting.
+  const viaChat = expectError(await chat(s, { model: MODEL_ID, messages: [{ role: 'user', content: 'word '.repeat(5000) }] }),
+                              400, 'context_length_exceeded', { param: 'messages' });
+  const n = Number(/^the prompt has (\d+) tokens/.exec(viaChat.message)?.[1]);
+  assert(n > 2048, `chat counts the prompt: ${viaChat.message}`);
+  eq(e.message, `the prompt has ${n} tokens and the reply needs at least 1 more, ${n + 1} in all, but the context holds 2048 ` +
+     `(--ctx / COLI_CTX): raise --ctx to ${n + 1} or more, or shorten the prompt`, 'the Responses message');
   // store: true is accepted; nothing is stored, and stored responses cannot be fetched.
   const stored = checkResponse((await post(body('x', { store: true, max_output_tokens: 2 }))).json);
   eq(stored.store, false, 'store');

@@ -87,6 +87,9 @@ const limitsSrv = lazy('limits', ['--api-key', API_KEY, '--max-body-mb', '1', '-
                                   '--allowed-host', 'good.example', '--cors-origin', GOOD_ORIGIN], { key: API_KEY });
 const diskSrv = lazy('disk', ['--ckpt', '2', '--ckpt-dir', CKDIR], { env: { COLI_API_KEY: ENV_KEY }, key: ENV_KEY });
 const keepSrv = lazy('disk-keep', ['--ckpt', '2', '--ckpt-dir', CKDIR_KEEP, '--ckpt-keep']);
+const ALIASES = ['k3-alias', 'house-model'];
+const strictSrv = lazy('strict', ['--strict-model', '--alias', ALIASES.join(',')]);
+const aliasSrv = lazy('alias', ['--alias', ALIASES.join(',')]);
 
 const client = (s) => new OpenAI({ apiKey: s.key ?? 'sk-local-dummy', baseURL: `${s.url}/v1`, maxRetries: 0, timeout: 120_000 });
 
@@ -273,6 +276,21 @@ const goodText = JSON.stringify(good);
 // Basic endpoints
 // =============================================================================================
 
+// One log line per request names its path (a probe of /favicon.ico, a model looked up by name),
+// read from the server's stderr as it is written.
+await check('logs.line_names_the_path', async () => {
+  const s = await mainSrv();
+  const probe = await request(s, { path: '/favicon.ico' });
+  eq(probe.status, 404, 'GET /favicon.ico');
+  const rid = probe.headers['x-request-id'];
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${rid} GET /favicon\\.ico 404$`, 'm'));
+  const model = await request(s, { path: '/v1/models/gpt-4o-mini?x=1' });
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${model.headers['x-request-id']} GET /v1/models/gpt-4o-mini 200$`, 'm'));
+  const odd = await request(s, { path: '/a%20b%0Aforged' });
+  await s.waitForStderr(new RegExp(`^\\[http\\] ${odd.headers['x-request-id']} GET /a%20b%0Aforged 404$`, 'm'));
+  assert(!/^forged/m.test(s.err), 'an encoded newline in a path started a log line');
+});
+
 await check('health.ok', async () => {
   const s = await mainSrv();
   const r = await request(s, { path: '/health' });
@@ -369,9 +387,63 @@ await check('models.list', async () => {
   eq((await c.models.retrieve(MODEL_ID)).id, MODEL_ID, 'SDK models.retrieve()');
 });
 
-await check('models.unknown_404', async () => {
+// A one-model server answers whatever model name a client sends (OpenAI apps send gpt-4o-mini,
+// Claude Code claude-sonnet-4-5-…), and responses name the served id.
+await check('models.any_name_is_the_served_model', async () => {
   const s = await mainSrv();
+  const one = await request(s, { path: '/v1/models/gpt-4o-mini' });
+  eq(one.status, 200, `GET /v1/models/gpt-4o-mini (${show(one.text)})`);
+  eq(one.json?.id, MODEL_ID, 'the served id');
+  const c = client(s);
+  eq((await c.models.retrieve('gpt-4o-mini')).id, MODEL_ID, 'SDK models.retrieve(gpt-4o-mini)');
+  const j = await c.chat.completions.create({ model: 'gpt-4o-mini', messages: [user('Hello')], max_tokens: 3, temperature: 0 });
+  checkCompletion(j);
+  eq(j.model, MODEL_ID, 'chat.completion model');
+  const chunks = [];
+  for await (const ch of await c.chat.completions.create({ model: 'gpt-4o-mini', messages: [user('Hello')], max_tokens: 3, stream: true })) chunks.push(ch);
+  assert(chunks.length > 1 && chunks.every((ch) => ch.model === MODEL_ID), `chunk models: ${show(chunks.map((ch) => ch.model))}`);
+  const t = await c.completions.create({ model: 'gpt-4o-mini', prompt: 'The capital of France is', max_tokens: 3, temperature: 0 });
+  validateCompletion(t);
+  eq(t.model, MODEL_ID, 'text_completion model');
+  const r = await c.responses.create({ model: 'gpt-4o-mini', input: 'Hello', max_output_tokens: 3 });
+  eq(r.model, MODEL_ID, 'response model');
+  const m = await postJson(s, '/v1/messages', { model: 'claude-haiku-4-5-20251001', max_tokens: 3, messages: [user('Hello')] });
+  eq([m.status, m.json?.model], [200, MODEL_ID], `POST /v1/messages with a Claude model name (${show(m.text)})`);
+});
+
+// /v1/models lists the id and every --alias.
+await check('models.aliases_listed', async () => {
+  const s = await aliasSrv();
+  const ids = [];
+  for await (const x of client(s).models.list()) ids.push(x.id);
+  eq(ids, [MODEL_ID, ...ALIASES], 'SDK models.list() ids');
+  eq((await client(s).models.retrieve(ALIASES[1])).id, ALIASES[1], 'models.retrieve(alias)');
+});
+
+// --strict-model: names other than the id and the aliases are a 404 on every API; the id and
+// the aliases are served (and answered under the served id).
+await check('models.strict_model', async () => {
+  const s = await strictSrv();
+  const c = client(s);
   expectError(await request(s, { path: '/v1/models/gpt-4o' }), 404, 'model_not_found', { param: 'model' });
+  eq((await request(s, { path: `/v1/models/${ALIASES[0]}` })).status, 200, 'GET /v1/models/<alias>');
+  const e = expectError(await chat(s, { ...good, model: 'gpt-4o-mini' }), 404, 'model_not_found', { param: 'model' });
+  for (const name of ['gpt-4o-mini', MODEL_ID, ...ALIASES, '--strict-model'])
+    assert(e.message.includes(name), `the 404 names ${name}: ${e.message}`);
+  expectError(await postJson(s, '/v1/completions', { model: 'gpt-4o-mini', prompt: 'x', max_tokens: 1 }), 404, 'model_not_found', { param: 'model' });
+  expectError(await postJson(s, '/v1/responses', { model: 'gpt-4o-mini', input: 'x', max_output_tokens: 1 }), 404, 'model_not_found', { param: 'model' });
+  const a = await postJson(s, '/v1/messages?beta=true', { model: 'claude-sonnet-4-5-20250929', max_tokens: 1, messages: [user('hi')] });
+  eq([a.status, a.json?.type, a.json?.error?.type], [404, 'error', 'not_found_error'], `Anthropic 404 (${show(a.text)})`);
+  try {
+    await c.chat.completions.create({ ...good, model: 'no-such-model' });
+    assert(false, 'expected an error');
+  } catch (err) {
+    eq([err.status, err.code, err.param], [404, 'model_not_found', 'model'], 'SDK NotFoundError');
+  }
+  for (const model of [MODEL_ID, ...ALIASES]) {
+    const j = await c.chat.completions.create({ ...good, model });
+    eq(j.model, MODEL_ID, `served under ${model}`);
+  }
 });
 
 // =============================================================================================
@@ -1235,7 +1307,6 @@ const badCases = [
   ['enable_thinking_string', { ...good, chat_template_kwargs: { enable_thinking: 'yes' } }, 400, 'invalid_value', 'chat_template_kwargs.enable_thinking'],
   ['missing_messages', { model: MODEL_ID }, 400, 'missing_required_parameter', 'messages'],
   ['missing_model', { messages: [user('hi')] }, 400, 'missing_required_parameter', 'model'],
-  ['unknown_model', { ...good, model: 'gpt-4o' }, 404, 'model_not_found', 'model'],
   ['empty_messages', { ...good, messages: [] }, 400, 'invalid_value', 'messages'],
   ['bad_role', { ...good, messages: [{ role: 'wizard', content: 'hi' }] }, 400, 'invalid_value', 'messages.0.role'],
   ['content_number', { ...good, messages: [{ role: 'user', content: 42 }] }, 400, 'invalid_value', 'messages.0.content'],
@@ -1285,12 +1356,13 @@ await check('errors.sdk_maps_errors', async () => {
   const s = await mainSrv();
   const c = client(s);
   try {
-    await c.chat.completions.create({ ...good, model: 'no-such-model' });
+    await c.chat.completions.create({ ...good, temperature: 2.5 });
     assert(false, 'expected an error');
   } catch (e) {
-    eq(e.status, 404, 'SDK error status');
-    eq(e.code, 'model_not_found', 'SDK error code');
-    eq(e.param, 'model', 'SDK error param');
+    eq(e.status, 400, 'SDK error status');
+    eq(e.code, 'invalid_value', 'SDK error code');
+    eq(e.param, 'temperature', 'SDK error param');
+    assert(/2\.5/.test(e.message) && /\[0, 2\]/.test(e.message), `the message names the value and the range: ${e.message}`);
   }
   try {
     await c.chat.completions.create({ ...good, n: 2 });
@@ -1309,9 +1381,9 @@ await check('accept.tolerated_inputs', async () => {
     checkCompletion(r.json);
     return r.json;
   };
-  const dup = '{"model":"nope","model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":2}';
-  await ok('duplicate keys: the last one wins', dup);
-  expectError(await chat(s, '{"model":"kimi-k3","model":"nope","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'),
+  const dup = '{"max_tokens":7,"messages":[{"role":"user","content":"hi"}],"model":"kimi-k3","max_tokens":2}';
+  eq((await ok('duplicate keys: the last one wins', dup)).usage.completion_tokens <= 2, true, 'the last max_tokens (2) wins');
+  expectError(await chat(await strictSrv(), '{"model":"kimi-k3","model":"nope","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'),
               404, 'model_not_found', { param: 'model' });
   const j = await ok('integer written as 3.0', '{"model":"kimi-k3","messages":[{"role":"user","content":"hi"}],"max_tokens":3.0,"temperature":0}');
   assert(j.usage.completion_tokens <= 3, 'max_tokens 3.0 honoured');
@@ -1463,24 +1535,30 @@ await check('cors.preflight_and_origin', async () => {
 const parseRawJson = (text) => { try { return JSON.parse(text.slice(text.indexOf('\r\n\r\n') + 4)); } catch { return undefined; } };
 const head = (s, lines) => `${lines.join('\r\n')}\r\nHost: 127.0.0.1:${s.port}\r\nAuthorization: Bearer ${s.key}\r\n\r\n`;
 
-// Prompts far over the context are refused after the first tokenizer chunk, not after all of a
-// 6 MB body (2.5M ids), and the memory of large requests goes back to the system: the server's RSS
-// after eight such bodies stays within 64 MB of its level before them (it grew by ~1 GB).
+// Prompts far over the context are refused with their whole token count (a 6 MB body, bounded by
+// --max-body-mb, is counted in full: the count /tokenize gives for the same text), and the memory
+// of large requests goes back to the system: the server's RSS after eight such bodies stays within
+// 64 MB of its level before them (it grew by ~1 GB).
 const rssMb = (pid) => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) / 1024;
-await check('limits.large_prompt_refused_early_rss_returns', async () => {
+await check('limits.large_prompt_counted_rss_returns', async () => {
   const s = await mainSrv();
   await complete(s, req([user('Warm up.')], { ...OFF, max_tokens: 2 }));
   const before = rssMb(s.proc.pid);
   const words = 'lorem ipsum dolor sit amet consectetur '.repeat(160_000);  // ~6.2 MB
   for (let i = 0; i < 8; ++i) {
     const r = await chat(s, req([user(words + i)], { max_tokens: 4 }));
-    expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
-    assert(/more than/.test(r.json.error.message), `refused before full tokenization: ${show(r.json)}`);
+    const e = expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
+    const n = Number(/the prompt has (\d+) tokens/.exec(e.message)?.[1]);
+    assert(n > 1_000_000 && e.message.includes(`raise --ctx to ${n + 1} `) && e.message.includes('holds 8192 (--ctx / COLI_CTX)'),
+           `the whole count, the context and the setting: ${e.message}`);
   }
   const after = rssMb(s.proc.pid);
   assert(after <= before + 64, `RSS ${before.toFixed(1)} MB before eight 6 MB prompts, ${after.toFixed(1)} MB after`);
   const c = await postJson(s, '/v1/completions', { model: MODEL_ID, prompt: words, max_tokens: 4 });
-  expectError(c, 400, 'context_length_exceeded', { param: 'prompt' });
+  const ce = expectError(c, 400, 'context_length_exceeded', { param: 'prompt' });
+  const counted = (await postJson(s, '/tokenize', { content: words })).json.tokens.length;
+  assert(ce.message.startsWith(`the prompt has ${counted} tokens and the reply needs at least 1 more, ${counted + 1} in all, but the context holds 8192`),
+         `/v1/completions names the prompt's ${counted} tokens: ${ce.message}`);
 });
 
 await check('limits.body_413_without_reading', async () => {
@@ -1492,6 +1570,8 @@ await check('limits.body_413_without_reading', async () => {
   eq(r.status, 413, `status (${show(r.text.slice(0, 300))})`);
   const j = parseRawJson(r.text);
   eq(j?.error?.code, 'request_too_large', 'error.code');
+  for (const part of [`${size} bytes`, '1048576 bytes', '1 MiB', '--max-body-mb / COLI_MAX_BODY_MB'])
+    assert(j.error.message.includes(part), `the 413 names ${part}: ${j.error.message}`);
 });
 
 await check('limits.body_413_sent', async () => {
@@ -1575,8 +1655,17 @@ await check('context.prompt_too_long_400', async () => {
   for (const stream of [false, true]) {
     const r = await chat(s, req([user(long)], { ...OFF, max_tokens: 4, stream }));
     const e = expectError(r, 400, 'context_length_exceeded', { param: 'messages' });
-    assert(/256/.test(e.message), `message should state the capacity 256: ${e.message}`);
+    const m = /^the prompt has (\d+) tokens and the reply needs at least 1 more, (\d+) in all, but the context holds 256 \(--ctx \/ COLI_CTX\): raise --ctx to (\d+) or more/.exec(e.message);
+    assert(m && Number(m[1]) > 256 && Number(m[2]) === Number(m[1]) + 1 && m[3] === m[2],
+           `the prompt's count, the context 256 and the setting: ${e.message}`);
   }
+  // The same count as /v1/messages/count_tokens gives for the conversation (thinking off both).
+  const a = await postJson(s, '/v1/messages', { model: MODEL_ID, max_tokens: 4, thinking: { type: 'disabled' }, messages: [user(long)] });
+  eq([a.status, a.json?.type, a.json?.error?.type, a.json?.error?.details?.error_code], [400, 'error', 'invalid_request_error', 'context_length_exceeded'],
+     `Anthropic envelope (${show(a.text)})`);
+  const n = (await postJson(s, '/v1/messages/count_tokens', { model: MODEL_ID, thinking: { type: 'disabled' }, messages: [user(long)] })).json.input_tokens;
+  assert(a.json.error.message.startsWith(`the prompt has ${n} tokens`) && a.json.error.message.includes('--ctx'),
+         `count_tokens says ${n}: ${a.json.error.message}`);
   eq((await request(s, { path: '/health' })).status, 200, 'server alive after context_length_exceeded');
 });
 

@@ -117,6 +117,27 @@ export class Server {
     return this;
   }
 
+  // Resolves with the first match of `pattern` in the server's stderr once it is there (checked
+  // on every chunk the server writes); rejects after `timeoutMs`, or when the server exits first.
+  waitForStderr(pattern, timeoutMs = 10_000) {
+    return new Promise((resolve, reject) => {
+      const look = () => {
+        const m = this.err.match(pattern);
+        if (!m) return false;
+        done();
+        resolve(m);
+        return true;
+      };
+      const onExit = () => { done(); reject(new Error(`${this.name}: exited before ${pattern} appeared on stderr\n${this.logTail()}`)); };
+      const timer = setTimeout(() => { done(); reject(new Error(`${this.name}: no ${pattern} on stderr within ${timeoutMs} ms\n${this.logTail()}`)); }, timeoutMs);
+      const done = () => { clearTimeout(timer); this.proc.stderr.off('data', look); this.proc.off('exit', onExit); };
+      if (look()) return;
+      // Registered after the harness's own listener (constructor order): this.err already holds the chunk.
+      this.proc.stderr.on('data', look);
+      this.proc.on('exit', onExit);
+    });
+  }
+
   kill(signal = 'SIGTERM') {
     if (signal === 'SIGTERM') this.sigtermSent = true;
     this.proc.kill(signal);

@@ -239,7 +239,8 @@ function fromSse(text) {
 // ---------------------------------------------------------------------------------------------
 
 async function run() {
-  const url = await startServer(mock ? ['--loading-s', '120'] : []);
+  // --strict-model: step 3 needs a model name the server refuses (by default any name is served).
+  const url = await startServer(mock ? ['--loading-s', '120'] : ['--strict-model']);
   const origin = new URL(url).origin;
   if (!mock) await waitForHealth(url, 60_000);
 

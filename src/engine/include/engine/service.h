@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -88,6 +89,16 @@ struct GenerationStats {
 enum class ServiceError { none, engine_error, shutting_down, cancelled };
 const char* service_error_name(
     ServiceError error);  // "", "engine_error", "shutting_down", "cancelled"
+
+// Why a prompt does not fit, in numbers a user can act on: `subject` ("the prompt", "the
+// conversation") has `tokens` ids, the reply needs `reply` more positions (at least 1 where the
+// reply budget is clamped to the room left, as the server does; kimi_k3's --ngen, named by
+// `reply_setting`, otherwise), and the context holds `context`; the fix names the setting and
+// the value it needs, e.g. "the prompt has 300 tokens and the reply needs at least 1 more, 301
+// in all, but the context holds 256 (--ctx / COLI_CTX): raise --ctx to 301 or more, or shorten
+// the prompt".
+std::string context_overflow_message(std::string_view subject, int64_t tokens, int64_t context,
+                                     int64_t reply = 1, std::string_view reply_setting = {});
 
 struct ServiceEvent {
   enum class Kind { accepted, progress, reasoning, content, tool_call, done, error };

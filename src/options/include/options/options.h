@@ -103,7 +103,7 @@ struct ServeOptions {
   int port = 8000;
   std::string model_id = "kimi-k3";
   std::vector<std::string> aliases;
-  bool accept_any_model = false;
+  bool strict_model = false;          // --strict-model: 404 for other model names (off: any name)
   std::vector<std::string> api_keys;  // COLI_API_KEY (comma separated)
   std::string api_key_file;
   std::vector<std::string> allowed_hosts, cors_origins;

@@ -83,8 +83,8 @@ inline constexpr int kMaxJsonDepth = 64;
 // The chat prompt ids (XTML render + tokenize) and the anchor: the length of the rendering of
 // every message but the last (when it is a prefix of the prompt), where an edited last turn
 // diverges. Or a 400 naming the problem. `context` (the engine's capacity): a prompt that leaves
-// no position to generate is refused as soon as the tokenizer has produced that many ids, so a
-// body of megabytes is never tokenized in full.
+// no position to generate is refused with its whole token count (the body is bounded by
+// --max-body-mb, so the count is too).
 struct RenderedPrompt {
   std::vector<int64_t> ids;
   int64_t anchor = 0;
@@ -93,8 +93,9 @@ std::variant<RenderedPrompt, ApiError> render_chat_prompt(const ChatRequest& req
                                                           const text::Tokenizer& tokenizer,
                                                           int64_t context = INT64_MAX,
                                                           const char* prompt_param = "messages");
-// The refusal of a prompt of `tokens` ids (-1: more than the context) in a context of
-// `context` positions, blamed on `param`.
+// The refusal of a prompt of `tokens` ids in a context of `context` positions, blamed on
+// `param` (400 context_length_exceeded; the text is engine/service.h's
+// context_overflow_message).
 ApiError context_exceeded(int64_t tokens, int64_t context, const char* param);
 // The text of the chat prompt render_chat_prompt tokenizes (POST /apply-template): the XTML
 // segments joined, specials spelled out, as `coli render` prints them.

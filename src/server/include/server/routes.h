@@ -85,9 +85,9 @@ class Router {
   bool record(std::string_view method, std::string_view path, int status);
   // The label (metrics, log) of the route serving (method, path).
   std::string label(std::string_view method, std::string_view path) const;
-  // The one log line of a written response, llama-server style: request id, method, route label,
-  // status and, for a generation, prompt / cached / generated tokens, time to first token and
-  // decode tokens per second, e.g.
+  // The one log line of a written response, llama-server style: request id, method, the path
+  // (log_path: the query left out), status and, for a generation, prompt / cached / generated
+  // tokens, time to first token and decode tokens per second, e.g.
   //   [http] req-1f.. POST /v1/chat/completions 200 prompt=41 cached=30 gen=12 ttft_ms=85
   //   tok_s=38.2
   std::string log_line(std::string_view method, std::string_view path, int status,
@@ -104,9 +104,14 @@ class Router {
   std::vector<Route> routes_;
 };
 
-// The refusals of a body read: over the route's limit (413), not received within the read
-// deadline (408), or broken off (400).
-ApiError body_too_large(size_t limit);
+// A request path (or method) as a log line shows it: bytes outside printable ASCII, spaces and
+// '%' percent-encoded (the path arrives decoded: an encoded newline must not start a forged
+// line), at most 256 bytes then "...".
+std::string log_path(std::string_view path);
+
+// The refusals of a body read: over the route's limit (413: `size` bytes, or at least that many
+// when the read stopped there), not received within the read deadline (408), or broken off (400).
+ApiError body_too_large(size_t limit, size_t size, bool at_least = false);
 ApiError body_too_slow(double seconds);
 ApiError body_unreadable();
 

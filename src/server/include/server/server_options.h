@@ -16,7 +16,9 @@ namespace k3::server {
 struct ApiConfig {
   std::string model_id = "kimi-k3";
   std::vector<std::string> aliases;
-  bool accept_any_model = false;
+  // Off: any `model` a request names gets the one served model (responses name model_id); on
+  // (--strict-model): a name other than model_id and the aliases is a 404 model_not_found.
+  bool strict_model = false;
   int64_t max_tokens_ceiling = 16384;
   double default_temperature = 0.6;
   double default_top_p = 0.95;

@@ -12,9 +12,8 @@
 
 namespace k3::text {
 
-// Stops once `out` holds more than `limit` ids (Tokenizer::encode): the prompt is then too long.
 void encode_segments(const Tokenizer& tokenizer, const std::vector<Segment>& segments,
-                     std::vector<int32_t>& out, size_t limit = SIZE_MAX);
+                     std::vector<int32_t>& out);
 
 // One CLI chat turn: optional system message, one user message, the generation prompt with the
 // think channel open (`thinking`) or the response channel, and the thinking-effort message

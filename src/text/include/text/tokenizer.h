@@ -57,11 +57,8 @@ class Tokenizer {
   // Appends the ids of `text` to `out`. With allow_special every special spelling (all 256,
   // reserved ones included) becomes its id; without, they are ordinary text. Invalid UTF-8 is
   // replaced by U+FFFD first; `replaced` (optional) receives how many sequences were.
-  // `limit`: stop once `out` holds more than this many ids (checked per 400k/25k chunk, so a
-  // request far over the context is refused after one chunk, not after all of it): the caller
-  // sees out.size() > limit and must not use the ids.
   void encode(std::string_view text, bool allow_special, std::vector<int32_t>& out,
-              size_t* replaced = nullptr, size_t limit = SIZE_MAX) const;
+              size_t* replaced = nullptr) const;
   std::vector<int32_t> encode(std::string_view text, bool allow_special) const;
 
   // The BPE of one pre-tokenizer piece; the algorithm can be forced so tests compare tiktoken's
