@@ -138,14 +138,45 @@ bool is_float(DType d) {
   return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32;
 }
 
-// Widens `count` stored elements to f32.
-void widen(DType dtype, const uint8_t* raw, size_t count, float* out) {
-  if (dtype == DType::kBF16)
-    widen_bf16(raw, count, out);
-  else if (dtype == DType::kF16)
-    widen_f16(raw, count, out);
-  else
-    std::memcpy(out, raw, count * 4);
+// Widens `count` stored elements to f32; returns the index of the first non-finite one, or
+// `count` (kernels/convert.h).
+size_t widen(DType dtype, const uint8_t* raw, size_t count, float* out) {
+  if (dtype == DType::kBF16) return widen_bf16(raw, count, out);
+  if (dtype == DType::kF16) return widen_f16(raw, count, out);
+  std::memcpy(out, raw, count * 4);
+  return find_non_finite(out, count);
+}
+
+// What a copied tensor is checked for: nothing (integers, MXFP4 nibbles), non-finite floats, or
+// the MXFP4 scale exponent 255 (NaN) that the engine refuses on every read of an expert.
+enum class CopyCheck { kNone, kFinite, kE8M0 };
+
+// Throws k3::Error naming the source tensor when `n` bytes at byte `offset` of its data hold a
+// value the check refuses: a source with one is never made into a container.
+void check_copied(CopyCheck check, const SafetensorsShard& shard, const TensorInfo& t,
+                  const uint8_t* bytes, uint64_t offset, uint64_t n) {
+  if (check == CopyCheck::kE8M0) {
+    const uint8_t* bad = std::find(bytes, bytes + n, uint8_t{255});
+    if (bad != bytes + n)
+      throw Error(shard.path() + ": tensor " + t.name +
+                  " holds exponent byte 255 (NaN in MXFP4) at element " +
+                  std::to_string(offset + static_cast<uint64_t>(bad - bytes)) +
+                  "; the file is damaged: restore it from the original download");
+    return;
+  }
+  if (check != CopyCheck::kFinite) return;
+  const size_t esize = dtype_size(t.dtype);
+  const size_t count = n / esize;
+  thread_local std::vector<float> wide;
+  if (wide.size() < std::min<size_t>(count, size_t{1} << 20))
+    wide.resize(std::min<size_t>(count, size_t{1} << 20));
+  for (size_t done = 0; done < count;) {
+    const size_t k = std::min(count - done, wide.size());
+    const size_t bad = widen(t.dtype, bytes + done * esize, k, wide.data());
+    if (bad != k)
+      throw Error(non_finite_message(shard.path(), t, offset / esize + done + bad, wide[bad]));
+    done += k;
+  }
 }
 
 // Reads `length` source bytes at `offset` of the tensor's shard; the bytes stay valid until the
@@ -190,13 +221,26 @@ struct Quantised {
     bytes_read->fetch_add(range.length, std::memory_order_relaxed);
     const DType dtype = source.info->dtype;
     const size_t row_bytes = source_row_bytes();
+    // The first non-finite source element (row-major index) and its value, if any: the source is
+    // refused, naming it (a NaN would quantise to a NaN scale).
+    uint64_t bad_index = UINT64_MAX;
+    float bad_value = 0;
 #pragma omp parallel if (n * cols > (1 << 16))
     {
       std::vector<float> wide(c);  // [cols]: one row in f32
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < n; ++r) {
         const size_t row = r0 + static_cast<size_t>(r);
-        widen(dtype, raw + static_cast<size_t>(r) * row_bytes, c, wide.data());
+        if (const size_t bad =
+                widen(dtype, raw + static_cast<size_t>(r) * row_bytes, c, wide.data());
+            bad != c) {
+#pragma omp critical(k3_repack_non_finite)
+          if (row * c + bad < bad_index) {
+            bad_index = row * c + bad;
+            bad_value = wide[bad];
+          }
+          continue;
+        }
         uint8_t* out = dst + static_cast<size_t>(r) * out_row_bytes();
         if (int4)
           kernels->quantize_int4_g64_row(wide.data(), c, out, scales.data() + row * c / 64);
@@ -205,6 +249,8 @@ struct Quantised {
                                      scales.data() + row);
       }
     }
+    if (bad_index != UINT64_MAX)
+      throw Error(non_finite_message(source.shard->path(), *source.info, bad_index, bad_value));
   }
   // The whole matrix (verification).
   void make_all(uint8_t* dst, const SourceBytes& read, std::atomic<uint64_t>* bytes_read) {
@@ -381,14 +427,17 @@ void prepare_output_dirs(const std::vector<std::string>& dirs) {
   }
 }
 
-// A tensor copied unchanged into `out`, in pieces taken from the read-ahead.
-void add_copy(Run& state, OutputFile& out, const TensorInfo& t, const File& file) {
+// A tensor copied unchanged into `out`, in pieces taken from the read-ahead, each checked.
+void add_copy(Run& state, OutputFile& out, const SafetensorsShard& sh, const TensorInfo& t,
+              CopyCheck check) {
+  const File& file = sh.file();
   const uint64_t base = t.file_offset;
   out.writer.add(
       t.name, t.dtype, t.shape,
-      [&state, &file, base](uint8_t* dst, uint64_t offset, uint64_t n) {
+      [&state, &file, &sh, &t, base, check](uint8_t* dst, uint64_t offset, uint64_t n) {
         std::memcpy(dst, state.ahead.next(file, base + offset, n), n);
         state.bytes_read.fetch_add(n, std::memory_order_relaxed);
+        check_copied(check, sh, t, dst, offset, n);
       },
       kChunkBytes);
   out.sources[t.name] = [&file, base, name = t.name](uint64_t offset, uint64_t n) {
@@ -467,7 +516,7 @@ ShardPlan plan_shard(Run& state, const SourceShard& src) {
     if (width < 32 && is_float(t.dtype) && t.shape.size() == 2) {
       plan.quantised.push_back(add_quantised(state, main, sh, t, width));
     } else {
-      add_copy(state, main, t, sh.file());
+      add_copy(state, main, sh, t, is_float(t.dtype) ? CopyCheck::kFinite : CopyCheck::kNone);
       plan.copies.push_back(&t);
     }
     main.has_tensors = true;
@@ -482,8 +531,9 @@ ShardPlan plan_shard(Run& state, const SourceShard& src) {
     OutputFile& out =
         state.stripes > 0 ? *plan.files[static_cast<size_t>(key.second % state.stripes + 1)] : main;
     if (state.aligned) out.writer.pad_to(kPage);
-    for (const TensorInfo* t : rec) {
-      add_copy(state, out, *t, sh.file());
+    for (int i = 0; i < 6; ++i) {  // w1p w1s w2p w2s w3p w3s: the odd ones are the scales
+      const TensorInfo* t = rec[static_cast<size_t>(i)];
+      add_copy(state, out, sh, *t, i % 2 == 1 ? CopyCheck::kE8M0 : CopyCheck::kNone);
       plan.copies.push_back(t);
     }
     if (state.aligned) out.writer.pad_to(kPage);

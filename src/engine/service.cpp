@@ -637,7 +637,11 @@ void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const c
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::error;
   e.error = ServiceError::engine_error;
-  e.text = decoding ? "engine failure during decode" : "engine failure during prefill";
+  // The engine's message (e.g. the damaged tensor an expert read found), as /health's last_error
+  // shows it to the same clients.
+  e.text =
+      std::string(decoding ? "engine failure during decode: " : "engine failure during prefill: ") +
+      what;
   publish_state();
   handle.push(std::move(e));
 }

@@ -72,18 +72,21 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
     const size_t first = static_cast<size_t>(p) * kPiece;
     const size_t n = std::min(kPiece, count - first);
     try {
+      float* dst = out.data() + first;
+      size_t bad;  // the first non-finite element of the piece, or n
       if (t.info->dtype == DType::kF32) {
-        t.shard->file().read_exact(out.data() + first, n * 4, t.info->file_offset + first * 4,
+        t.shard->file().read_exact(dst, n * 4, t.info->file_offset + first * 4,
                                    "tensor " + t.info->name);
-        continue;
+        bad = find_non_finite(dst, n);
+      } else {
+        std::vector<uint8_t> raw(n * esize);
+        t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
+                                   "tensor " + t.info->name);
+        bad = t.info->dtype == DType::kBF16 ? widen_bf16(raw.data(), n, dst)
+                                            : widen_f16(raw.data(), n, dst);
       }
-      std::vector<uint8_t> raw(n * esize);
-      t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
-                                 "tensor " + t.info->name);
-      if (t.info->dtype == DType::kBF16)
-        widen_bf16(raw.data(), n, out.data() + first);
-      else
-        widen_f16(raw.data(), n, out.data() + first);
+      if (bad != n)
+        throw Error(non_finite_message(t.shard->path(), *t.info, first + bad, dst[bad]));
     } catch (const std::exception& e) {
 #pragma omp critical(k3_read_floats_failure)
       if (failure.empty()) failure = e.what();
@@ -176,6 +179,10 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
     else
       m.mapped_q4 = bytes;
     m.mapped_scales = reinterpret_cast<const float*>(scales_map->data() + qs.info->file_offset);
+    // Checked once here: the kernels use the mapped scales as they are.
+    if (const size_t bad = find_non_finite(m.mapped_scales, qs.info->numel());
+        bad != qs.info->numel())
+      throw Error(non_finite_message(qs.shard->path(), *qs.info, bad, m.mapped_scales[bad]));
     m.mapped_bytes_ = t.info->nbytes + qs.info->nbytes;
     m.mapping = std::make_shared<
         std::pair<std::shared_ptr<const FileMapping>, std::shared_ptr<const FileMapping>>>(
@@ -185,6 +192,8 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
   std::vector<float> scales;
   resize_huge(scales, qs.info->numel());
   ModelFiles::read(qs, scales.data());
+  if (const size_t bad = find_non_finite(scales.data(), scales.size()); bad != scales.size())
+    throw Error(non_finite_message(qs.shard->path(), *qs.info, bad, scales[bad]));
   if (stored == WeightFormat::kInt4G64) {
     resize_huge(m.q4, t.info->nbytes);
     ModelFiles::read(t, m.q4.data());
@@ -378,17 +387,22 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
     throw Error(std::string(err.what()) + " (row " + std::to_string(token_id) + ")");
   }
   const size_t n = static_cast<size_t>(hidden_size_);
+  size_t bad;  // the row is converted here, at its first use: checked here too
   switch (table_.info->dtype) {
     case DType::kBF16:
-      widen_bf16(raw.data(), n, out);
+      bad = widen_bf16(raw.data(), n, out);
       break;
     case DType::kF16:
-      widen_f16(raw.data(), n, out);
+      bad = widen_f16(raw.data(), n, out);
       break;
     default:
       std::memcpy(out, raw.data(), row_bytes);
+      bad = find_non_finite(out, n);
       break;
   }
+  if (bad != n)
+    throw Error(non_finite_message(table_.shard->path(), *table_.info,
+                                   static_cast<uint64_t>(token_id) * n + bad, out[bad]));
 }
 
 ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& container) {
