@@ -556,6 +556,32 @@ TEST(Repack, VerifyFullComparesEveryByte) {
   }
 }
 
+// A prepared (U8) tensor's declared shape is checked, not only its byte count (issue 28, item 9:
+// [96, 64] relabelled [64, 96] loaded); the snapshot path refuses the same change.
+TEST(Repack, APreparedTensorWithAnotherShapeIsRefused) {
+  TempDir tmp("repack-shape");
+  const std::string box = tmp.file("box");
+  ASSERT_EQ(repack(kTiny + " " + box + " --bits 8").status, 0);
+  std::string path, name;
+  {
+    const k3::ModelFiles files(box);
+    const k3::LocatedTensor t = files.find(k3::names::layer(0, k3::names::kMlpGateProj));
+    ASSERT_NE(t.info, nullptr);
+    ASSERT_EQ(t.info->shape, (std::vector<int64_t>{96, 64}));
+    path = t.shard->path();
+    name = t.info->name;
+  }
+  std::string bytes = k3::read_text_file(path);
+  const std::string was = "\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[96,64]";
+  const size_t at = bytes.find(was);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, was.size(), "\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[64,96]");
+  k3::write_file_atomic(path, bytes.data(), bytes.size());
+  const ModelRun r = run_model(box, "", tmp);
+  EXPECT_NE(r.status, 0);
+  EXPECT_HAS(r.err, path + ": tensor " + name + " has shape [64, 96], expected [96, 64]");
+}
+
 TEST(Repack, ShardListParsing) {
   EXPECT_EQ(k3::repack::parse_shard_list("1,3,5-7,3"), (std::vector<int64_t>{1, 3, 5, 6, 7}));
   EXPECT_HAS(k3::testing::error_of([] { k3::repack::parse_shard_list("1,x"); }), "\"x\"");

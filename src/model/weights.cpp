@@ -140,6 +140,24 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
                 (i % 64 == 0 ? " or " + std::to_string(o * i / 2) + " bytes + " +
                                    std::to_string(o * i / 64) + " scales (int4-g64)"
                              : std::string()));
+  // The declared shapes must be the ones k3_repack writes (the byte counts alone would let a
+  // relabelled [I, O] pass as [O, I]).
+  const std::vector<int64_t> want_shape = {rows,
+                                           stored == WeightFormat::kInt8Row ? cols : cols / 2};
+  const std::vector<int64_t> want_scales = stored == WeightFormat::kInt8Row
+                                               ? std::vector<int64_t>{rows}
+                                               : std::vector<int64_t>{rows, cols / 64};
+  if (t.info->shape != want_shape)
+    throw Error(where + " has shape " + shape_string(t.info->shape) + ", expected " +
+                shape_string(want_shape) + " (" + weight_format_name(stored) + " bytes of a [" +
+                std::to_string(o) + ", " + std::to_string(i) +
+                "] matrix); the container is damaged or not k3_repack's: repack it");
+  if (qs.info->shape != want_scales)
+    throw Error(qs.shard->path() + ": tensor " + qs.info->name + " has shape " +
+                shape_string(qs.info->shape) + ", expected " + shape_string(want_scales) + " (" +
+                weight_format_name(stored) + " scales of a [" + std::to_string(o) + ", " +
+                std::to_string(i) +
+                "] matrix); the container is damaged or not k3_repack's: " + "repack it");
   // What to build: the stored format, unless the user chose a width. A chosen 4 on int8 is the
   // downcast; int8 stays int8 where the width is not a multiple of 64 (as the load-time path
   // does); anything else cannot be honoured from these bytes.
