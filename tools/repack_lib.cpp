@@ -334,8 +334,8 @@ uint64_t file_size_or_zero(const std::string& path) {
   return ec ? 0 : static_cast<uint64_t>(n);
 }
 
-// True when `path` is exactly what `writer` would write, judged by size and header bytes.
-bool already_complete(const std::string& path, const SafetensorsWriter& writer) {
+// True when `path` has the size and header bytes of what `writer` would write.
+bool header_matches(const std::string& path, const SafetensorsWriter& writer) {
   if (!fs::is_regular_file(path) || file_size_or_zero(path) != writer.file_bytes()) return false;
   const std::string header = writer.header();
   std::string have(8 + header.size(), '\0');
@@ -348,6 +348,16 @@ bool already_complete(const std::string& path, const SafetensorsWriter& writer) 
   for (int i = 0; i < 8; ++i)
     want[static_cast<size_t>(i)] = static_cast<char>(header.size() >> (8 * i));
   return have == want + header;
+}
+
+// Why the file at `path` cannot be kept as what `writer` would write ("" when it can; "absent"
+// when there is none): its size or header differ, or its bytes are not the ones whose CRC-32C was
+// recorded when it was written (io/safetensors_writer.h; a damaged data region shows there).
+std::string why_not_kept(const std::string& path, const SafetensorsWriter& writer) {
+  if (!fs::exists(path)) return "absent";
+  if (!header_matches(path, writer))
+    return "its size or header differ from what this run would write";
+  return check_crc32c_record(path);
 }
 
 // Compares `n` bytes of `a` at `ao` with `b` at `bo` in pieces; returns the first differing
@@ -414,7 +424,7 @@ std::set<int64_t> selected_shards(const Options& options, const std::vector<Sour
 // is never renamed into place).
 void prepare_output_dirs(const std::vector<std::string>& dirs) {
   static const std::regex ours(
-      R"(^(model-\d{5}-of-\d{6}(-e\d+)?\.safetensors|model\.safetensors\.index\.json)(\.tmp)?$)");
+      R"(^(model-\d{5}-of-\d{6}(-e\d+)?\.safetensors(\.crc32c)?|model\.safetensors\.index\.json)(\.tmp)?$)");
   for (const std::string& d : dirs) {
     std::error_code ec;
     fs::create_directories(d, ec);
@@ -422,7 +432,7 @@ void prepare_output_dirs(const std::vector<std::string>& dirs) {
     for (const auto& entry : fs::directory_iterator(d)) {
       const std::string n = entry.path().filename().string();
       std::smatch m;
-      if (std::regex_match(n, m, ours) && m[3].matched) fs::remove(entry.path());
+      if (std::regex_match(n, m, ours) && m[4].matched) fs::remove(entry.path());
     }
   }
 }
@@ -489,6 +499,7 @@ ShardPlan plan_shard(Run& state, const SourceShard& src) {
         (fs::path(k == 0 ? options.dest : options.stripe[static_cast<size_t>(k - 1)]) / f->name)
             .string();
     f->writer.set_metadata(state.record);
+    f->writer.set_crc32c_record(true);
     if (state.aligned) {
       f->writer.set_data_alignment(kPage);
       f->writer.set_direct_writes(true);
@@ -562,9 +573,15 @@ void write_shards(Run& state, const std::vector<ShardPlan>& plans, Summary& summ
     const auto& files = plan.files;
     uint64_t shard_bytes = 0;
     bool complete = true;
+    std::set<const OutputFile*> kept;  // files complete from an earlier run, checked
     for (const auto& f : files) {
       shard_bytes += f->writer.file_bytes();
-      complete = complete && already_complete(f->path, f->writer);
+      const std::string why = why_not_kept(f->path, f->writer);
+      if (why.empty())
+        kept.insert(f.get());
+      else if (why != "absent")
+        summary.damaged.push_back(f->path + ": " + why);
+      complete = complete && why.empty();
     }
     const std::string label = output_shard_name(src.number, state.total) + " [" +
                               std::to_string(index_in_run) + "/" + std::to_string(plans.size()) +
@@ -572,7 +589,7 @@ void write_shards(Run& state, const std::vector<ShardPlan>& plans, Summary& summ
     if (complete) {
       ++summary.shards_kept;
       run_done += shard_bytes;
-      log(label + ": complete from an earlier run (size and header match), kept");
+      log(label + ": complete from an earlier run (size, header and CRC-32C match), kept");
       continue;
     }
     // Overall figures so far (this shard's own bytes, GB/s and ETA are the bar's).
@@ -591,7 +608,7 @@ void write_shards(Run& state, const std::vector<ShardPlan>& plans, Summary& summ
     const uint64_t read0 = state.bytes_read.load();
     const double s0 = now_seconds();
     for (const auto& f : files) {
-      if (already_complete(f->path, f->writer)) continue;
+      if (kept.count(f.get())) continue;
       const uint64_t header_bytes = 8 + f->writer.header().size();
       state.produce(header_bytes);
       state.ahead.start(f->reads());
@@ -699,66 +716,64 @@ void copy_snapshot_files(const std::string& source, const std::string& dest) {
   }
 }
 
-// --verify-full for one source shard: every output tensor against the source (bytes, or the
-// quantisation re-derived), padding all zero. Returns the tensors verified.
-uint64_t verify_shard(Run& state, const ShardPlan& plan) {
+// --verify-full for one output file of a source shard: every output tensor against the source
+// (bytes, or the quantisation re-derived), padding all zero. Returns the tensors verified; throws
+// k3::Error naming the file and tensor at the first difference.
+uint64_t verify_file(Run& state, const ShardPlan& plan, const OutputFile& file) {
   const SourceShard& src = plan.source;
   std::map<std::string, const TensorInfo*> copy_by_name;
   for (const TensorInfo* t : plan.copies) copy_by_name[t->name] = t;
   std::map<std::string, std::shared_ptr<Quantised>> quant_by_name;
   for (const auto& q : plan.quantised) quant_by_name[q->source.info->name] = q;
   uint64_t verified = 0;
-  for (const auto& f : plan.files) {
-    const SafetensorsShard out(open_posix_file(f->path));
-    if (!already_complete(f->path, f->writer))
-      throw Error(f->path + ": verify: size or header differs from what this run would write");
-    for (const TensorInfo& t : out.tensors()) {
-      const std::string where = f->path + ": verify: tensor " + t.name;
-      if (is_padding_tensor(t.name)) {
-        std::vector<uint8_t> pad(t.nbytes);
-        out.file().read_exact(pad.data(), pad.size(), t.file_offset, t.name);
-        if (std::any_of(pad.begin(), pad.end(), [](uint8_t b) { return b != 0; }))
-          throw Error(where + ": padding is not all zero");
-        continue;
-      }
-      if (t.name.ends_with(".qs")) continue;  // checked with its matrix
-      const auto q = quant_by_name.find(t.name);
-      if (q != quant_by_name.end()) {
-        std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
-        const File& source_file = src.shard->file();
-        q->second->make_all(
-            want.data(),
-            [&](uint64_t at, uint64_t n) {
-              resize_huge(state.raw, n);
-              source_file.read_exact(state.raw.data(), n, at, "tensor " + t.name);
-              return state.raw.data();
-            },
-            &state.bytes_read);
-        out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
-        const TensorInfo* sidecar = out.find(t.name + ".qs");
-        if (sidecar == nullptr || have != want ||
-            sidecar->nbytes != q->second->scales.size() * sizeof(float))
-          throw Error(where + ": quantised bytes differ from the source re-quantised");
-        std::vector<float> scales(q->second->scales.size());
-        out.file().read_exact(scales.data(), sidecar->nbytes, sidecar->file_offset, sidecar->name);
-        if (std::memcmp(scales.data(), q->second->scales.data(), sidecar->nbytes) != 0)
-          throw Error(where + ".qs: scales differ from the source re-quantised");
-        std::vector<float>().swap(q->second->scales);  // the plan outlives this shard's check
-        ++verified;
-        continue;
-      }
-      const auto c = copy_by_name.find(t.name);
-      if (c == copy_by_name.end()) throw Error(where + ": not a tensor of the source shard");
-      if (c->second->nbytes != t.nbytes || c->second->dtype != t.dtype ||
-          c->second->shape != t.shape)
-        throw Error(where + ": dtype, shape or size differ from the source");
-      const uint64_t at = first_difference(out.file(), t.file_offset, src.shard->file(),
-                                           c->second->file_offset, t.nbytes);
-      if (at != UINT64_MAX)
-        throw Error(where + ": byte " + std::to_string(at) + " differs from the source (" +
-                    src.shard->path() + ")");
-      ++verified;
+  if (!header_matches(file.path, file.writer))
+    throw Error(file.path + ": verify: size or header differs from what this run would write");
+  const SafetensorsShard out(open_posix_file(file.path));
+  for (const TensorInfo& t : out.tensors()) {
+    const std::string where = file.path + ": verify: tensor " + t.name;
+    if (is_padding_tensor(t.name)) {
+      std::vector<uint8_t> pad(t.nbytes);
+      out.file().read_exact(pad.data(), pad.size(), t.file_offset, t.name);
+      if (std::any_of(pad.begin(), pad.end(), [](uint8_t b) { return b != 0; }))
+        throw Error(where + ": padding is not all zero");
+      continue;
     }
+    if (t.name.ends_with(".qs")) continue;  // checked with its matrix
+    const auto q = quant_by_name.find(t.name);
+    if (q != quant_by_name.end()) {
+      std::vector<uint8_t> want(q->second->weight_bytes()), have(t.nbytes);
+      const File& source_file = src.shard->file();
+      q->second->make_all(
+          want.data(),
+          [&](uint64_t at, uint64_t n) {
+            resize_huge(state.raw, n);
+            source_file.read_exact(state.raw.data(), n, at, "tensor " + t.name);
+            return state.raw.data();
+          },
+          &state.bytes_read);
+      out.file().read_exact(have.data(), have.size(), t.file_offset, t.name);
+      const TensorInfo* sidecar = out.find(t.name + ".qs");
+      if (sidecar == nullptr || have != want ||
+          sidecar->nbytes != q->second->scales.size() * sizeof(float))
+        throw Error(where + ": quantised bytes differ from the source re-quantised");
+      std::vector<float> scales(q->second->scales.size());
+      out.file().read_exact(scales.data(), sidecar->nbytes, sidecar->file_offset, sidecar->name);
+      if (std::memcmp(scales.data(), q->second->scales.data(), sidecar->nbytes) != 0)
+        throw Error(where + ".qs: scales differ from the source re-quantised");
+      std::vector<float>().swap(q->second->scales);  // the plan outlives this shard's check
+      ++verified;
+      continue;
+    }
+    const auto c = copy_by_name.find(t.name);
+    if (c == copy_by_name.end()) throw Error(where + ": not a tensor of the source shard");
+    if (c->second->nbytes != t.nbytes || c->second->dtype != t.dtype || c->second->shape != t.shape)
+      throw Error(where + ": dtype, shape or size differ from the source");
+    const uint64_t at = first_difference(out.file(), t.file_offset, src.shard->file(),
+                                         c->second->file_offset, t.nbytes);
+    if (at != UINT64_MAX)
+      throw Error(where + ": byte " + std::to_string(at) + " differs from the source (" +
+                  src.shard->path() + ")");
+    ++verified;
   }
   return verified;
 }
@@ -862,7 +877,19 @@ Summary run(const Options& options, const std::function<void(const std::string&)
   copy_snapshot_files(options.source, options.dest);
   if (options.verify_full)
     for (const ShardPlan& plan : plans) {
-      const uint64_t verified = verify_shard(state, plan);
+      uint64_t verified = 0;
+      for (const auto& f : plan.files) {
+        try {
+          verified += verify_file(state, plan, *f);
+        } catch (const Error& e) {
+          // Rewritten (with its CRC-32C record) and verified again; a second failure is an error.
+          summary.damaged.push_back(e.what());
+          state.ahead.start(f->reads());
+          f->writer.write(f->path, nullptr, &state.scratch);
+          summary.bytes_written += f->writer.file_bytes();
+          verified += verify_file(state, plan, *f);
+        }
+      }
       summary.tensors_verified += verified;
       log(output_shard_name(plan.source.number, state.total) + ": verified " +
           std::to_string(verified) + " tensors against " + plan.source.shard->path());
