@@ -978,8 +978,7 @@ bool wait_loaded(k3::EngineService& service, const k3::Options& opt, Screen& scr
     }
     if (s.state == k3::ServiceStats::State::failed) {
       screen.clear_status();
-      std::fprintf(stderr, "coli chat: cannot load %s: %s\n", opt.model_dir.c_str(),
-                   s.load_error.c_str());
+      std::fprintf(stderr, "coli chat: %s: %s\n", s.failed_step.c_str(), s.load_error.c_str());
       return false;
     }
     if (g_interrupt.load()) {

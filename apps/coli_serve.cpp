@@ -188,8 +188,7 @@ int serve(const k3::Options& opt, bool web) {
         return;
       }
       if (s.state == k3::ServiceStats::State::failed) {
-        std::fprintf(stderr, "coli: cannot load %s: %s\n", opt.model_dir.c_str(),
-                     s.load_error.c_str());
+        std::fprintf(stderr, "coli: %s: %s\n", s.failed_step.c_str(), s.load_error.c_str());
         exit_code.store(3);
         server.shutdown();
         return;

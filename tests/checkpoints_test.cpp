@@ -103,6 +103,26 @@ TEST(CheckpointDir, ADirectoryOthersCanWriteIsRefusedUnlessSticky) {
   EXPECT_HAS(error_of([&] { CheckpointStore store(disk(root.file("file"))); }), "not a directory");
 }
 
+// `coli serve --ckpt-dir` naming a refused directory stops the start before the model loads, and
+// says what failed: the checkpoint directory, not "cannot load <model>" (issue 28, item 11).
+TEST(CheckpointDir, ColiServeNamesARefusedDirectoryNotALoadFailure) {
+  const testing::TempDir root("ckpt-serve");
+  const std::string file = root.file("file"), open = root.file("open");
+  spit(file, "x");
+  fs::create_directory(open);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  const std::string coli = std::string(K3_BINARY_DIR) + "/apps/coli serve " + K3_SOURCE_DIR +
+                           "/tests/data/k3-tiny --port 0 --ckpt-dir ";
+  for (const auto& [dir, why] :
+       {std::pair<std::string, std::string>{file, "the checkpoint directory is not a directory"},
+        {open, "the checkpoint directory is writable by other users (mode 0777)"}}) {
+    const testing::CommandResult r = testing::run_split("timeout 60 " + coli + dir);
+    EXPECT_EQ(r.status, 3) << r.err;
+    EXPECT_HAS(r.err, "coli: checkpoint directory (--ckpt-dir): " + dir + ": " + why);
+    EXPECT_EQ(r.err.find("cannot load"), std::string::npos) << r.err;
+  }
+}
+
 // Two checkpoints at the same position after different ids, each in its own slot.
 struct TwoPhotos {
   const testing::TempDir root{"ckpt-mac"};

@@ -4,6 +4,7 @@
 #include "experts/expert_cache.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -464,6 +465,83 @@ TEST(ExpertCache, HistoryDecayRoundsAndKeepsOnes) {
   ASSERT_TRUE(cache.save_history());
   const std::string text = k3::read_text_file(o.setup.history_save_path);
   EXPECT_NE(text.find("\n1 2 990\n1 5 1\n"), std::string::npos) << text;
+}
+
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return static_cast<unsigned>(st.st_mode & 07777);
+}
+
+// Where locate_history puts the history for the state directory `state` (a model directory that
+// does not matter: only its name is hashed).
+k3::ExpertCacheSetup located(const std::string& state) {
+  k3::CacheOptions options;
+  options.state_dir = state;
+  k3::ExpertCacheSetup setup;
+  k3::locate_history(options, "/nonexistent-model", &setup);
+  return setup;
+}
+
+// K3_STATE_DIR / --state-dir naming an existing directory never changes its mode (issue 28: a
+// shared 1777 directory was set to 0700, locking every other user out): one only its owner may
+// write to is used as it is, a shared sticky one gets a private 0700 subdirectory of ours, one
+// others may write to without the sticky bit is refused with the reason; a missing one is created
+// 0700; the history file is 0600.
+TEST(StateDir, AnExistingDirectoryKeepsItsMode) {
+  TempDir root("state-dir");
+  const std::string own = root.file("own"), shared = root.file("shared"), open = root.file("open"),
+                    fresh = root.file("fresh/state");
+  for (const std::string& d : {own, shared, open}) std::filesystem::create_directory(d);
+  ASSERT_EQ(::chmod(own.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+
+  const k3::ExpertCacheSetup in_own = located(own);
+  EXPECT_EQ(mode_of(own), 0755u) << "the state directory the user named was chmod-ed";
+  EXPECT_EQ(std::filesystem::path(in_own.history_save_path).parent_path(),
+            std::filesystem::path(own));
+  EXPECT_EQ(in_own.history_unsaved, "");
+
+  const k3::ExpertCacheSetup in_shared = located(shared);
+  EXPECT_EQ(mode_of(shared), 01777u) << "the shared state directory was chmod-ed";
+  const std::string sub = shared + "/kimi_k3-" + std::to_string(::geteuid());
+  EXPECT_EQ(std::filesystem::path(in_shared.history_save_path).parent_path(),
+            std::filesystem::path(sub));
+  EXPECT_EQ(mode_of(sub), 0700u);
+  EXPECT_EQ(located(shared).history_save_path, in_shared.history_save_path) << "a second run";
+
+  const k3::ExpertCacheSetup in_open = located(open);
+  EXPECT_EQ(mode_of(open), 0777u);
+  EXPECT_EQ(in_open.history_save_path, "");
+  EXPECT_HAS(in_open.history_unsaved, open + " is writable by other users (mode 0777)");
+  EXPECT_TRUE(std::filesystem::is_empty(open));
+
+  // A subdirectory of the shared one that is not a private directory of ours is not used.
+  TempDir other("state-dir-other");
+  const std::string shared2 = root.file("shared2");
+  std::filesystem::create_directory(shared2);
+  ASSERT_EQ(::chmod(shared2.c_str(), 01777), 0);
+  std::filesystem::create_directory_symlink(other.path(),
+                                            shared2 + "/kimi_k3-" + std::to_string(::geteuid()));
+  const k3::ExpertCacheSetup in_link = located(shared2);
+  EXPECT_EQ(in_link.history_save_path, "");
+  EXPECT_HAS(in_link.history_unsaved, "is not a directory of this user closed to others");
+
+  const k3::ExpertCacheSetup in_fresh = located(fresh);
+  EXPECT_EQ(mode_of(fresh), 0700u) << "a state directory we create is private";
+  EXPECT_EQ(std::filesystem::path(in_fresh.history_save_path).parent_path(),
+            std::filesystem::path(fresh));
+
+  // The history saved there is readable by its owner only.
+  Fixture f(root.path(), {1});
+  CacheConfig o = quiet();
+  o.setup.history_save_path = in_own.history_save_path;
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
+  cache.record(1, std::vector<int64_t>{2});
+  ASSERT_TRUE(cache.save_history());
+  EXPECT_EQ(mode_of(in_own.history_save_path), 0600u);
+  EXPECT_EQ(mode_of(own), 0755u);
 }
 
 // End to end: a synthetic checkpoint streamed through a one-slot cache gives the logits of the

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "util/crc32c.h"
 #include "util/sha256.h"
 #include "util/siphash.h"
 
@@ -91,3 +93,43 @@ TEST(Sha256, KnownDigests) {
     pieces.update(million.data() + at, std::min(step, million.size() - at));
   EXPECT_EQ(pieces.hex(), k3::sha256_hex(million));
 }
+
+namespace {
+
+// CRC-32C against the standard check value and the test patterns of RFC 3720 (iSCSI) B.4, for the
+// hardware path and its table-driven twin alike.
+TEST(Crc32c, KnownValues) {
+  for (auto* f : {&k3::crc32c, &k3::crc32c_scalar}) {
+    EXPECT_EQ(f("123456789", 9, 0), 0xE3069283u);
+    EXPECT_EQ(f("", 0, 0), 0u);
+    std::vector<uint8_t> b(32, 0);
+    EXPECT_EQ(f(b.data(), b.size(), 0), 0x8A9136AAu);
+    std::fill(b.begin(), b.end(), 0xFF);
+    EXPECT_EQ(f(b.data(), b.size(), 0), 0x62A8AB43u);
+    for (size_t i = 0; i < 32; ++i) b[i] = static_cast<uint8_t>(i);
+    EXPECT_EQ(f(b.data(), b.size(), 0), 0x46DD794Eu);
+    for (size_t i = 0; i < 32; ++i) b[i] = static_cast<uint8_t>(31 - i);
+    EXPECT_EQ(f(b.data(), b.size(), 0), 0x113FDB5Cu);
+  }
+}
+
+// The twins agree on random data of awkward lengths and alignments, and a running checksum over
+// pieces equals one call over the whole.
+TEST(Crc32c, TwinsAgreeAndPiecesEqualTheWhole) {
+  std::mt19937_64 rng(28);
+  std::vector<uint8_t> data(70000);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (const size_t n :
+       {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63}, size_t{4097}, size_t{65537}}) {
+    for (const size_t skew : {size_t{0}, size_t{1}, size_t{3}}) {
+      const uint8_t* p = data.data() + skew;
+      const uint32_t whole = k3::crc32c(p, n);
+      ASSERT_EQ(whole, k3::crc32c_scalar(p, n)) << n << " at +" << skew;
+      const size_t cut = n / 3;
+      EXPECT_EQ(k3::crc32c(p + cut, n - cut, k3::crc32c(p, cut)), whole);
+      EXPECT_EQ(k3::crc32c_scalar(p + cut, n - cut, k3::crc32c_scalar(p, cut)), whole);
+    }
+  }
+}
+
+}  // namespace

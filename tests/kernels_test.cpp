@@ -252,11 +252,59 @@ TEST(KernelsConvert, Bf16WideningIsExactForEveryPattern) {
   // Little-endian byte widening.
   const uint8_t src[] = {0x80, 0x3F, 0x40, 0xC0, 0x01, 0x00, 0x80, 0xFF};
   float dst[4];
-  k3::widen_bf16(src, 4, dst);
+  EXPECT_EQ(k3::widen_bf16(src, 4, dst), 3u) << "-Inf is the first non-finite element";
   EXPECT_EQ(dst[0], 1.0f);
   EXPECT_EQ(dst[1], -3.0f);
   EXPECT_EQ(bits_of(dst[2]), 0x00010000u);
   EXPECT_EQ(dst[3], -std::numeric_limits<float>::infinity());
+}
+
+// The widening converters report the first non-finite element (NaN, +Inf, -Inf) wherever it lies,
+// and only those: the largest finite values, subnormals and signed zeros pass. Every element is
+// still converted.
+TEST(KernelsConvert, WideningReportsTheFirstNonFiniteElement) {
+  const size_t n = 3001;
+  std::vector<uint8_t> bf16(2 * n), f16(2 * n);
+  std::vector<float> f32(n), out(n);
+  const uint16_t finite_bf16[] = {0x7F7F, 0xFF7F, 0x0001, 0x8000, 0x3F80};
+  const uint16_t finite_f16[] = {0x7BFF, 0xFBFF, 0x0001, 0x8000, 0x3C00};
+  const auto put = [](std::vector<uint8_t>& v, size_t i, uint16_t h) {
+    v[2 * i] = static_cast<uint8_t>(h);
+    v[2 * i + 1] = static_cast<uint8_t>(h >> 8);
+  };
+  const auto fill = [&] {
+    for (size_t i = 0; i < n; ++i) {
+      put(bf16, i, finite_bf16[i % 5]);
+      put(f16, i, finite_f16[i % 5]);
+      f32[i] = k3::bf16_to_f32(finite_bf16[i % 5]);
+    }
+  };
+  fill();
+  EXPECT_EQ(k3::widen_bf16(bf16.data(), n, out.data()), n);
+  EXPECT_EQ(k3::widen_f16(f16.data(), n, out.data()), n);
+  EXPECT_EQ(k3::find_non_finite(f32.data(), n), n);
+  EXPECT_EQ(k3::find_non_finite(f32.data(), 0), 0u);
+  // NaN (quiet and signalling, either sign), +Inf and -Inf.
+  const uint16_t bad_bf16[] = {0x7FC0, 0x7F81, 0x7F80, 0xFF80, 0xFFC1};
+  const uint16_t bad_f16[] = {0x7E00, 0x7C01, 0x7C00, 0xFC00, 0xFE01};
+  for (const size_t at : {size_t{0}, size_t{1}, size_t{1023}, size_t{1024}, size_t{2999}, n - 1}) {
+    for (int k = 0; k < 5; ++k) {
+      fill();
+      put(bf16, at, bad_bf16[k]);
+      put(f16, at, bad_f16[k]);
+      f32[at] = k3::bf16_to_f32(bad_bf16[k]);
+      if (at + 1 < n) {  // a second one later: the first is reported
+        put(bf16, n - 1, 0x7FC0);
+        put(f16, n - 1, 0x7E00);
+        f32[n - 1] = k3::bf16_to_f32(0x7FC0);
+      }
+      EXPECT_EQ(k3::widen_bf16(bf16.data(), n, out.data()), at) << at << " " << k;
+      EXPECT_EQ(bits_of(out[at]), static_cast<uint32_t>(bad_bf16[k]) << 16);
+      EXPECT_EQ(bits_of(out[n / 2]), static_cast<uint32_t>(finite_bf16[(n / 2) % 5]) << 16);
+      EXPECT_EQ(k3::widen_f16(f16.data(), n, out.data()), at) << at << " " << k;
+      EXPECT_EQ(k3::find_non_finite(f32.data(), n), at) << at << " " << k;
+    }
+  }
 }
 
 TEST(KernelsConvert, F32ToBf16RoundsToNearestEven) {
@@ -320,7 +368,7 @@ TEST(KernelsConvert, F16Widening) {
   }
   const uint8_t src[] = {0x00, 0x3C, 0x00, 0xC0, 0xFF, 0x7B, 0x01, 0x00};
   float dst[4];
-  k3::widen_f16(src, 4, dst);
+  EXPECT_EQ(k3::widen_f16(src, 4, dst), 4u);
   EXPECT_EQ(dst[0], 1.0f);
   EXPECT_EQ(dst[1], -2.0f);
   EXPECT_EQ(dst[2], 65504.0f);

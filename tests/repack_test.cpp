@@ -20,6 +20,7 @@
 #include "io/file.h"
 #include "io/model_files.h"
 #include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "kernels/isa.h"
 #include "kernels/quant.h"
 #include "model/config.h"
@@ -28,6 +29,7 @@
 #include "repack_lib.h"
 #include "synth_lib.h"
 #include "test_util.h"
+#include "util/crc32c.h"
 #include "util/sha256.h"
 
 namespace fs = std::filesystem;
@@ -533,27 +535,114 @@ TEST(Repack, ShardsPassStrictReadersAndRecordsAreAligned) {
   }
 }
 
-TEST(Repack, VerifyFullComparesEveryByte) {
+// Writes the CRC-32C record of the file at `path` as it is now (as if it had been written so).
+void rerecord(const std::string& path) {
+  const std::string bytes = k3::read_text_file(path);
+  char line[64];
+  std::snprintf(line, sizeof line, "crc32c %08x %zu ", k3::crc32c(bytes.data(), bytes.size()),
+                bytes.size());
+  const std::string text = line + fs::path(path).filename().string() + "\n";
+  k3::write_file_atomic(k3::crc32c_record_path(path), text.data(), text.size());
+}
+
+// --verify-full compares every byte with the source and rewrites what fails (issue 28, item 10:
+// it found a damaged shard but left it in place). The damage here comes with its CRC-32C record
+// rewritten to match, so only the comparison with the source can find it.
+TEST(Repack, VerifyFullComparesEveryByteAndRewritesWhatFails) {
   TempDir tmp("repack-verify");
   const std::string box = tmp.file("box");
   const CommandResult ok = repack(kTiny + " " + box + " --bits 4 --verify-full");
   ASSERT_EQ(ok.status, 0) << ok.err;
   EXPECT_HAS(ok.out, "tensors verified");
-  // One flipped byte of a routed expert, and one of a quantised matrix: both named.
-  const k3::ModelFiles files(box);
-  for (const std::string& name : {k3::names::expert(1, 3, k3::names::kExpertTensors[2]),
-                                  k3::names::layer(0, k3::names::kKdaQProj)}) {
-    const k3::LocatedTensor t = files.find(name);
-    ASSERT_NE(t.info, nullptr) << name;
-    std::string bytes = k3::read_text_file(t.shard->path());
-    const std::string original = bytes;
-    bytes[t.info->file_offset + 5] ^= 0x10;
-    k3::write_file_atomic(t.shard->path(), bytes.data(), bytes.size());
-    const CommandResult bad = repack(kTiny + " " + box + " --bits 4 --verify-full");
-    EXPECT_NE(bad.status, 0);
-    EXPECT_HAS(bad.err, "verify: tensor " + t.info->name);
-    k3::write_file_atomic(t.shard->path(), original.data(), original.size());
+  const auto want = tree_sha(box);
+  // One flipped byte of a routed expert, and one of a quantised matrix: both named, both rewritten.
+  std::map<std::string, std::string> tensors;
+  {
+    const k3::ModelFiles files(box);
+    for (const std::string& name : {k3::names::expert(1, 3, k3::names::kExpertTensors[2]),
+                                    k3::names::layer(0, k3::names::kKdaQProj)}) {
+      const k3::LocatedTensor t = files.find(name);
+      ASSERT_NE(t.info, nullptr) << name;
+      tensors[t.info->name] = t.shard->path();
+      std::string bytes = k3::read_text_file(t.shard->path());
+      bytes[t.info->file_offset + 5] ^= 0x10;
+      k3::write_file_atomic(t.shard->path(), bytes.data(), bytes.size());
+      rerecord(t.shard->path());
+    }
   }
+  const CommandResult kept = repack(kTiny + " " + box + " --bits 4");
+  ASSERT_EQ(kept.status, 0) << kept.err;
+  EXPECT_HAS(kept.out, "(0 written, 9 kept)") << "the records match the damaged files";
+  const CommandResult fixed = repack(kTiny + " " + box + " --bits 4 --verify-full");
+  EXPECT_EQ(fixed.status, 0) << fixed.err;
+  for (const auto& [name, path] : tensors) EXPECT_HAS(fixed.err, path + ": verify: tensor " + name);
+  EXPECT_HAS(fixed.err, "; rewritten");
+  EXPECT_EQ(tree_sha(box), want);
+}
+
+// A rerun checks the shards it keeps against the CRC-32C recorded when each was written, and
+// rewrites the ones that fail (issue 28, item 10: a byte damaged in the data region was "kept").
+TEST(Repack, RerunRewritesAShardDamagedInItsDataRegion) {
+  TempDir tmp("repack-damage");
+  const std::string clean = tmp.file("clean"), box = tmp.file("box");
+  ASSERT_EQ(repack(synth_source() + " " + clean).status, 0);
+  ASSERT_EQ(repack(synth_source() + " " + box).status, 0);
+  const auto want = tree_sha(clean);
+  ASSERT_EQ(tree_sha(box), want);
+  EXPECT_EQ(want.count("model-00003-of-000009.safetensors.crc32c"), 1u);
+  const std::string shard = box + "/model-00003-of-000009.safetensors";
+  uint64_t at = 0;
+  {
+    const k3::SafetensorsShard sh(k3::open_posix_file(shard));
+    at = sh.data_start() + (fs::file_size(shard) - sh.data_start()) / 2;
+  }
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    const char was = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(was ^ 0x01));
+  }
+  ASSERT_NE(tree_sha(box), want);
+  const CommandResult rerun = repack(synth_source() + " " + box);
+  ASSERT_EQ(rerun.status, 0) << rerun.err;
+  EXPECT_HAS(rerun.out, "(1 written, 8 kept)");
+  EXPECT_HAS(rerun.err, shard + ": its CRC-32C is ");
+  EXPECT_HAS(rerun.err, "recorded when it was written; rewritten");
+  EXPECT_EQ(tree_sha(box), want);
+  // A shard without its record (a write that did not finish, or an older k3_repack) is rewritten.
+  fs::remove(k3::crc32c_record_path(shard));
+  const CommandResult again = repack(synth_source() + " " + box);
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_HAS(again.out, "(1 written, 8 kept)");
+  EXPECT_HAS(again.err, "has no CRC-32C record");
+  EXPECT_EQ(tree_sha(box), want);
+}
+
+// A prepared (U8) tensor's declared shape is checked, not only its byte count (issue 28, item 9:
+// [96, 64] relabelled [64, 96] loaded); the snapshot path refuses the same change.
+TEST(Repack, APreparedTensorWithAnotherShapeIsRefused) {
+  TempDir tmp("repack-shape");
+  const std::string box = tmp.file("box");
+  ASSERT_EQ(repack(kTiny + " " + box + " --bits 8").status, 0);
+  std::string path, name;
+  {
+    const k3::ModelFiles files(box);
+    const k3::LocatedTensor t = files.find(k3::names::layer(0, k3::names::kMlpGateProj));
+    ASSERT_NE(t.info, nullptr);
+    ASSERT_EQ(t.info->shape, (std::vector<int64_t>{96, 64}));
+    path = t.shard->path();
+    name = t.info->name;
+  }
+  std::string bytes = k3::read_text_file(path);
+  const std::string was = "\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[96,64]";
+  const size_t at = bytes.find(was);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, was.size(), "\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[64,96]");
+  k3::write_file_atomic(path, bytes.data(), bytes.size());
+  const ModelRun r = run_model(box, "", tmp);
+  EXPECT_NE(r.status, 0);
+  EXPECT_HAS(r.err, path + ": tensor " + name + " has shape [64, 96], expected [96, 64]");
 }
 
 TEST(Repack, ShardListParsing) {

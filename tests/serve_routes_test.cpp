@@ -4,9 +4,12 @@
 // body is read, and the labels /metrics counts under.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <thread>
 
 #include "engine/service.h"
+#include "io/model_files.h"
+#include "model/tensor_names.h"
 #include "serve_demo.h"
 #include "server/routes.h"
 #include "test_util.h"
@@ -335,6 +338,62 @@ TEST(ServeApi, HealthReportsDegradedWhileGenerationsFail) {
   const HttpResponse good = router.serve(request("GET", "/health"));
   EXPECT_EQ(good.status, 200) << good.body;
   EXPECT_EQ(body_of(good)["status"], "ok");
+}
+
+// A routed expert whose MXFP4 scale byte is 255 (NaN): the server starts (the experts are streamed,
+// not read at load), and the read that finds it fails the request with a 500 naming the tensor —
+// plain and streamed — and /health turns degraded with the same message (issue 28, item 3).
+TEST(ServeApi, ADamagedExpertScaleIsA500NamingTheTensorAndHealthDegrades) {
+  testing::TempDir dir("serve-nan-scale");
+  std::string shard;
+  for (int64_t e = 0; e < 16; ++e) {  // every expert of layer 1: whatever the routing picks
+    const std::string name = names::expert(1, e, names::kExpertTensors[1]);
+    if (e == 0) {
+      shard = testing::poisoned_copy(testing::serve_demo_dir(), dir.path(), name, 0, "\xFF");
+      continue;
+    }
+    const ModelFiles files(dir.path());
+    const LocatedTensor t = files.find(name);
+    ASSERT_EQ(t.shard->path(), shard);
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t.info->file_offset));
+    f.put('\xFF');
+  }
+  ServiceOptions o = testing::serve_demo_options();
+  o.model_dir = dir.path();
+  EngineService service(o);
+  wait_ready(service);
+  Router router(service, server_options());
+  EXPECT_EQ(router.serve(request("GET", "/health")).status, 200);
+  const std::string tensor = ".block_sparse_moe.experts.";
+  const std::string what = ".w1.weight_scale holds exponent byte 255 (NaN in MXFP4)";
+  const json chat = {{"model", "kimi-k3"},
+                     {"max_tokens", 4},
+                     {"messages", json::array({json{{"role", "user"}, {"content", "hi"}}})}};
+  const HttpResponse plain = router.serve(request("POST", "/v1/chat/completions", chat.dump()));
+  expect_error(plain, 500, "engine_error");
+  const std::string message = body_of(plain)["error"]["message"];
+  EXPECT_HAS(message, "engine failure during prefill: " + shard + ": tensor ");
+  EXPECT_HAS(message, tensor);
+  EXPECT_HAS(message, what);
+  json streamed = chat;
+  streamed["stream"] = true;
+  const HttpResponse sse = router.serve(request("POST", "/v1/chat/completions", streamed.dump()));
+  ASSERT_TRUE(sse.stream) << sse.body;
+  struct Events : StreamSink {
+    std::string bytes;
+    bool write(std::string_view b) override {
+      bytes.append(b);
+      return true;
+    }
+  } events;
+  sse.stream(events);
+  EXPECT_HAS(events.bytes, "\"code\":\"engine_error\"");
+  EXPECT_HAS(events.bytes, what);
+  const HttpResponse health = router.serve(request("GET", "/health"));
+  EXPECT_EQ(health.status, 503) << health.body;
+  EXPECT_EQ(body_of(health)["status"], "degraded");
+  EXPECT_HAS(body_of(health)["last_error"].get<std::string>(), what);
 }
 
 }  // namespace

@@ -271,6 +271,56 @@ TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "checkpoints left behind";
 }
 
+// Waits until the service is ready or failed; returns its stats.
+ServiceStats settled(EngineService& service) {
+  for (int i = 0; i < 1200; ++i) {
+    const ServiceStats s = service.stats();
+    if (s.state != ServiceStats::State::loading) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "still loading after 60 s";
+  return service.stats();
+}
+
+// --ckpt-dir with the default --ckpt auto means disk checkpoints in that directory (issue 28,
+// item 8: they stayed in RAM and the directory went unchecked); a directory others may write to,
+// or a plain file, stops the start before the weights load, and that is not a load failure.
+TEST(Service, CkptDirUnderAutoMeansDiskCheckpointsThere) {
+  const testing::TempDir root("service-ckpt-auto");
+  const std::string dir = root.file("disk");
+  {
+    EngineService service(options(-1, dir));
+    const ServiceStats s = settled(service);
+    ASSERT_EQ(s.state, ServiceStats::State::ready) << s.load_error;
+    EXPECT_HAS(s.checkpoints, "disk " + dir + "/k3-ckpt-");
+    EXPECT_EQ(s.ckpt_slots, 2);
+  }
+  const std::string open = root.file("open");
+  std::filesystem::create_directory(open);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  const std::string file = root.file("file");
+  std::ofstream(file) << "x";
+  for (const auto& [path, why] :
+       {std::pair<std::string, std::string>{open, "writable by other users"},
+        {file, "not a directory"}}) {
+    SCOPED_TRACE(path);
+    EngineService service(options(-1, path));
+    const ServiceStats s = settled(service);
+    EXPECT_EQ(s.state, ServiceStats::State::failed);
+    EXPECT_EQ(s.failed_step, "checkpoint directory (--ckpt-dir)");
+    EXPECT_HAS(s.load_error, path + ": the checkpoint directory");
+    EXPECT_HAS(s.load_error, why);
+    EXPECT_EQ(s.load_progress, 0.0) << "refused before the weights load";
+  }
+  // A model that fails to load is still named as such.
+  ServiceOptions missing = options(-1);
+  missing.model_dir = root.file("no-model");
+  EngineService service(missing);
+  const ServiceStats s = settled(service);
+  EXPECT_EQ(s.state, ServiceStats::State::failed);
+  EXPECT_EQ(s.failed_step, "cannot load " + missing.model_dir);
+}
+
 TEST(Service, QueueIsBoundedAndCancelledWaitersLeaveAtOnce) {
   ServiceOptions o = options(0);
   o.max_queue = 1;

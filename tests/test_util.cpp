@@ -7,10 +7,41 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "io/file.h"
+#include "io/model_files.h"
 
 namespace k3::testing {
+
+std::string poisoned_copy(const std::string& source, const std::string& dir,
+                          const std::string& tensor, uint64_t index, const std::string& bytes) {
+  namespace fs = std::filesystem;
+  std::string shard;
+  uint64_t at = 0;
+  {
+    const ModelFiles files(source);
+    const LocatedTensor t = files.find(tensor);
+    if (t.info == nullptr) throw Error(source + ": no tensor " + tensor + " to poison");
+    if (index * dtype_size(t.info->dtype) + bytes.size() > t.info->nbytes)
+      throw Error(tensor + ": element " + std::to_string(index) + " is past its end");
+    shard = fs::path(t.shard->path()).filename().string();
+    at = t.info->file_offset + index * dtype_size(t.info->dtype);
+  }
+  for (const auto& e : fs::directory_iterator(source)) {
+    const fs::path to = fs::path(dir) / e.path().filename();
+    if (e.path().filename() == shard)
+      fs::copy_file(e.path(), to);
+    else
+      fs::create_symlink(fs::absolute(e.path()), to);
+  }
+  const std::string path = (fs::path(dir) / shard).string();
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f) throw Error(path + ": cannot write the poisoned bytes");
+  return path;
+}
 
 CommandResult run_command(const std::string& command) {
   CommandResult r;

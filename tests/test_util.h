@@ -123,6 +123,13 @@ class TempDir {
   std::string path_;
 };
 
+// A copy of the model at `source` in the existing directory `dir` — symbolic links to its files,
+// except the shard holding `tensor` (a name without the checkpoint's prefix, as
+// ModelFiles::find takes it), which is copied — with `bytes` written over element `index` of that
+// tensor. Returns the copied shard's path.
+std::string poisoned_copy(const std::string& source, const std::string& dir,
+                          const std::string& tensor, uint64_t index, const std::string& bytes);
+
 // Runs `command` through /bin/sh, capturing stdout and stderr together.
 CommandResult run_command(const std::string& command);
 // Runs `command` through /bin/sh with stdin from `stdin_path` (/dev/null when empty), stdout and

@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
     const k3::repack::Summary s = k3::repack::run(o, [tty](const std::string& line) {
       if (tty) std::fprintf(stderr, "%s\n", line.c_str());
     });
+    for (const std::string& line : s.damaged)
+      std::fprintf(stderr, "k3_repack: %s; rewritten\n", line.c_str());
     std::printf(
         "k3_repack: %s -> %s: %lld of %lld shards complete (%lld written, %lld kept), %.3f GB "
         "read, %.3f GB written in %.1f s (%.2f GB/s)%s\n",

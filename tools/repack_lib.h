@@ -36,17 +36,21 @@ struct Options {
 struct Summary {
   int64_t shards_total = 0;    // output shards of the complete container
   int64_t shards_written = 0;  // this run
-  int64_t shards_kept = 0;     // complete from an earlier run (size + header checked)
+  int64_t shards_kept = 0;     // complete from an earlier run (size, header and CRC-32C checked)
   int64_t shards_present = 0;  // source shards whose output is complete now
   uint64_t bytes_read = 0;     // from the source, this run
   uint64_t bytes_written = 0;  // shard bytes written, this run
   uint64_t tensors_verified = 0;
+  // Output files of an earlier run found damaged (their CRC-32C record, size or header, or
+  // --verify-full) and rewritten: "path: why", one each.
+  std::vector<std::string> damaged;
   double seconds = 0;
 };
 
 // Runs the conversion. `log` gets one line per shard (and per verification). Throws k3::Error
-// naming the file (and tensor) on bad input, a read or write error, or a failed verification;
-// nothing half-written is left under a final name.
+// naming the file (and tensor) on bad input (a non-finite source value included), a read or write
+// error, or a file that still fails verification after it was rewritten; nothing half-written is
+// left under a final name.
 Summary run(const Options& options, const std::function<void(const std::string&)>& log = {});
 
 // "1,3,5-8" -> {1, 3, 5, 6, 7, 8}. Throws k3::Error naming the bad item.

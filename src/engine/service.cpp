@@ -369,6 +369,24 @@ ServiceStats EngineService::stats() const {
 }
 
 void EngineService::load() {
+  // Disk checkpoints (--ckpt-dir, with --ckpt auto or N > 0) are set up before the weights load,
+  // so a directory that is refused stops the start at once; that is not a load failure.
+  if (!options_.ckpt_dir.empty() && options_.ckpt_slots != 0) {
+    CheckpointPolicy policy;
+    policy.dir = options_.ckpt_dir;
+    policy.keep_files = options_.ckpt_keep;
+    policy.slots = options_.ckpt_slots > 0 ? options_.ckpt_slots : 2;
+    try {
+      checkpoints_ = std::make_unique<CheckpointStore>(policy);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.state = ServiceStats::State::failed;
+      stats_.failed_step = "checkpoint directory (--ckpt-dir)";
+      stats_.load_error = e.what();
+      stats_.load_elapsed_s = now_seconds() - load_started_;
+      return;
+    }
+  }
   try {
     if (options_.threads > 0) omp_set_num_threads(options_.threads);
     const int64_t capacity =
@@ -397,28 +415,22 @@ void EngineService::load() {
                   ": serving needs the embedding, the lm_head and tiktoken.model");
     session_ = std::make_unique<Session>(*engine_, capacity);
     stop_ids_ = stop_ids(*engine_);
-    CheckpointPolicy policy;
-    policy.dir = options_.ckpt_dir;
-    policy.keep_files = options_.ckpt_keep;
-    if (options_.ckpt_slots >= 0) {
-      policy.slots = options_.ckpt_slots;
-    } else {  // auto: 2 RAM checkpoints when they leave 1 GiB free, else 2 on disk when a dir is
-              // set
-      const uint64_t state_bytes = session_->state_floats() * sizeof(float);
-      const uint64_t available = available_memory_bytes();
-      if (available > 2 * state_bytes + (uint64_t{1} << 30)) {
-        policy.slots = 2;
-        policy.dir.clear();
+    if (!checkpoints_) {  // RAM checkpoints: N, or auto: 2 when they leave 1 GiB free, else off
+      CheckpointPolicy policy;
+      if (options_.ckpt_slots >= 0) {
+        policy.slots = options_.ckpt_slots;
       } else {
-        policy.slots = policy.dir.empty() ? 0 : 2;
+        const uint64_t state_bytes = session_->state_floats() * sizeof(float);
+        policy.slots = available_memory_bytes() > 2 * state_bytes + (uint64_t{1} << 30) ? 2 : 0;
       }
+      checkpoints_ = std::make_unique<CheckpointStore>(policy);
     }
-    checkpoints_ = std::make_unique<CheckpointStore>(policy);
+    const int slots = checkpoints_->policy().slots;
     context_.store(capacity);
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.context_capacity = capacity;
     stats_.checkpoints = checkpoints_->describe();
-    stats_.ckpt_slots = policy.slots;
+    stats_.ckpt_slots = slots;
     stats_.load_progress = 1.0;
     stats_.load_elapsed_s = now_seconds() - load_started_;
     stats_.state = shutting_down_ ? ServiceStats::State::stopping : ServiceStats::State::ready;
@@ -426,6 +438,7 @@ void EngineService::load() {
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.state = ServiceStats::State::failed;
+    stats_.failed_step = "cannot load " + options_.model_dir;
     stats_.load_error = e.what();
     stats_.load_elapsed_s = now_seconds() - load_started_;
   }
@@ -645,7 +658,11 @@ void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const c
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::error;
   e.error = ServiceError::engine_error;
-  e.text = decoding ? "engine failure during decode" : "engine failure during prefill";
+  // The engine's message (e.g. the damaged tensor an expert read found), as /health's last_error
+  // shows it to the same clients.
+  e.text =
+      std::string(decoding ? "engine failure during decode: " : "engine failure during prefill: ") +
+      what;
   publish_state();
   handle.push(std::move(e));
 }

@@ -1,11 +1,14 @@
 #include "experts/expert_cache.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <sstream>
@@ -54,36 +57,93 @@ ReadQueueOptions read_queue_options(const CacheOptions& options) {
   return io;
 }
 
+namespace {
+
+std::string mode_text(mode_t mode) {
+  char m[8];
+  std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(mode & 07777));
+  return m;
+}
+
+// The directory the histories are saved in, given the state directory `dir` (see
+// locate_history), or "" with `why` saying why nothing can be saved there. `dir` is created 0700
+// when missing; an existing one is never chmod-ed (it may be shared, like /tmp: a chmod would lock
+// every other user out). One owned by us or root that nobody else may write to is used as it is;
+// one others may write to gets our own subdirectory "kimi_k3-<uid>" (created 0700, and checked to
+// be a real directory of ours that nobody else can enter) when it is sticky, where nobody else can
+// rename or remove it, and is refused otherwise, as is one owned by another user.
+std::string history_directory(const std::string& dir, std::string* why) {
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (::mkdir(dir.c_str(), 0700) == 0) return dir;
+  if (errno != EEXIST) {
+    *why = dir + ": cannot create the state directory: " + std::strerror(errno);
+    return "";
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    *why = dir + " is not a directory";
+    return "";
+  }
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    *why = dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+           std::to_string(me) + "); use a state directory of your own";
+    return "";
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) == 0) return dir;
+  if ((st.st_mode & S_ISVTX) == 0) {
+    *why = dir + " is writable by other users (mode " + mode_text(st.st_mode) +
+           ") and not sticky, so they could swap the files kept there; use a private directory "
+           "(it is never chmod-ed for you)";
+    return "";
+  }
+  const std::string own = dir + "/kimi_k3-" + std::to_string(me);
+  if (::mkdir(own.c_str(), 0700) != 0 && errno != EEXIST) {
+    *why = own + ": cannot create the private state subdirectory: " + std::strerror(errno);
+    return "";
+  }
+  struct stat sub {};
+  if (::lstat(own.c_str(), &sub) != 0 || !S_ISDIR(sub.st_mode) || sub.st_uid != me ||
+      (sub.st_mode & 0077) != 0) {
+    *why = own + " (the private subdirectory of the shared state directory " + dir +
+           ") is not a directory of this user closed to others (mode " + mode_text(sub.st_mode) +
+           "); remove it or use another state directory";
+    return "";
+  }
+  return own;
+}
+
+}  // namespace
+
 void locate_history(const CacheOptions& options, const std::string& model_dir,
                     ExpertCacheSetup* setup) {
   const std::string beside_model = model_dir + "/.coli_usage";
-  std::string path;
-  if (!options.state_dir.empty()) {
-    char* real = ::realpath(model_dir.c_str(), nullptr);
-    const std::string key = real ? real : model_dir;
-    std::free(real);
-    // FNV-1a 64 from the offset the first release used (FNV's, one digit short), so that the
-    // history files already written keep their names.
-    const uint64_t h = fnv1a_64(key, 1469598103934665603ull);
-    char name[64];
-    std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage",
-                  static_cast<unsigned long long>(h));
-    path = options.state_dir + name;
-    std::error_code ec;
-    std::filesystem::create_directories(options.state_dir, ec);
-    if (!ec) std::filesystem::permissions(options.state_dir, std::filesystem::perms::owner_all, ec);
-  }
-  setup->history_path = !path.empty() && ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
   setup->history_save_path.clear();
   setup->history_unsaved.clear();
-  if (path.empty()) {
-    // No state directory: the history is read-only this run (silently: it is a cache).
-  } else if (::access(options.state_dir.c_str(), W_OK) == 0) {
-    setup->history_save_path = path;
-  } else {
-    setup->history_unsaved =
-        options.state_dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+  std::string path;
+  if (!options.state_dir.empty()) {
+    const std::string dir = history_directory(options.state_dir, &setup->history_unsaved);
+    if (!dir.empty()) {
+      char* real = ::realpath(model_dir.c_str(), nullptr);
+      const std::string key = real ? real : model_dir;
+      std::free(real);
+      // FNV-1a 64 from the offset the first release used (FNV's, one digit short), so that the
+      // history files already written keep their names.
+      const uint64_t h = fnv1a_64(key, 1469598103934665603ull);
+      char name[64];
+      std::snprintf(name, sizeof name, "/usage-%016llx.coli_usage",
+                    static_cast<unsigned long long>(h));
+      path = dir + name;
+      if (::access(dir.c_str(), W_OK) == 0)
+        setup->history_save_path = path;
+      else
+        setup->history_unsaved = dir + " is not writable (set K3_STATE_DIR / --state-dir)";
+    }
   }
+  // No state directory: the history is read-only this run (silently: it is a cache).
+  setup->history_path = !path.empty() && ::access(path.c_str(), F_OK) == 0 ? path : beside_model;
 }
 
 struct ExpertCache::Slot {
@@ -786,7 +846,7 @@ bool ExpertCache::save_history() {
   }
   const std::string text = out.str();
   try {
-    write_file_atomic(setup_.history_save_path, text.data(), text.size());
+    write_file_atomic(setup_.history_save_path, {ByteSpan{text.data(), text.size()}}, 0600, true);
   } catch (const Error& e) {
     say(std::string("routing history not saved: ") + e.what());
     return false;

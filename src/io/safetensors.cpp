@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -68,6 +69,29 @@ std::string padding_tensor_name(uint64_t n) {
 
 bool is_padding_tensor(const std::string& name) {
   return name.rfind(kPaddingTensorPrefix, 0) == 0;
+}
+
+std::string non_finite_message(const std::string& path, const TensorInfo& t, uint64_t index,
+                               float value) {
+  std::string text = path + ": tensor " + t.name + " holds " +
+                     (std::isnan(value) ? "NaN"
+                      : value > 0       ? "+Inf"
+                                        : "-Inf") +
+                     " at element " + std::to_string(index);
+  if (t.shape.size() > 1) {
+    std::vector<int64_t> at(t.shape.size());
+    uint64_t rest = index;
+    for (size_t d = t.shape.size(); d-- > 0;) {
+      const auto n = static_cast<uint64_t>(std::max<int64_t>(t.shape[d], 1));
+      at[d] = static_cast<int64_t>(rest % n);
+      rest /= n;
+    }
+    text += " (index " + shape_string(at) + " of shape " + shape_string(t.shape) + ")";
+  }
+  return text +
+         "; a non-finite weight makes every output NaN, so the file is damaged: restore it from "
+         "the "
+         "original download";
 }
 
 std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json, uint64_t file_size,

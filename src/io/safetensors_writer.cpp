@@ -11,6 +11,8 @@
 #include <thread>
 #include <utility>
 
+#include "io/file.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -263,6 +265,10 @@ void SafetensorsWriter::write(const std::string& path,
                               const std::function<void(uint64_t)>& on_piece,
                               WriterScratch* scratch) const {
   const std::string h = header();
+  const std::string record = crc32c_record_path(path);
+  if (crc32c_record_ && ::unlink(record.c_str()) != 0 && errno != ENOENT)
+    throw Error(record +
+                ": cannot remove the record of the file being replaced: " + std::strerror(errno));
   TempOutput out(path);
   try {
     std::string prefix(8, '\0');
@@ -270,6 +276,10 @@ void SafetensorsWriter::write(const std::string& path,
       prefix[static_cast<size_t>(i)] = static_cast<char>(h.size() >> (8 * i));
     prefix += h;
     out.write_at(reinterpret_cast<const uint8_t*>(prefix.data()), prefix.size(), 0, false);
+    // The file's CRC-32C, over the bytes in file order (the buffer writes run one at a time, in
+    // order, on the writer thread: each hashes its buffer before writing it).
+    const bool hash = crc32c_record_;
+    uint32_t crc = hash ? crc32c(prefix.data(), prefix.size()) : 0;
     // With O_DIRECT (set_direct_writes, a header ending on a block boundary) the buffers are
     // written in whole blocks: the sub-block remainder moves to the start of the next buffer and
     // the file's last partial block is written buffered. Otherwise `block` is 1 and every buffer
@@ -298,7 +308,10 @@ void SafetensorsWriter::write(const std::string& path,
       uint8_t* full = base[current];
       if (whole > 0) {
         const uint64_t at = offset;
-        writer.start([&out, full, whole, at, direct] { out.write_at(full, whole, at, direct); });
+        writer.start([&out, &crc, hash, full, whole, at, direct] {
+          if (hash) crc = crc32c(full, whole, crc);
+          out.write_at(full, whole, at, direct);
+        });
       }
       offset += whole;
       const uint64_t rest = used - whole;
@@ -307,6 +320,7 @@ void SafetensorsWriter::write(const std::string& path,
       used = rest;
       if (last && rest > 0) {
         writer.wait();
+        if (hash) crc = crc32c(base[current], rest, crc);
         out.write_at(base[current], rest, offset, false);
         used = 0;
       }
@@ -324,10 +338,61 @@ void SafetensorsWriter::write(const std::string& path,
     flush(true);
     writer.wait();
     out.commit();
+    if (hash) {
+      char line[64];
+      std::snprintf(line, sizeof line, "crc32c %08x %llu ", crc,
+                    static_cast<unsigned long long>(file_bytes()));
+      const std::string text = line + path.substr(path.find_last_of('/') + 1) + "\n";
+      write_file_atomic(record, text.data(), text.size());
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& err) {
     throw Error(path + ": " + err.what());
+  }
+}
+
+std::string crc32c_record_path(const std::string& path) {
+  return path + ".crc32c";
+}
+
+std::string check_crc32c_record(const std::string& path) {
+  const std::string record = crc32c_record_path(path);
+  if (::access(record.c_str(), F_OK) != 0)
+    return "it has no CRC-32C record (" + record +
+           "): its write did not finish, or a k3_repack without records wrote it";
+  try {
+    const std::string text = read_text_file(record);
+    unsigned crc = 0;
+    unsigned long long bytes = 0;
+    char name[512] = {0};
+    int used = 0;
+    const std::string file_name = path.substr(path.find_last_of('/') + 1);
+    if (std::sscanf(text.c_str(), "crc32c %8x %llu %511s%n", &crc, &bytes, name, &used) != 3 ||
+        text.substr(static_cast<size_t>(used)) != "\n")
+      return "its CRC-32C record " + record + " is malformed";
+    if (file_name != name) return "its CRC-32C record " + record + " names " + name;
+    const std::unique_ptr<File> file = open_posix_file(path);
+    if (file->size() != bytes)
+      return "it holds " + std::to_string(file->size()) + " bytes, its CRC-32C record " +
+             std::to_string(bytes);
+    std::vector<uint8_t> buffer(std::min<uint64_t>(kStageBytes, file->size()));
+    uint32_t have = 0;
+    for (uint64_t at = 0; at < file->size();) {
+      const uint64_t n = std::min<uint64_t>(buffer.size(), file->size() - at);
+      file->read_exact(buffer.data(), n, at, "CRC-32C check");
+      have = crc32c(buffer.data(), n, have);
+      at += n;
+    }
+    if (have != crc) {
+      char line[128];
+      std::snprintf(line, sizeof line,
+                    "its CRC-32C is %08x, not the %08x recorded when it was written", have, crc);
+      return line;
+    }
+    return "";
+  } catch (const Error& e) {
+    return e.what();
   }
 }
 

@@ -32,18 +32,37 @@ uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-void widen_bf16(const uint8_t* src, size_t count, float* dst) {
+size_t find_non_finite(const float* v, size_t count) {
+  uint32_t bad = 0;
   for (size_t i = 0; i < count; ++i) {
-    const uint16_t h = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
-    dst[i] = bf16_to_f32(h);
+    uint32_t bits;
+    std::memcpy(&bits, v + i, 4);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
+  if (bad == 0) return count;
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(v[i])) return i;
+  return count;
 }
 
-void widen_f16(const uint8_t* src, size_t count, float* dst) {
+size_t widen_bf16(const uint8_t* src, size_t count, float* dst) {
+  uint32_t bad = 0;
   for (size_t i = 0; i < count; ++i) {
     const uint16_t h = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
+    bad |= static_cast<uint32_t>((h & 0x7f80u) == 0x7f80u);  // exponent all ones: NaN or Inf
+    dst[i] = bf16_to_f32(h);
+  }
+  return bad == 0 ? count : find_non_finite(dst, count);
+}
+
+size_t widen_f16(const uint8_t* src, size_t count, float* dst) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t h = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
+    bad |= static_cast<uint32_t>((h & 0x7c00u) == 0x7c00u);
     dst[i] = f16_to_f32(h);
   }
+  return bad == 0 ? count : find_non_finite(dst, count);
 }
 
 }  // namespace k3

@@ -106,18 +106,21 @@ std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
     const size_t first = static_cast<size_t>(p) * kPiece;
     const size_t n = std::min(kPiece, count - first);
     try {
+      float* dst = out.data() + first;
+      size_t bad;  // the first non-finite element of the piece, or n
       if (t.info->dtype == DType::kF32) {
-        t.shard->file().read_exact(out.data() + first, n * 4, t.info->file_offset + first * 4,
+        t.shard->file().read_exact(dst, n * 4, t.info->file_offset + first * 4,
                                    "tensor " + t.info->name);
+        bad = find_non_finite(dst, n);
       } else {
         std::vector<uint8_t> raw(n * esize);
         t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
                                    "tensor " + t.info->name);
-        if (t.info->dtype == DType::kBF16)
-          widen_bf16(raw.data(), n, out.data() + first);
-        else
-          widen_f16(raw.data(), n, out.data() + first);
+        bad = t.info->dtype == DType::kBF16 ? widen_bf16(raw.data(), n, dst)
+                                            : widen_f16(raw.data(), n, dst);
       }
+      if (bad != n)
+        throw Error(non_finite_message(t.shard->path(), *t.info, first + bad, dst[bad]));
       if (progress != nullptr) progress->advance(n * esize / progress_parts);
     } catch (const std::exception& e) {
 #pragma omp critical(k3_read_floats_failure)
@@ -172,6 +175,24 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
                 (i % 64 == 0 ? " or " + std::to_string(o * i / 2) + " bytes + " +
                                    std::to_string(o * i / 64) + " scales (int4-g64)"
                              : std::string()));
+  // The declared shapes must be the ones k3_repack writes (the byte counts alone would let a
+  // relabelled [I, O] pass as [O, I]).
+  const std::vector<int64_t> want_shape = {rows,
+                                           stored == WeightFormat::kInt8Row ? cols : cols / 2};
+  const std::vector<int64_t> want_scales = stored == WeightFormat::kInt8Row
+                                               ? std::vector<int64_t>{rows}
+                                               : std::vector<int64_t>{rows, cols / 64};
+  if (t.info->shape != want_shape)
+    throw Error(where + " has shape " + shape_string(t.info->shape) + ", expected " +
+                shape_string(want_shape) + " (" + weight_format_name(stored) + " bytes of a [" +
+                std::to_string(o) + ", " + std::to_string(i) +
+                "] matrix); the container is damaged or not k3_repack's: repack it");
+  if (qs.info->shape != want_scales)
+    throw Error(qs.shard->path() + ": tensor " + qs.info->name + " has shape " +
+                shape_string(qs.info->shape) + ", expected " + shape_string(want_scales) + " (" +
+                weight_format_name(stored) + " scales of a [" + std::to_string(o) + ", " +
+                std::to_string(i) +
+                "] matrix); the container is damaged or not k3_repack's: " + "repack it");
   // What to build: the stored format, unless the user chose a width. A chosen 4 on int8 is the
   // downcast; int8 stays int8 where the width is not a multiple of 64 (as the load-time path
   // does); anything else cannot be honoured from these bytes.
@@ -211,6 +232,10 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
     else
       m.mapped_q4 = bytes;
     m.mapped_scales = reinterpret_cast<const float*>(scales_map->data() + qs.info->file_offset);
+    // Checked once here: the kernels use the mapped scales as they are.
+    if (const size_t bad = find_non_finite(m.mapped_scales, qs.info->numel());
+        bad != qs.info->numel())
+      throw Error(non_finite_message(qs.shard->path(), *qs.info, bad, m.mapped_scales[bad]));
     m.mapped_bytes_ = t.info->nbytes + qs.info->nbytes;
     advance_load(m.mapped_bytes_);
     m.mapping = std::make_shared<
@@ -221,6 +246,8 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
   std::vector<float> scales;
   resize_huge(scales, qs.info->numel());
   ModelFiles::read(qs, scales.data());
+  if (const size_t bad = find_non_finite(scales.data(), scales.size()); bad != scales.size())
+    throw Error(non_finite_message(qs.shard->path(), *qs.info, bad, scales[bad]));
   advance_load(qs.info->nbytes);
   if (stored == WeightFormat::kInt4G64) {
     resize_huge(m.q4, t.info->nbytes);
@@ -426,17 +453,22 @@ void EmbeddingReader::row(int64_t token_id, float* out, std::vector<uint8_t>& ra
     throw Error(std::string(err.what()) + " (row " + std::to_string(token_id) + ")");
   }
   const size_t n = static_cast<size_t>(hidden_size_);
+  size_t bad;  // the row is converted here, at its first use: checked here too
   switch (table_.info->dtype) {
     case DType::kBF16:
-      widen_bf16(raw.data(), n, out);
+      bad = widen_bf16(raw.data(), n, out);
       break;
     case DType::kF16:
-      widen_f16(raw.data(), n, out);
+      bad = widen_f16(raw.data(), n, out);
       break;
     default:
       std::memcpy(out, raw.data(), row_bytes);
+      bad = find_non_finite(out, n);
       break;
   }
+  if (bad != n)
+    throw Error(non_finite_message(table_.shard->path(), *table_.info,
+                                   static_cast<uint64_t>(token_id) * n + bad, out[bad]));
 }
 
 ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& container) {

@@ -90,7 +90,8 @@ bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHand
         if (accepted.error == ServiceError::shutting_down)
           set_error(res, shutting_down());
         else if (accepted.error != ServiceError::cancelled)
-          set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
+          set_error(res, api_error(500, "server_error", "engine_error",
+                                   accepted.text.empty() ? "the engine failed" : accepted.text));
         return false;
       }
       continue;
@@ -203,7 +204,8 @@ bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& hand
         c.counters.note(req.request_id, e.stats);
         return true;
       case ServiceEvent::Kind::error:
-        set_error(res, api_error(500, "server_error", "engine_error", "the engine failed"));
+        set_error(res, api_error(500, "server_error", "engine_error",
+                                 e.text.empty() ? "the engine failed" : e.text));
         return false;
       default:
         break;
@@ -260,7 +262,8 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
       std::vector<SseFrame> out;
       if (failed) {
         const ApiError error =
-            api_error(500, "server_error", "engine_error", "engine failure during generation");
+            api_error(500, "server_error", "engine_error",
+                      e.text.empty() ? "engine failure during generation" : e.text);
         out = style.error_frames ? style.error_frames(error)
                                  : std::vector<SseFrame>{SseFrame{"", error_body(error)}};
       } else {

@@ -144,10 +144,10 @@ class RequestHandle {
 struct ServiceOptions {
   std::string model_dir;
   LoadOptions load;
-  int64_t context = 0;  // positions (0 = 8192)
-  int ckpt_slots = -1;  // checkpoint slots; -1 = auto (2 in RAM when memory allows, else 2 on disk
-                        // with a dir, else off)
-  std::string ckpt_dir;
+  int64_t context = 0;   // positions (0 = 8192)
+  int ckpt_slots = -1;   // checkpoint slots; -1 = auto (2 on disk in ckpt_dir when it is set, else
+                         // 2 in RAM when memory allows, else off)
+  std::string ckpt_dir;  // disk checkpoints here (checked before the weights load)
   bool ckpt_keep = false;
   size_t max_queue = 8;     // waiters behind the active request
   int token_delay_ms = 0;   // debug: sleep after every generated token
@@ -166,6 +166,10 @@ struct ServiceStats {
   double load_progress = 0;  // [0, 1]
   double load_elapsed_s = 0;
   std::string load_error;
+  // What failed, as the start of the line an app prints before load_error: "cannot load <model
+  // dir>", or "checkpoint directory (--ckpt-dir)" when the directory was refused (not a load
+  // failure: nothing was loaded).
+  std::string failed_step;
   int64_t context_capacity = 0;
   std::string checkpoints;  // CheckpointStore::describe()
   int ckpt_slots = 0, ckpt_used = 0;

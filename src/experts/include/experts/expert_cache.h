@@ -83,11 +83,14 @@ struct ExpertCacheSetup {
 };
 
 // Where the routing history of the model at `model_dir` is read and saved: in
-// options.state_dir (one file per model, named by a hash of the model's real path; the
-// directory is created owner-only), never written into the model directory (it may be
-// read-only, and a served model's files stay untouched). A `.coli_usage` beside the model is
-// read while the state directory has none yet. Fills setup's history_path, history_save_path
-// and history_unsaved.
+// options.state_dir (one file per model, mode 0600, named by a hash of the model's real path),
+// never written into the model directory (it may be read-only, and a served model's files stay
+// untouched). A missing state directory is created 0700; an existing one is never chmod-ed: it is
+// used as it is when only its owner (this user or root) may write to it, a shared sticky one
+// (like /tmp) gets a private subdirectory "kimi_k3-<uid>" (0700), and one other users may write
+// to without the sticky bit, or that belongs to another user, is refused (history_unsaved says
+// why; nothing is saved). A `.coli_usage` beside the model is read while the state directory has
+// none yet. Fills setup's history_path, history_save_path and history_unsaved.
 void locate_history(const CacheOptions& options, const std::string& model_dir,
                     ExpertCacheSetup* setup);
 

@@ -57,6 +57,12 @@ inline constexpr const char* kPaddingTensorPrefix = "__k3_pad.";
 std::string padding_tensor_name(uint64_t n);  // "__k3_pad.<n>"
 bool is_padding_tensor(const std::string& name);
 
+// The error text for the non-finite `value` (NaN, +Inf or -Inf) at flat element `index` of tensor
+// `t` of the shard at `path`: the path, the tensor, the value, the element index (and its
+// multi-dimensional index with the shape) and the fix. Loaders and the repack refuse such a tensor.
+std::string non_finite_message(const std::string& path, const TensorInfo& t, uint64_t index,
+                               float value);
+
 // Header JSON larger than this is refused (the real shard 93 header is ~0.8 MB).
 inline constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
 

@@ -3,7 +3,8 @@
 // sets), space-padded so the data starts at a multiple of 8 (or of a larger alignment), tensors
 // back to back in the order they were added; alignment inside the data region is made with
 // zero-filled padding tensors (docs/container.md §3), never with holes. Written to a temp file,
-// fsynced and renamed, so a crash never leaves a half-written shard under the final name.
+// fsynced and renamed, so a crash never leaves a half-written shard under the final name;
+// optionally with a CRC-32C record beside it.
 #pragma once
 
 #include <cstdint>
@@ -51,6 +52,11 @@ class SafetensorsWriter {
   // Data written with O_DIRECT in whole 4 KiB blocks when the header ends on a block boundary
   // (set_data_alignment(4096)) and the filesystem allows it; buffered otherwise.
   void set_direct_writes(bool on) { direct_writes_ = on; }
+  // write() also records the file's CRC-32C (util/crc32c.h, computed on the bytes as they are
+  // written, so nothing is read back) in crc32c_record_path(path), written atomically once the
+  // file is in place; the record of the file being replaced is removed first, so a file without a
+  // record is one whose write did not finish. check_crc32c_record() checks a file against it.
+  void set_crc32c_record(bool on) { crc32c_record_ = on; }
   // Bytes of the whole file write() produces (length prefix, header, data).
   uint64_t file_bytes() const { return 8 + header().size() + data_bytes_; }
   // Writes `path` (via path + ".tmp" and rename). `on_piece(nbytes)` reports progress after each
@@ -79,8 +85,17 @@ class SafetensorsWriter {
   std::vector<std::pair<std::string, std::string>> metadata_;
   uint64_t data_alignment_ = 8;
   bool direct_writes_ = false;
+  bool crc32c_record_ = false;
   uint64_t paddings_ = 0;
   uint64_t data_bytes_ = 0;
 };
+
+// The CRC-32C record of a written file (SafetensorsWriter::set_crc32c_record): `<path>.crc32c`,
+// one line "crc32c <8 hex digits> <file bytes> <file name>".
+std::string crc32c_record_path(const std::string& path);
+// Why the file at `path` is not the file its CRC-32C record describes ("" when it is): no record,
+// a malformed one or one naming another file, the size or the checksum differing (reads the whole
+// file). Throws nothing.
+std::string check_crc32c_record(const std::string& path);
 
 }  // namespace k3

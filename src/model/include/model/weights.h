@@ -77,13 +77,15 @@ struct LayerWeights {
   std::optional<MoeWeights> moe;
 };
 
-// Reads one embedding row per token straight from the shard (the table is not resident).
+// Reads one embedding row per token straight from the shard (the table is not resident, so it is
+// not scanned at load: each row is checked for non-finite values when it is converted).
 class EmbeddingReader {
  public:
   EmbeddingReader(LocatedTensor table, int64_t vocab_size, int64_t hidden_size)
       : table_(table), vocab_size_(vocab_size), hidden_size_(hidden_size) {}
   // out[hidden]; `scratch` holds the stored row bytes (reused across calls, so a decode step
-  // allocates nothing). Throws k3::Error for an id outside the vocabulary or a read error.
+  // allocates nothing). Throws k3::Error for an id outside the vocabulary, a read error or a
+  // non-finite value in the row (naming the tensor and the element).
   void row(int64_t token_id, float* out, std::vector<uint8_t>& scratch) const;
 
  private:
