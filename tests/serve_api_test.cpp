@@ -179,7 +179,7 @@ TEST(ServeApi, AnyModelNameGetsTheServedModelUnlessStrict) {
   };
   for (const Api& api : apis) {
     SCOPED_TRACE(api.name);
-    for (const char* name : {"gpt-4o-mini", "claude-sonnet-4-5-20250929", "k3", "kimi-k3", ""}) {
+    for (const char* name : {"gpt-4o-mini", "claude-sonnet-4-5-20250929", "k3", "kimi-k3", "x"}) {
       const Model got = api.model(name, loose);
       ASSERT_TRUE(std::holds_alternative<std::string>(got))
           << name << ": " << std::get<ApiError>(got).message;
@@ -189,6 +189,12 @@ TEST(ServeApi, AnyModelNameGetsTheServedModelUnlessStrict) {
       const Model got = api.model(name, strict);
       ASSERT_TRUE(std::holds_alternative<std::string>(got)) << name;
       EXPECT_EQ(std::get<std::string>(got), "kimi-k3");
+    }
+    for (const char* name : {"", "  ", "kimi-k3\\u0000", "a\\nb"}) {  // not a name: 400 either way
+      const Model bad = api.model(name, loose);
+      ASSERT_TRUE(std::holds_alternative<ApiError>(bad)) << name;
+      EXPECT_EQ(std::get<ApiError>(bad).status, 400) << name;
+      EXPECT_EQ(std::get<ApiError>(bad).param.value_or(""), "model") << name;
     }
     const Model refused = api.model("gpt-4o-mini", strict);
     ASSERT_TRUE(std::holds_alternative<ApiError>(refused));

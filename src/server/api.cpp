@@ -4,6 +4,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -434,6 +435,12 @@ bool names_served_model(const std::string& name, const ApiConfig& config) {
 }
 
 std::optional<ApiError> resolve_model(std::string& model, const ApiConfig& config) {
+  // Any name, but a name: not blank, no control characters.
+  if (model.find_first_not_of(" \t") == std::string::npos)
+    return invalid_value("model", "'model' must name a model (any name gets the served one)");
+  if (std::any_of(model.begin(), model.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
+    return invalid_value("model", "'model' contains a control character");
   if (config.strict_model && !names_served_model(model, config)) {
     std::string served = "'" + config.model_id + "'";
     for (const std::string& alias : config.aliases) served += ", '" + alias + "'";

@@ -41,7 +41,8 @@ std::optional<ApiError> check_messages(const json* messages);
 // request's own fields override them.
 void set_sampling_defaults(const ApiConfig& config, GenerationParams& params);
 // The model a request names, resolved to the one the server serves: `model` becomes
-// config.model_id (responses name the served id). Any name is accepted unless
+// config.model_id (responses name the served id). Any name (not blank, without control
+// characters: 400 invalid_value) is accepted unless
 // config.strict_model, which answers 404 model_not_found for a name other than the id and the
 // aliases.
 std::optional<ApiError> resolve_model(std::string& model, const ApiConfig& config);

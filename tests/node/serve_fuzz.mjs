@@ -129,7 +129,7 @@ add('depth.mixed_1m', '[{"a":'.repeat(200_000));
 
 // F. Wrong types and out-of-range values for every request field.
 const FIELD_VALUES = {
-  model: ['1', 'true', '[]', '{}', '""', '"no-such-model"', 'null'],
+  model: ['1', 'true', '[]', '{}', '""', '"   "', 'null'],  // any other name is served (docs/serving.md §3.6.1)
   messages: ['1', '"hi"', '{}', '[]', 'null', 'true', '[1]', '["hi"]', '[null]', '[[]]'],
   max_tokens: ['0', '-1', '1e400', '-1e400', '99999999999999999999999', '2147483648', '1.5', '1e10', '"5"', 'true', '[]', '{}'],
   max_completion_tokens: ['0', '-5', '1e400', '4294967296', '2.5', '"1"', 'false'],
@@ -209,7 +209,7 @@ for (const [n, t] of [
   ['role', `{"model":"${MODEL_ID}","messages":[{"role":"user","role":"wizard","content":"hi"}],"max_tokens":1}`],
   ['content', `{"model":"${MODEL_ID}","messages":[{"role":"user","content":"hi","content":5}],"max_tokens":1}`],
   ['n', `{"model":"${MODEL_ID}","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"n":1,"n":3}`],
-  ['many_models', `{${Array.from({ length: 1000 }, () => `"model":"${MODEL_ID}"`).join(',')},"model":"zz","messages":[{"role":"user","content":"hi"}]}`],
+  ['many_models', `{${Array.from({ length: 1000 }, () => `"model":"${MODEL_ID}"`).join(',')},"model":7,"messages":[{"role":"user","content":"hi"}]}`],
 ]) add(`dup.${n}`, t);
 
 // I. Tokenizer endpoints.
