@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <string>
@@ -166,8 +167,10 @@ int render(const k3::Options& opt) {
 const char* kUsage =
     "usage: coli <command> [<model_dir>] [options]\n\n"
     "commands:\n"
-    "  serve      OpenAI-compatible HTTP API on 127.0.0.1:8000 (/v1/chat/completions, /v1/models,\n"
-    "             /health, /metrics, /tokenize, /detokenize) and the web page at /\n"
+    "  serve      HTTP API on 127.0.0.1:8000 and the web page at /: OpenAI /v1/chat/completions,\n"
+    "             /v1/completions, /v1/responses, /v1/models; Anthropic /v1/messages,\n"
+    "             /v1/messages/count_tokens; /health, /metrics, /slots, /tokenize, /detokenize,\n"
+    "             /props, /apply-template\n"
     "  web        the same, and prints the web page's URL\n"
     "  chat       terminal chat (model loaded once; /help lists the commands)\n"
     "  tokenize   JSON lines {\"text\": ...} on stdin → {\"ids\": [...]} on stdout (other keys "
@@ -183,6 +186,26 @@ const char* kUsage =
     "in input text is replaced by U+FFFD.\n"
     "`coli <command> --help` lists the command's options; `coli --version` prints the version.\n";
 
+const std::vector<std::string> kCommands = {"serve", "web", "chat", "tokenize", "render"};
+
+// Why `word` (argv[1]) is not a command, and the nearest one: one line, then the commands.
+std::string not_a_command(const std::string& word) {
+  std::string message;
+  if (word.starts_with("-")) {
+    message = k3::unknown_argument_message(word, {"--help", "--version"}) +
+              ": the command comes first (coli <command> [<model_dir>] [options])";
+  } else if (std::error_code ec; std::filesystem::is_directory(word, ec)) {
+    message = "unknown command '" + word + "': a directory; the command comes first (coli serve " +
+              word + ", coli chat " + word + ")";
+  } else {
+    const std::string near = k3::nearest_name(word, kCommands);
+    message =
+        "unknown command '" + word + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)");
+  }
+  return "coli: " + message +
+         "\ncommands: serve, web, chat, tokenize, render (`coli --help` says what each does)\n";
+}
+
 int run(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
     std::fputs(kUsage, stdout);
@@ -195,8 +218,8 @@ int run(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   const bool engine_command = command == "serve" || command == "web" || command == "chat";
-  if (command != "tokenize" && command != "render" && !engine_command) {
-    std::fprintf(stderr, "coli: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
+  if (std::find(kCommands.begin(), kCommands.end(), command) == kCommands.end()) {
+    std::fputs(not_a_command(command).c_str(), stderr);
     return 2;
   }
   const std::map<std::string, std::string> env = k3::environment_map(environ);
@@ -210,6 +233,13 @@ int run(int argc, char** argv) {
   if (opt.show_help || opt.show_version) {
     std::fputs(opt.help_text.c_str(), stdout);
     return 0;
+  }
+  try {
+    k3::check_model_dir("coli " + command, opt,
+                        engine_command ? k3::ModelNeeds::kWeights : k3::ModelNeeds::kTokenizer);
+  } catch (const k3::Error& e) {
+    std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());
+    return 2;
   }
   try {
     if (command == "serve" || command == "web") {

@@ -2,6 +2,7 @@
 //   kimi_k3 <model_dir> "prompt" --ngen N            plain completion, text streamed to stdout
 //   kimi_k3 <model_dir> --chat "q" [--system "s"]    one chat turn (reasoning, then the answer)
 //   kimi_k3 <model_dir> --ids 1,2,3 --ngen N         ids in, one line of ids out
+//   kimi_k3 -m <model_dir> -p "prompt" -n N          the same with llama-cli's short flags
 // The summary (load time, prefill and decode rates, finish reason, peak RSS) goes to stderr.
 #include <omp.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include "engine/sampler.h"
 #include "engine/service.h"
 #include "engine/trace.h"
+#include "options/options.h"
 #include "text/output_parser.h"
 #include "text/prompt.h"
 #include "text/utf8.h"
@@ -323,13 +325,17 @@ int run(int argc, char** argv) {
     std::fputs(opt.help_text.c_str(), stdout);
     return 0;
   }
+  // Before the prompt checks: `kimi_k3 "Hello there"` read the text as the model directory.
+  k3::check_model_dir("kimi_k3", opt, k3::ModelNeeds::kWeights);
   const bool ids_run = opt.given("ids");
   const bool chat = !opt.text.chat.empty() || !opt.text.system.empty();
   if (!opt.text.chat.empty() && !opt.prompt.empty())
     throw k3::Error("give the question either with --chat or as the prompt, not both");
   if (ids_run && chat) throw k3::Error("--ids cannot be combined with --chat / --system");
   if (!ids_run && opt.prompt.empty() && opt.text.chat.empty())
-    throw k3::Error("no prompt: pass a text prompt, --chat \"question\" or --ids 1,2,3");
+    throw k3::Error(
+        "no prompt: pass a text prompt after the model directory (or -p \"text\"), --chat "
+        "\"question\" or --ids 1,2,3");
   if (opt.runtime.threads > 0) omp_set_num_threads(opt.runtime.threads);
 
   // The prompt is tokenized and checked against the context before any weight is read.
@@ -340,6 +346,7 @@ int run(int argc, char** argv) {
   eo.cancel = &g_stop;
   eo.require_tokenizer = !ids_run;
   eo.context = opt.runtime.max_tokens;
+  eo.context_name = "--ctx / COLI_CTX";
   eo.before_weights = [&](const k3::EngineInfo&, const k3::text::Tokenizer* tokenizer) {
     prompt = ids_run ? opt.ids : text_prompt(opt, *tokenizer, chat);
     if (opt.runtime.max_tokens > 0 &&

@@ -66,6 +66,7 @@
 #include "kernels/quant.h"
 #include "model/compute.h"
 #include "options/options.h"
+#include "options/tool_cli.h"
 #include "quality_lib.h"
 #include "repack_lib.h"
 #include "synth_lib.h"
@@ -1925,7 +1926,11 @@ int run_quality(const QualityArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"k3_bench: kernel bandwidth and decode speed (benchmarks, not tests)", "k3_bench"};
+  CLI::App app{
+      "Benchmarks (not tests): kernel bandwidth, decode speed in memory and streamed from disk, "
+      "the repacked container, expert routing, and the real-text quality of every precision "
+      "setting. Figures go to stdout with a Markdown summary.",
+      "k3_bench"};
   app.set_version_flag("--version", k3::version_text("k3_bench"));
   app.require_subcommand(1);
 
@@ -1952,15 +1957,15 @@ int main(int argc, char** argv) {
 
   DecodeArgs da;
   CLI::App* decode = app.add_subcommand("decode", "decode tokens/s with every expert in memory");
-  decode->add_option("model_dir", da.model_dir,
-                     "an existing checkpoint (default: the cached slice)");
+  decode->add_option("model_dir", da.model_dir, "an existing checkpoint")
+      ->default_str("the cached slice");
   decode->add_option("--layers", da.layers, "slice layers")->capture_default_str();
   decode->add_option("--experts", da.experts, "slice routed experts")->capture_default_str();
   decode->add_option("--tokens", da.tokens, "tokens to decode")->capture_default_str();
   decode->add_option("--prefill", da.prefill, "prompt tokens before decoding")
       ->capture_default_str();
-  decode->add_option("--dir", da.dir,
-                     "cache directory of the slice checkpoint (default <build>/bench-slice)");
+  decode->add_option("--dir", da.dir, "cache directory of the slice checkpoint")
+      ->default_str("<build>/bench-slice");
   decode->add_option("--isa", da.isa, "kernel variant: auto, scalar, avx2, avx512")
       ->capture_default_str();
   decode->add_option("--threads", da.threads, "OpenMP threads (0 = OpenMP default)")
@@ -1969,8 +1974,8 @@ int main(int argc, char** argv) {
   StreamArgs sa;
   CLI::App* stream = app.add_subcommand(
       "stream", "decode with experts streamed from disk vs the drive's O_DIRECT rate");
-  stream->add_option("model_dir", sa.model_dir,
-                     "an existing checkpoint (default: a cached slice with many experts)");
+  stream->add_option("model_dir", sa.model_dir, "an existing checkpoint")
+      ->default_str("a cached slice with many experts");
   stream->add_option("--layers", sa.layers, "slice layers")->capture_default_str();
   stream->add_option("--experts", sa.experts, "slice routed experts")->capture_default_str();
   stream->add_option("--tokens", sa.tokens, "decode tokens per configuration")
@@ -1980,8 +1985,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   stream->add_option("--probe-gb", sa.probe_gb, "bytes dd reads for the drive rate")
       ->capture_default_str();
-  stream->add_option("--dir", sa.dir,
-                     "cache directory of the slice (default <build>/bench-slice-stream)");
+  stream->add_option("--dir", sa.dir, "cache directory of the slice")
+      ->default_str("<build>/bench-slice-stream");
   stream->add_option("--isa", sa.isa, "kernel variant: auto, scalar, avx2, avx512")
       ->capture_default_str();
   stream->add_option("--io-engine", sa.io_engine, "expert reads: auto, uring, threads")
@@ -2014,9 +2019,10 @@ int main(int argc, char** argv) {
       ->required();
   routing->add_option("--window", ra.window, "tokens per independent sequence")
       ->capture_default_str();
-  routing->add_option("--contrast", ra.contrast_dir,
-                      "the random-weights demo checkpoint, written when missing (default "
-                      "<build>/demo-model)");
+  routing
+      ->add_option("--contrast", ra.contrast_dir,
+                   "the random-weights demo checkpoint, written when missing")
+      ->default_str("<build>/demo-model");
   routing->add_option("--isa", ra.isa, "kernel variant: auto, scalar, avx2, avx512")
       ->capture_default_str();
   routing->add_option("--threads", ra.threads, "OpenMP threads (0 = OpenMP default)")
@@ -2036,13 +2042,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   container->add_option("--probe-gb", ca.probe_gb, "bytes dd reads for the drive rate (GB)")
       ->capture_default_str();
-  container->add_option("--dir", ca.dir, "slice directory (default <build>/bench-slice-container)");
+  container->add_option("--dir", ca.dir, "slice directory")
+      ->default_str("<build>/bench-slice-container");
   container->add_option("--isa", ca.isa, "kernel variant: auto, scalar, avx2, avx512")
       ->capture_default_str();
   container->add_option("--threads", ca.threads, "OpenMP threads (0 = OpenMP default)")
       ->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
+  if (parsed.status >= 0) {
+    std::fputs(parsed.out.c_str(), stdout);
+    std::fputs(parsed.err.c_str(), stderr);
+    return parsed.status;
+  }
   try {
     if (container->parsed()) {
       if (ca.layers < 2 || ca.experts < 1 || ca.tokens < 1)

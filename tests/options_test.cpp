@@ -1,12 +1,15 @@
 // options_test — run-time options (options/options.h): defaults, flag > environment > default,
-// refusals naming the flag or variable, every boolean form, unknown K3_* / COLI_* variables with
-// the nearest known name, "was it given?", per-program defaults and help, --version, and
-// docs/options.md's copy of the option table.
+// refusals naming the flag or variable, every boolean form, unknown flags and K3_* / COLI_*
+// variables with the nearest known name, llama-cli's short flags, COLI_CTX and its old name
+// K3_MAXT, what a first argument that is not a model directory is, "was it given?", per-program
+// defaults and help (each program's speaks of itself only), --version, and docs/options.md's copy
+// of the option table.
 #include "options/options.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -219,7 +222,7 @@ TEST(OptionsHelp, WorksWithoutModelDir) {
     EXPECT_HAS(o.help_text, "COLI_TEMP");
   }
   const std::string table = k3::options_table_markdown();
-  EXPECT_HAS(table, "| `--ngen` | `K3_NGEN` | 16 (coli: up to --max-tokens) |");
+  EXPECT_HAS(table, "| `-n, --ngen` | `K3_NGEN` | 16 (coli: up to --max-tokens) |");
   EXPECT_HAS(table, "| `--temp` | `COLI_TEMP` | 0 (coli: 0.6) |");
   EXPECT_HAS(table, "`K3_IDOT`");
 }
@@ -448,8 +451,13 @@ TEST(OptionsPrograms, ColiDefaultsAndFlagBeatsEnvBeatsDefault) {
 
 // The lines of `help` that list options ("  --flag ..."), by flag.
 bool lists(const std::string& help, const std::string& flag) {
-  for (const char* after : {" ", ",", "\n"})
+  for (const char* after : {" ", ",", "\n"}) {
     if (help.find("\n  " + flag + after) != std::string::npos) return true;
+    // After a short name: "  -n, --ngen".
+    for (size_t at = help.find(", " + flag + after); at != std::string::npos;
+         at = help.find(", " + flag + after, at + 1))
+      if (at >= 5 && help.compare(at - 5, 3, "\n  ") == 0 && help[at - 2] == '-') return true;
+  }
   return false;
 }
 
@@ -507,6 +515,240 @@ TEST(OptionsHelp, Version) {
     EXPECT_HAS(o.help_text, " build");
     EXPECT_HAS(o.help_text, "this CPU runs ");
   }
+}
+
+// ---- issue 27, first contact --------------------------------------------------------------
+
+const char* const kPrograms[] = {"kimi_k3",   "coli serve",    "coli web",
+                                 "coli chat", "coli tokenize", "coli render"};
+
+TEST(OptionsSuggest, NearestNameIsASlipOrAPrefix) {
+  const std::vector<std::string> flags = {"--chat", "--ctx", "--temp", "--top-p", "--out", "-m"};
+  EXPECT_EQ(k3::nearest_name("--chta", flags), "--chat");  // two neighbours swapped: one edit
+  EXPECT_EQ(k3::nearest_name("--chatt", flags), "--chat");
+  EXPECT_EQ(k3::nearest_name("--temperature", flags), "--temp");  // llama-cli's spelling
+  EXPECT_EQ(k3::nearest_name("--ctx-size", flags), "--ctx");
+  EXPECT_EQ(k3::nearest_name("--ot", flags), "--out");
+  EXPECT_EQ(k3::nearest_name("-x", flags), "");  // one letter: nothing is near
+  EXPECT_EQ(k3::nearest_name("--frobnicate", flags), "");
+  EXPECT_EQ(k3::nearest_name("serv", {"serve", "web", "chat", "tokenize", "render"}), "serve");
+  EXPECT_EQ(k3::nearest_name("k3-mni", {"k3-mini", "k3-release"}), "k3-mini");
+  EXPECT_EQ(k3::unknown_argument_message("--chta=1", flags),
+            "unknown option --chta (did you mean --chat?)");
+  EXPECT_EQ(k3::unknown_argument_message("--zzz", flags), "unknown option --zzz");
+  EXPECT_EQ(k3::unknown_argument_message("x", flags), "unexpected argument \"x\"");
+}
+
+// Every program names an unknown flag with the nearest one it takes; a missing value, a value
+// for a boolean flag, a one-dash long name and a stray argument each get their own message.
+TEST(OptionsReject, UnknownFlagsNameTheNearestKnownOne) {
+  EXPECT_EQ(parse_error({"m", "--chta", "x"}), "unknown option --chta (did you mean --chat?)");
+  EXPECT_EQ(parse_error({"m", "x", "--temperature=0.5"}),
+            "unknown option --temperature (did you mean --temp?)");
+  EXPECT_EQ(parse_error({"m", "x", "--ctx-size", "64"}),
+            "unknown option --ctx-size (did you mean --ctx?)");
+  EXPECT_EQ(parse_error({"m", "--bogus", "1"}), "unknown option --bogus");
+  const std::pair<const char*, const char*> typos[] = {
+      {"--prot", "--port"}, {"--modle", "--model"},
+      {"--tmep", "--temp"}, {"--allow-specal", "--allow-special"},
+      {"--ngne", "--ngen"}, {"--hlep", "--help"}};
+  for (const char* program : kPrograms)
+    for (const auto& [typo, near] : typos)
+      EXPECT_EQ(error_of([&] {
+                  parse(program, {"m", typo});
+                }),
+                std::string("unknown option ") + typo + " (did you mean " + near + "?)")
+          << program;
+  EXPECT_EQ(parse_error({"m", "-ngen", "3"}), "unknown option -ngen (did you mean --ngen?)");
+  EXPECT_EQ(parse_error({"m", "--ngen"}), "--ngen needs a value (--ngen VALUE or --ngen=VALUE)");
+  EXPECT_HAS(parse_error({"m", "--stats=maybe"}), "--stats");
+  EXPECT_HAS(parse_error({"m", "--idot", "0"}), "--idot=0");
+  EXPECT_HAS(parse_error({"m", "hello", "world"}), "unexpected argument \"world\"");
+  EXPECT_HAS(parse_error({"m", "hello", "world"}), "quote a prompt");
+  EXPECT_EQ(error_of([] {
+              parse("coli serve", {"m", "extra"});
+            }),
+            "unexpected argument \"extra\" (coli serve takes one model directory)");
+  // A value that starts like a flag's name is still a value.
+  EXPECT_EQ(k3::parse_kimi_k3_options({"m", "--chat", "-ngen"}, {}).text.chat, "-ngen");
+}
+
+// llama-cli's short flags where they mean the same: -m -p -n -c -t -s (-h stays help).
+TEST(OptionsShortFlags, LlamaCliSpellings) {
+  const k3::Options o = k3::parse_kimi_k3_options(
+      {"-m", "dir", "-p", "Once upon", "-n", "5", "-c", "64", "-t", "2", "-s", "7"}, {});
+  EXPECT_EQ(o.model_dir, "dir");
+  EXPECT_EQ(o.prompt, "Once upon");
+  EXPECT_EQ(o.ngen, 5);
+  EXPECT_EQ(o.runtime.max_tokens, 64);
+  EXPECT_EQ(o.runtime.threads, 2);
+  EXPECT_EQ(o.sampling.seed, 7u);
+  EXPECT_TRUE(o.given("seed"));
+  EXPECT_EQ(o.source("model"), k3::OptionSource::kFlag);
+  // With -m the positional is the prompt; with -p it is the model directory.
+  const k3::Options m = k3::parse_kimi_k3_options({"-m", "dir", "hello there", "-n", "2"}, {});
+  EXPECT_EQ(m.model_dir, "dir");
+  EXPECT_EQ(m.prompt, "hello there");
+  const k3::Options p = k3::parse_kimi_k3_options({"dir", "-p", "hi", "--chat", "q"}, {});
+  EXPECT_EQ(p.model_dir, "dir");
+  EXPECT_EQ(p.prompt, "hi");
+  EXPECT_EQ(p.text.chat, "q");
+  EXPECT_HAS(parse_error({"dir", "hello", "-p", "hi"}), "the prompt is given twice");
+  EXPECT_HAS(parse_error({"-m", "dir", "-p", "hi", "extra"}), "unexpected argument \"extra\"");
+  EXPECT_HAS(parse_error({"-m", "dir", "a", "b"}), "the model directory is given twice");
+  EXPECT_HAS(error_of([] {
+               parse("coli serve", {"-m", "dir", "other"});
+             }),
+             "the model directory is given twice");
+  EXPECT_EQ(parse("coli serve", {"-m", "dir", "-c", "128", "-t", "3"}).runtime.max_tokens, 128);
+  EXPECT_HAS(parse_error({"-m", "dir", "-p", "x", "--ids", "1"}), "not both");
+  // -h is still help, and every short name belongs to one row (CLI11 refuses a second one).
+  for (const char* program : kPrograms) {
+    EXPECT_TRUE(parse(program, {"-h"}).show_help) << program;
+    EXPECT_NO_THROW(parse(program, {"m"})) << program;
+  }
+  const std::string kimi = parse("kimi_k3", {"--help"}).help_text;
+  for (const char* shown :
+       {"-m, --model <text>", "-p, --prompt <text>", "-n, --ngen <0..>", "-c, --ctx, --maxt <0..>",
+        "-t, --threads <0..1024>", "-s, --seed <0..>", "kimi_k3 -m <model_dir> -p \"prompt\""})
+    EXPECT_HAS(kimi, shown);
+}
+
+// --ctx's variable is COLI_CTX; K3_MAXT, its old name, is still read.
+TEST(OptionsEnvironment, ColiCtxAndItsOldNameK3Maxt) {
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"COLI_CTX", "64"}}).runtime.max_tokens, 64);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"K3_MAXT", "32"}}).runtime.max_tokens, 32);
+  EXPECT_EQ(parse("coli serve", {"m"}, {{"K3_MAXT", "32"}}).runtime.max_tokens, 32);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"COLI_CTX", "64"}, {"K3_MAXT", "64"}}).runtime.max_tokens,
+            64);
+  EXPECT_EQ(parse("kimi_k3", {"m", "-c", "8"}, {{"COLI_CTX", "64"}}).runtime.max_tokens, 8);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"COLI_CTX", "64"}}).source("ctx"),
+            k3::OptionSource::kEnvironment);
+  EXPECT_HAS(parse_error({"m"}, {{"COLI_CTX", "64"}, {"K3_MAXT", "32"}}),
+             "COLI_CTX=64 and K3_MAXT=32 disagree");
+  EXPECT_HAS(parse_error({"m"}, {{"K3_MAXT", "x"}}), "K3_MAXT");
+  EXPECT_HAS(parse_error({"m"}, {{"COLI_CTX", "x"}}), "COLI_CTX");
+  EXPECT_NO_THROW(k3::check_environment({{"COLI_CTX", "1"}, {"K3_MAXT", "1"}}));
+  EXPECT_EQ(parse_error({"m"}, {{"COLI_CXT", "1"}}),
+            "unknown environment variable COLI_CXT (did you mean COLI_CTX?)");
+  EXPECT_HAS(parse("kimi_k3", {"--help"}).help_text, "env COLI_CTX or K3_MAXT]");
+  EXPECT_HAS(k3::options_table_markdown(), "| `-c, --ctx, --maxt` | `COLI_CTX` | 0 (coli: 8192) |");
+}
+
+// A first argument that is not a model directory is said to be what it is.
+class OptionsModelDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    namespace fs = std::filesystem;
+    root_ = fs::path(::testing::TempDir()) / ("k3-model-dir-" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "k3-mini");
+    write(root_ / "k3-mini" / "config.json", "{}");
+    write(root_ / "k3-mini" / "model-00001-of-000002.safetensors", "x");
+    fs::create_directories(root_ / "empty");
+    fs::create_directories(root_ / "config-only");
+    write(root_ / "config-only" / "config.json", "{}");
+    fs::create_directories(root_ / "hf-cache" / "snapshots" / "abc123");
+    write(root_ / "hf-cache" / "snapshots" / "abc123" / "config.json", "{}");
+    fs::create_directories(root_ / "shards-elsewhere");
+    write(root_ / "shards-elsewhere" / "model-00002-of-000002.safetensors", "x");
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+  static void write(const std::filesystem::path& p, const std::string& text) {
+    std::ofstream(p) << text;
+  }
+  std::string path(const std::string& name) const { return (root_ / name).string(); }
+  // The error check_model_dir throws, or "" when it accepts the directory.
+  std::string error(const std::string& program, const Args& args,
+                    k3::ModelNeeds needs = k3::ModelNeeds::kWeights) const {
+    try {
+      k3::check_model_dir(program, parse(program, args), needs);
+    } catch (const k3::Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  std::filesystem::path root_;
+};
+
+TEST_F(OptionsModelDir, SaysWhatTheFirstArgumentIs) {
+  EXPECT_EQ(error("kimi_k3", {path("k3-mni"), "hi"}),
+            path("k3-mni") + ": no such directory (did you mean " + path("k3-mini") + "?)");
+  EXPECT_EQ(error("coli serve", {path("k3-mni")}),
+            path("k3-mni") + ": no such directory (did you mean " + path("k3-mini") + "?)");
+  EXPECT_EQ(error("kimi_k3", {path("nothing-like-it")}),
+            path("nothing-like-it") + ": no such directory");
+  EXPECT_EQ(error("kimi_k3", {path("k3-mini/config.json"), "hi"}),
+            path("k3-mini/config.json") + " is a file of the model directory " + path("k3-mini") +
+                ": pass the directory itself (kimi_k3 " + path("k3-mini") + " ...)");
+  EXPECT_HAS(error("coli chat", {path("k3-mini/model-00001-of-000002.safetensors")}),
+             "is a file of the model directory " + path("k3-mini") +
+                 ": pass the directory itself (coli chat " + path("k3-mini") + " ...)");
+  EXPECT_HAS(error("kimi_k3", {path("shards-elsewhere/model-00002-of-000002.safetensors")}),
+             "is a file, not a model directory");
+  // Text that reads as a prompt: the model directory comes first.
+  const std::string prompt = error("kimi_k3", {"Hello there"});
+  EXPECT_HAS(prompt, "\"Hello there\" is not a model directory; it looks like a prompt");
+  EXPECT_HAS(prompt, "kimi_k3 <model_dir> \"Hello there\"");
+  EXPECT_HAS(prompt, "-m <model_dir> -p \"Hello there\"");
+  EXPECT_HAS(error("kimi_k3", {"hello"}),
+             "if \"hello\" is the prompt, the model directory comes first");
+  EXPECT_EQ(error("coli serve", {"Hello there"}), "Hello there: no such directory");
+  // Directories: what is missing.
+  EXPECT_HAS(error("kimi_k3", {path("empty")}),
+             path("empty") + " has no config.json: not a model directory");
+  EXPECT_HAS(error("kimi_k3", {path("hf-cache")}),
+             "did you mean " + path("hf-cache/snapshots/abc123") + "?");
+  EXPECT_HAS(error("kimi_k3", {path("config-only")}),
+             path("config-only") +
+                 " has config.json but no weights: no model.safetensors.index.json and no "
+                 "*.safetensors file");
+  EXPECT_HAS(error("kimi_k3", {path("config-only"), "--dirs", path("empty")}), "(nor in --dirs)");
+  EXPECT_EQ(error("kimi_k3", {path("config-only"), "--dirs", path("shards-elsewhere")}), "");
+  EXPECT_EQ(error("kimi_k3", {path("k3-mini")}), "");
+  EXPECT_EQ(error("kimi_k3", {std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny"}), "");
+  // coli tokenize / render read only the tokenizer files.
+  EXPECT_EQ(error("coli tokenize", {path("empty")}, k3::ModelNeeds::kTokenizer), "");
+  EXPECT_HAS(error("coli render", {path("k3-mni")}, k3::ModelNeeds::kTokenizer),
+             "did you mean " + path("k3-mini") + "?");
+  // The built-in model is coli's own: not judged again.
+  EXPECT_EQ(error("coli chat", {}), "");
+}
+
+// Each program's help speaks of that program only; coli serve's lists every endpoint the server
+// routes (src/server/routes.cpp).
+TEST(OptionsHelp, EachProgramSpeaksOfItselfAndServeListsEveryEndpoint) {
+  const std::string kimi = parse("kimi_k3", {"--help"}).help_text;
+  EXPECT_EQ(kimi.find("coli"), std::string::npos) << kimi;
+  for (const char* program :
+       {"coli serve", "coli web", "coli chat", "coli tokenize", "coli render"}) {
+    std::string help = parse(program, {"--help"}).help_text;
+    // The state directory's path ($XDG_CACHE_HOME/kimi_k3) is a path, not the program.
+    for (size_t at; (at = help.find("/kimi_k3")) != std::string::npos;) help.erase(at, 8);
+    EXPECT_EQ(help.find("kimi_k3"), std::string::npos) << program << ":\n" << help;
+  }
+  const std::string serve = parse("coli serve", {"--help"}).help_text;
+  const std::string routes =
+      k3::read_text_file(std::string(K3_SOURCE_DIR) + "/src/server/routes.cpp");
+  int endpoints = 0;
+  for (size_t at = 0; (at = routes.find("route(\"", at)) != std::string::npos; ++at) {
+    const size_t path_begin = routes.find("\"/", at);
+    const std::string path =
+        routes.substr(path_begin + 1, routes.find('"', path_begin + 1) - path_begin - 1);
+    const std::string method = routes.substr(at + 7, routes.find('"', at + 7) - at - 7);
+    if (method != "GET" && method != "POST") continue;
+    if (path.find_first_of("*{") != std::string::npos || path == "/v1/health" || path == "/slots/0")
+      continue;  // wildcards, ids, the /health alias and /slots' per-slot form
+    ++endpoints;
+    bool listed = false;  // the path as a word: not the start of a longer one
+    for (size_t p = serve.find(path); p != std::string::npos && !listed;
+         p = serve.find(path, p + 1)) {
+      const char next = p + path.size() < serve.size() ? serve[p + path.size()] : '\n';
+      listed = next == ',' || next == ';' || next == '.' || next == ' ' || next == '\n';
+    }
+    EXPECT_TRUE(listed) << path << " missing from:\n" << serve;
+  }
+  EXPECT_GE(endpoints, 13);
 }
 
 // docs/options.md's option table is the generated one (regenerate: build/apps/k3_options_md

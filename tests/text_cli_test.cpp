@@ -193,8 +193,8 @@ TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
             "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>");
 
   const Result missing = run(kColi + " tokenize /nonexistent");
-  EXPECT_EQ(missing.status, 1);
-  EXPECT_NE(missing.err.find("tiktoken.model: missing"), std::string::npos) << missing.err;
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.err.find("/nonexistent: no such directory"), std::string::npos) << missing.err;
   const Result unknown = run(kColi + " frobnicate " + kRelease);
   EXPECT_EQ(unknown.status, 2);
   EXPECT_NE(unknown.err.find("unknown command"), std::string::npos);

@@ -12,13 +12,16 @@
 #include <string>
 
 #include "options/options.h"
+#include "options/tool_cli.h"
 #include "repack_lib.h"
 #include "util/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "Repack a Kimi K3 snapshot into the engine's container (pre-quantised dense "
-      "matrices, aligned expert records)",
+      "Converts a Hugging Face Kimi K3 snapshot into the engine's repacked container "
+      "(docs/container.md): dense matrices pre-quantised exactly as the engine does at load, "
+      "routed experts byte-identical in aligned (layer, expert) records, vision dropped. "
+      "Resumable: completed shards are kept and the index is rebuilt from all of them.",
       "k3_repack"};
   app.set_version_flag("--version", k3::version_text("k3_repack"));
   k3::repack::Options o;
@@ -29,31 +32,49 @@ int main(int argc, char** argv) {
                  "KDA q/k/v/g/o, latent down/up, shared experts, dense MLP: 4 = int4 g64, 8 = "
                  "int8, 32 = source dtype")
       ->check(CLI::IsMember({4, 8, 32}))
-      ->capture_default_str();
-  app.add_option("--mla-bits", o.mla_bits, "MLA projections (default max(bits, 8))")
-      ->check(CLI::IsMember({4, 8, 32}));
-  app.add_option("--head-bits", o.head_bits, "lm_head (default max(bits, 8))")
-      ->check(CLI::IsMember({4, 8, 32}));
-  app.add_option("--shards", shards,
-                 "source shard numbers to convert, e.g. 1,3,5-8 (default all; disjoint runs add "
-                 "up)");
+      ->capture_default_str()
+      ->group("widths");
+  app.add_option("--mla-bits", o.mla_bits, "MLA projections")
+      ->check(CLI::IsMember({4, 8, 32}))
+      ->default_str("max(bits, 8)")
+      ->group("widths");
+  app.add_option("--head-bits", o.head_bits, "lm_head")
+      ->check(CLI::IsMember({4, 8, 32}))
+      ->default_str("max(bits, 8)")
+      ->group("widths");
   app.add_option("--layout", o.layout,
                  "aligned: expert records on 4 KiB boundaries (one exact O_DIRECT read); packed: "
                  "back to back")
       ->check(CLI::IsMember({"aligned", "packed"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("layout");
   app.add_option("--stripe", stripe,
                  "spread expert records round-robin (expert e -> DIR[e % N]) over these "
-                 "directories, one per drive; run the engine with K3_DIRS=DIR1,DIR2,...");
+                 "directories, one per drive; run the engine with K3_DIRS=DIR1,DIR2,...")
+      ->type_name("DIR,DIR,...")
+      ->group("layout");
+  app.add_option("--shards", shards,
+                 "source shard numbers to convert, e.g. 1,3,5-8 (disjoint runs add up)")
+      ->type_name("LIST")
+      ->default_str("all")
+      ->group("work");
+  app.add_option("--jobs", o.jobs, "quantisation threads")
+      ->check(CLI::Range(1, 1024))
+      ->default_str("all cores")
+      ->group("work");
   app.add_flag("--verify-full", o.verify_full,
                "re-read every written byte and compare with the source (quantised matrices "
-               "re-derived)");
-  app.add_option("--jobs", o.jobs, "quantisation threads (default: all cores)")
-      ->check(CLI::Range(1, 1024));
+               "re-derived)")
+      ->group("work");
   app.add_option("--kill-at-byte", o.kill_at_byte,
                  "testing: SIGKILL itself after this many output bytes (fault injection)")
       ->group("");
-  CLI11_PARSE(app, argc, argv);
+  const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
+  if (parsed.status >= 0) {
+    std::fputs(parsed.out.c_str(), stdout);
+    std::fputs(parsed.err.c_str(), stderr);
+    return parsed.status;
+  }
 
   try {
     if (!shards.empty()) o.shards = k3::repack::parse_shard_list(shards);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -770,10 +771,119 @@ uint64_t total_tensor_bytes(const SynthSpec& spec) {
   return total;
 }
 
+namespace {
+
+// One file write_checkpoint writes: a shard (its writer), JSON text, or a copied tokenizer file.
+struct PlannedFile {
+  std::string name;
+  uint64_t bytes = 0;
+  std::unique_ptr<SafetensorsWriter> shard;
+  std::string text;
+  std::string copy_from;
+};
+
+const char* const kTokenizerFiles[] = {"tiktoken.model", "tokenizer_config.json"};
+
+// What a file takes of its filesystem: whole 4 KiB blocks (ext4's and XFS's usual size).
+uint64_t round_up_to_block(uint64_t bytes) {
+  return (bytes + 4095) / 4096 * 4096;
+}
+
+// Every file of the checkpoint, in the order written: the shards, the index,
+// generation_config.json, the tokenizer files, and config.json last (its presence marks a
+// complete checkpoint). The shard writers' fills read `shards`, which must outlive them.
+std::vector<PlannedFile> plan_files(const SynthSpec& spec, const std::vector<ShardPlan>& shards) {
+  std::vector<PlannedFile> files;
+  const int64_t total_shards = static_cast<int64_t>(shards.size());
+  uint64_t total_bytes = 0;
+  std::map<std::string, std::string> weight_map;
+  for (int64_t k = 0; k < total_shards; ++k) {
+    PlannedFile f;
+    f.name = shard_file_name(k + 1, total_shards);
+    f.shard = std::make_unique<SafetensorsWriter>();
+    for (const TensorPlan& t : shards[static_cast<size_t>(k)].tensors) {
+      const TensorPlan* tp = &t;
+      const uint64_t seed = spec.seed;
+      f.shard->add(t.name, t.dtype, t.shape, [tp, seed](uint8_t* dst, uint64_t, uint64_t nbytes) {
+        fill_tensor(*tp, seed, dst, nbytes);
+      });
+      weight_map[t.name] = f.name;
+    }
+    f.bytes = f.shard->file_bytes();
+    total_bytes += shards[static_cast<size_t>(k)].nbytes();
+    files.push_back(std::move(f));
+  }
+  auto text = [&](const std::string& name, std::string body) {
+    PlannedFile f;
+    f.name = name;
+    f.bytes = body.size();
+    f.text = std::move(body);
+    files.push_back(std::move(f));
+  };
+  nlohmann::ordered_json index;
+  index["metadata"]["total_size"] = total_bytes;
+  nlohmann::ordered_json& wm = index["weight_map"];
+  wm = nlohmann::ordered_json::object();
+  for (const auto& [name, file] : weight_map) wm[name] = file;
+  text("model.safetensors.index.json", index.dump(2) + "\n");
+  nlohmann::ordered_json gen;
+  gen["max_length"] = 1048576;
+  gen["eos_token_id"] = spec.eos_token_id;
+  text("generation_config.json", gen.dump(2) + "\n");
+  if (!spec.tokenizer_dir.empty())
+    for (const char* name : kTokenizerFiles) {
+      PlannedFile f;
+      f.name = name;
+      f.copy_from = (fs::path(spec.tokenizer_dir) / name).string();
+      std::error_code ec;
+      const uintmax_t size = fs::file_size(f.copy_from, ec);
+      f.bytes = ec ? 0 : size;
+      files.push_back(std::move(f));
+    }
+  text("config.json", make_config(spec).dump(2));
+  return files;
+}
+
+}  // namespace
+
+WritePlan plan_write(const SynthSpec& spec, const std::string& out_dir) {
+  const std::vector<ShardPlan> shards = plan_all(spec);
+  WritePlan plan;
+  // Each file goes to a temp name and is renamed over the file of that name (if any): while the
+  // k-th is written, the ones before it have replaced theirs and its old copy still exists.
+  int64_t grown = 0;
+  for (const PlannedFile& f : plan_files(spec, shards)) {
+    const int64_t bytes = static_cast<int64_t>(round_up_to_block(f.bytes));
+    std::error_code ec;
+    const uintmax_t old_size = fs::file_size(fs::path(out_dir) / f.name, ec);
+    const int64_t old_bytes = ec ? 0 : static_cast<int64_t>(round_up_to_block(old_size));
+    plan.needed_bytes =
+        std::max(plan.needed_bytes, static_cast<uint64_t>(std::max<int64_t>(0, grown + bytes)));
+    grown += bytes - old_bytes;
+    plan.bytes += f.bytes;
+    ++plan.files;
+  }
+  return plan;
+}
+
+void check_free_space(const WritePlan& plan, uint64_t free_bytes, const std::string& out_dir) {
+  if (free_bytes >= plan.needed_bytes) return;
+  throw Error(out_dir + ": the checkpoint needs " + std::to_string(plan.needed_bytes) + " bytes (" +
+              gb_text(plan.needed_bytes) + ") and its filesystem has " +
+              std::to_string(free_bytes) + " bytes (" + gb_text(free_bytes) +
+              ") free: choose another --out, fewer --layers or --experts, or free space");
+}
+
+std::string gb_text(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, bytes >= 100000000 ? "%.1f GB" : "%.3f GB",
+                static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
 void write_checkpoint(const SynthSpec& spec, const std::string& out_dir) {
   validate(spec);
   // Check the tokenizer source before writing gigabytes.
-  const char* kTokenizerFiles[] = {"tiktoken.model", "tokenizer_config.json"};
   if (!spec.tokenizer_dir.empty()) {
     for (const char* f : kTokenizerFiles) {
       const fs::path p = fs::path(spec.tokenizer_dir) / f;
@@ -788,54 +898,27 @@ void write_checkpoint(const SynthSpec& spec, const std::string& out_dir) {
     throw Error(out_dir + ": cannot create output directory" + (ec ? ": " + ec.message() : ""));
 
   const std::vector<ShardPlan> shards = plan_all(spec);
-  const int64_t total_shards = static_cast<int64_t>(shards.size());
   uint64_t total_bytes = 0;
   for (const auto& s : shards) total_bytes += s.nbytes();
-
   std::unique_ptr<Progress> progress;
   if (spec.progress) progress = std::make_unique<Progress>("k3_synth " + spec.preset, total_bytes);
-
-  std::map<std::string, std::string> weight_map;
-  for (int64_t k = 0; k < total_shards; ++k) {
-    const std::string file = shard_file_name(k + 1, total_shards);
-    if (progress) progress->set_label("k3_synth " + spec.preset + " " + file);
-    SafetensorsWriter w;
-    for (const TensorPlan& t : shards[static_cast<size_t>(k)].tensors) {
-      const TensorPlan* tp = &t;
-      const uint64_t seed = spec.seed;
-      w.add(t.name, t.dtype, t.shape, [tp, seed](uint8_t* dst, uint64_t, uint64_t nbytes) {
-        fill_tensor(*tp, seed, dst, nbytes);
+  for (const PlannedFile& f : plan_files(spec, shards)) {
+    const std::string path = (fs::path(out_dir) / f.name).string();
+    if (f.shard) {
+      if (progress) progress->set_label("k3_synth " + spec.preset + " " + f.name);
+      f.shard->write(path, [&progress](uint64_t n) {
+        if (progress) progress->advance(n);
       });
-      weight_map[t.name] = file;
+    } else if (!f.copy_from.empty()) {
+      copy_file_atomic(f.copy_from, path);
+    } else {
+      write_json(path, f.text);
     }
-    w.write((fs::path(out_dir) / file).string(), [&progress](uint64_t n) {
-      if (progress) progress->advance(n);
-    });
   }
   if (progress) {
     progress->set_label("k3_synth " + spec.preset);  // the closing line is the run's
     progress->finish();
   }
-
-  nlohmann::ordered_json index;
-  index["metadata"]["total_size"] = total_bytes;
-  nlohmann::ordered_json& wm = index["weight_map"];
-  wm = nlohmann::ordered_json::object();
-  for (const auto& [name, file] : weight_map) wm[name] = file;
-  write_json((fs::path(out_dir) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
-
-  nlohmann::ordered_json gen;
-  gen["max_length"] = 1048576;
-  gen["eos_token_id"] = spec.eos_token_id;
-  write_json((fs::path(out_dir) / "generation_config.json").string(), gen.dump(2) + "\n");
-
-  if (!spec.tokenizer_dir.empty()) {
-    for (const char* f : kTokenizerFiles)
-      copy_file_atomic((fs::path(spec.tokenizer_dir) / f).string(),
-                       (fs::path(out_dir) / f).string());
-  }
-  // config.json last: its presence marks a complete checkpoint.
-  write_json((fs::path(out_dir) / "config.json").string(), make_config(spec).dump(2));
 }
 
 }  // namespace k3::synth

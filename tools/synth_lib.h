@@ -83,6 +83,24 @@ std::string shard_file_name(int64_t number, int64_t total);
 // Total tensor bytes of the checkpoint `spec` describes (index metadata.total_size).
 uint64_t total_tensor_bytes(const SynthSpec& spec);
 
+// What write_checkpoint(spec, out_dir) will write, worked out without writing: `bytes`, every
+// file's size (the shards exactly, from their headers; the JSON; the tokenizer files) and
+// `needed_bytes`, the most the checkpoint adds to out_dir's filesystem at any moment, in whole
+// 4 KiB blocks: each file is written beside the file of its name (if any) and then replaces it.
+struct WritePlan {
+  uint64_t bytes = 0;
+  uint64_t needed_bytes = 0;
+  int64_t files = 0;
+};
+WritePlan plan_write(const SynthSpec& spec, const std::string& out_dir);
+
+// Throws k3::Error naming out_dir, the bytes needed and the bytes free when free_bytes (the
+// filesystem's, for an unprivileged writer) is less than plan.needed_bytes.
+void check_free_space(const WritePlan& plan, uint64_t free_bytes, const std::string& out_dir);
+
+// "8.6 GB" (one decimal from 0.1 GB up, else three: "0.004 GB").
+std::string gb_text(uint64_t bytes);
+
 // Writes the whole checkpoint into `out_dir` (created when missing): config.json,
 // generation_config.json, num_hidden_layers + 2 shards, model.safetensors.index.json and, when
 // spec.tokenizer_dir is set, the tokenizer files. Every file goes through a temp name + rename.

@@ -5,11 +5,11 @@
 #include <charconv>
 #include <filesystem>
 #include <functional>
-#include <iomanip>
 #include <optional>
 #include <sstream>
 #include <type_traits>
 
+#include "help_layout.h"
 #include "util/error.h"
 
 // The source tree this build came from (src/CMakeLists.txt): where the built-in model lives.
@@ -221,8 +221,10 @@ constexpr unsigned kEngine = kKimi | kServe | kChatApp;
 constexpr unsigned kAll = kEngine | kTokenize | kRender;
 
 struct OptionRow {
-  const char* flags;  // CLI11 names: "--think,!--no-think"; the first is the row's name ("think")
-  const char* env;    // "K3_THINK"; nullptr when flag-only
+  // CLI11 names: "--think,!--no-think", "-n,--ngen"; the first long one is the row's name
+  // ("think", "ngen"). A short name is llama-cli's where it means the same (-m -p -n -c -t -s).
+  const char* flags;
+  const char* env;  // "K3_THINK"; nullptr when flag-only
   Group group;
   unsigned listed;  // programs whose --help lists it
   const char* help;
@@ -233,21 +235,37 @@ struct OptionRow {
   // Shown instead of the default where the value is worked out at run time (kimi_k3, coli).
   const char* shown_default = nullptr;
   const char* coli_shown_default = nullptr;
+  // Another variable read for this row when `env` is not set (an older name); not in the table.
+  const char* env_alias = nullptr;
+  // kimi_k3's and coli's --help wording where `help` (the table's, about every program) speaks of
+  // the other program: each program's help speaks of itself only.
+  const char* kimi_help = nullptr;
+  const char* coli_help = nullptr;
 };
 
 std::string row_name(const OptionRow& r) {
-  std::string first = r.flags;
-  first = first.substr(0, first.find(','));
-  return first.substr(first.find_first_not_of('-'));
+  const std::string flags = r.flags;
+  const size_t long_name = flags.find("--");
+  return flags.substr(long_name + 2, flags.find(',', long_name) - long_name - 2);
 }
 
 const std::vector<OptionRow>& option_rows() {
   static const std::vector<OptionRow> rows = {
       // model
-      {"--model", "COLI_MODEL", Group::kModel, kAll,
-       "model directory (Hugging Face snapshot); also the first positional argument (coli serve, "
-       "web, chat: the built-in trained tiny K3 when none is given)",
-       text(FIELD(model_dir)), nullptr, nullptr, "built-in assets/k3-mini"},
+      {.flags = "-m,--model",
+       .env = "COLI_MODEL",
+       .group = Group::kModel,
+       .listed = kAll,
+       .help = "model directory (Hugging Face snapshot); also the first positional argument "
+               "(coli serve, web, chat: the built-in trained tiny K3 when none is given)",
+       .value = text(FIELD(model_dir)),
+       .coli_shown_default = "built-in assets/k3-mini",
+       .kimi_help = "model directory (Hugging Face snapshot); also the first positional argument",
+       .coli_help = "model directory (Hugging Face snapshot); also the first positional argument "
+                    "(serve, web, chat: the built-in trained tiny K3 when none is given)"},
+      {"-p,--prompt", nullptr, Group::kModel, kKimi,
+       "prompt text (plain completion); also the positional argument after the model directory",
+       text(FIELD(prompt))},
       {"--ids",
        nullptr,
        Group::kModel,
@@ -266,13 +284,26 @@ const std::vector<OptionRow>& option_rows() {
           return join(items, ",");
         },
         "id,id,..."}},
-      {"--ngen", "K3_NGEN", Group::kModel, kKimi | kChatApp,
-       "tokens to generate (coli chat: the reply budget, when given)",
-       integer(FIELD(ngen), 0, int64_t{1} << 24), nullptr, nullptr, "up to --max-tokens"},
-      {"--ctx,--maxt", "K3_MAXT", Group::kModel, kEngine,
-       "context capacity in tokens (kimi_k3: 0 = prompt + ngen)",
-       integer(FIELD(runtime.max_tokens), 0, int64_t{1} << 24), "8192"},
-      {"--threads", nullptr, Group::kModel, kEngine,
+      {.flags = "-n,--ngen",
+       .env = "K3_NGEN",
+       .group = Group::kModel,
+       .listed = kKimi | kChatApp,
+       .help = "tokens to generate (coli chat: the reply budget, when given)",
+       .value = integer(FIELD(ngen), 0, int64_t{1} << 24),
+       .coli_shown_default = "up to --max-tokens",
+       .kimi_help = "tokens to generate",
+       .coli_help = "the reply budget in tokens, when given"},
+      {.flags = "-c,--ctx,--maxt",
+       .env = "COLI_CTX",
+       .group = Group::kModel,
+       .listed = kEngine,
+       .help = "context capacity in tokens (kimi_k3: 0 = prompt + ngen)",
+       .value = integer(FIELD(runtime.max_tokens), 0, int64_t{1} << 24),
+       .coli_default = "8192",
+       .env_alias = "K3_MAXT",
+       .kimi_help = "context capacity in tokens (0 = prompt + ngen)",
+       .coli_help = "context capacity in tokens"},
+      {"-t,--threads", nullptr, Group::kModel, kEngine,
        "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
        integer(FIELD(runtime.threads), 0, 1024)},
       {"--chunk", "K3_CHUNK", Group::kModel, kEngine,
@@ -356,22 +387,40 @@ const std::vector<OptionRow>& option_rows() {
        "directory for the routing history (never the model directory)",
        text(FIELD(load.cache.state_dir)), nullptr, "$XDG_CACHE_HOME/kimi_k3 or ~/.cache/kimi_k3"},
       // sampling
-      {"--temp", "COLI_TEMP", Group::kSampling, kEngine,
-       "sampling temperature (0 = greedy; coli's default is the model card's)",
-       real(FIELD(sampling.temperature), 0.0, 100.0), "0.6"},
-      {"--top-p", "COLI_TOP_P", Group::kSampling, kEngine,
-       "nucleus sampling mass (1 = off; coli's default is the model card's)",
-       real(FIELD(sampling.top_p), 0.0, 1.0, true), "0.95"},
+      {.flags = "--temp",
+       .env = "COLI_TEMP",
+       .group = Group::kSampling,
+       .listed = kEngine,
+       .help = "sampling temperature (0 = greedy; coli's default is the model card's)",
+       .value = real(FIELD(sampling.temperature), 0.0, 100.0),
+       .coli_default = "0.6",
+       .kimi_help = "sampling temperature (0 = greedy)",
+       .coli_help = "sampling temperature (0 = greedy; the default is the model card's)"},
+      {.flags = "--top-p",
+       .env = "COLI_TOP_P",
+       .group = Group::kSampling,
+       .listed = kEngine,
+       .help = "nucleus sampling mass (1 = off; coli's default is the model card's)",
+       .value = real(FIELD(sampling.top_p), 0.0, 1.0, true),
+       .coli_default = "0.95",
+       .kimi_help = "nucleus sampling mass (1 = off)",
+       .coli_help = "nucleus sampling mass (1 = off; the default is the model card's)"},
       {"--top-k", "COLI_TOP_K", Group::kSampling, kEngine,
        "keep only the k most likely tokens (0 = off)",
        integer(FIELD(sampling.top_k), 0, int64_t{1} << 24)},
       {"--min-p", "COLI_MIN_P", Group::kSampling, kEngine,
        "drop tokens less likely than min-p x the most likely one (0 = off)",
        real(FIELD(sampling.min_p), 0.0, 1.0)},
-      {"--seed", "COLI_SEED", Group::kSampling, kKimi | kChatApp,
-       "sampling seed (not given: a random one, printed in kimi_k3's summary; coli chat: +1 per "
-       "reply)",
-       integer(FIELD(sampling.seed), 0, INT64_MAX), nullptr, "random"},
+      {.flags = "-s,--seed",
+       .env = "COLI_SEED",
+       .group = Group::kSampling,
+       .listed = kKimi | kChatApp,
+       .help = "sampling seed (not given: a random one, printed in kimi_k3's summary; coli chat: "
+               "+1 per reply)",
+       .value = integer(FIELD(sampling.seed), 0, INT64_MAX),
+       .shown_default = "random",
+       .kimi_help = "sampling seed (not given: a random one, printed in the summary)",
+       .coli_help = "sampling seed (not given: a random one; +1 per reply)"},
       // chat
       {"--chat", nullptr, Group::kChat, kKimi | kChatApp,
        "one chat turn: this user message, rendered with the K3 chat template",
@@ -552,15 +601,17 @@ struct Program {
 
 const Program kPrograms[] = {
     {"kimi_k3", kKimi, false, true,
-     "usage: kimi_k3 <model_dir> \"prompt\" [--ngen N] [options]\n"
-     "       kimi_k3 <model_dir> --chat \"question\" [--system \"...\"] [--ngen N] [options]\n"
-     "       kimi_k3 <model_dir> --ids 1,2,3 [--ngen N] [options]\n"
+     "usage: kimi_k3 <model_dir> \"prompt\" [-n N] [options]\n"
+     "       kimi_k3 <model_dir> --chat \"question\" [--system \"...\"] [-n N] [options]\n"
+     "       kimi_k3 <model_dir> --ids 1,2,3 [-n N] [options]\n"
+     "       kimi_k3 -m <model_dir> -p \"prompt\" [-n N] [options]\n"
      "Runs Kimi K3 once on a prompt: text streamed to stdout, the summary on stderr.\n"},
     {"coli serve", kServe, true, false,
      "usage: coli serve [<model_dir>] [options]\n"
-     "The OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health,\n"
-     "/metrics, /tokenize, /detokenize) and the web page at /. Without a model directory it\n"
-     "serves the built-in trained tiny K3 (assets/k3-mini).\n"},
+     "The HTTP API and the web page at /. OpenAI: /v1/chat/completions, /v1/completions,\n"
+     "/v1/responses, /v1/models; Anthropic: /v1/messages, /v1/messages/count_tokens; and\n"
+     "/health, /metrics, /slots, /tokenize, /detokenize, /props, /apply-template. Without a\n"
+     "model directory it serves the built-in trained tiny K3 (assets/k3-mini).\n"},
     {"coli web", kServe, true, false,
      "usage: coli web [<model_dir>] [options]\n"
      "coli serve, printing the web page's URL (default model: the built-in assets/k3-mini).\n"},
@@ -615,6 +666,24 @@ std::string flag_display(const OptionRow& r) {
   return join(shown, ", ");
 }
 
+bool is_coli(const Program& program) {
+  return std::string_view(program.name).starts_with("coli");
+}
+
+// The row's help in `program`'s --help: its own wording where the table's speaks of another.
+const char* program_help(const OptionRow& r, const Program& program) {
+  const char* own = is_coli(program) ? r.coli_help : r.kimi_help;
+  return own ? own : r.help;
+}
+
+// Every spelling of the row's flags, with their dashes: "-m", "--model", "--no-think".
+std::vector<std::string> flag_names(const OptionRow& r) {
+  std::vector<std::string> names = split_list(r.flags);
+  for (std::string& n : names)
+    if (n[0] == '!') n.erase(0, 1);
+  return names;
+}
+
 std::string help_text(const Program& program) {
   const Options defaults = program_defaults(program);
   std::ostringstream out;
@@ -628,52 +697,46 @@ std::string help_text(const Program& program) {
       std::string left = "  " + flag_display(r);
       if (!r.value.is_bool)
         left += " <" + (r.value.range.empty() ? std::string("text") : r.value.range) + ">";
-      out << std::left << std::setw(34) << left;
-      if (left.size() >= 34) out << "\n" << std::string(34, ' ');
-      // The help, then "[default D, env V]" (kept whole), wrapped at 100 columns.
-      std::vector<std::string> words;
-      std::istringstream help_words(r.help);
-      for (std::string w; help_words >> w;) words.push_back(w);
-      words.push_back("[default " + shown_default(r, defaults, program.coli) +
-                      (r.env ? std::string(", env ") + r.env : "") + "]");
-      size_t column = 34;
-      for (const std::string& w : words) {
-        if (column > 34 && column + 1 + w.size() > 100) {
-          out << "\n" << std::string(34, ' ');
-          column = 34;
-        } else if (column > 34) {
-          out << ' ';
-          ++column;
-        }
-        out << w;
-        column += w.size();
-      }
-      out << "\n";
+      help_layout::entry(out, left, program_help(r, program),
+                         "[default " + shown_default(r, defaults, program.coli) +
+                             (r.env ? std::string(", env ") + r.env : "") +
+                             (r.env_alias ? std::string(" or ") + r.env_alias : "") + "]");
     }
   }
-  out << "\nother:\n"
-      << std::left << std::setw(34) << "  -h, --help"
-      << "print this help\n"
-      << std::left << std::setw(34) << "  --version"
-      << "print the version, git hash, ISA and build type\n"
-      << "\nA flag beats its environment variable, which beats the default. Boolean flags take\n"
+  help_layout::other(out);
+  out << "\nA flag beats its environment variable, which beats the default. Boolean flags take\n"
          "--x, --no-x or --x=0/1/true/false. An unknown K3_* or COLI_* variable is an error.\n";
   return out.str();
 }
 
+// Edits from a to b: insert, delete, replace, or swap two neighbours ("chta" -> "chat" is one).
 size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-  }
-  return row[b.size()];
+  return d[a.size()][b.size()];
+}
+
+std::string without_dashes(const std::string& s) {
+  const size_t start = s.find_first_not_of('-');
+  return start == std::string::npos ? std::string() : s.substr(start);
+}
+
+// Every flag the program accepts, its listed rows first (a tie goes to a flag its help shows).
+std::vector<std::string> accepted_flags(const Program& program) {
+  std::vector<std::string> names = {"--help", "--version"};
+  for (bool listed : {true, false})
+    for (const OptionRow& r : option_rows())
+      if (((r.listed & program.mask) != 0) == listed)
+        for (const std::string& n : flag_names(r)) names.push_back(n);
+  return names;
 }
 
 bool is_bool_word(const std::string& v) {
@@ -759,25 +822,163 @@ std::string options_table_markdown() {
   return out.str();
 }
 
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string w = without_dashes(word);
+  if (w.size() < 2) return "";
+  const size_t most = std::max<size_t>(1, w.size() / 3);
+  std::string best, prefix;
+  size_t best_distance = most + 1;
+  for (const std::string& candidate : candidates) {
+    const std::string c = without_dashes(candidate);
+    // A two-letter word is only a slip of a longer name (--ot: --out), never of another short one.
+    if (c.empty() || c == w || (w.size() < 3 && c.size() < 3)) continue;
+    const size_t d = edit_distance(w, c);
+    if (d < best_distance) best_distance = d, best = candidate;
+    if (c.size() >= 3 && w.starts_with(c) && c.size() > without_dashes(prefix).size())
+      prefix = candidate;
+  }
+  return best.empty() ? prefix : best;
+}
+
+std::string unknown_argument_message(const std::string& arg,
+                                     const std::vector<std::string>& option_names) {
+  if (arg.size() < 2 || arg[0] != '-') return "unexpected argument \"" + arg + "\"";
+  const std::string name = arg.substr(0, arg.find('='));
+  const std::string near = nearest_name(name, option_names);
+  return "unknown option " + name + (near.empty() ? "" : " (did you mean " + near + "?)");
+}
+
+void check_single_dash(const std::vector<std::string>& args,
+                       const std::vector<std::string>& long_names,
+                       const std::vector<std::string>& value_flags) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i > 0 &&
+        std::find(value_flags.begin(), value_flags.end(), args[i - 1]) != value_flags.end())
+      continue;
+    if (a.size() < 3 || a[0] != '-' || a[1] == '-') continue;
+    const std::string name = "-" + a.substr(0, a.find('='));
+    if (std::find(long_names.begin(), long_names.end(), name) != long_names.end())
+      throw Error("unknown option " + a.substr(0, a.find('=')) + " (did you mean " + name + "?)");
+  }
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` with each missing part replaced by the nearest name in its directory, when every
+// missing part has one ("assets/k3-mni" -> "assets/k3-mini"); "" otherwise.
+std::string nearest_existing_path(const std::string& path) {
+  fs::path built;
+  bool changed = false;
+  for (const fs::path& part : fs::path(path)) {
+    const fs::path next = built.empty() ? part : built / part;
+    std::error_code ec;
+    if (part.empty() || part == "." || part == ".." || fs::exists(next, ec)) {
+      built = next;
+      continue;
+    }
+    std::vector<std::string> siblings;
+    for (const auto& entry : fs::directory_iterator(built.empty() ? "." : built, ec))
+      siblings.push_back(entry.path().filename().string());
+    std::sort(siblings.begin(), siblings.end());
+    const std::string near = ec ? std::string() : nearest_name(part.string(), siblings);
+    if (near.empty()) return "";
+    built = built.empty() ? fs::path(near) : built / near;
+    changed = true;
+  }
+  return changed ? built.string() : "";
+}
+
+bool has_config(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "config.json", ec);
+}
+
+bool has_safetensors(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".safetensors") return true;
+  return false;
+}
+
+// A directory below `dir` that holds config.json: a subdirectory, or a Hugging Face cache
+// entry's snapshots/<revision>/. "" when none does.
+std::string model_below(const fs::path& dir) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const fs::path& base : {dir, dir / "snapshots"})
+    for (const auto& entry : fs::directory_iterator(base, ec))
+      if (entry.is_directory(ec) && has_config(entry.path())) found.push_back(entry.path());
+  std::sort(found.begin(), found.end());
+  return found.empty() ? "" : found.front().string();
+}
+
+}  // namespace
+
+void check_model_dir(const std::string& program, const Options& options, ModelNeeds needs) {
+  if (options.builtin_model) return;
+  const std::string& dir = options.model_dir;
+  const fs::path path(dir);
+  std::error_code ec;
+  const std::string needed = needs == ModelNeeds::kWeights
+                                 ? "config.json and the *.safetensors shards"
+                                 : "tiktoken.model and tokenizer_config.json";
+  if (!fs::exists(path, ec)) {
+    const bool prompt_like = dir.find_first_of(" \t\n?!,;\"") != std::string::npos;
+    const bool kimi = program == "kimi_k3" && options.source("model") != OptionSource::kFlag;
+    if (kimi && prompt_like)
+      throw Error("\"" + dir +
+                  "\" is not a model directory; it looks like a prompt. The model directory "
+                  "comes first: kimi_k3 <model_dir> \"" +
+                  dir + "\", or kimi_k3 -m <model_dir> -p \"" + dir + "\"");
+    std::string message = dir + ": no such directory";
+    if (const std::string near = nearest_existing_path(dir); !near.empty())
+      message += " (did you mean " + near + "?)";
+    else if (kimi && dir.find('/') == std::string::npos)
+      message += "; if \"" + dir + "\" is the prompt, the model directory comes first: kimi_k3 " +
+                 "<model_dir> \"" + dir + "\"";
+    throw Error(message);
+  }
+  if (!fs::is_directory(path, ec)) {
+    const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+    if (has_config(parent) || fs::is_regular_file(parent / "tiktoken.model", ec))
+      throw Error(dir + " is a file of the model directory " + parent.string() +
+                  ": pass the directory itself (" + program + " " + parent.string() + " ...)");
+    throw Error(dir + " is a file, not a model directory (" + program +
+                " takes the directory that holds " + needed + ")");
+  }
+  if (needs == ModelNeeds::kTokenizer) return;
+  if (!has_config(path)) {
+    std::string message = dir +
+                          " has no config.json: not a model directory (a Hugging Face "
+                          "snapshot holds config.json, model.safetensors.index.json and "
+                          "the model-*.safetensors shards)";
+    if (const std::string below = model_below(path); !below.empty())
+      message += "; did you mean " + below + "?";
+    throw Error(message);
+  }
+  if (fs::exists(path / "model.safetensors.index.json", ec) || has_safetensors(path)) return;
+  for (const std::string& extra : options.load.extra_dirs)
+    if (has_safetensors(extra)) return;
+  throw Error(dir + " has config.json but no weights: no model.safetensors.index.json and no " +
+              "*.safetensors file" + (options.load.extra_dirs.empty() ? "" : " (nor in --dirs)") +
+              " (a download that has not finished?)");
+}
+
 void check_environment(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> known;
+  for (const OptionRow& r : option_rows())
+    for (const char* name : {r.env, r.env_alias})
+      if (name) known.push_back(name);
   for (const auto& [name, value] : env) {
     if (name.rfind("K3_", 0) != 0 && name.rfind("COLI_", 0) != 0) continue;
-    const OptionRow* nearest = nullptr;
-    size_t best = SIZE_MAX;
-    for (const OptionRow& r : option_rows()) {
-      if (!r.env) continue;
-      if (name == r.env) {
-        nearest = nullptr;
-        best = 0;
-        break;
-      }
-      const size_t d = edit_distance(name, r.env);
-      if (d < best) best = d, nearest = &r;
-    }
-    if (best == 0) continue;
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
     // A typo must not silently change nothing.
+    const std::string near = nearest_name(name, known);
     throw Error("unknown environment variable " + name +
-                (nearest ? std::string(" (did you mean ") + nearest->env + "?)" : std::string()));
+                (near.empty() ? std::string() : " (did you mean " + near + "?)"));
   }
 }
 
@@ -790,9 +991,20 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
                       const std::map<std::string, std::string>& env, bool needs_model) {
   const Program& program = find_program(program_name);
   check_environment(env);
+  const std::vector<OptionRow>& rows = option_rows();
+  {
+    std::vector<std::string> long_names = {"--help", "--version"}, value_flags;
+    for (const OptionRow& r : rows)
+      for (const std::string& n : flag_names(r)) {
+        if (n.starts_with("--")) long_names.push_back(n);
+        if (!r.value.is_bool) value_flags.push_back(n);
+      }
+    check_single_dash(args, long_names, value_flags);
+  }
 
   CLI::App app{program_name};
   app.set_help_flag();  // handled below so that --help works without a model directory
+  app.allow_extras();   // unknown arguments are named below, with the nearest known flag
   bool help = false, version = false;
   app.add_flag("-h,--help", help);
   app.add_flag("--version", version);
@@ -800,7 +1012,6 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
   app.add_option("model_dir", model_positional);
   CLI::Option* prompt_option =
       program.prompt ? app.add_option("prompt", prompt_positional) : nullptr;
-  const std::vector<OptionRow>& rows = option_rows();
   std::vector<std::string> given(rows.size());
   std::vector<CLI::Option*> cli(rows.size());
   for (size_t i = 0; i < rows.size(); ++i)
@@ -809,6 +1020,14 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   try {
     app.parse(reversed);
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--ngen: 1 required TEXT missing".
+    const std::string what = e.what();
+    const size_t colon = what.find(':');
+    if (what.starts_with("-") && colon != std::string::npos && what.ends_with(" missing"))
+      throw Error(what.substr(0, colon) + " needs a value (" + what.substr(0, colon) +
+                  " VALUE or " + what.substr(0, colon) + "=VALUE)");
+    throw Error(what);
   } catch (const CLI::ParseError& e) {
     throw Error(e.what());
   }
@@ -819,6 +1038,15 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
     o.show_version = !help;
     o.help_text = help ? help_text(program) : version_text(program_name) + "\n";
     return o;
+  }
+  if (const std::vector<std::string> extras = app.remaining(); !extras.empty()) {
+    std::string message = unknown_argument_message(extras.front(), accepted_flags(program));
+    if (extras.front()[0] != '-')
+      message += program.prompt
+                     ? " (the model directory and the prompt are given already; quote a prompt "
+                       "that has spaces)"
+                     : " (" + program_name + " takes one model directory)";
+    throw Error(message);
   }
   // A boolean flag takes its value after '=': in "--idot 0" the 0 would be a positional.
   const std::vector<CLI::Option*>& order = app.parse_order();
@@ -837,14 +1065,22 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
   for (size_t i = 0; i < rows.size(); ++i) {
     const OptionRow& r = rows[i];
     const std::string name = row_name(r);
+    const char* env_name = r.env && env.count(r.env)               ? r.env
+                           : r.env_alias && env.count(r.env_alias) ? r.env_alias
+                                                                   : nullptr;
+    if (r.env && r.env_alias && env.count(r.env) && env.count(r.env_alias) &&
+        env.at(r.env) != env.at(r.env_alias) && cli[i]->count() == 0)
+      throw Error(std::string(r.env) + "=" + env.at(r.env) + " and " + r.env_alias + "=" +
+                  env.at(r.env_alias) + " disagree (" + r.env_alias + " is the older name of " +
+                  r.env + "): unset one");
     std::string value;
     if (cli[i]->count() > 0) {
       value = given[i];
       r.value.set(o, value, "--" + name);
       o.sources[name] = OptionSource::kFlag;
-    } else if (r.env && env.count(r.env)) {
-      value = env.at(r.env);
-      r.value.set(o, value, r.env);
+    } else if (env_name) {
+      value = env.at(env_name);
+      r.value.set(o, value, env_name);
       o.sources[name] = OptionSource::kEnvironment;
     } else {
       value = r.value.get(o);
@@ -857,8 +1093,30 @@ Options parse_options(const std::string& program_name, const std::vector<std::st
     else if (env.count("HOME") && !env.at("HOME").empty())
       o.load.cache.state_dir = env.at("HOME") + "/.cache/kimi_k3";
   }
-  if (!model_positional.empty()) o.model_dir = model_positional;
-  o.prompt = prompt_positional;
+  // The positionals: "<model_dir> [prompt]". With -m / --model the first one is the prompt
+  // (llama-cli's `-m DIR "text"`); with -p / --prompt both belong to the model directory's place.
+  std::vector<std::string> positionals;
+  for (const std::string* p : {&model_positional, &prompt_positional})
+    if (!p->empty()) positionals.push_back(*p);
+  const bool model_flag = o.source("model") == OptionSource::kFlag;
+  const bool prompt_flag = o.given("prompt");
+  if (model_flag && !positionals.empty()) {
+    if (program.prompt && prompt_flag)
+      throw Error("unexpected argument \"" + positionals.front() +
+                  "\" (-m and -p give the model directory and the prompt already)");
+    if (!program.prompt || positionals.size() > 1)
+      throw Error("the model directory is given twice: -m/--model " + o.model_dir + " and \"" +
+                  positionals.front() + "\"");
+    o.prompt = positionals.front();
+  } else {
+    if (!positionals.empty()) o.model_dir = positionals.front();
+    if (positionals.size() > 1) {
+      if (prompt_flag)
+        throw Error("the prompt is given twice: -p/--prompt \"" + o.prompt + "\" and \"" +
+                    positionals[1] + "\"");
+      o.prompt = positionals[1];
+    }
+  }
   if (!o.prompt.empty() && o.given("ids"))
     throw Error("give either a text prompt or --ids, not both");
   if (needs_model && o.model_dir.empty() && program.coli) {

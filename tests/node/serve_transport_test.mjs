@@ -115,9 +115,15 @@ await R.check('transport.second_server_on_the_port_refused', async () => {
 });
 
 await R.check('transport.fast_load_failure_exits', async () => {
-  // The load fails at once, maybe before the listener runs: the process must still end.
+  // The load fails at once, maybe before the listener runs: the process must still end. The
+  // directory passes coli's first look (config.json and a shard are there; a path that does not
+  // exist stops before the server starts, options.h check_model_dir) and fails to load.
+  const broken = path.join(tmp, 'broken');
+  fs.mkdirSync(broken, { recursive: true });
+  fs.writeFileSync(path.join(broken, 'config.json'), '{');
+  fs.writeFileSync(path.join(broken, 'model.safetensors'), 'not a shard');
   const runs = await Promise.all(Array.from({ length: 16 }, () => new Promise((resolve) => {
-    const p = spawn(coli, ['serve', '--model', path.join(tmp, 'nonexistent'), '--port', '0'], { stdio: 'ignore' });
+    const p = spawn(coli, ['serve', '--model', broken, '--port', '0'], { stdio: 'ignore' });
     const t = setTimeout(() => { p.kill('SIGKILL'); resolve('hung'); }, 20_000);
     p.on('exit', (code) => { clearTimeout(t); resolve(code); });
   })));

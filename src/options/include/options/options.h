@@ -63,8 +63,8 @@ struct LoadOptions {
 };
 
 struct RuntimeOptions {
-  int64_t max_tokens = 0;  // K3_MAXT: context capacity (0 = prompt + ngen)
-  int threads = 0;         // OMP_NUM_THREADS-like override via --threads (0 = OpenMP default)
+  int64_t max_tokens = 0;  // COLI_CTX (or K3_MAXT): context capacity (0 = prompt + ngen)
+  int threads = 0;         // OMP_NUM_THREADS-like override via -t / --threads (0 = OpenMP default)
 };
 
 struct SamplingOptions {
@@ -134,12 +134,14 @@ struct ServeOptions {
 enum class OptionSource { kDefault, kEnvironment, kFlag };
 
 struct Options {
-  std::string model_dir;  // positional or --model / COLI_MODEL
+  std::string model_dir;  // positional or -m / --model / COLI_MODEL
   // coli serve / web / chat given no model: model_dir is builtin_model_dir().
   bool builtin_model = false;
-  std::string prompt;        // positional text prompt (plain completion)
+  // Text prompt (plain completion): the positional after the model directory, or -p / --prompt
+  // (then every positional is the model directory's; with -m / --model the positional is it).
+  std::string prompt;
   std::vector<int64_t> ids;  // --ids 1,2,3 (given("ids") tells an --ids run)
-  int64_t ngen = 16;         // --ngen / K3_NGEN: tokens to generate
+  int64_t ngen = 16;         // -n / --ngen / K3_NGEN: tokens to generate
   LoadOptions load;
   RuntimeOptions runtime;
   SamplingOptions sampling;
@@ -163,7 +165,8 @@ struct Options {
 };
 
 // Parses argv (argv[0] excluded) and the environment for kimi_k3. Throws k3::Error with a
-// one-line message naming the flag or variable on any problem.
+// one-line message naming the flag or variable on any problem; an unknown flag names the nearest
+// known one ("unknown option --chta (did you mean --chat?)").
 Options parse_kimi_k3_options(const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& env);
 // The same table for another program: "kimi_k3", "coli serve", "coli web", "coli chat",
@@ -176,6 +179,40 @@ Options parse_options(const std::string& program, const std::vector<std::string>
 // The unknown K3_* / COLI_* variables of `env`: throws k3::Error "unknown environment variable
 // COLI_TMEP (did you mean COLI_TEMP?)" for the first one. Other names are not ours to judge.
 void check_environment(const std::map<std::string, std::string>& env);
+
+// The "did you mean" of every program (flags, variables, commands, paths): the candidate nearest
+// to `word` when it is near enough to be a slip — at most max(1, |word| / 3) edits (insert,
+// delete, replace, or swap two neighbours), else the longest candidate that `word` starts with
+// (--temperature: --temp). Leading dashes are ignored on both sides; a one-letter word gets none
+// and a two-letter one only a longer name (--ot: --out). Ties go to the earlier candidate. ""
+// when none is near.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& candidates);
+
+// The error for an argument a program does not take: "unknown option --chta (did you mean
+// --chat?)" for a flag (`arg` starting with '-', any "=value" dropped), else `unexpected
+// argument "x"`. `option_names` are the program's flags with their dashes ("--chat", "-m").
+std::string unknown_argument_message(const std::string& arg,
+                                     const std::vector<std::string>& option_names);
+
+// "-ngen" (one dash before a long name) would read as "-n gen": throws k3::Error "unknown option
+// -ngen (did you mean --ngen?)" for the first argument that is one dash and a long flag's name.
+// An argument right after `value_flags` (flags that take a value) is that value and not judged.
+void check_single_dash(const std::vector<std::string>& args,
+                       const std::vector<std::string>& long_names,
+                       const std::vector<std::string>& value_flags);
+
+// What a program reads of its model directory.
+enum class ModelNeeds {
+  kTokenizer,  // coli tokenize / render: tiktoken.model and tokenizer_config.json
+  kWeights,    // kimi_k3, coli serve / web / chat: config.json and the safetensors shards
+};
+// Throws k3::Error saying what options.model_dir is when it is not a model directory: a path
+// that does not exist (with the nearest existing spelling: assets/k3-mni -> assets/k3-mini), a
+// file (config.json or a shard: "pass the directory X"), text that looks like a prompt (kimi_k3:
+// the model directory comes first), a directory without config.json or without weights (no
+// model.safetensors.index.json and no *.safetensors, here or in --dirs). `program` ("kimi_k3",
+// "coli serve", ...) words the hints. The built-in model is not checked (builtin_model).
+void check_model_dir(const std::string& program, const Options& options, ModelNeeds needs);
 
 // "<program> <version> (git <hash>, <build type> build; kernels scalar avx2 avx512, this CPU
 // runs <isa>)", for --version on every binary.
