@@ -749,8 +749,9 @@ class Chat {
       if (!history_.empty())
         n += settings_.effort == "none"
                  ? "; the next reply reads the conversation again from the first answer on"
-                 : "; the next reply reads the whole conversation again (the effort message at its "
-                   "start changes; with /effort none only the part from the first answer on)";
+                 : "; the next reply reads the whole conversation again: the effort message, "
+                   "which leads the prompt only while thinking, comes or goes (with /effort none, "
+                   "only the part from the first answer on)";
       note(n);
     } else if (arg == "show" || arg == "hide") {
       settings_.show_think = arg == "show";
@@ -1164,6 +1165,8 @@ class Chat {
     };
     std::vector<int64_t> keep;
     if (request.anchor > 0) keep.push_back(request.anchor);
+    // The same as the anchor, and also on the first turn when an effort message leads the prompt.
+    if (const int64_t start = prefix(history_.size() - 1); start > 0) keep.push_back(start);
     if (const int64_t end = prefix(history_.size()); end > 0) keep.push_back(end);
     if (settings_.effort == "none") {
       const auto first_answer = std::find_if(

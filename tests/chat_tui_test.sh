@@ -63,6 +63,12 @@ fail() {
   cat "$tmp/stderr.$sess" >&2 2>/dev/null || true
   exit 1
 }
+# "ok: ..." when no check failed since the last ok (CHAT_TEST_KEEP_GOING=1 goes on after one).
+reported=0
+ok() {
+  ((failures == reported)) && echo "ok: $*"
+  reported=$failures
+}
 # wait_for DESCRIPTION COMMAND...: polls until COMMAND succeeds (it reads "$screen"); 1 when it
 # gave up (only with CHAT_TEST_KEEP_GOING=1: otherwise the run ends there).
 wait_for() {
@@ -148,7 +154,7 @@ finish() {
     cat "$tmp/stderr.$sess" >&2
     fail "coli chat ($sess) wrote a crash to stderr"
   fi
-  echo "ok: /exit ended $sess (exit status 0)"
+  ok "/exit ended $sess (exit status 0)"
 }
 
 "$synth" --preset demo --out "$tmp/model" >/dev/null 2>"$tmp/synth.log" || {
@@ -162,13 +168,13 @@ finish() {
 # streams like any reply), --effort none: no effort message leads the prompt (see /think below).
 start A --model "$tmp/model" --token-delay-ms 30 --ngen 32 --temp 0 --effort none
 wait_for "the model to load and the prompt" prompt_with "loaded "
-echo "ok: loaded, prompt shown"
+ok "loaded, prompt shown"
 
 # /help lists every command.
 send "/help"
 wait_for "/help listing every command" answered_with "/help" /new /retry /undo /edit /system \
   "/think on|off" /effort /set /show /stats /save /load /help /exit &&
-  echo "ok: /help lists every command"
+  ok "/help lists every command"
 
 # /set and /show; a bad value is refused naming the value and the range.
 send "/set temp 0.3"
@@ -176,13 +182,13 @@ wait_for "/set temp 0.3" answered_with "/set temp 0.3" "temp 0.3"
 send "/show"
 wait_for "/show" answered_with "/show" "max_tokens" &&
   { after "/show" | grep -q -E '^temp +0\.3$' || fail "/show does not show temp 0.3: $(after /show)"; } &&
-  echo "ok: /set temp 0.3, /show shows it"
+  ok "/set temp 0.3, /show shows it"
 send "/set temp abc"
 wait_for "/set temp abc refused" answered_with "/set temp abc" "error: /set temp abc" "[0, 100]" &&
-  echo "ok: /set temp abc: $(after "/set temp abc" | head -n 1)"
+  ok "/set temp abc: $(after "/set temp abc" | head -n 1)"
 send "/set top_p 2"
 wait_for "/set top_p 2 refused" answered_with "/set top_p 2" "error: /set top_p 2" "(0, 1]" &&
-  echo "ok: /set top_p 2 refused"
+  ok "/set top_p 2 refused"
 send "/set temp 0"
 wait_for "/set temp 0" answered_with "/set temp 0" "temp 0"
 
@@ -212,7 +218,7 @@ for question in "Write a long poem about the sea." "Please count from one to one
 done
 ((interrupted)) || fail "no reply could be interrupted"
 t has-session -t "$sess" 2>/dev/null || fail "the chat exited on Ctrl-C during a reply"
-echo "ok: Ctrl-C stopped the reply: $(last_footer)"
+ok "Ctrl-C stopped the reply: $(last_footer)"
 turn1_prompt=$(last_prompt)
 # From here on replies are short: what is checked is the prompt side.
 send "/set max_tokens 8"
@@ -225,7 +231,7 @@ wait_reply $((n + 1))
 retry_cached=$(last_cached)
 [[ -n "$retry_cached" && "$retry_cached" -gt 0 ]] ||
   fail "/retry after an interrupted first turn re-read the whole prompt: '$(last_footer)'"
-echo "ok: /retry: $(last_footer)"
+ok "/retry: $(last_footer)"
 
 # /think off, then a turn. Every earlier answer now renders without its think block, so the new
 # prompt shares with what the engine holds only the first question and the opening of the first
@@ -239,7 +245,7 @@ send "Tell me more about that."
 wait_reply $((n + 1))
 [[ "$(last_cached)" -gt 0 && "$(last_cached)" == "$retry_cached" ]] ||
   fail "after /think off the reply did not resume at the end of the first question ($retry_cached): '$(last_footer)'"
-echo "ok: /think off, next turn: $(last_footer)"
+ok "/think off, next turn: $(last_footer)"
 
 # A follow-up: the history's prefix is reused.
 n=$(footers)
@@ -247,7 +253,7 @@ send "And what else?"
 wait_reply $((n + 1))
 cached=$(last_cached)
 [[ -n "$cached" && "$cached" -gt 0 ]] || fail "the follow-up reused nothing: '$(last_footer)'"
-echo "ok: follow-up: $(last_footer)"
+ok "follow-up: $(last_footer)"
 
 # /undo drops the last question and its answer; the next question resumes at the checkpoint kept
 # at the start of the dropped question. /edit replaces the last question and answers it again,
@@ -262,14 +268,14 @@ wait_reply $((n + 1))
 undo_cached=$(last_cached)
 [[ -n "$undo_cached" && "$undo_cached" -gt 0 && "$(last_footer)" == *"restored checkpoint @$undo_cached"* ]] ||
   fail "the question after /undo did not resume at a kept checkpoint: '$(last_footer)'"
-echo "ok: /undo, next turn: $(last_footer)"
+ok "/undo, next turn: $(last_footer)"
 n=$(footers)
 send "/edit Something else entirely."
 wait_reply $((n + 1))
 [[ $screen == *"answering the edited question"* ]] || fail "/edit said nothing"
 [[ "$(last_cached)" == "$undo_cached" && "$(header_turns)" == "$turns" ]] ||
   fail "/edit did not resume at the start of the last question ($undo_cached) with $turns turns: '$(last_footer)' '$(last_header)'"
-echo "ok: /edit: $(last_footer)"
+ok "/edit: $(last_footer)"
 
 # /save and /load: the conversation and the settings come back (top_k 7 saved, 3 after).
 send "/set top_k 7"
@@ -296,7 +302,7 @@ send "One more question."
 wait_reply $((n + 1))
 [[ "$(last_prompt)" == "$more_prompt" ]] ||
   fail "after /load the same question made a prompt of $(last_prompt) tokens, not $more_prompt"
-echo "ok: /save + /load round-trip ($saved_turns turns, top_k 7; the same prompt again: $(last_footer))"
+ok "/save + /load round-trip ($saved_turns turns, top_k 7; the same prompt again: $(last_footer))"
 
 # /load of a missing, a damaged and a wrong file: errors naming the file and the line or field;
 # the conversation stays.
@@ -313,14 +319,14 @@ send "/load $tmp/wrong.json"
 wait_for "/load of a wrong field" answered_with "/load $tmp/wrong.json" \
   "error: $tmp/wrong.json: messages[1].role"
 [[ "$(header_turns)" == "$turns" ]] || fail "a failed /load changed the conversation: '$(last_header)'"
-echo "ok: /load errors name the file and the line or field"
+ok "/load errors name the file and the line or field"
 
 # Ctrl-C at an empty prompt: a hint, and the chat stays.
 t send-keys -t "$sess" C-c
 wait_for "the Ctrl-C hint" prompt_with "Ctrl-C again within 2 s"
 sleep 2.2  # a later Ctrl-C would start over; none is sent
 t has-session -t "$sess" 2>/dev/null || fail "one Ctrl-C at the prompt ended the chat"
-echo "ok: Ctrl-C at the prompt shows the hint"
+ok "Ctrl-C at the prompt shows the hint"
 
 # /new: a fresh conversation with nothing cached.
 n=$(footers)
@@ -329,7 +335,7 @@ wait_for "/new" prompt_with "new conversation"
 send "Hello, who are you?"
 wait_reply $((n + 1))
 [[ "$(last_cached)" == 0 ]] || fail "after /new the footer shows cached tokens: '$(last_footer)'"
-echo "ok: /new: $(last_footer)"
+ok "/new: $(last_footer)"
 finish
 
 # ---- Session B: a small context, no --ngen --------------------------------------------------
@@ -346,7 +352,7 @@ budget=$(sed -n 's/.*reply budget \([0-9]*\) tok.*/\1/p' <<<"$line")
 [[ -n "$budget" && -n "$capacity" && -n "$used" ]] && ((budget <= capacity - used)) &&
   [[ $line == *"limited by the context"* ]] ||
   fail "/stats: the reply budget is not within the context: '$line'"
-echo "ok: /stats: $line"
+ok "/stats: $line"
 
 # The 90 % notice: a saved conversation of about half the context, then questions until it
 # fills. A prompt is refused only when the conversation and the next question with its tags
@@ -381,7 +387,7 @@ note_line=$(printf '%s\n' "$screen" | grep -F "$notice" | tail -n 1)
 [[ $note_line == *"of 400 context tokens"* && $note_line == *"/clear"* && $note_line == *"--ctx"* ]] ||
   fail "the notice does not say the tokens used, the context and what to do: '$note_line'"
 (($(header_used) >= 360)) || fail "the notice came below 90 %: '$(last_header)'"
-echo "ok: the 90 % notice: $note_line"
+ok "the 90 % notice: $note_line"
 # Once per crossing: not again at the next prompt; again after going below 90 % (/undo) and
 # crossing once more (the same question: the same greedy reply).
 send "/show"
@@ -394,7 +400,7 @@ n=$(footers)
 send "Tell me more about the sea, please."
 wait_reply $((n + 1))
 (($(count "$notice") == 2)) || fail "no notice on the second crossing"
-echo "ok: the notice comes once per crossing"
+ok "the notice comes once per crossing"
 finish
 
 if ((failures > 0)); then
