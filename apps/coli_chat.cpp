@@ -9,10 +9,16 @@
 //     the partial answer marked "[interrupted]"; Ctrl-C at the prompt clears the line, at an empty
 //     prompt shows a hint, and a second one within 2 s quits (so does Ctrl-D or /exit).
 //   * The history keeps each assistant turn's content and reasoning exactly as streamed and sends
-//     them back, so the next prompt starts with what the engine already fed (prefix reuse).
+//     them back, so the next prompt starts with what the engine already fed (prefix reuse). Each
+//     request names the checkpoints worth keeping (ServiceRequest::keep, Chat::keep_positions):
+//     the start and the end of the last question (/undo, /edit; /retry) and, without an effort
+//     message, the start of the first answer (/think on|off).
 //   * After each reply a footer: `57 tok · 1.2 s · 47.5 tok/s · prompt 412 (cached 380)`.
-//   * The reply budget: --ngen (K3_NGEN) when given, else --max-tokens (16384); either way no
-//     more than the context room (--ctx, 8192 by default).
+//   * /set temp|top_p|top_k|min_p|seed|max_tokens, /show; /save and /load (the conversation and
+//     the settings, as JSON); a notice when the conversation crosses 90 % of the context.
+//   * The reply budget: max_tokens (--ngen when given, else --max-tokens, 16384; /set max_tokens)
+//     and no more than the context's room (--ctx, 8192 by default); /stats says which applies.
+// Not here: the engine (engine/service.h), the chat template (text/chat.h).
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -28,12 +34,15 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -443,17 +452,146 @@ struct Message {
 
 enum class FooterMode { compact, full, off };
 
+// What a reply is made with (/set, /show, /save, /load).
+struct Settings {
+  bool think = true, show_think = true;
+  std::string effort = "max";
+  double temperature = 0.6, top_p = 0.95, min_p = 0;
+  int64_t top_k = 0;
+  std::optional<uint64_t> seed;  // nullopt: a random seed per reply; else seed, seed + 1, ...
+  int64_t max_tokens = 16384;    // the reply budget before the context's room
+};
+
+// The names /set takes, in the order /show and /save list them.
+const char* const kSettingNames[] = {"temp", "top_p", "top_k", "min_p", "seed", "max_tokens"};
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// The whole of `s` as a finite number, or nothing.
+std::optional<double> parse_real(const std::string& s) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (*end != '\0' || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// The whole of `s` as a whole number, or nothing.
+std::optional<int64_t> parse_whole(const std::string& s) {
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-'))
+    return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+// "temp", "temperature", "top-p", "TOP_P", "ngen" ... → the /set name ("" when unknown).
+std::string setting_name(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) {
+    return c == '-' ? '_' : static_cast<char>(std::tolower(c));
+  });
+  if (name == "temperature") return "temp";
+  if (name == "ngen" || name == "num_predict") return "max_tokens";
+  for (const char* n : kSettingNames)
+    if (name == n) return name;
+  return "";
+}
+
+// Sets `name` (a /set name) to `value` in `s`; the error names the value and the range.
+// `ceiling` is the largest max_tokens (--max-tokens).
+std::optional<std::string> set_setting(Settings& s, const std::string& name,
+                                       const std::string& value, int64_t ceiling) {
+  auto refuse = [&](const char* problem, const std::string& takes) {
+    return name + " " + value + ": " + problem + "; " + name + " takes " + takes;
+  };
+  auto real = [&](double lo, bool above_lo, double hi, const char* meaning,
+                  double& out) -> std::optional<std::string> {
+    const std::string takes = std::string("a number in ") + (above_lo ? "(" : "[") +
+                              number_text(lo) + ", " + number_text(hi) + "]" + meaning;
+    const std::optional<double> v = parse_real(value);
+    if (!v) return refuse("not a number", takes);
+    if (*v > hi || *v < lo || (above_lo && *v == lo)) return refuse("out of range", takes);
+    out = *v;
+    return std::nullopt;
+  };
+  auto whole = [&](int64_t lo, int64_t hi, const std::string& meaning,
+                   int64_t& out) -> std::optional<std::string> {
+    const std::string takes =
+        "a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]" + meaning;
+    const std::optional<int64_t> v = parse_whole(value);
+    if (!v) return refuse("not a whole number", takes);
+    if (*v < lo || *v > hi) return refuse("out of range", takes);
+    out = *v;
+    return std::nullopt;
+  };
+  if (name == "temp") return real(0, false, 100, " (0 = greedy)", s.temperature);
+  if (name == "top_p") return real(0, true, 1, " (1 = off)", s.top_p);
+  if (name == "min_p") return real(0, false, 1, " (0 = off)", s.min_p);
+  if (name == "top_k") return whole(0, int64_t{1} << 24, " (0 = off)", s.top_k);
+  if (name == "max_tokens")
+    return whole(1, ceiling, " (the ceiling is --max-tokens; the context's room applies too)",
+                 s.max_tokens);
+  if (name == "seed") {
+    if (value == "random") {
+      s.seed.reset();
+      return std::nullopt;
+    }
+    int64_t seed = 0;
+    if (auto e = whole(0, INT64_MAX, ", or random (a new seed each reply)", seed)) return e;
+    s.seed = static_cast<uint64_t>(seed);
+    return std::nullopt;
+  }
+  return "unknown setting \"" + name +
+         "\"; one of temp, top_p, top_k, min_p, seed, max_tokens (/show lists them)";
+}
+
+std::string setting_text(const Settings& s, const std::string& name) {
+  if (name == "temp") return number_text(s.temperature);
+  if (name == "top_p") return number_text(s.top_p);
+  if (name == "min_p") return number_text(s.min_p);
+  if (name == "top_k") return std::to_string(s.top_k);
+  if (name == "seed") return s.seed ? std::to_string(*s.seed) : "random";
+  if (name == "max_tokens") return std::to_string(s.max_tokens);
+  return "";
+}
+
+// Line and column (1-based) of byte `offset` of `text`.
+std::pair<size_t, size_t> line_and_column(const std::string& text, size_t offset) {
+  size_t line = 1, column = 1;
+  for (size_t i = 0; i < std::min(offset, text.size()); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return {line, column};
+}
+
 class Chat {
  public:
   Chat(const k3::Options& opt, k3::EngineService& service, Screen& screen)
       : opt_(opt), service_(service), screen_(screen), api_(api_config(opt)) {
     system_ = opt.text.system;
-    think_ = opt.text.think;
-    show_think_ = opt.text.show_think;
-    effort_ = opt.text.effort;
-    max_tokens_ = opt.given("ngen")
-                      ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1), api_.max_tokens_ceiling)
-                      : api_.max_tokens_ceiling;
+    settings_.think = opt.text.think;
+    settings_.show_think = opt.text.show_think;
+    settings_.effort = opt.text.effort;
+    settings_.temperature = api_.default_temperature;
+    settings_.top_p = api_.default_top_p;
+    settings_.top_k = api_.default_top_k;
+    settings_.min_p = api_.default_min_p;
+    if (opt.given("seed")) settings_.seed = opt.sampling.seed;
+    settings_.max_tokens = opt.given("ngen") ? std::min<int64_t>(std::max<int64_t>(opt.ngen, 1),
+                                                                 api_.max_tokens_ceiling)
+                                             : api_.max_tokens_ceiling;
     styled_ = screen.tty() && !opt.serve.raw;
   }
 
@@ -472,44 +610,27 @@ class Chat {
       history_.clear();
       retry_user_.reset();
       service_.erase_state();
-      erased_ = true;
       note("new conversation (the engine's cached state was dropped)");
     } else if (name == "system") {
-      if (arg.empty()) {
-        note(system_.empty() ? "no system prompt (/system TEXT sets one, /system off clears it)"
-                             : "system prompt: " + system_);
-      } else if (arg == "off" || arg == "none" || arg == "clear") {
-        system_.clear();
-        note("system prompt cleared");
-      } else {
-        system_ = arg;
-        note("system prompt set; it applies from the next reply");
-      }
+      system(arg);
     } else if (name == "think") {
-      if (arg == "on" || arg == "off") {
-        think_ = arg == "on";
-        note(std::string("thinking ") + (think_ ? "on" : "off"));
-      } else if (arg == "show" || arg == "hide") {
-        show_think_ = arg == "show";
-        note(std::string("reasoning ") + (show_think_ ? "shown" : "hidden"));
-      } else if (arg.empty()) {
-        note(std::string("thinking ") + (think_ ? "on" : "off") + ", reasoning " +
-             (show_think_ ? "shown" : "hidden") + " (/think on|off|show|hide)");
-      } else {
-        error("usage: /think on|off|show|hide");
-      }
+      think(arg);
     } else if (name == "hide-think" || name == "show-think") {
-      show_think_ = name == "show-think" ? true : !show_think_;
-      note(std::string("reasoning ") + (show_think_ ? "shown" : "hidden"));
+      settings_.show_think = name == "show-think" ? true : !settings_.show_think;
+      note(std::string("reasoning ") + (settings_.show_think ? "shown" : "hidden"));
     } else if (name == "effort") {
       if (arg == "low" || arg == "high" || arg == "max" || arg == "none") {
-        effort_ = arg;
-        note("thinking effort " + effort_);
+        settings_.effort = arg;
+        note("thinking effort " + settings_.effort);
       } else if (arg.empty()) {
-        note("thinking effort " + effort_ + " (/effort low|high|max|none)");
+        note("thinking effort " + settings_.effort + " (/effort low|high|max|none)");
       } else {
         error("usage: /effort low|high|max|none");
       }
+    } else if (name == "set") {
+      set(arg);
+    } else if (name == "show") {
+      show();
     } else if (name == "stats") {
       if (arg == "full")
         footer_ = FooterMode::full;
@@ -525,8 +646,14 @@ class Chat {
         note("footer " + arg);
     } else if (name == "retry") {
       retry();
+    } else if (name == "undo") {
+      undo();
+    } else if (name == "edit") {
+      edit(arg);
     } else if (name == "save") {
       save(arg);
+    } else if (name == "load") {
+      load(arg);
     } else {
       error("unknown command /" + name +
             " (/help lists them; start a message with // to send a leading /)");
@@ -540,17 +667,23 @@ class Chat {
     generate();
   }
 
-  std::string prompt_header() const {
-    std::string h = "think " + std::string(think_ ? "on" : "off");
-    if (think_) h += " · effort " + effort_;
-    if (!show_think_) h += " (hidden)";
+  // Before each prompt: the context notice (once per crossing of 90 %), then the status line.
+  void show_header() {
+    const int64_t used = conversation_tokens(), capacity = service_.context_capacity();
+    const bool near = capacity > 0 && used * 10 >= capacity * 9;
+    if (near && !near_limit_noted_)
+      note("the conversation uses " + std::to_string(used) + " of " + std::to_string(capacity) +
+           " context tokens (" + format("%.0f%%", 100.0 * static_cast<double>(used) / capacity) +
+           "): /clear starts over, or restart with a larger --ctx");
+    near_limit_noted_ = near;
+    std::string h = "think " + std::string(settings_.think ? "on" : "off");
+    if (settings_.think) h += " · effort " + settings_.effort;
+    if (!settings_.show_think) h += " (hidden)";
     if (!system_.empty()) h += " · system prompt";
-    const k3::ServiceStats s = service_.stats();
     h += " · " + std::to_string(turns()) + (turns() == 1 ? " turn" : " turns");
-    // After /new the stats still count the erased record until the next request runs.
-    h += " · context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" +
-         std::to_string(s.context_capacity);
-    return h;
+    h += " · context " + std::to_string(used) + "/" + std::to_string(capacity);
+    screen_.end_line();
+    screen_.line(screen_.dim(h));
   }
 
  private:
@@ -570,20 +703,126 @@ class Chat {
   void help() {
     const char* lines[] = {
         "Type a message and press Enter (Alt-Enter: a newline; pasted text keeps its newlines).",
-        "  /new                  start over (also /reset); drops the cached state",
+        "  /new                  start over (also /clear, /reset); drops the cached state",
         "  /retry                regenerate the last answer",
+        "  /undo                 remove the last question and its answer",
+        "  /edit TEXT            replace the last question by TEXT and answer it again",
         "  /system TEXT          set the system prompt (/system: show it; /system off: clear it)",
         "  /think on|off         thinking before answering",
         "  /think show|hide      show the reasoning dimmed, or hide it (also /hide-think)",
         "  /effort low|high|max|none   thinking effort",
+        "  /set NAME VALUE       temp, top_p, top_k, min_p, seed (or random), max_tokens",
+        "  /show                 the model, the context and every setting",
         "  /stats                session statistics; /stats full|compact|off: the footer",
-        "  /save FILE            write the conversation as JSON",
+        "  /save FILE            write the conversation and the settings as JSON",
+        "  /load FILE            read back a conversation (and its settings) written by /save",
+        "  /help                 this list (also /?)",
         "  /exit                 quit (also /quit, Ctrl-D, or Ctrl-C twice at an empty prompt)",
-        "Ctrl-C during a reply stops it and keeps what was written. Each reply may be up to",
-        "--ngen tokens when given (else --max-tokens), within the context (--ctx).",
+        "Ctrl-C during a reply stops it and keeps what was written. A reply may use max_tokens",
+        "(--ngen when given, else --max-tokens; /set max_tokens) within the context's room "
+        "(--ctx).",
+        "Start a message with // to send it with a leading /.",
     };
     screen_.end_line();
     for (const char* l : lines) screen_.line(l);
+  }
+
+  void system(const std::string& arg) {
+    if (arg.empty())
+      return note(system_.empty()
+                      ? "no system prompt (/system TEXT sets one, /system off clears it)"
+                      : "system prompt: " + system_);
+    system_ = arg == "off" || arg == "none" || arg == "clear" ? "" : arg;
+    // The system prompt is the conversation's first message: a change re-reads all of it.
+    note(std::string(system_.empty() ? "system prompt cleared" : "system prompt set") +
+         "; it applies from the next reply" +
+         (history_.empty() ? "" : ", which reads the conversation again (it comes first)"));
+  }
+
+  void think(const std::string& arg) {
+    if (arg == "on" || arg == "off") {
+      settings_.think = arg == "on";
+      std::string n = std::string("thinking ") + arg;
+      // Each earlier reply renders with or without its think block from now on, so the next
+      // prompt diverges at the first reply (a kept checkpoint resumes there), or at the very
+      // start when the effort message comes and goes with thinking.
+      if (!history_.empty())
+        n += settings_.effort == "none"
+                 ? "; the next reply reads the conversation again from the first answer on"
+                 : "; the next reply reads the whole conversation again: the effort message, "
+                   "which leads the prompt only while thinking, comes or goes (with /effort none, "
+                   "only the part from the first answer on)";
+      note(n);
+    } else if (arg == "show" || arg == "hide") {
+      settings_.show_think = arg == "show";
+      note(std::string("reasoning ") + (settings_.show_think ? "shown" : "hidden"));
+    } else if (arg.empty()) {
+      note(std::string("thinking ") + (settings_.think ? "on" : "off") + ", reasoning " +
+           (settings_.show_think ? "shown" : "hidden") + " (/think on|off|show|hide)");
+    } else {
+      error("usage: /think on|off|show|hide");
+    }
+  }
+
+  void set(const std::string& arg) {
+    std::string rest = arg;
+    auto word = [&] {
+      const size_t sp = rest.find_first_of(" \t");
+      std::string w = rest.substr(0, sp);
+      rest = sp == std::string::npos ? "" : trim(rest.substr(sp));
+      return w;
+    };
+    std::string first = word();
+    if (first == "parameter") first = word();  // ollama's spelling: /set parameter temperature 0.3
+    const std::string value = rest;
+    if (first.empty())
+      return error("usage: /set temp|top_p|top_k|min_p|seed|max_tokens VALUE (/show lists them)");
+    const std::string name = setting_name(first);
+    if (!name.empty() && value.empty())
+      return note(name + " " + setting_text(settings_, name) + " (/set " + name + " VALUE)");
+    if (name.empty())
+      return error("/set " + first + ": unknown setting; one of temp, top_p, top_k, min_p, " +
+                   "seed, max_tokens (/show lists them)");
+    Settings next = settings_;
+    if (auto e = set_setting(next, name, value, api_.max_tokens_ceiling))
+      return error("/set " + *e);
+    settings_ = next;
+    if (name == "seed") seeded_replies_ = 0;
+    note(name + " " + setting_text(settings_, name) + " (from the next reply)");
+  }
+
+  void show() {
+    const k3::ServiceStats s = service_.stats();
+    const int64_t used = conversation_tokens();
+    std::vector<std::string> lines = {
+        "model        " + opt_.model_dir + k3::model_note(opt_),
+        "context      " + std::to_string(s.context_capacity) + " tokens (" + std::to_string(used) +
+            " used; --ctx)",
+        "think        " + std::string(settings_.think ? "on" : "off") + " · effort " +
+            settings_.effort + " · reasoning " + (settings_.show_think ? "shown" : "hidden"),
+        "system       " + (system_.empty() ? std::string("none") : system_),
+    };
+    for (const char* name : kSettingNames) {
+      std::string l = name;
+      l.resize(13, ' ');
+      l += setting_text(settings_, name);
+      lines.push_back(l);
+    }
+    lines.push_back("checkpoints  " + s.checkpoints);
+    screen_.end_line();
+    for (const std::string& l : lines) screen_.line(l);
+  }
+
+  // The reply budget for the next reply: max_tokens, or the context's room when that is smaller
+  // (the service clamps it so: EngineService::submit), and which of the two applies.
+  std::string budget_text(int64_t used, int64_t capacity) const {
+    const int64_t room = std::max<int64_t>(capacity - used, 0);
+    if (settings_.max_tokens <= room)
+      return "reply budget " + std::to_string(settings_.max_tokens) +
+             " tok (max_tokens; the context leaves " + std::to_string(room) + ")";
+    return "reply budget " + std::to_string(room) +
+           " tok (limited by the context: " + std::to_string(capacity) + " - " +
+           std::to_string(used) + " used; max_tokens " + std::to_string(settings_.max_tokens) + ")";
   }
 
   void stats() {
@@ -594,6 +833,7 @@ class Chat {
     auto rate = [](int64_t n, double sec) {
       return sec > 0 ? format("%.1f tok/s", static_cast<double>(n) / sec) : std::string("-");
     };
+    const int64_t used = conversation_tokens();
     std::vector<std::string> lines = {
         "replies " + std::to_string(s.completed) + " (interrupted " +
             std::to_string(s.cancelled_decode + s.cancelled_prefill) + ", failed " +
@@ -609,10 +849,9 @@ class Chat {
             std::to_string(s.reuse_checkpoint) + ", none " + std::to_string(s.reuse_none) +
             " · checkpoints " + s.checkpoints + " (" + std::to_string(s.ckpt_used) + "/" +
             std::to_string(s.ckpt_slots) + " used)",
-        "context " + std::to_string(erased_ ? 0 : s.fed_tokens) + "/" +
-            std::to_string(s.context_capacity) + " tok · reply budget " +
-            std::to_string(max_tokens_) + " tok · conversation " + std::to_string(history_.size()) +
-            " messages",
+        "context " + std::to_string(used) + "/" + std::to_string(s.context_capacity) + " tok · " +
+            budget_text(used, s.context_capacity) + " · conversation " +
+            std::to_string(history_.size()) + " messages",
     };
     screen_.end_line();
     for (const std::string& l : lines) screen_.line(screen_.dim(l));
@@ -631,10 +870,53 @@ class Chat {
     generate();
   }
 
+  // Drops the last question and its answer (or a question taken back); true when there was one.
+  bool drop_last_turn() {
+    if (retry_user_) {
+      retry_user_.reset();
+      return true;
+    }
+    if (!history_.empty() && history_.back().role == "assistant") history_.pop_back();
+    if (history_.empty() || history_.back().role != "user") return false;
+    history_.pop_back();
+    return true;
+  }
+
+  void undo() {
+    if (!drop_last_turn()) return error("nothing to undo");
+    note("removed the last question and its answer (" + std::to_string(turns()) +
+         (turns() == 1 ? " turn" : " turns") + " left)");
+  }
+
+  void edit(const std::string& text) {
+    if (text.empty()) {
+      if (retry_user_) return note("the last question: " + *retry_user_ + " (/edit TEXT)");
+      for (auto it = history_.rbegin(); it != history_.rend(); ++it)
+        if (it->role == "user") return note("the last question: " + it->content + " (/edit TEXT)");
+      return error("nothing to edit");
+    }
+    if (!drop_last_turn()) return error("nothing to edit (type the question instead)");
+    note("answering the edited question");
+    say(text);
+  }
+
   void save(const std::string& path) {
     if (path.empty()) return error("usage: /save FILE");
     k3::server::json doc = k3::server::json::object();
     doc["model"] = opt_.model_dir;
+    k3::server::json settings = {{"think", settings_.think},
+                                 {"effort", settings_.effort},
+                                 {"show_think", settings_.show_think},
+                                 {"temp", settings_.temperature},
+                                 {"top_p", settings_.top_p},
+                                 {"top_k", settings_.top_k},
+                                 {"min_p", settings_.min_p}};
+    if (settings_.seed)
+      settings["seed"] = *settings_.seed;
+    else
+      settings["seed"] = "random";
+    settings["max_tokens"] = settings_.max_tokens;
+    doc["settings"] = std::move(settings);
     k3::server::json msgs = k3::server::json::array();
     if (!system_.empty()) msgs.push_back({{"role", "system"}, {"content", system_}});
     for (const Message& m : history_) {
@@ -649,14 +931,156 @@ class Chat {
       }
       msgs.push_back(std::move(j));
     }
+    if (retry_user_) msgs.push_back({{"role", "user"}, {"content", *retry_user_}});
     doc["messages"] = std::move(msgs);
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << doc.dump(2, ' ', false, k3::server::json::error_handler_t::replace) << "\n";
-    if (!out) return error("cannot write " + path);
-    note("saved " + std::to_string(history_.size()) + " messages to " + path);
+    if (!out) return error("cannot write " + path + ": " + std::strerror(errno));
+    note("saved " + std::to_string(history_.size()) + " messages and the settings to " + path +
+         " (/load " + path + " reads them back)");
   }
 
-  PyValue messages_value() const {
+  // /load: the conversation (and the settings, when the file has them) of a /save file. Nothing
+  // changes unless the whole file is valid; errors name the file and the line or the field.
+  void load(const std::string& path) {
+    using k3::server::json;
+    if (path.empty()) return error("usage: /load FILE (a file written by /save)");
+    std::string text;
+    {
+      std::error_code ec;
+      if (std::filesystem::is_directory(path, ec))
+        return error("cannot read " + path + ": it is a directory (/load FILE)");
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return error("cannot read " + path + ": " + std::strerror(errno));
+      std::ostringstream all;
+      all << in.rdbuf();
+      if (in.bad()) return error("cannot read " + path);
+      text = all.str();
+    }
+    json doc;
+    try {
+      doc = json::parse(text);
+    } catch (const json::parse_error& e) {
+      const auto [line, column] = line_and_column(text, e.byte > 0 ? e.byte - 1 : 0);
+      std::string why = e.what();
+      if (const size_t at = why.find("syntax error"); at != std::string::npos) why = why.substr(at);
+      return error(path + ": line " + std::to_string(line) + ", column " + std::to_string(column) +
+                   ": not valid JSON (" + why + ")");
+    }
+    const std::string where = path + ": ";
+    if (!doc.is_object())
+      return error(where + "expected a JSON object with \"messages\" (a file written by /save)");
+    const auto msgs = doc.find("messages");
+    if (msgs == doc.end() || !msgs->is_array())
+      return error(where + "\"messages\" is " + (msgs == doc.end() ? "missing" : "not a list") +
+                   " (a file written by /save has it)");
+    std::string system;
+    std::vector<Message> history;
+    for (size_t i = 0; i < msgs->size(); ++i) {
+      const json& m = (*msgs)[i];
+      const std::string field = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object()) return error(where + field + ": expected an object");
+      const auto role = m.find("role");
+      if (role == m.end() || !role->is_string())
+        return error(where + field + ".role: missing or not a string");
+      const std::string r = role->get<std::string>();
+      const auto content = m.find("content");
+      if (content != m.end() && !content->is_string() && !content->is_null())
+        return error(where + field + ".content: expected a string");
+      Message message{
+          r,
+          content != m.end() && content->is_string() ? content->get<std::string>() : std::string(),
+          {},
+          {}};
+      if (r == "system") {
+        if (i != 0) return error(where + field + ".role: \"system\" only as the first message");
+        system = message.content;
+        continue;
+      }
+      if (r != "user" && r != "assistant")
+        return error(where + field + ".role: \"" + r + "\" is not system, user or assistant");
+      const std::string expected =
+          history.empty() || history.back().role == "assistant" ? "user" : "assistant";
+      if (r != expected)
+        return error(where + field + ".role: \"" + r + "\" where " +
+                     (expected == "user" ? "a user" : "an assistant") +
+                     " message belongs (the turns alternate, starting with user)");
+      if (const auto reasoning = m.find("reasoning_content"); reasoning != m.end()) {
+        if (!reasoning->is_string())
+          return error(where + field + ".reasoning_content: expected a string");
+        message.reasoning = reasoning->get<std::string>();
+      }
+      if (const auto calls = m.find("tool_calls"); calls != m.end()) {
+        if (!calls->is_array()) return error(where + field + ".tool_calls: expected a list");
+        for (size_t c = 0; c < calls->size(); ++c) {
+          const std::string call_field = field + ".tool_calls[" + std::to_string(c) + "]";
+          const json& call = (*calls)[c];
+          const json* fn =
+              call.is_object() && call.contains("function") ? &call["function"] : &call;
+          if (!fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+            return error(where + call_field + ".function.name: missing or not a string");
+          k3::text::ToolCallOut out;
+          out.name = (*fn)["name"].get<std::string>();
+          const auto args = fn->find("arguments");
+          out.arguments_json = args == fn->end()   ? "{}"
+                               : args->is_string() ? args->get<std::string>()
+                                                   : args->dump();
+          out.index = static_cast<int>(c);
+          out.complete = true;
+          message.tool_calls.push_back(std::move(out));
+        }
+      }
+      history.push_back(std::move(message));
+    }
+    Settings next = settings_;
+    bool has_settings = false;
+    if (const auto st = doc.find("settings"); st != doc.end()) {
+      if (!st->is_object()) return error(where + "settings: expected an object");
+      has_settings = true;
+      for (const auto& [key, value] : st->items()) {
+        const std::string field = "settings." + key;
+        if (key == "think" || key == "show_think") {
+          if (!value.is_boolean()) return error(where + field + ": expected true or false");
+          (key == "think" ? next.think : next.show_think) = value.get<bool>();
+        } else if (key == "effort") {
+          const std::string e = value.is_string() ? value.get<std::string>() : value.dump();
+          if (e != "low" && e != "high" && e != "max" && e != "none")
+            return error(where + field + ": " + e + " is not low, high, max or none");
+          next.effort = e;
+        } else if (const std::string name = setting_name(key); !name.empty()) {
+          if (!value.is_number() && !value.is_string())
+            return error(where + field + ": expected a number");
+          const std::string v = value.is_string() ? value.get<std::string>() : value.dump();
+          if (auto e = set_setting(next, name, v, api_.max_tokens_ceiling))
+            return error(where + "settings." + *e);
+        } else {
+          return error(where + field +
+                       ": unknown setting (think, effort, show_think, temp, top_p, top_k, "
+                       "min_p, seed, max_tokens)");
+        }
+      }
+    }
+    system_ = std::move(system);
+    history_ = std::move(history);
+    retry_user_.reset();
+    if (!history_.empty() && history_.back().role == "user") {  // asked, never answered
+      retry_user_ = history_.back().content;
+      history_.pop_back();
+    }
+    if (has_settings) {
+      settings_ = next;
+      seeded_replies_ = 0;
+    }
+    const size_t n = msgs->size();
+    note("loaded " + std::to_string(n) + (n == 1 ? " message (" : " messages (") +
+         std::to_string(turns()) + (turns() == 1 ? " turn" : " turns") + ")" +
+         (has_settings ? " and the settings" : "") + " from " + path +
+         (retry_user_ ? "; the last question has no answer yet (/retry answers it)" : ""));
+  }
+
+  // The conversation's first `count` history messages (the system prompt first), as the renderer
+  // takes them.
+  PyValue messages_value(size_t count) const {
     PyValue::Array items;
     auto message = [](const std::string& role, const std::string& content) {
       PyValue m = PyValue::object();
@@ -665,7 +1089,8 @@ class Chat {
       return m;
     };
     if (!system_.empty()) items.push_back(message("system", system_));
-    for (const Message& h : history_) {
+    for (size_t i = 0; i < std::min(count, history_.size()); ++i) {
+      const Message& h = history_[i];
       PyValue m = message(h.role, h.content);
       if (h.role == "assistant" && !h.reasoning.empty())
         m.set("reasoning_content", PyValue::string(h.reasoning));
@@ -687,14 +1112,36 @@ class Chat {
     return PyValue::array(std::move(items));
   }
 
+  // The ids of the first `count` history messages rendered as the next prompt renders them, but
+  // without the generation prompt (empty when it cannot be rendered).
+  std::vector<int32_t> encode_messages(size_t count) const {
+    std::vector<int32_t> ids;
+    const k3::Engine* engine = service_.engine();
+    if (!engine || !engine->tokenizer()) return ids;
+    k3::text::ChatOptions options;
+    options.add_generation_prompt = false;
+    options.thinking = settings_.think;
+    if (settings_.think && settings_.effort != "none")
+      options.thinking_effort = PyValue::string(settings_.effort);
+    auto segments = k3::text::build_chat_segments(messages_value(count), PyValue(), options);
+    if (segments.ok()) k3::text::encode_segments(*engine->tokenizer(), *segments, ids);
+    return ids;
+  }
+
+  // The tokens the conversation takes in the context now (0 before the first message).
+  int64_t conversation_tokens() const {
+    if (history_.empty() && system_.empty()) return 0;
+    return static_cast<int64_t>(encode_messages(history_.size()).size());
+  }
+
   // The conversation's prompt ids and anchor (as the server renders them), or an error message.
   std::optional<std::string> render(k3::ServiceRequest& request) const {
     const k3::Engine* engine = service_.engine();
     if (!engine || !engine->tokenizer()) return std::string("the model is not loaded");
     k3::server::ChatRequest chat;
-    chat.messages = messages_value();
-    chat.thinking = think_;
-    chat.effort = effort_ == "none" ? "" : effort_;
+    chat.messages = messages_value(history_.size());
+    chat.thinking = settings_.think;
+    chat.effort = settings_.effort == "none" ? "" : settings_.effort;
     auto rendered = k3::server::render_chat_prompt(chat, *engine->tokenizer());
     if (auto* e = std::get_if<k3::server::ApiError>(&rendered)) return e->message;
     request.prompt = std::move(std::get<k3::server::RenderedPrompt>(rendered).ids);
@@ -702,9 +1149,37 @@ class Chat {
     return std::nullopt;
   }
 
+  // The checkpoints worth keeping for what may come next (docs/serving.md §3.10.2), positions in
+  // request.prompt: the start of the last user message (the anchor: /undo, /edit and a new
+  // question after them diverge there), its end (/retry: only the generation prompt is read
+  // again), and, when no effort message leads the prompt, the start of the first answer: /think
+  // on|off renders every answer with or without its think block, so the conversation diverges
+  // there (with an effort message it diverges at the very start, and nothing can be kept).
+  std::vector<int64_t> keep_positions(const k3::ServiceRequest& request) const {
+    auto prefix = [&](size_t messages) -> int64_t {
+      const std::vector<int32_t> ids = encode_messages(messages);
+      if (ids.empty() || ids.size() >= request.prompt.size() ||
+          !std::equal(ids.begin(), ids.end(), request.prompt.begin()))
+        return 0;
+      return static_cast<int64_t>(ids.size());
+    };
+    std::vector<int64_t> keep;
+    if (request.anchor > 0) keep.push_back(request.anchor);
+    // The same as the anchor, and also on the first turn when an effort message leads the prompt.
+    if (const int64_t start = prefix(history_.size() - 1); start > 0) keep.push_back(start);
+    if (const int64_t end = prefix(history_.size()); end > 0) keep.push_back(end);
+    if (settings_.effort == "none") {
+      const auto first_answer = std::find_if(
+          history_.begin(), history_.end(), [](const Message& m) { return m.role == "assistant"; });
+      if (first_answer != history_.end())
+        if (const int64_t p = prefix(static_cast<size_t>(first_answer - history_.begin())); p > 0)
+          keep.push_back(p);
+    }
+    return keep;
+  }
+
   uint64_t next_seed() {
-    ++requests_;
-    if (opt_.given("seed")) return opt_.sampling.seed + requests_ - 1;
+    if (settings_.seed) return *settings_.seed + seeded_replies_++;
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof seed, 0) != sizeof seed)
       seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -727,13 +1202,14 @@ class Chat {
       return k3::context_overflow_message("the conversation",
                                           static_cast<int64_t>(request.prompt.size()), capacity) +
              " (/new starts over)";
-    request.starts_in_think = think_;
-    request.sampling.temperature = api_.default_temperature;
-    request.sampling.top_p = api_.default_top_p;
-    request.sampling.top_k = api_.default_top_k;
-    request.sampling.min_p = api_.default_min_p;
+    request.keep = keep_positions(request);
+    request.starts_in_think = settings_.think;
+    request.sampling.temperature = settings_.temperature;
+    request.sampling.top_p = settings_.top_p;
+    request.sampling.top_k = settings_.top_k;
+    request.sampling.min_p = settings_.min_p;
     request.sampling.seed = next_seed();
-    request.max_tokens = max_tokens_;
+    request.max_tokens = settings_.max_tokens;
     request.cache_prompt = true;
     request.progress_every = 16;
     return std::nullopt;
@@ -769,7 +1245,8 @@ class Chat {
              seconds_text(until - (first_reasoning > 0 ? first_reasoning : started)) + ")";
     }
     void show_status() {
-      if (!answer.content.empty() || (in_reasoning_shown && chat.show_think_) || !screen.tty())
+      if (!answer.content.empty() || (in_reasoning_shown && chat.settings_.show_think) ||
+          !screen.tty())
         return;
       static const char* const kSpinner = "-\\|/";
       std::string s(1, kSpinner[spin++ % 4]);
@@ -781,7 +1258,7 @@ class Chat {
       else if (!prefilled)
         s += "prefill " + std::to_string(processed) + "/" + std::to_string(prompt_tokens) +
              " (cached " + std::to_string(cached) + ")";
-      else if (!answer.reasoning.empty() && !chat.show_think_)
+      else if (!answer.reasoning.empty() && !chat.settings_.show_think)
         s += "thinking";
       else
         s += "generating";
@@ -791,7 +1268,7 @@ class Chat {
     void on_reasoning(const std::string& text) {
       if (first_reasoning < 0) first_reasoning = k3::now_seconds();
       answer.reasoning += text;
-      if (!chat.show_think_) return show_status();
+      if (!chat.settings_.show_think) return show_status();
       if (!in_reasoning_shown) {
         screen.clear_status();
         if (chat.opt_.text.labels && !screen.tty()) screen.print("[think] ");
@@ -806,7 +1283,7 @@ class Chat {
         first_content = k3::now_seconds();
         end_reasoning_display();
         screen.clear_status();
-        if (!chat.show_think_ && !answer.reasoning.empty())
+        if (!chat.settings_.show_think && !answer.reasoning.empty())
           screen.line(screen.dim(thought_for(first_content)));
         else if (reasoning_open && !screen.tty())
           screen.print("\n");
@@ -893,7 +1370,6 @@ class Chat {
     view.close();
     // The worker's bookkeeping (fed tokens, counters) follows its last event.
     service_.wait_idle(2.0);
-    erased_ = false;
     if (!view.failure.empty()) {
       take_back();
       screen_.end_line();
@@ -906,7 +1382,7 @@ class Chat {
   void conclude(ReplyView& view) {
     const k3::GenerationStats& st = *view.done;
     const bool interrupted = st.finish == k3::FinishReason::cancelled;
-    if (!show_think_ && !view.answer.reasoning.empty() && view.first_content < 0)
+    if (!settings_.show_think && !view.answer.reasoning.empty() && view.first_content < 0)
       screen_.line(screen_.dim(view.thought_for(k3::now_seconds())));
     if (interrupted) {
       screen_.end_line();
@@ -953,10 +1429,11 @@ class Chat {
   std::vector<Message> history_;
   std::optional<std::string>
       retry_user_;  // a user turn taken back (failed or interrupted before any output)
-  std::string system_, effort_;
-  bool think_ = true, show_think_ = true, styled_ = false, erased_ = false;
-  int64_t max_tokens_ = 0;
-  uint64_t requests_ = 0;
+  std::string system_;
+  Settings settings_;
+  bool styled_ = false;
+  bool near_limit_noted_ = false;  // the 90 % notice was shown since the last time below
+  uint64_t seeded_replies_ = 0;    // replies since the seed was set (seed, seed + 1, ...)
   FooterMode footer_ = FooterMode::compact;
 };
 
@@ -1022,7 +1499,9 @@ int chat(const k3::Options& opt) {
   sigaction(SIGWINCH, &sw, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  k3::EngineService service(service_options(opt));
+  k3::ServiceOptions so = service_options(opt);
+  so.auto_slots = 4;  // the 3 checkpoints the chat keeps (Chat::keep_positions) and one more
+  k3::EngineService service(std::move(so));
   pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);
 
   screen.line(screen.bold("coli chat") + screen.dim(" · " + opt.model_dir + k3::model_note(opt) +
@@ -1036,8 +1515,7 @@ int chat(const k3::Options& opt) {
   const std::string prompt =
       tty_in && tty_out ? std::string("\001") + kBold + "\002> \001" + kReset + "\002" : "> ";
   for (;;) {
-    screen.end_line();
-    screen.line(screen.dim(chat.prompt_header()));
+    chat.show_header();
     std::string line;
     if (input.read(prompt, line) == Input::Result::quit) break;
     const std::string text = trim(line);

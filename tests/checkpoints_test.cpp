@@ -2,7 +2,7 @@
 // defect 5; docs/serving.md §3.10.4): the directory given is never chmod-ed, the files go to a
 // private 0700 subdirectory of it, a directory other users may write to is refused unless it is
 // sticky, and a file changed or swapped in — even with a checksum recomputed to match — is
-// rejected on restore instead of trusted.
+// rejected on restore instead of trusted. Also the slot policy for kept checkpoints (protect()).
 #include "engine/checkpoints.h"
 
 #include <gtest/gtest.h>
@@ -171,6 +171,53 @@ TEST(CheckpointMac, AnEditWithItsChecksumRecomputedIsRejected) {
   spit(t.store.slot_path(0), bytes);
   EXPECT_EQ(t.restore_a(), 0) << "an edited checkpoint was trusted";
   EXPECT_EQ(t.store.counters().rejected, 1);
+}
+
+// Kept checkpoints (CheckpointStore::protect, what coli chat asks for through
+// ServiceRequest::keep): a checkpoint not kept never evicts a kept one, kept ones replace the least
+// recently used of the others, and the set is per prompt (a new set releases the old one).
+TEST(CheckpointKeep, ACheckpointNotKeptNeverEvictsAKeptOne) {
+  CheckpointPolicy ram;
+  ram.slots = 2;
+  CheckpointStore store(ram);
+  Session session(tiny_engine(), 16);
+  const std::vector<int64_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int64_t> keep = {2, 4};
+  store.protect(keep, prompt);
+  auto feed_to = [&](int64_t position) {
+    const int64_t from = session.position();
+    session.prefill(
+        std::span(prompt).subspan(static_cast<size_t>(from), static_cast<size_t>(position - from)));
+  };
+  auto held = [&](int64_t position) {
+    return store.holds(position, std::span(prompt).first(static_cast<size_t>(position)));
+  };
+  feed_to(1);
+  EXPECT_TRUE(store.save(session));  // an empty slot
+  feed_to(2);
+  EXPECT_TRUE(store.save(session));  // kept, into the other empty slot
+  feed_to(4);
+  EXPECT_TRUE(store.save(session));  // kept: replaces the one at 1, which is not
+  EXPECT_FALSE(held(1));
+  feed_to(6);
+  EXPECT_FALSE(store.save(session)) << "a checkpoint not kept evicted a kept one";
+  EXPECT_TRUE(held(2));
+  EXPECT_TRUE(held(4));
+  // Kept positions of another prompt: the old ones are plain LRU again (the one at 2 is older).
+  const std::vector<int64_t> keep6 = {6};
+  store.protect(keep6, prompt);
+  EXPECT_TRUE(store.save(session));
+  EXPECT_TRUE(held(6));
+  EXPECT_FALSE(held(2));
+  EXPECT_TRUE(held(4));
+  // Every slot kept and a kept one to save: the least recently used kept one goes.
+  const std::vector<int64_t> keep_all = {4, 6, 8};
+  store.protect(keep_all, prompt);
+  feed_to(8);
+  EXPECT_TRUE(store.save(session));
+  EXPECT_TRUE(held(8));
+  EXPECT_FALSE(held(4));
+  EXPECT_TRUE(held(6));
 }
 
 }  // namespace

@@ -220,6 +220,54 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   EXPECT_EQ(next.content, run(cold, greedy(p3, 8)).content);
 }
 
+// ServiceRequest::keep (coli chat: the start and the end of the last user message): the kept
+// positions are saved during the prefill and outlive the checkpoints not kept, so with 2 slots a
+// regenerate of the same prompt resumes at the end of the user message instead of its start, and
+// a cancelled prefill whose own start could not be saved (every slot kept) rolls back to the
+// deepest kept checkpoint instead of resetting the session.
+TEST(Service, KeptCheckpointsServeARegenerateAndACancelledPrefill) {
+  EngineService warm(options(2)), cold(options(0));
+  wait_ready(warm);
+  wait_ready(cold);
+  const auto system = encode(warm, "System: be brief.\n");
+  const auto user = concat(system, encode(warm, "User: name three rivers.\n"));
+  const auto p1 = concat(user, encode(warm, "Assistant:"));
+  const int64_t start_of_user = static_cast<int64_t>(system.size());
+  const int64_t end_of_user = static_cast<int64_t>(user.size());
+  auto kept = [&](std::vector<int64_t> prompt, int64_t max_tokens) {
+    ServiceRequest r = greedy(std::move(prompt), max_tokens, start_of_user);
+    r.keep = {start_of_user, end_of_user};
+    return r;
+  };
+  const Outcome first = run(warm, kept(p1, 10));
+  const Outcome again = run(warm, kept(p1, 10));
+  EXPECT_EQ(again.accepted.reuse, ReuseKind::checkpoint);
+  EXPECT_EQ(again.done.restored_at, end_of_user);
+  EXPECT_EQ(again.content, first.content);
+  EXPECT_EQ(again.content, run(cold, greedy(p1, 10)).content);
+
+  run(warm, kept(p1, 1));  // one token, not fed back: the record is p1
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += " and the river kept flowing past the old mill";
+  auto handle = warm.submit(kept(concat(p1, encode(warm, long_text)), 4));
+  ASSERT_TRUE(handle.ok());
+  ServiceEvent e;
+  bool saw_progress = false;
+  for (int i = 0; i < 600 && !saw_progress; ++i)
+    if ((*handle)->next(e, std::chrono::milliseconds(100)) &&
+        e.kind == ServiceEvent::Kind::progress)
+      saw_progress = true;
+  ASSERT_TRUE(saw_progress);
+  warm.cancel(*handle);
+  EXPECT_EQ(collect(*handle).done.finish, k3::FinishReason::cancelled);
+  EXPECT_EQ(warm.stats().fed_tokens, end_of_user) << "not rolled back to the kept checkpoint";
+  const auto p3 = concat(p1, encode(warm, " there lived a miller"));
+  const Outcome next = run(warm, kept(p3, 8));
+  EXPECT_EQ(next.accepted.reuse, ReuseKind::live);
+  EXPECT_EQ(next.done.cached_tokens, end_of_user);
+  EXPECT_EQ(next.content, run(cold, greedy(p3, 8)).content);
+}
+
 TEST(Service, DiskCheckpointsArePrivateCheckedAndRemoved) {
   const testing::TempDir root("service-ckpt");
   const std::string dir = root.path() + "/checkpoints";

@@ -105,6 +105,23 @@ bool CheckpointStore::holds(int64_t position, std::span<const int64_t> ids) cons
   return false;
 }
 
+void CheckpointStore::protect(std::span<const int64_t> positions, std::span<const int64_t> prompt) {
+  kept_positions_.clear();
+  for (int64_t p : positions)
+    if (p >= 1 && p <= static_cast<int64_t>(prompt.size())) kept_positions_.push_back(p);
+  std::sort(kept_positions_.begin(), kept_positions_.end());
+  kept_positions_.erase(std::unique(kept_positions_.begin(), kept_positions_.end()),
+                        kept_positions_.end());
+  const size_t deepest = kept_positions_.empty() ? 0 : static_cast<size_t>(kept_positions_.back());
+  kept_ids_.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(deepest));
+}
+
+bool CheckpointStore::kept(int64_t position, std::span<const int64_t> ids) const {
+  return std::binary_search(kept_positions_.begin(), kept_positions_.end(), position) &&
+         static_cast<int64_t>(ids.size()) == position &&
+         std::equal(ids.begin(), ids.end(), kept_ids_.begin());
+}
+
 bool CheckpointStore::save(const Session& session) {
   if (!enabled() || session.position() < 1) return false;
   const std::vector<int64_t>& ids = session.tokens();
@@ -113,14 +130,19 @@ bool CheckpointStore::save(const Session& session) {
       s.stamp = ++clock_;
       return true;
     }
+  // The first empty slot, else the least recently used of those not kept, else (for a kept
+  // checkpoint only) the least recently used kept one.
+  const bool keep_new = kept(session.position(), ids);
   size_t target = slots_.size();
   for (size_t i = 0; i < slots_.size() && target == slots_.size(); ++i)
     if (!slots_[i].used) target = i;
-  if (target == slots_.size())
-    target = static_cast<size_t>(
-        std::min_element(slots_.begin(), slots_.end(),
-                         [](const Slot& a, const Slot& b) { return a.stamp < b.stamp; }) -
-        slots_.begin());
+  for (int pass = 0; pass < 2 && target == slots_.size(); ++pass) {
+    if (pass == 1 && !keep_new) return false;  // every slot holds a kept checkpoint
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if ((pass == 1 || !kept(slots_[i].position, slots_[i].ids)) &&
+          (target == slots_.size() || slots_[i].stamp < slots_[target].stamp))
+        target = i;
+  }
   Slot& slot = slots_[target];
   slot.used = false;
   slot.serial = ++serial_;  // a file written for an earlier save never matches this one
@@ -181,6 +203,8 @@ int64_t CheckpointStore::restore_best(Session& session, std::span<const int64_t>
 }
 
 void CheckpointStore::clear() {
+  kept_positions_.clear();
+  kept_ids_.clear();
   for (size_t i = 0; i < slots_.size(); ++i) {
     slots_[i] = Slot{};
     if (!files_dir_.empty()) ::unlink(slot_path(static_cast<int>(i)).c_str());

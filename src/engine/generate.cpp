@@ -42,14 +42,14 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
   std::vector<float> logits;
   try {
     session.set_interrupt(settings.cancel);
-    if (settings.prefill_piece <= 0 && settings.split_at <= 0) {
+    if (settings.prefill_piece <= 0 && settings.splits.empty()) {
       logits = session.prefill(ids, hooks.prefill);
       if (hooks.on_prefilled) hooks.on_prefilled(n);
     } else {
-      const bool split = settings.split_at > 0 && settings.split_at < n;
       for (int64_t p = 0; p < n;) {
         int64_t end = settings.prefill_piece > 0 ? std::min(n, p + settings.prefill_piece) : n;
-        if (split && p < settings.split_at && end > settings.split_at) end = settings.split_at;
+        for (int64_t split : settings.splits)
+          if (split > p && split < end) end = split;
         logits = session.prefill(ids.subspan(static_cast<size_t>(p), static_cast<size_t>(end - p)),
                                  hooks.prefill);
         p = end;

@@ -415,13 +415,19 @@ void EngineService::load() {
                   ": serving needs the embedding, the lm_head and tiktoken.model");
     session_ = std::make_unique<Session>(*engine_, capacity);
     stop_ids_ = stop_ids(*engine_);
-    if (!checkpoints_) {  // RAM checkpoints: N, or auto: 2 when they leave 1 GiB free, else off
+    if (!checkpoints_) {  // RAM checkpoints: N, or auto: auto_slots (else 2) when they leave 1 GiB
+                          // free, else off
       CheckpointPolicy policy;
       if (options_.ckpt_slots >= 0) {
         policy.slots = options_.ckpt_slots;
       } else {
         const uint64_t state_bytes = session_->state_floats() * sizeof(float);
-        policy.slots = available_memory_bytes() > 2 * state_bytes + (uint64_t{1} << 30) ? 2 : 0;
+        const uint64_t available = available_memory_bytes();
+        const uint64_t wanted = static_cast<uint64_t>(std::clamp(options_.auto_slots, 2, 8));
+        policy.slots = available > wanted * state_bytes + (uint64_t{1} << 30)
+                           ? static_cast<int>(wanted)
+                       : available > 2 * state_bytes + (uint64_t{1} << 30) ? 2
+                                                                           : 0;
       }
       checkpoints_ = std::make_unique<CheckpointStore>(policy);
     }
@@ -488,11 +494,11 @@ void EngineService::publish_state() {
   }
 }
 
-int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats,
-                             bool& can_roll_back) {
+int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats) {
   Session& session = *session_;
   const std::span<const int64_t> prompt(req.prompt);
   const int64_t n = static_cast<int64_t>(prompt.size());
+  checkpoints_->protect(req.keep, prompt);
   // 1. Reuse.
   const std::vector<int64_t>& record = session.tokens();
   const int64_t held = static_cast<int64_t>(record.size());
@@ -529,7 +535,6 @@ int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats,
   // 2. A checkpoint at the rollback point.
   if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start))))
     checkpoints_->save(session);
-  can_roll_back = start > 0 && checkpoints_->holds(start, prompt.first(static_cast<size_t>(start)));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += n;
@@ -557,8 +562,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   };
 
   // 1 and 2: reuse, and a checkpoint at the rollback point.
-  bool can_roll_back = false;
-  const int64_t start = reuse(req, stats, can_roll_back);
+  const int64_t start = reuse(req, stats);
   {
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::accepted;
@@ -571,8 +575,14 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   settings.max_new_tokens = req.max_tokens;
   settings.stop_ids = stop_ids_;
   settings.prefill_piece = std::max<int64_t>(1, req.progress_every);
-  const bool anchored = req.anchor > start && req.anchor < n;
-  if (anchored) settings.split_at = req.anchor - start;
+  // The positions of the tail worth a checkpoint: the anchor and the kept ones.
+  std::vector<int64_t> saves;
+  for (int64_t p : req.keep)
+    if (p > start && p < n) saves.push_back(p);
+  if (req.anchor > start && req.anchor < n) saves.push_back(req.anchor);
+  std::sort(saves.begin(), saves.end());
+  saves.erase(std::unique(saves.begin(), saves.end()), saves.end());
+  for (int64_t p : saves) settings.splits.push_back(p - start);
   settings.cancel = &handle->cancel_;
   settings.scripted = options_.scripted_tokens;
 
@@ -586,7 +596,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   GenerateHooks hooks;
   hooks.on_prefilled = [&](int64_t fed) {
     const int64_t p = start + fed;
-    if (anchored && p == req.anchor) checkpoints_->save(session);
+    if (std::binary_search(saves.begin(), saves.end(), p)) checkpoints_->save(session);
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::progress;
     e.processed = p;
@@ -634,7 +644,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   }
   stats.prefill_ms = result.prefill_seconds * 1e3;
   if (result.cancelled_in_prefill) {
-    end_cancelled_prefill(*handle, stats, start, can_roll_back, result.prefill_seconds);
+    end_cancelled_prefill(*handle, stats, start, result.prefill_seconds);
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
@@ -668,12 +678,13 @@ void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const c
 }
 
 void EngineService::end_cancelled_prefill(RequestHandle& handle, GenerationStats& stats,
-                                          int64_t start, bool can_roll_back,
-                                          double prefill_seconds) {
+                                          int64_t start, double prefill_seconds) {
   const std::span<const int64_t> prompt(handle.request_.prompt);
-  // Roll back to the state before this request's prefill: the checkpoint at `start`, or nothing.
-  if (!can_roll_back || checkpoints_->restore_best(
-                            *session_, prompt.first(static_cast<size_t>(start)), start) != start)
+  // Roll back to the state before this request's prefill: the checkpoint at `start` (step 2), or
+  // the deepest one below it when that one could not be saved (every slot kept), or nothing. The
+  // MLA rows below `start` are untouched by the cancelled prefill, so any of them is valid.
+  if (start == 0 ||
+      checkpoints_->restore_best(*session_, prompt.first(static_cast<size_t>(start)), start) == 0)
     session_->reset();
   {
     std::lock_guard<std::mutex> lock(mutex_);

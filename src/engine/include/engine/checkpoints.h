@@ -4,7 +4,9 @@
 // matches instead of re-prefilling everything.
 //
 // Slot policy: an identical (position, ids) checkpoint only refreshes its LRU stamp; otherwise the
-// first empty slot, else the least recently used one. Restore: the deepest checkpoint with
+// first empty slot, else the least recently used one among those not kept (protect()), else, for a
+// kept checkpoint only, the least recently used kept one (a checkpoint not kept never evicts a kept
+// one: it is dropped instead). Restore: the deepest checkpoint with
 // 1 <= pos <= live (the live common prefix of the session's record and the new prompt, which
 // proves the MLA rows below pos are still valid) whose ids equal prompt[0, pos).
 //
@@ -61,10 +63,15 @@ class CheckpointStore {
   const CheckpointPolicy& policy() const { return policy_; }
 
   // Saves a checkpoint of `session` at its position (nothing below position 1). Returns false when
-  // the checkpoint was dropped (an error is written to stderr) or the store is off.
+  // the checkpoint was dropped (an error is written to stderr), when it is not kept and every slot
+  // holds a kept one, or when the store is off.
   bool save(const Session& session);
   // True when a checkpoint of exactly (position, ids) is held.
   bool holds(int64_t position, std::span<const int64_t> ids) const;
+  // The checkpoints to keep over the others from now on: those at `positions` whose ids are
+  // prompt[0, position), held now or saved later (positions outside [1, prompt] are ignored).
+  // Replaces the previous set; an empty `positions` makes every slot plain LRU again.
+  void protect(std::span<const int64_t> positions, std::span<const int64_t> prompt);
   // Restores the deepest usable checkpoint into `session` (see above) and returns its position, or
   // 0 when none fits (the session is then untouched).
   int64_t restore_best(Session& session, std::span<const int64_t> prompt, int64_t live);
@@ -100,6 +107,7 @@ class CheckpointStore {
   uint64_t tag_of(int slot, const Slot& meta, const FileHeaderFields& fields,
                   const float* payload) const;
   bool write_file(int slot, const SavedState& saved);
+  bool kept(int64_t position, std::span<const int64_t> ids) const;
   bool read_file(int slot, size_t floats, SavedState& saved);
 
   CheckpointPolicy policy_;
@@ -109,7 +117,9 @@ class CheckpointStore {
   SipKey key_{};           // disk mode: random per store, never written anywhere
   std::string files_dir_;  // disk mode: the private subdirectory
   CheckpointCounters counters_;
-  SavedState scratch_;  // the one bounce buffer (disk mode) / staging checkpoint
+  SavedState scratch_;                   // the one bounce buffer (disk mode) / staging checkpoint
+  std::vector<int64_t> kept_positions_;  // protect(): ascending
+  std::vector<int64_t> kept_ids_;        // protect(): prompt[0, the last kept position)
 };
 
 }  // namespace k3

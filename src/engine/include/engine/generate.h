@@ -27,10 +27,11 @@ enum class TokenVerdict { next, stop, cancel };
 struct GenerateSettings {
   int64_t max_new_tokens = 16;
   std::vector<int64_t> stop_ids;  // see stop_ids()
-  // Prefill in pieces of this many ids (0 = all in one call); `split_at` (0 = none) is also a
-  // piece boundary. The pieces change when on_prefilled runs, never a logit.
+  // Prefill in pieces of this many ids (0 = all in one call); each of `splits` (offsets into the
+  // ids, ascending; those outside (0, ids) are ignored) is also a piece boundary. The pieces
+  // change when on_prefilled runs, never a logit.
   int64_t prefill_piece = 0;
-  int64_t split_at = 0;
+  std::vector<int64_t> splits;
   // Polled before every layer of the prefill and between tokens (nullptr = never cancelled).
   const std::atomic<bool>* cancel = nullptr;
   // Tests: generated ids taken from this script (in order, then the sampler) instead of sampled.

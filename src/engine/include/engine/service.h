@@ -13,11 +13,13 @@
 //   1. reuse: the record is a strict prefix of the prompt → prefill the tail ("live"); else the
 //      deepest matching checkpoint is restored ("checkpoint"); else the state is reset ("none").
 //   2. before prefilling from p > 0 a checkpoint is held at p (checkpoints on), so a cancelled
-//      prefill rolls back to p instead of losing everything; without one it resets.
+//      prefill rolls back to p instead of losing everything; without one it rolls back to the
+//      deepest checkpoint of the prompt below p, else resets.
 //   3. prefill the tail (cancellation polled before every layer), a checkpoint at the anchor (the
-//      start of the last message: an edited or regenerated turn resumes there) or, without
-//      one, at the prompt's end. With 2 slots the checkpoints kept are then the last anchor and the
-//      last reply's end, which serve the follow-up, the edit and the regenerate cases alike.
+//      start of the last message: an edited or regenerated turn resumes there), at each position
+//      the request keeps (ServiceRequest::keep), and at the prompt's end. With 2 slots and
+//      nothing kept, the checkpoints left are the last anchor and the last prompt's end, which
+//      serve the follow-up, the edit and the regenerate cases alike.
 //   4. decode (engine/generate.h, the loop kimi_k3 runs too): sample, demux (text::OutputParser),
 //   stop strings matched per channel on decoded
 //      text and withheld, stop ids never fed; cancel polled between tokens; a checkpoint at the
@@ -67,6 +69,12 @@ struct ServiceRequest {
   // A position worth a checkpoint inside the prompt: the start of the last message, where an edited
   // or regenerated last turn diverges (0 = none: the checkpoint is taken at the prompt's end).
   int64_t anchor = 0;
+  // Positions whose checkpoints the caller wants kept (CheckpointStore::protect): each one in the
+  // prefilled tail is saved when the prefill reaches it, and the checkpoints at these positions
+  // (saved now or by an earlier request of the same prefix) are kept over the others until the
+  // next request names its own. coli chat keeps the start and the end of the last user message (an
+  // edit, a regenerate) and the start of the first reply (a switch of /think).
+  std::vector<int64_t> keep;
   // Log-probabilities of the content tokens (docs/serving.md §3.15): -1 = none; 0..20 = the
   // chosen token's and this many alternatives', on the content events.
   int top_logprobs = -1;
@@ -146,7 +154,8 @@ struct ServiceOptions {
   LoadOptions load;
   int64_t context = 0;   // positions (0 = 8192)
   int ckpt_slots = -1;   // checkpoint slots; -1 = auto (2 on disk in ckpt_dir when it is set, else
-                         // 2 in RAM when memory allows, else off)
+                         // auto_slots in RAM when memory allows, else 2, else off)
+  int auto_slots = 2;    // what auto asks for in RAM first (coli chat: 4, for ServiceRequest::keep)
   std::string ckpt_dir;  // disk checkpoints here (checked before the weights load)
   bool ckpt_keep = false;
   size_t max_queue = 8;     // waiters behind the active request
@@ -226,16 +235,15 @@ class EngineService {
   void load();
   void serve(const std::shared_ptr<RequestHandle>& handle);
   // Steps 1 and 2 of a request: reuses what the session or a checkpoint holds of the prompt
-  // (resetting otherwise) and returns the position prefilling starts from; `can_roll_back` tells
-  // whether a checkpoint at that position is held.
-  int64_t reuse(const ServiceRequest& req, GenerationStats& stats, bool& can_roll_back);
+  // (resetting otherwise) and returns the position prefilling starts from.
+  int64_t reuse(const ServiceRequest& req, GenerationStats& stats);
   // The three ways a started request ends, each with its counters, checkpoint and terminal
   // event: an engine fault (the session is reset), a prefill cancelled (rolled back to the
-  // checkpoint at `start` when one is held, else reset), a generation that ran (stop, length,
-  // tool calls or a cancelled decode).
+  // deepest checkpoint of the prompt at or below `start`, normally the one at `start`, else reset),
+  // a generation that ran (stop, length, tool calls or a cancelled decode).
   void end_with_fault(RequestHandle& handle, bool decoding, const char* what);
   void end_cancelled_prefill(RequestHandle& handle, GenerationStats& stats, int64_t start,
-                             bool can_roll_back, double prefill_seconds);
+                             double prefill_seconds);
   void end_generation(RequestHandle& handle, GenerationStats& stats, const GenerateResult& result);
   void fail_waiters(ServiceError error, const std::string& message);
   // Copies the session's and the store's state into stats_ (before a terminal event, so a
