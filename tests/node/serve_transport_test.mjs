@@ -10,10 +10,11 @@
 //   check, 20000 by default; docs/serving.md §4.10 gives the 100000 run)
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, globalTimeout, killAll, makeDemoModel, makeTempDir, rawSocket, request, show, sleep,
+  MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir, rawSocket, request, show, sleep,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -190,6 +191,45 @@ await R.check('transport.half_closed_client_gets_its_answer', async () => {
   });
   const final = r.buf.replace(/^HTTP\/1\.1 1\d\d [^\r]*\r\n\r\n/g, '');
   assert(/^HTTP\/1\.1 200/.test(final) && /chat\.completion/.test(final), `half-closed: ${show(r)}`);
+});
+
+await R.check('transport.memory_returns_after_concurrent_large_bodies', async () => {
+  // Rounds of ten concurrent 7 MB prompts (each refused once its first tokenizer slice is past the
+  // context), then RSS against the level after one such request. Before the tokenizer freed its
+  // per-thread scratch, each connection thread kept ~4 MB: three rounds left over +100 MB.
+  const ROUNDS = 3, CONCURRENT = 10, BOUND_MB = 48;
+  const s = await new Server(coli, modelDir, 'memory').start();
+  try {
+    const rss = () => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${s.proc.pid}/status`, 'utf8'))[1]) / 1024;
+    const words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'];
+    const parts = [];
+    for (let i = 0, n = 0; n < 7_000_000; ++i) { const w = `${words[(i * 7) % 8]} ${i % 1000} `; parts.push(w); n += w.length; }
+    const body = JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: parts.join('') }], max_tokens: 1 });
+    const post = () => new Promise((resolve) => {
+      const req = http.request({ host: '127.0.0.1', port: s.port, method: 'POST', path: '/v1/chat/completions', agent: false,
+                                 headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode));
+      });
+      req.on('error', (e) => resolve(e.code));
+      req.end(body);
+    });
+    eq(await post(), 400, 'a 7 MB prompt');
+    const base = rss();
+    const seen = [];
+    for (let round = 0; round < ROUNDS; ++round) {
+      const st = await Promise.all(Array.from({ length: CONCURRENT }, post));
+      assert(st.every((c) => c === 400), `round ${round}: ${show(st)}`);
+      seen.push(Math.round(rss()));
+    }
+    // Every response is in; the bound is on memory, so give the server up to 10 s to get there.
+    let after = rss();
+    for (const t0 = Date.now(); after > base + BOUND_MB && Date.now() - t0 < 10_000; after = rss()) await sleep(200);
+    console.log(`      RSS ${base.toFixed(0)} MB after one 7 MB body; after each round of ${CONCURRENT}: ${seen.join(', ')} MB; at the end ${after.toFixed(0)} MB`);
+    assert(after <= base + BOUND_MB, `RSS ${after.toFixed(0)} MB after ${ROUNDS} rounds, over ${base.toFixed(0)} + ${BOUND_MB} MB`);
+  } finally {
+    await s.stop();
+  }
 });
 
 await R.check('transport.host_and_key_file_checks', async () => {
