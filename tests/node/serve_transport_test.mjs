@@ -193,6 +193,41 @@ await R.check('transport.half_closed_client_gets_its_answer', async () => {
   assert(/^HTTP\/1\.1 200/.test(final) && /chat\.completion/.test(final), `half-closed: ${show(r)}`);
 });
 
+// GET /v1/models on a fresh connection from `localAddress` (any 127.x.y.z), with `key` (none when
+// null). Resolves the status.
+function modelsFrom(port, localAddress, key) {
+  return new Promise((resolve) => {
+    const headers = key ? { authorization: `Bearer ${key}` } : {};
+    const req = http.get({ host: '127.0.0.1', port, path: '/v1/models', localAddress, headers, agent: false }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode));
+    });
+    req.on('error', (e) => resolve(e.code));
+  });
+}
+
+await R.check('transport.auth_brake_counts_wrong_keys_from_any_loopback_address', async () => {
+  const KEY = 'sk-transport-brake-key';
+  const s = await new Server(coli, modelDir, 'brake', ['--api-key', KEY], { key: KEY }).start();
+  try {
+    // Requests without a key are 401s, not guesses: the key's holder is never locked out by them.
+    const keyless = [];
+    for (let i = 0; i < 25; ++i) keyless.push(await modelsFrom(s.port, '127.0.0.1', null));
+    assert(keyless.every((c) => c === 401), `25 requests without a key: ${show(keyless)}`);
+    eq(await modelsFrom(s.port, '127.0.0.1', KEY), 200, 'the right key after 25 requests without one');
+    // Twenty wrong keys from twenty loopback addresses are twenty guesses of one client.
+    const guesses = [];
+    for (let i = 0; i < 20; ++i) guesses.push(await modelsFrom(s.port, `127.0.${i}.2`, 'sk-guess'));
+    assert(guesses.every((c) => c === 401), `20 wrong keys: ${show(guesses)}`);
+    eq(await modelsFrom(s.port, '127.0.99.3', 'sk-guess'), 429, 'a 21st wrong key from yet another loopback address');
+    // The right key is never refused, from any of them.
+    eq(await modelsFrom(s.port, '127.0.99.3', KEY), 200, 'the right key while wrong keys are blocked');
+    eq(await modelsFrom(s.port, '127.0.0.1', KEY), 200, 'the right key from 127.0.0.1');
+  } finally {
+    await s.stop();
+  }
+});
+
 await R.check('transport.memory_returns_after_concurrent_large_bodies', async () => {
   // Rounds of ten concurrent 7 MB prompts (each refused once its first tokenizer slice is past the
   // context), then RSS against the level after one such request. Before the tokenizer freed its
