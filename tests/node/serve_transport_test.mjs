@@ -2,8 +2,11 @@
 // client ports reused across many connections never get a 400, a second server cannot bind a
 // port in use, a load that fails at once ends the process, /health answers while one client
 // holds slow connections, the listen backlog, framing and header refusals (400 / 431 / 408), a
-// garbage request line closes the connection, a half-closed client still gets its answer, and
-// the --host / --api-key-file checks.
+// declared body is read whatever the method or path (never parsed as the next request), the
+// strict head and chunk framing of RFC 9112 (400 and close), a garbage request line closes the
+// connection, a half-closed client still gets its answer, the API-key brake counts only wrong
+// keys (any loopback address is one client, the right key always passes), memory after rounds of
+// concurrent large bodies, and the --host / --api-key-file checks.
 //
 //   node tests/node/serve_transport_test.mjs <path-to-coli>
 //   (ctest: Serve.Transport; SERVE_TRANSPORT_CONNECTIONS sets the connection count of the first
@@ -167,6 +170,73 @@ await R.check('transport.framing_and_header_refusals', async () => {
   // A request head that never ends: 408, not a silent close.
   const head = await rawSocket(srv.port, ['GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n'], { readTimeoutMs: 10_000 });
   assert(head.status === 408 && head.closed, `stalled head: ${show(head.text)}`);
+});
+
+// The statuses of the responses on one connection, in order.
+const statusesOf = (text) => [...text.matchAll(/HTTP\/1\.[01] (\d{3})/g)].map((m) => Number(m[1]));
+// A request that closes the connection once answered: nothing sent after it is read.
+const LAST = 'GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n';
+// What a proxy in front would take for a body, and the server for a second request.
+const SMUGGLED = 'GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n';
+const chunked = (data) => `${Buffer.byteLength(data).toString(16)}\r\n${data}\r\n0\r\n\r\n`;
+
+await R.check('transport.declared_body_is_read_whatever_the_method_or_path', async () => {
+  // Each request declares a body holding a request; then LAST. Exactly two answers: the body is
+  // read and dropped (or handed to the route), never parsed as a request of its own.
+  const heads = ['GET /health', 'HEAD /health', 'OPTIONS /v1/models', 'GET /v1/no-such-path', 'GET /no/such/page',
+                 'PUT /v1/models', 'DELETE /health', 'PATCH /v1/models'];
+  const problems = [];
+  for (const h of heads) {
+    for (const [how, framing, body] of [['length', `Content-Length: ${SMUGGLED.length}`, SMUGGLED],
+                                        ['chunked', 'Transfer-Encoding: chunked', chunked(SMUGGLED)]]) {
+      const r = await rawSocket(srv.port, [`${h} HTTP/1.1\r\nHost: 127.0.0.1\r\n${framing}\r\n\r\n${body}${LAST}`], { readTimeoutMs: 8000 });
+      const st = statusesOf(r.text);
+      if (st.length !== 2 || st[0] >= 500 || st[1] !== 200 || !r.closed) problems.push(`${h} (${how} body): answers ${show(st)}, closed ${r.closed}`);
+    }
+  }
+  // A GET whose body is not a request: it is read, not waited on as the rest of a request line.
+  const r = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n0123456789${LAST}`], { readTimeoutMs: 8000 });
+  if (show(statusesOf(r.text)) !== '[200,200]' || !r.closed) problems.push(`GET with a 10-byte body: answers ${show(statusesOf(r.text))}, closed ${r.closed}`);
+  // A request the HTTP library refuses on its own once the head is in (a Range it cannot parse):
+  // its body is unread, so the connection ends with the answer.
+  const range = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: bytes=zz\r\nContent-Length: ${SMUGGLED.length}\r\n\r\n${SMUGGLED}${LAST}`], { readTimeoutMs: 8000 });
+  if (show(statusesOf(range.text)) !== '[416]' || !range.closed) problems.push(`bad Range with a body: answers ${show(statusesOf(range.text))}, closed ${range.closed}`);
+  assert(problems.length === 0, problems.join('\n      '));
+});
+
+await R.check('transport.strict_head_and_chunk_framing', async () => {
+  const tb = '{"content":"hi"}';
+  const post = (fields, body) => `POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n${fields}\r\n${body}`;
+  const get = (fields) => `GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n${fields}\r\n`;
+  const cases = [
+    ['Content-Length: +N', post(`Content-Length: +${tb.length}\r\n`, tb)],
+    ['Content-Length: N, N', post(`Content-Length: ${tb.length}, ${tb.length}\r\n`, tb)],
+    ['space before the colon (POST)', post(`Content-Length : ${tb.length}\r\n`, tb)],
+    ['space before the colon (GET)', get(`Content-Length : ${SMUGGLED.length}\r\n`) + SMUGGLED],
+    ['a header line without a colon', get('X-No-Colon\r\n')],
+    ['a NUL in a header value', get('X-A: a\0b\r\n')],
+    ['a percent-encoded NUL in a header value', get('X-A: a%00b\r\n')],
+    ['a header line ending in a bare LF', get('X-A: a\nContent-Length: 5\r\n') + 'xxxxx'],
+    ['obsolete line folding', get('X-A: a\r\n b\r\n')],
+    ['two Host headers', get('Host: evil.example\r\n')],
+    ['HTTP/1.1 without Host', 'GET /health HTTP/1.1\r\nX-A: b\r\n\r\n'],
+    ['chunk data not followed by CRLF', post('Transfer-Encoding: chunked\r\n', `${tb.length.toString(16)}\r\n${tb}XX${SMUGGLED}`)],
+    ['a chunk size with a sign', post('Transfer-Encoding: chunked\r\n', `+${tb.length.toString(16)}\r\n${tb}\r\n0\r\n\r\n`)],
+  ];
+  const problems = [];
+  for (const [what, text] of cases) {
+    const r = await rawSocket(srv.port, [text + LAST], { readTimeoutMs: 8000 });
+    const st = statusesOf(r.text);
+    const code = /"code":"([a-z_]+)"/.exec(r.text)?.[1];
+    if (show(st) !== '[400]' || !r.closed || !['bad_request', 'invalid_framing'].includes(code)) {
+      problems.push(`${what}: answers ${show(st)}, code ${code}, closed ${r.closed}`);
+    }
+  }
+  // Well-formed chunking (an extension, a trailer) is served, and the connection stays in step.
+  const ok = await rawSocket(srv.port, [post('Transfer-Encoding: chunked\r\n',
+    `${tb.length.toString(16)};ext=1\r\n${tb}\r\n0\r\nX-Trailer: 1\r\n\r\n`) + LAST], { readTimeoutMs: 8000 });
+  if (show(statusesOf(ok.text)) !== '[200,200]' || !/"tokens":\[/.test(ok.text)) problems.push(`well-formed chunked body: ${show(ok.text)}`);
+  assert(problems.length === 0, problems.join('\n      '));
 });
 
 await R.check('transport.garbage_request_line_closes_the_connection', async () => {
