@@ -83,13 +83,14 @@ TEST(ServeApi, RoutesBrakeRepeatedKeyFailures) {
   Router router(service, server_options());
   for (int i = 0; i < 20; ++i)
     expect_error(router.serve(request("GET", "/slots", "", "sk-guess")), 401, "invalid_api_key");
-  // Blocked now, even with the right key.
-  const HttpResponse res = router.serve(request("GET", "/slots"));
+  // Blocked now for wrong keys; the right key still passes.
+  const HttpResponse res = router.serve(request("GET", "/slots", "", "sk-guess"));
   expect_error(res, 429, "too_many_auth_failures");
   EXPECT_FALSE(res.header("Retry-After").empty());
-  HttpRequest other = request("GET", "/slots");
-  other.remote_addr = "127.0.0.2";  // another address is not blocked
-  EXPECT_EQ(router.serve(other).status, 200);
+  EXPECT_EQ(router.serve(request("GET", "/slots")).status, 200);
+  HttpRequest other = request("GET", "/slots", "", "sk-guess");
+  other.remote_addr = "10.0.0.2";  // another address is not blocked
+  expect_error(router.serve(other), 401, "invalid_api_key");
 }
 
 TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {

@@ -1,14 +1,16 @@
 // The socket side of `coli serve` below HTTP (docs/serving.md §4): the loopback test of --host
 // (a parsed address, not a prefix), the CORS list with no hard-coded extras, the framing guards
-// (two Content-Lengths, Content-Length with Transfer-Encoding), the auth brake keyed by client
-// (address and, for loopback, the owning uid), and the connection gate: the owner of a loopback
-// socket, eviction of the greediest client's idle connection when full, never a busy one.
+// (two Content-Lengths, Content-Length with Transfer-Encoding), the auth brake (wrong keys only,
+// never the right key, keyed by client: the address, or for any loopback address "loopback" and
+// the owning uid), and the connection gate: the owner of a loopback socket, eviction of the
+// greediest client's idle connection when full, never a busy one.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../src/server/auth_brake.h"
 #include "../src/server/connection_gate.h"
 #include "engine/service.h"
 #include "serve_demo.h"
@@ -91,18 +93,99 @@ TEST(ServeTransport, AmbiguousFramingIsRefused) {
   EXPECT_EQ(router.serve(get).status, 400);
 }
 
-TEST(ServeTransport, AuthBrakeIsPerClientNotPerAddress) {
+// A wrong key is a guess: 20 within 60 s block that client's wrong keys; another local user (a
+// different uid on the same address) is another client.
+TEST(ServeTransport, AuthBrakeBlocksWrongKeysPerClient) {
   Router router(shared_service(), server_options());
   HttpRequest guess = request("GET", "/slots", "sk-guess");
   guess.client = "127.0.0.1 uid 4242";
   for (int i = 0; i < 20; ++i) EXPECT_EQ(router.serve(guess).status, 401);
-  HttpRequest blocked = request("GET", "/slots");
-  blocked.client = guess.client;
-  EXPECT_EQ(router.serve(blocked).status, 429);
-  // Another local user on the same address keeps working.
-  HttpRequest other = request("GET", "/slots");
+  const HttpResponse blocked = router.serve(guess);
+  EXPECT_EQ(blocked.status, 429);
+  EXPECT_EQ(code_of(blocked), "too_many_auth_failures");
+  EXPECT_FALSE(blocked.header("Retry-After").empty());
+  HttpRequest other = guess;
   other.client = "127.0.0.1 uid 4243";
-  EXPECT_NE(router.serve(other).status, 429);
+  EXPECT_EQ(router.serve(other).status, 401);
+}
+
+// The right key is never refused by the brake: a guesser behind the same proxy (or on the same
+// machine) must not lock out the key's holders.
+TEST(ServeTransport, AuthBrakeNeverRefusesTheRightKey) {
+  Router router(shared_service(), server_options());
+  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  guess.client = "10.1.2.3";
+  for (int i = 0; i < 25; ++i) router.serve(guess);
+  EXPECT_EQ(router.serve(guess).status, 429);
+  HttpRequest right = request("GET", "/slots");
+  right.client = guess.client;
+  EXPECT_EQ(router.serve(right).status, 200);
+  EXPECT_EQ(router.serve(guess).status, 429);  // still blocked for wrong keys
+}
+
+// A request without a key (a probe, a client not configured yet) is a 401, not a guess.
+TEST(ServeTransport, AuthBrakeDoesNotCountMissingKeys) {
+  Router router(shared_service(), server_options());
+  HttpRequest keyless = request("GET", "/slots", nullptr);
+  keyless.client = "10.1.2.4";
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(router.serve(keyless).status, 401) << i;
+  HttpRequest other_scheme = keyless;  // a scheme other than Bearer presents no key either
+  other_scheme.headers.emplace_back("Authorization", "Basic c2stdGVzdA==");
+  EXPECT_EQ(router.serve(other_scheme).status, 401);
+  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  guess.client = keyless.client;
+  EXPECT_EQ(router.serve(guess).status, 401);  // not blocked
+  HttpRequest right = request("GET", "/slots");
+  right.client = keyless.client;
+  EXPECT_EQ(router.serve(right).status, 200);
+}
+
+// Any local process can send from any 127.x.y.z: the loopback addresses are one client.
+TEST(ServeTransport, AuthBrakeCountsLoopbackAsOneClient) {
+  Router router(shared_service(), server_options());
+  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  for (int i = 0; i < 20; ++i) {
+    guess.client = "127.0." + std::to_string(i) + ".2 uid 4242";
+    EXPECT_EQ(router.serve(guess).status, 401);
+  }
+  guess.client = "127.200.1.1 uid 4242";
+  EXPECT_EQ(router.serve(guess).status, 429);
+  guess.client = "::1 uid 4242";
+  EXPECT_EQ(router.serve(guess).status, 429);
+  guess.client = "10.0.0.1";  // a remote address is its own client
+  EXPECT_EQ(router.serve(guess).status, 401);
+}
+
+// The brake as a function of (client, key, time).
+TEST(ServeTransport, AuthBrakeWindowAndBlock) {
+  AuthBrake brake;
+  const double t0 = 1000;
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(brake.check("c", KeyState::missing, t0).status, 401);
+  for (size_t i = 0; i < AuthBrake::kMaxFailures; ++i)
+    EXPECT_EQ(brake.check("c", KeyState::wrong, t0 + 0.1 * static_cast<double>(i)).status, 401);
+  const AuthAnswer blocked = brake.check("c", KeyState::wrong, t0 + 3);
+  EXPECT_EQ(blocked.status, 429);
+  EXPECT_GT(blocked.retry_after, 50);
+  EXPECT_LE(blocked.retry_after, 60);
+  EXPECT_EQ(brake.check("c", KeyState::right, t0 + 3).status, 0);
+  EXPECT_EQ(brake.check("c", KeyState::missing, t0 + 3).status, 401);
+  EXPECT_EQ(brake.check("d", KeyState::wrong, t0 + 3).status, 401);
+  // The block ends 60 s after it began, and counting starts over.
+  EXPECT_EQ(brake.check("c", KeyState::wrong, t0 + 62).status, 401);
+  // Failures older than the window do not count.
+  for (size_t i = 0; i + 1 < AuthBrake::kMaxFailures; ++i) brake.check("e", KeyState::wrong, t0);
+  EXPECT_EQ(brake.check("e", KeyState::wrong, t0 + 61).status, 401);
+  EXPECT_EQ(brake.check("e", KeyState::wrong, t0 + 62).status, 401);
+}
+
+TEST(ServeTransport, AuthBrakeClientKey) {
+  EXPECT_EQ(AuthBrake::client_key("127.0.0.9 uid 7"), "loopback uid 7");
+  EXPECT_EQ(AuthBrake::client_key("127.255.0.1"), "loopback");
+  EXPECT_EQ(AuthBrake::client_key("::1 uid 0"), "loopback uid 0");
+  EXPECT_EQ(AuthBrake::client_key("::ffff:127.1.2.3 uid 1"), "loopback uid 1");
+  EXPECT_EQ(AuthBrake::client_key("128.0.0.1"), "128.0.0.1");
+  EXPECT_EQ(AuthBrake::client_key("10.0.0.1"), "10.0.0.1");
+  EXPECT_EQ(AuthBrake::client_key("::2"), "::2");
 }
 
 // A connected loopback pair: {server side, client side}.

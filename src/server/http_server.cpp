@@ -2,8 +2,10 @@
 // HTTP library (see server/http_server.h): library requests become HttpRequest values, the
 // Router's answers become library responses, and the connection-level work (the keep-alive
 // loop, gate, read deadline, body reads, closing) happens here. The library parses each request
-// (Server::process_request) over our per-connection stream; we own the socket (docs/serving.md
-// §4.10).
+// line and head (Server::process_request) over our per-connection stream; we own the socket, check
+// the raw head strictly and read every body ourselves (server/http_framing.h), so the library's
+// lenient parsing never decides where one request ends and the next begins (docs/serving.md
+// §4.5, §4.10).
 #include "server/http_server.h"
 
 #include <arpa/inet.h>
@@ -22,10 +24,13 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "connection_gate.h"
+#include "http_framing.h"
 #include "read_deadline.h"
 #include "server/routes.h"
 #include "util/error.h"
@@ -50,8 +55,11 @@ constexpr size_t kRequestLineBytes = 8192 + 64;
 // (the library's own is per request and drops bytes a client pipelined). Every read is bounded
 // by a deadline — the request line and headers must arrive within the read deadline of the
 // request's start, a body within the read deadline of its headers — so a client dripping a byte
-// at a time is cut off without a reaper thread; the head is cut off past its byte cap. What
-// ended a read is kept, so a refusal the library writes can say why (408, 431).
+// at a time is cut off without a reaper thread; the head is cut off past its byte cap. The head's
+// bytes are kept for the strict check (the library reads a head a byte at a time, so they are
+// exactly the head), and a body is read through available() / consume(), which never take a
+// byte past the body. What ended a read is kept, so a refusal the library writes can say why
+// (408, 431).
 class ConnectionStream : public httplib::Stream {
  public:
   ConnectionStream(int fd, const Peer& peer, double write_timeout_s)
@@ -74,7 +82,7 @@ class ConnectionStream : public httplib::Stream {
   void begin_request(double deadline, size_t head_limit) {
     deadline_ = deadline;
     head_limit_ = head_limit;
-    head_bytes_ = 0;
+    head_.clear();
     in_head_ = true;
     timed_out_ = ended_ = head_too_large_ = false;
   }
@@ -83,6 +91,15 @@ class ConnectionStream : public httplib::Stream {
     in_head_ = false;
     deadline_ = deadline;
   }
+  // The request line and header lines read so far, with their CRLFs.
+  const std::string& head() const { return head_; }
+  // The bytes buffered after the head, reading more (within the deadline) when there are none;
+  // empty once the peer ended the stream or the deadline passed (timed_out()).
+  std::string_view available() {
+    if (fill() <= 0) return {};
+    return {buffer_ + off_, len_ - off_};
+  }
+  void consume(size_t n) { off_ += std::min(n, len_ - off_); }
   bool buffered() const { return off_ < len_; }
   bool timed_out() const { return timed_out_; }
   bool ended() const { return ended_; }
@@ -91,26 +108,14 @@ class ConnectionStream : public httplib::Stream {
   bool is_readable() const override { return buffered() || wait(POLLIN, read_ms()); }
   bool is_writable() const override { return wait(POLLOUT, write_ms_); }
   ssize_t read(char* ptr, size_t size) override {
-    if (!buffered()) {
-      const int ms = read_ms();
-      if (ms <= 0 || !wait(POLLIN, ms)) {
-        timed_out_ = true;
+    if (const ssize_t n = fill(); n <= 0) return n;
+    const size_t k = std::min(size, len_ - off_);
+    if (in_head_) {
+      if (head_.size() + k > head_limit_) {
+        head_too_large_ = true;
         return -1;
       }
-      ssize_t n;
-      do n = ::recv(fd_, buffer_, sizeof buffer_, 0);
-      while (n < 0 && errno == EINTR);
-      if (n <= 0) {
-        ended_ = true;
-        return n;
-      }
-      off_ = 0;
-      len_ = static_cast<size_t>(n);
-    }
-    const size_t k = std::min(size, len_ - off_);
-    if (in_head_ && (head_bytes_ += k) > head_limit_) {
-      head_too_large_ = true;
-      return -1;
+      head_.append(buffer_ + off_, k);
     }
     std::memcpy(ptr, buffer_ + off_, k);
     off_ += k;
@@ -131,6 +136,26 @@ class ConnectionStream : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
  private:
+  // The bytes buffered, after waiting (up to the deadline) for more when there are none: -1 when
+  // the deadline passed or the read failed, 0 at the end of the stream.
+  ssize_t fill() {
+    if (buffered()) return static_cast<ssize_t>(len_ - off_);
+    const int ms = read_ms();
+    if (ms <= 0 || !wait(POLLIN, ms)) {
+      timed_out_ = true;
+      return -1;
+    }
+    ssize_t n;
+    do n = ::recv(fd_, buffer_, sizeof buffer_, 0);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      ended_ = true;
+      return n;
+    }
+    off_ = 0;
+    len_ = static_cast<size_t>(n);
+    return n;
+  }
   int read_ms() const {
     return static_cast<int>(std::clamp((deadline_ - now_seconds()) * 1000, 0.0, 3.6e6));
   }
@@ -149,7 +174,8 @@ class ConnectionStream : public httplib::Stream {
   char buffer_[16384];
   size_t off_ = 0, len_ = 0;
   double deadline_ = 0;
-  size_t head_limit_ = 0, head_bytes_ = 0;
+  size_t head_limit_ = 0;
+  std::string head_;
   bool in_head_ = false, timed_out_ = false, ended_ = false, head_too_large_ = false;
 };
 
@@ -165,8 +191,9 @@ struct Connection {
 thread_local Connection* t_conn = nullptr;
 
 // One request's state across the library's callbacks, which run in order on the connection's
-// thread: the pre-routing handler (headers in), the route handler (body), the post-routing
-// handler (response head about to be written), the logger (response written).
+// thread: the pre-routing handler (headers in: the whole request is served there), the
+// post-routing handler (response head about to be written), the logger (response written). Null
+// while the library answers a request on its own (a head it could not parse).
 struct RequestState {
   double headers_done = 0;   // now_seconds() when the headers were complete (the body's deadline)
   bool unread_body = false;  // refused before its body was read in full: drain before closing
@@ -270,6 +297,7 @@ class Transport : public httplib::Server {
         if (::poll(&p, 1, kKeepAliveSeconds * 1000) <= 0) break;  // idle, or shut down
       }
       stream.begin_request(now_seconds() + options_.read_timeout_s, head_limit);
+      t_request.reset();
       bool closed = false;
       ok = process_request(stream, served + 1 == kKeepAliveRequests, closed, nullptr);
       if (!ok || closed || c.closing) break;
@@ -325,13 +353,6 @@ HttpRequest to_request(const httplib::Request& req) {
   return r;
 }
 
-// The headers already on the library's response (set by the pre-routing step).
-HttpResponse current(const httplib::Response& res) {
-  HttpResponse out;
-  for (const auto& [k, v] : res.headers) out.headers.emplace_back(k, v);
-  return out;
-}
-
 struct SinkAdapter : StreamSink {
   explicit SinkAdapter(httplib::DataSink& s) : sink(s) {}
   bool write(std::string_view bytes) override { return sink.write(bytes.data(), bytes.size()); }
@@ -384,60 +405,79 @@ struct HttpServer::Impl {
 
   Impl(EngineService& s, ServerOptions o) : options(o), router(s, std::move(o)) {}
 
-  // The library's request with its body, through the route table.
-  void dispatch(const httplib::Request& req, httplib::Response& res, std::string body) {
-    HttpRequest r = to_request(req);
-    r.body = std::move(body);
-    r.request_id = res.get_header_value("x-request-id");
-    if (t_conn && t_request)
-      r.client_gone = [fd = t_conn->fd, request = t_request, http11 = req.version == "HTTP/1.1"] {
-        return client_gone(fd, *request, http11);
-      };
-    HttpResponse out = current(res);
-    router.handle(std::move(r), out);
-    answer(std::move(out), res);
+  // Reads the body `head` declares into `body`: all of it, up to `limit` bytes, within the read
+  // deadline of the headers, and not a byte past it. The refusal when it cannot be read.
+  std::optional<ApiError> read_body(const RequestHead& head, size_t limit, std::string& body) {
+    ConnectionStream& stream = *t_conn->stream;
+    if (head.framing == BodyFraming::length) {
+      if (head.length > limit) return body_too_large(limit, static_cast<size_t>(head.length));
+      body.reserve(static_cast<size_t>(head.length));
+    }
+    ChunkedDecoder chunked;
+    for (;;) {
+      if (head.framing == BodyFraming::chunked ? chunked.done() : body.size() == head.length)
+        return std::nullopt;
+      if (deadline.body_overdue(t_request->headers_done)) return body_too_slow(deadline.seconds());
+      const std::string_view in = stream.available();
+      if (in.empty())
+        return stream.timed_out() ? body_too_slow(deadline.seconds()) : body_unreadable();
+      if (head.framing == BodyFraming::chunked) {
+        stream.consume(chunked.feed(in, body));
+        if (chunked.failed())
+          return api_error(400, "invalid_request_error", "invalid_framing", chunked.error());
+      } else {
+        const size_t take =
+            static_cast<size_t>(std::min<uint64_t>(in.size(), head.length - body.size()));
+        body.append(in.data(), take);
+        stream.consume(take);
+      }
+      if (body.size() > limit) return body_too_large(limit, body.size(), true);
+    }
   }
 
-  // A POST's body, chunked or not, read up to the route's limit within the read deadline (the
-  // library bounds Content-Length bodies but not chunked ones), then dispatched. A body that
-  // stops arriving fails its read at the deadline: that is a 408 too, not a broken body.
-  void read_and_dispatch(const httplib::Request& req, httplib::Response& res,
-                         const httplib::ContentReader& reader) {
-    const Route* route = router.find(req.method, req.path);
-    const size_t limit = route ? route->body_limit : options.max_body_bytes;
-    const double headers_done = t_request ? t_request->headers_done : now_seconds();
-    std::string body;
-    bool too_large = false, too_slow = false;
-    size_t arrived = 0;  // bytes of the body read when it went over the limit
-    const bool complete = reader([&](const char* data, size_t length) {
-      if (body.size() + length > limit) {
-        too_large = true;
-        arrived = body.size() + length;
-        return false;
-      }
-      if (deadline.body_overdue(headers_done)) {
-        too_slow = true;
-        return false;
-      }
-      body.append(data, length);
-      return true;
-    });
-    if (!complete && !too_large && t_conn && t_conn->stream->timed_out()) too_slow = true;
-    if (too_slow || too_large || !complete) {
-      HttpResponse out = current(res);
-      const ApiError error = too_slow    ? body_too_slow(deadline.seconds())
-                             : too_large ? body_too_large(limit, arrived, true)
-                                         : body_unreadable();
-      HttpResponse refusal = error_response(error, error_style_for(req.path));
-      for (auto& [k, v] : refusal.headers) out.set_header(k, v);
-      out.status = refusal.status;
-      out.body = std::move(refusal.body);
-      out.content_type = std::move(refusal.content_type);
-      out.set_header("Connection", "close");
-      out.unread_body = true;
+  // `error` as the answer, over the headers already in `out`: the connection closes after it, and
+  // what the client still sends is drained, never parsed as a request.
+  static void refuse(HttpResponse& out, const ApiError& error, const std::string& path) {
+    HttpResponse refusal = error_response(error, error_style_for(path));
+    for (auto& [k, v] : refusal.headers) out.set_header(k, v);
+    out.status = refusal.status;
+    out.body = std::move(refusal.body);
+    out.content_type = std::move(refusal.content_type);
+    out.set_header("Connection", "close");
+    out.unread_body = true;
+  }
+
+  // One request, once the library has parsed its head: the strict head check, the route table's
+  // guards (screen), the body — read in full whatever the method or path, so it is never taken for
+  // the next request — and the route's answer.
+  void serve(const httplib::Request& req, httplib::Response& res) {
+    HttpRequest r = to_request(req);
+    HttpResponse out;
+    const RequestHead head = check_request_head(t_conn->stream->head());
+    if (!head.error.empty()) {
+      refuse(out,
+             api_error(400, "invalid_request_error",
+                       head.framing_error ? "invalid_framing" : "bad_request", head.error),
+             r.path);
       return answer(std::move(out), res);
     }
-    dispatch(req, res, std::move(body));
+    const bool answered = router.screen(r, out);
+    if (answered && out.closes()) return answer(std::move(out), res);  // a refusal
+    const Route* route = router.find(r.method, r.path);
+    std::string body;
+    if (const auto error =
+            read_body(head, route ? route->body_limit : options.max_body_bytes, body)) {
+      refuse(out, *error, r.path);
+      return answer(std::move(out), res);
+    }
+    if (answered) return answer(std::move(out), res);  // the OPTIONS preflight, its body dropped
+    r.body = std::move(body);
+    r.request_id = out.header("x-request-id");
+    r.client_gone = [fd = t_conn->fd, request = t_request, http11 = req.version == "HTTP/1.1"] {
+      return client_gone(fd, *request, http11);
+    };
+    router.handle(std::move(r), out);
+    answer(std::move(out), res);
   }
 
   // A response the library wrote before any handler ran (no request line, a head over its
@@ -472,24 +512,18 @@ struct HttpServer::Impl {
   }
 
   void install() {
+    // The whole request is served here: the library's routing (and its body reading) never runs.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       t_request = std::make_shared<RequestState>();
       t_request->headers_done = now_seconds();
-      if (t_conn) {
-        gate.mark(t_conn->id, true);
-        t_conn->stream->end_head(t_request->headers_done + options.read_timeout_s);
-      }
-      if (t_conn && t_conn->closing) {  // bytes after a closing response: never served
+      gate.mark(t_conn->id, true);
+      t_conn->stream->end_head(t_request->headers_done + options.read_timeout_s);
+      if (t_conn->closing) {  // bytes after a closing response: never served
         answer(error_response(http_status_error(400)), res);
         res.set_header("Connection", "close");
-        return httplib::Server::HandlerResponse::Handled;
+      } else {
+        serve(req, res);
       }
-      HttpResponse head;
-      if (!router.screen(to_request(req), head)) {
-        for (const auto& [k, v] : head.headers) res.set_header(k, v);
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
-      answer(std::move(head), res);
       return httplib::Server::HandlerResponse::Handled;
     });
     http.set_post_routing_handler([](const httplib::Request&, httplib::Response&) {
@@ -515,7 +549,9 @@ struct HttpServer::Impl {
     });
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
-      if (!req.has_header("REMOTE_ADDR")) return library_refusal(req, res);
+      // The library answered before the pre-routing step (a head it could not parse, a Range it
+      // refused): the connection ends after it, whatever the request's body was.
+      if (!t_request) return library_refusal(req, res);
       const HttpResponse e =
           error_response(http_status_error(res.status), error_style_for(req.path));
       res.set_content(e.body, e.content_type.c_str());
@@ -536,16 +572,9 @@ struct HttpServer::Impl {
                          error_style_for(req.path));
       res.status = e.status;
       res.set_content(e.body, e.content_type.c_str());
+      // The request's body may be unread: nothing more is parsed from this connection.
+      res.set_header("Connection", "close");
     });
-    // Every GET and POST goes through the route table (other methods get the library's 404
-    // after screen() has checked them against the same table).
-    http.Get(".*", [this](const httplib::Request& q, httplib::Response& r) { dispatch(q, r, {}); });
-    http.Post(".*",
-              [this](const httplib::Request& q, httplib::Response& r,
-                     const httplib::ContentReader& reader) { read_and_dispatch(q, r, reader); });
-    http.Post(".*", [this](const httplib::Request& q, httplib::Response& r) {
-      dispatch(q, r, q.body);
-    });  // no body
   }
 };
 
@@ -563,7 +592,6 @@ HttpServer::HttpServer(EngineService& service, ServerOptions options)
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     s.listen_fd = fd;
   });
-  s.http.set_payload_max_length(s.options.max_body_bytes);
   const double t = s.options.read_timeout_s;
   s.http.set_read_timeout(
       static_cast<time_t>(t),

@@ -258,16 +258,21 @@ bool Router::screen(const HttpRequest& req, HttpResponse& res) {
   const Route* route = find(req.method, req.path);
   if (route && route->auth == AuthClass::api_key && !options.security.api_keys.empty()) {
     const std::string& client = req.client.empty() ? req.remote_addr : req.client;
-    if (const int wait = state_->brake.blocked_for(client)) {
+    const bool presented =
+        !presented_key(req.header("Authorization"), req.header("x-api-key")).empty();
+    const KeyState key = !presented                 ? KeyState::missing
+                         : authorised(options, req) ? KeyState::right
+                                                    : KeyState::wrong;
+    const AuthAnswer brake = state_->brake.check(client, key);
+    if (brake.status == 429) {
       refuse(req, res,
              api_error(429, "rate_limit_error", "too_many_auth_failures",
                        "too many failed API keys from this address: retry in " +
-                           std::to_string(wait) + " s",
-                       std::nullopt, wait));
+                           std::to_string(brake.retry_after) + " s",
+                       std::nullopt, brake.retry_after));
       return true;
     }
-    if (!authorised(options, req)) {
-      state_->brake.failed(client);
+    if (brake.status != 0) {
       refuse(req, res,
              api_error(401, "authentication_error", "invalid_api_key",
                        "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY; "

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 
+#include "scratch.h"
 #include "text/unicode.h"
 
 namespace k3::text {
@@ -276,6 +277,7 @@ void chunk_text(std::string_view valid_utf8, std::vector<Piece>& out) {
 // Decodes once, then emits the scanner's pieces, turning code point indices into byte offsets.
 void pretokenize(std::string_view valid_utf8, std::vector<Piece>& out) {
   thread_local Decoded decoded;  // reused between calls: no allocation in the steady state
+  const ScratchGuard<uint8_t> release_classes(decoded.classes), release_keys(decoded.keys);
   decode_classes(valid_utf8, decoded);
   const uint8_t* keys = decoded.keys.data();
   const size_t n = decoded.classes.size();

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "io/file.h"
+#include "scratch.h"
 #include "text/pretokenizer.h"
 #include "text/utf8.h"
 #include "util/error.h"
@@ -147,6 +148,7 @@ void Tokenizer::Impl::bpe_small(const char* piece, size_t length, std::vector<in
     int32_t rank;
   };
   thread_local std::vector<Part> parts;
+  const ScratchGuard<Part> release_parts(parts);
   parts.clear();
   for (size_t i = 0; i + 1 < length; ++i) parts.push_back({uint32_t(i), rank_of(piece + i, 2)});
   parts.push_back({uint32_t(length - 1), kNoRank});
@@ -175,6 +177,8 @@ void Tokenizer::Impl::bpe_heap(const char* piece, size_t length, std::vector<int
   constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
   thread_local std::vector<uint32_t> next, prev;  // [length] linked list over part starts
   thread_local std::vector<int32_t> rank;         // [length] rank of (part, next part) merged
+  const ScratchGuard<uint32_t> release_next(next), release_prev(prev);
+  const ScratchGuard<int32_t> release_rank(rank);
   next.assign(length, kNone);
   prev.assign(length, kNone);
   rank.assign(length, kNoRank);
@@ -241,6 +245,7 @@ void Tokenizer::Impl::bpe(const char* piece, size_t length, std::vector<int32_t>
 
 void Tokenizer::Impl::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
   thread_local std::vector<Piece> pieces;
+  const ScratchGuard<Piece> release_pieces(pieces);
   pieces.clear();
   pretokenize(text, pieces);
   for (const Piece& p : pieces) bpe(text.data() + p.begin, p.end - p.begin, out);
@@ -445,6 +450,7 @@ void Tokenizer::encode(std::string_view text, bool allow_special, std::vector<in
     text = repaired;
   }
   thread_local std::vector<Piece> chunks;
+  const ScratchGuard<Piece> release_chunks(chunks);
   chunks.clear();
   chunk_text(text, chunks);
   for (const Piece& chunk : chunks) {

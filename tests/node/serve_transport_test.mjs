@@ -2,18 +2,22 @@
 // client ports reused across many connections never get a 400, a second server cannot bind a
 // port in use, a load that fails at once ends the process, /health answers while one client
 // holds slow connections, the listen backlog, framing and header refusals (400 / 431 / 408), a
-// garbage request line closes the connection, a half-closed client still gets its answer, and
-// the --host / --api-key-file checks.
+// declared body is read whatever the method or path (never parsed as the next request), the
+// strict head and chunk framing of RFC 9112 (400 and close), a garbage request line closes the
+// connection, a half-closed client still gets its answer, the API-key brake counts only wrong
+// keys (any loopback address is one client, the right key always passes), memory after rounds of
+// concurrent large bodies, and the --host / --api-key-file checks.
 //
 //   node tests/node/serve_transport_test.mjs <path-to-coli>
 //   (ctest: Serve.Transport; SERVE_TRANSPORT_CONNECTIONS sets the connection count of the first
 //   check, 20000 by default; docs/serving.md §4.10 gives the 100000 run)
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, globalTimeout, killAll, makeDemoModel, makeTempDir, rawSocket, request, show, sleep,
+  MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir, rawSocket, request, show, sleep,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -174,6 +178,73 @@ await R.check('transport.framing_and_header_refusals', async () => {
   assert(head.status === 408 && head.closed, `stalled head: ${show(head.text)}`);
 });
 
+// The statuses of the responses on one connection, in order.
+const statusesOf = (text) => [...text.matchAll(/HTTP\/1\.[01] (\d{3})/g)].map((m) => Number(m[1]));
+// A request that closes the connection once answered: nothing sent after it is read.
+const LAST = 'GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n';
+// What a proxy in front would take for a body, and the server for a second request.
+const SMUGGLED = 'GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n';
+const chunked = (data) => `${Buffer.byteLength(data).toString(16)}\r\n${data}\r\n0\r\n\r\n`;
+
+await R.check('transport.declared_body_is_read_whatever_the_method_or_path', async () => {
+  // Each request declares a body holding a request; then LAST. Exactly two answers: the body is
+  // read and dropped (or handed to the route), never parsed as a request of its own.
+  const heads = ['GET /health', 'HEAD /health', 'OPTIONS /v1/models', 'GET /v1/no-such-path', 'GET /no/such/page',
+                 'PUT /v1/models', 'DELETE /health', 'PATCH /v1/models'];
+  const problems = [];
+  for (const h of heads) {
+    for (const [how, framing, body] of [['length', `Content-Length: ${SMUGGLED.length}`, SMUGGLED],
+                                        ['chunked', 'Transfer-Encoding: chunked', chunked(SMUGGLED)]]) {
+      const r = await rawSocket(srv.port, [`${h} HTTP/1.1\r\nHost: 127.0.0.1\r\n${framing}\r\n\r\n${body}${LAST}`], { readTimeoutMs: 8000 });
+      const st = statusesOf(r.text);
+      if (st.length !== 2 || st[0] >= 500 || st[1] !== 200 || !r.closed) problems.push(`${h} (${how} body): answers ${show(st)}, closed ${r.closed}`);
+    }
+  }
+  // A GET whose body is not a request: it is read, not waited on as the rest of a request line.
+  const r = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n0123456789${LAST}`], { readTimeoutMs: 8000 });
+  if (show(statusesOf(r.text)) !== '[200,200]' || !r.closed) problems.push(`GET with a 10-byte body: answers ${show(statusesOf(r.text))}, closed ${r.closed}`);
+  // A request the HTTP library refuses on its own once the head is in (a Range it cannot parse):
+  // its body is unread, so the connection ends with the answer.
+  const range = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: bytes=zz\r\nContent-Length: ${SMUGGLED.length}\r\n\r\n${SMUGGLED}${LAST}`], { readTimeoutMs: 8000 });
+  if (show(statusesOf(range.text)) !== '[416]' || !range.closed) problems.push(`bad Range with a body: answers ${show(statusesOf(range.text))}, closed ${range.closed}`);
+  assert(problems.length === 0, problems.join('\n      '));
+});
+
+await R.check('transport.strict_head_and_chunk_framing', async () => {
+  const tb = '{"content":"hi"}';
+  const post = (fields, body) => `POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n${fields}\r\n${body}`;
+  const get = (fields) => `GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n${fields}\r\n`;
+  const cases = [
+    ['Content-Length: +N', post(`Content-Length: +${tb.length}\r\n`, tb)],
+    ['Content-Length: N, N', post(`Content-Length: ${tb.length}, ${tb.length}\r\n`, tb)],
+    ['space before the colon (POST)', post(`Content-Length : ${tb.length}\r\n`, tb)],
+    ['space before the colon (GET)', get(`Content-Length : ${SMUGGLED.length}\r\n`) + SMUGGLED],
+    ['a header line without a colon', get('X-No-Colon\r\n')],
+    ['a NUL in a header value', get('X-A: a\0b\r\n')],
+    ['a percent-encoded NUL in a header value', get('X-A: a%00b\r\n')],
+    ['a header line ending in a bare LF', get('X-A: a\nContent-Length: 5\r\n') + 'xxxxx'],
+    ['obsolete line folding', get('X-A: a\r\n b\r\n')],
+    ['two Host headers', get('Host: evil.example\r\n')],
+    ['HTTP/1.1 without Host', 'GET /health HTTP/1.1\r\nX-A: b\r\n\r\n'],
+    ['chunk data not followed by CRLF', post('Transfer-Encoding: chunked\r\n', `${tb.length.toString(16)}\r\n${tb}XX${SMUGGLED}`)],
+    ['a chunk size with a sign', post('Transfer-Encoding: chunked\r\n', `+${tb.length.toString(16)}\r\n${tb}\r\n0\r\n\r\n`)],
+  ];
+  const problems = [];
+  for (const [what, text] of cases) {
+    const r = await rawSocket(srv.port, [text + LAST], { readTimeoutMs: 8000 });
+    const st = statusesOf(r.text);
+    const code = /"code":"([a-z_]+)"/.exec(r.text)?.[1];
+    if (show(st) !== '[400]' || !r.closed || !['bad_request', 'invalid_framing'].includes(code)) {
+      problems.push(`${what}: answers ${show(st)}, code ${code}, closed ${r.closed}`);
+    }
+  }
+  // Well-formed chunking (an extension, a trailer) is served, and the connection stays in step.
+  const ok = await rawSocket(srv.port, [post('Transfer-Encoding: chunked\r\n',
+    `${tb.length.toString(16)};ext=1\r\n${tb}\r\n0\r\nX-Trailer: 1\r\n\r\n`) + LAST], { readTimeoutMs: 8000 });
+  if (show(statusesOf(ok.text)) !== '[200,200]' || !/"tokens":\[/.test(ok.text)) problems.push(`well-formed chunked body: ${show(ok.text)}`);
+  assert(problems.length === 0, problems.join('\n      '));
+});
+
 await R.check('transport.garbage_request_line_closes_the_connection', async () => {
   // Answered and closed at once (the keep-alive wait is 15 s; the socket gives up at 8).
   const r = await rawSocket(srv.port, ['\x16\x03\x01 garbage here\r\n\r\n'], { readTimeoutMs: 8000 });
@@ -196,6 +267,80 @@ await R.check('transport.half_closed_client_gets_its_answer', async () => {
   });
   const final = r.buf.replace(/^HTTP\/1\.1 1\d\d [^\r]*\r\n\r\n/g, '');
   assert(/^HTTP\/1\.1 200/.test(final) && /chat\.completion/.test(final), `half-closed: ${show(r)}`);
+});
+
+// GET /v1/models on a fresh connection from `localAddress` (any 127.x.y.z), with `key` (none when
+// null). Resolves the status.
+function modelsFrom(port, localAddress, key) {
+  return new Promise((resolve) => {
+    const headers = key ? { authorization: `Bearer ${key}` } : {};
+    const req = http.get({ host: '127.0.0.1', port, path: '/v1/models', localAddress, headers, agent: false }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode));
+    });
+    req.on('error', (e) => resolve(e.code));
+  });
+}
+
+await R.check('transport.auth_brake_counts_wrong_keys_from_any_loopback_address', async () => {
+  const KEY = 'sk-transport-brake-key';
+  const s = await new Server(coli, modelDir, 'brake', ['--api-key', KEY], { key: KEY }).start();
+  try {
+    // Requests without a key are 401s, not guesses: the key's holder is never locked out by them.
+    const keyless = [];
+    for (let i = 0; i < 25; ++i) keyless.push(await modelsFrom(s.port, '127.0.0.1', null));
+    assert(keyless.every((c) => c === 401), `25 requests without a key: ${show(keyless)}`);
+    eq(await modelsFrom(s.port, '127.0.0.1', KEY), 200, 'the right key after 25 requests without one');
+    // Twenty wrong keys from twenty loopback addresses are twenty guesses of one client.
+    const guesses = [];
+    for (let i = 0; i < 20; ++i) guesses.push(await modelsFrom(s.port, `127.0.${i}.2`, 'sk-guess'));
+    assert(guesses.every((c) => c === 401), `20 wrong keys: ${show(guesses)}`);
+    eq(await modelsFrom(s.port, '127.0.99.3', 'sk-guess'), 429, 'a 21st wrong key from yet another loopback address');
+    // The right key is never refused, from any of them.
+    eq(await modelsFrom(s.port, '127.0.99.3', KEY), 200, 'the right key while wrong keys are blocked');
+    eq(await modelsFrom(s.port, '127.0.0.1', KEY), 200, 'the right key from 127.0.0.1');
+  } finally {
+    await s.stop();
+  }
+});
+
+await R.check('transport.memory_returns_after_concurrent_large_bodies', async () => {
+  // Rounds of ten concurrent 7 MB prompts (each refused once its first tokenizer slice is past the
+  // context), then RSS against the level after one such request. Before the tokenizer freed its
+  // per-thread scratch, each connection thread kept ~4 MB: three rounds left over +100 MB.
+  const ROUNDS = 3, CONCURRENT = 10, BOUND_MB = 48;
+  const s = await new Server(coli, modelDir, 'memory').start();
+  try {
+    const rss = () => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${s.proc.pid}/status`, 'utf8'))[1]) / 1024;
+    const words = ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'];
+    const parts = [];
+    for (let i = 0, n = 0; n < 7_000_000; ++i) { const w = `${words[(i * 7) % 8]} ${i % 1000} `; parts.push(w); n += w.length; }
+    const body = JSON.stringify({ model: MODEL_ID, messages: [{ role: 'user', content: parts.join('') }], max_tokens: 1 });
+    const post = () => new Promise((resolve) => {
+      const req = http.request({ host: '127.0.0.1', port: s.port, method: 'POST', path: '/v1/chat/completions', agent: false,
+                                 headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode));
+      });
+      req.on('error', (e) => resolve(e.code));
+      req.end(body);
+    });
+    eq(await post(), 400, 'a 7 MB prompt');
+    const base = rss();
+    const seen = [];
+    for (let round = 0; round < ROUNDS; ++round) {
+      const st = await Promise.all(Array.from({ length: CONCURRENT }, post));
+      assert(st.every((c) => c === 400), `round ${round}: ${show(st)}`);
+      seen.push(Math.round(rss()));
+    }
+    // Every response is in; the bound is on memory, so give the server up to 10 s to get there.
+    let after = rss();
+    for (const t0 = Date.now(); after > base + BOUND_MB && Date.now() - t0 < 10_000; after = rss()) await sleep(200);
+    console.log(`      RSS ${base.toFixed(0)} MB after one 7 MB body; after each round of ${CONCURRENT}: ${seen.join(', ')} MB; at the end ${after.toFixed(0)} MB`);
+    assert(after <= base + BOUND_MB, `RSS ${after.toFixed(0)} MB after ${ROUNDS} rounds, over ${base.toFixed(0)} + ${BOUND_MB} MB`);
+  } finally {
+    await s.stop();
+  }
 });
 
 await R.check('transport.host_and_key_file_checks', async () => {
