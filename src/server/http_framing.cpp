@@ -3,7 +3,6 @@
 #include "http_framing.h"
 
 #include <algorithm>
-#include <cctype>
 
 namespace k3::server {
 namespace {
@@ -11,7 +10,8 @@ namespace {
 // tchar of RFC 9110 section 5.6.2.
 bool is_tchar(unsigned char c) {
   static constexpr std::string_view kMarks = "!#$%&'*+-.^_`|~";
-  return std::isalnum(c) || kMarks.find(static_cast<char>(c)) != std::string_view::npos;
+  const bool alnum = (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+  return alnum || kMarks.find(static_cast<char>(c)) != std::string_view::npos;
 }
 
 bool is_ctl(unsigned char c) {
@@ -34,7 +34,7 @@ std::string_view trim(std::string_view s) {
 bool same_name(std::string_view a, std::string_view lower) {
   if (a.size() != lower.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != lower[i]) return false;
+    if ((a[i] >= 'A' && a[i] <= 'Z' ? a[i] | 0x20 : a[i]) != lower[i]) return false;
   return true;
 }
 
