@@ -23,6 +23,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(ChunkedPrefill)
+
 using k3::testing::TempDir;
 
 const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";

@@ -26,6 +26,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(DenseKernels)
+
 using k3::Isa;
 using k3::KernelTable;
 using k3::WeightFormat;

@@ -23,6 +23,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(Mxfp4Kernels)
+
 constexpr size_t kGroup = 32;
 
 struct Matrix {

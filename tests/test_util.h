@@ -130,10 +130,34 @@ CommandResult run_command(const std::string& command);
 CommandResult run_split(const std::string& command, const std::string& stdin_path = "");
 
 // The kernel variants an ISA twin test runs, scalar first: every one this CPU runs, up to K3_ISA
-// when it names one (K3_ISA=avx2 checks what an AVX2-only machine checks). Once per test it
-// prints a line for every variant left out ("ISA avx512: not available on this CPU, its twin
-// tests did not run") and records them as the test property isa_not_run, so a run on an
-// AVX2-only machine says what it did not check instead of passing silently.
+// when it names one (K3_ISA=avx2 checks what an AVX2-only machine checks). A variant left out is
+// reported by the skipped test <suite>TwinIsa.<variant> of the same binary (K3_TWIN_ISA_TESTS
+// below), so ctest's summary lists it among the tests that did not run; calling twin_isas() in a
+// binary that does not define those tests is a test failure.
 std::vector<Isa> twin_isas();
+// The SIMD variants of twin_isas() (scalar left out). A test that compares them with the scalar
+// twin skips, naming why, when there is none: it would otherwise pass having asserted nothing.
+std::vector<Isa> simd_isas();
+// Why twin_isas() leaves `isa` out ("not available on this CPU", "excluded by K3_ISA=avx2"), or
+// "" when it runs.
+std::string isa_left_out(Isa isa);
+// The body of <suite>TwinIsa.<variant>: skipped (GTEST_SKIP, with isa_left_out's reason) when the
+// variant is left out, else it checks that the variant's kernel table is that variant's.
+void check_twin_isa(Isa isa);
+bool twin_isa_tests_defined();  // K3_TWIN_ISA_TESTS' registration (see twin_isas)
 
 }  // namespace k3::testing
+
+// One skipped-or-passing test per SIMD variant, in every test file that calls twin_isas():
+// <suite>TwinIsa.avx2 and <suite>TwinIsa.avx512 (the suite names the file: ctest names must be
+// unique). A run on an AVX2-only machine (or with K3_ISA=avx2 / scalar) lists
+// "GoldenQuantTwinIsa.avx512 ... Skipped" in ctest's summary instead of passing its twin tests
+// silently short of a variant.
+#define K3_TWIN_ISA_TESTS(suite)                                                                 \
+  [[maybe_unused]] const bool k3_twin_isa_tests_defined = k3::testing::twin_isa_tests_defined(); \
+  TEST(suite##TwinIsa, avx2) {                                                                   \
+    k3::testing::check_twin_isa(k3::Isa::kAvx2);                                                 \
+  }                                                                                              \
+  TEST(suite##TwinIsa, avx512) {                                                                 \
+    k3::testing::check_twin_isa(k3::Isa::kAvx512);                                               \
+  }
