@@ -75,6 +75,36 @@ inline double expect_close(const std::string& name, const float* got, const floa
   return c.rel_l2;
 }
 
+// The relative L2 error that rounding the activations X [n][cols] to q8_32 is expected to put into
+// Y = W X (W [rows][cols], dequantised, in double; Y [n][rows] the product on unrounded X). The
+// rounding (quantize_q8_32, docs/quant_formats.md §5: per 32 values d = max|x| / 127, q = round(x /
+// d)) moves each value by e, uniform in [-d/2, d/2] (variance d^2 / 12) and independent of W,
+// except the group's largest |x|, which is exact (q = +-127). So E[dY[t][o]^2] = sum_i W[o][i]^2
+// var(e[t][i]) and the expected relative error is sqrt(sum E[dY^2] / sum Y^2). d is computed here
+// from X by that formula, not taken from the kernel under test. Over n * rows outputs of thousands
+// of terms the measured error is this figure within a few percent (sqrt(2 / outputs) for the sum of
+// squares).
+inline double q8_rounding_rel_l2(const double* W, const float* X, const float* Y, size_t n,
+                                 size_t rows, size_t cols) {
+  std::vector<double> var(cols);
+  double err2 = 0, ref2 = 0;
+  for (size_t t = 0; t < n; ++t) {
+    const float* x = X + t * cols;
+    for (size_t g = 0; g < cols; g += 32) {
+      size_t top = g;
+      for (size_t i = g; i < g + 32; ++i)
+        if (std::fabs(x[i]) > std::fabs(x[top])) top = i;
+      const double d = std::fabs(static_cast<double>(x[top])) / 127;
+      for (size_t i = g; i < g + 32; ++i) var[i] = i == top ? 0.0 : d * d / 12;
+    }
+    for (size_t o = 0; o < rows; ++o) {
+      for (size_t i = 0; i < cols; ++i) err2 += W[o * cols + i] * W[o * cols + i] * var[i];
+      ref2 += static_cast<double>(Y[t * rows + o]) * Y[t * rows + o];
+    }
+  }
+  return std::sqrt(err2 / ref2);
+}
+
 struct CommandResult {
   int status = -1;
   std::string out;  // stdout (and stderr too for run_command)
