@@ -13,7 +13,7 @@
 // weighs its group's size — valid because every id of a group gets exactly its representative's
 // logit, which is checked here for every member (found from the checkpoint's lm_head rows).
 // Positions whose router margin is below 1e-5 may pick another expert in f32 than in float64:
-// they are printed, not asserted; every other position must be within 1e-5, and at least 60 of the
+// they are printed, not asserted; every other position must be within 1e-6, and at least 60 of the
 // 64 positions must be asserted.
 #include <gtest/gtest.h>
 
@@ -34,7 +34,11 @@ using k3::testing::Tensors;
 
 const std::string kModel = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
 const std::string kOracle = std::string(K3_SOURCE_DIR) + "/tests/data/k3-mini/oracle.safetensors";
-constexpr double kBound = 1e-5;
+// rel-L2 of the f32 exact path against float64, measured (overall / worst position): AVX-512
+// 7.2e-8 / 1.55e-7, AVX2 6.6e-8 / 1.45e-7, scalar 1.85e-7 / 4.29e-7. A bound of 1e-5 let the MLA
+// latent norms run with rms_norm_eps (1e-5) instead of 1e-6 (4.0e-7 / 1.64e-6, the fixture
+// README's documented pitfall); 1e-6 is 2.3x the scalar worst.
+constexpr double kBound = 1e-6;
 constexpr double kMinMargin = 1e-5;
 // The fixture's smallest router margins are 1.17e-5, 1.72e-5 and 1.80e-5 (5 below 1e-4, 22 below
 // 1e-3): all 64 positions are asserted. The skip must stay the exception (a retrained model may
