@@ -22,8 +22,10 @@
 //   k3_bench quality [--model DIR] [--fixtures DIR] [--write-bounds FILE] [--isa I] [--threads N]
 //       The real-text quality table of a trained checkpoint (default assets/k3-mini with
 //       tests/data/k3-mini): held-out perplexity, KL and top-1 agreement against the exact
-//       setting, greedy agreement over 64 tokens, for every precision setting (tools/quality_lib.h,
-//       docs/testing.md §5), as Markdown; --write-bounds writes the gate's bounds file from it.
+//       setting, greedy agreement over 64 tokens, KL and top-1 agreement against the training
+//       model's float64 forward (oracle.safetensors), the routed picks kept, for every precision
+//       setting (tools/quality_lib.h, docs/testing.md §5), as Markdown; --write-bounds writes the
+//       gate's bounds file from it (refused when a row is outside its setting's ceiling).
 //
 // Every figure is also printed as one machine-readable line:
 //   RESULT <name> <value> <unit> ratio=<r>
@@ -1904,20 +1906,27 @@ int run_quality(const QualityArgs& a) {
     add_result(n + "_kl_max", r.kl_max, "nats", std::nan(""));
     add_result(n + "_top1", r.top1, "fraction", r.top1);
     add_result(n + "_greedy64", r.greedy, "fraction", r.greedy);
+    add_result(n + "_oracle_kl_mean", r.oracle_kl_mean, "nats", std::nan(""));
+    add_result(n + "_oracle_top1", r.oracle_top1, "fraction", r.oracle_top1);
+    add_result(n + "_experts_kept", r.experts_kept, "fraction", r.experts_kept);
   }
   q::Bounds bounds;
   if (!a.write_bounds.empty()) {
-    q::write_bounds(a.write_bounds, rows);
+    q::write_bounds(a.write_bounds, rows, fixtures.oracle.positions);
     bounds = q::read_bounds(a.write_bounds);
-    std::printf("\nwrote %s (ppl x 1.01, KL x 1.25 + 1e-6, top-1 - 0.02, greedy - 0.10)\n",
-                a.write_bounds.c_str());
+    std::printf(
+        "\nwrote %s (ppl x 1.01, KL x 1.25 + 1e-6, top-1 - 0.02, greedy - 0.10, KL vs oracle x "
+        "1.25 + 1e-9, top-1 vs oracle - 2 of %zu positions)\n",
+        a.write_bounds.c_str(), fixtures.oracle.positions);
   }
   std::printf(
       "\n== Markdown (ppl: exp of the mean NLL of %lld held-out tokens; KL(exact || "
       "setting) per position in nats; top-1: argmax equal to exact's; greedy 64: "
       "fraction of 64 greedy tokens equal to exact's, first diff: mean first differing "
-      "index%s)\n\n%s",
-      static_cast<long long>(ref.row().positions), bounds.empty() ? "" : "; bounds in parentheses",
+      "index; KL vs oracle, top-1 vs oracle: against the training model's float64 forward on "
+      "%zu held-out positions; experts kept: routed picks made / top-k; in parentheses: %s)\n\n%s",
+      static_cast<long long>(ref.row().positions), fixtures.oracle.positions,
+      bounds.empty() ? "the ceiling" : "the bound · the ceiling",
       q::markdown(rows, bounds).c_str());
   print_results();
   return 0;

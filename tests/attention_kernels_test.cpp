@@ -11,6 +11,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(AttentionKernels)
+
 constexpr double kAttentionTol = 2e-5;  // relative to the largest magnitude of the reference
 
 std::vector<float> random_vector(std::mt19937& rng, size_t n, float lo, float hi) {

@@ -73,8 +73,16 @@ TEST(ChatGolden, EveryCaseRendersTheGoldenSegments) {
     SCOPED_TRACE(name);
     const auto result = k3::text::render_request(c);
     if (is_error_case(c)) {
-      EXPECT_FALSE(result.ok()) << "the reference raises " << c.find("error_type")->as_string();
-      if (!result.ok()) ++rejected;
+      // The reference raises AssertionError, ValueError or TypeError, each for a request the
+      // caller got wrong: here an invalid_argument Status (HTTP 400, not a 5xx), with the
+      // reference's own message (error_text).
+      const std::string& type = c.find("error_type")->as_string();
+      EXPECT_FALSE(result.ok()) << "the reference raises " << type;
+      if (result.ok()) continue;
+      EXPECT_EQ(result.status().code(), Status::Code::invalid_argument)
+          << "the reference raises " << type << ": " << result.status().message();
+      EXPECT_EQ(result.status().message(), c.find("error_text")->as_string()) << type;
+      ++rejected;
       continue;
     }
     ASSERT_TRUE(result.ok()) << result.status().message();

@@ -1,7 +1,9 @@
 // The faster settings against Moonshot's golden (tests/data/k3-tiny): load-time int8 / int4
 // dense matrices and the integer-dot MXFP4 path. They cannot meet the f32 tolerances; the
-// bounds below are the figures measured on this fixture with a margin, and the agreement is
-// printed so a regression shows as a number.
+// bounds below are the figures measured on this fixture with a stated margin, routing and greedy
+// agreement included. Every ISA variant measures the same digits (the integer dots are
+// bit-identical, the float kernels differ in summation order only), so no bound depends on which
+// variant computed a token.
 //
 // Why the bounds on logits are loose: the fixture's router scores sit close together (combine
 // weights ~0.25 each), so a perturbation of ~1% in a layer's input flips an expert choice in
@@ -25,6 +27,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(GoldenQuant)
+
 using k3::testing::Tensors;
 const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
@@ -36,6 +41,8 @@ struct Setting {
   double layer1_bound;  // layer.1.mlp_out (first MoE layer; routing agrees there)
   double logits_bound;  // rel-L2 of all prefill logits (with their norm within 0.8x .. 1.25x the
                         // golden's)
+  size_t routing_min;   // MoE rows (layers 1..7 x 12 positions) whose expert set is the golden's
+  int greedy_min;       // teacher-forced decode steps whose argmax is the golden's id (of 8)
 };
 
 double rel(const std::vector<float>& got, const std::vector<float>& want) {
@@ -106,14 +113,17 @@ void check(const Setting& s, k3::Isa isa) {
     if (j + 1 < decode_ids.size()) last = session.step(decode_ids[j]);
   }
   std::printf(
-      "%-16s %s | layer0 rel-L2 %.3g | layer1.mlp_out %.3g | logits %.3g (norm x%.3g) | routing "
+      "%-16s %s | layer0 rel-L2 %.4g | layer1.mlp_out %.4g | logits %.4g (norm x%.4g) | routing "
       "rows %zu/%zu | greedy %d/%zu\n",
       s.name.c_str(), engine.describe().c_str(), layer0, layer1, logits_rel, norm_ratio, same, rows,
       agree, decode_ids.size());
   EXPECT_LE(layer0, s.layer0_bound);
   EXPECT_LE(layer1, s.layer1_bound);
   EXPECT_LE(logits_rel, s.logits_bound);
-  EXPECT_GE(norm_ratio, 0.8);  // measured 0.996 .. 1.0
+  EXPECT_GE(same, s.routing_min) << "MoE rows whose experts are the golden's, of " << rows;
+  EXPECT_GE(agree, s.greedy_min) << "decode steps whose argmax is the golden's id, of "
+                                 << decode_ids.size();
+  EXPECT_GE(norm_ratio, 0.8);  // measured 0.996 .. 1.005
   EXPECT_LE(norm_ratio, 1.25);
   EXPECT_EQ(last.size(), V);
   std::filesystem::remove(path);
@@ -170,6 +180,18 @@ PathRun run_path(k3::LoadOptions load, k3::Isa isa, const Tensors& golden) {
   return out;
 }
 
+// Positions (rows of V logits) where b's argmax is among a's 10 highest logits.
+size_t top10_containment(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
+  size_t in = 0;
+  for (size_t r = 0; r < a.size() / V; ++r) {
+    const float* ar = a.data() + r * V;
+    const float* br = b.data() + r * V;
+    const float want = ar[std::max_element(br, br + V) - br];
+    in += std::count_if(ar, ar + V, [&](float x) { return x > want; }) < 10;
+  }
+  return in;
+}
+
 size_t argmax_agreement(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
   size_t same = 0;
   for (size_t r = 0; r < a.size() / V; ++r)
@@ -186,6 +208,7 @@ struct Drift {
   std::vector<std::array<double, 3>> layers;  // rel-L2 of attn_out, mlp_out, layer_out
   double logits = 0;                          // rel-L2 of the prefill logits
   size_t agree = 0, positions = 0;            // argmax agreement, prompt positions + decode steps
+  size_t top10 = 0;  // positions where ref's argmax is among got's 10 highest logits
 };
 
 constexpr const char* kSites[3] = {"attn_out", "mlp_out", "layer_out"};
@@ -208,22 +231,31 @@ Drift drift(const PathRun& got, const PathRun& ref, const std::string& what) {
   d.logits = rel(got.logits, ref.logits);
   const size_t prompt_agree = argmax_agreement(got.logits, ref.logits, V);
   size_t decode_agree = 0;
-  for (size_t j = 0; j < ref.decode.size(); ++j)
+  d.top10 = top10_containment(got.logits, ref.logits, V);
+  for (size_t j = 0; j < ref.decode.size(); ++j) {
     decode_agree += argmax_agreement(got.decode[j], ref.decode[j], V);
+    d.top10 += top10_containment(got.decode[j], ref.decode[j], V);
+  }
   d.agree = prompt_agree + decode_agree;
   d.positions = ref.logits.size() / V + ref.decode.size();
-  std::printf("  logits %.3g | argmax agreement: prompt %zu/%zu, decode %zu/%zu\n", d.logits,
-              prompt_agree, ref.logits.size() / V, decode_agree, ref.decode.size());
+  std::printf(
+      "  logits %.4g | argmax agreement: prompt %zu/%zu, decode %zu/%zu | reference argmax in the "
+      "top 10: %zu/%zu\n",
+      d.logits, prompt_agree, ref.logits.size() / V, decode_agree, ref.decode.size(), d.top10,
+      ref.logits.size() / V + ref.decode.size());
   return d;
 }
 
 // Layers 0 and 1 against the f32 path: the int4 g64 format's own error (layer 0: KDA + dense MLP,
 // no routing) and the first MoE layer, before routing flips decorrelate the two paths. Measured
-// (every ISA): 0.243 / 0.243 / 0.244 and 0.572 / 0.501 / 0.445; prompt + decode argmax 3/20
-// (garbage or all-zero logits agree at ~0 of 20: the chance is 1/1024 a position). From layer 2
-// on the paths are as far apart as unrelated vectors (rel-L2 0.6 .. 1.2): printed, not bounded.
+// (every ISA, K3_ISA unset, avx2 and scalar alike): 0.243 / 0.243 / 0.244 and 0.572 / 0.501 /
+// 0.445; prompt + decode argmax 3/20, and the f32 path's argmax among the defaults' 10 highest
+// logits at 10 of the 20 positions. Garbage or all-zero logits score ~0 on both (the chance is
+// 1/1024 and 10/1024 a position); bounds: argmax - 1, top 10 - 2. From layer 2 on the paths are
+// as far apart as unrelated vectors (rel-L2 0.6 .. 1.2): printed, not bounded.
 constexpr double kF32Bound[2][3] = {{0.29, 0.29, 0.29}, {0.69, 0.60, 0.53}};
 constexpr size_t kF32MinAgreement = 2;
+constexpr size_t kF32MinTop10 = 8;
 
 TEST(QuantDrift, DefaultsAgainstTheF32Path) {
   const Tensors golden(kFixture + "/golden.safetensors");
@@ -237,18 +269,22 @@ TEST(QuantDrift, DefaultsAgainstTheF32Path) {
         EXPECT_LE(d.layers[l][k], kF32Bound[l][k]) << "layer." << l << "." << kSites[k];
     EXPECT_GE(d.agree, kF32MinAgreement)
         << "argmax agreement with the f32 path, of " << d.positions;
+    EXPECT_GE(d.top10, kF32MinTop10)
+        << "positions whose f32 argmax is among the defaults' 10 highest, of " << d.positions;
   }
 }
 
 // Every layer against the same int4 / int8 weights through the float kernels (K3_IDOT=0): what
 // differs is the integer-dot path alone (q8 activations, MXFP4 and int4 idot kernels), ~1% a
 // matrix, which flips some expert choices from layer 1 on. Bounds: the measured figures (every
-// ISA prints the same digits) + 20%, and 8 of the 20 argmax positions (measured 10).
+// ISA prints the same digits) + 20%, 8 of the 20 argmax positions (measured 10), and 13 positions
+// whose float-kernel argmax is among the defaults' 10 highest logits (measured 15).
 constexpr double kFloatKernelsBound[8][3] = {
     {0.016, 0.017, 0.017}, {0.038, 0.18, 0.15}, {0.53, 0.32, 0.27}, {0.58, 0.63, 0.63},
     {0.84, 0.79, 0.75},    {0.86, 0.87, 0.79},  {0.95, 0.85, 0.88}, {0.88, 0.95, 0.90}};
 constexpr double kFloatKernelsLogitsBound = 0.65;  // measured 0.543
 constexpr size_t kFloatKernelsMinAgreement = 8;
+constexpr size_t kFloatKernelsMinTop10 = 13;
 
 TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
   const Tensors golden(kFixture + "/golden.safetensors");
@@ -266,6 +302,9 @@ TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
     EXPECT_LE(d.logits, kFloatKernelsLogitsBound);
     EXPECT_GE(d.agree, kFloatKernelsMinAgreement)
         << "argmax agreement with the float kernels, of " << d.positions;
+    EXPECT_GE(d.top10, kFloatKernelsMinTop10)
+        << "positions whose float-kernel argmax is among the defaults' 10 highest, of "
+        << d.positions;
   }
 }
 
@@ -273,10 +312,14 @@ TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
 // bit-identical by contract and the float kernels differ in summation order only (measured
 // <= 7e-7 everywhere, argmax 20/20), so a broken SIMD kernel shows in the layer it enters.
 TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
+  const std::vector<k3::Isa> simd = k3::testing::simd_isas();
+  if (simd.empty())
+    GTEST_SKIP() << "no SIMD variant runs here (avx2: " << k3::testing::isa_left_out(k3::Isa::kAvx2)
+                 << "; avx512: " << k3::testing::isa_left_out(k3::Isa::kAvx512)
+                 << "): nothing to compare with the scalar twin";
   const Tensors golden(kFixture + "/golden.safetensors");
   const PathRun scalar = run_path(k3::LoadOptions{}, k3::Isa::kScalar, golden);
-  for (k3::Isa isa : k3::testing::twin_isas()) {
-    if (isa == k3::Isa::kScalar) continue;
+  for (k3::Isa isa : simd) {
     SCOPED_TRACE(k3::isa_name(isa));
     const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden), scalar,
                           std::string("defaults, ") + k3::isa_name(isa) + " vs scalar");
@@ -290,22 +333,30 @@ TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
 
 INSTANTIATE_TEST_SUITE_P(
     Settings, QuantGolden,
-    // Measured on every ISA variant (scalar, avx2 and avx512 print the same digits): layer0 /
-    // layer1.mlp_out / logits
-    //   f32 + idot:  3.5e-7 / 0.0085 / 0.26   routing 60/84 rows, greedy 5/8
-    //   int8 exact:  0.016  / 0.086  / 0.42   routing 53/84, greedy 5/8
-    //   int8 + idot: 0.016  / 0.088  / 0.42   routing 52/84, greedy 5/8
-    //   int4 exact:  0.24   / 0.53   / 0.91   routing 16/84, greedy 3/8 (bits 4/8/8, float kernels)
-    //   defaults:    0.24   / 0.50   / 0.96   routing 15/84, greedy 2/8 (int4 g64 on Gaussian
+    // Measured with K3_ISA unset (scalar, avx2, avx512), K3_ISA=avx2 and K3_ISA=scalar: every
+    // variant prints the same four digits of each figure (layer 0 of f32 + idot aside, 3.4e-7 ..
+    // 4.7e-7). layer0 / layer1.mlp_out / logits, routing rows, greedy:
+    //   f32 + idot:  4.7e-7 / 0.00852 / 0.2608   routing 60/84, greedy 5/8
+    //   int8 exact:  0.0158 / 0.0864  / 0.4236   routing 53/84, greedy 5/8
+    //   int8 + idot: 0.0158 / 0.0878  / 0.4244   routing 52/84, greedy 5/8
+    //   int4 exact:  0.2432 / 0.529   / 0.9045   routing 16/84, greedy 3/8 (bits 4/8/8, float
+    //                                                                        kernels)
+    //   defaults:    0.2442 / 0.5012  / 0.9624   routing 15/84, greedy 2/8 (int4 g64 on Gaussian
     //                random weights: ~10% error per matrix, compounding over 8 matrices a layer;
     //                the int4 matrices also take q8 activations with K3_IDOT=1, ~0.5% more).
-    //   The int4 rows' logits are as far from the golden as unrelated vectors of the same norm
-    //   would nearly be: the QuantDrift tests above are what judges the int4 defaults.
-    ::testing::Values(Setting{"f32_idot", 32, 32, 32, true, 1e-5, 0.02, 0.5},
-                      Setting{"int8_exact", 8, 8, 8, false, 0.03, 0.15, 0.7},
-                      Setting{"int8_idot", 8, 8, 8, true, 0.03, 0.15, 0.7},
-                      Setting{"int4_exact", 4, 8, 8, false, 0.35, 0.8, 1.1},
-                      Setting{"defaults", 4, 8, 8, true, 0.35, 0.8, 1.1}),
+    // Bounds: layer figures x 1.15 (f32 + idot: 1e-5, the f32 summation-order floor); logits
+    // + 0.03; routing - 4 rows (a near-tie router flip moves one or two rows; random routing
+    // matches ~0 rows: 1 in 1820 a row); greedy - 1 step (garbage logits match ~0 of 8). The int4
+    // rows' logits sit near 1.0, where unrelated vectors of the same norm also are, and their
+    // rel-L2 is not monotonic in the error (int4 scales 7/6 too coarse measure 0.922, routing
+    // 22/84: the layer-0 bound catches that, 0.309). It still fails an int8 lm_head whose odd
+    // rows are 30% off (0.993 and 1.053, norm x1.15; the former bound of 1.1 passed it), and the
+    // QuantDrift tests above judge the int4 defaults on the same weights.
+    ::testing::Values(Setting{"f32_idot", 32, 32, 32, true, 1e-5, 0.0098, 0.29, 56, 4},
+                      Setting{"int8_exact", 8, 8, 8, false, 0.0182, 0.0994, 0.454, 49, 4},
+                      Setting{"int8_idot", 8, 8, 8, true, 0.0182, 0.101, 0.455, 48, 4},
+                      Setting{"int4_exact", 4, 8, 8, false, 0.28, 0.608, 0.935, 12, 2},
+                      Setting{"defaults", 4, 8, 8, true, 0.281, 0.576, 0.993, 11, 1}),
     [](const ::testing::TestParamInfo<Setting>& param_info) { return param_info.param.name; });
 
 }  // namespace

@@ -19,6 +19,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(Golden)
+
 const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 double g_worst_rel = 0;  // measured, printed by the trace test

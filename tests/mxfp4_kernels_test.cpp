@@ -23,6 +23,9 @@
 
 namespace {
 
+// The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
+K3_TWIN_ISA_TESTS(Mxfp4Kernels)
+
 constexpr size_t kGroup = 32;
 
 struct Matrix {
@@ -430,8 +433,12 @@ TEST(Mxfp4IsaExact, RowRangesTouchOnlyTheirRows) {
 
 TEST(Mxfp4IsaIdot, CloseToExactPath) {
   // Relative L2 error of the idot output against the exact path on random data (normal
-  // activations, scale bytes 100..140, cols 3584). Measured: 0.54% (0.005386, the same on every
-  // ISA since the path is bit-identical); the bound leaves headroom.
+  // activations, scale bytes 100..140, cols 3584): the q8_32 rounding of the activations alone,
+  // whose expected size k3::testing::q8_rounding_rel_l2 (tests/test_util.h) derives from the
+  // weights and activations. Measured 0.005386 (the same on every ISA since the path is
+  // bit-identical), 0.977 x the model's 0.005514. The window 0.85 .. 1.15 is ~5 standard
+  // deviations of the ratio either side (tests/dense_kernels_test.cpp, kQ8ModelLow, says why); a
+  // rounding step off by 2x measures ~2x, and a 0.02 bound (4x the error) passed it.
   std::mt19937 rng(401);
   const size_t rows = 64, cols = 3584, n = 8;
   const Matrix m = random_matrix(rows, cols, rng, false);
@@ -439,6 +446,15 @@ TEST(Mxfp4IsaIdot, CloseToExactPath) {
   std::vector<float> exact(n * rows);
   scalar().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, exact.data(),
                               rows, 0, rows);
+  std::vector<double> w(rows * cols);  // the dequantised weights: E2M1[nibble] * 2^(scale - 127)
+  for (size_t o = 0; o < rows; ++o)
+    for (size_t i = 0; i < cols; ++i) {
+      const uint8_t b = m.packed[(o * cols + i) / 2];
+      w[o * cols + i] = static_cast<double>(k3::kE2M1[i % 2 ? b >> 4 : b & 15]) *
+                        std::ldexp(1.0, m.scales[(o * cols + i) / 32] - 127);
+    }
+  const double predicted =
+      k3::testing::q8_rounding_rel_l2(w.data(), x.data(), exact.data(), n, rows, cols);
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     const k3::KernelTable& k = k3::kernel_table(isa);
@@ -453,8 +469,10 @@ TEST(Mxfp4IsaIdot, CloseToExactPath) {
     }
     const double rel = std::sqrt(diff2 / ref2);
     RecordProperty("rel_l2_" + std::string(k3::isa_name(isa)), sci(rel));
-    EXPECT_LT(rel, 0.02);
-    EXPECT_GT(rel, 1e-4);  // it is an approximation: a zero error would mean the path is not used
+    std::printf("mxfp4 idot vs exact (%s): relative L2 %.4g, the rounding model %.4g (x%.3f)\n",
+                k3::isa_name(isa), rel, predicted, rel / predicted);
+    EXPECT_LE(rel, 1.15 * predicted);
+    EXPECT_GE(rel, 0.85 * predicted);
   }
 }
 

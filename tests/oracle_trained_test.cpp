@@ -13,7 +13,8 @@
 // weighs its group's size — valid because every id of a group gets exactly its representative's
 // logit, which is checked here for every member (found from the checkpoint's lm_head rows).
 // Positions whose router margin is below 1e-5 may pick another expert in f32 than in float64:
-// they are printed, not asserted; every other position must be within 1e-5.
+// they are printed, not asserted; every other position must be within 1e-6, and at least 60 of the
+// 64 positions must be asserted.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,8 +34,16 @@ using k3::testing::Tensors;
 
 const std::string kModel = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
 const std::string kOracle = std::string(K3_SOURCE_DIR) + "/tests/data/k3-mini/oracle.safetensors";
-constexpr double kBound = 1e-5;
+// rel-L2 of the f32 exact path against float64, measured (overall / worst position): AVX-512
+// 7.2e-8 / 1.55e-7, AVX2 6.6e-8 / 1.45e-7, scalar 1.85e-7 / 4.29e-7. A bound of 1e-5 let the MLA
+// latent norms run with rms_norm_eps (1e-5) instead of 1e-6 (4.0e-7 / 1.64e-6, the fixture
+// README's documented pitfall); 1e-6 is 2.3x the scalar worst.
+constexpr double kBound = 1e-6;
 constexpr double kMinMargin = 1e-5;
+// The fixture's smallest router margins are 1.17e-5, 1.72e-5 and 1.80e-5 (5 below 1e-4, 22 below
+// 1e-3): all 64 positions are asserted. The skip must stay the exception (a retrained model may
+// put a few positions under 1e-5): at most 4 of 64 may be left out.
+constexpr size_t kMinAsserted = 60;
 
 // A F64 tensor (or an F32 one, widened) of the oracle.
 std::vector<double> f64(const Tensors& oracle, const std::string& name) {
@@ -140,7 +149,9 @@ TEST(OracleTrained, ExactPathMatchesTheTrainingModelsFloat64Forward) {
       "%zu of %zu positions asserted: rel-L2 overall %.3g, worst position %.3g (bound %g)\n",
       asserted, T, overall, worst, kBound);
   EXPECT_LE(overall, kBound);
-  EXPECT_GT(asserted, 0u) << "every position's router margin is below " << kMinMargin;
+  EXPECT_GE(asserted, kMinAsserted)
+      << T - asserted << " of " << T << " positions have a router margin below " << kMinMargin
+      << " and were not asserted";
 }
 
 }  // namespace

@@ -1,10 +1,14 @@
 // The real-text quality gate (docs/testing.md §5): every precision setting a user can pick, run on
 // the trained tiny K3 (assets/k3-mini) over the held-out fixtures (tests/data/k3-mini), must stay
 // within the bounds of tests/data/k3-mini/quality_bounds.json (the measured figures plus a
-// margin, written by `k3_bench quality --write-bounds`). The same measurement and check
-// (tools/quality_lib.h) then see a corrupted copy of the model fail: one ue8m0 scale byte of a
-// routed expert the held-out text uses, two swapped MXFP4 nibbles, one flipped BF16 byte.
-// Nothing is skipped: a missing model, fixture or bounds file is a failure naming the path.
+// margin, written by `k3_bench quality --write-bounds`) and within its setting's fixed ceiling
+// (tools/quality_lib.cpp, settings()). Every row is also judged against the second oracle (the
+// training model's float64 logits, oracle.safetensors): for the exact row that is the check
+// that matters, its figures against the exact reference being a re-run of itself. A K3_TOPP row
+// must drop routed picks. The same measurement and check (tools/quality_lib.h) then see a
+// corrupted copy of the model fail: one ue8m0 scale byte of a routed expert the held-out text
+// uses, two swapped MXFP4 nibbles, one flipped BF16 byte. Nothing is skipped: a missing model,
+// fixture or bounds file is a failure naming the path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,7 +47,8 @@ bool inputs_present() {
   bool ok = true;
   for (const std::string& path :
        {kModel + "/config.json", kModel + "/model.safetensors.index.json",
-        kFixtures + "/heldout_text.u32", kFixtures + "/heldout_prompts.jsonl", kBounds}) {
+        kFixtures + "/heldout_text.u32", kFixtures + "/heldout_prompts.jsonl",
+        kFixtures + "/oracle.safetensors", kBounds}) {
     if (!fs::exists(path)) {
       ADD_FAILURE() << path
                     << " is missing: the gate needs the trained model (assets/k3-mini), its "
@@ -97,6 +102,47 @@ TEST(QualityGate, EveryPrecisionSettingWithinItsBound) {
                               "--write-bounds "
                            << kBounds << ")";
   }
+}
+
+// The fixed ceilings and the expert-drop rule, on rows made up here (no engine): a row inside its
+// bound file's figures but outside its ceiling fails, a K3_TOPP row that keeps every pick fails,
+// and --write-bounds refuses to write bounds for such rows.
+TEST(QualityGate, CeilingsAndTheExpertDropAreChecked) {
+  q::Row ok;
+  ok.setting = "defaults";
+  ok.ppl = 100;
+  ok.ppl_ratio = 1.01;
+  ok.kl_mean = 0.01;
+  ok.top1 = ok.greedy = ok.oracle_top1 = 0.9;
+  ok.oracle_kl_mean = 0.01;
+  ok.experts_kept = 1;
+  EXPECT_TRUE(q::ceiling_violations(ok).empty()) << joined(q::ceiling_violations(ok));
+  q::Row far = ok;
+  far.kl_mean = 0.05;                        // int4 class ceiling 0.03
+  far.oracle_top1 = 0.5;                     // ceiling 0.85
+  const q::Bound loose{1e9, 1, 0, 0, 1, 0};  // a bounds row that would pass anything
+  const std::vector<std::string> v = q::violations(far, loose);
+  ASSERT_EQ(v.size(), 2u) << joined(v);
+  EXPECT_HAS(v[0], "kl_mean 0.05 > ceiling 0.03");
+  EXPECT_HAS(v[1], "oracle_top1 0.5 < ceiling 0.85");
+  q::Row topp = ok;
+  topp.setting = "defaults_topp0.7";
+  const std::vector<std::string> kept_all = q::ceiling_violations(topp);
+  ASSERT_EQ(kept_all.size(), 1u) << joined(kept_all);
+  EXPECT_HAS(kept_all[0], "K3_TOPP=0.7 dropped no routed pick");
+  topp.experts_kept = 0.75;
+  EXPECT_TRUE(q::ceiling_violations(topp).empty());
+  q::Row dropped = ok;
+  dropped.experts_kept = 0.9;  // no K3_TOPP: every pick must be made
+  EXPECT_EQ(q::ceiling_violations(dropped).size(), 1u);
+  k3::testing::TempDir dir("quality-bounds");
+  const std::string path = dir.file("bounds.json");
+  const std::string error = k3::testing::error_of([&] { q::write_bounds(path, {ok, far}, 64); });
+  EXPECT_HAS(error, "outside their ceiling");
+  EXPECT_HAS(error, "defaults: kl_mean 0.05 > ceiling 0.03");
+  EXPECT_FALSE(fs::exists(path));
+  q::write_bounds(path, {ok, topp}, 64);
+  EXPECT_EQ(q::read_bounds(path).at("defaults_topp0.7").oracle_top1_min, 0.9 - 2.0 / 64);
 }
 
 // A copy of the model in `dir`: every file a symlink to the original except the shard holding

@@ -130,7 +130,8 @@ void PrintTo(const Case& c, std::ostream* os) {
 class RepackLogits : public ::testing::TestWithParam<Case> {};
 
 // The container gives the load-time path's logits and trace bit for bit, with K3_BITS unset (the
-// container's widths) and with them set to the same widths.
+// container's widths) and with them set to the same widths; the fixture's f32 container gives the
+// golden logits.
 TEST_P(RepackLogits, EqualTheLoadTimePathBitForBit) {
   const Case c = GetParam();
   const std::string source = std::string(c.source) == "tiny" ? kTiny : synth_source();
@@ -150,6 +151,21 @@ TEST_P(RepackLogits, EqualTheLoadTimePathBitForBit) {
   ASSERT_EQ(same.status, 0) << same.err;
   EXPECT_TRUE(same.logits == want.logits);
   EXPECT_TRUE(same.trace == want.trace);
+  // Equal to the load-time path is not yet right: the f32 container of the fixture, at exact
+  // settings (K3_IDOT=0), gives Moonshot's golden logits [12][1024] within the fixture README's
+  // acceptance (rel-L2 <= 1e-4, max abs <= 1e-3 x max|x|). The int8 and int4 containers equal the
+  // load-time path at their widths, which tests/golden_quant_test.cpp holds to the golden.
+  if (std::string(c.source) == "tiny" && c.bits == 32) {
+    const ModelRun exact = run_model(box, "K3_IDOT=0", tmp);
+    ASSERT_EQ(exact.status, 0) << exact.err;
+    std::vector<float> got(exact.logits.size() / 4);
+    std::memcpy(got.data(), exact.logits.data(), got.size() * 4);
+    const std::vector<float> golden =
+        k3::testing::Tensors(kTiny + "/golden.safetensors").f32("logits");
+    ASSERT_EQ(got.size(), golden.size());
+    k3::testing::expect_close("container logits vs golden", got.data(), golden.data(),
+                              golden.size());
+  }
   // The summary says where the weights came from.
   const ModelRun stats = run_model(box, "K3_STATS=1", tmp);
   EXPECT_NE(stats.err.find("container, " + std::string(c.layout) + " layout"), std::string::npos)

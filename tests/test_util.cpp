@@ -76,35 +76,47 @@ CommandResult run_split(const std::string& command, const std::string& stdin_pat
   return r;
 }
 
-std::vector<Isa> twin_isas() {
+namespace {
+bool twin_isa_tests = false;
+}
+
+bool twin_isa_tests_defined() {
+  twin_isa_tests = true;
+  return true;
+}
+
+std::string isa_left_out(Isa isa) {
+  if (!isa_supported(isa)) return "not available on this CPU";
   // K3_ISA=avx2 (as for the engine) caps the variants too, so that a run with it checks what an
   // AVX2-only machine checks and says so.
   Isa cap = Isa::kAvx512;
   const char* forced = std::getenv("K3_ISA");
-  const bool capped = forced && std::string(forced) != "auto" && parse_isa(forced, &cap);
-  static std::string reported_for = "-";  // the test that last printed the lines
-  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = test ? std::string(test->test_suite_name()) + "." + test->name() : "";
+  if (forced && std::string(forced) != "auto" && parse_isa(forced, &cap) &&
+      static_cast<int>(isa) > static_cast<int>(cap))
+    return "excluded by K3_ISA=" + std::string(forced);
+  return "";
+}
+
+std::vector<Isa> twin_isas() {
+  EXPECT_TRUE(twin_isa_tests) << "this test binary calls twin_isas() without K3_TWIN_ISA_TESTS(): "
+                                 "the variants it leaves out would not show as skipped tests";
   std::vector<Isa> out;
-  std::string missing;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    const std::string why = !isa_supported(isa) ? "not available on this CPU"
-                            : capped && static_cast<int>(isa) > static_cast<int>(cap)
-                                ? "excluded by K3_ISA=" + std::string(forced)
-                                : "";
-    if (why.empty()) {
-      out.push_back(isa);
-      continue;
-    }
-    if (name != reported_for)
-      std::printf("ISA %s: %s, its twin tests did not run\n", isa_name(isa), why.c_str());
-    if (!missing.empty()) missing += ',';
-    missing += isa_name(isa);
-  }
-  if (name != reported_for && !missing.empty() && test)
-    ::testing::Test::RecordProperty("isa_not_run", missing);
-  reported_for = name;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (isa_left_out(isa).empty()) out.push_back(isa);
   return out;
+}
+
+std::vector<Isa> simd_isas() {
+  std::vector<Isa> out = twin_isas();
+  out.erase(std::remove(out.begin(), out.end(), Isa::kScalar), out.end());
+  return out;
+}
+
+void check_twin_isa(Isa isa) {
+  const std::string why = isa_left_out(isa);
+  if (!why.empty())
+    GTEST_SKIP() << "ISA " << isa_name(isa) << ": " << why << ", its twin tests did not run";
+  EXPECT_EQ(kernel_table(isa).isa, isa) << isa_name(isa);
 }
 
 }  // namespace k3::testing

@@ -75,6 +75,36 @@ inline double expect_close(const std::string& name, const float* got, const floa
   return c.rel_l2;
 }
 
+// The relative L2 error that rounding the activations X [n][cols] to q8_32 is expected to put into
+// Y = W X (W [rows][cols], dequantised, in double; Y [n][rows] the product on unrounded X). The
+// rounding (quantize_q8_32, docs/quant_formats.md §5: per 32 values d = max|x| / 127, q = round(x /
+// d)) moves each value by e, uniform in [-d/2, d/2] (variance d^2 / 12) and independent of W,
+// except the group's largest |x|, which is exact (q = +-127). So E[dY[t][o]^2] = sum_i W[o][i]^2
+// var(e[t][i]) and the expected relative error is sqrt(sum E[dY^2] / sum Y^2). d is computed here
+// from X by that formula, not taken from the kernel under test. Over n * rows outputs of thousands
+// of terms the measured error is this figure within a few percent (sqrt(2 / outputs) for the sum of
+// squares).
+inline double q8_rounding_rel_l2(const double* W, const float* X, const float* Y, size_t n,
+                                 size_t rows, size_t cols) {
+  std::vector<double> var(cols);
+  double err2 = 0, ref2 = 0;
+  for (size_t t = 0; t < n; ++t) {
+    const float* x = X + t * cols;
+    for (size_t g = 0; g < cols; g += 32) {
+      size_t top = g;
+      for (size_t i = g; i < g + 32; ++i)
+        if (std::fabs(x[i]) > std::fabs(x[top])) top = i;
+      const double d = std::fabs(static_cast<double>(x[top])) / 127;
+      for (size_t i = g; i < g + 32; ++i) var[i] = i == top ? 0.0 : d * d / 12;
+    }
+    for (size_t o = 0; o < rows; ++o) {
+      for (size_t i = 0; i < cols; ++i) err2 += W[o * cols + i] * W[o * cols + i] * var[i];
+      ref2 += static_cast<double>(Y[t * rows + o]) * Y[t * rows + o];
+    }
+  }
+  return std::sqrt(err2 / ref2);
+}
+
 struct CommandResult {
   int status = -1;
   std::string out;  // stdout (and stderr too for run_command)
@@ -137,10 +167,34 @@ CommandResult run_command(const std::string& command);
 CommandResult run_split(const std::string& command, const std::string& stdin_path = "");
 
 // The kernel variants an ISA twin test runs, scalar first: every one this CPU runs, up to K3_ISA
-// when it names one (K3_ISA=avx2 checks what an AVX2-only machine checks). Once per test it
-// prints a line for every variant left out ("ISA avx512: not available on this CPU, its twin
-// tests did not run") and records them as the test property isa_not_run, so a run on an
-// AVX2-only machine says what it did not check instead of passing silently.
+// when it names one (K3_ISA=avx2 checks what an AVX2-only machine checks). A variant left out is
+// reported by the skipped test <suite>TwinIsa.<variant> of the same binary (K3_TWIN_ISA_TESTS
+// below), so ctest's summary lists it among the tests that did not run; calling twin_isas() in a
+// binary that does not define those tests is a test failure.
 std::vector<Isa> twin_isas();
+// The SIMD variants of twin_isas() (scalar left out). A test that compares them with the scalar
+// twin skips, naming why, when there is none: it would otherwise pass having asserted nothing.
+std::vector<Isa> simd_isas();
+// Why twin_isas() leaves `isa` out ("not available on this CPU", "excluded by K3_ISA=avx2"), or
+// "" when it runs.
+std::string isa_left_out(Isa isa);
+// The body of <suite>TwinIsa.<variant>: skipped (GTEST_SKIP, with isa_left_out's reason) when the
+// variant is left out, else it checks that the variant's kernel table is that variant's.
+void check_twin_isa(Isa isa);
+bool twin_isa_tests_defined();  // K3_TWIN_ISA_TESTS' registration (see twin_isas)
 
 }  // namespace k3::testing
+
+// One skipped-or-passing test per SIMD variant, in every test file that calls twin_isas():
+// <suite>TwinIsa.avx2 and <suite>TwinIsa.avx512 (the suite names the file: ctest names must be
+// unique). A run on an AVX2-only machine (or with K3_ISA=avx2 / scalar) lists
+// "GoldenQuantTwinIsa.avx512 ... Skipped" in ctest's summary instead of passing its twin tests
+// silently short of a variant.
+#define K3_TWIN_ISA_TESTS(suite)                                                                 \
+  [[maybe_unused]] const bool k3_twin_isa_tests_defined = k3::testing::twin_isa_tests_defined(); \
+  TEST(suite##TwinIsa, avx2) {                                                                   \
+    k3::testing::check_twin_isa(k3::Isa::kAvx2);                                                 \
+  }                                                                                              \
+  TEST(suite##TwinIsa, avx512) {                                                                 \
+    k3::testing::check_twin_isa(k3::Isa::kAvx512);                                               \
+  }
