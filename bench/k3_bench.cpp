@@ -2059,11 +2059,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
-  if (parsed.status >= 0) {
-    std::fputs(parsed.out.c_str(), stdout);
-    std::fputs(parsed.err.c_str(), stderr);
-    return parsed.status;
-  }
+  if (parsed.status >= 0) return parsed.finish();
   try {
     if (container->parsed()) {
       if (ca.layers < 2 || ca.experts < 1 || ca.tokens < 1)

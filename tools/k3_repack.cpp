@@ -70,11 +70,7 @@ int main(int argc, char** argv) {
                  "testing: SIGKILL itself after this many output bytes (fault injection)")
       ->group("");
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
-  if (parsed.status >= 0) {
-    std::fputs(parsed.out.c_str(), stdout);
-    std::fputs(parsed.err.c_str(), stderr);
-    return parsed.status;
-  }
+  if (parsed.status >= 0) return parsed.finish();
 
   try {
     if (!shards.empty()) o.shards = k3::repack::parse_shard_list(shards);

@@ -81,11 +81,7 @@ int main(int argc, char** argv) {
                  "testing: take this as the free space of --out's filesystem")
       ->group("");
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
-  if (parsed.status >= 0) {
-    std::fputs(parsed.out.c_str(), stdout);
-    std::fputs(parsed.err.c_str(), stderr);
-    return parsed.status;
-  }
+  if (parsed.status >= 0) return parsed.finish();
 
   try {
     k3::synth::SynthSpec spec = k3::synth::preset_spec(preset);

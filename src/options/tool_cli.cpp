@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <set>
 #include <sstream>
 
@@ -157,6 +158,12 @@ std::string tool_help(const CLI::App& app) {
   for (const CLI::Option* o : app.get_options())
     if (o->get_required()) required.insert(o);
   return help_for(app, required);
+}
+
+int ToolArgs::finish() const {
+  std::fputs(out.c_str(), stdout);
+  std::fputs(err.c_str(), stderr);
+  return status;
 }
 
 ToolArgs parse_tool_args(CLI::App& app, const std::vector<std::string>& args) {

@@ -20,6 +20,9 @@ namespace k3 {
 struct ToolArgs {
   int status = -1;
   std::string out, err;
+  // Prints `out` and `err` and returns `status`; a main does `if (parsed.status >= 0) return
+  // parsed.finish();`.
+  int finish() const;
 };
 
 // Parses `args` (argv[0] excluded) with `app`, whose name is the program's. An option in the
