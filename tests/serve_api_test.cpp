@@ -553,6 +553,36 @@ TEST(ServeApi, ResponseShapes) {
   EXPECT_EQ(p["prompt_progress"]["processed"], 396);
 }
 
+// issue 28 item 11: a reply the server cancels (a drain that timed out, a second SIGTERM) ends with
+// a finish reason each API's schema has. It was "cancelled" (not an OpenAI value) and Anthropic's
+// "end_turn" (a cut reply passed for a finished one); now the cut-short value of each: "length",
+// "max_tokens", Responses' incomplete "max_output_tokens". x_k3.finish keeps the engine's word.
+TEST(ServeApi, ServerCancelledRepliesEndWithAValidFinishReason) {
+  ChatResult result;
+  result.stats.finish = FinishReason::cancelled;
+  ChatRequest request;
+  request.model = "kimi-k3";
+  const json chat = chat_completion_json(result, request, config(), new_response_ids());
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(chat["x_k3"]["finish"], "cancelled");
+  const json text = completion_json("", result.stats, "kimi-k3", config(), new_response_ids());
+  EXPECT_EQ(text["choices"][0]["finish_reason"], "length");
+  EXPECT_STREQ(anthropic_stop_reason(result.stats), "max_tokens");
+  const json response = response_object(ResponsesRequest{}, new_response_ids("resp_"), "incomplete",
+                                        json::array(), &result.stats, nullptr);
+  EXPECT_EQ(response["incomplete_details"], (json{{"reason", "max_output_tokens"}}));
+  // Every finish the engine reports maps into OpenAI's enum.
+  for (FinishReason f : {FinishReason::stop, FinishReason::length, FinishReason::tool_calls,
+                         FinishReason::cancelled}) {
+    result.stats.finish = f;
+    const std::string reason = chat_completion_json(
+        result, request, config(), new_response_ids())["choices"][0]["finish_reason"];
+    EXPECT_TRUE(reason == "stop" || reason == "length" || reason == "tool_calls" ||
+                reason == "content_filter" || reason == "function_call")
+        << reason;
+  }
+}
+
 TEST(ServeApi, Guards) {
   SecurityOptions o;
   o.port = 8000;

@@ -470,6 +470,7 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
 const char* anthropic_stop_reason(const GenerationStats& stats) {
   switch (stats.finish) {
     case FinishReason::length:
+    case FinishReason::cancelled:  // cut by the server (a drain that timed out): cut short
       return "max_tokens";
     case FinishReason::tool_calls:
       return "tool_use";

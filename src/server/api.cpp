@@ -865,6 +865,10 @@ json tool_call_json(const text::ToolCallOut& call, const ResponseIds& ids) {
   return out;
 }
 
+const char* openai_finish_reason(FinishReason finish) {
+  return finish == FinishReason::cancelled ? "length" : finish_reason_name(finish);
+}
+
 json usage_json(const GenerationStats& stats) {
   json u = json::object();
   u["prompt_tokens"] = stats.prompt_tokens;
@@ -908,6 +912,7 @@ json x_k3_json(const GenerationStats& stats) {
   x["reuse"] = reuse_kind_name(stats.reuse);
   x["checkpoint_restored_at"] = stats.restored_at >= 0 ? json(stats.restored_at) : json(nullptr);
   x["queue_wait_ms"] = stats.queue_wait_ms;
+  x["finish"] = finish_reason_name(stats.finish);  // "cancelled" where finish_reason says length
   return x;
 }
 
@@ -934,7 +939,7 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request,
   choice["logprobs"] = request.top_logprobs >= 0 && tokenizer
                            ? chat_logprobs_json(result.logprobs, *tokenizer)
                            : json(nullptr);
-  choice["finish_reason"] = finish_reason_name(result.stats.finish);
+  choice["finish_reason"] = openai_finish_reason(result.stats.finish);
   json out = envelope(ids, "chat.completion", request.model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(result.stats);
@@ -989,7 +994,7 @@ json completion_json(const std::string& text, const GenerationStats& stats,
   choice["text"] = text;
   choice["index"] = 0;
   choice["logprobs"] = std::move(logprobs);
-  choice["finish_reason"] = finish_reason_name(stats.finish);
+  choice["finish_reason"] = openai_finish_reason(stats.finish);
   json out = envelope(ids, "text_completion", model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(stats);

@@ -518,9 +518,10 @@ json response_object(const ResponsesRequest& request, const ResponseIds& ids, co
   o["background"] = false;
   o["completed_at"] = s == "completed" ? json(std::max(unix_now(), ids.created)) : json(nullptr);
   o["error"] = std::move(error);
-  o["incomplete_details"] = s == "incomplete" && stats && stats->finish == FinishReason::length
-                                ? json{{"reason", "max_output_tokens"}}
-                                : json(nullptr);
+  // A reply the server cut (cancelled: a drain that timed out) is incomplete as one cut by the
+  // budget: the schema's reasons are max_output_tokens and content_filter.
+  o["incomplete_details"] =
+      s == "incomplete" && stats ? json{{"reason", "max_output_tokens"}} : json(nullptr);
   o["model"] = request.chat.model;
   o["output"] = std::move(output);
   for (auto it = request.echo.begin(); it != request.echo.end(); ++it) o[it.key()] = it.value();
