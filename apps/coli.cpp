@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "apps/coli_commands.h"
+#include "apps/stop_signals.h"
 #include "options/options.h"
 #include "text/chat.h"
 #include "text/prompt.h"
@@ -261,6 +262,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // SIGINT / SIGTERM end every command with 130 / 143 (apps/stop_signals.h); `serve` and `web`
+  // take them on a thread of their own and drain, `chat` gives Ctrl-C its own meaning.
+  k3::apps::install_stop_handlers(k3::apps::StopMode::at_once);
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

@@ -7,7 +7,9 @@
 //     content with light Markdown styling (--raw or no terminal: plain text).
 //   * Ctrl-C during a reply cancels it (EngineService::cancel, within one layer or token) and keeps
 //     the partial answer marked "[interrupted]"; Ctrl-C at the prompt clears the line, at an empty
-//     prompt shows a hint, and a second one within 2 s quits (so does Ctrl-D or /exit).
+//     prompt shows a hint, and a second one within 2 s quits (so does Ctrl-D or /exit). SIGTERM
+//     exits 143 at once, the terminal's settings put back (apps/stop_signals.h, set up by
+//     coli.cpp).
 //   * The history keeps each assistant turn's content and reasoning exactly as streamed and sends
 //     them back, so the next prompt starts with what the engine already fed (prefix reuse). Each
 //     request names the checkpoints worth keeping (ServiceRequest::keep, Chat::keep_positions):

@@ -1,6 +1,7 @@
 // apps/coli_serve.cpp — `coli serve` and `coli web`: the engine service behind the HTTP server.
 // The listener is up before the model loads (/health answers 503 with progress meanwhile);
-// SIGTERM / SIGINT drain gracefully (a second signal exits at once).
+// SIGTERM / SIGINT drain gracefully and exit 143 / 130; a second signal ends the running request
+// with its stream's terminator and exits at once.
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "apps/coli_commands.h"
+#include "apps/stop_signals.h"
 #include "engine/service.h"
 #include "server/http_server.h"
 #include "util/error.h"
@@ -160,21 +162,38 @@ int serve(const k3::Options& opt, bool web) {
   if (opt.serve.log_prompts)
     std::fprintf(stderr, "coli: --log-prompts: request bodies are written to this log\n");
 
+  // The first signal drains (server.shutdown() on a thread of its own); a second one cancels the
+  // running request, whose stream then ends with its terminator (a final chunk and [DONE], or
+  // message_stop), and the process exits as soon as that is written: within 5 s, or at once on a
+  // third signal, whatever the client reads. Either way the status is 128 + the first signal.
   std::atomic<bool> stop{false};
   std::atomic<int> exit_code{0};
+  std::atomic<int> stopped_by{0};
   std::thread signal_thread([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     if (stop.load()) return;
-    std::fprintf(stderr, "coli: %s: draining (up to %.0f s); send it again to quit at once\n",
-                 sig == SIGTERM ? "SIGTERM" : "SIGINT", so.drain_timeout_s);
-    std::thread second([&] {
-      int again = 0;
-      sigwait(&signals, &again);
-      if (!stop.load()) std::_Exit(130);
-    });
-    second.detach();
-    server.shutdown();
+    stopped_by.store(sig);
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    std::fprintf(stderr,
+                 "coli: %s: draining (up to %.0f s); send it again to end the running request "
+                 "and quit at once\n",
+                 name, so.drain_timeout_s);
+    std::thread drain([&] { server.shutdown(); });
+    int again = 0;
+    sigwait(&signals, &again);  // a second signal, or the wake-up once the server has stopped
+    if (!stop.load()) {
+      std::fprintf(stderr, "coli: %s again: cancelling the running request and quitting\n",
+                   again == SIGTERM ? "SIGTERM" : "SIGINT");
+      service.cancel_active();
+      const timespec bound{5, 0};
+      sigtimedwait(&signals, nullptr, &bound);  // the wake-up once stopped, a third signal, 5 s
+      if (!stop.load()) {
+        std::fflush(nullptr);
+        std::_Exit(k3::apps::stop_status(sig));
+      }
+    }
+    drain.join();
   });
   std::thread announcer([&] {
     for (;;) {
@@ -208,7 +227,8 @@ int serve(const k3::Options& opt, bool web) {
     std::fprintf(stderr, "coli: %s\n", engine->describe_experts().c_str());
     engine->save_history();
   }
-  return exit_code.load();
+  if (exit_code.load() != 0) return exit_code.load();
+  return stopped_by.load() != 0 ? k3::apps::stop_status(stopped_by.load()) : 0;
 }
 
 }  // namespace coli

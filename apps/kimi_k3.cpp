@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/stop_signals.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
@@ -45,17 +46,11 @@ std::string mb_text(uint64_t bytes) {
 // Ctrl-C / SIGTERM: the first one stops the run at the next check — between tensors while the
 // weights load, before the next layer during the prefill, after the current token while
 // generating (the reply so far and the summary are printed; exit status 130 for SIGINT, 143 for
-// SIGTERM). The handler then steps aside, so a second signal ends the process at once.
+// SIGTERM: apps/stop_signals.h). A second signal ends the process at once, with the same status.
 std::atomic<bool> g_stop{false};
-volatile std::sig_atomic_t g_signal = 0;
-static_assert(std::atomic<bool>::is_always_lock_free, "the flag is set from a signal handler");
-extern "C" void on_signal(int sig) {
-  g_signal = sig;
-  g_stop.store(true);
-  std::signal(sig, SIG_DFL);
-}
 int stopped_status() {
-  return g_signal == SIGTERM ? 143 : 130;
+  const int sig = k3::apps::stop_signal();
+  return k3::apps::stop_status(sig != 0 ? sig : SIGINT);
 }
 
 // Streams a chat reply: reasoning dimmed on a terminal (or hidden), content plain, tool calls on
@@ -317,8 +312,7 @@ std::vector<int64_t> text_prompt(const k3::Options& opt, const k3::text::Tokeniz
 }
 
 int run(int argc, char** argv) {
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  k3::apps::install_stop_handlers(k3::apps::StopMode::at_check, &g_stop);
   const std::vector<std::string> args(argv + 1, argv + argc);
   const k3::Options opt = k3::parse_kimi_k3_options(args, k3::environment_map(environ));
   if (opt.show_help || opt.show_version) {
@@ -358,7 +352,8 @@ int run(int argc, char** argv) {
   k3::Result<std::unique_ptr<k3::Engine>> loaded = k3::Engine::load(eo);
   if (!loaded.ok()) {
     std::fprintf(stderr, "kimi_k3: %s: stopped while loading (%s)\n",
-                 g_signal == SIGTERM ? "SIGTERM" : "SIGINT", loaded.status().message().c_str());
+                 k3::apps::stop_signal() == SIGTERM ? "SIGTERM" : "SIGINT",
+                 loaded.status().message().c_str());
     return stopped_status();
   }
   const k3::Engine& engine = **loaded;

@@ -127,6 +127,55 @@ TEST(ServeAnthropic, RefusalsNameTheField) {
            true);
 }
 
+// issue 28 item 5: an empty turn (no blocks, an empty text block, an empty string) and the OpenAI
+// fields Messages does not have (n, logit_bias, response_format) were accepted and dropped; each
+// is a 400 naming the field, in the Anthropic envelope (the route's error style).
+TEST(ServeAnthropic, EmptyTurnsAndForeignFieldsAreRefused) {
+  struct Case {
+    std::string body;
+    std::string code;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {messages_body("", R"([{"role":"user","content":[]}])"), "invalid_value",
+       "messages.0.content"},
+      {messages_body("", R"([{"role":"user","content":""}])"), "invalid_value",
+       "messages.0.content"},
+      {messages_body("", R"([{"role":"user","content":[{"type":"text","text":""}]}])"),
+       "invalid_value", "messages.0.content.0.text"},
+      {messages_body("", R"([{"role":"user","content":"a"},{"role":"assistant","content":[]},)"
+                         R"({"role":"user","content":"b"}])"),
+       "invalid_value", "messages.1.content"},
+      {messages_body("", R"([{"role":"user","content":"a"},{"role":"assistant","content":)"
+                         R"([{"type":"text","text":""}]},{"role":"user","content":"b"}])"),
+       "invalid_value", "messages.1.content.0.text"},
+      {messages_body(R"("n":2)"), "unsupported_value", "n"},
+      {messages_body(R"("logit_bias":{"5":1})"), "unsupported_parameter", "logit_bias"},
+      {messages_body(R"("response_format":{"type":"json_object"})"), "unsupported_parameter",
+       "response_format"},
+  };
+  for (const Case& c : cases) {
+    const auto r = parse_messages_request(c.body, config());
+    if (!std::holds_alternative<ApiError>(r)) {
+      ADD_FAILURE() << "accepted: " << c.body;
+      continue;
+    }
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body << "\n" << e.message;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.body << "\n" << e.message;
+    EXPECT_NE(e.message.find(c.param), std::string::npos) << e.message;
+    const HttpResponse res = error_response(e, error_style_for("/v1/messages"));
+    EXPECT_EQ(json::parse(res.body)["type"], "error") << res.body;
+  }
+  // Their neutral values, and a turn of tool calls only, pass.
+  accepted(messages_body(R"("n":1,"logit_bias":{},"response_format":{"type":"text"})"));
+  accepted(messages_body(
+      "", R"([{"role":"user","content":"a"},{"role":"assistant","content":[{"type":"tool_use",)"
+          R"("id":"t1","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result",)"
+          R"("tool_use_id":"t1","content":"1"}]}])"));
+}
+
 // A Messages conversation with a system prompt, thinking, a tool call and its result renders the
 // exact XTML the equivalent OpenAI chat request renders.
 TEST(ServeAnthropic, RendersAsTheEquivalentOpenAIConversation) {

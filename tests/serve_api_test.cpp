@@ -136,6 +136,55 @@ TEST(ServeApi, RefusalsNameTheParameter) {
                   [](const std::string& body) { return parse_chat_request(body, config()); });
 }
 
+// issue 28 item 5: a message with nothing to say, and a tool_choice that cannot be honoured, are
+// 400s naming the field (they were accepted: the empty turn rendered as "", the choice ignored).
+TEST(ServeApi, EmptyMessagesAndUnsatisfiableToolChoicesAreRefused) {
+  const std::string tool =
+      R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}])";
+  auto msgs = [](const std::string& list) {
+    return R"({"model":"kimi-k3","messages":)" + list + "}";
+  };
+  const std::vector<Case> cases = {
+      {msgs(R"([{"role":"user"}])"), 400, "invalid_value", "messages.0.content"},
+      {msgs(R"([{"role":"user","content":null}])"), 400, "invalid_value", "messages.0.content"},
+      {msgs(R"([{"role":"user","content":[]}])"), 400, "invalid_value", "messages.0.content"},
+      {msgs(R"([{"role":"system","content":null},{"role":"user","content":"hi"}])"), 400,
+       "invalid_value", "messages.0.content"},
+      {msgs(
+           R"([{"role":"user","content":"hi"},{"role":"assistant"},{"role":"user","content":"x"}])"),
+       400, "invalid_value", "messages.1.content"},
+      {msgs(R"([{"role":"user","content":"hi"},{"role":"assistant","content":[],"tool_calls":[]},)"
+            R"({"role":"user","content":"x"}])"),
+       400, "invalid_value", "messages.1.content"},
+      {msgs(R"([{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"c"}])"), 400,
+       "invalid_value", "messages.1.content"},
+      {with(tool + R"(,"tool_choice":{"type":"function","function":{"name":"g"}})"), 400,
+       "invalid_value", "tool_choice.function.name"},
+      {with(R"("tool_choice":{"type":"function","function":{"name":"f"}})"), 400, "invalid_value",
+       "tool_choice.function.name"},
+      {with(tool + R"(,"tool_choice":{"type":"function","function":{}})"), 400, "invalid_value",
+       "tool_choice.function.name"},
+      {with(R"("tool_choice":"required")"), 400, "invalid_value", "tool_choice"},
+      {with(R"("tools":[],"tool_choice":"required")"), 400, "invalid_value", "tool_choice"},
+  };
+  for (const Case& c : cases)  // one by one: each case reports on its own
+    expect_refusals({c},
+                    [](const std::string& body) { return parse_chat_request(body, config()); });
+  // An assistant turn that carries tool calls, or its reasoning, needs no content; "" is content;
+  // the choices that name a declared tool, or need none, pass.
+  const std::string call =
+      R"("tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}])";
+  accepted(msgs(R"([{"role":"user","content":"hi"},{"role":"assistant",)" + call +
+                R"(},{"role":"tool","tool_call_id":"c1","content":"1"}])"));
+  accepted(msgs(R"([{"role":"user","content":"a"},{"role":"assistant","reasoning_content":"r"},)"
+                R"({"role":"user","content":"b"}])"));
+  accepted(msgs(R"([{"role":"user","content":""}])"));
+  accepted(with(tool + R"(,"tool_choice":{"type":"function","function":{"name":"f"}})"));
+  accepted(with(tool + R"(,"tool_choice":"required")"));
+  accepted(with(R"("tool_choice":"none")"));
+  accepted(with(R"("tool_choice":"auto")"));
+}
+
 // Any model name reaches the one served model on every API (Claude Code sends claude-sonnet-4-5-…,
 // OpenAI apps gpt-4o-mini), and the request names the served id from then on; --strict-model
 // refuses names other than the id and the aliases, and its 404 lists what is served.
@@ -502,6 +551,36 @@ TEST(ServeApi, ResponseShapes) {
   EXPECT_EQ(u["usage"]["completion_tokens"], 57);
   const json p = progress_chunk_json(ids, config(), 412, 380, 396, 30.5);
   EXPECT_EQ(p["prompt_progress"]["processed"], 396);
+}
+
+// issue 28 item 11: a reply the server cancels (a drain that timed out, a second SIGTERM) ends with
+// a finish reason each API's schema has. It was "cancelled" (not an OpenAI value) and Anthropic's
+// "end_turn" (a cut reply passed for a finished one); now the cut-short value of each: "length",
+// "max_tokens", Responses' incomplete "max_output_tokens". x_k3.finish keeps the engine's word.
+TEST(ServeApi, ServerCancelledRepliesEndWithAValidFinishReason) {
+  ChatResult result;
+  result.stats.finish = FinishReason::cancelled;
+  ChatRequest request;
+  request.model = "kimi-k3";
+  const json chat = chat_completion_json(result, request, config(), new_response_ids());
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(chat["x_k3"]["finish"], "cancelled");
+  const json text = completion_json("", result.stats, "kimi-k3", config(), new_response_ids());
+  EXPECT_EQ(text["choices"][0]["finish_reason"], "length");
+  EXPECT_STREQ(anthropic_stop_reason(result.stats), "max_tokens");
+  const json response = response_object(ResponsesRequest{}, new_response_ids("resp_"), "incomplete",
+                                        json::array(), &result.stats, nullptr);
+  EXPECT_EQ(response["incomplete_details"], (json{{"reason", "max_output_tokens"}}));
+  // Every finish the engine reports maps into OpenAI's enum.
+  for (FinishReason f : {FinishReason::stop, FinishReason::length, FinishReason::tool_calls,
+                         FinishReason::cancelled}) {
+    result.stats.finish = f;
+    const std::string reason = chat_completion_json(
+        result, request, config(), new_response_ids())["choices"][0]["finish_reason"];
+    EXPECT_TRUE(reason == "stop" || reason == "length" || reason == "tool_calls" ||
+                reason == "content_filter" || reason == "function_call")
+        << reason;
+  }
 }
 
 TEST(ServeApi, Guards) {

@@ -223,6 +223,40 @@ TEST(ServeResponses, RefusalsNameTheField) {
   }
 }
 
+// issue 28 item 5: the OpenAI fields a Responses body may carry by habit (n, logit_bias,
+// response_format) were dropped silently; they are refused by name as chat refuses them, their
+// neutral values pass; "required" without tools is refused as chat and Messages refuse it.
+TEST(ServeResponses, UnimplementedChatFieldsAreRefused) {
+  const std::string m = R"({"model":"kimi-k3","input":"x",)";
+  const std::vector<Refusal> cases = {
+      {m + R"("n":2})", 400, "unsupported_value", "n"},
+      {m + R"("n":"2"})", 400, "invalid_value", "n"},
+      {m + R"("logit_bias":{"5":1}})", 400, "unsupported_parameter", "logit_bias"},
+      {m + R"("response_format":{"type":"json_object"}})", 400, "unsupported_parameter",
+       "response_format"},
+      {m + R"("response_format":"json"})", 400, "invalid_value", "response_format"},
+      {m + R"("tool_choice":"required"})", 400, "invalid_value", "tool_choice"},
+  };
+  for (const Refusal& c : cases) {
+    const auto r = parse_responses_request(c.body, ApiConfig{});
+    if (!std::holds_alternative<ApiError>(r)) {
+      ADD_FAILURE() << "accepted: " << c.body;
+      continue;
+    }
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.status, c.status) << c.body;
+    EXPECT_EQ(e.code, c.code) << c.body << ": " << e.message;
+    EXPECT_EQ(e.param.value_or(""), c.param) << c.body;
+    EXPECT_NE(e.message.find(c.param), std::string::npos) << e.message;
+  }
+  accepted(m + R"("n":1,"logit_bias":{},"response_format":{"type":"text"}})");
+  accepted(m + R"("tools":[)" + std::string(kTool) + R"(],"tool_choice":"required"})");
+  // A reasoning item alone makes an assistant turn without content or calls: still accepted.
+  accepted(R"({"model":"kimi-k3","input":[{"role":"user","content":"a"},)"
+           R"({"type":"reasoning","summary":[{"type":"summary_text","text":"r"}]},)"
+           R"({"role":"user","content":"b"}]})");
+}
+
 GenerationStats stats(FinishReason finish) {
   GenerationStats s;
   s.finish = finish;

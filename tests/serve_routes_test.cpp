@@ -179,7 +179,9 @@ TEST(ServeApi, RouteTableLabelsAndLogging) {
   EXPECT_EQ(router.label("GET", "/app.js"), "static");
   EXPECT_EQ(router.label("GET", "/v1/unknown/a/b"), "/v1/*");
   EXPECT_EQ(router.find("GET", "/health")->auth, AuthClass::open);
-  EXPECT_EQ(router.find("GET", "/v1/health")->auth, AuthClass::api_key);
+  EXPECT_EQ(router.find("GET", "/v1/health")->auth, AuthClass::open);  // the same route
+  EXPECT_EQ(router.label("GET", "/v1/health"), "/health");
+  EXPECT_FALSE(router.record("GET", "/v1/health", 200));
   EXPECT_FALSE(router.record("GET", "/health", 200));  // not logged
   EXPECT_TRUE(router.record("POST", "/v1/chat/completions", 200));
   const HttpResponse m = router.serve(request("GET", "/metrics"));
@@ -187,7 +189,7 @@ TEST(ServeApi, RouteTableLabelsAndLogging) {
   EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1\n"),
             std::string::npos)
       << m.body;
-  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/health\",status=\"200\"} 1\n"),
+  EXPECT_NE(m.body.find("k3_requests_total{endpoint=\"/health\",status=\"200\"} 2\n"),
             std::string::npos);
   // Labels are route-table entries: fifty probed paths add one label, not fifty.
   for (int i = 0; i < 50; ++i) router.record("GET", "/probe-" + std::to_string(i), 404);
@@ -312,6 +314,34 @@ TEST(ServeApi, LogLineNamesThePath) {
   EXPECT_NE(long_line.find("x... 404"), std::string::npos) << long_line;
 }
 
+// /health and /v1/health answer alike: status, Retry-After and body, for a client with and without
+// the key, while ok and while draining (issue 28 item 11: /v1/health was a 401 without a key
+// where /health said ok, and the draining 503 had no Retry-After).
+void expect_same_health(Router& router, int status, const std::string& state) {
+  for (const char* key : {static_cast<const char*>(nullptr), "sk-test"}) {
+    const HttpResponse a = router.serve(request("GET", "/health", "", key));
+    const HttpResponse b = router.serve(request("GET", "/v1/health", "", key));
+    EXPECT_EQ(a.status, status) << a.body;
+    EXPECT_EQ(b.status, status) << b.body;
+    EXPECT_EQ(a.header("Retry-After"), b.header("Retry-After"));
+    EXPECT_EQ(a.header("Retry-After").empty(), status == 200) << "a 503 carries Retry-After";
+    json ja = body_of(a), jb = body_of(b);
+    EXPECT_EQ(ja["status"], state) << a.body;
+    for (json* j : {&ja, &jb}) j->erase("uptime_s");  // read at two moments
+    EXPECT_EQ(ja, jb) << (key ? "with" : "without") << " the key";
+    EXPECT_EQ(ja.contains("model"), key != nullptr) << "details only with the key";
+  }
+}
+
+TEST(ServeApi, HealthAndV1HealthFollowOneRule) {
+  EngineService service(testing::serve_demo_options());
+  wait_ready(service);
+  Router router(service, server_options());
+  expect_same_health(router, 200, "ok");
+  router.drain();  // nothing runs: returns at once, the service refusing new work
+  expect_same_health(router, 503, "stopping");
+}
+
 // /health while every generation fails: 503 "degraded" (a probe notices), back to 200 "ok" once
 // one ends normally. The scripted 3rd id is outside the vocabulary: fed back, it faults.
 TEST(ServeApi, HealthReportsDegradedWhileGenerationsFail) {
@@ -335,6 +365,7 @@ TEST(ServeApi, HealthReportsDegradedWhileGenerationsFail) {
   EXPECT_EQ(body_of(bad)["status"], "degraded");
   EXPECT_EQ(body_of(bad)["failed_in_a_row"], 1);
   EXPECT_FALSE(body_of(bad)["last_error"].get<std::string>().empty());
+  expect_same_health(router, 503, "degraded");
   EXPECT_EQ(chat(2).status, 200);  // the faulting id is never fed back
   const HttpResponse good = router.serve(request("GET", "/health"));
   EXPECT_EQ(good.status, 200) << good.body;

@@ -111,7 +111,7 @@ TEST(StopDuringLoad, ServeSigtermStopsTheLoad) {
                       stop_and_wait("p", "TERM", 120));
   const std::string log = k3::read_text_file(err);
   EXPECT_NE(k3::read_text_file(out).find("listening"), std::string::npos) << log;
-  EXPECT_EQ(status_line(r.err), 0) << r.err << log;  // 124: still loading after 120 s
+  EXPECT_EQ(status_line(r.err), 143) << r.err << log;  // 124: still loading after 120 s
   EXPECT_EQ(log.find(" loaded in "), std::string::npos) << log;
   EXPECT_EQ(log.find("cannot load"), std::string::npos) << "a stop is not a load failure: " << log;
 }

@@ -11,6 +11,7 @@
 #include <exception>
 #include <string>
 
+#include "apps/stop_signals.h"
 #include "options/options.h"
 #include "options/tool_cli.h"
 #include "repack_lib.h"
@@ -72,6 +73,9 @@ int main(int argc, char** argv) {
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
   if (parsed.status >= 0) return parsed.finish();
 
+  // SIGINT / SIGTERM: exit 130 / 143 at once (apps/stop_signals.h); a rerun checks what the cut
+  // left and rewrites what fails, as after a kill.
+  k3::apps::install_stop_handlers(k3::apps::StopMode::at_once);
   try {
     if (!shards.empty()) o.shards = k3::repack::parse_shard_list(shards);
     if (!stripe.empty()) {

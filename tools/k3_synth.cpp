@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <string>
 
+#include "apps/stop_signals.h"
 #include "options/options.h"
 #include "options/tool_cli.h"
 #include "synth_lib.h"
@@ -83,6 +84,8 @@ int main(int argc, char** argv) {
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
   if (parsed.status >= 0) return parsed.finish();
 
+  // SIGINT / SIGTERM: exit 130 / 143 at once (apps/stop_signals.h); a rerun writes the model again.
+  k3::apps::install_stop_handlers(k3::apps::StopMode::at_once);
   try {
     k3::synth::SynthSpec spec = k3::synth::preset_spec(preset);
     if (app.count("--layers") && layers < 1)

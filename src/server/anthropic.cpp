@@ -45,6 +45,16 @@ std::variant<std::string, ApiError> block_text(const json& block, const std::str
   return it->get<std::string>();
 }
 
+// A text block's `text`: as block_text, and not empty (Anthropic's rule: "text content blocks
+// must be non-empty").
+std::variant<std::string, ApiError> nonempty_block_text(const json& block,
+                                                        const std::string& where) {
+  auto text = block_text(block, where, "text");
+  if (auto* s = std::get_if<std::string>(&text); s && s->empty())
+    return invalid_value(where + ".text", "'" + where + ".text' must not be empty");
+  return text;
+}
+
 bool is_document_block(const std::string& type) {
   return is_media_part(type) || type == "document" || type == "search_result" ||
          type == "container_upload";
@@ -123,7 +133,7 @@ std::optional<ApiError> add_user(const json& content, const std::string& where,
     if (auto* e = std::get_if<ApiError>(&type)) return *e;
     const std::string& t = std::get<std::string>(type);
     if (t == "text") {
-      auto text = block_text(content[j], block, "text");
+      auto text = nonempty_block_text(content[j], block);
       if (auto* e = std::get_if<ApiError>(&text)) return *e;
       parts.push_back(json{{"type", "text"}, {"text", std::get<std::string>(text)}});
     } else if (t == "tool_result") {
@@ -176,7 +186,8 @@ std::optional<ApiError> add_assistant(const json& content, const std::string& wh
     if (auto* e = std::get_if<ApiError>(&type)) return *e;
     const std::string& t = std::get<std::string>(type);
     if (t == "text" || t == "thinking") {
-      auto s = block_text(content[j], block, t == "text" ? "text" : "thinking");
+      auto s = t == "text" ? nonempty_block_text(content[j], block)
+                           : block_text(content[j], block, "thinking");
       if (auto* e = std::get_if<ApiError>(&s)) return *e;
       (t == "text" ? text : reasoning) += std::get<std::string>(s);
       (t == "text" ? has_text : has_reasoning) = true;
@@ -345,6 +356,10 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
     if (field(key))
       return api_error(400, "invalid_request_error", "unsupported_parameter",
                        std::string("'") + key + "' is not supported", key);
+  // OpenAI's fields, which a client may send here by habit: refused as chat refuses them, never
+  // dropped.
+  if (auto e = check_one_plain_choice(b)) return *e;
+  if (auto e = check_response_format(b)) return *e;
 
   json normalised = json::array();
   if (const json* v = field("system"))
@@ -368,6 +383,14 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
       return invalid_value(where + ".content",
                            "'" + where + ".content' must be a string or an array of blocks");
     }
+    // Anthropic's rule: every message has non-empty content (a turn of nothing renders as nothing).
+    const bool empty =
+        content->is_string() ? content->get_ref<const std::string&>().empty() : content->empty();
+    if (*role != "system" && empty)
+      return invalid_value(where + ".content",
+                           "'" + where +
+                               ".content' must not be empty: a non-empty string or at "
+                               "least one content block");
     if (*role == "system") {  // a system message between the turns (Claude Code sends them)
       if (auto e = add_system(*content, normalised, where + ".content")) return *e;
       continue;
@@ -447,6 +470,7 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
 const char* anthropic_stop_reason(const GenerationStats& stats) {
   switch (stats.finish) {
     case FinishReason::length:
+    case FinishReason::cancelled:  // cut by the server (a drain that timed out): cut short
       return "max_tokens";
     case FinishReason::tool_calls:
       return "tool_use";

@@ -168,13 +168,27 @@ std::variant<json, ApiError> normalise_message(const json& m, size_t i) {
         at + ".role", "'" + at + ".role' must be one of system, developer, user, assistant, tool");
   json out = json::object();
   out["role"] = role;
-  // content: a string, null, or text parts.
+  // content: a string, or text parts (at least one). Absent, null or [] only on an assistant turn
+  // that carries tool calls (OpenAI's rule) or its reasoning (a reply cut while it thought, sent
+  // back): any other turn would render as nothing.
   auto content_it = m.find("content");
-  if (content_it == m.end() || content_it->is_null()) {
-    if (role != "assistant")
-      out["content"] = "";
-    else
-      out["content"] = nullptr;
+  const bool no_content = content_it == m.end() || content_it->is_null() ||
+                          (content_it->is_array() && content_it->empty());
+  if (no_content) {
+    const auto carries = [&](const char* key) {
+      const auto it = m.find(key);
+      return it != m.end() && ((it->is_array() && !it->empty()) ||
+                               (it->is_string() && !it->get_ref<const std::string&>().empty()));
+    };
+    if (role != "assistant" ||
+        !(carries("tool_calls") || carries("reasoning_content") || carries("reasoning")))
+      return invalid_value(
+          at + ".content",
+          "'" + at + ".content' is required" +
+              (role == "assistant" ? " (an assistant message without tool_calls or reasoning)"
+                                   : "") +
+              ": a string or a non-empty array of text parts");
+    out["content"] = nullptr;
   } else if (content_it->is_string()) {
     if (auto e = check_text(*content_it, at + ".content")) return *e;
     out["content"] = *content_it;
@@ -307,17 +321,7 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
     if (auto e = get_number(*v, "repeat_penalty", 0.0, 10.0, true, r.repeat_penalty)) return e;
   if (const json* v = field("repeat_last_n"))
     if (auto e = get_int(*v, "repeat_last_n", -1, int64_t{1} << 30, r.repeat_last_n)) return e;
-  if (const json* v = field("logit_bias"); v && !(v->is_object() && v->empty()))
-    return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
-  if (const json* v = field("n")) {
-    int64_t n = 0;
-    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(),
-                         std::numeric_limits<int64_t>::max(), n))
-      return e;
-    if (n != 1)
-      return api_error(400, "invalid_request_error", "unsupported_value",
-                       "'n' must be 1: one choice per request", "n");
-  }
+  if (auto e = check_one_plain_choice(b)) return e;
 
   // Sampling and budget.
   if (const json* v = field("stream"); v)
@@ -403,6 +407,34 @@ std::optional<ApiError> parse_generation(const json& b, const ApiConfig& config,
 }
 
 }  // namespace
+
+std::optional<ApiError> check_one_plain_choice(const json& b) {
+  if (const json* v = present(b, "logit_bias"); v && !(v->is_object() && v->empty()))
+    return unsupported_parameter("logit_bias", "'logit_bias' is not supported");
+  if (const json* v = present(b, "n")) {
+    int64_t n = 0;
+    if (auto e = get_int(*v, "n", std::numeric_limits<int64_t>::min(),
+                         std::numeric_limits<int64_t>::max(), n))
+      return e;
+    if (n != 1)
+      return api_error(400, "invalid_request_error", "unsupported_value",
+                       "'n' must be 1: one choice per request", "n");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> check_response_format(const json& b, const std::string& note) {
+  const json* v = present(b, "response_format");
+  if (!v) return std::nullopt;
+  if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
+    return invalid_value("response_format", "'response_format' must be an object with a 'type'");
+  if ((*v)["type"] != "text")
+    return unsupported_parameter("response_format",
+                                 "'response_format' other than {\"type\":\"text\"} is not "
+                                 "supported (structured output is not implemented)" +
+                                     note);
+  return std::nullopt;
+}
 
 void set_sampling_defaults(const ApiConfig& config, GenerationParams& r) {
   r.temperature = config.default_temperature;
@@ -518,13 +550,7 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
   r.top_logprobs = logprobs ? static_cast<int>(top) : -1;
 
   // Features we do not implement: refused by name, never dropped silently.
-  if (const json* v = field("response_format")) {
-    if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
-      return invalid_value("response_format", "'response_format' must be an object with a 'type'");
-    if ((*v)["type"] != "text")
-      return unsupported_parameter(
-          "response_format", "'response_format' other than {\"type\":\"text\"} is not supported");
-  }
+  if (auto e = check_response_format(b)) return *e;
   for (const char* key :
        {"functions", "function_call", "audio", "prediction", "web_search_options"})
     if (field(key))
@@ -550,15 +576,34 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
     if (!v->empty()) r.tools = to_py(*v);
   }
   if (const json* v = field("tool_choice")) {
+    // A choice the tools cannot satisfy is refused, as Responses and Messages refuse it: "required"
+    // with no tool, or a function that is not declared.
+    const json* tools = field("tools");
+    const bool have_tools = tools && !tools->empty();
     if (v->is_string()) {
       const std::string c = v->get<std::string>();
       if (c != "none" && c != "auto" && c != "required")
         return api_error(400, "invalid_request_error", "unsupported_value",
                          "'tool_choice' must be none, auto, required or a function", "tool_choice");
+      if (c == "required" && !have_tools)
+        return invalid_value("tool_choice", "'tool_choice' is 'required' but 'tools' is empty");
     } else if (!v->is_object() || !v->contains("function")) {
       return invalid_value(
           "tool_choice",
           "'tool_choice' must be a string or {\"type\":\"function\",\"function\":{\"name\":...}}");
+    } else {
+      const json& fn = (*v)["function"];
+      const auto name = fn.is_object() ? fn.find("name") : fn.end();
+      if (!fn.is_object() || name == fn.end() || !name->is_string())
+        return invalid_value("tool_choice.function.name",
+                             "'tool_choice.function.name' must be a string");
+      const bool declared =
+          have_tools && std::any_of(tools->begin(), tools->end(),
+                                    [&](const json& t) { return t["function"]["name"] == *name; });
+      if (!declared)
+        return invalid_value("tool_choice.function.name", "'tool_choice.function.name' ('" +
+                                                              name->get<std::string>() +
+                                                              "') names no function in 'tools'");
     }
     r.tool_choice = to_py(*v);
   }
@@ -820,6 +865,10 @@ json tool_call_json(const text::ToolCallOut& call, const ResponseIds& ids) {
   return out;
 }
 
+const char* openai_finish_reason(FinishReason finish) {
+  return finish == FinishReason::cancelled ? "length" : finish_reason_name(finish);
+}
+
 json usage_json(const GenerationStats& stats) {
   json u = json::object();
   u["prompt_tokens"] = stats.prompt_tokens;
@@ -863,6 +912,7 @@ json x_k3_json(const GenerationStats& stats) {
   x["reuse"] = reuse_kind_name(stats.reuse);
   x["checkpoint_restored_at"] = stats.restored_at >= 0 ? json(stats.restored_at) : json(nullptr);
   x["queue_wait_ms"] = stats.queue_wait_ms;
+  x["finish"] = finish_reason_name(stats.finish);  // "cancelled" where finish_reason says length
   return x;
 }
 
@@ -889,7 +939,7 @@ json chat_completion_json(const ChatResult& result, const ChatRequest& request,
   choice["logprobs"] = request.top_logprobs >= 0 && tokenizer
                            ? chat_logprobs_json(result.logprobs, *tokenizer)
                            : json(nullptr);
-  choice["finish_reason"] = finish_reason_name(result.stats.finish);
+  choice["finish_reason"] = openai_finish_reason(result.stats.finish);
   json out = envelope(ids, "chat.completion", request.model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(result.stats);
@@ -944,7 +994,7 @@ json completion_json(const std::string& text, const GenerationStats& stats,
   choice["text"] = text;
   choice["index"] = 0;
   choice["logprobs"] = std::move(logprobs);
-  choice["finish_reason"] = finish_reason_name(stats.finish);
+  choice["finish_reason"] = openai_finish_reason(stats.finish);
   json out = envelope(ids, "text_completion", model, config);
   out["choices"] = json::array({std::move(choice)});
   out["usage"] = usage_json(stats);

@@ -90,8 +90,8 @@ void stream_chat(const HandlerContext& c, const HttpRequest& req, HttpResponse& 
             break;
           }
           case ServiceEvent::Kind::done: {
-            std::vector<json> out{
-                chunk_json(ids, config, json::object(), finish_reason_name(e.stats.finish), usage)};
+            std::vector<json> out{chunk_json(ids, config, json::object(),
+                                             openai_finish_reason(e.stats.finish), usage)};
             if (usage) out.push_back(usage_chunk_json(ids, config, e.stats));
             return out;
           }
@@ -182,7 +182,9 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
   }
   if (degraded && authorised(c.options, req)) body["last_error"] = s.last_failure;
-  set_json(res, s.state == ServiceStats::State::stopping || degraded ? 503 : 200, body);
+  const bool stopping = s.state == ServiceStats::State::stopping;
+  if (stopping || degraded) res.set_header("Retry-After", "5");  // every 503 carries one (§3.8)
+  set_json(res, stopping || degraded ? 503 : 200, body);
   return res;
 }
 
@@ -282,7 +284,7 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
                                          : json(nullptr))};
         if (e.kind != ServiceEvent::Kind::done) return std::vector<json>{};
         std::vector<json> out{
-            completion_chunk_json(ids, *config, "", finish_reason_name(e.stats.finish))};
+            completion_chunk_json(ids, *config, "", openai_finish_reason(e.stats.finish))};
         if (request->include_usage)
           out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
         return out;

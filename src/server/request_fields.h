@@ -37,6 +37,12 @@ bool is_media_part(const std::string& type);
 const json* present(const json& body, const char* key);
 // `messages` (present()'s result): required, an array of 1 to 4096 entries.
 std::optional<ApiError> check_messages(const json* messages);
+// The fields the server has one answer for, on every API shape: `n` (1: one choice per request;
+// other values 400 unsupported_value) and `logit_bias` ({} only; else 400 unsupported_parameter).
+std::optional<ApiError> check_one_plain_choice(const json& body);
+// `response_format`: absent or {"type":"text"}; another type is a 400 unsupported_parameter
+// naming it (structured output is not implemented), `note` appended to that message.
+std::optional<ApiError> check_response_format(const json& body, const std::string& note = "");
 // The server's sampling defaults (--temp, --top-p, --top-k, --min-p) into `params`, before a
 // request's own fields override them.
 void set_sampling_defaults(const ApiConfig& config, GenerationParams& params);

@@ -348,6 +348,11 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
   if (const json* v = field("store"); v && !v->is_boolean())
     return invalid_value("store", "'store' must be a boolean");
 
+  // OpenAI's chat fields a Responses body may carry by habit: refused as chat refuses them, never
+  // dropped (the format of a Responses reply is 'text.format').
+  if (auto e = check_one_plain_choice(b)) return *e;
+  if (auto e = check_response_format(b, "; the Responses API's field is 'text.format'")) return *e;
+
   // The chat body the shared validation reads: the settings with the same meaning pass as they
   // are, the rest is translated below.
   json chat = json::object();
@@ -382,6 +387,12 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
   } else {
     return invalid_value("input", "'input' must be a string or an array of input items");
   }
+  // A reasoning item alone (a reply cut while it thought) is an assistant turn with no content and
+  // no call, which a chat body may not send: its content is "".
+  for (json& message : messages)
+    if (message["role"] == "assistant" && message["content"].is_null() &&
+        !message.contains("tool_calls"))
+      message["content"] = "";
   chat["messages"] = std::move(messages);
 
   // Budget, reasoning, output format.
@@ -507,9 +518,10 @@ json response_object(const ResponsesRequest& request, const ResponseIds& ids, co
   o["background"] = false;
   o["completed_at"] = s == "completed" ? json(std::max(unix_now(), ids.created)) : json(nullptr);
   o["error"] = std::move(error);
-  o["incomplete_details"] = s == "incomplete" && stats && stats->finish == FinishReason::length
-                                ? json{{"reason", "max_output_tokens"}}
-                                : json(nullptr);
+  // A reply the server cut (cancelled: a drain that timed out) is incomplete as one cut by the
+  // budget: the schema's reasons are max_output_tokens and content_filter.
+  o["incomplete_details"] =
+      s == "incomplete" && stats ? json{{"reason", "max_output_tokens"}} : json(nullptr);
   o["model"] = request.chat.model;
   o["output"] = std::move(output);
   for (auto it = request.echo.begin(); it != request.echo.end(); ++it) o[it.key()] = it.value();

@@ -133,9 +133,12 @@ Router::Router(EngineService& service, ServerOptions options)
     return [c, fn](const HttpRequest& r) { return fn(*c, r); };
   };
   // method, pattern,              auth,       handler                       (label, logged)
-  route("GET", "/health", A::open, bind(health), nullptr, false);
-  route("*", "/health", A::open, not_found, nullptr, false);
-  route("GET", "/v1/health", A::api_key, bind(health));
+  // /health and /v1/health: one route under two paths (the same answer in every state, open,
+  // details only with a key, not logged).
+  for (const char* path : {"/health", "/v1/health"}) {
+    route("GET", path, A::open, bind(health), "/health", false);
+    route("*", path, A::open, not_found, "/health", false);
+  }
   route("GET", "/v1/models", A::api_key, bind(list_models));
   route("GET", "/v1/models/{id}", A::api_key, bind(get_model));
   route("POST", "/v1/chat/completions", A::api_key, bind(chat_completions));

@@ -3,7 +3,7 @@
 // every request field, truncations and byte insertions from a seeded PRNG. Every body is invalid
 // by construction, so every answer must be 4xx with the OpenAI error envelope — never 2xx, never
 // 5xx, never a dropped connection — and the server must still answer /health and a valid request
-// at the end, then exit 0 on SIGTERM.
+// at the end, then exit 143 on SIGTERM.
 //
 //   node tests/node/serve_fuzz.mjs <path-to-coli>
 //   (ctest: Serve.Fuzz; SERVE_FUZZ_SEED overrides the PRNG seed)
@@ -313,7 +313,7 @@ await R.check('fuzz.server_alive_after', async () => {
 await R.check('fuzz.clean_exit', async () => {
   assert(srv, 'server did not start');
   const e = await srv.stop();
-  assert(e && e.code === 0 && e.signal === null, `exit after SIGTERM: ${show(e)}\n${srv.logTail()}`);
+  assert(e && e.code === 143 && e.signal === null, `exit after SIGTERM: ${show(e)}\n${srv.logTail()}`);
 });
 
 cancelTimeout();

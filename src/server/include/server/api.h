@@ -118,6 +118,10 @@ struct ResponseIds {
 json chat_completion_json(const ChatResult& result, const ChatRequest& request,
                           const ApiConfig& config, const ResponseIds& ids,
                           const text::Tokenizer* tokenizer = nullptr);
+// The OpenAI finish_reason of a generation: stop, length or tool_calls. A generation the server
+// cancelled (a drain that timed out, a second SIGTERM) ends as "length": the reply was cut short,
+// and OpenAI's schema has no other value for an incomplete reply (x_k3.finish says "cancelled").
+const char* openai_finish_reason(FinishReason finish);
 json usage_json(const GenerationStats& stats);
 json timings_json(const GenerationStats& stats);
 // Our extension block: reuse kind, restored checkpoint position, queue wait.
