@@ -406,11 +406,17 @@ export class Runner {
       console.log(`FAIL  ${name}  (${Math.round(performance.now() - t)} ms)\n      ${msg.replace(/\n/g, '\n      ')}`);
     }
   }
+  // True when at least one check ran and none failed: a run in which no check ran (a
+  // *_TEST_ONLY filter that matches no name any more) is a failure, not a pass.
   summary() {
     const failed = this.results.filter((r) => !r.ok);
     const s = ((performance.now() - this.t0) / 1000).toFixed(1);
     console.log(`\n${this.title}: ${this.results.length - failed.length} passed, ${failed.length} failed (${s} s)`);
     if (failed.length) console.log('failed: ' + failed.map((r) => r.name).join(', '));
+    if (this.results.length === 0) {
+      console.log(`FAIL  ${this.title}: no check ran (does a *_TEST_ONLY filter match no check name?)`);
+      return false;
+    }
     return failed.length === 0;
   }
 }
