@@ -1017,6 +1017,53 @@ await check('ckpt.edited_user_message_restores', async () => {
   eq(textOf(r2), textOf(cold), 'greedy answer after an edited user message vs cold server');
 });
 
+// GET /slots describes the one slot: its state, context, the tokens it holds and its
+// checkpoints. POST /slots/0?action=erase forgets the conversation, the live state and every
+// checkpoint (a privacy feature): a follow-up of the old conversation then reuses nothing.
+await check('slots.contents_and_erase_forgets_the_conversation', async () => {
+  const slotsOf = (s) => async () => {
+    const r = await request(s, { path: '/slots' });
+    eq(r.status, 200, 'GET /slots');
+    assert(Array.isArray(r.json) && r.json.length === 1, () => `GET /slots is not a list of one slot: ${show(r.text)}`);
+    return r.json[0];
+  };
+  const slow = await slowSrv();   // 30 ms a token: 300 tokens keep it busy
+  const busy = holdActive(slow, req([user('Keep the slot busy.')], { ...OFF, max_tokens: 300, stream: true }));
+  try {
+    assert(await busy.firstData, 'the request did not start');
+    await waitUntil('GET /slots state busy during a generation', slotsOf(slow), (v) => v.state === 'busy');
+  } finally {
+    busy.release();
+    await busy.done;
+  }
+  // The cancelled generation has ended (the abort checks below count cancellations on this server).
+  await waitUntil('the busy server idle again', () => scheduler(slow), (sc) => sc.active === 0 && sc.queued === 0);
+  const s = await ckSrv();
+  const slots = slotsOf(s);
+  const m1 = [sys('You keep secrets.'), user('The password is swordfish. Repeat it.')];
+  const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 8 }));
+  const slot = await waitUntil('GET /slots state idle after the reply', slots, (v) => v.state === 'idle');
+  eq(Object.keys(slot).sort(), ['checkpoints', 'fed_tokens', 'id', 'n_ctx', 'state'], 'GET /slots fields');
+  eq(slot.id, 0, 'slot id');
+  eq(slot.n_ctx, (await healthJson(s)).context_capacity, 'n_ctx = /health context_capacity');
+  const { prompt_tokens: p1, completion_tokens: g1 } = r1.usage;
+  assert(slot.fed_tokens >= p1 && slot.fed_tokens <= p1 + g1, `fed_tokens ${slot.fed_tokens} should hold the prompt (${p1}) and at most the ${g1} generated tokens`);
+  assert(slot.checkpoints.length >= 1 && slot.checkpoints.length <= 2, () => `--ckpt 2 after a turn: ${show(slot.checkpoints)}`);
+  for (const ck of slot.checkpoints) {
+    assert(Number.isInteger(ck.slot) && Number.isInteger(ck.pos) && ck.pos > 0 && ck.pos <= slot.fed_tokens &&
+           ck.pinned === false && typeof ck.age_s === 'number' && ck.age_s >= 0, () => `checkpoint entry ${show(ck)} (fed_tokens ${slot.fed_tokens})`);
+  }
+  expectError(await postJson(s, '/slots/0?action=restore', {}), 400, 'invalid_value', { param: 'action' });
+  const restores = await metric(s, 'k3_checkpoint_restores_total');
+  const e = await postJson(s, '/slots/0?action=erase', {});
+  eq([e.status, e.json], [200, { id_slot: 0, erased: true }], 'POST /slots/0?action=erase');
+  const erased = await waitUntil('GET /slots empty after the erase', slots, (v) => v.fed_tokens === 0);
+  eq(erased.checkpoints, [], 'checkpoints after the erase');
+  const r2 = await complete(s, req([...m1, asAssistant(r1), user('Say it again.')], { ...OFF, max_tokens: 4 }));
+  eq([cachedOf(r2), r2.x_k3?.reuse], [0, 'none'], 'a follow-up of the erased conversation: cached_tokens, x_k3.reuse');
+  eq(await metric(s, 'k3_checkpoint_restores_total'), restores, 'checkpoints restored after the erase (/metrics)');
+});
+
 // =============================================================================================
 // Cancellation (3.9)
 // =============================================================================================
