@@ -89,7 +89,9 @@ const diskSrv = lazy('disk', ['--ckpt', '2', '--ckpt-dir', CKDIR], { env: { COLI
 const keepSrv = lazy('disk-keep', ['--ckpt', '2', '--ckpt-dir', CKDIR_KEEP, '--ckpt-keep']);
 const ALIASES = ['k3-alias', 'house-model'];
 const strictSrv = lazy('strict', ['--strict-model', '--alias', ALIASES.join(',')]);
-const aliasSrv = lazy('alias', ['--alias', ALIASES.join(',')]);
+// Its own id, aliases, and --accept-any-model after --strict-model (the last one wins).
+const SERVED_ID = 'house-k3';
+const aliasSrv = lazy('alias', ['--model-id', SERVED_ID, '--alias', ALIASES.join(','), '--strict-model', '--accept-any-model']);
 
 const client = (s) => new OpenAI({ apiKey: s.key ?? 'sk-local-dummy', baseURL: `${s.url}/v1`, maxRetries: 0, timeout: 120_000 });
 
@@ -414,13 +416,25 @@ await check('models.any_name_is_the_served_model', async () => {
   eq([m.status, m.json?.model], [200, MODEL_ID], `POST /v1/messages with a Claude model name (${show(m.text)})`);
 });
 
-// /v1/models lists the id and every --alias.
-await check('models.aliases_listed', async () => {
+// --model-id names the served model; /v1/models lists it and every --alias; a request naming an
+// alias or any other name (--accept-any-model, given after --strict-model) is served, and every
+// response names the served id.
+await check('models.model_id_aliases_accept_any', async () => {
   const s = await aliasSrv();
+  const c = client(s);
   const ids = [];
-  for await (const x of client(s).models.list()) ids.push(x.id);
-  eq(ids, [MODEL_ID, ...ALIASES], 'SDK models.list() ids');
-  eq((await client(s).models.retrieve(ALIASES[1])).id, ALIASES[1], 'models.retrieve(alias)');
+  for await (const x of c.models.list()) ids.push(x.id);
+  eq(ids, [SERVED_ID, ...ALIASES], 'SDK models.list() ids');
+  eq((await c.models.retrieve(ALIASES[1])).id, ALIASES[1], 'models.retrieve(alias)');
+  eq((await healthJson(s)).model, SERVED_ID, '/health model');
+  eq((await request(s, { path: '/props' })).json?.model_alias, SERVED_ID, '/props model_alias');
+  for (const model of [ALIASES[0], 'gpt-4o-mini']) {
+    const j = await c.chat.completions.create({ ...good, model });
+    eq(j.model, SERVED_ID, `chat.completion model for a request naming ${model}`);
+  }
+  const chunks = [];
+  for await (const ch of await c.chat.completions.create({ ...good, model: ALIASES[1], stream: true })) chunks.push(ch.model);
+  assert(chunks.length > 1 && chunks.every((m) => m === SERVED_ID), `chunk models: ${show(chunks)}`);
 });
 
 // --strict-model: names other than the id and the aliases are a 404 on every API; the id and
