@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -631,22 +632,49 @@ TEST(ReadQueueThreads, WorkerCountIsClamped) {
   }
 }
 
+// The state letter of thread `tid` of this process ('R' running, 'S' sleeping, ...), '?' when
+// /proc does not say.
+char thread_state(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');  // the name in parentheses may hold spaces
+  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+}
+
 TEST(ReadTicket, KeepsTheFirstErrorAndReportsTimeBlocked) {
   ReadTicket ticket;
   EXPECT_TRUE(ticket.done());
   EXPECT_EQ(ticket.wait(), 0.0);
   ticket.add_pending(3);
   EXPECT_FALSE(ticket.done());
+  // The finisher acts only once the waiter sleeps inside wait() (an event, however slowly either
+  // thread runs), then lets a measured interval pass before the last finish: wait() began before
+  // that interval and returns after it, so the time it reports covers the interval.
+  const pid_t waiter = static_cast<pid_t>(::gettid());
+  std::atomic<bool> waiting{false};
+  bool saw_sleep = false;
+  double interval = 0;
   std::thread finisher([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    using Clock = std::chrono::steady_clock;
+    while (!waiting.load()) std::this_thread::yield();
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (!(saw_sleep = thread_state(waiter) == 'S') && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto asleep = Clock::now();
     ticket.finish_one("");
     ticket.finish_one("first");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    interval = std::chrono::duration<double>(Clock::now() - asleep).count();
     ticket.finish_one("second");
   });
+  waiting.store(true);
   const double blocked = ticket.wait();
   finisher.join();
+  ASSERT_TRUE(saw_sleep) << "the waiter never slept in wait() within 60 s";
   EXPECT_TRUE(ticket.done());
-  EXPECT_GE(blocked, 0.01);
+  EXPECT_GE(blocked, interval);
+  EXPECT_GT(interval, 0.0);
   EXPECT_EQ(ticket.error(), "first");
   ticket.reset();
   EXPECT_EQ(ticket.error(), "");

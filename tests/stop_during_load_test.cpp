@@ -50,15 +50,23 @@ std::string stop_and_wait(const std::string& pid, const std::string& signal, int
          "; echo rc=$? >&2; fi";
 }
 
+// Shell: waits (up to 60 s) until the process in $<pid> holds a .safetensors file open, i.e. it
+// is loading the weights: its signal handlers are in place (the apps install them before the
+// load) and a signal sent now lands inside the load, however slowly the process got there.
+std::string wait_until_loading(const std::string& pid) {
+  return "i=0; while ! ls -l /proc/$" + pid +
+         "/fd 2>/dev/null | grep -q safetensors && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); "
+         "done; ";
+}
+
 int status_line(const std::string& err) {
   const size_t at = err.rfind("rc=");
   return at == std::string::npos ? -1 : std::stoi(err.substr(at + 3));
 }
 
 void expect_stopped_while_loading(const std::string& signal, int want_status) {
-  const Result r =
-      sh(kSlowLoad + " " + kKimi + " " + kTiny + " --ids 1,2,3 --ngen 4 & pid=$!; sleep 1; " +
-         stop_and_wait("pid", signal, 120));
+  const Result r = sh(kSlowLoad + " " + kKimi + " " + kTiny + " --ids 1,2,3 --ngen 4 & pid=$!; " +
+                      wait_until_loading("pid") + stop_and_wait("pid", signal, 120));
   EXPECT_EQ(status_line(r.err), want_status) << r.err;  // 124: still loading after 120 s
   EXPECT_NE(r.err.find("stopped while loading"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(signal), std::string::npos) << r.err;
@@ -107,8 +115,8 @@ TEST(StopDuringLoad, ServeSigtermStopsTheLoad) {
   const std::string out = dir.file("out"), err = dir.file("err");
   const Result r = sh(kSlowLoad + " " + kColi + " serve " + demo_dir() + " --port 0 > " + out +
                       " 2> " + err + " & p=$!; i=0; while ! grep -q listening " + out +
-                      " && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; sleep 1; " +
-                      stop_and_wait("p", "TERM", 120));
+                      " && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; " +
+                      wait_until_loading("p") + stop_and_wait("p", "TERM", 120));
   const std::string log = k3::read_text_file(err);
   EXPECT_NE(k3::read_text_file(out).find("listening"), std::string::npos) << log;
   EXPECT_EQ(status_line(r.err), 143) << r.err << log;  // 124: still loading after 120 s

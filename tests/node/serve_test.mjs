@@ -89,7 +89,9 @@ const diskSrv = lazy('disk', ['--ckpt', '2', '--ckpt-dir', CKDIR], { env: { COLI
 const keepSrv = lazy('disk-keep', ['--ckpt', '2', '--ckpt-dir', CKDIR_KEEP, '--ckpt-keep']);
 const ALIASES = ['k3-alias', 'house-model'];
 const strictSrv = lazy('strict', ['--strict-model', '--alias', ALIASES.join(',')]);
-const aliasSrv = lazy('alias', ['--alias', ALIASES.join(',')]);
+// Its own id, aliases, and --accept-any-model after --strict-model (the last one wins).
+const SERVED_ID = 'house-k3';
+const aliasSrv = lazy('alias', ['--model-id', SERVED_ID, '--alias', ALIASES.join(','), '--strict-model', '--accept-any-model']);
 
 const client = (s) => new OpenAI({ apiKey: s.key ?? 'sk-local-dummy', baseURL: `${s.url}/v1`, maxRetries: 0, timeout: 120_000 });
 
@@ -237,17 +239,28 @@ async function healthJson(s, headers = {}) {
   const r = await request(s, { path: '/health', headers });
   return r.json ?? {};
 }
-// Waits until the detailed /health reports `queued` waiters (falls back to a fixed pause when the
-// field is absent, so the test does not depend on it).
-async function waitQueued(s, n, ms = 3000) {
+// Polls `probe` (async) every 25 ms until `ok(value)`; fails naming `what` and the last value
+// after `ms`. For states the server reaches on its own time (a waiter queued, a slot idle).
+async function waitUntil(what, probe, ok, ms = 20_000) {
   const t0 = Date.now();
-  while (Date.now() - t0 < ms) {
-    const h = await healthJson(s);
-    if (h.scheduler?.queued === undefined) { await sleep(600); return false; }
-    if (h.scheduler.queued >= n) return true;
+  for (;;) {
+    const v = await probe();
+    if (ok(v)) return v;
+    assert(Date.now() - t0 < ms, () => `${what}: not reached within ${ms} ms (last ${show(v)})`);
     await sleep(25);
   }
-  return false;
+}
+const scheduler = async (s) => (await healthJson(s)).scheduler;
+// Waits until the detailed /health reports `n` queued waiters.
+const waitQueued = (s, n) => waitUntil(`${n} queued`, () => scheduler(s), (sc) => sc?.queued === n);
+
+// The value of one sample of GET /metrics (Prometheus text), e.g. 'k3_cancelled_total{phase="prefill"}'.
+async function metric(s, name) {
+  const r = await request(s, { path: '/metrics' });
+  eq(r.status, 200, 'GET /metrics');
+  const line = r.text.split('\n').find((l) => l.startsWith(`${name} `));
+  assert(line, () => `/metrics has no ${name}: ${show(r.text, 300)}`);
+  return Number(line.slice(name.length + 1));
 }
 
 // A streaming request that stays active until `release()` (it then disconnects). `firstData`
@@ -299,35 +312,27 @@ await check('health.ok', async () => {
   assert(r.headers['x-request-id'], 'no x-request-id on /health');
   const r2 = await request(s, { path: '/v1/health' });
   eq(r2.status, 200, '/v1/health (alias) status');
-  for (const seen of s.healthSeen) {
-    eq(seen.status, 503, 'a /health answer while loading');
-    eq(seen.body?.status, 'loading', '/health body while loading');
-    assert(seen.retryAfter, '/health 503 while loading lacks Retry-After');
-  }
 });
 
-// The listener starts before the model loads (3.7.1): right after the listening line, /health is
-// 503 {"status":"loading",...} with Retry-After, and generation is 503 model_loading.
+// The listener starts before the model loads (3.7.1): while it loads, /health is 503
+// {"status":"loading",...} with Retry-After, and generation is 503 model_loading. A load that
+// never ends (--load-delay-ms 600000 after each layer) makes this hold whenever the requests
+// arrive; SIGTERM then stops the load (3.9).
 await check('health.loading_phase', async () => {
-  const s = new Server(coli, modelDir, 'loading', []);
+  const s = new Server(coli, modelDir, 'loading', ['--load-delay-ms', '600000']);
   allServers.push(s);
   s.spawnProcess();
-  const t0 = Date.now();
-  while (!/http:\/\/127\.0\.0\.1:\d+/.test(s.out)) {
-    assert(!s.exit && Date.now() - t0 < 30_000, `no listening line\n${s.logTail()}`);
-    await sleep(5);
+  await s.waitListening();
+  const [h, c, h2] = await Promise.all([request(s, { path: '/health' }), chat(s, good), request(s, { path: '/v1/health' })]);
+  for (const [what, r] of [['/health', h], ['/v1/health', h2]]) {
+    eq(r.status, 503, `${what} while loading: ${show(r.text)}`);
+    eq(r.json?.status, 'loading', `${what} status while loading`);
+    assert(r.headers['retry-after'], `${what} 503 lacks Retry-After`);
   }
-  s.port = Number(s.out.match(/http:\/\/127\.0\.0\.1:(\d+)/)[1]);
-  s.url = `http://127.0.0.1:${s.port}`;
-  const [h, c] = await Promise.all([request(s, { path: '/health' }), chat(s, good)]);
-  eq(h.status, 503, `/health right after the listening line (the load takes ~0.4 s): ${show(h.text)}`);
-  eq(h.json?.status, 'loading', '/health status while loading');
-  assert(h.headers['retry-after'], '/health 503 lacks Retry-After');
-  if (c.status !== 200) {
-    expectError(c, 503, 'model_loading');
-    assert(c.headers['retry-after'], '503 model_loading lacks Retry-After');
-  }
-  await s.stop();
+  expectError(c, 503, 'model_loading');
+  assert(c.headers['retry-after'], '503 model_loading lacks Retry-After');
+  eq(await s.stop(), { code: 0, signal: null }, 'exit after SIGTERM during the load');
+  assert(!/ loaded in /.test(s.err), `the load finished: ${show(s.err)}`);
 });
 
 await check('health.detailed_without_key', async () => {
@@ -411,13 +416,25 @@ await check('models.any_name_is_the_served_model', async () => {
   eq([m.status, m.json?.model], [200, MODEL_ID], `POST /v1/messages with a Claude model name (${show(m.text)})`);
 });
 
-// /v1/models lists the id and every --alias.
-await check('models.aliases_listed', async () => {
+// --model-id names the served model; /v1/models lists it and every --alias; a request naming an
+// alias or any other name (--accept-any-model, given after --strict-model) is served, and every
+// response names the served id.
+await check('models.model_id_aliases_accept_any', async () => {
   const s = await aliasSrv();
+  const c = client(s);
   const ids = [];
-  for await (const x of client(s).models.list()) ids.push(x.id);
-  eq(ids, [MODEL_ID, ...ALIASES], 'SDK models.list() ids');
-  eq((await client(s).models.retrieve(ALIASES[1])).id, ALIASES[1], 'models.retrieve(alias)');
+  for await (const x of c.models.list()) ids.push(x.id);
+  eq(ids, [SERVED_ID, ...ALIASES], 'SDK models.list() ids');
+  eq((await c.models.retrieve(ALIASES[1])).id, ALIASES[1], 'models.retrieve(alias)');
+  eq((await healthJson(s)).model, SERVED_ID, '/health model');
+  eq((await request(s, { path: '/props' })).json?.model_alias, SERVED_ID, '/props model_alias');
+  for (const model of [ALIASES[0], 'gpt-4o-mini']) {
+    const j = await c.chat.completions.create({ ...good, model });
+    eq(j.model, SERVED_ID, `chat.completion model for a request naming ${model}`);
+  }
+  const chunks = [];
+  for await (const ch of await c.chat.completions.create({ ...good, model: ALIASES[1], stream: true })) chunks.push(ch.model);
+  assert(chunks.length > 1 && chunks.every((m) => m === SERVED_ID), `chunk models: ${show(chunks)}`);
 });
 
 // --strict-model: names other than the id and the aliases are a 404 on every API; the id and
@@ -1014,6 +1031,53 @@ await check('ckpt.edited_user_message_restores', async () => {
   eq(textOf(r2), textOf(cold), 'greedy answer after an edited user message vs cold server');
 });
 
+// GET /slots describes the one slot: its state, context, the tokens it holds and its
+// checkpoints. POST /slots/0?action=erase forgets the conversation, the live state and every
+// checkpoint (a privacy feature): a follow-up of the old conversation then reuses nothing.
+await check('slots.contents_and_erase_forgets_the_conversation', async () => {
+  const slotsOf = (s) => async () => {
+    const r = await request(s, { path: '/slots' });
+    eq(r.status, 200, 'GET /slots');
+    assert(Array.isArray(r.json) && r.json.length === 1, () => `GET /slots is not a list of one slot: ${show(r.text)}`);
+    return r.json[0];
+  };
+  const slow = await slowSrv();   // 30 ms a token: 300 tokens keep it busy
+  const busy = holdActive(slow, req([user('Keep the slot busy.')], { ...OFF, max_tokens: 300, stream: true }));
+  try {
+    assert(await busy.firstData, 'the request did not start');
+    await waitUntil('GET /slots state busy during a generation', slotsOf(slow), (v) => v.state === 'busy');
+  } finally {
+    busy.release();
+    await busy.done;
+  }
+  // The cancelled generation has ended (the abort checks below count cancellations on this server).
+  await waitUntil('the busy server idle again', () => scheduler(slow), (sc) => sc.active === 0 && sc.queued === 0);
+  const s = await ckSrv();
+  const slots = slotsOf(s);
+  const m1 = [sys('You keep secrets.'), user('The password is swordfish. Repeat it.')];
+  const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 8 }));
+  const slot = await waitUntil('GET /slots state idle after the reply', slots, (v) => v.state === 'idle');
+  eq(Object.keys(slot).sort(), ['checkpoints', 'fed_tokens', 'id', 'n_ctx', 'state'], 'GET /slots fields');
+  eq(slot.id, 0, 'slot id');
+  eq(slot.n_ctx, (await healthJson(s)).context_capacity, 'n_ctx = /health context_capacity');
+  const { prompt_tokens: p1, completion_tokens: g1 } = r1.usage;
+  assert(slot.fed_tokens >= p1 && slot.fed_tokens <= p1 + g1, `fed_tokens ${slot.fed_tokens} should hold the prompt (${p1}) and at most the ${g1} generated tokens`);
+  assert(slot.checkpoints.length >= 1 && slot.checkpoints.length <= 2, () => `--ckpt 2 after a turn: ${show(slot.checkpoints)}`);
+  for (const ck of slot.checkpoints) {
+    assert(Number.isInteger(ck.slot) && Number.isInteger(ck.pos) && ck.pos > 0 && ck.pos <= slot.fed_tokens &&
+           ck.pinned === false && typeof ck.age_s === 'number' && ck.age_s >= 0, () => `checkpoint entry ${show(ck)} (fed_tokens ${slot.fed_tokens})`);
+  }
+  expectError(await postJson(s, '/slots/0?action=restore', {}), 400, 'invalid_value', { param: 'action' });
+  const restores = await metric(s, 'k3_checkpoint_restores_total');
+  const e = await postJson(s, '/slots/0?action=erase', {});
+  eq([e.status, e.json], [200, { id_slot: 0, erased: true }], 'POST /slots/0?action=erase');
+  const erased = await waitUntil('GET /slots empty after the erase', slots, (v) => v.fed_tokens === 0);
+  eq(erased.checkpoints, [], 'checkpoints after the erase');
+  const r2 = await complete(s, req([...m1, asAssistant(r1), user('Say it again.')], { ...OFF, max_tokens: 4 }));
+  eq([cachedOf(r2), r2.x_k3?.reuse], [0, 'none'], 'a follow-up of the erased conversation: cached_tokens, x_k3.reuse');
+  eq(await metric(s, 'k3_checkpoint_restores_total'), restores, 'checkpoints restored after the erase (/metrics)');
+});
+
 // =============================================================================================
 // Cancellation (3.9)
 // =============================================================================================
@@ -1070,19 +1134,33 @@ await check('abort.then_same_prompt_equals_cold', async () => {
   eq(textOf(r), textOf(cold), 'same prompt after abort vs cold server');
 });
 
+// A disconnect during the prefill: the client leaves as soon as the role chunk arrives (it is
+// sent when the request is admitted, before the prefill of this ~400-token prompt starts; the
+// server looks for a gone client every 100 ms, and the prefill takes seconds on the demo model). The
+// server counts the cancellation in the prefill phase (/metrics k3_cancelled_total, not in
+// decode, which would mean the prefill had ended first), and the same prompt afterwards gets the
+// cold answer.
 await check('abort.during_prefill_then_cold', async () => {
   const s = await slowSrv();
   const words = [];
-  for (let i = 0; i < 600; i++) words.push(['alpha', 'river', 'stone', 'cloud', 'maple', 'quartz'][i % 6] + (i % 97));
+  for (let i = 0; i < 200; i++) words.push(['alpha', 'river', 'stone', 'cloud', 'maple', 'quartz'][i % 6] + (i % 97));
   const long = words.join(' ');
   const m = [user(`Summarise: ${long}`)];
+  const PREFILL = 'k3_cancelled_total{phase="prefill"}';
+  const prefillBefore = await metric(s, PREFILL);
+  const cancelledBefore = await cancelledCount(s);
   const st = await sse(s, req(m, { ...OFF, max_tokens: 50, stream: true }), {
-    onEvent: () => undefined,
-    timeoutMs: 400,                      // disconnect after 400 ms, most likely inside the prefill
+    onEvent: (ev) => (ev.kind === 'data' ? 'abort' : undefined),
   });
-  assert(st.status === 0 || st.status === 200, `unexpected status ${st.status}`);
+  eq(st.status, 200, 'stream status');
+  assert(st.aborted, () => `the stream ended before the client could leave: ${show(st.events.map((e) => e.text))}`);
+  const text = st.events.filter((e) => e.kind === 'data').flatMap((e) => e.json.choices ?? [])
+    .map((c) => (c.delta?.content ?? '') + (c.delta?.reasoning_content ?? '')).join('');
+  eq(text, '', 'text that arrived before the disconnect');
   const b = req(m, { ...OFF, max_tokens: 8 });
-  const r = await complete(s, b);
+  const r = await complete(s, b);   // runs once the cancelled generation has ended
+  eq(await metric(s, PREFILL), prefillBefore + 1, `generations cancelled in the prefill (/metrics ${PREFILL})`);
+  eq(await cancelledCount(s), cancelledBefore + 1, 'generations cancelled (/health scheduler.cancelled)');
   const cold = await coldAnswer(b);
   eq(textOf(r), textOf(cold), 'answer after a cancelled long prefill vs cold server');
   eq(r.usage.prompt_tokens, cold.usage.prompt_tokens, 'prompt_tokens');
@@ -1097,9 +1175,13 @@ await check('queue.fifo_three_concurrent', async () => {
   const bodies = ['first', 'second', 'third'].map((w) => req([user(`Say the ${w} word.`)], { ...OFF, max_tokens: 25 }));
   const finished = [];
   const ps = [];
+  // Each request is sent once the one before it is in (admitted or queued: admitted + queued
+  // grew), so the order they entered in is known.
+  const entered = async () => { const sc = await scheduler(s); return sc.admitted + sc.queued; };
+  const base = await entered();
   for (let i = 0; i < 3; i++) {
     ps.push(chat(s, bodies[i]).then((r) => { finished.push(i); return r; }));
-    await sleep(150);
+    await waitUntil(`request ${i} admitted or queued`, entered, (n) => n >= base + i + 1);
   }
   const rs = await Promise.all(ps);
   rs.forEach((r, i) => {
@@ -1139,7 +1221,7 @@ await check('queue.default_overflow_from_one_client', async () => {
   const c = client(s);
   const controllers = [];
   const outcomes = [];
-  let n429 = 0;
+  let n429 = 0, accounted = null;
   await Promise.all(Array.from({ length: 12 }, (_, i) => {
     const ac = new AbortController();
     controllers.push(ac);
@@ -1147,10 +1229,17 @@ await check('queue.default_overflow_from_one_client', async () => {
       .then(() => 'ok', (e) => (e.status === 429 ? '429' : `${e.constructor.name} ${e.status ?? ''}`.trim()))
       .then((o) => {
         outcomes.push(o);
-        // Three refusals expected: give a fourth 300 ms to show up, then end the others.
-        if (o === '429' && ++n429 === 3) setTimeout(() => controllers.forEach((x) => x.abort()), 300);
+        // Three refusals expected; every request is accounted for once one runs and eight wait
+        // (with a fourth refusal that never happens): then the others are ended.
+        if (o === '429' && ++n429 === 3) {
+          accounted = waitUntil('one running and eight queued', () => scheduler(s), (sc) => sc.active + sc.queued === 9)
+            .then(() => null, (e) => e)
+            .finally(() => controllers.forEach((x) => x.abort()));
+        }
       });
   }));
+  const waitError = await accounted;
+  if (waitError) throw waitError;
   const other = outcomes.filter((o) => o !== '429' && o !== 'ok' && o !== 'APIUserAbortError');
   eq(n429, 3, `429s among 12 concurrent requests (outcomes ${show(outcomes)})`);
   eq(other.length, 0, `requests that failed otherwise: ${show(other)}`);
@@ -1164,12 +1253,18 @@ await check('queue.disconnected_waiter_removed', async () => {
     const ac = new AbortController();
     const pb = chat(s, req([user('I will leave.')], { ...OFF, max_tokens: 4 }), { signal: ac.signal }).catch((e) => e);
     await waitQueued(s, 1);
+    const cancelledQueue = await metric(s, 'k3_cancelled_total{phase="queue"}');
     ac.abort();
     await pb;
-    await sleep(300);   // the server checks waiters for disconnects at least every 100 ms (3.9)
+    // The server checks waiters for disconnects at least every 100 ms (3.9): the place frees.
+    await waitUntil('the disconnected waiter leaves the queue', () => scheduler(s), (sc) => sc.queued === 0);
+    eq(await metric(s, 'k3_cancelled_total{phase="queue"}'), cancelledQueue + 1, 'waiters cancelled in the queue (/metrics)');
+    // --max-queue 1: the free place takes a new waiter (a place still held would give 429 at once).
     const pc = chat(s, req([user('I take the free place.')], { ...OFF, max_tokens: 4 }));
-    const early = await Promise.race([pc, sleep(500).then(() => null)]);
-    if (early) assert(early.status !== 429, `a disconnected waiter still holds the queue place: ${show(early.text)}`);
+    let early = null;
+    pc.then((r) => { early = r; }, () => {});
+    await waitUntil('the new request queued (or answered)', async () => early ?? await scheduler(s), (v) => v.status !== undefined || v.queued === 1);
+    assert(!early, () => `a disconnected waiter still holds the queue place: ${early.status} ${show(early.text)}`);
     a.release();
     const rc = await pc;
     eq(rc.status, 200, 'request admitted after the waiter left');
@@ -1216,10 +1311,12 @@ await check('limits.connections_per_ip', async () => {
     // Linux routes all of 127.0.0.0/8 to loopback: a second client address is always there.
     (await open('127.0.0.2')).destroy();
     for (let i = 0; i < 64; i++) socks.push(await open('127.0.0.1'));
-    await sleep(1500);
     // The server counts in its accept order, which under load need not be the order in which
-    // the client's connects completed: exactly 8 of the 64 stay open, whichever they are.
-    const stillOpen = socks.filter((k) => !k.closedByPeer).length;
+    // the client's connects completed: exactly 8 of the 64 stay open, whichever they are. Wait
+    // for the 56 closes, then for an answer on a later connection (the server has handled every
+    // one of the 64 before it), and count again.
+    const closed = () => socks.filter((k) => k.closedByPeer).length;
+    await waitUntil('56 of 64 connections from one IP closed', async () => closed(), (n) => n >= 56).catch(() => {});
     const probe = (localAddress) => new Promise((resolve) => {
       const k = net.connect({ host: '127.0.0.1', port: s.port, localAddress });
       let d = '';
@@ -1230,6 +1327,7 @@ await check('limits.connections_per_ip', async () => {
       k.on('error', (e) => { clearTimeout(t); resolve(`error ${e.code}`); });
     });
     const other = await probe('127.0.0.2');
+    const stillOpen = 64 - closed();
     const problems = [];
     if (stillOpen !== 8) problems.push(`${stillOpen} of 64 connections from one IP stayed open (expected exactly 8)`);
     if (!/^HTTP\/1\.[01] 200/.test(other)) problems.push(`GET /health from another address while 64 idle connections are held: ${other}`);
@@ -1646,6 +1744,7 @@ await check('limits.no_request_smuggling_after_early_rejection', async () => {
 
 await check('privacy.rejected_body_not_logged', async () => {
   const s = await limitsSrv();
+  await s.logSettled();
   assert(!s.log.includes(BODY_CANARY), 'bytes of a rejected request body appear in the server log');
   assert(!s.log.includes('xxxxxxxxxxxxxxxx'), 'bytes of a rejected request body appear in the server log');
 });
@@ -1699,6 +1798,7 @@ await check('models.meta_context_length', async () => {
 
 await check('privacy.no_key_in_logs', async () => {
   const s = await limitsSrv();
+  await s.logSettled();
   assert(!s.log.includes(API_KEY), 'the API key appears in the server log');
   assert(!s.log.includes(WRONG_KEY), 'a presented (wrong) key appears in the server log');
 });
@@ -1728,12 +1828,7 @@ await check('ckpt.disk_files_private', async () => {
   const m1 = [user('Photos on disk, please.')];
   const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 6 }));
   await complete(s, req([...m1, asAssistant(r1), user('More.')], { ...OFF, max_tokens: 6 }));
-  let found = { subs: [], files: [] };
-  for (let i = 0; i < 60 && found.files.length === 0; i++) {
-    found = ckptFiles(CKDIR);
-    if (!found.files.length) await sleep(50);
-  }
-  assert(found.files.length > 0, `no checkpoint files under ${CKDIR}`);
+  const found = await waitUntil(`checkpoint files under ${CKDIR}`, async () => ckptFiles(CKDIR), (f) => f.files.length > 0);
   eq(found.subs.length, 1, 'one private subdirectory per server');
   eq(modeOf(CKDIR).toString(8), '700', 'a --ckpt-dir the server created is 0700');
   eq(modeOf(path.join(CKDIR, found.subs[0])).toString(8), '700', 'private subdirectory mode');
@@ -1751,7 +1846,7 @@ await check('ckpt.disk_files_removed_on_exit', async () => {
 await check('ckpt.keep', async () => {
   const s = await keepSrv();
   await complete(s, req([user('Keep my checkpoints.')], { ...OFF, max_tokens: 6 }));
-  await sleep(200);
+  await waitUntil(`checkpoint files under ${CKDIR_KEEP}`, async () => ckptFiles(CKDIR_KEEP).files.length, (n) => n > 0);
   const e = await s.stop();
   eq(e, { code: 143, signal: null }, 'exit after SIGTERM');
   const { files } = ckptFiles(CKDIR_KEEP);
@@ -1787,7 +1882,7 @@ await check('shutdown.sigterm_drains', async () => {
   const first = new Promise((r) => { onFirst = r; });
   const pa = sse(s, req([user('Finish me during the drain.')], { ...OFF, max_tokens: 30, stream: true }),
                  { onEvent: (ev) => { events.push(ev); if (ev.kind === 'data') onFirst(); } });
-  await Promise.race([first, sleep(10_000)]);
+  assert(await Promise.race([first.then(() => true), sleep(60_000).then(() => false)]), 'no data chunk within 60 s');
   const pb = chat(s, req([user('Queued at shutdown.')], { ...OFF, max_tokens: 4 })).catch((e) => ({ status: 0, error: e }));
   await waitQueued(s, 1);
   s.kill('SIGTERM');
@@ -1807,6 +1902,7 @@ await check('shutdown.sigterm_drains', async () => {
 
 await check('privacy.no_prompt_in_logs', async () => {
   const s = await mainSrv();
+  await s.logSettled();
   assert(!s.log.includes(CANARY), 'a prompt canary appears in the server log without --log-prompts');
 });
 
@@ -1820,10 +1916,11 @@ await check('builtin.default_model', async () => {
   const s = new Server(coli, null, 'builtin', []);
   allServers.push(s);
   await s.start();
-  const m = s.out.match(/^coli serve: model: (.+) \(built-in trained tiny K3, no --model given\)$/m);
-  assert(m, `no "model: ... (built-in ...)" line on stdout: ${show(s.out)}`);
+  // Each line is waited for: /health 200 does not mean the load line is written yet.
+  const m = await s.waitForLine('out', /^coli serve: model: (.+) \(built-in trained tiny K3, no --model given\)$/m);
   eq(fs.realpathSync(m[1]), fs.realpathSync(builtin), 'the built-in model directory');
-  assert(s.err.includes(`${m[1]} loaded in`), `the load line does not name ${m[1]}: ${show(s.err)}`);
+  const escaped = m[1].replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  await s.waitForLine('err', new RegExp(`${escaped} loaded in`));
   const j = await complete(s, req([user('Write a sentence about the river.')], { max_tokens: 64 }));
   const t = textOf(j);
   assert(t.reasoning.length > 0 || t.content.length > 0, `empty answer: ${show(j.choices[0])}`);
@@ -1839,8 +1936,7 @@ await check('privacy.log_prompts_flag', async () => {
   await s.start();
   const canary = 'LOGGED-' + crypto.randomBytes(6).toString('hex');
   await complete(s, req([user(`Please log ${canary}.`)], { ...OFF, max_tokens: 2 }));
-  for (let i = 0; i < 40 && !s.log.includes(canary); i++) await sleep(50);
-  assert(s.log.includes(canary), '--log-prompts: the prompt does not appear in the log');
+  await s.waitForLine('err', new RegExp(`^\\[prompt\\] \\S+ .*${canary}`, 'm'));   // fails (timeout) when it never comes
   await s.stop();
 });
 

@@ -138,15 +138,18 @@ await R.check('transport.health_answers_while_one_client_holds_slow_connections'
   const slow = await new Server(coli, modelDir, 'slowloris', ['--read-deadline', '60']).start();
   const sockets = [];
   try {
-    // 100 connections (the cap is 64) dripping a request head a byte at a time.
+    // 100 connections (the cap is 64) dripping a request head a byte at a time; the probes start
+    // once every one of them is connected (or already refused).
+    const settled = [];
     for (let i = 0; i < 100; ++i) {
       const s = net.connect({ host: '127.0.0.1', port: slow.port });
       s.on('error', () => {});
+      settled.push(new Promise((resolve) => { s.once('connect', resolve); s.once('close', resolve); }));
       sockets.push(s);
     }
     const drip = setInterval(() => { for (const s of sockets) if (!s.destroyed) s.write('X'); }, 200);
     for (const s of sockets) s.write('GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ');
-    await sleep(1000);
+    await Promise.all(settled);
     const probes = [];
     for (let i = 0; i < 20; ++i) probes.push(await exchange(slow.port, HEALTH_CLOSE, { timeoutMs: 5000 }));
     clearInterval(drip);
@@ -353,11 +356,9 @@ await R.check('transport.host_and_key_file_checks', async () => {
   // --host [::1] (the URL spelling) listens on ::1 and answers there.
   const v6 = new Server(coli, modelDir, 'v6', ['--host', '[::1]']);
   v6.spawnProcess();
-  for (let i = 0; i < 300 && !/\[::1\]:\d+/.test(v6.out) && !v6.exit; ++i) await sleep(50);
-  const m = v6.out.match(/http:\/\/\[::1\]:(\d+)/);
-  assert(m, `--host [::1]: no listening line\n${v6.logTail()}`);
+  await v6.waitListening({ urlPattern: /(http:\/\/\[::1\]:(\d+))/ });
   const h = await new Promise((resolve) => {
-    const sock = net.connect({ host: '::1', port: Number(m[1]) });
+    const sock = net.connect({ host: '::1', port: v6.port });
     let buf = '';
     sock.on('connect', () => sock.write('GET /health HTTP/1.1\r\nHost: [::1]\r\nConnection: close\r\n\r\n'));
     sock.on('data', (d) => { buf += d; });

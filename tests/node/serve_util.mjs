@@ -61,7 +61,6 @@ export class Server {
     this.url = null;
     this.port = 0;
     this.exit = null;               // {code, signal} once exited
-    this.healthSeen = [];           // [{status, body, retryAfter}] answers while waiting for 200
   }
 
   get log() { return this.out + this.err; }
@@ -84,8 +83,11 @@ export class Server {
     this.proc.stderr.setEncoding('utf8');
     this.proc.stdout.on('data', (d) => { this.out += d; });
     this.proc.stderr.on('data', (d) => { this.err += d; });
+    // Resolves once the process ended and its stdout and stderr are read to the end ('close'),
+    // so that a check after stop() sees every line the server wrote.
     this.exited = new Promise((resolve) => {
-      this.proc.on('exit', (code, signal) => { this.exit = { code, signal }; resolve(this.exit); });
+      this.proc.on('exit', (code, signal) => { this.exit = { code, signal }; });
+      this.proc.on('close', (code, signal) => { this.exit = { code, signal }; resolve(this.exit); });
     });
   }
 
@@ -94,13 +96,7 @@ export class Server {
   async start({ urlTimeoutMs = 30_000, readyTimeoutMs = 90_000, urlPattern = /(http:\/\/127\.0\.0\.1:(\d+))/ } = {}) {
     this.spawnProcess();
     const t0 = Date.now();
-    for (;;) {
-      const m = this.out.match(urlPattern);
-      if (m) { this.url = m[1]; this.port = Number(m[2]); break; }
-      if (this.exit) throw new Error(`${this.name}: exited (${JSON.stringify(this.exit)}) before listening\n${this.logTail()}`);
-      if (Date.now() - t0 > urlTimeoutMs) throw new Error(`${this.name}: no listening line on stdout within ${urlTimeoutMs} ms\n${this.logTail()}`);
-      await sleep(20);
-    }
+    await this.waitListening({ timeoutMs: urlTimeoutMs, urlPattern });
     for (;;) {
       let r;
       try {
@@ -109,7 +105,6 @@ export class Server {
         r = { status: 0, error: e.message };
       }
       if (r.status === 200) break;
-      if (r.status) this.healthSeen.push({ status: r.status, body: r.json ?? r.text, retryAfter: r.headers?.['retry-after'] });
       if (this.exit) throw new Error(`${this.name}: exited (${JSON.stringify(this.exit)}) while loading\n${this.logTail()}`);
       if (Date.now() - t0 > readyTimeoutMs) throw new Error(`${this.name}: /health not 200 within ${readyTimeoutMs} ms (last ${r.status} ${r.text ?? r.error})\n${this.logTail()}`);
       await sleep(50);
@@ -117,25 +112,56 @@ export class Server {
     return this;
   }
 
-  // Resolves with the first match of `pattern` in the server's stderr once it is there (checked
-  // on every chunk the server writes); rejects after `timeoutMs`, or when the server exits first.
-  waitForStderr(pattern, timeoutMs = 10_000) {
+  // Waits for the listening line on stdout and takes the URL and port from it (the listener is
+  // up before the model loads: docs/serving.md §3.7).
+  async waitListening({ timeoutMs = 30_000, urlPattern = /(http:\/\/127\.0\.0\.1:(\d+))/ } = {}) {
+    const m = await this.waitForLine('out', urlPattern, timeoutMs);
+    this.url = m[1];
+    this.port = Number(m[2]);
+    return this;
+  }
+
+  // Resolves with the first match of `pattern` in the server's stderr ('err') or stdout ('out')
+  // once it is there (checked on every chunk the server writes); rejects after `timeoutMs`, or
+  // when the server exits first. Every check that reads the server's output waits for the line
+  // it needs this way: a line is written when the server gets to it, not when /health or a
+  // response says something else is ready (under load the two come apart).
+  waitForLine(stream, pattern, timeoutMs = 10_000) {
+    const pipe = stream === 'out' ? this.proc.stdout : this.proc.stderr;
+    const where = stream === 'out' ? 'stdout' : 'stderr';
     return new Promise((resolve, reject) => {
       const look = () => {
-        const m = this.err.match(pattern);
+        const m = (stream === 'out' ? this.out : this.err).match(pattern);
         if (!m) return false;
         done();
         resolve(m);
         return true;
       };
-      const onExit = () => { done(); reject(new Error(`${this.name}: exited before ${pattern} appeared on stderr\n${this.logTail()}`)); };
-      const timer = setTimeout(() => { done(); reject(new Error(`${this.name}: no ${pattern} on stderr within ${timeoutMs} ms\n${this.logTail()}`)); }, timeoutMs);
-      const done = () => { clearTimeout(timer); this.proc.stderr.off('data', look); this.proc.off('exit', onExit); };
+      const onExit = () => {
+        if (look()) return;
+        done();
+        reject(new Error(`${this.name}: exited before ${pattern} appeared on ${where}\n${this.logTail()}`));
+      };
+      const timer = setTimeout(() => { done(); reject(new Error(`${this.name}: no ${pattern} on ${where} within ${timeoutMs} ms\n${this.logTail()}`)); }, timeoutMs);
+      const done = () => { clearTimeout(timer); pipe.off('data', look); pipe.off('end', onExit); };
       if (look()) return;
-      // Registered after the harness's own listener (constructor order): this.err already holds the chunk.
-      this.proc.stderr.on('data', look);
-      this.proc.on('exit', onExit);
+      if (pipe.readableEnded) { onExit(); return; }
+      // Registered after the harness's own listener (constructor order): the text already holds the chunk.
+      pipe.on('data', look);
+      pipe.on('end', onExit);
     });
+  }
+  waitForStderr(pattern, timeoutMs = 10_000) { return this.waitForLine('err', pattern, timeoutMs); }
+
+  // Resolves once every line the server wrote to stderr before this call is in this.err: sends a
+  // probe request and waits for its own log line, which the server writes after those of the
+  // requests answered before it. A check that a log does NOT hold something calls this first,
+  // so that it judges the whole log, not a prefix of it.
+  async logSettled(timeoutMs = 10_000) {
+    const probe = await request(this, { path: '/favicon.ico' });
+    const rid = probe.headers['x-request-id'];
+    if (!rid) throw new Error(`${this.name}: the log probe got no x-request-id (${probe.status})`);
+    await this.waitForLine('err', new RegExp(`^\\[http\\] ${rid} GET /favicon\\.ico \\d{3}`, 'm'), timeoutMs);
   }
 
   kill(signal = 'SIGTERM') {
@@ -146,7 +172,7 @@ export class Server {
   // SIGTERM (or another signal); waits for the exit. Returns {code, signal}.
   async stop({ signal = 'SIGTERM', timeoutMs = 40_000 } = {}) {
     if (!this.proc) return null;
-    if (this.exit) return this.exit;
+    if (this.exit) return this.exited;
     // A second SIGTERM means "quit at once" (no drain): never repeat one already sent.
     if (!(signal === 'SIGTERM' && this.sigtermSent)) this.kill(signal);
     const t = setTimeout(() => { try { this.proc.kill('SIGKILL'); } catch { /* gone */ } }, timeoutMs);
@@ -406,11 +432,17 @@ export class Runner {
       console.log(`FAIL  ${name}  (${Math.round(performance.now() - t)} ms)\n      ${msg.replace(/\n/g, '\n      ')}`);
     }
   }
+  // True when at least one check ran and none failed: a run in which no check ran (a
+  // *_TEST_ONLY filter that matches no name any more) is a failure, not a pass.
   summary() {
     const failed = this.results.filter((r) => !r.ok);
     const s = ((performance.now() - this.t0) / 1000).toFixed(1);
     console.log(`\n${this.title}: ${this.results.length - failed.length} passed, ${failed.length} failed (${s} s)`);
     if (failed.length) console.log('failed: ' + failed.map((r) => r.name).join(', '));
+    if (this.results.length === 0) {
+      console.log(`FAIL  ${this.title}: no check ran (does a *_TEST_ONLY filter match no check name?)`);
+      return false;
+    }
     return failed.length === 0;
   }
 }

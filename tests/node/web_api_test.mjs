@@ -247,4 +247,5 @@ check('prometheus quoted label values may hold braces', totals.get('k3_weird') =
 const total = passed + failures.length;
 for (const f of failures) console.error(`FAIL ${f}`);
 console.log(`web_api_test: ${passed}/${total} checks passed`);
-process.exit(failures.length ? 1 : 0);
+if (total === 0) console.error('FAIL web_api_test: no check ran');
+process.exit(failures.length || total === 0 ? 1 : 0);

@@ -248,4 +248,5 @@ for (const [name, input] of [['stars', '*a '.repeat(60000)], ['brackets', '[a '.
 const total = passed + failures.length;
 for (const f of failures) console.error(`FAIL ${f}`);
 console.log(`web_markdown_test: ${passed}/${total} checks passed${prefixFailures ? ` (${prefixFailures} reply prefixes failed)` : ''}`);
-process.exit(failures.length ? 1 : 0);
+if (total === 0) console.error('FAIL web_markdown_test: no check ran');
+process.exit(failures.length || total === 0 ? 1 : 0);
