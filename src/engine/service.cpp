@@ -596,6 +596,10 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   GenerateHooks hooks;
   hooks.on_prefilled = [&](int64_t fed) {
     const int64_t p = start + fed;
+    // The test hook's delay between prefill pieces makes a prefill long enough to cut; a cut
+    // lands in the next piece (Session::set_interrupt).
+    if (options_.token_delay_ms > 0 && p < n)
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
     if (std::binary_search(saves.begin(), saves.end(), p)) checkpoints_->save(session);
     ServiceEvent e;
     e.kind = ServiceEvent::Kind::progress;

@@ -561,7 +561,8 @@ const std::vector<OptionRow>& option_rows() {
        "by a stop)",
        integer(FIELD(load.load_delay_ms), 0, 600000)},
       {"--token-delay-ms", "COLI_TOKEN_DELAY_MS", Group::kValidation, kServe | kChatApp,
-       "sleep this long after every generated token (client testing)",
+       "sleep this long after every generated token and every 32-token prefill piece (client "
+       "testing: a stream or a prefill a client can cut)",
        integer(FIELD(serve.token_delay_ms), 0, 60000)},
       {"--script-ids",
        nullptr,

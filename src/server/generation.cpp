@@ -178,16 +178,23 @@ std::shared_ptr<RequestHandle> admit_chat(const HandlerContext& c, const ChatReq
 bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
              const HttpRequest& req, HttpResponse& res, ChatResult& result) {
   ServiceEvent e;
+  // The client is checked at least every 100 ms, also while prefill progress events keep the
+  // queue busy.
+  auto last_gone_check = Clock::now();
   for (;;) {
-    if (!handle->next(e, std::chrono::milliseconds(100))) {
+    const bool got = handle->next(e, std::chrono::milliseconds(100));
+    const bool last =
+        got && (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error);
+    if (!last && Clock::now() - last_gone_check >= std::chrono::milliseconds(100)) {
+      last_gone_check = Clock::now();
       if (gone(req)) {
         c.service.cancel(handle);
         drain_until_done(handle);
         res.status = 499;
         return false;
       }
-      continue;
     }
+    if (!got) continue;
     switch (e.kind) {
       case ServiceEvent::Kind::reasoning:
         result.reasoning += e.text;
@@ -247,10 +254,21 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
     for (const SseFrame& f : first)
       if (!send(f)) return give_up();
     auto last_write = Clock::now();
+    // A client that left is noticed within 100 ms even while events keep coming without a
+    // frame to write (prefill progress every 32 tokens).
+    auto last_gone_check = Clock::now();
+    const auto gone_check_due = [&] {
+      if (Clock::now() - last_gone_check < std::chrono::milliseconds(100)) return false;
+      last_gone_check = Clock::now();
+      return true;
+    };
     ServiceEvent e;
     for (;;) {
-      if (!handle->next(e, std::chrono::milliseconds(100))) {
-        if (client_gone && client_gone()) return give_up();
+      const bool got = handle->next(e, std::chrono::milliseconds(100));
+      const bool last =
+          got && (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error);
+      if (!last && client_gone && gone_check_due() && client_gone()) return give_up();
+      if (!got) {
         if (ping_s > 0 && Clock::now() - last_write > std::chrono::duration<double>(ping_s)) {
           if (!sink.write(style.ping)) return give_up();
           last_write = Clock::now();

@@ -331,7 +331,7 @@ await check('health.loading_phase', async () => {
   }
   expectError(c, 503, 'model_loading');
   assert(c.headers['retry-after'], '503 model_loading lacks Retry-After');
-  eq(await s.stop(), { code: 0, signal: null }, 'exit after SIGTERM during the load');
+  eq(await s.stop(), { code: 143, signal: null }, 'exit after SIGTERM during the load');
   assert(!/ loaded in /.test(s.err), `the load finished: ${show(s.err)}`);
 });
 

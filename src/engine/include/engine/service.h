@@ -159,7 +159,7 @@ struct ServiceOptions {
   std::string ckpt_dir;  // disk checkpoints here (checked before the weights load)
   bool ckpt_keep = false;
   size_t max_queue = 8;     // waiters behind the active request
-  int token_delay_ms = 0;   // debug: sleep after every generated token
+  int token_delay_ms = 0;   // debug: sleep after every generated token and prefill piece
   bool prefix_log = false;  // K3_PREFIX_LOG lines on stderr
   int threads = 0;          // OpenMP threads of the worker (0 = default)
   // Tests: generated ids are taken from this script (in order, then the sampler) instead of
