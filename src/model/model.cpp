@@ -53,6 +53,12 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   cache.model_identity = model_identity(config_);
   locate_history(load_.cache, files_.dir(), &cache);
   experts_ = std::make_unique<ExpertCache>(*weights_.experts, load_.cache, std::move(cache));
+  if (setup.executors.size() >= kUnowned)
+    throw Error(std::to_string(setup.executors.size()) + " expert executors: at most " +
+                std::to_string(kUnowned - 1) + " beside the CPU");
+  executors_ = setup.executors;
+  for (const auto& e : executors_) executor_list_.push_back(e.get());
+  compute_.executors = executor_list_;
 }
 
 Model::~Model() = default;

@@ -24,6 +24,7 @@
 #include "kernels/isa.h"
 #include "model/compute.h"
 #include "model/config.h"
+#include "model/expert_executor.h"
 #include "model/latent_moe.h"
 #include "model/state.h"
 #include "model/weights.h"
@@ -51,6 +52,10 @@ struct ModelSetup {
   // Polled between tensors (and between 8 MB pieces of a large one) while the weights load;
   // when it reads true the constructor throws Interrupted. nullptr = never cancelled.
   const std::atomic<bool>* cancel = nullptr;
+  // Expert executors asked for a MoE step's experts before the RAM cache + CPU kernels, in this
+  // order (model/expert_executor.h: a device tier, remote ranks). Shared with the caller, which
+  // may keep a handle for their reports.
+  std::vector<std::shared_ptr<ExpertExecutor>> executors;
 };
 
 class Model {
@@ -112,6 +117,8 @@ class Model {
   ModelWeights weights_;
   ContainerInfo container_;
   std::unique_ptr<ExpertCache> experts_;
+  std::vector<std::shared_ptr<ExpertExecutor>> executors_;  // owned with the caller
+  std::vector<ExpertExecutor*> executor_list_;              // what compute_.executors views
 };
 
 }  // namespace k3
