@@ -135,6 +135,7 @@ class Device final : public Mxfp4Device {
   bool is_cpu() const override { return cpu_; }
   uint64_t expert_bytes() const override { return expert_bytes_; }
   uint64_t bytes_in_use() const override { return in_use_; }
+  uint64_t memory_bytes() const override { return heap_bytes_; }
   size_t max_pairs() const override { return max_pairs_; }
   uint64_t validation_errors() const override { return validation_errors_; }
 
@@ -200,11 +201,14 @@ class Device final : public Mxfp4Device {
     }
     submit(cb);
     out_off_ = out_off;
+    pending_ = true;
   }
 
   bool join(float* out) override {
-    if (!in_flight_) return true;
-    if (!wait_fence()) return false;
+    if (!pending_) return true;
+    pending_ = false;
+    if (in_flight_ && !wait_fence()) return false;
+    if (lost_) return false;
     std::memcpy(out, static_cast<const float*>(act_.map) + out_off_,
                 static_cast<size_t>(batch_pairs_) * shape_.hidden * sizeof(float));
     return true;
@@ -331,6 +335,9 @@ class Device final : public Mxfp4Device {
     VkPhysicalDeviceMemoryProperties mp;
     vk_.vkGetPhysicalDeviceMemoryProperties(physical_, &mp);
     memory_ = mp;
+    for (uint32_t i = 0; i < mp.memoryHeapCount; ++i)
+      if (mp.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+        heap_bytes_ = std::max<uint64_t>(heap_bytes_, mp.memoryHeaps[i].size);
   }
 
   void create_device() {
@@ -620,7 +627,10 @@ class Device final : public Mxfp4Device {
   bool wait_fence() {
     const VkResult r = vk_.vkWaitForFences(device_, 1, &fence_, VK_TRUE, UINT64_MAX);
     in_flight_ = false;
-    if (r != VK_SUCCESS) return false;
+    if (r != VK_SUCCESS) {
+      lost_ = true;
+      return false;
+    }
     vk_.vkResetFences(device_, 1, &fence_);
     return true;
   }
@@ -675,9 +685,11 @@ class Device final : public Mxfp4Device {
   std::vector<Slot> slots_;
   std::string name_;
   bool cpu_ = false;
-  bool in_flight_ = false;
+  bool in_flight_ = false;  // submitted, fence not waited for
+  bool pending_ = false;    // issued, not joined
+  bool lost_ = false;       // a wait failed: the device is lost
   uint32_t batch_pairs_ = 0, out_off_ = 0;
-  uint64_t expert_bytes_ = 0, in_use_ = 0;
+  uint64_t expert_bytes_ = 0, in_use_ = 0, heap_bytes_ = 0;
   size_t max_pairs_ = 0;
   uint64_t validation_errors_ = 0;
 };

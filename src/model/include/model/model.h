@@ -27,6 +27,7 @@
 #include "model/expert_executor.h"
 #include "model/latent_moe.h"
 #include "model/state.h"
+#include "model/vk_tier.h"
 #include "model/weights.h"
 #include "options/options.h"
 
@@ -72,6 +73,9 @@ class Model {
   Isa isa() const { return compute_.kernels->isa; }
   // The routed experts (counters, history, run-time switches). Thread-safe.
   ExpertCache& experts() const { return *experts_; }
+  // The Vulkan expert tier (COLI_VULKAN), or nullptr.
+  const VkTier* vk_tier() const { return vk_tier_.get(); }
+  VkTier* vk_tier() { return vk_tier_.get(); }
   // Bytes of resident weights (dense matrices in their RAM formats and vectors).
   uint64_t resident_bytes() const;
   // Bytes of dense matrices used in place from file mappings (K3_MMAP=1; 0 otherwise).
@@ -117,6 +121,7 @@ class Model {
   ModelWeights weights_;
   ContainerInfo container_;
   std::unique_ptr<ExpertCache> experts_;
+  std::shared_ptr<VkTier> vk_tier_;                         // COLI_VULKAN: the device tier
   std::vector<std::shared_ptr<ExpertExecutor>> executors_;  // owned with the caller
   std::vector<ExpertExecutor*> executor_list_;              // what compute_.executors views
 };

@@ -62,13 +62,14 @@ class Mxfp4Device {
   // Device bytes one uploaded expert takes (f32 scales included).
   virtual uint64_t expert_bytes() const = 0;
   virtual uint64_t bytes_in_use() const = 0;  // device memory held for experts
+  virtual uint64_t memory_bytes() const = 0;  // the largest device-local heap
   // The most (row, expert) pairs one issue() takes.
   virtual size_t max_pairs() const = 0;
 
   // Copies an expert to the device. Returns its slot, or -1 when the device memory cap or the
   // driver refuses it (nothing is then held).
   virtual int32_t upload(const ExpertBytes& expert) = 0;
-  // Frees a slot (waits for a batch in flight first).
+  // Frees a slot (waits for a batch in flight first; its results stay for join()).
   virtual void release(int32_t slot) = 0;
 
   // One expert's share of a batch: `rows` consecutive rows of the batch's z.
