@@ -118,6 +118,10 @@ TEST_F(VkTier, MatchesTheGoldensAndTheCpuTokensWithTheDeviceServing) {
               static_cast<unsigned long long>(s.uploads));
   EXPECT_GT(s.pairs_served, 0u);
   EXPECT_FALSE(s.off);
+  const std::string line = engine.describe_device();
+  const std::string head = "[VK] " + s.device + " | " + std::to_string(s.pairs_served) + " of " +
+                           std::to_string(s.pairs_total) + " routed pairs on the device";
+  EXPECT_EQ(line.rfind(head, 0), 0u) << line;
 }
 
 TEST_F(VkTier, TwoExpertBudgetKeepsTwoAndTheTokens) {
@@ -147,6 +151,7 @@ TEST_F(VkTier, WarmStartUploadsTheHistorysHottestExperts) {
     load.cache.state_dir = state.path();
     const k3::Engine cpu(kFixture, load);
     run(cpu, prompt, 8, 32);
+    EXPECT_EQ(cpu.describe_device(), "");  // no tier, no [VK] line
     const k3::Model& model = k3::internal::model(cpu);
     ASSERT_TRUE(model.experts().save_history());
     for (int64_t l = 1; l < model.num_layers(); ++l) usage.push_back(model.experts().usage(l));
@@ -173,6 +178,23 @@ TEST_F(VkTier, WarmStartUploadsTheHistorysHottestExperts) {
   EXPECT_GT(tier.stats().pairs_served, 0u);
 }
 
+// kimi_k3 with COLI_VULKAN=1 prints the [VK] line, and says why a budget holds no expert.
+TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
+  const TempDir state("vk-tier-cli");
+  const std::string kimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
+  const std::string env = "K3_STATE_DIR=" + state.path() + " K3_IDOT=0 COLI_VULKAN=1 ";
+  const k3::testing::CommandResult served = k3::testing::run_split(
+      env + "COLI_VK_TIER_GB=1 " + kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 6");
+  ASSERT_EQ(served.status, 0) << served.err;
+  EXPECT_NE(served.err.find("[VK] "), std::string::npos) << served.err;
+  EXPECT_NE(served.err.find(" routed pairs on the device"), std::string::npos) << served.err;
+  const k3::testing::CommandResult tiny = k3::testing::run_split(
+      env + "COLI_VK_TIER_GB=0.000001 " + kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
+  ASSERT_EQ(tiny.status, 0) << tiny.err;
+  EXPECT_NE(tiny.err.find("no room for one expert"), std::string::npos) << tiny.err;
+  EXPECT_NE(tiny.err.find("COLI_VK_TIER_GB"), std::string::npos) << tiny.err;
+}
+
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {
   const TempDir state("vk-tier-lost");
   const k3::Engine engine(kFixture, tier_load(state, 1.0));
@@ -186,6 +208,7 @@ TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {
                             cpu_->decode_logits.size());
   const k3::VkTierStats s = tier_of(engine).stats();
   EXPECT_TRUE(s.off);
+  EXPECT_NE(engine.describe_device().find("(off: the device was lost)"), std::string::npos);
   EXPECT_EQ(s.residents, 0u);
   EXPECT_GT(s.pairs_served, 0u);  // it served before the loss
 }

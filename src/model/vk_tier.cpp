@@ -47,6 +47,11 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   budget_ = static_cast<uint64_t>(bytes / static_cast<double>(device_->expert_bytes()));
   budget_ = std::min<uint64_t>(budget_, moe_layers.size() * E_);
   stats_.budget = budget_;
+  if (budget_ == 0 && note_)
+    note_("Vulkan tier on " + device_->name() + ": no room for one expert (" +
+          std::to_string(device_->expert_bytes()) + " B) in " +
+          std::to_string(static_cast<uint64_t>(bytes)) +
+          " B; set COLI_VK_TIER_GB (or lower COLI_VK_TIER_RESERVE_GB)");
   // Heat from the history: 32 for a layer's hottest, proportionally below.
   struct Hot {
     float heat;
