@@ -172,7 +172,15 @@ void VkTier::issue(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner 
       std::memcpy(z_.data() + (first_row_[i] + j) * step.R,
                   step.z + step.picks[p0 + j].row * step.R, step.R * sizeof(float));
   }
-  device_->issue(groups, z_.data());
+  try {
+    device_->issue(groups, z_.data());
+  } catch (const Error& e) {
+    // The device could not take the batch (its activations refused, a failed submit): the CPU
+    // computes these groups and the tier stops.
+    for (size_t g : claimed_) owner[g] = kUnowned;
+    claimed_.clear();
+    turn_off(e.what());
+  }
 }
 
 bool VkTier::finish(const MoeStep& step, std::span<const GroupOwner> owner, GroupOwner self,

@@ -14,6 +14,7 @@
 //   for each executor in order: issue(step, owner)     (claims groups, starts; returns at once)
 //   the CPU executor's finish(), then each extra one's finish()
 //   groups an executor could not deliver (finish() false): computed by the CPU executor
+// One step at a time: issue() and finish() of a step are called on one thread, in that order.
 #pragma once
 
 #include <cstddef>

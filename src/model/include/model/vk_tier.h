@@ -12,7 +12,10 @@
 // promoted when there is room, or when its heat exceeds the coldest resident's by 1.25x + 4 (which
 // is then evicted); at most COLI_VK_TIER_RATE promotions per token, uploaded on the engine
 // thread. Exclusive caching: the RAM cache gives up a slot whose expert the device holds first.
-// A failed join (device lost) turns the tier off with a note; the step's pairs go to the CPU.
+// A failed join (device lost) or submit turns the tier off with a note; the step's pairs go to
+// the CPU executor and the request succeeds.
+// Thread-safety: one MoE step at a time, issue() then finish() on one thread (the engine runs one
+// sequence at a time: engine/service.h); holds() from any thread (the RAM cache's eviction).
 #pragma once
 
 #include <atomic>
