@@ -56,6 +56,7 @@ k3::LoadOptions tier_load(const TempDir& state, double tier_gb) {
   load.cache.state_dir = state.path();              // no routing history from elsewhere
   load.vulkan.enabled = true;
   load.vulkan.tier_gb = tier_gb;
+  load.vulkan.validation = true;  // Khronos validation: every test ends with no error from it
   return load;
 }
 
@@ -118,6 +119,7 @@ TEST_F(VkTier, MatchesTheGoldensAndTheCpuTokensWithTheDeviceServing) {
               static_cast<unsigned long long>(s.uploads));
   EXPECT_GT(s.pairs_served, 0u);
   EXPECT_FALSE(s.off);
+  EXPECT_EQ(s.validation_errors, 0u);
   const std::string line = engine.describe_device();
   const std::string head = "[VK] " + s.device + " | " + std::to_string(s.pairs_served) + " of " +
                            std::to_string(s.pairs_total) + " routed pairs on the device";
@@ -139,6 +141,7 @@ TEST_F(VkTier, TwoExpertBudgetKeepsTwoAndTheTokens) {
   EXPECT_EQ(s.budget, 2u);
   EXPECT_EQ(s.residents, 2u);
   EXPECT_EQ(s.uploads, 2u + s.evictions);
+  EXPECT_EQ(s.validation_errors, 0u);
   EXPECT_GT(s.pairs_served, 0u);
 }
 

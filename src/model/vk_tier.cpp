@@ -26,6 +26,7 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   vk::DeviceOptions dev;
   dev.gemm_rows = static_cast<uint32_t>(options.gemm_rows);
   dev.device_cap_bytes = static_cast<uint64_t>(options.device_cap_mb) << 20;
+  dev.validation = options.validation;
   device_ = vk::Mxfp4Device::open(dev, {static_cast<uint32_t>(config.routed_expert_hidden_size),
                                         static_cast<uint32_t>(config.moe_intermediate_size),
                                         static_cast<float>(config.activation_situ_beta),
@@ -105,6 +106,7 @@ bool VkTier::holds(int64_t layer, int64_t expert) const {
 VkTierStats VkTier::stats() const {
   VkTierStats s = stats_;
   s.residents = residents_.size();
+  s.validation_errors = device_->validation_errors();
   return s;
 }
 

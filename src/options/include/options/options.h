@@ -38,6 +38,7 @@ struct VulkanOptions {
   int64_t rate = 16;          // COLI_VK_TIER_RATE (K3_VK_UP): expert uploads per token at most
   int64_t gemm_rows = 16;     // COLI_VK_TIER_GEMM_ROWS: rows from which an expert takes the GEMM
   int64_t device_cap_mb = 0;  // COLI_VK_DEVICE_CAP_MB: cap on the device memory taken (0 = none)
+  bool validation = false;    // Khronos validation layer on, errors counted (tests; no option)
 };
 
 // How dense matrices are held in RAM and how experts are computed (docs/quant_formats.md). The
