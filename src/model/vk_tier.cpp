@@ -27,6 +27,7 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   dev.gemm_rows = static_cast<uint32_t>(options.gemm_rows);
   dev.device_cap_bytes = static_cast<uint64_t>(options.device_cap_mb) << 20;
   dev.validation = options.validation;
+  dev.staged = options.staged == "auto" ? -1 : options.staged == "1" ? 1 : 0;
   device_ = vk::Mxfp4Device::open(dev, {static_cast<uint32_t>(config.routed_expert_hidden_size),
                                         static_cast<uint32_t>(config.moe_intermediate_size),
                                         static_cast<float>(config.activation_situ_beta),

@@ -415,6 +415,10 @@ const std::vector<OptionRow>& option_rows() {
       {"--vk-gemm-rows", "COLI_VK_TIER_GEMM_ROWS", Group::kExperts, kEngine,
        "rows of one expert from which the device takes the tiled GEMM (fewer: GEMV; same bits)",
        integer(FIELD(load.vulkan.gemm_rows), 1, 4096)},
+      {"--vk-staged", "COLI_VK_STAGED", Group::kExperts, kEngine,
+       "experts in device-local memory written through a staging buffer (1) or in host-visible "
+       "memory written in place (0); auto = staged without a large host-visible window",
+       choice(FIELD(load.vulkan.staged), {"auto", "1", "0"})},
       {"--vk-device-cap-mb", "COLI_VK_DEVICE_CAP_MB", Group::kExperts, kEngine,
        "cap on the device memory the tier takes, MB (0 = none; tests emulate small devices)",
        integer(FIELD(load.vulkan.device_cap_mb), 0, int64_t{1} << 24)},

@@ -54,6 +54,7 @@ namespace k3::vk {
   X(vkCmdPushConstants)            \
   X(vkCmdDispatch)                 \
   X(vkCmdPipelineBarrier)          \
+  X(vkCmdCopyBuffer)               \
   X(vkQueueSubmit)                 \
   X(vkCreateFence)                 \
   X(vkDestroyFence)                \

@@ -136,6 +136,7 @@ class Device final : public Mxfp4Device {
   uint64_t expert_bytes() const override { return expert_bytes_; }
   uint64_t bytes_in_use() const override { return in_use_; }
   uint64_t memory_bytes() const override { return heap_bytes_; }
+  bool staged() const override { return staged_; }
   size_t max_pairs() const override { return max_pairs_; }
   uint64_t validation_errors() const override { return validation_errors_; }
 
@@ -145,15 +146,18 @@ class Device final : public Mxfp4Device {
     if (options_.device_cap_bytes && in_use_ + expert_bytes_ > options_.device_cap_bytes) return -1;
     const int32_t slot = new_slot(3 * mat, 3 * groups * sizeof(float));
     if (slot < 0) return -1;
-    Slot& s = slots_[static_cast<size_t>(slot)];
-    auto* packed = static_cast<uint8_t*>(s.packed.map);
-    std::memcpy(packed, e.gate_packed, mat);
-    std::memcpy(packed + mat, e.up_packed, mat);
-    std::memcpy(packed + 2 * mat, e.down_packed, mat);
-    auto* scales = static_cast<float*>(s.scales.map);
-    widen(e.gate_scale, groups, scales);
-    widen(e.up_scale, groups, scales + groups);
-    widen(e.down_scale, groups, scales + 2 * groups);
+    const bool ok = write_slot(slot, [&](uint8_t* packed, float* scales) {
+      std::memcpy(packed, e.gate_packed, mat);
+      std::memcpy(packed + mat, e.up_packed, mat);
+      std::memcpy(packed + 2 * mat, e.down_packed, mat);
+      widen(e.gate_scale, groups, scales);
+      widen(e.up_scale, groups, scales + groups);
+      widen(e.down_scale, groups, scales + 2 * groups);
+    });
+    if (!ok) {
+      free_slot(slots_[static_cast<size_t>(slot)]);
+      return -1;
+    }
     return slot;
   }
 
@@ -221,8 +225,13 @@ class Device final : public Mxfp4Device {
     const int32_t slot = new_slot(static_cast<uint64_t>(O) * I / 2, groups * sizeof(float));
     if (slot < 0) throw Error("Vulkan matmul: the device refused the matrix's memory");
     Slot& s = slots_[static_cast<size_t>(slot)];
-    std::memcpy(s.packed.map, packed, static_cast<size_t>(O) * I / 2);
-    widen(scales, groups, static_cast<float*>(s.scales.map));
+    if (!write_slot(slot, [&](uint8_t* p, float* sc) {
+          std::memcpy(p, packed, static_cast<size_t>(O) * I / 2);
+          widen(scales, groups, sc);
+        })) {
+      free_slot(s);
+      throw Error("Vulkan matmul: the device refused the staging copy");
+    }
     ensure_act(static_cast<uint64_t>(rows) * (I + O));
     std::memcpy(act_.map, X, static_cast<size_t>(rows) * I * sizeof(float));
     VkCommandBuffer cb = begin();
@@ -338,6 +347,14 @@ class Device final : public Mxfp4Device {
     for (uint32_t i = 0; i < mp.memoryHeapCount; ++i)
       if (mp.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
         heap_bytes_ = std::max<uint64_t>(heap_bytes_, mp.memoryHeaps[i].size);
+    // The largest heap the host can write in place that is also device-local (a BAR window).
+    uint64_t window = 0;
+    const VkMemoryPropertyFlags bar =
+        VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT;
+    for (uint32_t i = 0; i < mp.memoryTypeCount; ++i)
+      if ((mp.memoryTypes[i].propertyFlags & bar) == bar)
+        window = std::max<uint64_t>(window, mp.memoryHeaps[mp.memoryTypes[i].heapIndex].size);
+    staged_ = options_.staged < 0 ? window < heap_bytes_ / 4 : options_.staged > 0;
   }
 
   void create_device() {
@@ -449,13 +466,15 @@ class Device final : public Mxfp4Device {
     check(vk_.vkAllocateDescriptorSets(device_, &ai, &act_set_), "vkAllocateDescriptorSets");
   }
 
-  // A host-visible buffer (device-local too when the device has such memory). False when the
-  // driver refuses.
-  bool make_buffer(uint64_t bytes, Buffer* out) {
+  // A host-visible buffer, mapped (device-local too when the device has such memory); with
+  // `device_only` a device-local one the host writes through staging (not mapped). False when
+  // the driver refuses.
+  bool make_buffer(uint64_t bytes, Buffer* out, bool device_only = false) {
     VkBufferCreateInfo bc{};
     bc.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
     bc.size = std::max<uint64_t>(bytes, 16);
-    bc.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    bc.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+               (device_only ? VK_BUFFER_USAGE_TRANSFER_DST_BIT : VK_BUFFER_USAGE_TRANSFER_SRC_BIT);
     bc.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
     Buffer b;
     if (vk_.vkCreateBuffer(device_, &bc, nullptr, &b.buffer) != VK_SUCCESS) return false;
@@ -465,8 +484,8 @@ class Device final : public Mxfp4Device {
         VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
     int type = -1;
     for (int pass = 0; pass < 2 && type < 0; ++pass) {
-      const VkMemoryPropertyFlags want =
-          pass == 0 ? host | VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT : host;
+      const VkMemoryPropertyFlags local = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT;
+      const VkMemoryPropertyFlags want = device_only ? local : pass == 0 ? host | local : host;
       for (uint32_t i = 0; i < memory_.memoryTypeCount; ++i)
         if ((req.memoryTypeBits & (1u << i)) &&
             (memory_.memoryTypes[i].propertyFlags & want) == want &&
@@ -484,7 +503,8 @@ class Device final : public Mxfp4Device {
       return false;
     }
     if (vk_.vkBindBufferMemory(device_, b.buffer, b.memory, 0) != VK_SUCCESS ||
-        vk_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.map) != VK_SUCCESS) {
+        (!device_only &&
+         vk_.vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.map) != VK_SUCCESS)) {
       vk_.vkFreeMemory(device_, b.memory, nullptr);
       vk_.vkDestroyBuffer(device_, b.buffer, nullptr);
       return false;
@@ -496,7 +516,7 @@ class Device final : public Mxfp4Device {
 
   void free_buffer(Buffer& b) {
     if (b.memory) {
-      vk_.vkUnmapMemory(device_, b.memory);
+      if (b.map) vk_.vkUnmapMemory(device_, b.memory);
       vk_.vkFreeMemory(device_, b.memory, nullptr);
     }
     if (b.buffer) vk_.vkDestroyBuffer(device_, b.buffer, nullptr);
@@ -509,8 +529,8 @@ class Device final : public Mxfp4Device {
     if (i == kMaxSlots) return -1;
     if (i == slots_.size()) slots_.emplace_back();
     Slot& s = slots_[i];
-    if (!make_buffer(packed_bytes, &s.packed)) return -1;
-    if (!make_buffer(scale_bytes, &s.scales)) {
+    if (!make_buffer(packed_bytes, &s.packed, staged_)) return -1;
+    if (!make_buffer(scale_bytes, &s.scales, staged_)) {
       free_buffer(s.packed);
       return -1;
     }
@@ -539,6 +559,57 @@ class Device final : public Mxfp4Device {
     s.used = true;
     in_use_ += s.packed.bytes + s.scales.bytes;
     return static_cast<int32_t>(i);
+  }
+
+  // Fills a slot's packed words and f32 scales with `fill(packed, scales)`: in place when they
+  // are mapped, else in the staging buffer and copied on the queue (waited for). False when the
+  // staging buffer or the copy fails.
+  template <class Fill>
+  bool write_slot(int32_t slot, Fill fill) {
+    Slot& s = slots_[static_cast<size_t>(slot)];
+    if (!staged_) {
+      fill(static_cast<uint8_t*>(s.packed.map), static_cast<float*>(s.scales.map));
+      return true;
+    }
+    const uint64_t packed_bytes = s.packed.bytes, total = packed_bytes + s.scales.bytes;
+    if (staging_.bytes < total) {
+      free_buffer(staging_);
+      if (!make_buffer(total, &staging_)) return false;
+    }
+    auto* base = static_cast<uint8_t*>(staging_.map);
+    fill(base, reinterpret_cast<float*>(base + packed_bytes));
+    if (!copy_cb_) {
+      VkCommandBufferAllocateInfo ai{};
+      ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
+      ai.commandPool = pool_;
+      ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+      ai.commandBufferCount = 1;
+      VkFenceCreateInfo fc{};
+      fc.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
+      if (vk_.vkAllocateCommandBuffers(device_, &ai, &copy_cb_) != VK_SUCCESS ||
+          vk_.vkCreateFence(device_, &fc, nullptr, &copy_fence_) != VK_SUCCESS)
+        return false;
+    }
+    VkCommandBufferBeginInfo bi{};
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    if (vk_.vkResetCommandBuffer(copy_cb_, 0) != VK_SUCCESS ||
+        vk_.vkBeginCommandBuffer(copy_cb_, &bi) != VK_SUCCESS)
+      return false;
+    const VkBufferCopy packed_copy{0, 0, packed_bytes},
+        scales_copy{packed_bytes, 0, s.scales.bytes};
+    vk_.vkCmdCopyBuffer(copy_cb_, staging_.buffer, s.packed.buffer, 1, &packed_copy);
+    vk_.vkCmdCopyBuffer(copy_cb_, staging_.buffer, s.scales.buffer, 1, &scales_copy);
+    if (vk_.vkEndCommandBuffer(copy_cb_) != VK_SUCCESS) return false;
+    VkSubmitInfo si{};
+    si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &copy_cb_;
+    if (vk_.vkQueueSubmit(queue_, 1, &si, copy_fence_) != VK_SUCCESS) return false;
+    const VkResult r = vk_.vkWaitForFences(device_, 1, &copy_fence_, VK_TRUE, UINT64_MAX);
+    vk_.vkResetFences(device_, 1, &copy_fence_);
+    copied_ = true;  // the next batch orders its reads after the copy
+    return r == VK_SUCCESS;
   }
 
   void free_slot(Slot& s) {
@@ -575,6 +646,17 @@ class Device final : public Mxfp4Device {
     bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(vk_.vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
+    if (copied_) {
+      // Staged uploads since the last batch: their transfer writes before the shaders' reads.
+      VkMemoryBarrier mb{};
+      mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+      mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+      mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+      vk_.vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
+                               nullptr);
+      copied_ = false;
+    }
     vk_.vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 1, 1, &act_set_, 0,
                                 nullptr);
     return cb_;
@@ -641,7 +723,9 @@ class Device final : public Mxfp4Device {
       for (Slot& s : slots_)
         if (s.used) free_slot(s);
       free_buffer(act_);
+      free_buffer(staging_);
       if (fence_) vk_.vkDestroyFence(device_, fence_, nullptr);
+      if (copy_fence_) vk_.vkDestroyFence(device_, copy_fence_, nullptr);
       if (pool_) vk_.vkDestroyCommandPool(device_, pool_, nullptr);
       for (VkPipeline p : {gemv_, gemm_, situ_})
         if (p) vk_.vkDestroyPipeline(device_, p, nullptr);
@@ -682,6 +766,11 @@ class Device final : public Mxfp4Device {
   VkPipeline gemv_ = VK_NULL_HANDLE, gemm_ = VK_NULL_HANDLE, situ_ = VK_NULL_HANDLE;
   VkDescriptorSet act_set_ = VK_NULL_HANDLE;
   Buffer act_;
+  Buffer staging_;  // staged uploads: one expert's bytes on their way to device-local memory
+  VkCommandBuffer copy_cb_ = VK_NULL_HANDLE;
+  VkFence copy_fence_ = VK_NULL_HANDLE;
+  bool staged_ = false;
+  bool copied_ = false;  // a staged upload since the last batch was recorded
   std::vector<Slot> slots_;
   std::string name_;
   bool cpu_ = false;

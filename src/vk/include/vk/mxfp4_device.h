@@ -27,6 +27,10 @@ struct DeviceOptions {
   uint64_t device_cap_bytes = 0;  // COLI_VK_DEVICE_CAP_MB: device memory this process may take
                                   // for experts (0 = what the driver gives)
   bool validation = false;        // Khronos validation layer on (its errors are counted)
+  // COLI_VK_STAGED: experts in device-local memory written through a staging buffer (1), or in
+  // host-visible memory written in place (0); -1 = staged when the host-visible device-local
+  // memory is under a quarter of the largest device-local heap (no resizable BAR).
+  int staged = -1;
   std::string loader = "libvulkan.so.1";  // the loader dlopen()ed (tests name a missing one)
 };
 
@@ -62,6 +66,7 @@ class Mxfp4Device {
   // Device bytes one uploaded expert takes (f32 scales included).
   virtual uint64_t expert_bytes() const = 0;
   virtual uint64_t bytes_in_use() const = 0;  // device memory held for experts
+  virtual bool staged() const = 0;            // uploads go through a staging buffer
   virtual uint64_t memory_bytes() const = 0;  // the largest device-local heap
   // The most (row, expert) pairs one issue() takes.
   virtual size_t max_pairs() const = 0;
