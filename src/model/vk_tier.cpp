@@ -20,9 +20,16 @@ vk::ExpertBytes bytes_of(const ExpertView& v) {
 
 }  // namespace
 
+struct VkTier::Groups {
+  std::vector<vk::Mxfp4Device::Group> list;
+};
+
 VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache& cache,
                const std::vector<int64_t>& moe_layers, std::function<void(const std::string&)> note)
-    : config_(config), options_(options), note_(std::move(note)) {
+    : config_(config),
+      options_(options),
+      note_(std::move(note)),
+      groups_(std::make_unique<Groups>()) {
   vk::DeviceOptions dev;
   dev.gemm_rows = static_cast<uint32_t>(options.gemm_rows);
   dev.device_cap_bytes = static_cast<uint64_t>(options.device_cap_mb) << 20;
@@ -149,7 +156,8 @@ void VkTier::issue(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner 
   }
   size_t pairs = 0;
   first_row_.clear();
-  device_groups_.clear();
+  std::vector<vk::Mxfp4Device::Group>& groups = groups_->list;
+  groups.clear();
   for (size_t g = 0; g < step.groups(); ++g) {
     heat(step.layer, step.ids[g]) += static_cast<float>(step.pairs(g));
     stats_.pairs_total += step.pairs(g);
@@ -160,17 +168,14 @@ void VkTier::issue(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner 
     owner[g] = self;
     claimed_.push_back(g);
     first_row_.push_back(pairs);
-    device_groups_.push_back(slot);
-    device_groups_.push_back(static_cast<int32_t>(step.pairs(g)));
+    groups.push_back({slot, static_cast<uint32_t>(step.pairs(g))});
     pairs += step.pairs(g);
   }
   if (claimed_.empty()) return;
   z_.resize(pairs * step.R);
   out_.resize(pairs * step.R);
-  std::vector<vk::Mxfp4Device::Group> groups(claimed_.size());
   for (size_t i = 0; i < claimed_.size(); ++i) {
     const size_t g = claimed_[i], p0 = step.starts[g];
-    groups[i] = {device_groups_[2 * i], static_cast<uint32_t>(device_groups_[2 * i + 1])};
     for (size_t j = 0; j < step.pairs(g); ++j)
       std::memcpy(z_.data() + (first_row_[i] + j) * step.R,
                   step.z + step.picks[p0 + j].row * step.R, step.R * sizeof(float));

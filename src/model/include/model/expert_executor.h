@@ -35,10 +35,12 @@ struct MoeStep {
   std::span<const size_t>
       starts;  // [groups + 1]: group g's pairs are picks[starts[g], starts[g+1])
   std::span<const MoePick> picks;  // (expert, row, weight) by expert, then row
-  const float* z = nullptr;        // [rows][R] the latent rows (f32)
-  size_t rows = 0;                 // rows of the step
-  size_t R = 0;                    // routed_expert_hidden_size
-  size_t I = 0;                    // moe_intermediate_size
+  // [rows][R] the latent rows (f32). An executor on the integer-dot path (K3_IDOT=1) quantises
+  // them itself: quantize_q8_32 gives the same bits on every ISA (kernels/quant.h).
+  const float* z = nullptr;
+  size_t rows = 0;  // rows of the step
+  size_t R = 0;     // routed_expert_hidden_size
+  size_t I = 0;     // moe_intermediate_size
   size_t groups() const { return ids.size(); }
   size_t pairs(size_t g) const { return starts[g + 1] - starts[g]; }
 };

@@ -96,7 +96,8 @@ class VkTier final : public ExpertExecutor {
   // The step in flight: its claimed groups, their first row in out_, gathered rows.
   std::vector<size_t> claimed_, first_row_;
   std::vector<float> z_, out_;
-  std::vector<int32_t> device_groups_;  // slot, rows pairs for vk::Mxfp4Device::Group
+  struct Groups;  // the batch's vk::Mxfp4Device::Group list (reused)
+  std::unique_ptr<Groups> groups_;
   mutable std::atomic<bool> inject_loss_{false};
   VkTierStats stats_;
 };
