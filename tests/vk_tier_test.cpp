@@ -183,7 +183,8 @@ TEST_F(VkTier, WarmStartUploadsTheHistorysHottestExperts) {
   EXPECT_GT(tier.stats().pairs_served, 0u);
 }
 
-// kimi_k3 with COLI_VULKAN=1 prints the [VK] line, and says why a budget holds no expert.
+// kimi_k3 with COLI_VULKAN=1 prints the [VK] line, says why a budget holds no expert, and says
+// that K3_IDOT=1 and the device's f32 differ.
 TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
   const TempDir state("vk-tier-cli");
   const std::string kimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
@@ -198,6 +199,13 @@ TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
   ASSERT_EQ(tiny.status, 0) << tiny.err;
   EXPECT_NE(tiny.err.find("no room for one expert"), std::string::npos) << tiny.err;
   EXPECT_NE(tiny.err.find("COLI_VK_TIER_GB"), std::string::npos) << tiny.err;
+  EXPECT_EQ(served.err.find("may drift"), std::string::npos) << served.err;
+  // With the integer-dot CPU path the run says that the device's f32 numerics differ.
+  const k3::testing::CommandResult idot =
+      k3::testing::run_split("K3_STATE_DIR=" + state.path() + " COLI_VULKAN=1 COLI_VK_TIER_GB=1 " +
+                             kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
+  ASSERT_EQ(idot.status, 0) << idot.err;
+  EXPECT_NE(idot.err.find("tokens may drift from a CPU-only run"), std::string::npos) << idot.err;
 }
 
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {

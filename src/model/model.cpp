@@ -58,9 +58,12 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   experts_ = std::make_unique<ExpertCache>(*weights_.experts, load_.cache, std::move(cache));
   if (load_.vulkan.enabled) {
     // The device tier goes first (docs/vulkan.md §5); the RAM cache gives up what it holds.
-    vk_tier_ = std::make_shared<VkTier>(
-        config_, load_.vulkan, *experts_, moe_layers,
-        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    const auto note = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    vk_tier_ = std::make_shared<VkTier>(config_, load_.vulkan, *experts_, moe_layers, note);
+    if (load_.idot)
+      note(
+          "Vulkan tier: the device computes its experts in f32 (the K3_IDOT=0 numerics); with "
+          "K3_IDOT=1 the CPU's differ in the last bits, so tokens may drift from a CPU-only run");
     VkTier* tier = vk_tier_.get();
     experts_->set_held_elsewhere([tier](int64_t l, int64_t e) { return tier->holds(l, e); });
     executor_list_.push_back(tier);
