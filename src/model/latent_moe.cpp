@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <span>
 
 #include "kernels/vec.h"
@@ -320,42 +321,65 @@ class CpuExecutor final : public ExpertExecutor, private ExpertWork {
   const MoeStep* step_ = nullptr;
 };
 
-// The step's pairs through the executors (model/expert_executor.h): the extra ones issue first
-// and finish after the CPU executor; groups one failed to deliver go to the CPU executor.
-void run_executors(const K3Config& c, const Compute& compute, Workspace& ws, StageStats& stats,
-                   ExpertSource& experts, ReadAheadGuess& guess, int64_t layer, size_t n) {
-  const std::span<ExpertExecutor* const> extra = compute.executors;
-  MoeStep step;
-  step.layer = layer;
-  step.use = n == 1 ? ExpertUse::kToken : ExpertUse::kChunk;
-  step.ids = ws.pick_ids;
-  step.starts = ws.pick_starts;
-  step.picks = ws.picks;
-  step.z = ws.moe_z.data();
-  step.rows = n;
-  step.R = static_cast<size_t>(c.routed_expert_hidden_size);
-  step.I = static_cast<size_t>(c.moe_intermediate_size);
-  std::vector<GroupOwner>& owner = ws.pick_owner;
-  owner.assign(step.groups(), kUnowned);
-  OrderedSum sum(ws, step.R, !extra.empty());
-  CpuExecutor cpu(c, compute, ws, stats, experts, guess, sum);
-  const auto cpu_self = static_cast<GroupOwner>(extra.size());
-  for (size_t i = 0; i < extra.size(); ++i)
-    extra[i]->issue(step, owner, static_cast<GroupOwner>(i));
-  cpu.issue(step, owner, cpu_self);
-  cpu.finish(step, owner, cpu_self, sum);
-  bool failed = false;
-  for (size_t i = 0; i < extra.size(); ++i)
-    if (!extra[i]->finish(step, owner, static_cast<GroupOwner>(i), sum)) failed = true;
-  if (failed) {
-    for (size_t g = 0; g < owner.size(); ++g)
-      if (!sum.delivered(g)) owner[g] = cpu_self;
-    cpu.finish(step, owner, cpu_self, sum);
+// The step's pairs through the executors (model/expert_executor.h): start() issues every
+// executor (the extra ones first) and runs the CPU executor; end() finishes the extra ones and
+// hands what one failed to deliver to the CPU executor. Between the two the caller computes the
+// shared experts, so the device's batch overlaps them too.
+class StepExecutors {
+ public:
+  StepExecutors(const K3Config& c, const Compute& compute, Workspace& ws, StageStats& stats,
+                ExpertSource& experts, ReadAheadGuess& guess, int64_t layer, size_t n)
+      : extra_(compute.executors),
+        step_(make_step(c, ws, layer, n)),
+        owner_(ws.pick_owner),
+        sum_(ws, step_.R, !extra_.empty()),
+        cpu_(c, compute, ws, stats, experts, guess, sum_),
+        cpu_self_(static_cast<GroupOwner>(extra_.size())) {}
+
+  void start() {
+    owner_.assign(step_.groups(), kUnowned);
+    for (size_t i = 0; i < extra_.size(); ++i)
+      extra_[i]->issue(step_, owner_, static_cast<GroupOwner>(i));
+    cpu_.issue(step_, owner_, cpu_self_);
+    cpu_.finish(step_, owner_, cpu_self_, sum_);
   }
-  if (!sum.complete())
-    throw Error("MoE layer " + std::to_string(layer) +
-                ": an expert executor claimed experts it never delivered");
-}
+
+  void end() {
+    bool failed = false;
+    for (size_t i = 0; i < extra_.size(); ++i)
+      if (!extra_[i]->finish(step_, owner_, static_cast<GroupOwner>(i), sum_)) failed = true;
+    if (failed) {
+      for (size_t g = 0; g < owner_.size(); ++g)
+        if (!sum_.delivered(g)) owner_[g] = cpu_self_;
+      cpu_.finish(step_, owner_, cpu_self_, sum_);
+    }
+    if (!sum_.complete())
+      throw Error("MoE layer " + std::to_string(step_.layer) +
+                  ": an expert executor claimed experts it never delivered");
+  }
+
+ private:
+  static MoeStep make_step(const K3Config& c, Workspace& ws, int64_t layer, size_t n) {
+    MoeStep step;
+    step.layer = layer;
+    step.use = n == 1 ? ExpertUse::kToken : ExpertUse::kChunk;
+    step.ids = ws.pick_ids;
+    step.starts = ws.pick_starts;
+    step.picks = ws.picks;
+    step.z = ws.moe_z.data();
+    step.rows = n;
+    step.R = static_cast<size_t>(c.routed_expert_hidden_size);
+    step.I = static_cast<size_t>(c.moe_intermediate_size);
+    return step;
+  }
+
+  const std::span<ExpertExecutor* const> extra_;
+  const MoeStep step_;
+  std::vector<GroupOwner>& owner_;
+  OrderedSum sum_;
+  CpuExecutor cpu_;
+  const GroupOwner cpu_self_;
+};
 
 }  // namespace
 
@@ -370,6 +394,8 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
   float* z = ws.moe_z.data();            // [n][R]
   float* acc = ws.moe_acc.data();        // [n][R]
   float* routed = ws.moe_routed.data();  // [n][D]
+  ReadAheadGuess guess(c, compute, next, ws, X, n);
+  std::optional<StepExecutors> executors;
   {
     // Everything that reads X: router logits, latent down, shared gate/up.
     StageTimer timer(stats, Stage::kRouter);
@@ -407,15 +433,22 @@ void latent_moe_forward(const K3Config& c, const Compute& compute, const MoeWeig
       }
     }
     ws.pick_starts.push_back(picks.size());
-    ReadAheadGuess guess(c, compute, next, ws, X, n);
-    run_executors(c, compute, ws, stats, experts, guess, layer, n);
+    executors.emplace(c, compute, ws, stats, experts, guess, layer, n);
+    executors->start();
+  }
+  if (shared) {  // while the other executors (a device) still compute
+    StageTimer timer(stats, Stage::kShared);
+    situ_down(c, compute, w.shared_down, ws.mlp_gate.data(), ws.mlp_up.data(), n, out);
+  }
+  {
+    StageTimer timer(stats, Stage::kExperts);
+    executors->end();
     for (size_t t = 0; t < n; ++t)
       rmsnorm(acc + t * R, w.latent_norm.data(), R, c.rms_norm_eps, acc + t * R);
     matmul_chunk(compute, w.latent_up, acc, n, routed);  // [n][D]
   }
   StageTimer timer(stats, Stage::kShared);
   if (shared) {
-    situ_down(c, compute, w.shared_down, ws.mlp_gate.data(), ws.mlp_up.data(), n, out);
     for (size_t i = 0; i < n * D; ++i) out[i] += routed[i];
   } else {
     std::copy(routed, routed + n * D, out);

@@ -12,7 +12,7 @@
 // in their order, and the RAM cache + CPU kernels last; the last takes every group nobody took.
 // Every executor issue()s before any finish()es, so the extra ones compute while the CPU works:
 //   for each executor in order: issue(step, owner)     (claims groups, starts; returns at once)
-//   the CPU executor's finish(), then each extra one's finish()
+//   the CPU executor's finish(), the shared experts, then each extra one's finish()
 //   groups an executor could not deliver (finish() false): computed by the CPU executor
 // One step at a time: issue() and finish() of a step are called on one thread, in that order.
 #pragma once
