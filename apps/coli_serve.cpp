@@ -225,6 +225,8 @@ int serve(const k3::Options& opt, bool web) {
   announcer.join();
   if (const k3::Engine* engine = service.engine()) {
     std::fprintf(stderr, "coli: %s\n", engine->describe_experts().c_str());
+    if (const std::string device = engine->describe_device(); !device.empty())
+      std::fprintf(stderr, "coli: %s\n", device.c_str());
     engine->save_history();
   }
   if (exit_code.load() != 0) return exit_code.load();

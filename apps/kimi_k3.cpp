@@ -434,6 +434,8 @@ int run(int argc, char** argv) {
                static_cast<double>(k3::peak_rss_bytes()) / 1e6, memory.c_str(),
                engine.describe_experts().c_str(),
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
+  if (const std::string device = engine.describe_device(); !device.empty())
+    std::fprintf(stderr, "%s\n", device.c_str());
   engine.save_history();
   return g_stop.load() ? stopped_status() : 0;
 }

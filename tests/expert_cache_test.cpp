@@ -165,6 +165,25 @@ TEST(ExpertCache, LruEvictionOrderWithinALayer) {
   EXPECT_EQ(s.bytes_read, 4 * kGeometry.expert_bytes());
 }
 
+// Exclusive caching with a device tier (set_held_elsewhere, docs/vulkan.md §5): the slot whose
+// expert the device holds is given up first, not the least recent one.
+TEST(ExpertCache, ExpertHeldElsewhereIsEvictedFirst) {
+  TempDir dir("cache-held");
+  Fixture f(dir.path(), {1, 2});
+  CacheConfig o = quiet();
+  o.options.expert_gb = f.gb_for(3);
+  ExpertCache cache(f.store, o.options, o.over(f.layers));
+  cache.set_held_elsewhere([](int64_t layer, int64_t expert) { return layer == 1 && expert == 2; });
+  touch(cache, 1, {0});
+  touch(cache, 1, {1});
+  touch(cache, 1, {2});
+  touch(cache, 1, {3});  // evicts 2 (held by the device), not 0 (the least recent)
+  EXPECT_EQ(cache.cached(1), (std::vector<int64_t>{3, 1, 0}));
+  cache.set_held_elsewhere(nullptr);
+  touch(cache, 1, {4});  // plain LRU again: 0 goes
+  EXPECT_EQ(cache.cached(1), (std::vector<int64_t>{4, 3, 1}));
+}
+
 TEST(ExpertCache, TinyBudgetKeepsOneSlotAndServesWholeBatches) {
   TempDir dir("cache-tiny");
   Fixture f(dir.path(), {1, 2, 3});

@@ -806,3 +806,27 @@ TEST(OptionsBinaries, VersionAndHelpOnEveryBinary) {
 }
 
 }  // namespace
+
+namespace {
+
+// The Vulkan tier's switches (docs/vulkan.md §3): COLI_VULKAN and the seed's old names K3_VK,
+// K3_VK_GB and K3_VK_UP; off unless asked.
+TEST(OptionsEnvironment, VulkanSwitchesAndTheirOldNames) {
+  EXPECT_FALSE(parse("kimi_k3", {"m"}).load.vulkan.enabled);
+  EXPECT_TRUE(parse("kimi_k3", {"m"}, {{"COLI_VULKAN", "1"}}).load.vulkan.enabled);
+  EXPECT_TRUE(parse("coli serve", {"m"}, {{"K3_VK", "1"}}).load.vulkan.enabled);
+  EXPECT_FALSE(parse("kimi_k3", {"m"}, {{"K3_VK", "0"}}).load.vulkan.enabled);
+  EXPECT_TRUE(parse("kimi_k3", {"m", "--vulkan"}).load.vulkan.enabled);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"K3_VK_GB", "2.5"}}).load.vulkan.tier_gb, 2.5);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"COLI_VK_TIER_GB", "3"}}).load.vulkan.tier_gb, 3.0);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"K3_VK_UP", "4"}}).load.vulkan.rate, 4);
+  EXPECT_EQ(parse("kimi_k3", {"m"}).load.vulkan.rate, 16);
+  EXPECT_EQ(parse("kimi_k3", {"m"}).load.vulkan.gemm_rows, 16);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"COLI_VK_TIER_GEMM_ROWS", "8"}}).load.vulkan.gemm_rows, 8);
+  EXPECT_EQ(parse("kimi_k3", {"m"}, {{"COLI_VK_DEVICE_CAP_MB", "64"}}).load.vulkan.device_cap_mb,
+            64);
+  EXPECT_HAS(parse_error({"m"}, {{"COLI_VULKAN", "1"}, {"K3_VK", "0"}}), "disagree");
+  EXPECT_HAS(parse_error({"m"}, {{"COLI_VK_TIER_GEMM_ROWS", "0"}}), "COLI_VK_TIER_GEMM_ROWS");
+}
+
+}  // namespace

@@ -119,4 +119,9 @@ void check_twin_isa(Isa isa) {
   EXPECT_EQ(kernel_table(isa).isa, isa) << isa_name(isa);
 }
 
+void select_lavapipe() {
+  setenv("VK_ICD_FILENAMES", K3_LAVAPIPE_ICD, 0);
+  setenv("XDG_RUNTIME_DIR", K3_BINARY_DIR "/tests", 0);
+}
+
 }  // namespace k3::testing

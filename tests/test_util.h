@@ -183,6 +183,12 @@ std::string isa_left_out(Isa isa);
 void check_twin_isa(Isa isa);
 bool twin_isa_tests_defined();  // K3_TWIN_ISA_TESTS' registration (see twin_isas)
 
+// Points VK_ICD_FILENAMES at Mesa's lavapipe (K3_LAVAPIPE_ICD, found by tests/CMakeLists.txt)
+// and XDG_RUNTIME_DIR at the build folder, unless the environment names them already (a real
+// GPU's driver, on a machine that has one). The Vulkan tests call it before main:
+// `const bool kOnLavapipe = (k3::testing::select_lavapipe(), true);`.
+void select_lavapipe();
+
 }  // namespace k3::testing
 
 // One skipped-or-passing test per SIMD variant, in every test file that calls twin_isas():

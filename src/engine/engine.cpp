@@ -190,6 +190,27 @@ std::string Engine::describe_experts() const {
   return buf;
 }
 
+std::string Engine::describe_device() const {
+  const VkTier* tier = impl_->model->vk_tier();
+  if (!tier) return "";
+  const VkTierStats s = tier->stats();
+  char buf[400];
+  std::snprintf(
+      buf, sizeof buf,
+      "[VK] %s%s | %llu of %llu routed pairs on the device (%.1f%%) | residents %llu / "
+      "%llu | uploads %llu, evictions %llu, refused %llu, skipped %llu",
+      s.device.c_str(), s.off ? " (off: the device was lost)" : "",
+      static_cast<unsigned long long>(s.pairs_served),
+      static_cast<unsigned long long>(s.pairs_total),
+      s.pairs_total
+          ? 100.0 * static_cast<double>(s.pairs_served) / static_cast<double>(s.pairs_total)
+          : 0.0,
+      static_cast<unsigned long long>(s.residents), static_cast<unsigned long long>(s.budget),
+      static_cast<unsigned long long>(s.uploads), static_cast<unsigned long long>(s.evictions),
+      static_cast<unsigned long long>(s.refused), static_cast<unsigned long long>(s.skipped));
+  return buf;
+}
+
 void Engine::save_history() const {
   ExpertCache& cache = impl_->model->experts();
   if (cache.history_total() == 0) return;

@@ -522,6 +522,13 @@ void ExpertCache::release(ExpertBatch& batch) {
           }
           return best;
         };
+        // An expert another holder (the device tier) has is given up first.
+        for (size_t s = 0; s < L.slots.size() && victim < 0 && held_elsewhere_; ++s) {
+          const Slot& c = L.slots[s];
+          if (c.expert >= 0 && !c.pinned && c.refs == 0 && c.used <= before &&
+              (token || c.probation) && held_elsewhere_(batch.layer_, c.expert))
+            victim = static_cast<int32_t>(s);
+        }
         if (victim < 0) victim = oldest(true);
         if (victim < 0 && token) victim = oldest(false);
         if (victim >= 0) {
@@ -707,6 +714,16 @@ uint64_t ExpertCache::history_total() const {
     for (uint64_t c : layer->usage) total += c;
   }
   return total;
+}
+
+std::vector<uint64_t> ExpertCache::usage(int64_t layer) const {
+  const Layer& L = *layer_of(layer);
+  std::lock_guard<std::mutex> lock(L.mu);
+  return L.usage;
+}
+
+void ExpertCache::set_held_elsewhere(std::function<bool(int64_t, int64_t)> held) {
+  held_elsewhere_ = std::move(held);
 }
 
 void ExpertCache::load_history() {

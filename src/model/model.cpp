@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "experts/expert_cache.h"
 #include "kernels/vec.h"
@@ -9,6 +10,7 @@
 #include "model/kda.h"
 #include "model/mla.h"
 #include "model/tensor_names.h"
+#include "model/vk_tier.h"
 #include "util/error.h"
 
 namespace k3 {
@@ -52,10 +54,31 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   cache.history_layers = config_.num_hidden_layers;
   cache.model_identity = model_identity(config_);
   locate_history(load_.cache, files_.dir(), &cache);
+  const std::vector<int64_t> moe_layers = cache.moe_layers;
   experts_ = std::make_unique<ExpertCache>(*weights_.experts, load_.cache, std::move(cache));
+  if (load_.vulkan.enabled) {
+    // The device tier goes first (docs/vulkan.md §5); the RAM cache gives up what it holds.
+    const auto note = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+    vk_tier_ = std::make_shared<VkTier>(config_, load_.vulkan, *experts_, moe_layers, note);
+    if (load_.idot)
+      note(
+          "Vulkan tier: the device computes its experts in f32 (the K3_IDOT=0 numerics); with "
+          "K3_IDOT=1 the CPU's differ in the last bits, so tokens may drift from a CPU-only run");
+    VkTier* tier = vk_tier_.get();
+    experts_->set_held_elsewhere([tier](int64_t l, int64_t e) { return tier->holds(l, e); });
+    executor_list_.push_back(tier);
+  }
+  if (setup.executors.size() >= kUnowned)
+    throw Error(std::to_string(setup.executors.size()) + " expert executors: at most " +
+                std::to_string(kUnowned - 1) + " beside the CPU");
+  executors_ = setup.executors;
+  for (const auto& e : executors_) executor_list_.push_back(e.get());
+  compute_.executors = executor_list_;
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  if (experts_) experts_->set_held_elsewhere(nullptr);
+}
 
 uint64_t Model::mapped_bytes() const {
   uint64_t total = 0;

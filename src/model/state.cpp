@@ -85,8 +85,12 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   picks.reserve(n * K);
   pick_ids.reserve(n * K);
   pick_starts.reserve(n * K + 1);
-  pick_done.reserve(n * K);
+  pick_state.reserve(n * K);
   pick_ahead.reserve(n * K);
+  pick_rows.reserve(n * K);
+  pick_owner.reserve(n * K);
+  cpu_groups.reserve(n * K);
+  cpu_ids.reserve(n * K);
   for (auto* v : {&moe_z, &moe_acc, &ex_z, &ex_down}) v->assign(n * R, 0.0f);
   moe_z_q8.assign(n * R, 0);
   ex_z_q8.assign(n * R, 0);

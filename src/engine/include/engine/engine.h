@@ -112,6 +112,10 @@ class Engine {
   // "experts: 12 hits / 34 misses (26.1% hit) | 0.60 GB read at 2.31 GB/s": the expert cache's
   // counters since load.
   std::string describe_experts() const;
+  // "[VK] llvmpipe (...) | 1773 of 2128 routed pairs on the device (83.3%) | residents 108 /
+  // 512 | uploads 108, evictions 0, refused 0, skipped 0": the Vulkan tier's counters since load
+  // (docs/vulkan.md §5); "" when the tier is not on (COLI_VULKAN).
+  std::string describe_device() const;
   ExpertStats expert_stats() const;
   // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
   // directory allows; notes on stderr when it cannot. Never throws. Call at exit.

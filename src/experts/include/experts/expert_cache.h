@@ -217,6 +217,12 @@ class ExpertCache final : public ExpertSource {
   bool all_resident() const { return setup_.all_resident; }
   // Total selections in the history (loaded plus recorded).
   uint64_t history_total() const;
+  // A MoE layer's selections per expert in the history (loaded plus recorded) [num_experts].
+  std::vector<uint64_t> usage(int64_t layer) const;
+  // Exclusive caching with another holder of experts (a device tier, docs/vulkan.md §5): when a
+  // slot must be given up, one whose expert `held(layer, expert)` says is held there goes first.
+  // `held` is called under the layer's lock and must not call back into the cache. nullptr: none.
+  void set_held_elsewhere(std::function<bool(int64_t layer, int64_t expert)> held);
 
   // Writes the history to history_save_path atomically. Returns false (with a note when the
   // setup said why, or the write failed) when there is nowhere to write; never throws.
@@ -267,6 +273,7 @@ class ExpertCache final : public ExpertSource {
   std::atomic<uint64_t> wait_ns_{0}, prefetch_issued_{0}, prefetch_used_{0}, predicted_hits_{0},
       predicted_total_{0};
   bool history_refused_ = false;
+  std::function<bool(int64_t, int64_t)> held_elsewhere_;  // set_held_elsewhere (before any step)
 };
 
 // A history counter after decay d (COLI_USAGE_DECAY): round(count · d), never 1 → 0.

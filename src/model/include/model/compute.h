@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "kernels/isa.h"
@@ -10,6 +11,8 @@
 #include "util/sys.h"
 
 namespace k3 {
+
+class ExpertExecutor;  // model/expert_executor.h
 
 enum class Stage {
   kEmbed,
@@ -57,6 +60,9 @@ struct Compute {
   const KernelTable* kernels = nullptr;
   bool idot = false;          // MXFP4 experts on the integer-dot path
   double expert_top_p = 0.0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = all)
+  // Executors asked for a MoE step's experts before the RAM cache + CPU kernels, in this order
+  // (model/expert_executor.h); empty: the CPU computes every expert.
+  std::span<ExpertExecutor* const> executors;
 };
 
 // The many-row forms of a forward pass. Each output row is bit-identical to the one-row call on

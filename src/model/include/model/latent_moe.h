@@ -27,6 +27,15 @@ namespace k3 {
 void route(const K3Config& config, const MoeWeights& weights, const float* logits, double top_p,
            Workspace& work, RoutingResult* routing);
 
+// One routed expert applied to m rows: down[j] = W2 SiTU(W1 z_j, W3 z_j) for j < m, as the CPU
+// executor computes it (an executor that computes on a CPU elsewhere gets the same bits). The
+// idot path (compute.idot) takes z pre-quantised (zq8 [m][R], zd [m][R/32]); the float path z
+// [m][R]. gate, up: [m][I] scratch; hq8 [m][I], hd [m][I/32] scratch; down: [m][R]. Every row is
+// bit-identical to m = 1 on that row (the kernels' per-row results do not depend on m).
+void apply_expert(const K3Config& config, const Compute& compute, const ExpertView& expert,
+                  size_t m, const float* z, const int8_t* zq8, const float* zd, float* gate,
+                  float* up, int8_t* hq8, float* hd, float* down);
+
 // The next MoE layer, whose experts may be read ahead while this one runs (K3_PREFETCH, the
 // source decides): its router applied to this layer's input predicts them; the real router
 // still decides later.
@@ -36,10 +45,11 @@ struct NextMoe {
 };
 
 // n consecutive rows X [n][hidden] (normalised inputs; n = 1 in decode); out: [n][hidden].
-// Router, latent down/up and shared experts batched over the rows; each distinct routed expert of
-// the step asked of `experts` once and applied to all its rows (their choices are recorded in the
-// routing history); ws.routing[t] receives row t's choice. Every row bit-identical to the call on
-// that row alone. Stage times go to `stats` (router, experts, shared).
+// Router, latent down/up and shared experts batched over the rows; the routed (row, expert) pairs
+// go to compute.executors, then to the CPU executor (docs/architecture.md §3.10), which asks each
+// remaining distinct expert of `experts` once and applies it to all its rows (their choices are
+// recorded in the routing history); ws.routing[t] receives row t's choice. Every row bit-identical
+// to the call on that row alone. Stage times go to `stats` (router, experts, shared).
 void latent_moe_forward(const K3Config& config, const Compute& compute, const MoeWeights& weights,
                         ExpertSource& experts, int64_t layer, Workspace& work, StageStats& stats,
                         const float* X, size_t n, float* out, NextMoe next = {});

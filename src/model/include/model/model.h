@@ -24,8 +24,10 @@
 #include "kernels/isa.h"
 #include "model/compute.h"
 #include "model/config.h"
+#include "model/expert_executor.h"
 #include "model/latent_moe.h"
 #include "model/state.h"
+#include "model/vk_tier.h"
 #include "model/weights.h"
 #include "options/options.h"
 
@@ -51,6 +53,10 @@ struct ModelSetup {
   // Polled between tensors (and between 8 MB pieces of a large one) while the weights load;
   // when it reads true the constructor throws Interrupted. nullptr = never cancelled.
   const std::atomic<bool>* cancel = nullptr;
+  // Expert executors asked for a MoE step's experts before the RAM cache + CPU kernels, in this
+  // order (model/expert_executor.h: a device tier, remote ranks). Shared with the caller, which
+  // may keep a handle for their reports.
+  std::vector<std::shared_ptr<ExpertExecutor>> executors;
 };
 
 class Model {
@@ -67,6 +73,9 @@ class Model {
   Isa isa() const { return compute_.kernels->isa; }
   // The routed experts (counters, history, run-time switches). Thread-safe.
   ExpertCache& experts() const { return *experts_; }
+  // The Vulkan expert tier (COLI_VULKAN), or nullptr.
+  const VkTier* vk_tier() const { return vk_tier_.get(); }
+  VkTier* vk_tier() { return vk_tier_.get(); }
   // Bytes of resident weights (dense matrices in their RAM formats and vectors).
   uint64_t resident_bytes() const;
   // Bytes of dense matrices used in place from file mappings (K3_MMAP=1; 0 otherwise).
@@ -112,6 +121,9 @@ class Model {
   ModelWeights weights_;
   ContainerInfo container_;
   std::unique_ptr<ExpertCache> experts_;
+  std::shared_ptr<VkTier> vk_tier_;                         // COLI_VULKAN: the device tier
+  std::vector<std::shared_ptr<ExpertExecutor>> executors_;  // owned with the caller
+  std::vector<ExpertExecutor*> executor_list_;              // what compute_.executors views
 };
 
 }  // namespace k3

@@ -82,8 +82,15 @@ struct Workspace {
   std::vector<MoePick> picks;
   std::vector<int64_t> pick_ids;    // the distinct experts, ascending
   std::vector<size_t> pick_starts;  // [distinct + 1]: each expert's first pick
-  std::vector<uint8_t> pick_done;   // [distinct]: computed ahead, not yet summed
-  std::vector<size_t> pick_ahead;   // [distinct]: its first row in moe_ahead
+  // The routed sum's state per distinct expert (latent_moe.cpp, OrderedSum): pending, reserved
+  // or waiting in moe_ahead (pick_ahead: its first row there), or waiting in an executor's buffer
+  // (pick_rows); the executor computing it (pick_owner, model/expert_executor.h).
+  std::vector<uint8_t> pick_state;      // [distinct]
+  std::vector<size_t> pick_ahead;       // [distinct]
+  std::vector<const float*> pick_rows;  // [distinct]
+  std::vector<uint8_t> pick_owner;      // [distinct]
+  std::vector<size_t> cpu_groups;       // [distinct]: the CPU executor's share of the step
+  std::vector<int64_t> cpu_ids;         // [distinct]: their expert ids
   // MoE: latent z and its q8 form, routed sums.
   std::vector<float> moe_z, moe_acc;  // [rows][routed_expert_hidden_size]
   std::vector<int8_t> moe_z_q8;       // [rows][routed_expert_hidden_size]

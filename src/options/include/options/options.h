@@ -30,6 +30,18 @@ struct CacheOptions {
   bool prefetch = false;           // K3_PREFETCH: read the next MoE layer's predicted experts ahead
 };
 
+// The Vulkan expert tier (docs/vulkan.md). Nothing opens a device unless `enabled`.
+struct VulkanOptions {
+  bool enabled = false;         // COLI_VULKAN (K3_VK): routed experts on a Vulkan device
+  double tier_gb = 0;           // COLI_VK_TIER_GB (K3_VK_GB): device memory for experts (0 = auto)
+  double reserve_gb = 1;        // COLI_VK_TIER_RESERVE_GB: device memory left free in auto sizing
+  int64_t rate = 16;            // COLI_VK_TIER_RATE (K3_VK_UP): expert uploads per token at most
+  int64_t gemm_rows = 16;       // COLI_VK_TIER_GEMM_ROWS: rows from which an expert takes the GEMM
+  int64_t device_cap_mb = 0;    // COLI_VK_DEVICE_CAP_MB: cap on the device memory taken (0 = none)
+  std::string staged = "auto";  // COLI_VK_STAGED: uploads through staging: auto, 1, 0
+  bool validation = false;      // Khronos validation layer on, errors counted (tests; no option)
+};
+
 // How dense matrices are held in RAM and how experts are computed (docs/quant_formats.md). The
 // member defaults are the release defaults of the option table; exact() is the f32 reference.
 struct LoadOptions {
@@ -51,6 +63,7 @@ struct LoadOptions {
       32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
   int64_t load_delay_ms = 0;  // K3_LOAD_DELAY_MS: debug sleep after every loaded layer
   CacheOptions cache;
+  VulkanOptions vulkan;
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
   static LoadOptions exact() {

@@ -1,0 +1,231 @@
+// vk_tier_test — the Vulkan expert tier behind the MoE step's seam (model/vk_tier.h,
+// docs/vulkan.md §5) on the device VK_ICD_FILENAMES selects (lavapipe, tests/CMakeLists.txt): with
+// K3_IDOT=0 and the tier on, k3-tiny matches Moonshot's goldens at the f32 tolerance and gives the
+// CPU run's greedy tokens, prefill chunked and decode, with a non-zero count of pairs the device
+// served (a silent fallback fails); under a 2-expert budget; after a lost device (the tier turns
+// off, the tokens do not change). A machine without the loader or a driver fails: never skips.
+#include "model/vk_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/internal.h"
+#include "engine/sampler.h"
+#include "test_util.h"
+
+namespace {
+
+const bool kOnLavapipe = (k3::testing::select_lavapipe(), true);
+
+using k3::testing::TempDir;
+using k3::testing::Tensors;
+
+const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+
+struct Outcome {
+  std::vector<float> prompt_logits;  // [T][vocab]
+  std::vector<float> decode_logits;  // [steps][vocab]
+  std::vector<int64_t> tokens;       // greedy
+};
+
+// The golden prompt prefilled in chunks of `chunk`, then `steps` greedy tokens.
+Outcome run(const k3::Engine& engine, const std::vector<int64_t>& prompt, size_t steps,
+            int64_t chunk, const std::function<void(size_t)>& before_step = nullptr) {
+  Outcome r;
+  k3::Session s(engine, static_cast<int64_t>(prompt.size() + steps));
+  s.set_prefill_chunk(chunk);
+  k3::PrefillHooks hooks;
+  hooks.all_logits = &r.prompt_logits;
+  std::vector<float> logits = s.prefill(prompt, hooks);
+  for (size_t j = 0; j < steps; ++j) {
+    r.decode_logits.insert(r.decode_logits.end(), logits.begin(), logits.end());
+    r.tokens.push_back(k3::argmax(logits));
+    if (j + 1 < steps) {
+      if (before_step) before_step(j);
+      logits = s.step(r.tokens.back());
+    }
+  }
+  return r;
+}
+
+k3::LoadOptions tier_load(const TempDir& state, double tier_gb) {
+  k3::LoadOptions load = k3::LoadOptions::exact();  // K3_IDOT=0: the tier's numerics
+  load.cache.state_dir = state.path();              // no routing history from elsewhere
+  load.vulkan.enabled = true;
+  load.vulkan.tier_gb = tier_gb;
+  load.vulkan.validation = true;  // Khronos validation: every test ends with no error from it
+  return load;
+}
+
+const k3::VkTier& tier_of(const k3::Engine& engine) {
+  const k3::VkTier* tier = k3::internal::model(engine).vk_tier();
+  EXPECT_NE(tier, nullptr);
+  return *tier;
+}
+
+class VkTier : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    golden_ = new Tensors(kFixture + "/golden.safetensors");
+    const TempDir state("vk-tier-cpu");
+    k3::LoadOptions load = k3::LoadOptions::exact();
+    load.cache.state_dir = state.path();
+    const k3::Engine cpu(kFixture, load);
+    cpu_ = new Outcome(run(cpu, golden_->i64("prompt_ids"), 8, 32));
+  }
+  static void TearDownTestSuite() {
+    delete golden_;
+    delete cpu_;
+  }
+  static Tensors* golden_;
+  static Outcome* cpu_;
+};
+Tensors* VkTier::golden_ = nullptr;
+Outcome* VkTier::cpu_ = nullptr;
+
+TEST_F(VkTier, MatchesTheGoldensAndTheCpuTokensWithTheDeviceServing) {
+  const TempDir state("vk-tier");
+  const k3::Engine engine(kFixture, tier_load(state, 1.0));
+  const auto prompt = golden_->i64("prompt_ids");
+  const auto want_prompt = golden_->f32("logits"), want_decode = golden_->f32("decode_logits");
+  // The first run fills the tier as the CPU computes experts; the second finds them resident.
+  // Chunks of 5 rows (7 + 5 of the prompt: GEMV route) and of 32 (the whole prompt in one).
+  for (int64_t chunk : {int64_t{5}, int64_t{32}}) {
+    for (int pass = 0; pass < 2; ++pass) {
+      const k3::VkTierStats before = tier_of(engine).stats();
+      const Outcome got = run(engine, prompt, 8, chunk);
+      const k3::VkTierStats after = tier_of(engine).stats();
+      const std::string what = "chunk " + std::to_string(chunk) + " pass " + std::to_string(pass);
+      ASSERT_EQ(got.prompt_logits.size(), want_prompt.size()) << what;
+      k3::testing::expect_close("logits " + what, got.prompt_logits.data(), want_prompt.data(),
+                                want_prompt.size());
+      k3::testing::expect_close("decode_logits " + what, got.decode_logits.data(),
+                                want_decode.data(), want_decode.size());
+      EXPECT_EQ(got.tokens, golden_->i64("decode_ids")) << what;
+      EXPECT_EQ(got.tokens, cpu_->tokens) << what;
+      if (pass == 1) {
+        EXPECT_GT(after.pairs_served, before.pairs_served) << what;
+      }
+    }
+  }
+  const k3::VkTierStats s = tier_of(engine).stats();
+  std::printf("device %s: %llu of %llu routed pairs served, %llu residents, %llu uploads\n",
+              s.device.c_str(), static_cast<unsigned long long>(s.pairs_served),
+              static_cast<unsigned long long>(s.pairs_total),
+              static_cast<unsigned long long>(s.residents),
+              static_cast<unsigned long long>(s.uploads));
+  EXPECT_GT(s.pairs_served, 0u);
+  EXPECT_FALSE(s.off);
+  EXPECT_EQ(s.validation_errors, 0u);
+  const std::string line = engine.describe_device();
+  const std::string head = "[VK] " + s.device + " | " + std::to_string(s.pairs_served) + " of " +
+                           std::to_string(s.pairs_total) + " routed pairs on the device";
+  EXPECT_EQ(line.rfind(head, 0), 0u) << line;
+}
+
+TEST_F(VkTier, TwoExpertBudgetStagedKeepsTwoAndTheTokens) {
+  const TempDir state("vk-tier-2");
+  const double expert_bytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;  // k3-tiny, f32 scales
+  k3::LoadOptions load = tier_load(state, 2.5 * expert_bytes / 1e9);
+  load.vulkan.staged = "1";  // uploads through the staging copy, as on a GPU without a BAR window
+  const k3::Engine engine(kFixture, load);
+  const auto prompt = golden_->i64("prompt_ids");
+  for (int pass = 0; pass < 2; ++pass) {
+    const Outcome got = run(engine, prompt, 8, 1);
+    EXPECT_EQ(got.tokens, cpu_->tokens);
+    k3::testing::expect_close("decode_logits", got.decode_logits.data(), cpu_->decode_logits.data(),
+                              cpu_->decode_logits.size());
+  }
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_EQ(s.budget, 2u);
+  EXPECT_EQ(s.residents, 2u);
+  EXPECT_EQ(s.uploads, 2u + s.evictions);
+  EXPECT_EQ(s.validation_errors, 0u);
+  EXPECT_GT(s.pairs_served, 0u);
+}
+
+TEST_F(VkTier, WarmStartUploadsTheHistorysHottestExperts) {
+  const TempDir state("vk-tier-warm");
+  const auto prompt = golden_->i64("prompt_ids");
+  std::vector<std::vector<uint64_t>> usage;
+  {
+    k3::LoadOptions load = k3::LoadOptions::exact();
+    load.cache.state_dir = state.path();
+    const k3::Engine cpu(kFixture, load);
+    run(cpu, prompt, 8, 32);
+    EXPECT_EQ(cpu.describe_device(), "");  // no tier, no [VK] line
+    const k3::Model& model = k3::internal::model(cpu);
+    ASSERT_TRUE(model.experts().save_history());
+    for (int64_t l = 1; l < model.num_layers(); ++l) usage.push_back(model.experts().usage(l));
+  }
+  // Budget 2: the two hottest (layer, expert) pairs of the history (the layer's count over its
+  // hottest), before any token runs.
+  const double expert_bytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;
+  const k3::Engine engine(kFixture, tier_load(state, 2.5 * expert_bytes / 1e9));
+  const k3::VkTier& tier = tier_of(engine);
+  EXPECT_EQ(tier.stats().uploads, 2u);
+  EXPECT_EQ(tier.stats().residents, 2u);
+  size_t hottest_held = 0;
+  for (size_t l = 0; l < usage.size(); ++l) {
+    const uint64_t top = *std::max_element(usage[l].begin(), usage[l].end());
+    for (size_t e = 0; e < usage[l].size(); ++e)
+      if (tier.holds(static_cast<int64_t>(l + 1), static_cast<int64_t>(e))) {
+        EXPECT_EQ(usage[l][e], top) << "layer " << l + 1 << " expert " << e;
+        ++hottest_held;
+      }
+  }
+  EXPECT_EQ(hottest_held, 2u);
+  const Outcome got = run(engine, prompt, 8, 32);
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  EXPECT_GT(tier.stats().pairs_served, 0u);
+}
+
+// kimi_k3 with COLI_VULKAN=1 prints the [VK] line, says why a budget holds no expert, and says
+// that K3_IDOT=1 and the device's f32 differ.
+TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
+  const TempDir state("vk-tier-cli");
+  const std::string kimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
+  const std::string env = "K3_STATE_DIR=" + state.path() + " K3_IDOT=0 COLI_VULKAN=1 ";
+  const k3::testing::CommandResult served = k3::testing::run_split(
+      env + "COLI_VK_TIER_GB=1 " + kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 6");
+  ASSERT_EQ(served.status, 0) << served.err;
+  EXPECT_NE(served.err.find("[VK] "), std::string::npos) << served.err;
+  EXPECT_NE(served.err.find(" routed pairs on the device"), std::string::npos) << served.err;
+  const k3::testing::CommandResult tiny = k3::testing::run_split(
+      env + "COLI_VK_TIER_GB=0.000001 " + kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
+  ASSERT_EQ(tiny.status, 0) << tiny.err;
+  EXPECT_NE(tiny.err.find("no room for one expert"), std::string::npos) << tiny.err;
+  EXPECT_NE(tiny.err.find("COLI_VK_TIER_GB"), std::string::npos) << tiny.err;
+  EXPECT_EQ(served.err.find("may drift"), std::string::npos) << served.err;
+  // With the integer-dot CPU path the run says that the device's f32 numerics differ.
+  const k3::testing::CommandResult idot =
+      k3::testing::run_split("K3_STATE_DIR=" + state.path() + " COLI_VULKAN=1 COLI_VK_TIER_GB=1 " +
+                             kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
+  ASSERT_EQ(idot.status, 0) << idot.err;
+  EXPECT_NE(idot.err.find("tokens may drift from a CPU-only run"), std::string::npos) << idot.err;
+}
+
+TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {
+  const TempDir state("vk-tier-lost");
+  const k3::Engine engine(kFixture, tier_load(state, 1.0));
+  const auto prompt = golden_->i64("prompt_ids");
+  run(engine, prompt, 8, 32);  // fills the tier
+  const Outcome got = run(engine, prompt, 8, 32, [&](size_t j) {
+    if (j == 3) tier_of(engine).inject_device_loss();
+  });
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  k3::testing::expect_close("decode_logits", got.decode_logits.data(), cpu_->decode_logits.data(),
+                            cpu_->decode_logits.size());
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_TRUE(s.off);
+  EXPECT_NE(engine.describe_device().find("(off: the device was lost)"), std::string::npos);
+  EXPECT_EQ(s.residents, 0u);
+  EXPECT_GT(s.pairs_served, 0u);  // it served before the loss
+}
+
+}  // namespace
