@@ -40,6 +40,16 @@ struct Session::Impl {
   std::vector<float> chunk_x0, chunk_hidden;  // [chunk][hidden] input rows and final hidden rows
 };
 
+struct Batch::Impl {
+  explicit Impl(const Engine& engine);
+  const Engine::Impl& engine;
+  Workspace work;                   // the pass's scratch ([sessions] rows)
+  StageStats stats;                 // of every step
+  std::vector<ModelState*> states;  // [sessions]
+  std::vector<float> x0, hidden;    // [sessions][hidden] input and final hidden rows
+  std::vector<float> logits;        // [sessions][vocab]
+};
+
 namespace internal {
 inline const Model& model(const Engine& engine) {
   return *engine.impl().model;
