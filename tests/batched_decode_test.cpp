@@ -1,11 +1,13 @@
 // batched_decode_test — k3::Batch (Model::forward_batch): B sessions decoding in one forward pass
 // against each session decoding alone. B = 2, 3, 4 with prompts of different lengths and one
 // session that stops early (the batch shrinks): every step's logits memcmp-identical to the solo
-// run's, at exact (K3_BITS=32, K3_IDOT=0), at the defaults (bits 4, idot 1) and with the AVX2
-// kernels, on the k3-tiny fixture and on a synthetic checkpoint with many experts; each distinct
-// expert of a step read once for all its rows; bad steps refused before any state moves.
+// run's (sequences joining after a prefill between steps, one leaving early), at exact (K3_BITS=32,
+// K3_IDOT=0), at the defaults (bits 4, idot 1) and with the AVX2 kernels, on the k3-tiny fixture
+// and on a synthetic checkpoint with many experts; each distinct expert of a step read once for all
+// its rows; bad steps refused before any state moves.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -36,24 +38,29 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// One sequence of the scenario: its prompt and the ids it decodes (fed in order, one per step).
+// One sequence of the scenario: its prompt, the ids it decodes (fed in order, one per step) and
+// the batch step it joins at (it is prefilled between the batch's steps, then decodes batched).
 struct Sequence {
   std::vector<int64_t> prompt;
   std::vector<int64_t> decode;
+  size_t join = 0;
 };
 
 constexpr int64_t kCapacity = 64;
 
 // The sequences of a batch of B: prompts of 5, 17, 33 and 9 tokens (prefilled in chunks of 7, so
 // the positions differ and are not chunk multiples); sequence 1 decodes 2 tokens, the others 5,
-// so from step 2 on the batch runs without it.
+// so from step 2 on the batch runs without it; sequence 2 joins at step 1 and sequence 3 at step
+// 2 (their prompts are read while the others decode).
 std::vector<Sequence> scenario(size_t B, int64_t vocab) {
   const size_t prompt_len[] = {5, 17, 33, 9};
   const size_t decode_len[] = {5, 2, 5, 5};
+  const size_t join[] = {0, 0, 1, 2};
   std::vector<Sequence> seqs(B);
   for (size_t i = 0; i < B; ++i) {
     seqs[i].prompt = ids_of(prompt_len[i], vocab, static_cast<uint32_t>(100 + i));
     seqs[i].decode = ids_of(decode_len[i], vocab, static_cast<uint32_t>(200 + i));
+    seqs[i].join = join[i];
   }
   return seqs;
 }
@@ -81,10 +88,9 @@ std::pair<uint64_t, uint64_t> check_batch(const k3::Engine& engine, size_t B,
   for (const Sequence& seq : seqs) want.push_back(solo(engine, seq, &solo_reads));
 
   std::vector<std::unique_ptr<k3::Session>> sessions;
-  for (const Sequence& seq : seqs) {
+  for (size_t i = 0; i < B; ++i) {
     sessions.push_back(std::make_unique<k3::Session>(engine, kCapacity));
     sessions.back()->set_prefill_chunk(7);
-    sessions.back()->prefill(seq.prompt);
   }
   k3::Batch batch(engine);
   size_t compared = 0;
@@ -92,20 +98,24 @@ std::pair<uint64_t, uint64_t> check_batch(const k3::Engine& engine, size_t B,
     std::vector<k3::Session*> active;
     std::vector<int64_t> ids;
     std::vector<size_t> which;
-    for (size_t i = 0; i < B; ++i)
-      if (step < seqs[i].decode.size()) {
+    for (size_t i = 0; i < B; ++i) {
+      if (step == seqs[i].join) sessions[i]->prefill(seqs[i].prompt);
+      const size_t k = step - seqs[i].join;  // the sequence's own decode step
+      if (step >= seqs[i].join && k < seqs[i].decode.size()) {
         active.push_back(sessions[i].get());
-        ids.push_back(seqs[i].decode[step]);
+        ids.push_back(seqs[i].decode[k]);
         which.push_back(i);
       }
+    }
     if (active.empty()) break;
     batch.step(active, ids);
     for (size_t r = 0; r < active.size(); ++r) {
       const size_t i = which[r];
-      EXPECT_TRUE(same_bits(active[r]->logits(), want[i][step]))
-          << label << " B=" << B << ": sequence " << i << " step " << step << " (batch of "
-          << active.size() << ")";
-      EXPECT_EQ(active[r]->position(), static_cast<int64_t>(seqs[i].prompt.size() + step + 1));
+      const size_t k = step - seqs[i].join;
+      EXPECT_TRUE(same_bits(active[r]->logits(), want[i][k]))
+          << label << " B=" << B << ": sequence " << i << " step " << k << " (batch step " << step
+          << " of " << active.size() << " rows)";
+      EXPECT_EQ(active[r]->position(), static_cast<int64_t>(seqs[i].prompt.size() + k + 1));
       ++compared;
     }
   }
@@ -177,6 +187,35 @@ TEST_F(BatchedSynth, SharedExpertsAreReadOncePerStep) {
   // a step chose is applied once.
   EXPECT_GT(batched, 0u);
   EXPECT_LT(batched, alone);
+}
+
+TEST(BatchedDecode, OneSessionsCancelFlagLeavesTheOthersAndTheBatchFlagStopsTheStep) {
+  const k3::Engine engine(kFixture, k3::LoadOptions{});
+  const std::vector<int64_t> pa = {1, 2, 3}, pb = {4, 5, 6, 7, 8};
+  k3::Session a(engine, 16), b(engine, 16), solo_a(engine, 16), solo_b(engine, 16);
+  a.prefill(pa);
+  b.prefill(pb);
+  solo_a.prefill(pa);
+  solo_b.prefill(pb);
+  // a's request is cancelled: its flag is not the batch's business (the caller drops it
+  // between steps); this step still completes for both.
+  std::atomic<bool> cancel_a{true}, shutdown{false};
+  a.set_interrupt(&cancel_a);
+  k3::Batch batch(engine);
+  batch.set_interrupt(&shutdown);
+  batch.step(std::vector<k3::Session*>{&a, &b}, std::vector<int64_t>{9, 10});
+  EXPECT_TRUE(same_bits(a.logits(), solo_a.step(9)));
+  EXPECT_TRUE(same_bits(b.logits(), solo_b.step(10)));
+  // The batch's flag stops the step; the sessions resume from their saved states.
+  k3::SavedState saved_b;
+  b.save_state(saved_b);
+  shutdown = true;
+  EXPECT_THROW(batch.step(std::vector<k3::Session*>{&b}, std::vector<int64_t>{11}),
+               k3::Interrupted);
+  shutdown = false;
+  b.restore_state(saved_b);
+  batch.step(std::vector<k3::Session*>{&b}, std::vector<int64_t>{11});
+  EXPECT_TRUE(same_bits(b.logits(), solo_b.step(11)));
 }
 
 TEST(BatchedDecode, BadStepsAreRefusedBeforeAnyStateMoves) {

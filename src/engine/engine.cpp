@@ -327,7 +327,7 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
     Session::Impl& s = *sessions[i]->impl_;
     s.input_row(ids[i], static_cast<size_t>(s.state.position), b.x0.data() + i * D);
   }
-  model.forward_batch(b.states, b.work, b.stats, b.x0.data(), b.hidden.data());
+  model.forward_batch(b.states, b.work, b.stats, b.interrupt, b.x0.data(), b.hidden.data());
   const bool head = model.has_head();
   if (head) {
     b.logits.resize(n * V);
@@ -341,6 +341,10 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
       s.logits.assign(b.logits.begin() + static_cast<std::ptrdiff_t>(i * V),
                       b.logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
   }
+}
+
+void Batch::set_interrupt(const std::atomic<bool>* flag) {
+  impl_->interrupt = flag;
 }
 
 SessionStats Batch::stats() const {

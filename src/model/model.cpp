@@ -107,12 +107,13 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
   ws.reserve(config_, n);
   for (size_t t = 0; t < n; ++t)
     ws.sequence_rows[t] = SequenceRow{&state, state.position + static_cast<int64_t>(t)};
-  forward_rows(ws, state.stats, x0, n, final_hidden, observer);
+  forward_rows(ws, state.stats, state.interrupt, x0, n, final_hidden, observer);
   state.position += static_cast<int64_t>(n);
 }
 
 void Model::forward_batch(std::span<ModelState* const> states, Workspace& ws, StageStats& stats,
-                          const float* x0, float* final_hidden) const {
+                          const std::atomic<bool>* interrupt, const float* x0,
+                          float* final_hidden) const {
   const size_t n = states.size();
   for (size_t i = 0; i < n; ++i) {
     const ModelState& s = *states[i];
@@ -130,12 +131,13 @@ void Model::forward_batch(std::span<ModelState* const> states, Workspace& ws, St
     ws.init(config_, states[i]->capacity);  // MLA scores for the longest context
     ws.sequence_rows[i] = SequenceRow{states[i], states[i]->position};
   }
-  forward_rows(ws, stats, x0, n, final_hidden, nullptr);
+  forward_rows(ws, stats, interrupt, x0, n, final_hidden, nullptr);
   for (ModelState* s : states) ++s->position;
 }
 
-void Model::forward_rows(Workspace& ws, StageStats& stats, const float* x0, size_t n,
-                         float* final_hidden, ForwardObserver* observer) const {
+void Model::forward_rows(Workspace& ws, StageStats& stats, const std::atomic<bool>* interrupt,
+                         const float* x0, size_t n, float* final_hidden,
+                         ForwardObserver* observer) const {
   const size_t D = static_cast<size_t>(config_.hidden_size);
   const size_t NB = static_cast<size_t>(config_.num_blocks());
   const double eps = config_.rms_norm_eps;
@@ -168,10 +170,7 @@ void Model::forward_rows(Workspace& ws, StageStats& stats, const float* x0, size
   };
 
   for (int64_t l = 0; l < L; ++l) {
-    for (size_t t = 0; t < n; ++t) {
-      const std::atomic<bool>* interrupt = seq_rows[t].state->interrupt;
-      if (interrupt && interrupt->load(std::memory_order_relaxed)) throw Interrupted();
-    }
+    if (interrupt && interrupt->load(std::memory_order_relaxed)) throw Interrupted();
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     // Attention.
     if (num_blocks == 0)

@@ -230,10 +230,14 @@ class Batch {
   // Feeds ids[i] to *sessions[i] (distinct sessions of this batch's engine); afterwards
   // sessions[i]->logits() holds its logits. Throws k3::Error before anything runs when the sizes
   // differ, an id is outside the vocabulary, a session is full, appears twice or belongs to
-  // another engine. An interrupt (any session's set_interrupt flag) throws Interrupted and leaves
-  // every session of the step part-advanced, as a prefill does. Allocates nothing once a step of
-  // as many sessions has run.
+  // another engine. The sessions' own interrupt flags are not polled (a cancelled session leaves
+  // the batch between steps; the others go on); the batch's flag (set_interrupt) throws
+  // Interrupted and leaves every session of the step part-advanced (restore saved states or
+  // reset, as after an interrupted prefill). Allocates nothing once a step of as many sessions
+  // has run.
   void step(std::span<Session* const> sessions, std::span<const int64_t> ids);
+  // While set, every step polls `flag` before each layer (a shutdown). nullptr = off.
+  void set_interrupt(const std::atomic<bool>* flag);
   // Stage times and expert applications of this batch's steps (a step applies each distinct
   // expert once, for all its rows).
   SessionStats stats() const;
