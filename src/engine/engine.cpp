@@ -310,6 +310,69 @@ const std::vector<float>& Session::step(int64_t id) {
   return prefill(one);
 }
 
+const std::vector<float>& Session::logits() const {
+  return impl_->logits;
+}
+
+Batch::Impl::Impl(const Engine& e) : engine(e.impl()) {
+  work.init(engine.config, 1);
+}
+
+Batch::Batch(const Engine& engine) : impl_(std::make_unique<Impl>(engine)) {}
+Batch::~Batch() = default;
+
+void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> ids) {
+  Impl& b = *impl_;
+  const Model& model = *b.engine.model;
+  const size_t n = sessions.size();
+  const size_t D = static_cast<size_t>(b.engine.config.hidden_size);
+  const size_t V = static_cast<size_t>(b.engine.config.vocab_size);
+  if (ids.size() != n)
+    throw Error("batched step: " + std::to_string(n) + " sessions but " +
+                std::to_string(ids.size()) + " token ids (one id per session)");
+  if (n == 0) return;
+  b.states.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    Session::Impl& s = *sessions[i]->impl_;
+    if (&s.engine != &b.engine)
+      throw Error("batched step: session " + std::to_string(i) +
+                  " belongs to another engine than the batch's");
+    s.check_id(ids[i]);
+    b.states[i] = &s.state;
+  }
+  b.x0.resize(n * D);
+  b.hidden.resize(n * D);
+  // Rows are built before the pass, so a bad input row throws before any state moves; the
+  // pass's own checks (a full or repeated session) come before its first layer.
+  for (size_t i = 0; i < n; ++i) {
+    Session::Impl& s = *sessions[i]->impl_;
+    s.input_row(ids[i], static_cast<size_t>(s.state.position), b.x0.data() + i * D);
+  }
+  model.forward_batch(b.states, b.work, b.stats, b.interrupt, b.x0.data(), b.hidden.data());
+  const bool head = model.has_head();
+  if (head) {
+    b.logits.resize(n * V);
+    model.head_rows(b.work, b.stats, b.hidden.data(), n, b.logits.data());
+  }
+  for (size_t i = 0; i < n; ++i) {
+    Session::Impl& s = *sessions[i]->impl_;
+    s.tokens.push_back(ids[i]);
+    s.logits.clear();
+    if (head)
+      s.logits.assign(b.logits.begin() + static_cast<std::ptrdiff_t>(i * V),
+                      b.logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
+  }
+}
+
+void Batch::set_interrupt(const std::atomic<bool>* flag) {
+  impl_->interrupt = flag;
+}
+
+SessionStats Batch::stats() const {
+  const StageStats& st = impl_->stats;
+  return SessionStats{st.total(), st.expert_reads, st.summary()};
+}
+
 int64_t Session::prefill_chunk() const {
   return impl_->chunk;
 }

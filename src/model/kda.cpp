@@ -68,8 +68,8 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
 
 }  // namespace
 
-void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& w,
-                 KdaState& state, Workspace& ws, const float* X, size_t n, float* out) {
+void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& w, size_t layer,
+                 const SequenceRow* rows, Workspace& ws, const float* X, size_t n, float* out) {
   const size_t P = static_cast<size_t>(config.kda_projection_size());
   const size_t H = static_cast<size_t>(config.kda_num_heads);
   const KernelTable& kt = *compute.kernels;
@@ -80,11 +80,11 @@ void kda_forward(const K3Config& config, const Compute& compute, const KdaWeight
       {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, ws.kda_beta.data()}};
   matmul_jobs(compute, jobs, std::size(jobs), X, n);
   matmul_chunk(compute, w.f_b_proj, ws.kda_decay_low.data(), n, ws.kda_decay.data());
-  // Conv windows and recurrence, one token at a time in order.
+  // Conv windows and recurrence, one row at a time in order (each on its sequence's state).
   for (size_t t = 0; t < n; ++t)
-    kda_token(config, kt, w, state, ws, ws.kda_q.data() + t * P, ws.kda_k.data() + t * P,
-              ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P, ws.kda_decay.data() + t * P,
-              ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
+    kda_token(config, kt, w, rows[t].state->kda[layer], ws, ws.kda_q.data() + t * P,
+              ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P,
+              ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
   matmul_chunk(compute, w.o_proj, ws.kda_out.data(), n, out);
 }
 

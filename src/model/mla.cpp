@@ -54,8 +54,8 @@ void mla_append(const K3Config& c, const MlaWeights& w, MlaCache& cache, int64_t
 
 }  // namespace
 
-void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w, MlaCache& cache,
-                 Workspace& ws, int64_t position, const float* X, size_t n, float* out) {
+void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w, size_t layer,
+                 const SequenceRow* rows, Workspace& ws, const float* X, size_t n, float* out) {
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t qlr = static_cast<size_t>(c.q_lora_rank);
   const size_t qk = static_cast<size_t>(c.qk_head_dim());
@@ -72,12 +72,13 @@ void mla_forward(const K3Config& c, const Compute& compute, const MlaWeights& w,
   for (size_t t = 0; t < n; ++t)
     rmsnorm(cq + t * qlr, w.q_a_norm.data(), qlr, K3Config::kMlaLowRankNormEps, cq + t * qlr);
   matmul_chunk(compute, w.q_b_proj, cq, n, Q);
-  // The whole pass's latent rows first; row t then reads positions <= position + t only.
+  // The whole pass's latent rows first; row t then reads its own sequence's positions <= its
+  // position only.
   for (size_t t = 0; t < n; ++t)
-    mla_append(c, w, cache, position + static_cast<int64_t>(t), ckv + t * ckv_dim);
+    mla_append(c, w, rows[t].state->mla[layer], rows[t].position, ckv + t * ckv_dim);
   for (size_t t = 0; t < n; ++t)
-    mla_attend(c, kt, w, cache, ws, static_cast<size_t>(position) + t + 1, Q + t * H * qk,
-               G + t * H * vdim, ctx + t * H * vdim);
+    mla_attend(c, kt, w, rows[t].state->mla[layer], ws, static_cast<size_t>(rows[t].position) + 1,
+               Q + t * H * qk, G + t * H * vdim, ctx + t * H * vdim);
   matmul_chunk(compute, w.o_proj, ctx, n, out);
 }
 

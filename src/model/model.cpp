@@ -126,13 +126,46 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
     throw Error("context is full: " + std::to_string(n) + " more rows at position " +
                 std::to_string(state.position) + " exceed the context capacity of " +
                 std::to_string(state.capacity) + " positions");
+  Workspace& ws = state.work;
+  ws.reserve(config_, n);
+  for (size_t t = 0; t < n; ++t)
+    ws.sequence_rows[t] = SequenceRow{&state, state.position + static_cast<int64_t>(t)};
+  forward_rows(ws, state.stats, state.interrupt, x0, n, final_hidden, observer);
+  state.position += static_cast<int64_t>(n);
+}
+
+void Model::forward_batch(std::span<ModelState* const> states, Workspace& ws, StageStats& stats,
+                          const std::atomic<bool>* interrupt, const float* x0,
+                          float* final_hidden) const {
+  const size_t n = states.size();
+  for (size_t i = 0; i < n; ++i) {
+    const ModelState& s = *states[i];
+    if (s.position + 1 > s.capacity)
+      throw Error("context is full: sequence " + std::to_string(i) + " of the batch is at " +
+                  std::to_string(s.position) + " of its " + std::to_string(s.capacity) +
+                  " positions");
+    for (size_t j = 0; j < i; ++j)
+      if (states[j] == states[i])
+        throw Error("a batched step holds sequence " + std::to_string(j) + " twice (also as " +
+                    std::to_string(i) + "): each sequence gives one row");
+  }
+  ws.reserve(config_, n);
+  for (size_t i = 0; i < n; ++i) {
+    ws.init(config_, states[i]->capacity);  // MLA scores for the longest context
+    ws.sequence_rows[i] = SequenceRow{states[i], states[i]->position};
+  }
+  forward_rows(ws, stats, interrupt, x0, n, final_hidden, nullptr);
+  for (ModelState* s : states) ++s->position;
+}
+
+void Model::forward_rows(Workspace& ws, StageStats& stats, const std::atomic<bool>* interrupt,
+                         const float* x0, size_t n, float* final_hidden,
+                         ForwardObserver* observer) const {
   const size_t D = static_cast<size_t>(config_.hidden_size);
   const size_t NB = static_cast<size_t>(config_.num_blocks());
   const double eps = config_.rms_norm_eps;
   const int64_t L = num_layers();
-  Workspace& ws = state.work;
-  StageStats& stats = state.stats;
-  ws.reserve(config_, n);
+  const SequenceRow* seq_rows = ws.sequence_rows.data();
 
   size_t num_blocks = 0;               // blocks appended so far (the same for every row)
   float* partial = ws.partial.data();  // [n][hidden] running sum inside the current block
@@ -160,7 +193,7 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
   };
 
   for (int64_t l = 0; l < L; ++l) {
-    if (state.interrupt && state.interrupt->load(std::memory_order_relaxed)) throw Interrupted();
+    if (interrupt && interrupt->load(std::memory_order_relaxed)) throw Interrupted();
     const LayerWeights& lw = weights_.layers[static_cast<size_t>(l)];
     // Attention.
     if (num_blocks == 0)
@@ -178,12 +211,12 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
       rmsnorm(mixed + t * D, lw.input_norm.data(), D, eps, normed + t * D);
     if (lw.kda) {
       StageTimer timer(stats, Stage::kKda);
-      kda_forward(config_, compute_, *lw.kda, state.kda[static_cast<size_t>(l)], ws, normed, n,
+      kda_forward(config_, compute_, *lw.kda, static_cast<size_t>(l), seq_rows, ws, normed, n,
                   branch);
     } else {
       StageTimer timer(stats, Stage::kMla);
-      mla_forward(config_, compute_, *lw.mla, state.mla[static_cast<size_t>(l)], ws, state.position,
-                  normed, n, branch);
+      mla_forward(config_, compute_, *lw.mla, static_cast<size_t>(l), seq_rows, ws, normed, n,
+                  branch);
     }
     observe(l, ForwardObserver::Site::kAttnOut, branch);
     if (block_start)
@@ -216,7 +249,6 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
     std::copy(mixed, mixed + n * D, final_hidden);
   }
   observe(-1, ForwardObserver::Site::kFinalHidden, final_hidden);
-  state.position += static_cast<int64_t>(n);
 }
 
 NextMoe Model::next_moe(int64_t layer) const {
@@ -231,6 +263,18 @@ void Model::head(ModelState& state, const float* final_hidden, float* logits) co
   float* normed = state.work.head_normed.data();  // [hidden]
   rmsnorm(final_hidden, weights_.final_norm.data(), D, config_.rms_norm_eps, normed);
   matmul(*compute_.kernels, *weights_.lm_head, normed, 1, logits);
+}
+
+void Model::head_rows(Workspace& ws, StageStats& stats, const float* final_hidden, size_t n,
+                      float* logits) const {
+  StageTimer timer(stats, Stage::kHead);
+  const size_t D = static_cast<size_t>(config_.hidden_size);
+  ws.reserve(config_, n);
+  float* normed = ws.normed.data();  // [n][hidden], free once the walk is done
+  for (size_t t = 0; t < n; ++t)
+    rmsnorm(final_hidden + t * D, weights_.final_norm.data(), D, config_.rms_norm_eps,
+            normed + t * D);
+  matmul_chunk(compute_, *weights_.lm_head, normed, n, logits);
 }
 
 }  // namespace k3

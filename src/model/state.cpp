@@ -6,15 +6,10 @@ namespace k3 {
 
 ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_, size_t rows)
     : capacity(capacity_) {
-  const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t P = static_cast<size_t>(c.kda_projection_size());
   const size_t history = static_cast<size_t>(c.short_conv_kernel_size - 1);
   const size_t dk = static_cast<size_t>(c.kda_head_dim);
-  const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t kvr = static_cast<size_t>(c.kv_lora_rank);
-  const size_t E = static_cast<size_t>(c.num_experts);
-  const size_t K = static_cast<size_t>(c.num_experts_per_token);
-  const size_t blocks = static_cast<size_t>(c.num_blocks());
   kda.resize(static_cast<size_t>(num_layers));
   mla.resize(static_cast<size_t>(num_layers));
   for (size_t l = 0; l < static_cast<size_t>(num_layers); ++l) {
@@ -29,10 +24,23 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_,
                          0.0f);
     }
   }
-  Workspace& w = work;
+  work.init(c, capacity);
+  work.reserve(c, rows);
+}
+
+void Workspace::init(const K3Config& c, int64_t capacity) {
+  const size_t D = static_cast<size_t>(c.hidden_size);
+  const size_t dk = static_cast<size_t>(c.kda_head_dim);
+  const size_t H = static_cast<size_t>(c.num_attention_heads);
+  const size_t kvr = static_cast<size_t>(c.kv_lora_rank);
+  const size_t E = static_cast<size_t>(c.num_experts);
+  const size_t K = static_cast<size_t>(c.num_experts_per_token);
+  const size_t num_blocks = static_cast<size_t>(c.num_blocks());
+  Workspace& w = *this;
+  if (w.mla_scores.size() >= H * static_cast<size_t>(capacity) && !w.head_normed.empty()) return;
   w.embed_bytes.reserve(D * sizeof(float));
-  w.sources.assign(blocks + 1, nullptr);
-  w.mix_weights.assign(blocks + 1, 0.0f);
+  w.sources.assign(num_blocks + 1, nullptr);
+  w.mix_weights.assign(num_blocks + 1, 0.0f);
   w.kda_u.assign(static_cast<size_t>(c.kda_num_heads) * dk, 0.0f);
   w.mla_qabs.assign(H * kvr, 0.0f);
   w.mla_lat.assign(H * kvr, 0.0f);
@@ -46,7 +54,6 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_,
   w.predicted.ids.reserve(K);
   w.predicted.weights.reserve(K);
   w.head_normed.assign(D, 0.0f);
-  w.reserve(c, rows);
 }
 
 uint64_t ModelState::floats_per_position(const K3Config& c, int64_t num_layers) {
@@ -66,6 +73,7 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const size_t I = static_cast<size_t>(c.moe_intermediate_size);
   const size_t K = static_cast<size_t>(c.num_experts_per_token);
+  sequence_rows.resize(n);
   blocks.assign(n * static_cast<size_t>(c.num_blocks()) * D, 0.0f);
   for (auto* v : {&partial, &mixed, &normed, &branch, &moe_routed}) v->assign(n * D, 0.0f);
   for (auto* v : {&kda_q, &kda_k, &kda_v, &kda_gate, &kda_decay, &kda_out}) v->assign(n * P, 0.0f);

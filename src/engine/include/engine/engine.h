@@ -189,6 +189,8 @@ class Session {
   // Feeds one token (a chunk of one) and returns its logits (same lifetime rule). Allocates
   // nothing.
   const std::vector<float>& step(int64_t id);
+  // The logits of the last token fed (by prefill, step or a Batch step); empty before any.
+  const std::vector<float>& logits() const;
   SessionStats stats() const;
 
   int64_t position() const;
@@ -210,6 +212,41 @@ class Session {
 
   struct Impl;  // engine/internal.h
   const Impl& impl() const { return *impl_; }
+
+ private:
+  friend class Batch;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Batched decode: one forward pass feeds one token to each of several sessions of one engine, so
+// every dense matrix streams once per step and each distinct routed expert is read once for all
+// the rows that chose it; each row keeps its session's KDA state, MLA rows and position. Each
+// session's logits are bit-identical to a step() of that session alone, whatever the other rows
+// (docs/architecture.md §3.11). Sessions join and leave between steps freely. One thread at a time
+// per Batch and its sessions.
+class Batch {
+ public:
+  explicit Batch(const Engine& engine);
+  ~Batch();
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  // Feeds ids[i] to *sessions[i] (distinct sessions of this batch's engine); afterwards
+  // sessions[i]->logits() holds its logits. Throws k3::Error before anything runs when the sizes
+  // differ, an id is outside the vocabulary, a session is full, appears twice or belongs to
+  // another engine. The sessions' own interrupt flags are not polled (a cancelled session leaves
+  // the batch between steps; the others go on); the batch's flag (set_interrupt) throws
+  // Interrupted and leaves every session of the step part-advanced (restore saved states or
+  // reset, as after an interrupted prefill). Allocates nothing once a step of as many sessions
+  // has run.
+  void step(std::span<Session* const> sessions, std::span<const int64_t> ids);
+  // While set, every step polls `flag` before each layer (a shutdown). nullptr = off.
+  void set_interrupt(const std::atomic<bool>* flag);
+  // Stage times and expert applications of this batch's steps (a step applies each distinct
+  // expert once, for all its rows).
+  SessionStats stats() const;
+
+  struct Impl;  // engine/internal.h
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -4,6 +4,7 @@
 // src/engine/internal to their include path); never for the server or the apps.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,17 @@ struct Session::Impl {
   std::vector<float> x0;                      // [rows][hidden], optional
   int64_t chunk = 1;                          // tokens per prefill chunk
   std::vector<float> chunk_x0, chunk_hidden;  // [chunk][hidden] input rows and final hidden rows
+};
+
+struct Batch::Impl {
+  explicit Impl(const Engine& engine);
+  const Engine::Impl& engine;
+  Workspace work;                                // the pass's scratch ([sessions] rows)
+  StageStats stats;                              // of every step
+  const std::atomic<bool>* interrupt = nullptr;  // Batch::set_interrupt
+  std::vector<ModelState*> states;               // [sessions]
+  std::vector<float> x0, hidden;                 // [sessions][hidden] input and final hidden rows
+  std::vector<float> logits;                     // [sessions][vocab]
 };
 
 namespace internal {

@@ -19,10 +19,13 @@
 
 namespace k3 {
 
-// n rows X [n][hidden] of consecutive tokens (normalised inputs; n = 1 in decode); out:
-// [n][hidden]. Projections batched over the rows, conv windows and recurrence advanced token by
-// token; scratch in `work`. Every row bit-identical to n calls of one row.
+// n rows X [n][hidden] (normalised inputs); out: [n][hidden]. Row t advances the KDA state of
+// layer `layer` of rows[t].state: the rows of a chunk share one state (consecutive tokens, in
+// order), the rows of a batched decode step each have their own. Projections batched over the
+// rows, conv windows and recurrence advanced row by row; scratch in `work`. Every row
+// bit-identical to n calls of one row.
 void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& weights,
-                 KdaState& state, Workspace& work, const float* X, size_t n, float* out);
+                 size_t layer, const SequenceRow* rows, Workspace& work, const float* X, size_t n,
+                 float* out);
 
 }  // namespace k3

@@ -18,12 +18,14 @@
 
 namespace k3 {
 
-// n rows X [n][hidden] (normalised inputs) of the tokens at positions [position, position + n)
-// (n = 1 in decode); out: [n][hidden]. Projections batched, the n latent rows and rope keys
-// appended to `cache` first (it must hold position + n rows), then each row attends over the
-// positions up to its own. Every row bit-identical to n calls of one row.
+// n rows X [n][hidden] (normalised inputs); out: [n][hidden]. Row t is the token at position
+// rows[t].position of the sequence rows[t].state (a chunk: one sequence, consecutive positions; a
+// batched decode step: one row per sequence). Projections batched, every row's latent row and
+// rope key appended to its sequence's cache of layer `layer` first (it must hold the position),
+// then each row attends over its own sequence's positions up to its own. Every row bit-identical
+// to n calls of one row.
 void mla_forward(const K3Config& config, const Compute& compute, const MlaWeights& weights,
-                 MlaCache& cache, Workspace& work, int64_t position, const float* X, size_t n,
+                 size_t layer, const SequenceRow* rows, Workspace& work, const float* X, size_t n,
                  float* out);
 
 }  // namespace k3

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -107,10 +108,32 @@ class Model {
   void forward(ModelState& state, const float* x0, size_t n, float* final_hidden,
                ForwardObserver* observer) const;
 
+  // One decode step of several sequences in one pass: row i of x0 [n][hidden] (n =
+  // states.size()) is the next token of *states[i], at that sequence's position. The same walk as
+  // forward() over n rows (dense matrices stream once for all rows, each distinct routed expert
+  // is asked for once for the rows that chose it), with each row's KDA state, MLA rows and
+  // position its own sequence's; each row's final_hidden [n][hidden] is bit-identical to a
+  // forward() of that sequence alone. Scratch in `work` (grown once for n rows and the longest
+  // context), stage times to `stats`. Polls `interrupt` (not the sequences' own flags: one
+  // sequence's cancellation must not stop the others) before every layer; Interrupted leaves
+  // every sequence part-advanced. Advances every position by one. Throws k3::Error when a
+  // sequence is full or appears twice.
+  void forward_batch(std::span<ModelState* const> states, Workspace& work, StageStats& stats,
+                     const std::atomic<bool>* interrupt, const float* x0,
+                     float* final_hidden) const;
+
   // logits[vocab] = lm_head RMSNorm(final_hidden, model.norm). REQUIRES has_head().
   void head(ModelState& state, const float* final_hidden, float* logits) const;
+  // The head on n rows at once (lm_head streams once): logits [n][vocab], each row bit-identical
+  // to head() of that row. Scratch: work.normed (grown to n rows). REQUIRES has_head().
+  void head_rows(Workspace& work, StageStats& stats, const float* final_hidden, size_t n,
+                 float* logits) const;
 
  private:
+  // The layer walk of forward() and forward_batch() over the n rows of work.sequence_rows.
+  void forward_rows(Workspace& work, StageStats& stats, const std::atomic<bool>* interrupt,
+                    const float* x0, size_t n, float* final_hidden,
+                    ForwardObserver* observer) const;
   // The MoE layer after `layer` (whose experts a read-ahead guesses), or none.
   NextMoe next_moe(int64_t layer) const;
 

@@ -38,6 +38,15 @@ struct RoutingResult {
 // is still being read (at least; a pass of more rows keeps as many as it has rows).
 constexpr size_t kMoeAheadRows = 64;
 
+struct ModelState;
+
+// One row of a forward pass: the sequence it belongs to and its position there. A chunk's rows
+// are one sequence at consecutive positions; a batched decode step's rows are one per sequence.
+struct SequenceRow {
+  ModelState* state = nullptr;
+  int64_t position = 0;
+};
+
 struct MoePick {
   int64_t expert;
   size_t row;
@@ -49,7 +58,8 @@ struct MoePick {
 // per-token scratch of the sequential parts. Grown by reserve() for a larger pass and reused, so a
 // decode step (one row) allocates nothing.
 struct Workspace {
-  size_t rows = 0;  // rows the per-row buffers hold
+  size_t rows = 0;                         // rows the per-row buffers hold
+  std::vector<SequenceRow> sequence_rows;  // [rows] whose row each one of a pass is
   // Stack walk.
   std::vector<uint8_t> embed_bytes;  // [hidden * stored element size] the embedding row as stored
   std::vector<float> blocks;         // [rows][num_blocks][hidden]
@@ -111,6 +121,9 @@ struct Workspace {
   // Head.
   std::vector<float> head_normed;  // [hidden]
 
+  // Sizes the per-token scratch for sequences of up to `capacity` positions (MLA scores); a
+  // larger capacity later grows it.
+  void init(const K3Config& config, int64_t capacity);
   // Sizes every per-row buffer for `rows` rows of `config` (no-op when already that large).
   void reserve(const K3Config& config, size_t rows);
 };
