@@ -19,7 +19,6 @@
 
 #include "engine/engine.h"
 #include "kernels/isa.h"
-#include "synth_lib.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -192,11 +191,7 @@ class BatchedSynth : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("batch-synth");
-    k3::synth::SynthSpec spec = k3::synth::preset_spec("tiny");
-    k3::synth::apply_overrides(&spec, -1, 64);
-    spec.seed = 5;
-    spec.progress = false;
-    k3::synth::write_checkpoint(spec, dir_->path());
+    k3::testing::write_tiny_synth(dir_->path(), 64, 5);
   }
   static void TearDownTestSuite() { delete dir_; }
   static TempDir* dir_;

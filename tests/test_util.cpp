@@ -11,6 +11,7 @@
 
 #include "io/file.h"
 #include "io/model_files.h"
+#include "synth_lib.h"
 
 namespace k3::testing {
 
@@ -117,6 +118,14 @@ void check_twin_isa(Isa isa) {
   if (!why.empty())
     GTEST_SKIP() << "ISA " << isa_name(isa) << ": " << why << ", its twin tests did not run";
   EXPECT_EQ(kernel_table(isa).isa, isa) << isa_name(isa);
+}
+
+void write_tiny_synth(const std::string& dir, int64_t experts, uint64_t seed) {
+  synth::SynthSpec spec = synth::preset_spec("tiny");
+  synth::apply_overrides(&spec, -1, experts);
+  spec.seed = seed;
+  spec.progress = false;
+  synth::write_checkpoint(spec, dir);
 }
 
 void select_lavapipe() {

@@ -183,6 +183,11 @@ std::string isa_left_out(Isa isa);
 void check_twin_isa(Isa isa);
 bool twin_isa_tests_defined();  // K3_TWIN_ISA_TESTS' registration (see twin_isas)
 
+// Writes the tiny synthetic checkpoint (tools/synth_lib.h, preset "tiny") with `experts` routed
+// experts per layer and the given seed into `dir`: rows of a chunk or a batch share some experts
+// and not others.
+void write_tiny_synth(const std::string& dir, int64_t experts = 64, uint64_t seed = 1);
+
 // Points VK_ICD_FILENAMES at Mesa's lavapipe (K3_LAVAPIPE_ICD, found by tests/CMakeLists.txt)
 // and XDG_RUNTIME_DIR at the build folder, unless the environment names them already (a real
 // GPU's driver, on a machine that has one). The Vulkan tests call it before main:
