@@ -551,7 +551,9 @@ const std::vector<OptionRow>& option_rows() {
        "the reasoning field's name in responses",
        choice(FIELD(serve.reasoning_field), {"reasoning_content", "reasoning", "both"})},
       {"--ckpt", "COLI_K3_CKPT", Group::kServer, kServe | kChatApp,
-       "recurrent-state checkpoints for prefix reuse (auto = 2 in RAM when memory allows)",
+       "recurrent-state checkpoints for prefix reuse (auto = 2: on disk with --ckpt-dir, else in "
+       "RAM "
+       "when memory allows)",
        auto_or_int(FIELD(serve.ckpt_slots), 0, 8)},
       {"--ckpt-dir", "COLI_K3_CKPT_DIR", Group::kServer, kServe | kChatApp,
        "keep the checkpoints in this directory (0700, files 0600) instead of RAM",
