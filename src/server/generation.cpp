@@ -78,6 +78,23 @@ void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {
 
 namespace {
 
+// The pace of the client-gone check while a generation runs: every 100 ms whether or not events
+// arrive (prefill progress every 32 tokens would starve a check made only after an idle 100 ms
+// wait), and never after the last event (drain_until_done would wait for a done already taken).
+class GoneCheck {
+ public:
+  bool due(bool got, const ServiceEvent& e) {
+    if (got && (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error))
+      return false;
+    if (Clock::now() - last_ < std::chrono::milliseconds(100)) return false;
+    last_ = Clock::now();
+    return true;
+  }
+
+ private:
+  Clock::time_point last_ = Clock::now();
+};
+
 // Waits for the worker's acceptance; a hung-up client, a queue timeout or an error ends it.
 // Returns true with `accepted` filled, or false with `res` set (or the client gone).
 bool await_acceptance(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
@@ -178,21 +195,14 @@ std::shared_ptr<RequestHandle> admit_chat(const HandlerContext& c, const ChatReq
 bool collect(const HandlerContext& c, const std::shared_ptr<RequestHandle>& handle,
              const HttpRequest& req, HttpResponse& res, ChatResult& result) {
   ServiceEvent e;
-  // The client is checked at least every 100 ms, also while prefill progress events keep the
-  // queue busy.
-  auto last_gone_check = Clock::now();
+  GoneCheck gone_check;
   for (;;) {
     const bool got = handle->next(e, std::chrono::milliseconds(100));
-    const bool last =
-        got && (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error);
-    if (!last && Clock::now() - last_gone_check >= std::chrono::milliseconds(100)) {
-      last_gone_check = Clock::now();
-      if (gone(req)) {
-        c.service.cancel(handle);
-        drain_until_done(handle);
-        res.status = 499;
-        return false;
-      }
+    if (gone_check.due(got, e) && gone(req)) {
+      c.service.cancel(handle);
+      drain_until_done(handle);
+      res.status = 499;
+      return false;
     }
     if (!got) continue;
     switch (e.kind) {
@@ -254,20 +264,11 @@ void serve_sse(const HandlerContext& c, const HttpRequest& req, HttpResponse& re
     for (const SseFrame& f : first)
       if (!send(f)) return give_up();
     auto last_write = Clock::now();
-    // A client that left is noticed within 100 ms even while events keep coming without a
-    // frame to write (prefill progress every 32 tokens).
-    auto last_gone_check = Clock::now();
-    const auto gone_check_due = [&] {
-      if (Clock::now() - last_gone_check < std::chrono::milliseconds(100)) return false;
-      last_gone_check = Clock::now();
-      return true;
-    };
+    GoneCheck gone_check;
     ServiceEvent e;
     for (;;) {
       const bool got = handle->next(e, std::chrono::milliseconds(100));
-      const bool last =
-          got && (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error);
-      if (!last && client_gone && gone_check_due() && client_gone()) return give_up();
+      if (client_gone && gone_check.due(got, e) && client_gone()) return give_up();
       if (!got) {
         if (ping_s > 0 && Clock::now() - last_write > std::chrono::duration<double>(ping_s)) {
           if (!sink.write(style.ping)) return give_up();
