@@ -855,6 +855,20 @@ class Chat {
             budget_text(used, s.context_capacity) + " · conversation " +
             std::to_string(history_.size()) + " messages",
     };
+    if (s.device.on) {
+      const k3::DeviceStats& d = s.device;
+      char line[320];
+      std::snprintf(
+          line, sizeof line,
+          "device %s%s · %llu of %llu routed pairs (%.0f%%) · residents %llu/%llu · "
+          "uploads %llu, evictions %llu · join wait ",
+          d.device.c_str(), d.off ? " (off: lost)" : "",
+          static_cast<unsigned long long>(d.pairs_served),
+          static_cast<unsigned long long>(d.pairs_total), 100.0 * d.served_share(),
+          static_cast<unsigned long long>(d.residents), static_cast<unsigned long long>(d.budget),
+          static_cast<unsigned long long>(d.uploads), static_cast<unsigned long long>(d.evictions));
+      lines.push_back(line + seconds_text(d.join_wait_seconds));
+    }
     screen_.end_line();
     for (const std::string& l : lines) screen_.line(screen_.dim(l));
   }

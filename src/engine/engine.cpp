@@ -190,24 +190,53 @@ std::string Engine::describe_experts() const {
   return buf;
 }
 
-std::string Engine::describe_device() const {
+DeviceStats DeviceStats::since(const DeviceStats& before) const {
+  DeviceStats d = *this;
+  d.pairs_served -= before.pairs_served;
+  d.pairs_total -= before.pairs_total;
+  d.uploads -= before.uploads;
+  d.evictions -= before.evictions;
+  d.refused -= before.refused;
+  d.skipped -= before.skipped;
+  d.join_wait_seconds -= before.join_wait_seconds;
+  return d;
+}
+
+DeviceStats Engine::device_stats() const {
+  DeviceStats d;
   const VkTier* tier = impl_->model->vk_tier();
-  if (!tier) return "";
+  if (!tier) return d;
   const VkTierStats s = tier->stats();
-  char buf[400];
+  d.on = true;
+  d.device = s.device;
+  d.off = s.off;
+  d.pairs_served = s.pairs_served;
+  d.pairs_total = s.pairs_total;
+  d.residents = s.residents;
+  d.budget = s.budget;
+  d.uploads = s.uploads;
+  d.evictions = s.evictions;
+  d.refused = s.refused;
+  d.skipped = s.skipped;
+  d.join_wait_seconds = s.join_wait_seconds;
+  return d;
+}
+
+std::string Engine::describe_device() const {
+  const DeviceStats s = device_stats();
+  if (!s.on) return "";
+  char buf[512];
   std::snprintf(
       buf, sizeof buf,
       "[VK] %s%s | %llu of %llu routed pairs on the device (%.1f%%) | residents %llu / "
-      "%llu | uploads %llu, evictions %llu, refused %llu, skipped %llu",
+      "%llu | uploads %llu, evictions %llu, refused %llu, skipped %llu | join wait %.2f s",
       s.device.c_str(), s.off ? " (off: the device was lost)" : "",
       static_cast<unsigned long long>(s.pairs_served),
-      static_cast<unsigned long long>(s.pairs_total),
-      s.pairs_total
-          ? 100.0 * static_cast<double>(s.pairs_served) / static_cast<double>(s.pairs_total)
-          : 0.0,
+      static_cast<unsigned long long>(s.pairs_total), 100.0 * s.served_share(),
       static_cast<unsigned long long>(s.residents), static_cast<unsigned long long>(s.budget),
       static_cast<unsigned long long>(s.uploads), static_cast<unsigned long long>(s.evictions),
-      static_cast<unsigned long long>(s.refused), static_cast<unsigned long long>(s.skipped));
+      static_cast<unsigned long long>(s.refused), static_cast<unsigned long long>(s.skipped),
+      s.join_wait_seconds);
   return buf;
 }
 

@@ -364,7 +364,10 @@ ServiceStats EngineService::stats() const {
   if (s.state == ServiceStats::State::loading) s.load_elapsed_s = now_seconds() - load_started_;
   s.active = active_ ? 1 : 0;
   s.queued = queue_.size();
-  if (const Engine* e = engine()) s.experts = e->expert_stats();
+  if (const Engine* e = engine()) {
+    s.experts = e->expert_stats();
+    s.device = e->device_stats();
+  }
   return s;
 }
 
@@ -556,6 +559,7 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
   GenerationStats stats;
   stats.prompt_tokens = n;
   stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
+  stats.device = engine_->device_stats();  // end_generation() turns it into this turn's share
   auto set_phase = [&](const char* phase) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.phase = phase;
@@ -708,6 +712,7 @@ void EngineService::end_generation(RequestHandle& handle, GenerationStats& stats
   const ServiceRequest& req = handle.request_;
   const int64_t n = static_cast<int64_t>(req.prompt.size());
   stats.decode_ms = result.decode_seconds * 1e3;
+  stats.device = engine_->device_stats().since(stats.device);
   // The end of the reply, unless that would evict the anchor checkpoint: with 2 slots and an
   // anchor, the anchor (an edited or regenerated last message) and the prompt's end (a follow-up)
   // are kept; the reply's end is the live record, checkpointed when the next request extends it.

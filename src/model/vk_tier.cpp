@@ -1,6 +1,7 @@
 #include "model/vk_tier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "model/state.h"
@@ -195,7 +196,11 @@ bool VkTier::finish(const MoeStep& step, std::span<const GroupOwner> owner, Grou
                     PairSink& sink) {
   if (claimed_.empty()) return true;
   const bool lost = inject_loss_.exchange(false);
-  if (!device_->join(out_.data()) || lost) {
+  const auto wait_start = std::chrono::steady_clock::now();
+  const bool joined = device_->join(out_.data());
+  stats_.join_wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  if (!joined || lost) {
     claimed_.clear();
     turn_off("the device was lost (" + device_->name() + ")");
     return false;

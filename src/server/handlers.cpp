@@ -178,6 +178,17 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
              {"checkpoints",
               json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
     body["memory"] = json{{"rss_gb", static_cast<double>(current_rss_bytes()) / 1e9}};
+    if (s.device.on)
+      body["device"] = json{{"name", s.device.device},
+                            {"off", s.device.off},
+                            {"pairs_served", s.device.pairs_served},
+                            {"pairs_total", s.device.pairs_total},
+                            {"served_share", s.device.served_share()},
+                            {"residents", s.device.residents},
+                            {"budget", s.device.budget},
+                            {"uploads", s.device.uploads},
+                            {"evictions", s.device.evictions},
+                            {"join_wait_s", s.device.join_wait_seconds}};
     if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
   }
@@ -354,6 +365,24 @@ HttpResponse apply_template(const HandlerContext& c, const HttpRequest& req) {
   return res;
 }
 
+namespace {
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string prom_label(std::string_view value) {
+  std::string out;
+  for (char ch : value) {
+    if (ch == '\\' || ch == '"') out += '\\';
+    if (ch == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string metrics_text(const ServiceStats& s,
                          const std::vector<std::pair<std::string, int64_t>>& requests) {
   std::ostringstream o;
@@ -429,6 +458,30 @@ std::string metrics_text(const ServiceStats& s,
   metric("k3_expert_prefetch_recall", "gauge",
          "selections the read-ahead predicted / selections of predicted layers",
          s.experts.recall());
+  if (s.device.on) {
+    // The Vulkan expert tier (docs/vulkan.md §7); absent when it is not on.
+    o << "# HELP k3_device_info the Vulkan device serving routed experts (off: it was lost)\n"
+      << "# TYPE k3_device_info gauge\nk3_device_info{device=\"" << prom_label(s.device.device)
+      << "\",off=\"" << (s.device.off ? 1 : 0) << "\"} 1\n";
+    metric("k3_device_pairs_served_total", "counter",
+           "routed (row, expert) pairs computed on the device",
+           static_cast<double>(s.device.pairs_served));
+    metric("k3_device_pairs_total", "counter", "routed (row, expert) pairs of every MoE step",
+           static_cast<double>(s.device.pairs_total));
+    metric("k3_device_served_share", "gauge", "pairs served on the device / routed pairs",
+           s.device.served_share());
+    metric("k3_device_residents", "gauge", "experts resident on the device",
+           static_cast<double>(s.device.residents));
+    metric("k3_device_budget_experts", "gauge", "experts the device budget holds",
+           static_cast<double>(s.device.budget));
+    metric("k3_device_uploads_total", "counter", "experts uploaded to the device",
+           static_cast<double>(s.device.uploads));
+    metric("k3_device_evictions_total", "counter", "residents evicted for a hotter expert",
+           static_cast<double>(s.device.evictions));
+    metric("k3_device_join_wait_seconds_total", "counter",
+           "seconds the compute thread waited for the device's batches",
+           s.device.join_wait_seconds);
+  }
   metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
   metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
   return o.str();

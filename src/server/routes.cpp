@@ -414,6 +414,21 @@ std::string Router::log_line(std::string_view method, std::string_view path, int
         static_cast<long long>(stats->completion_tokens), stats->queue_wait_ms + stats->prefill_ms,
         tok_s, finish_reason_name(stats->finish));
     line += figures;
+    if (stats->device.on) {
+      // The Vulkan tier's share of this turn (docs/vulkan.md §7).
+      const DeviceStats& d = stats->device;
+      char device[256];
+      std::snprintf(
+          device, sizeof device,
+          "\n[VK] %s | %llu of %llu routed pairs on the device (%.1f%%) | residents "
+          "%llu / %llu | uploads %llu, evictions %llu | join wait %.0f ms%s",
+          request_id.c_str(), static_cast<unsigned long long>(d.pairs_served),
+          static_cast<unsigned long long>(d.pairs_total), 100.0 * d.served_share(),
+          static_cast<unsigned long long>(d.residents), static_cast<unsigned long long>(d.budget),
+          static_cast<unsigned long long>(d.uploads), static_cast<unsigned long long>(d.evictions),
+          1e3 * d.join_wait_seconds, d.off ? " | off: the device was lost" : "");
+      line += device;
+    }
   }
   return line + "\n";
 }

@@ -1166,6 +1166,34 @@ await check('abort.during_prefill_then_cold', async () => {
   eq(r.usage.prompt_tokens, cold.usage.prompt_tokens, 'prompt_tokens');
 });
 
+// The Vulkan expert tier's figures (docs/vulkan.md §7): with COLI_VULKAN=1 (ctest Serve.VulkanTier,
+// on lavapipe) /health, /metrics and the request's log line report the device and a non-zero share
+// of routed pairs served there (a silent fallback to the CPU fails); without it none of them
+// mentions a device.
+await check('device.tier_figures_in_health_metrics_and_log', async () => {
+  const s = await mainSrv();
+  const r = await request(s, { method: 'POST', path: '/v1/chat/completions', body: req([user('Count to five.')], { ...OFF, max_tokens: 8 }) });
+  eq(r.status, 200, 'chat');
+  const id = r.headers['x-request-id'];
+  assert(id, 'x-request-id header');
+  const health = await healthJson(s);
+  const page = (await request(s, { path: '/metrics' })).text;
+  if (process.env.COLI_VULKAN === '1') {
+    assert(health.device && typeof health.device.name === 'string', () => `/health.device: ${show(health)}`);
+    assert(health.device.pairs_served > 0 && !health.device.off, () => `/health.device served nothing: ${show(health.device)}`);
+    assert(health.device.residents > 0 && health.device.residents <= health.device.budget, () => `residents: ${show(health.device)}`);
+    assert(await metric(s, 'k3_device_pairs_served_total') > 0, 'k3_device_pairs_served_total');
+    assert(/^k3_device_info\{device="[^"]+",off="0"\} 1$/m.test(page), () => `k3_device_info: ${show(page, 400)}`);
+    const line = new RegExp(`^\\[VK\\] ${id} \\| (\\d+) of (\\d+) routed pairs on the device`, 'm');
+    const m = await waitUntil('the [VK] line of the request', async () => s.err.match(line), (v) => v);
+    assert(Number(m[1]) > 0 && Number(m[1]) <= Number(m[2]), () => `[VK] line: ${m[0]}`);
+  } else {
+    eq(health.device, undefined, '/health.device without the tier');
+    assert(!/^k3_device_/m.test(page), 'no k3_device_ metric without the tier');
+    assert(!/^\[VK\]/m.test(s.err), 'no [VK] line without the tier');
+  }
+});
+
 // =============================================================================================
 // Scheduler: FIFO, queue limit (4.7)
 // =============================================================================================

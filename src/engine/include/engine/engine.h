@@ -88,6 +88,24 @@ struct ExpertStats {
   }
 };
 
+// The Vulkan expert tier's counters since load (docs/vulkan.md §7); on is false when the tier
+// is not on (COLI_VULKAN).
+struct DeviceStats {
+  bool on = false;
+  std::string device;                  // "llvmpipe (LLVM 15.0.6, 256 bits)"
+  bool off = false;                    // turned off after the device was lost
+  uint64_t pairs_served = 0;           // routed (row, expert) pairs computed on the device
+  uint64_t pairs_total = 0;            // routed pairs of every MoE step
+  uint64_t residents = 0, budget = 0;  // experts resident / the budget in experts
+  uint64_t uploads = 0, evictions = 0, refused = 0, skipped = 0;
+  double join_wait_seconds = 0;  // the compute thread waiting for the device's batches
+  double served_share() const {
+    return pairs_total ? static_cast<double>(pairs_served) / static_cast<double>(pairs_total) : 0;
+  }
+  // The counters since `before` (residents and budget as now): one request's or run's share.
+  DeviceStats since(const DeviceStats& before) const;
+};
+
 class Engine {
  public:
   // Opens the model directory and loads the resident weights. Throws k3::Error; a load stopped
@@ -116,6 +134,7 @@ class Engine {
   // 512 | uploads 108, evictions 0, refused 0, skipped 0": the Vulkan tier's counters since load
   // (docs/vulkan.md §5); "" when the tier is not on (COLI_VULKAN).
   std::string describe_device() const;
+  DeviceStats device_stats() const;
   ExpertStats expert_stats() const;
   // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
   // directory allows; notes on stderr when it cannot. Never throws. Call at exit.

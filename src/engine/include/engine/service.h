@@ -91,6 +91,7 @@ struct GenerationStats {
   int64_t restored_at = -1;  // checkpoint position, -1 when none was restored
   double queue_wait_ms = 0, prefill_ms = 0, decode_ms = 0;
   int tool_calls = 0;
+  DeviceStats device;  // the Vulkan tier's counters during this request (device.on: the tier is on)
 };
 
 // Why the service failed a request (the server maps each to an HTTP status and error code).
@@ -197,6 +198,7 @@ struct ServiceStats {
   CheckpointCounters ckpt;
   double active_started = 0;  // now_seconds() of the active request's acceptance
   ExpertStats experts;        // the routed-expert cache's counters (zero while loading)
+  DeviceStats device;         // the Vulkan tier's counters (device.on false when it is off)
 };
 
 class EngineService {

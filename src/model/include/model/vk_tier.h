@@ -48,6 +48,7 @@ struct VkTierStats {
   uint64_t skipped = 0;                // promotions left out by the rate limit
   uint64_t residents = 0, budget = 0;  // experts resident / the budget in experts
   bool off = false;                    // turned off (device lost)
+  double join_wait_seconds = 0;        // finish() waiting for the device's batch
   uint64_t validation_errors = 0;      // VulkanOptions::validation: the layer's errors
 };
 
