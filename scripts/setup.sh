@@ -7,7 +7,8 @@
 #   scripts/setup.sh --test   also the tests' and benchmarks' packages (`make build`, `make test`):
 #                             GoogleTest, Google Benchmark, numpy, clang-format, Chromium, tmux, Node.js,
 #                             Mesa's Vulkan drivers (lavapipe, the CPU device the Vulkan tests run on),
-#                             vulkaninfo and the Khronos validation layers
+#                             vulkaninfo, the Khronos validation layers, and PCRE2 (the reference
+#                             matcher of the grammar tests)
 #   scripts/setup.sh --train  also the training tool's packages (tools/train/README.md): Debian's
 #                             torch, OpenBLAS behind its BLAS calls (the reference BLAS it would
 #                             otherwise get runs matmuls ~4x slower) and jemalloc (training
@@ -16,7 +17,7 @@ set -euo pipefail
 packages=(g++ cmake make pkg-config liburing-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
           libreadline-dev glslc libvulkan-dev)
 test_packages=(libgtest-dev libgmock-dev libbenchmark-dev python3-numpy clang-format chromium tmux
-               mesa-vulkan-drivers vulkan-tools vulkan-validationlayers)
+               mesa-vulkan-drivers vulkan-tools vulkan-validationlayers libpcre2-dev)
 tests=0
 case "${1:-}" in
   "") ;;
