@@ -13,6 +13,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -21,11 +23,14 @@
 #include <vector>
 
 #include "apps/stop_signals.h"
+#include "engine/constraint.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/service.h"
 #include "engine/trace.h"
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
 #include "options/options.h"
 #include "text/output_parser.h"
 #include "text/prompt.h"
@@ -331,6 +336,33 @@ int run(int argc, char** argv) {
         "no prompt: pass a text prompt after the model directory (or -p \"text\"), --chat "
         "\"question\" or --ids 1,2,3");
   if (opt.runtime.threads > 0) omp_set_num_threads(opt.runtime.threads);
+  // Structured output: the grammar is read and checked before the weights load.
+  std::optional<k3::ConstraintSpec> constraint_spec;
+  if (!opt.text.json_schema.empty() || !opt.text.grammar.empty()) {
+    if (!opt.text.json_schema.empty() && !opt.text.grammar.empty())
+      throw k3::Error("give --json-schema or --grammar, not both");
+    if (ids_run) throw k3::Error("--json-schema / --grammar need a text or --chat prompt");
+    const bool schema = !opt.text.json_schema.empty();
+    const std::string& file = schema ? opt.text.json_schema : opt.text.grammar;
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw k3::Error(file + ": cannot read the " + (schema ? "JSON Schema" : "grammar"));
+    const std::string source((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+    k3::ConstraintSpec spec;
+    try {
+      if (schema) {
+        spec.gbnf = k3::grammar::json_schema_to_gbnf(source);
+      } else {
+        k3::grammar::Grammar::parse(source);
+        spec.gbnf = source;
+      }
+    } catch (const std::exception& e) {
+      throw k3::Error(file + ": " + e.what());
+    }
+    spec.raw = !chat;
+    spec.answer_open = chat && !opt.text.think;
+    constraint_spec = std::move(spec);
+  }
 
   // The prompt is tokenized and checked against the context before any weight is read.
   std::vector<int64_t> prompt;
@@ -386,6 +418,13 @@ int run(int argc, char** argv) {
           ? opt.sampling.seed
           : static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   k3::Sampler sampler(opt.sampling, seed);
+  std::unique_ptr<k3::OutputConstraint> constraint;
+  if (constraint_spec) {
+    auto made = k3::OutputConstraint::create(engine, *constraint_spec);
+    if (!made.ok()) throw k3::Error(made.status().message());
+    constraint = std::move(made).value();
+    sampler.set_constraint(constraint.get());
+  }
   k3::GenerateSettings settings;
   settings.max_new_tokens = opt.ngen;
   settings.stop_ids = k3::stop_ids(engine);
@@ -436,6 +475,13 @@ int run(int argc, char** argv) {
                opt.sampling.temperature > 0 ? (" | seed " + std::to_string(seed)).c_str() : "");
   if (const std::string device = engine.describe_device(); !device.empty())
     std::fprintf(stderr, "%s\n", device.c_str());
+  if (constraint)
+    std::fprintf(stderr, "grammar: %llu masks, %.1f us each, %zu states%s\n",
+                 static_cast<unsigned long long>(constraint->masks()),
+                 constraint->masks()
+                     ? 1e6 * constraint->mask_seconds() / static_cast<double>(constraint->masks())
+                     : 0.0,
+                 constraint->states(), constraint->complete() ? "" : " (the answer was cut)");
   engine.save_history();
   return g_stop.load() ? stopped_status() : 0;
 }

@@ -3,6 +3,8 @@
 // matcher) on random strings, token masks against a brute-force walk, and JSON Schema grammars
 // on valid and invalid instances.
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include "grammar/grammar.h"
+
 #include <gtest/gtest.h>
 #include <pcre2.h>
 
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 
@@ -123,16 +124,21 @@ TEST(Gbnf, AgreesWithPcre2OnRandomStrings) {
        R"((?<e>(?<t>[0-9]+|\((?&e)\))(\+(?&t))*))",
        {"1", "2", "+", "(", ")"}},
       {"root ::= \"a\"{2,4} \"b\"? [c-e]{0,2}", "a{2,4}b?[c-e]{0,2}", {"a", "b", "c", "e", "f"}},
-      {"root ::= [^a-c\\x00-\\x1F]* \"z\"", "[^a-c\\x00-\\x1F]*z", {"a", "d", "z", "é", "€", "😀", "\x01"}},
+      {"root ::= [^a-c\\x00-\\x1F]* \"z\"",
+       "[^a-c\\x00-\\x1F]*z",
+       {"a", "d", "z", "é", "€", "😀", "\x01"}},
       {"root ::= (\"ab\" | \"a\") (\"bc\" | \"c\")", "(ab|a)(bc|c)", {"a", "b", "c"}},
       {"root ::= . . \"!\"", "..!", {"x", "é", "😀", "!", "\n"}},
       {"root ::= x y\nx ::= \"é\"* \ny ::= [α-ω]+ | \"\"", "é*[α-ω]*", {"é", "α", "ω", "a", "β"}},
       {"root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= root | \"0\"",
        R"((?<r>\[((?<i>(?&r)|0)(,(?&i))*)?\]))",
        {"[", "]", ",", "0"}},
-      {"root ::= \"\\\"\" ([^\"\\\\] | \"\\\\\" [\"\\\\n])* \"\\\"\"", R"("([^"\\]|\\["\\n])*")",
+      {"root ::= \"\\\"\" ([^\"\\\\] | \"\\\\\" [\"\\\\n])* \"\\\"\"",
+       R"("([^"\\]|\\["\\n])*")",
        {"\"", "\\", "n", "a"}},
-      {"root ::= [a-z]{3} | [0-9]{1,} \".\" [0-9]{2}", "[a-z]{3}|[0-9]+\\.[0-9]{2}", {"a", "q", "1", ".", "9"}},
+      {"root ::= [a-z]{3} | [0-9]{1,} \".\" [0-9]{2}",
+       "[a-z]{3}|[0-9]+\\.[0-9]{2}",
+       {"a", "q", "1", ".", "9"}},
   };
   std::mt19937_64 rng(20261203);
   for (const Pair& p : pairs) {
@@ -144,7 +150,8 @@ TEST(Gbnf, AgreesWithPcre2OnRandomStrings) {
       const size_t len = rng() % 11;
       for (size_t i = 0; i < len; ++i) s += p.alphabet[rng() % p.alphabet.size()];
       const bool ours = full_match(g, s), theirs = re.full_match(s);
-      ASSERT_EQ(ours, theirs) << "grammar:\n" << p.gbnf << "\npattern: " << p.pcre << "\ntext: " << s;
+      ASSERT_EQ(ours, theirs) << "grammar:\n"
+                              << p.gbnf << "\npattern: " << p.pcre << "\ntext: " << s;
       accepted += ours;
     }
     EXPECT_GT(accepted, 20) << p.gbnf << ": too few random strings match to compare";
@@ -154,13 +161,12 @@ TEST(Gbnf, AgreesWithPcre2OnRandomStrings) {
 // A token is allowed exactly when its bytes can be matched from the state; a `<[id]>` terminal
 // allows that special id and no text spelling it.
 TEST(Matcher, TokenMaskEqualsABruteForceWalk) {
-  const std::vector<std::string> extra = {"ab", "abc", "\"ab", "ba", "a\"", "{\"", "\":", "<|end|>",
-                                          "xyz", "é", "\xC3", "\xA9z", "}", "},"};
+  const std::vector<std::string> extra = {"ab",      "abc", "\"ab", "ba",   "a\"",   "{\"", "\":",
+                                          "<|end|>", "xyz", "é",    "\xC3", "\xA9z", "}",   "},"};
   std::vector<bool> special(extra.size(), false);
   special[7] = true;  // "<|end|>" is id 263
   const auto vocab = byte_vocab(extra, special);
-  const auto g = compile(
-      "root ::= \"{\" (\"\\\"\" [a-c]* \"\\\"\" \":\" [a-z]+)? \"}\" <[263]>\n");
+  const auto g = compile("root ::= \"{\" (\"\\\"\" [a-c]* \"\\\"\" \":\" [a-z]+)? \"}\" <[263]>\n");
   Matcher m(g, vocab);
   std::mt19937_64 rng(7);
   std::string history;  // the bytes accepted so far (the special is last when it comes)
@@ -188,7 +194,6 @@ TEST(Matcher, TokenMaskEqualsABruteForceWalk) {
   }
 }
 
-
 std::shared_ptr<const Grammar> schema(const std::string& json_schema) {
   return compile(k3::grammar::json_schema_to_gbnf(json_schema));
 }
@@ -202,7 +207,8 @@ TEST(JsonSchema, AcceptsValidAndRefusesInvalidInstances) {
   const std::vector<Case> cases = {
       {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["a"],"additionalProperties":false})",
        {R"({"a":1})", R"({"a":-20,"b":"x"})", R"({"a":0,"b":""})"},
-       {R"({})", R"({"b":"x"})", R"({"b":"x","a":1})", R"({"a":1,"c":2})", R"({"a":01})", R"({ "a":1})"}},
+       {R"({})", R"({"b":"x"})", R"({"b":"x","a":1})", R"({"a":1,"c":2})", R"({"a":01})",
+        R"({ "a":1})"}},
       {R"({"type":"array","items":{"enum":["x",1,null]},"minItems":1,"maxItems":3})",
        {R"(["x"])", R"([1,null,"x"])"},
        {R"([])", R"(["y"])", R"([1,1,1,1])"}},
@@ -215,6 +221,9 @@ TEST(JsonSchema, AcceptsValidAndRefusesInvalidInstances) {
       {R"({"type":"integer","minimum":-5,"exclusiveMaximum":120})",
        {"-5", "0", "7", "99", "119"},
        {"-6", "120", "1000", "-0", "05"}},
+      {R"({"type":"integer","minimum":100,"maximum":215})",
+       {"100", "150", "199", "200", "211", "215"},
+       {"99", "216", "300", "1000", "-100"}},
       {R"({"type":"integer","minimum":17})",
        {"17", "99", "100", "123456"},
        {"16", "9", "-17", "0"}},
@@ -224,9 +233,7 @@ TEST(JsonSchema, AcceptsValidAndRefusesInvalidInstances) {
       {R"({"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"})",
        {R"("AB-123")"},
        {R"("AB-12")", R"("ab-123")", R"("AB-1234")"}},
-      {R"({"type":"string","pattern":"b+"})",
-       {R"("b")", R"("abbc")"},
-       {R"("ac")"}},
+      {R"({"type":"string","pattern":"b+"})", {R"("b")", R"("abbc")"}, {R"("ac")"}},
       {R"({"type":"string","format":"date"})",
        {R"("2026-12-03")", R"("2024-02-28")"},
        {R"("2026-13-01")", R"("2026-04-31")", R"("26-12-03")"}},
@@ -253,8 +260,10 @@ TEST(JsonSchema, AcceptsValidAndRefusesInvalidInstances) {
       ADD_FAILURE() << c.schema << ": " << e.what();
       continue;
     }
-    for (const std::string& v : c.good) EXPECT_TRUE(full_match(g, v)) << c.schema << " should accept " << v;
-    for (const std::string& v : c.bad) EXPECT_FALSE(full_match(g, v)) << c.schema << " should refuse " << v;
+    for (const std::string& v : c.good)
+      EXPECT_TRUE(full_match(g, v)) << c.schema << " should accept " << v;
+    for (const std::string& v : c.bad)
+      EXPECT_FALSE(full_match(g, v)) << c.schema << " should refuse " << v;
   }
 }
 

@@ -5,6 +5,8 @@
 #include <numeric>
 #include <vector>
 
+#include "engine/constraint.h"
+
 namespace k3 {
 
 int64_t argmax(std::span<const float> logits) {
@@ -65,6 +67,7 @@ void Sampler::set_context(std::span<const int64_t> ids) {
 }
 
 void Sampler::accept(int64_t id) {
+  if (constraint_) constraint_->accept(id);
   if (!penalised_) return;
   if (penalties_.frequency_penalty != 0.0 || penalties_.presence_penalty != 0.0) ++generated_[id];
   if (repeat_on(penalties_)) {
@@ -108,9 +111,10 @@ double Sampler::next_uniform() {
 }
 
 int64_t Sampler::sample(std::span<const float> logits) {
-  if (!penalised_) return sample_from(logits);
+  if (!penalised_ && !constraint_) return sample_from(logits);
   penalised_logits_.assign(logits.begin(), logits.end());
-  apply_penalties(penalised_logits_);
+  if (penalised_) apply_penalties(penalised_logits_);
+  if (constraint_) constraint_->mask(penalised_logits_);
   return sample_from(penalised_logits_);
 }
 
@@ -124,7 +128,9 @@ int64_t Sampler::sample_from(std::span<const float> logits) {
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) {
     const double p = std::exp((static_cast<double>(logits[i]) - top) * inv_t);
-    if (p >= options_.min_p) candidates_.push_back({static_cast<int64_t>(i), logits[i], p});
+    // p > 0: an id a grammar masked (-infinity) is never a candidate.
+    if (p > 0 && p >= options_.min_p)
+      candidates_.push_back({static_cast<int64_t>(i), logits[i], p});
   }
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit != b.logit ? a.logit > b.logit : a.id < b.id;

@@ -642,6 +642,17 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
 
   Sampler sampler(req.sampling, req.sampling.seed, req.penalties);
   sampler.set_context(prompt);  // the repeat penalty's window reaches into the whole prompt
+  std::unique_ptr<OutputConstraint> constraint;
+  if (req.constraint) {
+    // The server checked the grammar; a failure here is the engine's.
+    auto made = OutputConstraint::create(*engine_, *req.constraint);
+    if (!made.ok()) {
+      end_with_fault(*handle, false, made.status().message().c_str());
+      return;
+    }
+    constraint = std::move(made).value();
+    sampler.set_constraint(constraint.get());
+  }
   GenerateResult result;
   try {
     result =
@@ -656,6 +667,10 @@ void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
     return;
   }
   stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
+  if (constraint) {
+    stats.grammar_masks = constraint->masks();
+    stats.grammar_ms = constraint->mask_seconds() * 1e3;
+  }
   if (result.finish != FinishReason::cancelled) demux.finish();
   stats.finish = result.finish;
   stats.stop_sequence = demux.matched_stop();

@@ -24,13 +24,13 @@ constexpr int kMostRepeats = 10000;  // {m,n} bounds above this are refused (the
 struct Node {
   enum class Kind { alt, seq, literal, cls, ref, repeat, token };
   Kind kind = Kind::seq;
-  std::vector<Node> kids;   // alt: sequences; seq: items; repeat: the repeated item
-  std::string bytes;        // literal: UTF-8
-  CodeRanges ranges;        // cls: code point ranges (after ^ and `.`)
-  std::string name;         // ref
-  size_t at = 0;            // ref: source offset (errors)
-  int min = 0, max = 0;     // repeat
-  uint32_t id = 0;          // token
+  std::vector<Node> kids;  // alt: sequences; seq: items; repeat: the repeated item
+  std::string bytes;       // literal: UTF-8
+  CodeRanges ranges;       // cls: code point ranges (after ^ and `.`)
+  std::string name;        // ref
+  size_t at = 0;           // ref: source offset (errors)
+  int min = 0, max = 0;    // repeat
+  uint32_t id = 0;         // token
 };
 
 struct RuleDef {
@@ -52,7 +52,8 @@ class Parser {
       std::string name = parse_name();
       if (name.empty()) fail(at, "expected a rule name");
       skip(false);
-      if (s_.substr(pos_, 3) != "::=") fail(pos_, "expected ::= after the rule name '" + name + "'");
+      if (s_.substr(pos_, 3) != "::=")
+        fail(pos_, "expected ::= after the rule name '" + name + "'");
       pos_ += 3;
       skip(true);
       rules.push_back({std::move(name), at, parse_alternates(false)});
@@ -92,8 +93,8 @@ class Parser {
   }
 
   static bool name_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
   }
 
   std::string parse_name() {
@@ -336,7 +337,8 @@ class Parser {
 // Lowers the parsed rules to the flat element form (a friend of Grammar).
 class Compiler {
  public:
-  Compiler(const Parser& parser, std::vector<RuleDef> defs) : parser_(parser), defs_(std::move(defs)) {}
+  Compiler(const Parser& parser, std::vector<RuleDef> defs)
+      : parser_(parser), defs_(std::move(defs)) {}
 
   Grammar compile(std::string_view root) {
     for (const RuleDef& d : defs_) {

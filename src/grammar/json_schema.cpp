@@ -15,7 +15,7 @@
 
 namespace k3::grammar {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 SchemaError::SchemaError(std::string where, std::string keyword, const std::string& what)
     : std::runtime_error(what), where_(std::move(where)), keyword_(std::move(keyword)) {}
@@ -29,8 +29,8 @@ array ::= "[" ( value ( "," value )* )? "]"
 string ::= "\"" char* "\""
 char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-CeEfF] hex hex hex | [dD] [0-7] hex hex ) )
 hex ::= [0-9a-fA-F]
-number ::= "-"? int-part ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
-int-part ::= "0" | [1-9] [0-9]*
+number ::= "-"? int-part ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
+int-part ::= "0" | [1-9] [0-9]{0,15}
 integer ::= "-"? int-part
 boolean ::= "true" | "false"
 null ::= "null"
@@ -59,8 +59,8 @@ std::string literal(std::string_view bytes) {
 std::string class_body(const CodeRanges& ranges) {
   auto one = [](uint32_t cp) {
     char buf[16];
-    if (cp < 0x20 || cp == '"' || cp == '\\' || cp == ']' || cp == '[' || cp == '-' ||
-        cp == '^' || cp >= 0x7F) {
+    if (cp < 0x20 || cp == '"' || cp == '\\' || cp == ']' || cp == '[' || cp == '-' || cp == '^' ||
+        cp >= 0x7F) {
       if (cp <= 0xFF)
         std::snprintf(buf, sizeof buf, "\\x%02X", cp);
       else if (cp <= 0xFFFF)
@@ -118,7 +118,9 @@ std::string json_chars(const CodeRanges& set) {
   return out + ")";
 }
 
-CodeRanges single(uint32_t c) { return {{c, c}}; }
+CodeRanges single(uint32_t c) {
+  return {{c, c}};
+}
 
 // ---- the regular-expression subset of `pattern` (ECMA-262 syntax) ------------------------------
 
@@ -213,7 +215,8 @@ class RegexConverter {
     const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
     if (pos_ + len > re_.size()) fail("invalid UTF-8");
     uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (size_t i = 1; i < len; ++i) cp = (cp << 6) | (static_cast<unsigned char>(re_[pos_ + i]) & 0x3F);
+    for (size_t i = 1; i < len; ++i)
+      cp = (cp << 6) | (static_cast<unsigned char>(re_[pos_ + i]) & 0x3F);
     pos_ += len;
     return cp;
   }
@@ -224,9 +227,9 @@ class RegexConverter {
     const char e = re_[pos_++];
     const CodeRanges digit = {{'0', '9'}};
     const CodeRanges word = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
-    const CodeRanges space = {{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x1680, 0x1680},
-                              {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F},
-                              {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+    const CodeRanges space = {
+        {'\t', '\r'},     {' ', ' '},       {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+        {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
     switch (e) {
       case 'd':
         return digit;
@@ -255,13 +258,15 @@ class RegexConverter {
         fail("\\b (word boundary) is not supported");
       case 'u': {
         if (pos_ + 4 > re_.size()) fail("short \\u escape");
-        const uint32_t v = static_cast<uint32_t>(std::stoul(std::string(re_.substr(pos_, 4)), nullptr, 16));
+        const uint32_t v =
+            static_cast<uint32_t>(std::stoul(std::string(re_.substr(pos_, 4)), nullptr, 16));
         pos_ += 4;
         return single(v);
       }
       case 'x': {
         if (pos_ + 2 > re_.size()) fail("short \\x escape");
-        const uint32_t v = static_cast<uint32_t>(std::stoul(std::string(re_.substr(pos_, 2)), nullptr, 16));
+        const uint32_t v =
+            static_cast<uint32_t>(std::stoul(std::string(re_.substr(pos_, 2)), nullptr, 16));
         pos_ += 2;
         return single(v);
       }
@@ -303,7 +308,8 @@ class RegexConverter {
         } else {
           hi_set = single(code_point());
         }
-        if (hi_set.size() != 1 || hi_set[0].first != hi_set[0].second || hi_set[0].first < lo_set[0].first)
+        if (hi_set.size() != 1 || hi_set[0].first != hi_set[0].second ||
+            hi_set[0].first < lo_set[0].first)
           fail("a bad range in a [class]");
         set.push_back({lo_set[0].first, hi_set[0].first});
       } else {
@@ -318,12 +324,15 @@ class RegexConverter {
   size_t pos_ = 0;
 };
 
-// ---- integer ranges as digit patterns ------------------------------------------------------------
+// ---- integer ranges as digit patterns
+// ------------------------------------------------------------
 
 std::string digits_class(int lo, int hi) {
   std::string out;
   if (lo == hi) {
+    out += '"';
     out += static_cast<char>('0' + lo);
+    out += '"';
     return out;
   }
   out += '[';
@@ -357,7 +366,9 @@ void range_patterns(uint64_t lo, uint64_t hi, std::vector<std::string>& out) {
   const bool lo_tail_zero = a.find_first_not_of('0', p + 1) == std::string::npos;
   const bool hi_tail_nine = b.find_first_not_of('9', p + 1) == std::string::npos;
   auto free = [&](size_t n) { return n ? " [0-9]{" + std::to_string(n) + "}" : std::string(); };
-  const auto pre = [&](const std::string& s) { return s.empty() ? std::string() : literal(s) + " "; };
+  const auto pre = [&](const std::string& s) {
+    return s.empty() ? std::string() : literal(s) + " ";
+  };
   if (lo_tail_zero && hi_tail_nine) {
     out.push_back(pre(prefix) + digits_class(a[p] - '0', b[p] - '0') + free(rest));
     return;
@@ -387,6 +398,10 @@ std::string join_alts(const std::vector<std::string>& alts) {
 }
 
 constexpr uint64_t kNoLimit = UINT64_MAX;
+// Numbers are written with at most this many integer digits (and 16 fraction digits, 3 exponent
+// digits; kBaseRules): beyond 2^53 a JSON reader's double is not the integer written anyway, and a
+// bounded number always ends, whatever the sampler does.
+constexpr size_t kMostDigits = 16;
 
 // Decimal texts of [lo, hi] (hi may be kNoLimit: any larger number too), lo >= 0.
 std::string magnitude_range(uint64_t lo, uint64_t hi) {
@@ -396,22 +411,25 @@ std::string magnitude_range(uint64_t lo, uint64_t hi) {
     uint64_t top = 9;
     for (size_t i = 1; i < n; ++i) top = top * 10 + 9;
     range_patterns(lo, top, alts);
-    alts.push_back("[1-9] [0-9]{" + std::to_string(n) + ",}");
+    if (n < kMostDigits)
+      alts.push_back("[1-9] [0-9]{" + std::to_string(n) + "," + std::to_string(kMostDigits - 1) + "}");
   } else {
     range_patterns(lo, hi, alts);
   }
   return join_alts(alts);
 }
 
-// ---- the converter -------------------------------------------------------------------------------
+// ---- the converter
+// -------------------------------------------------------------------------------
 
 class Converter {
  public:
-  explicit Converter(json root) : root_(std::move(root)) {}
+  Converter(json root, std::string prefix) : root_(std::move(root)), prefix_(std::move(prefix)) {}
 
-  std::string run() {
+  // The start rule `start` and the helper rules, without the shared ones (kBaseRules).
+  std::string run(const std::string& start) {
     const std::string body = visit(root_, "#");
-    std::string out = "root ::= " + body + "\n" + kBaseRules;
+    std::string out = start + " ::= " + body + "\n";
     for (const auto& [name, rule] : rules_) out += name + " ::= " + rule + "\n";
     return out;
   }
@@ -425,8 +443,9 @@ class Converter {
   std::string new_rule(const std::string& hint, const std::string& body) {
     std::string name;
     for (char c : hint)
-      name += (std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(c)) : '-');
-    name = "s-" + name.substr(0, 40) + "-" + std::to_string(rules_.size());
+      name +=
+          (std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(c)) : '-');
+    name = prefix_ + "s-" + name.substr(0, 40) + "-" + std::to_string(rules_.size());
     rules_[name] = body;
     return name;
   }
@@ -438,15 +457,36 @@ class Converter {
       fail(where, "", "the schema false matches nothing");
     }
     if (!s.is_object()) fail(where, "", "a schema must be an object or a boolean");
-    static const std::set<std::string> annotations = {
-        "$schema", "$id", "$comment", "title", "description", "examples", "default", "deprecated",
-        "readOnly", "writeOnly", "$defs", "definitions", "$anchor", "contentMediaType",
-        "contentEncoding", "strict"};
-    static const std::set<std::string> known = {
-        "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-        "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength",
-        "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-        "exclusiveMaximum"};
+    static const std::set<std::string> annotations = {"$schema",         "$id",
+                                                      "$comment",        "title",
+                                                      "description",     "examples",
+                                                      "default",         "deprecated",
+                                                      "readOnly",        "writeOnly",
+                                                      "$defs",           "definitions",
+                                                      "$anchor",         "contentMediaType",
+                                                      "contentEncoding", "strict"};
+    static const std::set<std::string> known = {"type",
+                                                "properties",
+                                                "required",
+                                                "additionalProperties",
+                                                "items",
+                                                "prefixItems",
+                                                "minItems",
+                                                "maxItems",
+                                                "enum",
+                                                "const",
+                                                "anyOf",
+                                                "oneOf",
+                                                "allOf",
+                                                "$ref",
+                                                "minLength",
+                                                "maxLength",
+                                                "pattern",
+                                                "format",
+                                                "minimum",
+                                                "maximum",
+                                                "exclusiveMinimum",
+                                                "exclusiveMaximum"};
     for (const auto& [k, v] : s.items())
       if (!known.count(k) && !annotations.count(k))
         fail(where, k, "the keyword \"" + k + "\" cannot be enforced while sampling");
@@ -469,7 +509,8 @@ class Converter {
     }
     for (const char* key : {"anyOf", "oneOf"}) {
       if (!s.contains(key)) continue;
-      if (!s[key].is_array() || s[key].empty()) fail(where, key, std::string("\"") + key + "\" must be a non-empty array");
+      if (!s[key].is_array() || s[key].empty())
+        fail(where, key, std::string("\"") + key + "\" must be a non-empty array");
       std::vector<std::string> alts;
       for (size_t i = 0; i < s[key].size(); ++i)
         alts.push_back(visit(s[key][i], where + "/" + key + "/" + std::to_string(i)));
@@ -552,13 +593,16 @@ class Converter {
 
   std::string all_of(const json& s, const std::string& where) {
     const json& list = s["allOf"];
-    if (!list.is_array() || list.empty()) fail(where, "allOf", "\"allOf\" must be a non-empty array");
+    if (!list.is_array() || list.empty())
+      fail(where, "allOf", "\"allOf\" must be a non-empty array");
     // Objects merge: properties, required, and the strictest additionalProperties.
     json merged = json::object();
     merged["type"] = "object";
     merged["properties"] = json::object();
     merged["required"] = json::array();
-    bool closed = false;
+    // A part with additionalProperties false admits only its own properties: a property may be
+    // written only if every such part declares it.
+    std::vector<std::set<std::string>> closed_parts;
     std::vector<json> parts(list.begin(), list.end());
     json rest = s;
     rest.erase("allOf");
@@ -577,21 +621,40 @@ class Converter {
           if (v != "object") fail(at, "allOf", "\"allOf\" merges only object schemas");
         } else if (k == "properties") {
           for (const auto& [p, ps] : v.items()) {
-            if (merged["properties"].contains(p)) fail(at, "allOf", "property \"" + p + "\" is declared twice in \"allOf\"");
+            if (merged["properties"].contains(p))
+              fail(at, "allOf", "property \"" + p + "\" is declared twice in \"allOf\"");
             merged["properties"][p] = ps;
           }
         } else if (k == "required") {
           for (const json& r : v) merged["required"].push_back(r);
         } else if (k == "additionalProperties") {
-          if (v != false) fail(at, "allOf", "\"allOf\" merges objects with additionalProperties false or absent");
-          closed = true;
+          if (v != false)
+            fail(at, "allOf", "\"allOf\" merges objects with additionalProperties false or absent");
+          std::set<std::string> own;
+          if (part.contains("properties"))
+            for (const auto& [p, ps] : part["properties"].items()) own.insert(p);
+          closed_parts.push_back(std::move(own));
         } else if (k != "title" && k != "description" && k != "$comment" && k != "$defs" &&
                    k != "definitions") {
           fail(at, k, "\"" + k + "\" inside \"allOf\" is not supported");
         }
       }
     }
-    (void)closed;  // the grammar adds no unknown property either way
+    std::set<std::string> required;
+    for (const json& r : merged["required"]) required.insert(r.get<std::string>());
+    json kept = json::object();
+    for (const auto& [p, ps] : merged["properties"].items()) {
+      bool admitted = true;
+      for (const auto& own : closed_parts) admitted = admitted && own.count(p) > 0;
+      if (admitted)
+        kept[p] = ps;
+      else if (required.count(p))
+        fail(where, "allOf",
+             "the required property \"" + p + "\" is excluded by an \"allOf\" part with "
+             "additionalProperties false");
+    }
+    merged["properties"] = std::move(kept);
+    merged["additionalProperties"] = false;
     return object(merged, where);
   }
 
@@ -599,13 +662,15 @@ class Converter {
     if (s.contains("format")) {
       const std::string f = s["format"].is_string() ? s["format"].get<std::string>() : "";
       for (const char* k : {"pattern", "minLength", "maxLength"})
-        if (s.contains(k)) fail(where, k, std::string("\"") + k + "\" beside \"format\" is not supported");
+        if (s.contains(k))
+          fail(where, k, std::string("\"") + k + "\" beside \"format\" is not supported");
       return "\"\\\"\" " + format(f, where) + " \"\\\"\"";
     }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) fail(where, "pattern", "\"pattern\" must be a string");
       for (const char* k : {"minLength", "maxLength"})
-        if (s.contains(k)) fail(where, k, std::string("\"") + k + "\" beside \"pattern\" is not supported");
+        if (s.contains(k))
+          fail(where, k, std::string("\"") + k + "\" beside \"pattern\" is not supported");
       const std::string body = RegexConverter(s["pattern"].get<std::string>(), where).convert();
       return "\"\\\"\" " + body + " \"\\\"\"";
     }
@@ -637,7 +702,8 @@ class Converter {
              " ( \".\" " + label + " ){1,3} )";
     }
     fail(where, "format",
-         "the format \"" + f + "\" cannot be enforced (supported: date, time, date-time, uuid, email)");
+         "the format \"" + f +
+             "\" cannot be enforced (supported: date, time, date-time, uuid, email)");
   }
 
   static int64_t count(const json& s, const char* key, const std::string& where, int64_t fallback) {
@@ -665,24 +731,30 @@ class Converter {
     if (!lo && !hi) return integer ? "integer" : "number";
     if (integer) {
       int64_t a = INT64_MIN, b = INT64_MAX;
-      if (lo) a = lo_ex ? static_cast<int64_t>(std::floor(*lo)) + 1 : static_cast<int64_t>(std::ceil(*lo));
-      if (hi) b = hi_ex ? static_cast<int64_t>(std::ceil(*hi)) - 1 : static_cast<int64_t>(std::floor(*hi));
+      if (lo)
+        a = lo_ex ? static_cast<int64_t>(std::floor(*lo)) + 1
+                  : static_cast<int64_t>(std::ceil(*lo));
+      if (hi)
+        b = hi_ex ? static_cast<int64_t>(std::ceil(*hi)) - 1
+                  : static_cast<int64_t>(std::floor(*hi));
       if (a > b) fail(where, "minimum", "no integer lies within the bounds");
       return integer_range(lo ? std::optional<int64_t>(a) : std::nullopt,
                            hi ? std::optional<int64_t>(b) : std::nullopt);
     }
     const char* bad = nullptr;
-    if (lo && (*lo < 0 || *lo != std::floor(*lo) || *lo > 1e15)) bad = lo_ex ? "exclusiveMinimum" : "minimum";
-    if (hi && (*hi < 0 || *hi != std::floor(*hi) || *hi > 1e15)) bad = hi_ex ? "exclusiveMaximum" : "maximum";
+    if (lo && (*lo < 0 || *lo != std::floor(*lo) || *lo > 1e15))
+      bad = lo_ex ? "exclusiveMinimum" : "minimum";
+    if (hi && (*hi < 0 || *hi != std::floor(*hi) || *hi > 1e15))
+      bad = hi_ex ? "exclusiveMaximum" : "maximum";
     if (bad)
       fail(where, bad,
            std::string("\"") + bad +
                "\" on a number is enforced only as a whole number >= 0 (use an integer type or "
                "whole bounds)");
     const uint64_t a = lo ? static_cast<uint64_t>(*lo) : 0;
-    const std::string frac = "( \".\" [0-9]+ )?";
-    const std::string nonzero_frac = "\".\" [0-9]* [1-9]";
-    const std::string zero_frac = "( \".\" \"0\"+ )?";
+    const std::string frac = "( \".\" [0-9]{1,16} )?";
+    const std::string nonzero_frac = "\".\" [0-9]{0,15} [1-9]";
+    const std::string zero_frac = "( \".\" \"0\"{1,16} )?";
     std::vector<std::string> alts;
     if (!hi) {
       // [a, inf) or (a, inf)
@@ -695,7 +767,8 @@ class Converter {
       return join_alts(alts);
     }
     const uint64_t b = static_cast<uint64_t>(*hi);
-    if (b < a || (b == a && (lo_ex || hi_ex))) fail(where, "maximum", "no number lies within the bounds");
+    if (b < a || (b == a && (lo_ex || hi_ex)))
+      fail(where, "maximum", "no number lies within the bounds");
     // Integer part i: a (with a non-zero fraction if exclusive), a+1 .. b-1 (any fraction), b
     // (zero fraction, unless exclusive).
     if (b == a) return literal(std::to_string(a)) + " " + zero_frac;
@@ -728,7 +801,8 @@ class Converter {
     if (hi >= 0 && hi < lo) fail(where, "maxItems", "\"maxItems\" is below \"minItems\"");
     std::vector<std::string> prefix;
     if (s.contains("prefixItems")) {
-      if (!s["prefixItems"].is_array()) fail(where, "prefixItems", "\"prefixItems\" must be an array");
+      if (!s["prefixItems"].is_array())
+        fail(where, "prefixItems", "\"prefixItems\" must be an array");
       for (size_t i = 0; i < s["prefixItems"].size(); ++i)
         prefix.push_back(visit(s["prefixItems"][i], where + "/prefixItems/" + std::to_string(i)));
     }
@@ -740,7 +814,8 @@ class Converter {
         item = visit(s["items"], where + "/items");
     }
     const int64_t P = static_cast<int64_t>(prefix.size());
-    if (!item && lo > P) fail(where, "minItems", "\"minItems\" exceeds the prefixItems with items false");
+    if (!item && lo > P)
+      fail(where, "minItems", "\"minItems\" exceeds the prefixItems with items false");
     const int64_t most = item ? hi : (hi < 0 ? P : std::min(hi, P));
     // tail(i): the items from index i on, each after a comma.
     std::function<std::string(int64_t)> tail = [&](int64_t i) -> std::string {
@@ -780,7 +855,8 @@ class Converter {
     }
     std::vector<std::string> names;
     if (s.contains("properties")) {
-      if (!s["properties"].is_object()) fail(where, "properties", "\"properties\" must be an object");
+      if (!s["properties"].is_object())
+        fail(where, "properties", "\"properties\" must be an object");
       for (const auto& [name, ps] : s["properties"].items()) {
         names.push_back(name);
         props.push_back({json(name).dump(), visit(ps, where + "/properties/" + name),
@@ -806,7 +882,9 @@ class Converter {
     open[n] = extra ? "( " + extra_kv + " ( \",\" " + extra_kv + " )* )?" : "";
     for (size_t k = n; k-- > 0;) {
       const std::string kv = literal(props[k].key) + " \":\" " + props[k].value;
-      auto then = [](const std::string& a, const std::string& b) { return b.empty() ? a : a + " " + b; };
+      auto then = [](const std::string& a, const std::string& b) {
+        return b.empty() ? a : a + " " + b;
+      };
       const std::string c_rule = closed[k + 1].empty() ? "" : new_rule("obj", closed[k + 1]);
       if (props[k].required) {
         closed[k] = then("\",\" " + kv, c_rule);
@@ -870,22 +948,41 @@ class Converter {
   }
 
   json root_;
+  std::string prefix_;  // of the helper rules' names
   std::map<std::string, std::string> rules_;
   std::map<std::string, std::string> refs_;
 };
 
 }  // namespace
 
-std::string json_schema_to_gbnf(std::string_view schema_json) {
-  json schema;
+namespace {
+
+json parse_schema(std::string_view schema_json) {
   try {
-    schema = json::parse(schema_json);
+    return json::parse(schema_json);
   } catch (const json::exception& e) {
     throw SchemaError("#", "", std::string("the schema is not valid JSON: ") + e.what());
   }
-  return Converter(std::move(schema)).run();
 }
 
-std::string json_object_gbnf() { return std::string("root ::= object\n") + kBaseRules; }
+}  // namespace
+
+std::string json_schema_to_gbnf(std::string_view schema_json) {
+  return Converter(parse_schema(schema_json), "").run("root") + kBaseRules;
+}
+
+std::string json_schemas_to_gbnf(const std::vector<std::string>& schemas_json,
+                                 std::string_view root_prefix) {
+  std::string out;
+  for (size_t i = 0; i < schemas_json.size(); ++i) {
+    const std::string start = std::string(root_prefix) + "-" + std::to_string(i);
+    out += Converter(parse_schema(schemas_json[i]), start + "-").run(start);
+  }
+  return out + kBaseRules;
+}
+
+std::string json_object_gbnf() {
+  return std::string("root ::= object\n") + kBaseRules;
+}
 
 }  // namespace k3::grammar

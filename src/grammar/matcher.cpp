@@ -97,8 +97,9 @@ Matcher& Matcher::operator=(Matcher&&) noexcept = default;
 void Matcher::expand(std::vector<uint32_t> stack, std::vector<std::vector<uint32_t>>& out,
                      int depth) {
   if (depth > kMostExpansionDepth)
-    throw GrammarError(0, 0, "the grammar nests deeper than " +
-                                 std::to_string(kMostExpansionDepth) + " rules at one point");
+    throw GrammarError(0, 0,
+                       "the grammar nests deeper than " + std::to_string(kMostExpansionDepth) +
+                           " rules at one point");
   const std::vector<Element>& el = grammar_->elements();
   for (;;) {
     if (stack.empty()) {
@@ -267,13 +268,17 @@ bool Matcher::accept_bytes(std::string_view bytes) {
   return true;
 }
 
-bool Matcher::accepting() const { return states_[current_]->accepting; }
+bool Matcher::accepting() const {
+  return states_[current_]->accepting;
+}
 
 bool Matcher::finished() const {
   const State& st = *states_[current_];
   return st.accepting && st.stacks.size() == 1;
 }
 
-size_t Matcher::state_count() const { return states_.size(); }
+size_t Matcher::state_count() const {
+  return states_.size();
+}
 
 }  // namespace k3::grammar

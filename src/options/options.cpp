@@ -491,6 +491,13 @@ const std::vector<OptionRow>& option_rows() {
         },
         [](const Options& o) { return std::string(o.text.jsonl ? "jsonl" : "text"); },
         "text|jsonl"}},
+      {"--json-schema", nullptr, Group::kChat, kKimi,
+       "FILE: the answer is JSON matching this JSON Schema, enforced while sampling "
+       "(docs/structured_output.md)",
+       text(FIELD(text.json_schema))},
+      {"--grammar", nullptr, Group::kChat, kKimi,
+       "FILE: the answer matches this GBNF grammar (llama.cpp syntax), enforced while sampling",
+       text(FIELD(text.grammar))},
       {"--raw,!--no-raw", nullptr, Group::kChat, kChatApp,
        "print replies as plain text (no Markdown styling)", boolean(FIELD(serve.raw))},
       // server

@@ -412,13 +412,26 @@ std::variant<MessagesRequest, ApiError> parse_messages_request(std::string_view 
   if (const json* v = field("tool_choice"))
     if (auto e = apply_tool_choice(*v, tools, r)) return *e;
   if (!tools.empty()) r.tools = to_py(tools);
+  // tool_choice any / tool: the tool_use input matches the tool's input_schema.
+  if (!tools.empty() && r.tool_choice.is_string() && r.tool_choice.as_string() == "required")
+    if (auto e = parse_forced_tools(tools, json("required"), r)) return *e;
 
   if (const json* v = field("output_config")) {
     if (!v->is_object()) return invalid_value("output_config", "'output_config' must be an object");
-    if (auto f = v->find("format"); f != v->end() && !f->is_null())
-      return api_error(400, "invalid_request_error", "unsupported_parameter",
-                       "'output_config.format' (structured output) is not supported",
-                       "output_config.format");
+    if (auto f = v->find("format"); f != v->end() && !f->is_null()) {
+      // Structured output: {"type": "json_schema", "schema": {...}}, as response_format.
+      if (!f->is_object() || f->value("type", json()) != "json_schema" || !f->contains("schema"))
+        return invalid_value(
+            "output_config.format",
+            "'output_config.format' must be {\"type\":\"json_schema\",\"schema\":{...}}");
+      const json rf = {{"response_format",
+                        {{"type", "json_schema"}, {"json_schema", {{"schema", (*f)["schema"]}}}}}};
+      if (auto e = parse_structured_output(rf, r, &r.response_format)) {
+        if (e->param && *e->param == "response_format.json_schema.schema")
+          e->param = "output_config.format.schema";
+        return *e;
+      }
+    }
     if (auto effort = v->find("effort"); effort != v->end() && !effort->is_null()) {
       const std::string e = effort->is_string() ? effort->get<std::string>() : "";
       if (e == "low")

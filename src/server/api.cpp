@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <limits>
 
+#include "grammar/grammar.h"
+#include "grammar/json_schema.h"
 #include "request_fields.h"
 #include "text/chat.h"
 #include "text/prompt.h"
@@ -423,6 +425,105 @@ std::optional<ApiError> check_one_plain_choice(const json& b) {
   return std::nullopt;
 }
 
+namespace {
+
+// A schema the grammar cannot enforce, as a 400 naming the parameter, the keyword and where.
+ApiError schema_refused(const std::string& param, const grammar::SchemaError& e) {
+  std::string message = "'" + param + "': " + e.what();
+  return api_error(400, "invalid_request_error", "unsupported_schema", message, param);
+}
+
+// A GBNF text (llama-server's `grammar`) checked now, so a malformed one is a 400 with its line
+// and column rather than a failed generation.
+std::optional<ApiError> check_gbnf(const std::string& gbnf, const std::string& param) {
+  try {
+    grammar::Grammar::parse(gbnf);
+  } catch (const grammar::GrammarError& e) {
+    return api_error(400, "invalid_request_error", "invalid_grammar",
+                     "'" + param + "': " + e.what(), param);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_structured_output(const json& b, GenerationParams& r,
+                                                text::PyValue* response_format) {
+  if (const json* v = present(b, "response_format")) {
+    if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
+      return invalid_value("response_format", "'response_format' must be an object with a 'type'");
+    const std::string type = (*v)["type"];
+    if (type == "json_object") {
+      r.grammar = grammar::json_object_gbnf();
+    } else if (type == "json_schema") {
+      const json* spec = v->contains("json_schema") ? &(*v)["json_schema"] : nullptr;
+      if (!spec || !spec->is_object() || !spec->contains("schema") ||
+          !((*spec)["schema"].is_object() || (*spec)["schema"].is_boolean()))
+        return invalid_value("response_format.json_schema.schema",
+                             "'response_format.json_schema.schema' must be a JSON Schema object");
+      try {
+        r.grammar = grammar::json_schema_to_gbnf((*spec)["schema"].dump());
+      } catch (const grammar::SchemaError& e) {
+        return schema_refused("response_format.json_schema.schema", e);
+      }
+    } else if (type != "text") {
+      return api_error(400, "invalid_request_error", "unsupported_value",
+                       "'response_format.type' must be text, json_object or json_schema",
+                       "response_format.type");
+    }
+    if (type != "text" && response_format) *response_format = to_py(*v);
+  }
+  // llama-server's fields: a JSON Schema, or a GBNF grammar.
+  if (const json* v = present(b, "json_schema")) {
+    if (!r.grammar.empty())
+      return invalid_value("json_schema",
+                           "give one of 'response_format', 'json_schema' and 'grammar'");
+    try {
+      r.grammar = grammar::json_schema_to_gbnf(v->dump());
+    } catch (const grammar::SchemaError& e) {
+      return schema_refused("json_schema", e);
+    }
+  }
+  if (const json* v = present(b, "grammar")) {
+    if (!v->is_string()) return invalid_value("grammar", "'grammar' must be a GBNF text");
+    if (!r.grammar.empty())
+      return invalid_value("grammar", "give one of 'response_format', 'json_schema' and 'grammar'");
+    if (auto e = check_gbnf(v->get<std::string>(), "grammar")) return e;
+    r.grammar = v->get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> parse_forced_tools(const json& tools, const json& tool_choice,
+                                           GenerationParams& r) {
+  std::vector<std::string> names, schemas;
+  const bool named = tool_choice.is_object();
+  for (const json& t : tools) {
+    const json& fn = t.contains("function") ? t["function"] : t;
+    if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) continue;
+    const std::string name = fn["name"];
+    if (named && tool_choice["function"]["name"] != name) continue;
+    const bool strict = fn.contains("strict") && fn["strict"] == true;
+    std::string schema = fn.contains("parameters") && fn["parameters"].is_object()
+                             ? fn["parameters"].dump()
+                             : std::string(R"({"type":"object"})");
+    // A tool that is not strict whose parameters the grammar cannot enforce gets any object.
+    try {
+      grammar::json_schema_to_gbnf(schema);
+    } catch (const grammar::SchemaError& e) {
+      if (strict)
+        return schema_refused("tools[" + std::to_string(names.size()) + "].function.parameters", e);
+      schema = R"({"type":"object"})";
+    }
+    names.push_back(name);
+    schemas.push_back(std::move(schema));
+  }
+  if (names.empty()) return std::nullopt;
+  r.grammar = grammar::json_schemas_to_gbnf(schemas, "tool");
+  r.grammar_tools = std::move(names);
+  return std::nullopt;
+}
+
 std::optional<ApiError> check_response_format(const json& b, const std::string& note) {
   const json* v = present(b, "response_format");
   if (!v) return std::nullopt;
@@ -549,8 +650,8 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
   }
   r.top_logprobs = logprobs ? static_cast<int>(top) : -1;
 
-  // Features we do not implement: refused by name, never dropped silently.
-  if (auto e = check_response_format(b)) return *e;
+  // Structured output; features we do not implement are refused by name, never dropped.
+  if (auto e = parse_structured_output(b, r, &r.response_format)) return *e;
   for (const char* key :
        {"functions", "function_call", "audio", "prediction", "web_search_options"})
     if (field(key))
@@ -606,6 +707,10 @@ std::variant<ChatRequest, ApiError> chat_request_from_json(const json& b, const 
                                                               "') names no function in 'tools'");
     }
     r.tool_choice = to_py(*v);
+    // A call the request forces (required, or a named function): its arguments match the
+    // tool's parameters.
+    if (have_tools && (v->is_object() || *v == "required"))
+      if (auto e = parse_forced_tools(*tools, *v, r)) return *e;
   }
   if (const json* v = field("parallel_tool_calls")) {
     bool ignored = false;
@@ -746,6 +851,7 @@ text::ChatOptions chat_options(const ChatRequest& request) {
   if (request.thinking && !request.effort.empty())
     options.thinking_effort = text::PyValue::string(request.effort);
   options.tool_choice = request.tool_choice;
+  options.response_format = request.response_format;
   return options;
 }
 

@@ -66,6 +66,14 @@ void apply_generation(const GenerationParams& g, ServiceRequest& sr) {
   sr.max_tokens = g.max_tokens;
   sr.stop = g.stop;
   sr.cache_prompt = g.cache_prompt;
+  if (!g.grammar.empty()) {
+    ConstraintSpec spec;
+    spec.gbnf = g.grammar;
+    spec.tools = g.grammar_tools;
+    spec.answer_open = !sr.starts_in_think;
+    spec.raw = sr.raw;
+    sr.constraint = std::move(spec);
+  }
 }
 
 void drain_until_done(const std::shared_ptr<RequestHandle>& handle) {

@@ -43,6 +43,17 @@ std::optional<ApiError> check_one_plain_choice(const json& body);
 // `response_format`: absent or {"type":"text"}; another type is a 400 unsupported_parameter
 // naming it (structured output is not implemented), `note` appended to that message.
 std::optional<ApiError> check_response_format(const json& body, const std::string& note = "");
+// Structured output (docs/structured_output.md): `response_format` text / json_object /
+// json_schema, llama-server's `json_schema` and `grammar` fields → r.grammar; a schema or grammar
+// the engine cannot enforce is a 400 naming the field and the keyword (or line and column).
+// `response_format` (when not null) receives the format for the chat template.
+std::optional<ApiError> parse_structured_output(const json& body, GenerationParams& r,
+                                                text::PyValue* response_format);
+// A forced tool call (tool_choice "required" or a named function): r.grammar holds each
+// candidate tool's arguments grammar (rules tool-0, ...) and r.grammar_tools their names. A
+// strict tool whose parameters cannot be enforced is a 400; another gets any object.
+std::optional<ApiError> parse_forced_tools(const json& tools, const json& tool_choice,
+                                           GenerationParams& r);
 // The server's sampling defaults (--temp, --top-p, --top-k, --min-p) into `params`, before a
 // request's own fields override them.
 void set_sampling_defaults(const ApiConfig& config, GenerationParams& params);

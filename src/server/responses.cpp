@@ -437,12 +437,24 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
     if (auto f = v->find("format"); f != v->end() && !f->is_null()) {
       if (!f->is_object() || !f->contains("type") || !(*f)["type"].is_string())
         return invalid_value("text.format", "'text.format' must be an object with a 'type'");
-      if ((*f)["type"] != "text")
-        return unsupported("text.format",
-                           "'text.format' other than {\"type\":\"text\"} is not supported");
+      // Structured output: json_object, or json_schema with its schema beside the type.
+      const std::string type = (*f)["type"];
+      if (type == "json_object") {
+        chat["response_format"] = json{{"type", "json_object"}};
+      } else if (type == "json_schema") {
+        if (!f->contains("schema"))
+          return invalid_value("text.format.schema", "'text.format' json_schema needs 'schema'");
+        chat["response_format"] = json{
+            {"type", "json_schema"},
+            {"json_schema",
+             {{"name", f->value("name", std::string("response"))}, {"schema", (*f)["schema"]}}}};
+      } else if (type != "text") {
+        return unsupported("text.format", "'text.format' must be text, json_object or json_schema");
+      }
+      echo["text"] = json{{"format", *f}};
     }
   }
-  echo["text"] = json{{"format", json{{"type", "text"}}}};
+  if (!echo.contains("text")) echo["text"] = json{{"format", json{{"type", "text"}}}};
   if (const json* v = field("truncation"); v && *v != "disabled")
     return unsupported_value("truncation",
                              "'truncation' must be 'disabled': a prompt longer than the context "

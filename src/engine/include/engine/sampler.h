@@ -33,6 +33,8 @@ struct Penalties {
   int64_t repeat_last_n = 64;      // ... the ids among the last n of prompt + generated (-1 all)
 };
 
+class OutputConstraint;
+
 class Sampler {
  public:
   Sampler(const SamplingOptions& options, uint64_t seed, const Penalties& penalties = {});
@@ -42,6 +44,9 @@ class Sampler {
   // The token the generation went on with (sampled or not): counted by the penalties.
   void accept(int64_t id);
   int64_t sample(std::span<const float> logits);
+  // Ids `constraint` does not allow are never drawn, and accept() advances it (not owned;
+  // nullptr = none). engine/constraint.h.
+  void set_constraint(OutputConstraint* constraint) { constraint_ = constraint; }
   // True when a penalty is on (the logits sample() sees are then a penalised copy).
   bool penalised() const { return penalised_; }
   // The penalties applied to `logits` in place (what sample() does to its copy).
@@ -63,6 +68,7 @@ class Sampler {
   std::vector<float> penalised_logits_;  // [vocab]; reused between calls
   std::vector<int64_t> recent_;          // the last repeat_last_n ids of the context, oldest first
   std::unordered_map<int64_t, int64_t> generated_;  // id -> times generated
+  OutputConstraint* constraint_ = nullptr;
 };
 
 // Index of the largest logit; ties -> lowest index.

@@ -39,12 +39,14 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "engine/checkpoints.h"
+#include "engine/constraint.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "options/options.h"
@@ -78,6 +80,8 @@ struct ServiceRequest {
   // Log-probabilities of the content tokens (docs/serving.md §3.15): -1 = none; 0..20 = the
   // chosen token's and this many alternatives', on the content events.
   int top_logprobs = -1;
+  // A grammar the answer must match (structured output; docs/structured_output.md).
+  std::optional<ConstraintSpec> constraint;
 };
 
 struct GenerationStats {
@@ -92,6 +96,9 @@ struct GenerationStats {
   double queue_wait_ms = 0, prefill_ms = 0, decode_ms = 0;
   int tool_calls = 0;
   DeviceStats device;  // the Vulkan tier's counters during this request (device.on: the tier is on)
+  // The grammar's masks of this request (ServiceRequest::constraint) and their time.
+  uint64_t grammar_masks = 0;
+  double grammar_ms = 0;
 };
 
 // Why the service failed a request (the server maps each to an HTTP status and error code).

@@ -6,10 +6,12 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "grammar/matcher.h"
 #include "io/model_files.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -23,6 +25,9 @@ struct Engine::Impl {
   std::unique_ptr<text::Tokenizer> tokenizer;
   EngineInfo info;
   double load_seconds = 0;
+  // The vocabulary as the grammar matcher's byte trie, built on first use (engine/constraint.h).
+  mutable std::once_flag vocabulary_once;
+  mutable std::shared_ptr<const grammar::Vocabulary> vocabulary;
 };
 
 struct Session::Impl {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace k3::grammar {
 
@@ -26,6 +27,11 @@ class SchemaError : public std::runtime_error {
 // The GBNF of the JSON texts `schema_json` (a JSON Schema, draft 2020-12 keywords) accepts; its
 // start rule is `root`. Throws SchemaError.
 std::string json_schema_to_gbnf(std::string_view schema_json);
+
+// The rules of several schemas in one grammar: schema i's start rule is `<root_prefix>-<i>`,
+// their helper rules distinct, and the shared JSON rules (value, string, ...) once.
+std::string json_schemas_to_gbnf(const std::vector<std::string>& schemas_json,
+                                 std::string_view root_prefix);
 
 // The GBNF of any JSON object (OpenAI's `json_object` response format).
 std::string json_object_gbnf();

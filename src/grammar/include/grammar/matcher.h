@@ -37,9 +37,9 @@ class Vocabulary {
   // The trie in preorder; node 0 is the root (no byte).
   std::vector<uint8_t> label_;
   std::vector<uint16_t> depth_;
-  std::vector<uint32_t> end_;         // the first node after this node's subtree
-  std::vector<uint32_t> token_at_;    // [nodes + 1]: CSR offsets into tokens_
-  std::vector<int32_t> tokens_;       // ids ending at each node
+  std::vector<uint32_t> end_;       // the first node after this node's subtree
+  std::vector<uint32_t> token_at_;  // [nodes + 1]: CSR offsets into tokens_
+  std::vector<int32_t> tokens_;     // ids ending at each node
   uint16_t max_depth_ = 0;
 };
 

@@ -108,6 +108,8 @@ struct TextOptions {
   bool allow_special = false;  // --allow-special: special-token spellings in raw text are specials
   bool bos = false;            // --bos: prepend [BOS] (the release never does)
   bool jsonl = false;          // --output jsonl: one JSON event per line on stdout
+  std::string json_schema;     // --json-schema FILE: the answer matches this JSON Schema
+  std::string grammar;         // --grammar FILE: the answer matches this GBNF grammar
 };
 
 // coli serve / web / chat (docs/serving.md §3.3, §4).

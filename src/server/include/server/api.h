@@ -39,6 +39,11 @@ struct GenerationParams {
   // Log-probabilities of the content tokens: -1 = none; else the chosen token's and this many
   // alternatives' (chat: logprobs true + top_logprobs 0..20; completions: logprobs 0..20).
   int top_logprobs = -1;
+  // Structured output (docs/structured_output.md): the answer's GBNF, start rule root ("" =
+  // none), from response_format, json_schema or grammar; with grammar_tools, a forced tool call:
+  // the grammar's rules tool-0, tool-1, ... are the arguments of these tools.
+  std::string grammar;
+  std::vector<std::string> grammar_tools;
 };
 
 struct ChatRequest : GenerationParams {
@@ -51,6 +56,8 @@ struct ChatRequest : GenerationParams {
   // minimal/low → low, medium/high → high, xhigh/max → max; absent → max, as apply_chat_template.
   std::string effort = "max";
   bool reasoning_inline = false;  // reasoning_format "none"
+  // {"type": "json_object" | "json_schema", ...}: the template tells the model (null = none).
+  text::PyValue response_format;
 };
 
 // Parses and validates a /v1/chat/completions body. Unknown keys are ignored; a feature we do
