@@ -61,6 +61,7 @@
 #include "engine/sampler.h"
 #include "experts/expert_cache.h"
 #include "ggml_peer.h"
+#include "grammar_bench.h"
 #include "io/read_queue.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
@@ -2058,9 +2059,13 @@ int main(int argc, char** argv) {
   container->add_option("--threads", ca.threads, "OpenMP threads (0 = OpenMP default)")
       ->capture_default_str();
 
+  GrammarBenchArgs ga;
+  CLI::App* grammar = add_grammar_bench(app, ga);
+
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
   if (parsed.status >= 0) return parsed.finish();
   try {
+    if (grammar->parsed()) return run_grammar_bench(ga);
     if (container->parsed()) {
       if (ca.layers < 2 || ca.experts < 1 || ca.tokens < 1)
         throw k3::Error("--layers must be >= 2; --experts, --tokens >= 1");

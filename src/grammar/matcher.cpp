@@ -210,7 +210,9 @@ void Matcher::compute_mask(int32_t state) {
   const uint32_t nodes = static_cast<uint32_t>(v.label_.size());
   for (uint32_t i = 1; i < nodes;) {
     const uint16_t d = v.depth_[i];
-    const int32_t s = next(path_[d - 1], v.label_[i]);
+    const int32_t from = path_[d - 1];
+    int32_t s = states_[static_cast<size_t>(from)]->next[v.label_[i]];
+    if (s == kUnknown) s = next(from, v.label_[i]);
     if (s < 0) {
       i = v.end_[i];
       continue;
@@ -236,12 +238,19 @@ const std::vector<uint64_t>& Matcher::allowed() {
 void Matcher::mask(std::span<float> logits) {
   const std::vector<uint64_t>& m = allowed();
   const float off = -std::numeric_limits<float>::infinity();
-  for (size_t w = 0; w * 64 < logits.size(); ++w) {
-    const uint64_t bits = w < m.size() ? m[w] : 0;
-    if (bits == ~0ull) continue;
-    const size_t end = std::min(logits.size(), (w + 1) * 64);
-    for (size_t i = w * 64; i < end; ++i)
-      if (!(bits >> (i % 64) & 1)) logits[i] = off;
+  const size_t words = (logits.size() + 63) / 64;
+  float* out = logits.data();
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t refused = ~(w < m.size() ? m[w] : 0);
+    if (w == words - 1 && logits.size() % 64) refused &= (1ull << (logits.size() % 64)) - 1;
+    if (refused == ~0ull) {
+      std::fill_n(out + w * 64, 64, off);
+      continue;
+    }
+    while (refused) {
+      out[w * 64 + static_cast<size_t>(__builtin_ctzll(refused))] = off;
+      refused &= refused - 1;
+    }
   }
 }
 
