@@ -141,7 +141,9 @@ int serve(const k3::Options& opt, bool web) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  k3::EngineService service(service_options(opt));
+  k3::ServiceOptions service_opts = service_options(opt);
+  service_opts.parallel = static_cast<int>(opt.serve.parallel);  // coli chat stays at one
+  k3::EngineService service(std::move(service_opts));
   k3::server::HttpServer server(service, so);
   const int port = server.bind();
   const std::string host =
@@ -201,9 +203,12 @@ int serve(const k3::Options& opt, bool web) {
       if (s.state == k3::ServiceStats::State::ready) {
         const k3::Engine* engine = service.engine();
         std::fprintf(
-            stderr, "coli: %s loaded in %.1f s (%s); context %lld tokens; checkpoints: %s\n",
+            stderr,
+            "coli: %s loaded in %.1f s (%s); context %lld tokens; %d session%s of %.1f MiB; "
+            "checkpoints: %s\n",
             opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
-            static_cast<long long>(s.context_capacity), s.checkpoints.c_str());
+            static_cast<long long>(s.context_capacity), s.parallel, s.parallel == 1 ? "" : "s",
+            static_cast<double>(s.session_bytes) / (1 << 20), s.checkpoints.c_str());
         return;
       }
       if (s.state == k3::ServiceStats::State::failed) {

@@ -79,23 +79,42 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   info.num_experts_per_token = config.num_experts_per_token;
   info.first_k_dense_replace = config.first_k_dense_replace;
   info.eos_token_ids = config.eos_token_ids;
+  const int sessions = std::max(1, options.sessions);
   if (options.context > 0) {
-    // A session's per-position state, as the session will allocate it.
+    // A session's state, as the session will allocate it: the per-position rows, the KDA state,
+    // the token record and the logits.
     const int64_t layers = load.layers > 0 ? std::min(load.layers, config.num_hidden_layers)
                                            : config.num_hidden_layers;
-    const uint64_t need = ModelState::floats_per_position(config, layers) * sizeof(float) *
-                          static_cast<uint64_t>(options.context);
+    const uint64_t positions = static_cast<uint64_t>(options.context);
+    info.session_bytes =
+        (ModelState::floats_per_position(config, layers) * positions +
+         ModelState::fixed_floats(config, layers) + static_cast<uint64_t>(config.vocab_size)) *
+            sizeof(float) +
+        positions * sizeof(int64_t);
+    const uint64_t need = info.session_bytes * static_cast<uint64_t>(sessions);
     const uint64_t available = available_memory_bytes();
-    if (available > 0 && need > available)
-      throw Error(options.context_name + "=" + std::to_string(options.context) + ": the context " +
-                  "state alone needs " + std::to_string(need >> 20) + " MiB, more than the " +
-                  std::to_string(available >> 20) + " MiB of memory available");
+    if (available > 0 && need > available) {
+      if (sessions == 1)
+        throw Error(options.context_name + "=" + std::to_string(options.context) +
+                    ": the context state alone needs " + std::to_string(need >> 20) +
+                    " MiB, more than the " + std::to_string(available >> 20) +
+                    " MiB of memory available");
+      throw Error(options.sessions_name + "=" + std::to_string(sessions) + ": " +
+                  std::to_string(sessions) + " sessions of " + std::to_string(options.context) +
+                  " positions need " + std::to_string(info.session_bytes >> 20) + " MiB each (" +
+                  std::to_string(info.session_bytes) + " bytes), " + std::to_string(need >> 20) +
+                  " MiB in all, more than the " + std::to_string(available >> 20) +
+                  " MiB of memory available: lower " + options.sessions_name + " or " +
+                  options.context_name);
+    }
   }
   if (options.before_weights) options.before_weights(info, m.tokenizer.get());
   ModelSetup setup;
   setup.isa = chosen_isa(load.isa);
   setup.on_load_progress = options.on_progress;
   setup.cancel = options.cancel;
+  if (sessions > 1)
+    setup.session_reserve_bytes = info.session_bytes * static_cast<uint64_t>(sessions);
   m.model = std::make_unique<Model>(*m.files, config, load, setup);
   info.num_layers = m.model->num_layers();
   info.has_embedding = m.model->has_embedding();

@@ -508,8 +508,12 @@ const std::vector<OptionRow>& option_rows() {
        "404 for a request's model other than --model-id and the aliases (off: any name gets the "
        "served model; --accept-any-model = off)",
        boolean(FIELD(serve.strict_model))},
+      {"--parallel", "COLI_PARALLEL", Group::kServer, kServe,
+       "sessions served at once, decoded in one batch (each holds its own context state, all "
+       "reserved at start)",
+       integer(FIELD(serve.parallel), 1, 64)},
       {"--max-queue", "COLI_MAX_QUEUE", Group::kServer, kServe,
-       "requests that may wait behind the running one (more get 429)",
+       "requests that may wait when every session is busy (more get 429)",
        integer(FIELD(serve.max_queue), 0, 1024)},
       {"--queue-timeout", "COLI_QUEUE_TIMEOUT", Group::kServer, kServe,
        "seconds a request may wait in the queue (then 429)",

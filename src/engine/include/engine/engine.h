@@ -43,6 +43,11 @@ struct EngineOptions {
   // in that error ("--ctx / K3_MAXT").
   int64_t context = 0;
   std::string context_name = "--ctx / K3_MAXT";
+  // Sessions of `context` positions the caller will hold at once (coli serve --parallel): all of
+  // them must fit in the memory available before the weights load (the error gives one session's
+  // bytes), and the expert cache sizes itself in what is left after them.
+  int sessions = 1;
+  std::string sessions_name = "--parallel / COLI_PARALLEL";
   // Runs once config.json and the tokenizer are read and checked, before any weight: the caller
   // checks what depends on them (a prompt that must fit the context). `info` has config.json's
   // fields (num_layers, resident_bytes and has_* are not known yet); `tokenizer` may be nullptr.
@@ -63,7 +68,10 @@ struct EngineInfo {
   bool has_embedding = false;
   bool has_head = false;        // false: prefill returns no logits
   uint64_t resident_bytes = 0;  // weights held in memory
-  std::string tensor_prefix;    // "language_model." in the release layout
+  // One session's state at EngineOptions::context positions (MLA rows, scores, KDA state, the
+  // token record); 0 when no context was given.
+  uint64_t session_bytes = 0;
+  std::string tensor_prefix;  // "language_model." in the release layout
 };
 
 // The routed-expert cache's counters since load.

@@ -121,6 +121,7 @@ struct ServeOptions {
   std::string api_key_file;
   std::vector<std::string> allowed_hosts, cors_origins;
   bool insecure_bind = false;
+  int64_t parallel = 4;  // coli serve: sessions at once (coli chat and kimi_k3 run one)
   int64_t max_queue = 8;
   double queue_timeout = 300;
   int64_t max_tokens = 16384;  // ceiling of a request's max_tokens
