@@ -60,6 +60,8 @@ k3::ServiceOptions service_options(const k3::Options& opt) {
   s.ckpt_slots = opt.serve.ckpt_slots;
   s.ckpt_dir = opt.serve.ckpt_dir;
   s.ckpt_keep = opt.serve.ckpt_keep;
+  s.cache_dir = opt.serve.cache_dir;
+  s.cache_gb = opt.serve.cache_gb;
   s.max_queue = static_cast<size_t>(opt.serve.max_queue);
   s.token_delay_ms = opt.serve.token_delay_ms;
   s.prefix_log = opt.serve.prefix_log;
@@ -205,10 +207,11 @@ int serve(const k3::Options& opt, bool web) {
         std::fprintf(
             stderr,
             "coli: %s loaded in %.1f s (%s); context %lld tokens; %d session%s of %.1f MiB; "
-            "checkpoints: %s\n",
+            "checkpoints: %s; prefix cache: %s\n",
             opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
             static_cast<long long>(s.context_capacity), s.parallel, s.parallel == 1 ? "" : "s",
-            static_cast<double>(s.session_bytes) / (1 << 20), s.checkpoints.c_str());
+            static_cast<double>(s.session_bytes) / (1 << 20), s.checkpoints.c_str(),
+            s.prefix_cache.c_str());
         return;
       }
       if (s.state == k3::ServiceStats::State::failed) {

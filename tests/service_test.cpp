@@ -834,5 +834,155 @@ TEST(ServiceParallel, SessionsThatDoNotFitAreRefusedWithTheirSize) {
   EXPECT_EQ(s.load_progress, 0.0) << "refused before the weights load";
 }
 
+// --- The prefix cache on disk (ServiceOptions::cache_dir, coli serve --cache-dir) ---
+
+ServiceOptions cached_options(const std::string& dir) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.cache_dir = dir;
+  o.cache_gb = 1;
+  return o;
+}
+
+std::vector<std::string> prefix_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("k3_prefix_", 0) == 0) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A conversation resumes after a restart from the prompt-boundary state written before it (MLA
+// rows and all), and gives the cold answer; the files are private and keyed.
+TEST(ServicePrefixCache, AConversationResumesAfterARestart) {
+  const testing::TempDir root("prefix-cache");
+  const std::string dir = root.file("cache");
+  EngineService cold(options(0));
+  wait_ready(cold);
+  const auto head =
+      encode(cold, "System: you are a coding agent with a long system prompt.\nUser:");
+  const auto follow = concat(head, encode(cold, " fix the failing test.\nAssistant:"));
+  {
+    EngineService first(cached_options(dir));
+    wait_ready(first);
+    const Outcome a = run(first, greedy(head, 4));
+    EXPECT_EQ(a.done.cached_tokens, 0);
+    EXPECT_EQ(first.stats().prefix.saves, 1);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((dir + "/k3_prefix.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 16);
+  const auto files = prefix_files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  ASSERT_EQ(::stat(files[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  EngineService restarted(cached_options(dir));
+  wait_ready(restarted);
+  const Outcome b = run(restarted, greedy(follow, 8));
+  EXPECT_EQ(b.accepted.reuse, ReuseKind::disk);
+  EXPECT_EQ(b.done.cached_tokens, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(b.done.restored_at, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(b.content, run(cold, greedy(follow, 8)).content);
+  EXPECT_EQ(restarted.stats().prefix.restores, 1);
+  EXPECT_EQ(restarted.stats().reuse_disk, 1);
+  EXPECT_HAS(restarted.stats().prefix_cache, "disk " + dir + ", 2 entries");
+}
+
+// A damaged, truncated or foreign file is refused and removed, never restored: the request then
+// runs cold and gives the cold answer.
+TEST(ServicePrefixCache, DamagedTruncatedAndForeignFilesAreRefusedAndRemoved) {
+  const testing::TempDir root("prefix-cache-bad");
+  EngineService cold(options(0));
+  wait_ready(cold);
+  const auto head = encode(cold, "System: the same long system prompt for every request.\nUser:");
+  const auto follow = concat(head, encode(cold, " and now?\nAssistant:"));
+  const std::string expected = run(cold, greedy(follow, 6)).content;
+  auto write_one = [&](const std::string& dir) {
+    EngineService service(cached_options(dir));
+    wait_ready(service);
+    run(service, greedy(head, 2));
+    const auto files = prefix_files(dir);
+    EXPECT_EQ(files.size(), 1u);
+    return files.empty() ? std::string() : files[0];
+  };
+  auto resume = [&](const std::string& dir, const char* what, bool refused_at_start) {
+    SCOPED_TRACE(what);
+    EngineService service(cached_options(dir));
+    wait_ready(service);
+    if (refused_at_start) {
+      EXPECT_EQ(service.stats().prefix.rejected, 1);
+    }
+    const Outcome r = run(service, greedy(follow, 6));
+    EXPECT_NE(r.accepted.reuse, ReuseKind::disk);
+    EXPECT_EQ(r.done.cached_tokens, 0);
+    EXPECT_EQ(r.content, expected);
+    EXPECT_EQ(service.stats().prefix.rejected, 1);
+    EXPECT_EQ(service.stats().prefix.restores, 0);
+  };
+  // Damaged: one payload byte changed; the header is intact, so the tag check at restore refuses.
+  {
+    const std::string dir = root.file("damaged");
+    const std::string file = write_one(dir);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekp(size - 5);
+    const char flip = 0x5a;
+    f.write(&flip, 1);
+    f.close();
+    resume(dir, "damaged", false);
+    EXPECT_FALSE(std::filesystem::exists(file)) << "the damaged file was not removed";
+  }
+  // Truncated: refused when the directory is read at start.
+  {
+    const std::string dir = root.file("truncated");
+    const std::string file = write_one(dir);
+    std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+    resume(dir, "truncated", true);
+    EXPECT_FALSE(std::filesystem::exists(file)) << "the truncated file was not removed";
+  }
+  // Foreign: a valid file of another cache (another key) copied in.
+  {
+    const std::string other = write_one(root.file("other"));
+    const std::string dir = root.file("foreign");
+    std::filesystem::create_directory(dir);
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+    const std::string copied = dir + "/" + std::filesystem::path(other).filename().string();
+    std::filesystem::copy_file(other, copied);
+    resume(dir, "foreign", true);
+    EXPECT_FALSE(std::filesystem::exists(copied)) << "the foreign file was not removed";
+  }
+}
+
+// A key file others may read, or a directory others may write to, stops the start before the
+// weights load.
+TEST(ServicePrefixCache, UnsafeKeyOrDirectoryIsRefused) {
+  const testing::TempDir root("prefix-cache-unsafe");
+  const std::string dir = root.file("cache");
+  {
+    EngineService service(cached_options(dir));
+    wait_ready(service);
+  }
+  ASSERT_EQ(::chmod((dir + "/k3_prefix.key").c_str(), 0644), 0);
+  {
+    EngineService service(cached_options(dir));
+    const ServiceStats s = settled(service);
+    EXPECT_EQ(s.state, ServiceStats::State::failed);
+    EXPECT_EQ(s.failed_step, "prefix cache directory (--cache-dir)");
+    EXPECT_HAS(s.load_error, dir + "/k3_prefix.key: the prefix cache key must be");
+    EXPECT_EQ(s.load_progress, 0.0);
+  }
+  const std::string open = root.file("open");
+  std::filesystem::create_directory(open);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  EngineService service(cached_options(open));
+  const ServiceStats s = settled(service);
+  EXPECT_EQ(s.state, ServiceStats::State::failed);
+  EXPECT_HAS(s.load_error, "is writable by other users");
+}
+
 }  // namespace
 }  // namespace k3

@@ -423,7 +423,15 @@ size_t Session::state_floats() const {
   return n;
 }
 
-void Session::save_state(SavedState& out) const {
+size_t Session::row_floats() const {
+  size_t n = 0;
+  const size_t capacity = static_cast<size_t>(impl_->state.capacity);
+  for (const MlaCache& m : impl_->state.mla)
+    if (capacity > 0) n += (m.latent.size() + m.rope.size()) / capacity;
+  return n;
+}
+
+void Session::save_state(SavedState& out, bool with_rows) const {
   out.position = impl_->state.position;
   out.ids = impl_->tokens;
   out.kda.resize(state_floats());
@@ -431,23 +439,54 @@ void Session::save_state(SavedState& out) const {
   for (const KdaState& k : impl_->state.kda)
     for (const std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent})
       dst = std::copy(v->begin(), v->end(), dst);
+  out.rows.clear();
+  if (!with_rows) return;
+  const size_t pos = static_cast<size_t>(out.position);
+  const size_t capacity = static_cast<size_t>(impl_->state.capacity);
+  out.rows.resize(pos * row_floats());
+  float* r = out.rows.data();
+  for (const MlaCache& m : impl_->state.mla)
+    for (const std::vector<float>* v : {&m.latent, &m.rope})
+      if (!v->empty())
+        r = std::copy(v->begin(),
+                      v->begin() + static_cast<std::ptrdiff_t>(pos * (v->size() / capacity)), r);
 }
 
 void Session::restore_state(const SavedState& saved) {
   Impl& s = *impl_;
   const size_t pos = static_cast<size_t>(saved.position);
-  if (saved.kda.size() != state_floats() || saved.ids.size() != pos || pos > s.tokens.size() ||
-      !std::equal(saved.ids.begin(), saved.ids.end(), s.tokens.begin()))
+  const size_t capacity = static_cast<size_t>(s.state.capacity);
+  const bool rows = !saved.rows.empty();
+  if (saved.kda.size() != state_floats() || saved.ids.size() != pos ||
+      (rows ? pos > capacity || saved.rows.size() != pos * row_floats()
+            : pos > s.tokens.size() ||
+                  !std::equal(saved.ids.begin(), saved.ids.end(), s.tokens.begin())))
     throw Error("saved state at position " + std::to_string(pos) +
                 " does not match this session (" + std::to_string(saved.kda.size()) + " of " +
                 std::to_string(state_floats()) + " floats, " + std::to_string(s.tokens.size()) +
-                " ids fed)");
+                " ids fed" +
+                (rows ? ", " + std::to_string(saved.rows.size()) + " row floats of " +
+                            std::to_string(pos * row_floats())
+                      : std::string()) +
+                ")");
+  for (const int64_t id : saved.ids) s.check_id(id);
   const float* src = saved.kda.data();
   for (KdaState& k : s.state.kda)
     for (std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent}) {
       std::copy(src, src + v->size(), v->begin());
       src += v->size();
     }
+  if (rows) {
+    const float* r = saved.rows.data();
+    for (MlaCache& m : s.state.mla)
+      for (std::vector<float>* v : {&m.latent, &m.rope})
+        if (!v->empty()) {
+          const size_t n = pos * (v->size() / capacity);
+          std::copy(r, r + n, v->begin());
+          r += n;
+        }
+    s.tokens.assign(saved.ids.begin(), saved.ids.end());
+  }
   s.state.position = saved.position;
   s.tokens.resize(pos);
 }

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <optional>
 
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "io/file.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -214,6 +216,8 @@ const char* reuse_kind_name(ReuseKind kind) {
       return "live";
     case ReuseKind::checkpoint:
       return "checkpoint";
+    case ReuseKind::disk:
+      return "disk";
   }
   return "?";
 }
@@ -441,6 +445,34 @@ void EngineService::load() {
       return;
     }
   }
+  // The prefix cache on disk is checked before the weights too; its identity names the model and
+  // what the engine computes with, so a file written by another model or setting never matches.
+  if (!options_.cache_dir.empty()) {
+    try {
+      const LoadOptions& lo = options_.load;
+      std::error_code ec;
+      const std::string model = std::filesystem::canonical(options_.model_dir, ec).string();
+      std::string identity =
+          model + "\n" + read_text_file(options_.model_dir + "/config.json") + "\n";
+      identity += "bits " + std::to_string(lo.bits) + "/" + std::to_string(lo.mla_bits) + "/" +
+                  std::to_string(lo.head_bits) + " idot " + std::to_string(lo.idot) + " isa " +
+                  lo.isa + " layers " + std::to_string(lo.layers) + " topp " +
+                  std::to_string(lo.expert_top_p) + " cpu " + cpu_model_name();
+      prefix_cache_ = std::make_unique<PrefixCache>(
+          options_.cache_dir, static_cast<uint64_t>(std::max(0.0, options_.cache_gb) * 1e9),
+          identity);
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.prefix_cache = prefix_cache_->describe();
+      stats_.prefix = prefix_cache_->counters();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.state = ServiceStats::State::failed;
+      stats_.failed_step = "prefix cache directory (--cache-dir)";
+      stats_.load_error = e.what();
+      stats_.load_elapsed_s = now_seconds() - load_started_;
+      return;
+    }
+  }
   try {
     if (options_.threads > 0) omp_set_num_threads(options_.threads);
     const int64_t capacity =
@@ -607,6 +639,10 @@ void EngineService::publish_state() {
     }
   }
   stats_.phase = prefill ? "prefill" : decode ? "decode" : "idle";
+  if (prefix_cache_) {
+    stats_.prefix_cache = prefix_cache_->describe();
+    stats_.prefix = prefix_cache_->counters();
+  }
   stats_.active_started = oldest;
   stats_.fed_tokens = slots_.empty() || !slots_[static_cast<size_t>(last_slot_)]->session
                           ? 0
@@ -648,6 +684,18 @@ int64_t EngineService::reuse(Slot& slot, const ServiceRequest& req, GenerationSt
           static_cast<long long>(live),
           restored > 0 ? (" -> restored checkpoint @" + std::to_string(restored)).c_str() : "");
   }
+  // The prefix cache on disk, when it holds more of the prompt.
+  if (prefix_cache_ && req.cache_prompt) {
+    const int64_t restored = prefix_cache_->restore_best(session, prompt, start);
+    if (restored > 0) {
+      stats.reuse = ReuseKind::disk;
+      stats.restored_at = restored;
+      start = restored;
+      if (options_.prefix_log)
+        std::fprintf(stderr, "[PREFIX] session %d: restored %lld of %lld from the disk cache\n",
+                     slot.id, static_cast<long long>(start), static_cast<long long>(n));
+    }
+  }
   if (options_.prefix_log && stats.reuse == ReuseKind::live)
     std::fprintf(stderr, "[PREFIX] session %d: reusing %lld of %lld prompt tokens\n", slot.id,
                  static_cast<long long>(start), static_cast<long long>(n));
@@ -661,6 +709,7 @@ int64_t EngineService::reuse(Slot& slot, const ServiceRequest& req, GenerationSt
     stats_.cached_tokens += start;
     (stats.reuse == ReuseKind::live         ? stats_.reuse_live
      : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint
+     : stats.reuse == ReuseKind::disk       ? stats_.reuse_disk
                                             : stats_.reuse_none)++;
   }
   return start;
@@ -732,6 +781,7 @@ void EngineService::prefill_piece(Slot& slot) {
   if (options_.token_delay_ms > 0 && end < n)
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
   if (std::binary_search(job.saves.begin(), job.saves.end(), end)) slot.checkpoints->save(session);
+  if (prefix_cache_ && req.cache_prompt && end == req.anchor) prefix_cache_->save(session);
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::progress;
   e.processed = end;
@@ -742,6 +792,7 @@ void EngineService::prefill_piece(Slot& slot) {
   // The prompt's end is always checkpointed: a follow-up whose history is re-rendered differently
   // (the reply retokenised, reasoning dropped) resumes there.
   slot.checkpoints->save(session);
+  if (prefix_cache_ && req.cache_prompt) prefix_cache_->save(session);
   job.decoding = true;
   job.t1 = now_seconds();
   publish_state();

@@ -562,6 +562,13 @@ const std::vector<OptionRow>& option_rows() {
       {"--ckpt-dir", "COLI_K3_CKPT_DIR", Group::kServer, kServe | kChatApp,
        "keep the checkpoints in this directory (0700, files 0600) instead of RAM",
        text(FIELD(serve.ckpt_dir))},
+      {"--cache-dir", "COLI_CACHE_DIR", Group::kServer, kServe,
+       "prefix cache on disk that survives restarts (prompt-boundary states with their MLA rows, "
+       "keyed tags; 0700, files 0600; empty = off)",
+       text(FIELD(serve.cache_dir))},
+      {"--cache-gb", "COLI_CACHE_GB", Group::kServer, kServe,
+       "bound of the --cache-dir prefix cache in GB (least recently used out)",
+       real(FIELD(serve.cache_gb), 0.001, 1e6)},
       {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp,
        "leave the disk checkpoints behind at exit", boolean(FIELD(serve.ckpt_keep))},
       // security

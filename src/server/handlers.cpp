@@ -177,7 +177,8 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
         json{{"phase", s.phase},
              {"fed_tokens", s.fed_tokens},
              {"checkpoints",
-              json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
+              json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}},
+             {"prefix_cache", s.prefix_cache}};
     body["memory"] = json{{"rss_gb", static_cast<double>(current_rss_bytes()) / 1e9}};
     if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
@@ -416,7 +417,17 @@ std::string metrics_text(const ServiceStats& s,
   o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
     << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live
     << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} " << s.reuse_checkpoint
+    << "\nk3_prefix_reuse_total{kind=\"disk\"} " << s.reuse_disk
     << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
+  metric("k3_prefix_cache_saves_total", "counter", "prefixes written to the disk cache",
+         static_cast<double>(s.prefix.saves));
+  metric("k3_prefix_cache_restores_total", "counter", "prefixes restored from the disk cache",
+         static_cast<double>(s.prefix.restores));
+  metric("k3_prefix_cache_rejected_total", "counter",
+         "disk cache files refused (damaged, truncated or foreign) and removed",
+         static_cast<double>(s.prefix.rejected));
+  metric("k3_prefix_cache_evicted_total", "counter", "disk cache files evicted by --cache-gb",
+         static_cast<double>(s.prefix.evicted));
   metric("k3_checkpoint_saves_total", "counter", "recurrent-state checkpoints saved",
          static_cast<double>(s.ckpt.saves));
   metric("k3_checkpoint_restores_total", "counter", "recurrent-state checkpoints restored",

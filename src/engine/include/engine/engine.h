@@ -160,10 +160,15 @@ struct PrefillHooks {
 // A copy of a session's recurrent state: every KDA layer's three conv windows and matrix state,
 // flattened, plus the ids fed so far. With the MLA rows still in the live cache for positions
 // below `position`, restoring it resumes the sequence there (docs/serving.md §3.10.2).
+// With the MLA rows too (`rows`, save_state(out, true)) it stands alone: restoring it into any
+// session of the same engine resumes the sequence there (the disk prefix cache, coli serve
+// --cache-dir).
 struct SavedState {
   int64_t position = 0;
   std::vector<int64_t> ids;  // [position]
   std::vector<float> kda;    // [Session::state_floats()]
+  std::vector<float> rows;   // [position][Session::row_floats()] or empty (layer by layer, latent
+                             // then rope)
 };
 
 // Seconds per compute stage and routed-expert applications since a session started.
@@ -209,10 +214,15 @@ class Session {
 
   // Floats in a SavedState's `kda` (the same for every saved state of this engine).
   size_t state_floats() const;
-  void save_state(SavedState& out) const;
+  // Floats of one position's MLA rows over every MLA layer (a SavedState's `rows` per position).
+  size_t row_floats() const;
+  // `with_rows`: the MLA rows of positions [0, position) too.
+  void save_state(SavedState& out, bool with_rows = false) const;
   // Puts the saved recurrent state back and truncates the record to its position.
   // REQUIRES: saved.ids == tokens()[0, saved.position) (the MLA rows below it are then valid);
-  // throws k3::Error otherwise.
+  // throws k3::Error otherwise. With rows (saved.rows not empty) the rows are put back too and the
+  // record becomes saved.ids whatever it held (REQUIRES: rows of position x row_floats() floats,
+  // position within the capacity).
   void restore_state(const SavedState& saved);
   // While set, every forward pass polls `flag` before each layer and throws Interrupted when it
   // reads true; the state is then part-advanced (restore a saved state or reset). nullptr = off.

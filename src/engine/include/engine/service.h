@@ -16,7 +16,9 @@
 //
 // Order of business for one request, on its session:
 //   1. reuse: the record is a strict prefix of the prompt → prefill the tail ("live"); else the
-//      deepest matching checkpoint is restored ("checkpoint"); else the state is reset ("none").
+//      deepest matching checkpoint is restored ("checkpoint"); else the state is reset ("none");
+//      then, with a prefix cache on disk (cache_dir), its deepest entry of the prompt when that is
+//      deeper ("disk"; entries are written at the anchor and at the prompt's end).
 //   2. before prefilling from p > 0 a checkpoint is held at p (checkpoints on), so a cancelled
 //      prefill rolls back to p instead of losing everything; without one it rolls back to the
 //      deepest checkpoint of the prompt below p, else resets.
@@ -63,8 +65,9 @@
 
 namespace k3 {
 
-enum class ReuseKind { none, live, checkpoint };
-const char* reuse_kind_name(ReuseKind kind);  // "none", "live", "checkpoint"
+// disk: restored from the prefix cache on disk (ServiceOptions::cache_dir).
+enum class ReuseKind { none, live, checkpoint, disk };
+const char* reuse_kind_name(ReuseKind kind);  // "none", "live", "checkpoint", "disk"
 
 struct ServiceRequest {
   std::vector<int64_t> prompt;    // rendered chat prompt ids
@@ -171,6 +174,10 @@ struct ServiceOptions {
                          // auto_slots in RAM when memory allows, else 2, else off)
   int auto_slots = 2;    // what auto asks for in RAM first (coli chat: 4, for ServiceRequest::keep)
   std::string ckpt_dir;  // disk checkpoints here (checked before the weights load)
+  // The prefix cache on disk that survives restarts (engine/checkpoints.h PrefixCache): the
+  // directory ("" = off; checked before the weights load) and its bound in GB.
+  std::string cache_dir;
+  double cache_gb = 8;
   bool ckpt_keep = false;
   size_t max_queue = 8;     // waiters behind the active request
   int token_delay_ms = 0;   // debug: sleep after every generated token and prefill piece
@@ -224,7 +231,10 @@ struct ServiceStats {
   int64_t prompt_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t reuse_live = 0, reuse_checkpoint = 0, reuse_none = 0;
-  CheckpointCounters ckpt;    // over every session's store
+  CheckpointCounters ckpt;           // over every session's store
+  std::string prefix_cache = "off";  // PrefixCache::describe() (--cache-dir)
+  PrefixCache::Counters prefix;
+  int64_t reuse_disk = 0;
   double active_started = 0;  // now_seconds() of the oldest running request's acceptance
   ExpertStats experts;        // the routed-expert cache's counters (zero while loading)
 };
@@ -292,7 +302,8 @@ class EngineService {
   ServiceOptions options_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Batch> batch_;
-  std::vector<std::unique_ptr<Slot>> slots_;  // [parallel]; a Slot's job is the worker's
+  std::unique_ptr<PrefixCache> prefix_cache_;  // --cache-dir (null = off)
+  std::vector<std::unique_ptr<Slot>> slots_;   // [parallel]; a Slot's job is the worker's
   std::vector<int64_t> stop_ids_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> load_cancel_{false};  // set by begin_shutdown / the destructor: stop loading

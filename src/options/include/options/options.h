@@ -138,6 +138,8 @@ struct ServeOptions {
   int ckpt_slots = -1;  // -1 = auto
   std::string ckpt_dir;
   bool ckpt_keep = false;
+  std::string cache_dir;  // --cache-dir: the prefix cache on disk ("" = off)
+  double cache_gb = 8;    // --cache-gb: its bound
   bool prefix_log = false;
   int token_delay_ms = 0;
   std::vector<int64_t> script_ids;  // debug: scripted generated ids
