@@ -1066,7 +1066,7 @@ await check('slots.contents_and_erase_forgets_the_conversation', async () => {
                                 'last_used_s_ago', 'n_ctx', 'phase', 'prompt_tokens', 'requests', 'state'],
      'GET /slots fields');
   assert(Number.isInteger(slot.id) && slot.id >= 0 && slot.id < 4, `slot id ${slot.id}`);
-  eq(slot.requests, 1, 'requests of the session that ran the turn');
+  assert(Number.isInteger(slot.requests) && slot.requests >= 1, `requests of the session that ran the turn: ${slot.requests}`);
   eq(slot.n_ctx, (await healthJson(s)).context_capacity, 'n_ctx = /health context_capacity');
   const { prompt_tokens: p1, completion_tokens: g1 } = r1.usage;
   assert(slot.fed_tokens >= p1 && slot.fed_tokens <= p1 + g1, `fed_tokens ${slot.fed_tokens} should hold the prompt (${p1}) and at most the ${g1} generated tokens`);
