@@ -734,6 +734,41 @@ TEST(ServiceParallel, CancelWhileBatchedLeavesTheOthersIntact) {
   EXPECT_EQ(batched.stats().active, 0u);
 }
 
+// A long prompt arriving while another session decodes is prefilled in pieces of at most the
+// prefill chunk (K3_CHUNK), one per decode step, whatever its progress_every: the running stream
+// is never stalled for the whole prompt.
+TEST(ServiceParallel, APrefillIsCutInChunksWhileOthersDecode) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.load.chunk = 8;
+  o.token_delay_ms = 2;
+  EngineService service(o);
+  wait_ready(service);
+  auto running = service.submit(greedy(encode(service, "Keep talking:"), 400));
+  ASSERT_TRUE(running.ok());
+  ServiceEvent e;
+  bool writing = false;
+  for (int i = 0; i < 600 && !writing; ++i)
+    writing = (*running)->next(e, std::chrono::milliseconds(100)) &&
+              (e.kind == ServiceEvent::Kind::content || e.kind == ServiceEvent::Kind::reasoning);
+  ASSERT_TRUE(writing);
+  std::string long_text;
+  for (int i = 0; i < 12; ++i) long_text += " and the river kept flowing past the old mill";
+  ServiceRequest r = greedy(encode(service, long_text), 2);
+  r.progress_every = 64;
+  ASSERT_GT(r.prompt.size(), 64u);
+  const Outcome late = run(service, r);
+  ASSERT_FALSE(late.progress.empty());
+  int64_t before = 0;
+  for (const ServiceEvent& p : late.progress) {
+    EXPECT_LE(p.processed - before, 8) << "a piece longer than the chunk while another decodes";
+    before = p.processed;
+  }
+  EXPECT_EQ(before, static_cast<int64_t>(r.prompt.size()));
+  EXPECT_EQ(service.stats().active, 1u) << "the running stream ended before the prefill did";
+  service.cancel(*running);
+  EXPECT_EQ(collect(*running).done.finish, k3::FinishReason::cancelled);
+}
+
 // The agent case (issue 31): conversation A, an unrelated side request (a title, a summary), then
 // A's follow-up. The side request goes to another session, so the follow-up reuses A's prefix
 // (one session lost all of it to the side request).
