@@ -60,6 +60,8 @@ k3::ServiceOptions service_options(const k3::Options& opt) {
   s.ckpt_slots = opt.serve.ckpt_slots;
   s.ckpt_dir = opt.serve.ckpt_dir;
   s.ckpt_keep = opt.serve.ckpt_keep;
+  s.cache_dir = opt.serve.cache_dir;
+  s.cache_gb = opt.serve.cache_gb;
   s.max_queue = static_cast<size_t>(opt.serve.max_queue);
   s.token_delay_ms = opt.serve.token_delay_ms;
   s.prefix_log = opt.serve.prefix_log;
@@ -141,7 +143,9 @@ int serve(const k3::Options& opt, bool web) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  k3::EngineService service(service_options(opt));
+  k3::ServiceOptions service_opts = service_options(opt);
+  service_opts.parallel = static_cast<int>(opt.serve.parallel);  // coli chat stays at one
+  k3::EngineService service(std::move(service_opts));
   k3::server::HttpServer server(service, so);
   const int port = server.bind();
   const std::string host =
@@ -201,9 +205,13 @@ int serve(const k3::Options& opt, bool web) {
       if (s.state == k3::ServiceStats::State::ready) {
         const k3::Engine* engine = service.engine();
         std::fprintf(
-            stderr, "coli: %s loaded in %.1f s (%s); context %lld tokens; checkpoints: %s\n",
+            stderr,
+            "coli: %s loaded in %.1f s (%s); context %lld tokens; %d session%s of %.1f MiB; "
+            "checkpoints: %s; prefix cache: %s\n",
             opt.model_dir.c_str(), s.load_elapsed_s, engine ? engine->describe().c_str() : "",
-            static_cast<long long>(s.context_capacity), s.checkpoints.c_str());
+            static_cast<long long>(s.context_capacity), s.parallel, s.parallel == 1 ? "" : "s",
+            static_cast<double>(s.session_bytes) / (1 << 20), s.checkpoints.c_str(),
+            s.prefix_cache.c_str());
         return;
       }
       if (s.state == k3::ServiceStats::State::failed) {

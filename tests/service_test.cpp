@@ -572,5 +572,452 @@ TEST(Service, EngineFaultFailsTheRequestAndServingGoesOn) {
   EXPECT_EQ(service.stats().failed_in_a_row, 0);  // a normal end clears it
 }
 
+// --- N sessions (ServiceOptions::parallel, coli serve --parallel) ---
+
+ServiceOptions parallel_options(int parallel, int slots = 2) {
+  ServiceOptions o = options(slots);
+  o.parallel = parallel;
+  return o;
+}
+
+// Waits for the accepted event; returns it.
+GenerationStats accepted(const std::shared_ptr<RequestHandle>& handle) {
+  ServiceEvent e;
+  for (int i = 0; i < 600; ++i)
+    if (handle->next(e, std::chrono::milliseconds(100))) {
+      if (e.kind == ServiceEvent::Kind::accepted) return e.stats;
+      ADD_FAILURE() << "first event is not accepted: " << e.text;
+      return {};
+    }
+  ADD_FAILURE() << "no accepted event within 60 s";
+  return {};
+}
+
+// Four requests at once on four sessions: each answer (greedy, seeded sampling with penalties,
+// logprobs, a stop string) equals the same request run alone, and the decode steps did batch
+// them (a request saw a step of more than one session).
+TEST(ServiceParallel, ConcurrentAnswersEqualTheirSoloRuns) {
+  ServiceOptions o = parallel_options(4, 0);
+  o.token_delay_ms = 2;  // keeps the four replies overlapping however the threads are scheduled
+  EngineService batched(o);
+  EngineService solo(options(0));
+  wait_ready(batched);
+  wait_ready(solo);
+  std::vector<ServiceRequest> requests;
+  requests.push_back(greedy(encode(solo, "The history of the printing press begins in"), 20));
+  requests.push_back(greedy(encode(solo, "Rivers:"), 14));  // ends early
+  ServiceRequest sampled = greedy(encode(solo,
+                                         "A long list of colours, animals and the names of "
+                                         "the old towns along the river"),
+                                  20);
+  sampled.sampling.temperature = 0.9;
+  sampled.sampling.top_k = 40;
+  sampled.sampling.seed = 1234;
+  sampled.penalties.frequency_penalty = 0.5;
+  sampled.penalties.repeat_penalty = 1.2;
+  requests.push_back(sampled);
+  ServiceRequest logprobs = greedy(encode(solo, "Once upon a time"), 18);
+  logprobs.top_logprobs = 3;
+  requests.push_back(logprobs);
+  std::vector<Outcome> alone;
+  for (const ServiceRequest& r : requests) alone.push_back(run(solo, r));
+  // A stop string from the middle of the first solo answer.
+  ASSERT_GE(alone[0].content.size(), 8u);
+  size_t from = alone[0].content.size() / 2;
+  while (from > 0 && (static_cast<unsigned char>(alone[0].content[from]) & 0xC0) == 0x80) --from;
+  requests[0].stop = {alone[0].content.substr(from, 1)};
+  alone[0] = run(solo, requests[0]);
+
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const ServiceRequest& r : requests) {
+    auto h = batched.submit(r);
+    ASSERT_TRUE(h.ok()) << h.status().message();
+    handles.push_back(*h);
+  }
+  std::vector<int> sessions;
+  int64_t widest = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    SCOPED_TRACE(i);
+    const Outcome together = collect(handles[i]);
+    EXPECT_TRUE(together.error.empty()) << together.error;
+    EXPECT_EQ(together.content, alone[i].content);
+    EXPECT_EQ(together.reasoning, alone[i].reasoning);
+    EXPECT_EQ(together.done.finish, alone[i].done.finish);
+    EXPECT_EQ(together.done.completion_tokens, alone[i].done.completion_tokens);
+    sessions.push_back(together.done.session);
+    widest = std::max(widest, together.done.batch_max);
+  }
+  std::sort(sessions.begin(), sessions.end());
+  EXPECT_EQ(sessions, (std::vector<int>{0, 1, 2, 3}));  // one session each
+  EXPECT_GE(widest, 2) << "no decode step fed more than one session";
+  const ServiceStats s = batched.stats();
+  EXPECT_GT(s.decode_rows, s.decode_steps);
+  EXPECT_EQ(s.parallel, 4);
+  EXPECT_EQ(s.sessions.size(), 4u);
+  EXPECT_EQ(s.completed, 4);
+}
+
+// Logprobs of a batched request equal those of its solo run, token for token.
+TEST(ServiceParallel, LogprobsWhileBatchedEqualSolo) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.token_delay_ms = 2;
+  EngineService batched(o);
+  EngineService solo(options(0));
+  wait_ready(batched);
+  wait_ready(solo);
+  auto with_logprobs = [&](const std::string& text) {
+    ServiceRequest r = greedy(encode(solo, text), 12);
+    r.top_logprobs = 2;
+    return r;
+  };
+  int64_t widest = 0;
+  auto logprobs_of = [&](const std::shared_ptr<RequestHandle>& h) {
+    std::vector<double> out;
+    ServiceEvent e;
+    for (int i = 0; i < 600; ++i) {
+      if (!h->next(e, std::chrono::milliseconds(100))) continue;
+      for (const TokenLogprobs& t : e.logprobs) {
+        out.push_back(t.chosen.logprob);
+        for (const TokenLogprob& a : t.top) out.push_back(a.logprob);
+      }
+      if (e.kind == ServiceEvent::Kind::done) widest = std::max(widest, e.stats.batch_max);
+      if (e.kind == ServiceEvent::Kind::done || e.kind == ServiceEvent::Kind::error) break;
+    }
+    return out;
+  };
+  const ServiceRequest a = with_logprobs("Names of rivers:"), b = with_logprobs("Seven seas,");
+  const auto alone_a = logprobs_of(*solo.submit(a));
+  const auto alone_b = logprobs_of(*solo.submit(b));
+  auto ha = batched.submit(a);
+  auto hb = batched.submit(b);
+  ASSERT_TRUE(ha.ok() && hb.ok());
+  EXPECT_EQ(logprobs_of(*ha), alone_a);
+  EXPECT_EQ(logprobs_of(*hb), alone_b);
+  EXPECT_FALSE(alone_a.empty());
+  EXPECT_GE(widest, 2) << "the two requests never shared a decode step";
+}
+
+// A request cancelled while it decodes in a batch ends at once (finish cancelled); the others of
+// the batch go on and still equal their solo runs.
+TEST(ServiceParallel, CancelWhileBatchedLeavesTheOthersIntact) {
+  ServiceOptions o = parallel_options(3, 0);
+  o.token_delay_ms = 5;
+  EngineService batched(o);
+  EngineService solo(options(0));
+  wait_ready(batched);
+  wait_ready(solo);
+  const ServiceRequest a = greedy(encode(solo, "Count the stars:"), 24);
+  const ServiceRequest b = greedy(encode(solo, "A recipe for bread"), 24);
+  const ServiceRequest c = greedy(encode(solo, "Twelve months of the year"), 60);
+  const Outcome alone_a = run(solo, a), alone_b = run(solo, b);
+  auto ha = batched.submit(a), hb = batched.submit(b), hc = batched.submit(c);
+  ASSERT_TRUE(ha.ok() && hb.ok() && hc.ok());
+  // Cancel c once it has written three pieces of text (so it has been stepped with the others).
+  ServiceEvent e;
+  int pieces = 0;
+  for (int i = 0; i < 600 && pieces < 3; ++i)
+    if ((*hc)->next(e, std::chrono::milliseconds(100)) &&
+        (e.kind == ServiceEvent::Kind::content || e.kind == ServiceEvent::Kind::reasoning))
+      ++pieces;
+  ASSERT_EQ(pieces, 3);
+  batched.cancel(*hc);
+  const Outcome cancelled = collect(*hc);
+  EXPECT_EQ(cancelled.done.finish, k3::FinishReason::cancelled);
+  EXPECT_LT(cancelled.done.completion_tokens, 60);
+  const Outcome ra = collect(*ha), rb = collect(*hb);
+  EXPECT_EQ(ra.content, alone_a.content);
+  EXPECT_EQ(rb.content, alone_b.content);
+  EXPECT_GE(cancelled.done.batch_max, 2) << "c was never batched with the others";
+  EXPECT_EQ(batched.stats().cancelled_decode, 1);
+  EXPECT_EQ(batched.stats().completed, 2);
+  EXPECT_TRUE(batched.wait_idle(10));
+  EXPECT_EQ(batched.stats().active, 0u);
+}
+
+// A long prompt arriving while another session decodes is prefilled in pieces of at most the
+// prefill chunk (K3_CHUNK), one per decode step, whatever its progress_every: the running stream
+// is never stalled for the whole prompt.
+TEST(ServiceParallel, APrefillIsCutInChunksWhileOthersDecode) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.load.chunk = 8;
+  o.token_delay_ms = 2;
+  EngineService service(o);
+  wait_ready(service);
+  auto running = service.submit(greedy(encode(service, "Keep talking:"), 400));
+  ASSERT_TRUE(running.ok());
+  ServiceEvent e;
+  bool writing = false;
+  for (int i = 0; i < 600 && !writing; ++i)
+    writing = (*running)->next(e, std::chrono::milliseconds(100)) &&
+              (e.kind == ServiceEvent::Kind::content || e.kind == ServiceEvent::Kind::reasoning);
+  ASSERT_TRUE(writing);
+  std::string long_text;
+  for (int i = 0; i < 12; ++i) long_text += " and the river kept flowing past the old mill";
+  ServiceRequest r = greedy(encode(service, long_text), 2);
+  r.progress_every = 64;
+  ASSERT_GT(r.prompt.size(), 64u);
+  const Outcome late = run(service, r);
+  ASSERT_FALSE(late.progress.empty());
+  int64_t before = 0;
+  for (const ServiceEvent& p : late.progress) {
+    EXPECT_LE(p.processed - before, 8) << "a piece longer than the chunk while another decodes";
+    before = p.processed;
+  }
+  EXPECT_EQ(before, static_cast<int64_t>(r.prompt.size()));
+  EXPECT_EQ(service.stats().active, 1u) << "the running stream ended before the prefill did";
+  service.cancel(*running);
+  EXPECT_EQ(collect(*running).done.finish, k3::FinishReason::cancelled);
+}
+
+// The agent case (issue 31): conversation A, an unrelated side request (a title, a summary), then
+// A's follow-up. The side request goes to another session, so the follow-up reuses A's prefix
+// (one session lost all of it to the side request).
+TEST(ServiceParallel, SideRequestDoesNotEvictTheConversation) {
+  EngineService service(parallel_options(4));
+  EngineService cold(options(0));
+  wait_ready(service);
+  wait_ready(cold);
+  const auto head =
+      encode(service, "System: you are a coding agent.\nUser: fix the bug.\nAssistant:");
+  const Outcome a = run(service, greedy(head, 8));
+  const Outcome side =
+      run(service, greedy(encode(service, "Write a five-word title for: bread"), 6));
+  EXPECT_NE(side.done.session, a.done.session);
+  const auto follow = concat(head, encode(service, " Done.\nUser: now add a test.\nAssistant:"));
+  const Outcome next = run(service, greedy(follow, 8, static_cast<int64_t>(head.size())));
+  EXPECT_EQ(next.done.session, a.done.session);
+  EXPECT_GE(next.done.cached_tokens, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(next.content, run(cold, greedy(follow, 8)).content);
+}
+
+// Session choice: a follow-up goes to the session holding its conversation (live reuse), an
+// unrelated request to the least recently used idle one; /slots figures follow.
+TEST(ServiceParallel, SessionChoicePrefersTheSharedPrefixThenTheLeastRecentlyUsed) {
+  EngineService service(parallel_options(3));
+  wait_ready(service);
+  const auto pa = encode(service, "Conversation A about rivers");
+  const auto pb = encode(service, "Conversation B about mountains");
+  const auto pc = encode(service, "Conversation C about lakes");
+  const Outcome a = run(service, greedy(pa, 1));  // one token: the record is the prompt
+  const Outcome b = run(service, greedy(pb, 1));
+  const Outcome c = run(service, greedy(pc, 1));
+  EXPECT_NE(a.done.session, b.done.session);
+  EXPECT_NE(b.done.session, c.done.session);
+  EXPECT_NE(a.done.session, c.done.session);
+  // B's follow-up: B's session, live.
+  const Outcome b2 = run(service, greedy(concat(pb, encode(service, " and valleys")), 4));
+  EXPECT_EQ(b2.done.session, b.done.session);
+  EXPECT_EQ(b2.accepted.reuse, ReuseKind::live);
+  EXPECT_EQ(b2.done.cached_tokens, static_cast<int64_t>(pb.size()));
+  // Something new: the least recently used session, A's.
+  const Outcome d = run(service, greedy(encode(service, "Something else entirely"), 2));
+  EXPECT_EQ(d.done.session, a.done.session);
+  EXPECT_EQ(d.done.cached_tokens, 0);
+  const ServiceStats s = service.stats();
+  ASSERT_EQ(s.sessions.size(), 3u);
+  const auto& sb = s.sessions[static_cast<size_t>(b.done.session)];
+  EXPECT_EQ(sb.requests, 2);
+  EXPECT_EQ(sb.state, "idle");
+  EXPECT_GT(sb.last_used, 0);
+  EXPECT_GT(sb.fed_tokens, static_cast<int64_t>(pb.size()));
+  EXPECT_EQ(s.sessions[static_cast<size_t>(c.done.session)].requests, 1);
+}
+
+// Admission: N run at once, max_queue wait beyond them, the next is refused (the server's 429).
+TEST(ServiceParallel, AdmissionRunsNQueuesMaxQueueRefusesTheRest) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.max_queue = 1;
+  o.token_delay_ms = 20;
+  EngineService service(o);
+  wait_ready(service);
+  const auto prompt = encode(service, "Count slowly:");
+  auto first = service.submit(greedy(prompt, 40));
+  auto second = service.submit(greedy(prompt, 40));
+  ASSERT_TRUE(first.ok() && second.ok());
+  accepted(*first);
+  accepted(*second);  // both running: two sessions
+  EXPECT_EQ(service.stats().active, 2u);
+  auto waiter = service.submit(greedy(prompt, 2));
+  ASSERT_TRUE(waiter.ok()) << waiter.status().message();
+  auto refused = service.submit(greedy(prompt, 2));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::resource_exhausted);
+  EXPECT_HAS(refused.status().message(),
+             "1 waiting behind the 2 running requests (--parallel / COLI_PARALLEL), the limit "
+             "(--max-queue / COLI_MAX_QUEUE)");
+  EXPECT_EQ(service.stats().rejected, 1);
+  service.cancel(*first);
+  EXPECT_EQ(collect(*first).done.finish, k3::FinishReason::cancelled);
+  const Outcome w = collect(*waiter);  // took the freed session
+  EXPECT_EQ(w.done.completion_tokens, 2);
+  service.cancel(*second);
+  collect(*second);
+}
+
+// Every session's state is reserved at start: when they do not fit, the start is refused before
+// the weights, naming one session's bytes and the settings.
+TEST(ServiceParallel, SessionsThatDoNotFitAreRefusedWithTheirSize) {
+  ServiceOptions o = parallel_options(64, 0);
+  o.context = int64_t{1} << 24;
+  EngineService service(o);
+  const ServiceStats s = settled(service);
+  EXPECT_EQ(s.state, ServiceStats::State::failed);
+  EXPECT_HAS(s.load_error,
+             "--parallel / COLI_PARALLEL=64: 64 sessions of 16777216 positions need ");
+  EXPECT_HAS(s.load_error, "MiB each (");
+  EXPECT_HAS(s.load_error, "lower --parallel / COLI_PARALLEL or --ctx");
+  EXPECT_EQ(s.load_progress, 0.0) << "refused before the weights load";
+}
+
+// --- The prefix cache on disk (ServiceOptions::cache_dir, coli serve --cache-dir) ---
+
+ServiceOptions cached_options(const std::string& dir) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.cache_dir = dir;
+  o.cache_gb = 1;
+  return o;
+}
+
+std::vector<std::string> prefix_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("k3_prefix_", 0) == 0) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A conversation resumes after a restart from the prompt-boundary state written before it (MLA
+// rows and all), and gives the cold answer; the files are private and keyed.
+TEST(ServicePrefixCache, AConversationResumesAfterARestart) {
+  const testing::TempDir root("prefix-cache");
+  const std::string dir = root.file("cache");
+  EngineService cold(options(0));
+  wait_ready(cold);
+  const auto head =
+      encode(cold, "System: you are a coding agent with a long system prompt.\nUser:");
+  const auto follow = concat(head, encode(cold, " fix the failing test.\nAssistant:"));
+  {
+    EngineService first(cached_options(dir));
+    wait_ready(first);
+    const Outcome a = run(first, greedy(head, 4));
+    EXPECT_EQ(a.done.cached_tokens, 0);
+    EXPECT_EQ(first.stats().prefix.saves, 1);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((dir + "/k3_prefix.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 16);
+  const auto files = prefix_files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  ASSERT_EQ(::stat(files[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  EngineService restarted(cached_options(dir));
+  wait_ready(restarted);
+  const Outcome b = run(restarted, greedy(follow, 8));
+  EXPECT_EQ(b.accepted.reuse, ReuseKind::disk);
+  EXPECT_EQ(b.done.cached_tokens, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(b.done.restored_at, static_cast<int64_t>(head.size()));
+  EXPECT_EQ(b.content, run(cold, greedy(follow, 8)).content);
+  EXPECT_EQ(restarted.stats().prefix.restores, 1);
+  EXPECT_EQ(restarted.stats().reuse_disk, 1);
+  EXPECT_HAS(restarted.stats().prefix_cache, "disk " + dir + ", 2 entries");
+}
+
+// A damaged, truncated or foreign file is refused and removed, never restored: the request then
+// runs cold and gives the cold answer.
+TEST(ServicePrefixCache, DamagedTruncatedAndForeignFilesAreRefusedAndRemoved) {
+  const testing::TempDir root("prefix-cache-bad");
+  EngineService cold(options(0));
+  wait_ready(cold);
+  const auto head = encode(cold, "System: the same long system prompt for every request.\nUser:");
+  const auto follow = concat(head, encode(cold, " and now?\nAssistant:"));
+  const std::string expected = run(cold, greedy(follow, 6)).content;
+  auto write_one = [&](const std::string& dir) {
+    EngineService service(cached_options(dir));
+    wait_ready(service);
+    run(service, greedy(head, 2));
+    const auto files = prefix_files(dir);
+    EXPECT_EQ(files.size(), 1u);
+    return files.empty() ? std::string() : files[0];
+  };
+  auto resume = [&](const std::string& dir, const char* what, bool refused_at_start) {
+    SCOPED_TRACE(what);
+    EngineService service(cached_options(dir));
+    wait_ready(service);
+    if (refused_at_start) {
+      EXPECT_EQ(service.stats().prefix.rejected, 1);
+    }
+    const Outcome r = run(service, greedy(follow, 6));
+    EXPECT_NE(r.accepted.reuse, ReuseKind::disk);
+    EXPECT_EQ(r.done.cached_tokens, 0);
+    EXPECT_EQ(r.content, expected);
+    EXPECT_EQ(service.stats().prefix.rejected, 1);
+    EXPECT_EQ(service.stats().prefix.restores, 0);
+  };
+  // Damaged: one payload byte changed; the header is intact, so the tag check at restore refuses.
+  {
+    const std::string dir = root.file("damaged");
+    const std::string file = write_one(dir);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekp(size - 5);
+    const char flip = 0x5a;
+    f.write(&flip, 1);
+    f.close();
+    resume(dir, "damaged", false);
+    EXPECT_FALSE(std::filesystem::exists(file)) << "the damaged file was not removed";
+  }
+  // Truncated: refused when the directory is read at start.
+  {
+    const std::string dir = root.file("truncated");
+    const std::string file = write_one(dir);
+    std::filesystem::resize_file(file, std::filesystem::file_size(file) - 100);
+    resume(dir, "truncated", true);
+    EXPECT_FALSE(std::filesystem::exists(file)) << "the truncated file was not removed";
+  }
+  // Foreign: a valid file of another cache (another key) copied in.
+  {
+    const std::string other = write_one(root.file("other"));
+    const std::string dir = root.file("foreign");
+    std::filesystem::create_directory(dir);
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+    const std::string copied = dir + "/" + std::filesystem::path(other).filename().string();
+    std::filesystem::copy_file(other, copied);
+    resume(dir, "foreign", true);
+    EXPECT_FALSE(std::filesystem::exists(copied)) << "the foreign file was not removed";
+  }
+}
+
+// A key file others may read, or a directory others may write to, stops the start before the
+// weights load.
+TEST(ServicePrefixCache, UnsafeKeyOrDirectoryIsRefused) {
+  const testing::TempDir root("prefix-cache-unsafe");
+  const std::string dir = root.file("cache");
+  {
+    EngineService service(cached_options(dir));
+    wait_ready(service);
+  }
+  ASSERT_EQ(::chmod((dir + "/k3_prefix.key").c_str(), 0644), 0);
+  {
+    EngineService service(cached_options(dir));
+    const ServiceStats s = settled(service);
+    EXPECT_EQ(s.state, ServiceStats::State::failed);
+    EXPECT_EQ(s.failed_step, "prefix cache directory (--cache-dir)");
+    EXPECT_HAS(s.load_error, dir + "/k3_prefix.key: the prefix cache key must be");
+    EXPECT_EQ(s.load_progress, 0.0);
+  }
+  const std::string open = root.file("open");
+  std::filesystem::create_directory(open);
+  ASSERT_EQ(::chmod(open.c_str(), 0777), 0);
+  EngineService service(cached_options(open));
+  const ServiceStats s = settled(service);
+  EXPECT_EQ(s.state, ServiceStats::State::failed);
+  EXPECT_HAS(s.load_error, "is writable by other users");
+}
+
 }  // namespace
 }  // namespace k3

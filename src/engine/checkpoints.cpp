@@ -1,5 +1,6 @@
 #include "engine/checkpoints.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -286,6 +287,290 @@ bool CheckpointStore::read_file(int slot, size_t floats, SavedState& saved) {
     return reject(e.what());
   }
   return true;
+}
+
+}  // namespace k3
+
+namespace k3 {
+namespace {
+
+constexpr uint64_t kPrefixVersion = 3;  // 3: stands alone (ids and MLA rows in the payload)
+constexpr const char* kKeyFile = "k3_prefix.key";
+constexpr const char* kPrefixStem = "k3_prefix_";
+
+struct PrefixHeader {
+  uint64_t magic = kMagic;
+  uint64_t version = kPrefixVersion;
+  uint64_t position = 0;
+  uint64_t kda_floats = 0;
+  uint64_t row_floats = 0;  // all positions' rows together
+  uint64_t identity = 0;
+  uint64_t tag = 0;  // SipHash-2-4 of the fields above, the ids and both payloads
+};
+
+uint64_t prefix_tag(const SipKey& key, const PrefixHeader& h, const int64_t* ids, const float* kda,
+                    const float* rows) {
+  SipHash24 sip(key);
+  const uint64_t head[6] = {h.magic, h.version, h.position, h.kda_floats, h.row_floats, h.identity};
+  sip.update(head, sizeof head);
+  sip.update(ids, h.position * sizeof(int64_t));
+  sip.update(kda, h.kda_floats * sizeof(float));
+  sip.update(rows, h.row_floats * sizeof(float));
+  return sip.final();
+}
+
+// The cache directory: created 0700 when missing; an existing one must be ours and writable by
+// nobody else (its files are trusted only through their tags, but a shared directory would let
+// others fill or empty the cache).
+void check_cache_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    throw Error(
+        dir + ": cannot create the prefix cache directory (--cache-dir): " + std::strerror(errno));
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw Error(dir + ": the prefix cache directory (--cache-dir) is not a directory");
+  if (st.st_uid != ::geteuid())
+    throw Error(dir + ": the prefix cache directory (--cache-dir) belongs to uid " +
+                std::to_string(st.st_uid) + ", not to this user; use a directory of your own");
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    throw Error(dir + ": the prefix cache directory (--cache-dir) is writable by other users; " +
+                "use a private directory (chmod 700; it is never chmod-ed for you)");
+}
+
+// The key: 16 random bytes in a 0600 file of ours, made on first use (O_EXCL: two servers
+// starting together end up with the same one).
+SipKey load_or_create_key(const std::string& dir) {
+  const std::string path = dir + "/" + kKeyFile;
+  SipKey key{};
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    key = random_sip_key();
+    const bool ok =
+        ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    if (!ok) {
+      ::unlink(path.c_str());
+      throw Error(path + ": cannot write the prefix cache key: " + std::strerror(errno));
+    }
+    return key;
+  }
+  if (errno != EEXIST)
+    throw Error(path + ": cannot create the prefix cache key: " + std::strerror(errno));
+  fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open the prefix cache key: " + std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const ssize_t got = stat_ok ? ::read(fd, key.data(), key.size()) : -1;
+  ::close(fd);
+  if (!stat_ok || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0 ||
+      st.st_size != static_cast<off_t>(key.size()) || got != static_cast<ssize_t>(key.size()))
+    throw Error(path + ": the prefix cache key must be a 16-byte regular file of this user, mode " +
+                "0600; remove it (the cache is then rebuilt) or fix its mode");
+  return key;
+}
+
+}  // namespace
+
+PrefixCache::PrefixCache(const std::string& dir, uint64_t max_bytes, const std::string& identity)
+    : dir_(dir), max_bytes_(max_bytes) {
+  check_cache_dir(dir_);
+  key_ = load_or_create_key(dir_);
+  identity_ = siphash24(key_, identity.data(), identity.size());
+  scan();
+  evict();
+}
+
+std::string PrefixCache::describe() const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, ", %zu entr%s, %.2f of %.2f GB", entries_.size(),
+                entries_.size() == 1 ? "y" : "ies", static_cast<double>(bytes()) / 1e9,
+                static_cast<double>(max_bytes_) / 1e9);
+  return "disk " + dir_ + buf;
+}
+
+uint64_t PrefixCache::bytes() const {
+  uint64_t n = 0;
+  for (const Entry& e : entries_) n += e.bytes;
+  return n;
+}
+
+void PrefixCache::scan() {
+  DIR* d = ::opendir(dir_.c_str());
+  if (!d) throw Error(dir_ + ": cannot list the prefix cache directory: " + std::strerror(errno));
+  std::vector<std::pair<double, Entry>> found;
+  while (const dirent* de = ::readdir(d)) {
+    const std::string name = de->d_name;
+    if (name.rfind(kPrefixStem, 0) != 0) continue;
+    const std::string path = dir_ + "/" + name;
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".bin") != 0) {
+      ::unlink(path.c_str());  // a temp file left by a write cut short
+      continue;
+    }
+    Entry e;
+    e.path = path;
+    std::string why;
+    try {
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+        throw Error("not a regular file of this user");
+      std::unique_ptr<File> file = open_posix_file(path);
+      PrefixHeader h;
+      if (file->size() < sizeof h) throw Error("shorter than its header");
+      file->read_exact(&h, sizeof h, 0, "prefix cache header");
+      if (h.magic != kMagic || h.version != kPrefixVersion) throw Error("bad magic or version");
+      if (h.identity != identity_)
+        throw Error("written for another model or another cache (identity does not match)");
+      const uint64_t rest = file->size() - sizeof h;
+      if (h.position > rest / sizeof(int64_t) ||
+          rest != h.position * sizeof(int64_t) + (h.kda_floats + h.row_floats) * sizeof(float))
+        throw Error("size does not match its header (truncated?)");
+      e.ids.resize(h.position);
+      file->read_exact(e.ids.data(), h.position * sizeof(int64_t), sizeof h, "prefix cache ids");
+      e.bytes = file->size();
+      found.emplace_back(
+          static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec),
+          std::move(e));
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "[K3-PREFIX] %s refused and removed: %s\n", path.c_str(), ex.what());
+      ::unlink(path.c_str());
+      ++counters_.rejected;
+    }
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [mtime, e] : found) {
+    e.stamp = ++clock_;
+    entries_.push_back(std::move(e));
+  }
+}
+
+void PrefixCache::drop(size_t index, const char* why) {
+  std::fprintf(stderr, "[K3-PREFIX] %s %s\n", entries_[index].path.c_str(), why);
+  ::unlink(entries_[index].path.c_str());
+  entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void PrefixCache::evict() {
+  while (!entries_.empty() && bytes() > max_bytes_) {
+    size_t lru = 0;
+    for (size_t i = 1; i < entries_.size(); ++i)
+      if (entries_[i].stamp < entries_[lru].stamp) lru = i;
+    ::unlink(entries_[lru].path.c_str());
+    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(lru));
+    ++counters_.evicted;
+  }
+}
+
+bool PrefixCache::save(const Session& session) {
+  if (session.position() < 1) return false;
+  const std::vector<int64_t>& ids = session.tokens();
+  for (Entry& e : entries_)
+    if (e.ids == ids) {
+      e.stamp = ++clock_;
+      ::utimensat(AT_FDCWD, e.path.c_str(), nullptr, 0);  // the LRU order survives a restart
+      return true;
+    }
+  try {
+    session.save_state(scratch_, true);
+    PrefixHeader h;
+    h.position = static_cast<uint64_t>(scratch_.position);
+    h.kda_floats = scratch_.kda.size();
+    h.row_floats = scratch_.rows.size();
+    h.identity = identity_;
+    h.tag = prefix_tag(key_, h, scratch_.ids.data(), scratch_.kda.data(), scratch_.rows.data());
+    const uint64_t size =
+        sizeof h + h.position * sizeof(int64_t) + (h.kda_floats + h.row_floats) * sizeof(float);
+    if (size > max_bytes_) return false;  // never fits: not written
+    char name[64];
+    std::snprintf(
+        name, sizeof name, "%s%016llx.bin", kPrefixStem,
+        static_cast<unsigned long long>(siphash24(key_, ids.data(), ids.size() * sizeof(int64_t))));
+    Entry e;
+    e.path = dir_ + "/" + name;
+    write_file_atomic(e.path,
+                      {ByteSpan{&h, sizeof h},
+                       ByteSpan{scratch_.ids.data(), scratch_.ids.size() * sizeof(int64_t)},
+                       ByteSpan{scratch_.kda.data(), scratch_.kda.size() * sizeof(float)},
+                       ByteSpan{scratch_.rows.data(), scratch_.rows.size() * sizeof(float)}},
+                      0600, true);
+    e.ids = ids;
+    e.bytes = size;
+    e.stamp = ++clock_;
+    entries_.push_back(std::move(e));
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "[K3-PREFIX] prefix at position %lld not cached: %s\n",
+                 static_cast<long long>(session.position()), ex.what());
+    return false;
+  }
+  ++counters_.saves;
+  evict();
+  return true;
+}
+
+bool PrefixCache::read(const Entry& entry, size_t kda_floats, size_t row_floats, SavedState& out,
+                       std::string& why) const {
+  try {
+    std::unique_ptr<File> file = open_posix_file(entry.path);
+    PrefixHeader h;
+    const uint64_t position = entry.ids.size();
+    if (file->size() < sizeof h) return why = "shorter than its header", false;
+    file->read_exact(&h, sizeof h, 0, "prefix cache header");
+    if (h.magic != kMagic || h.version != kPrefixVersion || h.identity != identity_ ||
+        h.position != position)
+      return why = "its header changed since the start", false;
+    if (h.kda_floats != kda_floats || h.row_floats != position * row_floats)
+      return why = "its state sizes do not match this engine", false;
+    if (file->size() !=
+        sizeof h + position * sizeof(int64_t) + (h.kda_floats + h.row_floats) * sizeof(float))
+      return why = "size does not match its header (truncated?)", false;
+    out.position = static_cast<int64_t>(position);
+    out.ids.resize(position);
+    out.kda.resize(h.kda_floats);
+    out.rows.resize(h.row_floats);
+    uint64_t at = sizeof h;
+    file->read_exact(out.ids.data(), position * sizeof(int64_t), at, "prefix cache ids");
+    at += position * sizeof(int64_t);
+    file->read_exact(out.kda.data(), h.kda_floats * sizeof(float), at, "prefix cache state");
+    at += h.kda_floats * sizeof(float);
+    file->read_exact(out.rows.data(), h.row_floats * sizeof(float), at, "prefix cache rows");
+    if (out.ids != entry.ids) return why = "its ids changed since the start", false;
+    if (prefix_tag(key_, h, out.ids.data(), out.kda.data(), out.rows.data()) != h.tag)
+      return why = "its keyed tag does not match (damaged, or not written by this cache)", false;
+  } catch (const std::exception& ex) {
+    why = ex.what();
+    return false;
+  }
+  return true;
+}
+
+int64_t PrefixCache::restore_best(Session& session, std::span<const int64_t> prompt,
+                                  int64_t deeper_than) {
+  for (;;) {
+    int best = -1;
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      const std::vector<int64_t>& ids = entries_[i].ids;
+      const int64_t p = static_cast<int64_t>(ids.size());
+      if (p <= deeper_than || p >= static_cast<int64_t>(prompt.size()) || p > session.capacity())
+        continue;
+      if (!std::equal(ids.begin(), ids.end(), prompt.begin())) continue;
+      if (best < 0 || p > static_cast<int64_t>(entries_[static_cast<size_t>(best)].ids.size()))
+        best = static_cast<int>(i);
+    }
+    if (best < 0) return 0;
+    Entry& entry = entries_[static_cast<size_t>(best)];
+    std::string why;
+    if (!read(entry, session.state_floats(), session.row_floats(), scratch_, why)) {
+      ++counters_.rejected;
+      drop(static_cast<size_t>(best), ("refused and removed: " + why).c_str());
+      continue;
+    }
+    session.restore_state(scratch_);
+    entry.stamp = ++clock_;
+    ::utimensat(AT_FDCWD, entry.path.c_str(), nullptr, 0);
+    ++counters_.restores;
+    return static_cast<int64_t>(entry.ids.size());
+  }
 }
 
 }  // namespace k3

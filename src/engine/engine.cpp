@@ -79,23 +79,42 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   info.num_experts_per_token = config.num_experts_per_token;
   info.first_k_dense_replace = config.first_k_dense_replace;
   info.eos_token_ids = config.eos_token_ids;
+  const int sessions = std::max(1, options.sessions);
   if (options.context > 0) {
-    // A session's per-position state, as the session will allocate it.
+    // A session's state, as the session will allocate it: the per-position rows, the KDA state,
+    // the token record and the logits.
     const int64_t layers = load.layers > 0 ? std::min(load.layers, config.num_hidden_layers)
                                            : config.num_hidden_layers;
-    const uint64_t need = ModelState::floats_per_position(config, layers) * sizeof(float) *
-                          static_cast<uint64_t>(options.context);
+    const uint64_t positions = static_cast<uint64_t>(options.context);
+    info.session_bytes =
+        (ModelState::floats_per_position(config, layers) * positions +
+         ModelState::fixed_floats(config, layers) + static_cast<uint64_t>(config.vocab_size)) *
+            sizeof(float) +
+        positions * sizeof(int64_t);
+    const uint64_t need = info.session_bytes * static_cast<uint64_t>(sessions);
     const uint64_t available = available_memory_bytes();
-    if (available > 0 && need > available)
-      throw Error(options.context_name + "=" + std::to_string(options.context) + ": the context " +
-                  "state alone needs " + std::to_string(need >> 20) + " MiB, more than the " +
-                  std::to_string(available >> 20) + " MiB of memory available");
+    if (available > 0 && need > available) {
+      if (sessions == 1)
+        throw Error(options.context_name + "=" + std::to_string(options.context) +
+                    ": the context state alone needs " + std::to_string(need >> 20) +
+                    " MiB, more than the " + std::to_string(available >> 20) +
+                    " MiB of memory available");
+      throw Error(options.sessions_name + "=" + std::to_string(sessions) + ": " +
+                  std::to_string(sessions) + " sessions of " + std::to_string(options.context) +
+                  " positions need " + std::to_string(info.session_bytes >> 20) + " MiB each (" +
+                  std::to_string(info.session_bytes) + " bytes), " + std::to_string(need >> 20) +
+                  " MiB in all, more than the " + std::to_string(available >> 20) +
+                  " MiB of memory available: lower " + options.sessions_name + " or " +
+                  options.context_name);
+    }
   }
   if (options.before_weights) options.before_weights(info, m.tokenizer.get());
   ModelSetup setup;
   setup.isa = chosen_isa(load.isa);
   setup.on_load_progress = options.on_progress;
   setup.cancel = options.cancel;
+  if (sessions > 1)
+    setup.session_reserve_bytes = info.session_bytes * static_cast<uint64_t>(sessions);
   m.model = std::make_unique<Model>(*m.files, config, load, setup);
   info.num_layers = m.model->num_layers();
   info.has_embedding = m.model->has_embedding();
@@ -433,7 +452,15 @@ size_t Session::state_floats() const {
   return n;
 }
 
-void Session::save_state(SavedState& out) const {
+size_t Session::row_floats() const {
+  size_t n = 0;
+  const size_t capacity = static_cast<size_t>(impl_->state.capacity);
+  for (const MlaCache& m : impl_->state.mla)
+    if (capacity > 0) n += (m.latent.size() + m.rope.size()) / capacity;
+  return n;
+}
+
+void Session::save_state(SavedState& out, bool with_rows) const {
   out.position = impl_->state.position;
   out.ids = impl_->tokens;
   out.kda.resize(state_floats());
@@ -441,23 +468,54 @@ void Session::save_state(SavedState& out) const {
   for (const KdaState& k : impl_->state.kda)
     for (const std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent})
       dst = std::copy(v->begin(), v->end(), dst);
+  out.rows.clear();
+  if (!with_rows) return;
+  const size_t pos = static_cast<size_t>(out.position);
+  const size_t capacity = static_cast<size_t>(impl_->state.capacity);
+  out.rows.resize(pos * row_floats());
+  float* r = out.rows.data();
+  for (const MlaCache& m : impl_->state.mla)
+    for (const std::vector<float>* v : {&m.latent, &m.rope})
+      if (!v->empty())
+        r = std::copy(v->begin(),
+                      v->begin() + static_cast<std::ptrdiff_t>(pos * (v->size() / capacity)), r);
 }
 
 void Session::restore_state(const SavedState& saved) {
   Impl& s = *impl_;
   const size_t pos = static_cast<size_t>(saved.position);
-  if (saved.kda.size() != state_floats() || saved.ids.size() != pos || pos > s.tokens.size() ||
-      !std::equal(saved.ids.begin(), saved.ids.end(), s.tokens.begin()))
+  const size_t capacity = static_cast<size_t>(s.state.capacity);
+  const bool rows = !saved.rows.empty();
+  if (saved.kda.size() != state_floats() || saved.ids.size() != pos ||
+      (rows ? pos > capacity || saved.rows.size() != pos * row_floats()
+            : pos > s.tokens.size() ||
+                  !std::equal(saved.ids.begin(), saved.ids.end(), s.tokens.begin())))
     throw Error("saved state at position " + std::to_string(pos) +
                 " does not match this session (" + std::to_string(saved.kda.size()) + " of " +
                 std::to_string(state_floats()) + " floats, " + std::to_string(s.tokens.size()) +
-                " ids fed)");
+                " ids fed" +
+                (rows ? ", " + std::to_string(saved.rows.size()) + " row floats of " +
+                            std::to_string(pos * row_floats())
+                      : std::string()) +
+                ")");
+  for (const int64_t id : saved.ids) s.check_id(id);
   const float* src = saved.kda.data();
   for (KdaState& k : s.state.kda)
     for (std::vector<float>* v : {&k.q_window, &k.k_window, &k.v_window, &k.recurrent}) {
       std::copy(src, src + v->size(), v->begin());
       src += v->size();
     }
+  if (rows) {
+    const float* r = saved.rows.data();
+    for (MlaCache& m : s.state.mla)
+      for (std::vector<float>* v : {&m.latent, &m.rope})
+        if (!v->empty()) {
+          const size_t n = pos * (v->size() / capacity);
+          std::copy(r, r + n, v->begin());
+          r += n;
+        }
+    s.tokens.assign(saved.ids.begin(), saved.ids.end());
+  }
   s.state.position = saved.position;
   s.tokens.resize(pos);
 }

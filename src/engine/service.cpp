@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <optional>
 
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "io/file.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -214,6 +216,8 @@ const char* reuse_kind_name(ReuseKind kind) {
       return "live";
     case ReuseKind::checkpoint:
       return "checkpoint";
+    case ReuseKind::disk:
+      return "disk";
   }
   return "?";
 }
@@ -234,9 +238,48 @@ void RequestHandle::push(ServiceEvent event) {
   ready_.notify_all();
 }
 
+// One session, its checkpoints, and the request running on it (the worker's only).
+struct EngineService::Slot {
+  struct Job {
+    Job(const text::Tokenizer& tokenizer, std::shared_ptr<RequestHandle> h)
+        : handle(std::move(h)),
+          req(handle->request_),
+          push([this](ServiceEvent e) { handle->push(std::move(e)); }),
+          demux(tokenizer, req, stats, push),
+          sampler(req.sampling, req.sampling.seed, req.penalties) {}
+    std::shared_ptr<RequestHandle> handle;
+    const ServiceRequest& req;
+    GenerationStats stats;
+    const std::function<void(ServiceEvent)> push;
+    OutputDemux demux;
+    Sampler sampler;
+    int64_t start = 0;           // where the prefill started (the reused positions)
+    int64_t fed = 0;             // prompt positions fed so far
+    std::vector<int64_t> saves;  // positions of the tail worth a checkpoint, ascending
+    bool decoding = false;
+    int64_t generated = 0;
+    int64_t batch_rows = 0;  // sessions over the decode steps this request was in
+    int64_t batch_steps = 0;
+    std::optional<TokenLogprobs> logprobs;
+    std::unique_ptr<OutputConstraint> constraint;  // the answer's grammar (the sampler's)
+    FinishReason finish = FinishReason::length;
+    double t0 = 0, t1 = 0;  // prefill start, decode start (now_seconds)
+    double prefill_seconds = 0;
+  };
+  int id = 0;
+  std::unique_ptr<Session> session;
+  std::unique_ptr<CheckpointStore> checkpoints;
+  std::unique_ptr<Job> job;  // null when idle
+  double last_used = 0;
+  int64_t requests = 0;
+};
+
 EngineService::EngineService(ServiceOptions options) : options_(std::move(options)) {
+  options_.parallel = std::max(1, options_.parallel);
   load_started_ = now_seconds();
   stats_.max_queue = options_.max_queue;
+  stats_.parallel = options_.parallel;
+  active_.resize(static_cast<size_t>(options_.parallel));
   worker_ = std::thread([this] { run(); });
 }
 
@@ -246,7 +289,8 @@ EngineService::~EngineService() {
     exiting_ = true;
     shutting_down_ = true;
     load_cancel_.store(true);  // a load still running stops within one tensor
-    if (active_) active_->cancel_.store(true);
+    for (const auto& h : active_)
+      if (h) h->cancel_.store(true);
   }
   fail_waiters(ServiceError::shutting_down, "the server is shutting down");
   wake_.notify_all();
@@ -290,12 +334,18 @@ Result<std::shared_ptr<RequestHandle>> EngineService::submit(ServiceRequest requ
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (shutting_down_) return Status(Status::Code::unavailable, "the server is shutting down");
-    if (queue_.size() >= options_.max_queue && (active_ || !queue_.empty())) {
+    // The queued requests take the idle sessions first; beyond them at most max_queue wait.
+    const size_t idle = active_.size() - busy_;
+    const size_t waiting = queue_.size() > idle ? queue_.size() - idle : 0;
+    if (queue_.size() >= idle && waiting >= options_.max_queue) {
       ++stats_.rejected;
+      const std::string running = options_.parallel == 1
+                                      ? std::string("the running request")
+                                      : "the " + std::to_string(options_.parallel) +
+                                            " running requests (--parallel / COLI_PARALLEL)";
       return Status(Status::Code::resource_exhausted,
-                    "the queue is full: " + std::to_string(queue_.size()) +
-                        " waiting behind the running request, the limit (--max-queue / "
-                        "COLI_MAX_QUEUE)");
+                    "the queue is full: " + std::to_string(waiting) + " waiting behind " + running +
+                        ", the limit (--max-queue / COLI_MAX_QUEUE)");
     }
     queue_.push_back(handle);
     stats_.queued = queue_.size();
@@ -341,13 +391,14 @@ void EngineService::begin_shutdown() {
 
 void EngineService::cancel_active() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (active_) active_->cancel_.store(true);
+  for (const auto& h : active_)
+    if (h) h->cancel_.store(true);
 }
 
 bool EngineService::wait_idle(double timeout_seconds) {
   std::unique_lock<std::mutex> lock(mutex_);
   return idle_.wait_for(lock, std::chrono::duration<double>(timeout_seconds),
-                        [&] { return !active_ && queue_.empty(); });
+                        [&] { return busy_ == 0 && queue_.empty(); });
 }
 
 void EngineService::erase_state() {
@@ -362,7 +413,7 @@ ServiceStats EngineService::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   ServiceStats s = stats_;
   if (s.state == ServiceStats::State::loading) s.load_elapsed_s = now_seconds() - load_started_;
-  s.active = active_ ? 1 : 0;
+  s.active = busy_;
   s.queued = queue_.size();
   if (const Engine* e = engine()) {
     s.experts = e->expert_stats();
@@ -372,19 +423,55 @@ ServiceStats EngineService::stats() const {
 }
 
 void EngineService::load() {
+  const int n = options_.parallel;
+  slots_.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    slots_[static_cast<size_t>(i)] = std::make_unique<Slot>();
+    slots_[static_cast<size_t>(i)]->id = i;
+  }
   // Disk checkpoints (--ckpt-dir, with --ckpt auto or N > 0) are set up before the weights load,
-  // so a directory that is refused stops the start at once; that is not a load failure.
+  // so a directory that is refused stops the start at once; that is not a load failure. Each
+  // session has its own store (its own private subdirectory).
   if (!options_.ckpt_dir.empty() && options_.ckpt_slots != 0) {
     CheckpointPolicy policy;
     policy.dir = options_.ckpt_dir;
     policy.keep_files = options_.ckpt_keep;
     policy.slots = options_.ckpt_slots > 0 ? options_.ckpt_slots : 2;
     try {
-      checkpoints_ = std::make_unique<CheckpointStore>(policy);
+      for (auto& slot : slots_) slot->checkpoints = std::make_unique<CheckpointStore>(policy);
     } catch (const std::exception& e) {
+      for (auto& slot : slots_) slot->checkpoints.reset();
       std::lock_guard<std::mutex> lock(mutex_);
       stats_.state = ServiceStats::State::failed;
       stats_.failed_step = "checkpoint directory (--ckpt-dir)";
+      stats_.load_error = e.what();
+      stats_.load_elapsed_s = now_seconds() - load_started_;
+      return;
+    }
+  }
+  // The prefix cache on disk is checked before the weights too; its identity names the model and
+  // what the engine computes with, so a file written by another model or setting never matches.
+  if (!options_.cache_dir.empty()) {
+    try {
+      const LoadOptions& lo = options_.load;
+      std::error_code ec;
+      const std::string model = std::filesystem::canonical(options_.model_dir, ec).string();
+      std::string identity =
+          model + "\n" + read_text_file(options_.model_dir + "/config.json") + "\n";
+      identity += "bits " + std::to_string(lo.bits) + "/" + std::to_string(lo.mla_bits) + "/" +
+                  std::to_string(lo.head_bits) + " idot " + std::to_string(lo.idot) + " isa " +
+                  lo.isa + " layers " + std::to_string(lo.layers) + " topp " +
+                  std::to_string(lo.expert_top_p) + " cpu " + cpu_model_name();
+      prefix_cache_ = std::make_unique<PrefixCache>(
+          options_.cache_dir, static_cast<uint64_t>(std::max(0.0, options_.cache_gb) * 1e9),
+          identity);
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.prefix_cache = prefix_cache_->describe();
+      stats_.prefix = prefix_cache_->counters();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.state = ServiceStats::State::failed;
+      stats_.failed_step = "prefix cache directory (--cache-dir)";
       stats_.load_error = e.what();
       stats_.load_elapsed_s = now_seconds() - load_started_;
       return;
@@ -404,6 +491,7 @@ void EngineService::load() {
     eo.cancel = &load_cancel_;
     eo.require_tokenizer = true;  // checked before the weights, not after them
     eo.context = capacity;
+    eo.sessions = n;  // every session's state must fit, checked before the weights
     Result<std::unique_ptr<Engine>> loaded = Engine::load(eo);
     if (!loaded.ok()) {  // cancelled by a shutdown: nothing failed, the server is stopping
       std::lock_guard<std::mutex> lock(mutex_);
@@ -416,15 +504,18 @@ void EngineService::load() {
     if (!engine_->info().has_head || !engine_->info().has_embedding || !engine_->tokenizer())
       throw Error(options_.model_dir +
                   ": serving needs the embedding, the lm_head and tiktoken.model");
-    session_ = std::make_unique<Session>(*engine_, capacity);
+    // Every session is allocated now (the memory for all of them is taken at start).
+    for (auto& slot : slots_) slot->session = std::make_unique<Session>(*engine_, capacity);
+    batch_ = std::make_unique<Batch>(*engine_);
     stop_ids_ = stop_ids(*engine_);
-    if (!checkpoints_) {  // RAM checkpoints: N, or auto: auto_slots (else 2) when they leave 1 GiB
-                          // free, else off
+    if (!slots_[0]->checkpoints) {  // RAM checkpoints: N, or auto: auto_slots (else 2) when they
+                                    // leave 1 GiB free for every session, else off
       CheckpointPolicy policy;
       if (options_.ckpt_slots >= 0) {
         policy.slots = options_.ckpt_slots;
       } else {
-        const uint64_t state_bytes = session_->state_floats() * sizeof(float);
+        const uint64_t state_bytes =
+            slots_[0]->session->state_floats() * sizeof(float) * static_cast<uint64_t>(n);
         const uint64_t available = available_memory_bytes();
         const uint64_t wanted = static_cast<uint64_t>(std::clamp(options_.auto_slots, 2, 8));
         policy.slots = available > wanted * state_bytes + (uint64_t{1} << 30)
@@ -432,14 +523,15 @@ void EngineService::load() {
                        : available > 2 * state_bytes + (uint64_t{1} << 30) ? 2
                                                                            : 0;
       }
-      checkpoints_ = std::make_unique<CheckpointStore>(policy);
+      for (auto& slot : slots_) slot->checkpoints = std::make_unique<CheckpointStore>(policy);
     }
-    const int slots = checkpoints_->policy().slots;
+    const int ckpt_slots = slots_[0]->checkpoints->policy().slots;
     context_.store(capacity);
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.context_capacity = capacity;
-    stats_.checkpoints = checkpoints_->describe();
-    stats_.ckpt_slots = slots;
+    stats_.session_bytes = engine_->info().session_bytes;
+    stats_.checkpoints = slots_[0]->checkpoints->describe();
+    stats_.ckpt_slots = ckpt_slots;
     stats_.load_progress = 1.0;
     stats_.load_elapsed_s = now_seconds() - load_started_;
     stats_.state = shutting_down_ ? ServiceStats::State::stopping : ServiceStats::State::ready;
@@ -453,55 +545,120 @@ void EngineService::load() {
   }
 }
 
+EngineService::Slot* EngineService::choose(const ServiceRequest& req) {
+  Slot* best = nullptr;  // the longest shared prefix worth keeping
+  int64_t best_common = 0;
+  Slot* lru = nullptr;
+  for (auto& s : slots_) {
+    if (active_[static_cast<size_t>(s->id)]) continue;
+    if (!lru || s->last_used < lru->last_used) lru = s.get();
+    if (!req.cache_prompt) continue;
+    const std::vector<int64_t>& record = s->session->tokens();
+    const size_t most = std::min(record.size(), req.prompt.size());
+    const int64_t common = static_cast<int64_t>(
+        std::mismatch(record.begin(), record.begin() + static_cast<std::ptrdiff_t>(most),
+                      req.prompt.begin())
+            .first -
+        record.begin());
+    // Worth it when it keeps at least half of what the session holds: a shared template head
+    // alone does not evict a conversation.
+    if (common > 0 && 2 * common >= static_cast<int64_t>(record.size()) && common > best_common) {
+      best = s.get();
+      best_common = common;
+    }
+  }
+  return best ? best : lru;
+}
+
 void EngineService::run() {
   load();
+  std::vector<std::pair<Slot*, std::shared_ptr<RequestHandle>>> starting;
   for (;;) {
-    std::shared_ptr<RequestHandle> handle;
+    starting.clear();
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(
-          lock, [&] { return exiting_ || erase_requested_ || (!queue_.empty() && ready_.load()); });
-      if (exiting_) break;
-      if (erase_requested_) {
+      wake_.wait(lock, [&] {
+        return (exiting_ && busy_ == 0) || erase_requested_ || busy_ > 0 ||
+               (!queue_.empty() && ready_.load());
+      });
+      if (exiting_ && busy_ == 0) break;
+      if (erase_requested_ && ready_.load()) {
         erase_requested_ = false;
-        lock.unlock();
-        if (session_) session_->reset();
-        if (checkpoints_) checkpoints_->clear();
-        publish_state();
-        continue;
+        for (auto& s : slots_)
+          if (!active_[static_cast<size_t>(s->id)]) {
+            s->session->reset();
+            s->checkpoints->clear();
+          }
+      } else {
+        erase_requested_ = false;
       }
-      handle = queue_.front();
-      queue_.pop_front();
-      active_ = handle;
+      while (ready_.load() && !exiting_ && !queue_.empty() && busy_ < active_.size()) {
+        std::shared_ptr<RequestHandle> handle = queue_.front();
+        queue_.pop_front();
+        Slot* slot = choose(handle->request_);
+        active_[static_cast<size_t>(slot->id)] = handle;
+        ++busy_;
+        ++stats_.admitted;
+        starting.emplace_back(slot, std::move(handle));
+      }
       stats_.queued = queue_.size();
-      ++stats_.admitted;
-      stats_.active_started = now_seconds();
     }
-    serve(handle);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      active_.reset();
-    }
-    idle_.notify_all();
+    for (auto& [slot, handle] : starting) start(*slot, std::move(handle));
+    if (!round()) publish_state();
   }
 }
 
 void EngineService::publish_state() {
   std::lock_guard<std::mutex> lock(mutex_);
-  stats_.phase = "idle";
-  stats_.fed_tokens = session_ ? session_->position() : 0;
-  if (checkpoints_) {
-    stats_.ckpt_used = checkpoints_->used();
-    stats_.ckpt_list = checkpoints_->list();
-    stats_.ckpt = checkpoints_->counters();
+  bool prefill = false, decode = false;
+  stats_.sessions.resize(slots_.size());
+  stats_.ckpt = {};
+  stats_.ckpt_used = 0;
+  stats_.ckpt_list.clear();
+  double oldest = 0;
+  for (auto& s : slots_) {
+    ServiceStats::SessionInfo& info = stats_.sessions[static_cast<size_t>(s->id)];
+    info.id = s->id;
+    info.state = !s->job ? "idle" : s->job->decoding ? "decode" : "prefill";
+    if (s->job) (s->job->decoding ? decode : prefill) = true;
+    info.fed_tokens = s->session ? s->session->position() : 0;
+    info.last_used = s->last_used;
+    info.requests = s->requests;
+    if (s->job) {
+      info.prompt_tokens = s->job->stats.prompt_tokens;
+      info.cached_tokens = s->job->stats.cached_tokens;
+      info.generated_tokens = s->job->generated;
+      if (oldest == 0 || s->last_used < oldest) oldest = s->last_used;
+    }
+    if (s->checkpoints) {
+      info.ckpt_used = s->checkpoints->used();
+      info.ckpt_list = s->checkpoints->list();
+      stats_.ckpt_used += info.ckpt_used;
+      if (s->id == last_slot_) stats_.ckpt_list = info.ckpt_list;
+      const CheckpointCounters& c = s->checkpoints->counters();
+      stats_.ckpt.saves += c.saves;
+      stats_.ckpt.restores += c.restores;
+      stats_.ckpt.rejected += c.rejected;
+      stats_.ckpt.restore_seconds += c.restore_seconds;
+    }
   }
+  stats_.phase = prefill ? "prefill" : decode ? "decode" : "idle";
+  if (prefix_cache_) {
+    stats_.prefix_cache = prefix_cache_->describe();
+    stats_.prefix = prefix_cache_->counters();
+  }
+  stats_.active_started = oldest;
+  stats_.fed_tokens = slots_.empty() || !slots_[static_cast<size_t>(last_slot_)]->session
+                          ? 0
+                          : slots_[static_cast<size_t>(last_slot_)]->session->position();
 }
 
-int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats) {
-  Session& session = *session_;
+int64_t EngineService::reuse(Slot& slot, const ServiceRequest& req, GenerationStats& stats) {
+  Session& session = *slot.session;
+  CheckpointStore& checkpoints = *slot.checkpoints;
   const std::span<const int64_t> prompt(req.prompt);
   const int64_t n = static_cast<int64_t>(prompt.size());
-  checkpoints_->protect(req.keep, prompt);
+  checkpoints.protect(req.keep, prompt);
   // 1. Reuse.
   const std::vector<int64_t>& record = session.tokens();
   const int64_t held = static_cast<int64_t>(record.size());
@@ -516,8 +673,7 @@ int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats) 
       while (live < std::min(held, n - 1) &&
              record[static_cast<size_t>(live)] == prompt[static_cast<size_t>(live)])
         ++live;
-    const int64_t restored =
-        req.cache_prompt ? checkpoints_->restore_best(session, prompt, live) : 0;
+    const int64_t restored = req.cache_prompt ? checkpoints.restore_best(session, prompt, live) : 0;
     if (restored > 0) {
       stats.reuse = ReuseKind::checkpoint;
       stats.restored_at = restored;
@@ -527,161 +683,244 @@ int64_t EngineService::reuse(const ServiceRequest& req, GenerationStats& stats) 
     }
     if (options_.prefix_log)
       std::fprintf(
-          stderr, "[PREFIX] no live reuse: held=%lld prompt=%lld common=%lld%s\n",
-          static_cast<long long>(held), static_cast<long long>(n), static_cast<long long>(live),
+          stderr, "[PREFIX] session %d: no live reuse: held=%lld prompt=%lld common=%lld%s\n",
+          slot.id, static_cast<long long>(held), static_cast<long long>(n),
+          static_cast<long long>(live),
           restored > 0 ? (" -> restored checkpoint @" + std::to_string(restored)).c_str() : "");
   }
+  // The prefix cache on disk, when it holds more of the prompt.
+  if (prefix_cache_ && req.cache_prompt) {
+    const int64_t restored = prefix_cache_->restore_best(session, prompt, start);
+    if (restored > 0) {
+      stats.reuse = ReuseKind::disk;
+      stats.restored_at = restored;
+      start = restored;
+      if (options_.prefix_log)
+        std::fprintf(stderr, "[PREFIX] session %d: restored %lld of %lld from the disk cache\n",
+                     slot.id, static_cast<long long>(start), static_cast<long long>(n));
+    }
+  }
   if (options_.prefix_log && stats.reuse == ReuseKind::live)
-    std::fprintf(stderr, "[PREFIX] reusing %lld of %lld prompt tokens\n",
+    std::fprintf(stderr, "[PREFIX] session %d: reusing %lld of %lld prompt tokens\n", slot.id,
                  static_cast<long long>(start), static_cast<long long>(n));
   stats.cached_tokens = start;
   // 2. A checkpoint at the rollback point.
-  if (start > 0 && !checkpoints_->holds(start, prompt.first(static_cast<size_t>(start))))
-    checkpoints_->save(session);
+  if (start > 0 && !checkpoints.holds(start, prompt.first(static_cast<size_t>(start))))
+    checkpoints.save(session);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.prompt_tokens += n;
     stats_.cached_tokens += start;
     (stats.reuse == ReuseKind::live         ? stats_.reuse_live
      : stats.reuse == ReuseKind::checkpoint ? stats_.reuse_checkpoint
+     : stats.reuse == ReuseKind::disk       ? stats_.reuse_disk
                                             : stats_.reuse_none)++;
-    stats_.phase = "prefill";
   }
   return start;
 }
 
-void EngineService::serve(const std::shared_ptr<RequestHandle>& handle) {
-  const ServiceRequest& req = handle->request_;
-  Session& session = *session_;
-  const text::Tokenizer& tokenizer = *engine_->tokenizer();
-  const std::span<const int64_t> prompt(req.prompt);
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  GenerationStats stats;
-  stats.prompt_tokens = n;
-  stats.queue_wait_ms = (now_seconds() - handle->submitted_at_) * 1e3;
-  stats.device = engine_->device_stats();  // end_generation() turns it into this turn's share
-  auto set_phase = [&](const char* phase) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.phase = phase;
-  };
-
-  // 1 and 2: reuse, and a checkpoint at the rollback point.
-  const int64_t start = reuse(req, stats);
-  {
-    ServiceEvent e;
-    e.kind = ServiceEvent::Kind::accepted;
-    e.stats = stats;
-    handle->push(std::move(e));
-  }
-
-  // 3 and 4: the generation loop over the tail, with this request's hooks.
-  GenerateSettings settings;
-  settings.max_new_tokens = req.max_tokens;
-  settings.stop_ids = stop_ids_;
-  settings.prefill_piece = std::max<int64_t>(1, req.progress_every);
-  // The positions of the tail worth a checkpoint: the anchor and the kept ones.
-  std::vector<int64_t> saves;
+void EngineService::start(Slot& slot, std::shared_ptr<RequestHandle> handle) {
+  slot.job = std::make_unique<Slot::Job>(*engine_->tokenizer(), std::move(handle));
+  Slot::Job& job = *slot.job;
+  const ServiceRequest& req = job.req;
+  const int64_t n = static_cast<int64_t>(req.prompt.size());
+  slot.last_used = now_seconds();
+  ++slot.requests;
+  last_slot_ = slot.id;
+  job.stats.prompt_tokens = n;
+  job.stats.session = slot.id;
+  job.stats.queue_wait_ms = (slot.last_used - job.handle->submitted_at_) * 1e3;
+  job.start = reuse(slot, req, job.stats);
+  job.fed = job.start;
   for (int64_t p : req.keep)
-    if (p > start && p < n) saves.push_back(p);
-  if (req.anchor > start && req.anchor < n) saves.push_back(req.anchor);
-  std::sort(saves.begin(), saves.end());
-  saves.erase(std::unique(saves.begin(), saves.end()), saves.end());
-  for (int64_t p : saves) settings.splits.push_back(p - start);
-  settings.cancel = &handle->cancel_;
-  settings.scripted = options_.scripted_tokens;
-
-  const std::function<void(ServiceEvent)> push = [&](ServiceEvent e) {
-    handle->push(std::move(e));
-  };
-  OutputDemux demux(tokenizer, req, stats, push);
-
-  const double t0 = now_seconds();
-  bool decoding = false;
-  GenerateHooks hooks;
-  hooks.on_prefilled = [&](int64_t fed) {
-    const int64_t p = start + fed;
-    // The test hook's delay between prefill pieces makes a prefill long enough to cut; a cut
-    // lands in the next piece (Session::set_interrupt).
-    if (options_.token_delay_ms > 0 && p < n)
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
-    if (std::binary_search(saves.begin(), saves.end(), p)) checkpoints_->save(session);
-    ServiceEvent e;
-    e.kind = ServiceEvent::Kind::progress;
-    e.processed = p;
-    e.total = n;
-    e.elapsed_ms = (now_seconds() - t0) * 1e3;
-    handle->push(std::move(e));
-  };
-  hooks.on_prefill_done = [&] {
-    // The prompt's end is always checkpointed: a follow-up whose history is re-rendered
-    // differently (the reply retokenised, reasoning dropped) resumes there.
-    checkpoints_->save(session);
-    set_phase("decode");
-    decoding = true;
-  };
-  // Log-probabilities only when asked for, and only of content tokens: one pass over the logits.
-  std::optional<TokenLogprobs> logprobs;
-  if (req.top_logprobs >= 0)
-    hooks.on_logits = [&](int64_t id, std::span<const float> logits) {
-      const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-      if (demux.content_token(id, is_stop_id))
-        logprobs = token_logprobs(logits, id, req.top_logprobs);
-      else
-        logprobs.reset();
-    };
-  hooks.on_token = [&](int64_t id) {
-    const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
-    if (demux.token(id, is_stop_id, logprobs ? &*logprobs : nullptr) || handle->stop_.load())
-      return TokenVerdict::stop;
-    return handle->cancel_.load() ? TokenVerdict::cancel : TokenVerdict::next;
-  };
-  if (options_.token_delay_ms > 0)
-    hooks.between_tokens = [&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
-    };
-
-  Sampler sampler(req.sampling, req.sampling.seed, req.penalties);
-  sampler.set_context(prompt);  // the repeat penalty's window reaches into the whole prompt
-  std::unique_ptr<OutputConstraint> constraint;
+    if (p > job.start && p < n) job.saves.push_back(p);
+  if (req.anchor > job.start && req.anchor < n) job.saves.push_back(req.anchor);
+  std::sort(job.saves.begin(), job.saves.end());
+  job.saves.erase(std::unique(job.saves.begin(), job.saves.end()), job.saves.end());
+  job.sampler.set_context(req.prompt);  // the repeat penalty's window reaches into the prompt
+  job.stats.device = engine_->device_stats();  // end_generation() turns it into this turn's share
   if (req.constraint) {
     // The server checked the grammar; a failure here is the engine's.
     auto made = OutputConstraint::create(*engine_, *req.constraint);
-    if (!made.ok()) {
-      end_with_fault(*handle, false, made.status().message().c_str());
-      return;
-    }
-    constraint = std::move(made).value();
-    sampler.set_constraint(constraint.get());
+    if (!made.ok()) return end_with_fault(slot, false, made.status().message().c_str());
+    job.constraint = std::move(made).value();
+    job.sampler.set_constraint(job.constraint.get());
   }
-  GenerateResult result;
-  try {
-    result =
-        generate(session, prompt.subspan(static_cast<size_t>(start)), sampler, settings, hooks);
-  } catch (const std::exception& e) {
-    end_with_fault(*handle, decoding, e.what());
-    return;
-  }
-  stats.prefill_ms = result.prefill_seconds * 1e3;
-  if (result.cancelled_in_prefill) {
-    end_cancelled_prefill(*handle, stats, start, result.prefill_seconds);
-    return;
-  }
-  stats.completion_tokens = static_cast<int64_t>(result.tokens.size());
-  if (constraint) {
-    stats.grammar_masks = constraint->masks();
-    stats.grammar_ms = constraint->mask_seconds() * 1e3;
-  }
-  if (result.finish != FinishReason::cancelled) demux.finish();
-  stats.finish = result.finish;
-  stats.stop_sequence = demux.matched_stop();
-  if (stats.finish == FinishReason::stop && stats.tool_calls > 0 && !demux.stopped_by_string())
-    stats.finish = FinishReason::tool_calls;
-  end_generation(*handle, stats, result);
+  job.t0 = now_seconds();
+  publish_state();
+  ServiceEvent e;
+  e.kind = ServiceEvent::Kind::accepted;
+  e.stats = job.stats;
+  job.handle->push(std::move(e));
 }
 
-void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const char* what) {
-  session_->reset();
-  std::fprintf(stderr, "[engine] %s failed: %s\n", decoding ? "decode" : "prefill", what);
+void EngineService::prefill_piece(Slot& slot) {
+  Slot::Job& job = *slot.job;
+  Session& session = *slot.session;
+  const ServiceRequest& req = job.req;
+  const std::span<const int64_t> prompt(req.prompt);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (job.handle->cancel_.load()) return end_cancelled_prefill(slot);
+  // A piece: up to progress_every ids, and no more than a chunk while other sessions decode, so
+  // they get a step at least every K3_CHUNK prefill rows; a kept position ends a piece.
+  int64_t piece = std::max<int64_t>(1, req.progress_every);
+  for (const auto& other : slots_)
+    if (other.get() != &slot && other->job && other->job->decoding) {
+      piece = std::min(piece, std::max<int64_t>(1, session.prefill_chunk()));
+      break;
+    }
+  int64_t end = std::min(n, job.fed + piece);
+  for (int64_t p : job.saves)
+    if (p > job.fed && p < end) end = p;
+  const double t = now_seconds();
+  try {
+    session.set_interrupt(&job.handle->cancel_);
+    session.prefill(
+        prompt.subspan(static_cast<size_t>(job.fed), static_cast<size_t>(end - job.fed)));
+    session.set_interrupt(nullptr);
+  } catch (const Interrupted&) {
+    session.set_interrupt(nullptr);
+    job.prefill_seconds += now_seconds() - t;
+    return end_cancelled_prefill(slot);
+  } catch (const std::exception& e) {
+    session.set_interrupt(nullptr);
+    return end_with_fault(slot, false, e.what());
+  }
+  job.prefill_seconds += now_seconds() - t;
+  job.fed = end;
+  // The test hook's delay between prefill pieces makes a prefill long enough to cut; a cut lands
+  // in the next piece (Session::set_interrupt).
+  if (options_.token_delay_ms > 0 && end < n)
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
+  if (std::binary_search(job.saves.begin(), job.saves.end(), end)) slot.checkpoints->save(session);
+  if (prefix_cache_ && req.cache_prompt && end == req.anchor) prefix_cache_->save(session);
+  ServiceEvent e;
+  e.kind = ServiceEvent::Kind::progress;
+  e.processed = end;
+  e.total = n;
+  e.elapsed_ms = (now_seconds() - job.t0) * 1e3;
+  job.handle->push(std::move(e));
+  if (end < n) return;
+  // The prompt's end is always checkpointed: a follow-up whose history is re-rendered differently
+  // (the reply retokenised, reasoning dropped) resumes there.
+  slot.checkpoints->save(session);
+  if (prefix_cache_ && req.cache_prompt) prefix_cache_->save(session);
+  job.decoding = true;
+  job.t1 = now_seconds();
+  publish_state();
+}
+
+bool EngineService::sample(Slot& slot, int64_t& next) {
+  Slot::Job& job = *slot.job;
+  const ServiceRequest& req = job.req;
+  const std::vector<float>& logits = slot.session->logits();
+  const size_t j = static_cast<size_t>(job.generated);
+  const int64_t id = j < options_.scripted_tokens.size() ? options_.scripted_tokens[j]
+                                                         : job.sampler.sample(logits);
+  job.sampler.accept(id);
+  const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+  // Log-probabilities only when asked for, and only of content tokens: one pass over the logits.
+  if (req.top_logprobs >= 0) {
+    if (job.demux.content_token(id, is_stop_id))
+      job.logprobs = token_logprobs(logits, id, req.top_logprobs);
+    else
+      job.logprobs.reset();
+  }
+  ++job.generated;
+  const bool stop_string = job.demux.token(id, is_stop_id, job.logprobs ? &*job.logprobs : nullptr);
+  if (is_stop_id || stop_string || job.handle->stop_.load()) {
+    job.finish = FinishReason::stop;
+  } else if (job.handle->cancel_.load()) {
+    job.finish = FinishReason::cancelled;
+  } else if (job.generated >= req.max_tokens) {
+    job.finish = FinishReason::length;  // the budget is spent: no wasted step
+  } else {
+    next = id;
+    return true;
+  }
+  end_generation(slot);
+  return false;
+}
+
+bool EngineService::round() {
+  std::vector<Session*> rows;
+  std::vector<int64_t> ids;
+  std::vector<Slot*> fed;
+  for (auto& s : slots_) {
+    if (!s || !s->job || !s->job->decoding) continue;
+    int64_t next = 0;
+    if (sample(*s, next)) {
+      rows.push_back(s->session.get());
+      ids.push_back(next);
+      fed.push_back(s.get());
+    }
+  }
+  bool ran = false;
+  if (!rows.empty()) {
+    if (options_.token_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.token_delay_ms));
+    // Between tokens: a request cancelled meanwhile ends before its next step.
+    for (size_t i = 0; i < fed.size();) {
+      if (fed[i]->job->handle->cancel_.load()) {
+        fed[i]->job->finish = FinishReason::cancelled;
+        end_generation(*fed[i]);
+        fed.erase(fed.begin() + static_cast<std::ptrdiff_t>(i));
+        rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(i));
+        ids.erase(ids.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  if (!rows.empty()) {
+    ran = true;
+    try {
+      batch_->step(rows, ids);
+    } catch (const std::exception& e) {
+      for (Slot* s : fed) end_with_fault(*s, true, e.what());
+      fed.clear();
+    }
+    const int64_t size = static_cast<int64_t>(fed.size());
+    for (Slot* s : fed) {
+      s->job->batch_rows += size;
+      ++s->job->batch_steps;
+      s->job->stats.batch_max = std::max(s->job->stats.batch_max, size);
+    }
+    if (size > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.decode_steps;
+      stats_.decode_rows += size;
+      stats_.last_batch = size;
+    }
+  }
+  // One prefill piece, of the next prefilling session in turn.
+  const size_t n = slots_.size();
+  for (size_t k = 0; k < n; ++k) {
+    Slot& s = *slots_[(prefill_turn_ + k) % n];
+    if (!s.job || s.job->decoding) continue;
+    prefill_turn_ = (prefill_turn_ + k + 1) % n;
+    prefill_piece(s);
+    ran = true;
+    break;
+  }
+  return ran;
+}
+
+void EngineService::release(Slot& slot) {
+  slot.job.reset();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    active_[static_cast<size_t>(slot.id)].reset();
+    --busy_;
+  }
+  publish_state();
+  idle_.notify_all();
+}
+
+void EngineService::end_with_fault(Slot& slot, bool decoding, const char* what) {
+  slot.session->reset();
+  std::fprintf(stderr, "[engine] session %d: %s failed: %s\n", slot.id,
+               decoding ? "decode" : "prefill", what);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.failed;
@@ -696,48 +935,69 @@ void EngineService::end_with_fault(RequestHandle& handle, bool decoding, const c
   e.text =
       std::string(decoding ? "engine failure during decode: " : "engine failure during prefill: ") +
       what;
-  publish_state();
-  handle.push(std::move(e));
+  std::shared_ptr<RequestHandle> handle = slot.job->handle;
+  release(slot);
+  handle->push(std::move(e));
 }
 
-void EngineService::end_cancelled_prefill(RequestHandle& handle, GenerationStats& stats,
-                                          int64_t start, double prefill_seconds) {
-  const std::span<const int64_t> prompt(handle.request_.prompt);
+void EngineService::end_cancelled_prefill(Slot& slot) {
+  Slot::Job& job = *slot.job;
+  const std::span<const int64_t> prompt(job.req.prompt);
+  const int64_t start = job.start;
   // Roll back to the state before this request's prefill: the checkpoint at `start` (step 2), or
   // the deepest one below it when that one could not be saved (every slot kept), or nothing. The
   // MLA rows below `start` are untouched by the cancelled prefill, so any of them is valid.
-  if (start == 0 ||
-      checkpoints_->restore_best(*session_, prompt.first(static_cast<size_t>(start)), start) == 0)
-    session_->reset();
+  if (start == 0 || slot.checkpoints->restore_best(
+                        *slot.session, prompt.first(static_cast<size_t>(start)), start) == 0)
+    slot.session->reset();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.cancelled_prefill;
-    stats_.prefill_seconds += prefill_seconds;
+    stats_.prefill_seconds += job.prefill_seconds;
   }
-  stats.finish = FinishReason::cancelled;
+  job.stats.prefill_ms = job.prefill_seconds * 1e3;
+  job.stats.finish = FinishReason::cancelled;
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;
-  e.stats = stats;
-  publish_state();
-  handle.push(std::move(e));
+  e.stats = job.stats;
+  std::shared_ptr<RequestHandle> handle = job.handle;
+  release(slot);
+  handle->push(std::move(e));
 }
 
-void EngineService::end_generation(RequestHandle& handle, GenerationStats& stats,
-                                   const GenerateResult& result) {
-  const ServiceRequest& req = handle.request_;
+void EngineService::end_generation(Slot& slot) {
+  Slot::Job& job = *slot.job;
+  const ServiceRequest& req = job.req;
+  GenerationStats& stats = job.stats;
   const int64_t n = static_cast<int64_t>(req.prompt.size());
-  stats.decode_ms = result.decode_seconds * 1e3;
+  const double decode_seconds = now_seconds() - job.t1;
+  stats.prefill_ms = job.prefill_seconds * 1e3;
+  stats.decode_ms = decode_seconds * 1e3;
+  stats.completion_tokens = job.generated;
+  if (job.batch_steps > 0)
+    stats.batch_mean = static_cast<double>(job.batch_rows) / static_cast<double>(job.batch_steps);
+  if (job.finish != FinishReason::cancelled) job.demux.finish();
+  stats.finish = job.finish;
+  stats.stop_sequence = job.demux.matched_stop();
+  if (stats.finish == FinishReason::stop && stats.tool_calls > 0 && !job.demux.stopped_by_string())
+    stats.finish = FinishReason::tool_calls;
+  // The Vulkan tier's share of the time this request ran (with --parallel, that of the requests
+  // decoded beside it too) and the grammar's masks.
   stats.device = engine_->device_stats().since(stats.device);
+  if (job.constraint) {
+    stats.grammar_masks = job.constraint->masks();
+    stats.grammar_ms = job.constraint->mask_seconds() * 1e3;
+  }
   // The end of the reply, unless that would evict the anchor checkpoint: with 2 slots and an
   // anchor, the anchor (an edited or regenerated last message) and the prompt's end (a follow-up)
   // are kept; the reply's end is the live record, checkpointed when the next request extends it.
-  if (!(req.anchor > 0 && req.anchor < n) || checkpoints_->policy().slots >= 3)
-    checkpoints_->save(*session_);
+  if (!(req.anchor > 0 && req.anchor < n) || slot.checkpoints->policy().slots >= 3)
+    slot.checkpoints->save(*slot.session);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.generated_tokens += stats.completion_tokens;
-    stats_.prefill_seconds += result.prefill_seconds;
-    stats_.decode_seconds += result.decode_seconds;
+    stats_.prefill_seconds += job.prefill_seconds;
+    stats_.decode_seconds += decode_seconds;
     if (stats.finish == FinishReason::cancelled)
       ++stats_.cancelled_decode;
     else
@@ -747,8 +1007,9 @@ void EngineService::end_generation(RequestHandle& handle, GenerationStats& stats
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;
   e.stats = stats;
-  publish_state();
-  handle.push(std::move(e));
+  std::shared_ptr<RequestHandle> handle = job.handle;
+  release(slot);
+  handle->push(std::move(e));
 }
 
 }  // namespace k3

@@ -212,14 +212,20 @@ ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options,
   int64_t limit = setup_.memory_limit;
   if (limit < 0) {
     const double avail = static_cast<double>(available_memory_bytes());
-    limit = avail > 0 ? static_cast<int64_t>(std::max(0.0, 0.9 * avail - 2e9)) : INT64_MAX;
+    limit = avail > 0 ? static_cast<int64_t>(std::max(
+                            0.0, 0.9 * avail - 2e9 - static_cast<double>(setup_.reserved_bytes)))
+                      : INT64_MAX;
   }
   const int64_t fit = static_cast<int64_t>(static_cast<uint64_t>(limit) / per_slot_row);
   if (fit < 1)
     throw Error(
         "expert cache: one slot per MoE layer needs " + std::to_string(per_slot_row / 1000000) +
         " MB but only " + std::to_string(limit / 1000000) +
-        " MB of memory is left after the resident weights; free memory or use a smaller model");
+        " MB of memory is left after the resident weights" +
+        (setup_.reserved_bytes > 0 ? " and the " + std::to_string(setup_.reserved_bytes / 1000000) +
+                                         " MB held for the sessions (lower --parallel or --ctx)"
+                                   : std::string()) +
+        "; free memory or use a smaller model");
   if (fit < slots) {
     char line[200];
     std::snprintf(line, sizeof line,

@@ -51,6 +51,7 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
     if (weights_.layers[static_cast<size_t>(l)].moe) cache.moe_layers.push_back(l);
   cache.num_experts = config_.num_experts;
   cache.all_resident = load_.experts_in_memory;
+  cache.reserved_bytes = setup.session_reserve_bytes;
   cache.history_layers = config_.num_hidden_layers;
   cache.model_identity = model_identity(config_);
   locate_history(load_.cache, files_.dir(), &cache);

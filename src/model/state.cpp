@@ -64,6 +64,17 @@ uint64_t ModelState::floats_per_position(const K3Config& c, int64_t num_layers) 
   return floats;
 }
 
+uint64_t ModelState::fixed_floats(const K3Config& c, int64_t num_layers) {
+  const uint64_t P = static_cast<uint64_t>(c.kda_projection_size());
+  const uint64_t history = static_cast<uint64_t>(c.short_conv_kernel_size - 1);
+  const uint64_t dk = static_cast<uint64_t>(c.kda_head_dim);
+  uint64_t floats = 0;
+  for (size_t l = 0; l < static_cast<size_t>(num_layers); ++l)
+    if (c.attention[l] == AttentionKind::kKDA)
+      floats += 3 * history * P + static_cast<uint64_t>(c.kda_num_heads) * dk * dk;
+  return floats;
+}
+
 void Workspace::reserve(const K3Config& c, size_t n) {
   if (n <= rows) return;
   rows = n;

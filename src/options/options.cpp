@@ -515,8 +515,12 @@ const std::vector<OptionRow>& option_rows() {
        "404 for a request's model other than --model-id and the aliases (off: any name gets the "
        "served model; --accept-any-model = off)",
        boolean(FIELD(serve.strict_model))},
+      {"--parallel", "COLI_PARALLEL", Group::kServer, kServe,
+       "sessions served at once, decoded in one batch (each holds its own context state, all "
+       "reserved at start)",
+       integer(FIELD(serve.parallel), 1, 64)},
       {"--max-queue", "COLI_MAX_QUEUE", Group::kServer, kServe,
-       "requests that may wait behind the running one (more get 429)",
+       "requests that may wait when every session is busy (more get 429)",
        integer(FIELD(serve.max_queue), 0, 1024)},
       {"--queue-timeout", "COLI_QUEUE_TIMEOUT", Group::kServer, kServe,
        "seconds a request may wait in the queue (then 429)",
@@ -565,6 +569,13 @@ const std::vector<OptionRow>& option_rows() {
       {"--ckpt-dir", "COLI_K3_CKPT_DIR", Group::kServer, kServe | kChatApp,
        "keep the checkpoints in this directory (0700, files 0600) instead of RAM",
        text(FIELD(serve.ckpt_dir))},
+      {"--cache-dir", "COLI_CACHE_DIR", Group::kServer, kServe,
+       "prefix cache on disk that survives restarts (prompt-boundary states with their MLA rows, "
+       "keyed tags; 0700, files 0600; empty = off)",
+       text(FIELD(serve.cache_dir))},
+      {"--cache-gb", "COLI_CACHE_GB", Group::kServer, kServe,
+       "bound of the --cache-dir prefix cache in GB (least recently used out)",
+       real(FIELD(serve.cache_gb), 0.001, 1e6)},
       {"--ckpt-keep,!--no-ckpt-keep", nullptr, Group::kServer, kServe | kChatApp,
        "leave the disk checkpoints behind at exit", boolean(FIELD(serve.ckpt_keep))},
       // security

@@ -1019,6 +1019,8 @@ json x_k3_json(const GenerationStats& stats) {
   x["checkpoint_restored_at"] = stats.restored_at >= 0 ? json(stats.restored_at) : json(nullptr);
   x["queue_wait_ms"] = stats.queue_wait_ms;
   x["finish"] = finish_reason_name(stats.finish);  // "cancelled" where finish_reason says length
+  x["session"] = stats.session;                    // which of the --parallel sessions ran it
+  x["batch_max"] = stats.batch_max;  // the most sessions of a decode step it was part of
   return x;
 }
 

@@ -164,7 +164,8 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
                             {"thinking", c.options.api.default_thinking}};
     body["scheduler"] =
         json{{"active", s.active},
-             {"capacity", 1},
+             {"busy", s.active},
+             {"capacity", s.parallel},
              {"queued", s.queued},
              {"max_queue", s.max_queue},
              {"queue_timeout_seconds", c.options.queue_timeout_s},
@@ -176,7 +177,8 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
         json{{"phase", s.phase},
              {"fed_tokens", s.fed_tokens},
              {"checkpoints",
-              json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}}};
+              json{{"policy", s.checkpoints}, {"slots", s.ckpt_slots}, {"used", s.ckpt_used}}},
+             {"prefix_cache", s.prefix_cache}};
     body["memory"] = json{{"rss_gb", static_cast<double>(current_rss_bytes()) / 1e9}};
     if (s.device.on)
       body["device"] = json{{"name", s.device.device},
@@ -395,6 +397,28 @@ std::string metrics_text(const ServiceStats& s,
   for (const auto& [label, count] : requests)
     o << "k3_requests_total{" << label << "} " << count << '\n';
   metric("k3_requests_active", "gauge", "generations running", static_cast<double>(s.active));
+  metric("k3_sessions", "gauge", "sessions (--parallel)", static_cast<double>(s.parallel));
+  metric("k3_sessions_busy", "gauge", "sessions running a generation",
+         static_cast<double>(s.active));
+  metric("k3_decode_steps_total", "counter", "batched decode steps",
+         static_cast<double>(s.decode_steps));
+  metric("k3_decode_rows_total", "counter",
+         "sessions fed by the decode steps (rows / steps = the mean batch)",
+         static_cast<double>(s.decode_rows));
+  metric("k3_decode_batch_size", "gauge", "sessions in the latest decode step",
+         static_cast<double>(s.last_batch));
+  o << "# HELP k3_session_fed_tokens positions each session's record holds\n"
+       "# TYPE k3_session_fed_tokens gauge\n";
+  for (const ServiceStats::SessionInfo& si : s.sessions)
+    o << "k3_session_fed_tokens{session=\"" << si.id << "\"} " << si.fed_tokens << '\n';
+  o << "# HELP k3_session_busy whether each session runs a generation\n"
+       "# TYPE k3_session_busy gauge\n";
+  for (const ServiceStats::SessionInfo& si : s.sessions)
+    o << "k3_session_busy{session=\"" << si.id << "\"} " << (si.state == "idle" ? 0 : 1) << '\n';
+  o << "# HELP k3_session_requests_total generations each session ran\n"
+       "# TYPE k3_session_requests_total counter\n";
+  for (const ServiceStats::SessionInfo& si : s.sessions)
+    o << "k3_session_requests_total{session=\"" << si.id << "\"} " << si.requests << '\n';
   metric("k3_requests_queued", "gauge", "generations waiting", static_cast<double>(s.queued));
   metric("k3_prompt_tokens_total", "counter", "prompt tokens received",
          static_cast<double>(s.prompt_tokens));
@@ -422,7 +446,17 @@ std::string metrics_text(const ServiceStats& s,
   o << "# HELP k3_prefix_reuse_total reuse decisions\n# TYPE k3_prefix_reuse_total counter\n"
     << "k3_prefix_reuse_total{kind=\"live\"} " << s.reuse_live
     << "\nk3_prefix_reuse_total{kind=\"checkpoint\"} " << s.reuse_checkpoint
+    << "\nk3_prefix_reuse_total{kind=\"disk\"} " << s.reuse_disk
     << "\nk3_prefix_reuse_total{kind=\"none\"} " << s.reuse_none << '\n';
+  metric("k3_prefix_cache_saves_total", "counter", "prefixes written to the disk cache",
+         static_cast<double>(s.prefix.saves));
+  metric("k3_prefix_cache_restores_total", "counter", "prefixes restored from the disk cache",
+         static_cast<double>(s.prefix.restores));
+  metric("k3_prefix_cache_rejected_total", "counter",
+         "disk cache files refused (damaged, truncated or foreign) and removed",
+         static_cast<double>(s.prefix.rejected));
+  metric("k3_prefix_cache_evicted_total", "counter", "disk cache files evicted by --cache-gb",
+         static_cast<double>(s.prefix.evicted));
   metric("k3_checkpoint_saves_total", "counter", "recurrent-state checkpoints saved",
          static_cast<double>(s.ckpt.saves));
   metric("k3_checkpoint_restores_total", "counter", "recurrent-state checkpoints restored",
@@ -503,17 +537,27 @@ HttpResponse metrics(const HandlerContext& c, const HttpRequest&) {
 
 HttpResponse slots(const HandlerContext& c, const HttpRequest&) {
   const ServiceStats s = c.service.stats();
-  json list = json::array();
-  for (const auto& ck : s.ckpt_list)
-    list.push_back(json{
-        {"slot", ck.slot}, {"pos", ck.position}, {"pinned", false}, {"age_s", ck.age_seconds}});
+  const double now = now_seconds();
+  json out = json::array();
+  for (const ServiceStats::SessionInfo& si : s.sessions) {
+    json list = json::array();
+    for (const auto& ck : si.ckpt_list)
+      list.push_back(json{
+          {"slot", ck.slot}, {"pos", ck.position}, {"pinned", false}, {"age_s", ck.age_seconds}});
+    out.push_back(json{{"id", si.id},
+                       {"state", si.state == "idle" ? "idle" : "busy"},
+                       {"phase", si.state},
+                       {"n_ctx", s.context_capacity},
+                       {"fed_tokens", si.fed_tokens},
+                       {"prompt_tokens", si.prompt_tokens},
+                       {"cached_tokens", si.cached_tokens},
+                       {"generated_tokens", si.generated_tokens},
+                       {"requests", si.requests},
+                       {"last_used_s_ago", si.last_used > 0 ? json(now - si.last_used) : json()},
+                       {"checkpoints", list}});
+  }
   HttpResponse res;
-  set_json(res, 200,
-           json::array({json{{"id", 0},
-                             {"state", s.active ? "busy" : "idle"},
-                             {"n_ctx", s.context_capacity},
-                             {"fed_tokens", s.fed_tokens},
-                             {"checkpoints", list}}}));
+  set_json(res, 200, out);
   return res;
 }
 

@@ -402,17 +402,19 @@ std::string Router::log_line(std::string_view method, std::string_view path, int
     }
   }
   if (stats) {
-    char figures[160];
+    char figures[224];
     const double tok_s =
         stats->decode_ms > 0
             ? 1e3 * static_cast<double>(stats->completion_tokens) / stats->decode_ms
             : 0.0;
     std::snprintf(
         figures, sizeof figures,
-        " prompt=%lld cached=%lld gen=%lld ttft_ms=%.0f tok_s=%.1f finish=%s",
+        " prompt=%lld cached=%lld gen=%lld ttft_ms=%.0f tok_s=%.1f finish=%s session=%d "
+        "batch=%.1f batch_max=%lld",
         static_cast<long long>(stats->prompt_tokens), static_cast<long long>(stats->cached_tokens),
         static_cast<long long>(stats->completion_tokens), stats->queue_wait_ms + stats->prefill_ms,
-        tok_s, finish_reason_name(stats->finish));
+        tok_s, finish_reason_name(stats->finish), stats->session, stats->batch_mean,
+        static_cast<long long>(stats->batch_max));
     line += figures;
     if (stats->device.on) {
       // The Vulkan tier's share of this turn (docs/vulkan.md §7).

@@ -78,9 +78,11 @@ const mainSrv = lazy('main', []);
 const ckSrv = lazy('ckpt2', ['--ckpt', '2']);
 const ck3Srv = lazy('ckpt3', ['--ckpt', '3']);
 const coldSrv = lazy('cold', ['--ckpt', '0']);
-const slowSrv = lazy('slow', ['--token-delay-ms', '30', '--ckpt', '2']);
-const queueSrv = lazy('queue1', ['--max-queue', '1', '--token-delay-ms', '40']);
-const qtimeoutSrv = lazy('qtimeout', ['--queue-timeout', '1', '--token-delay-ms', '40']);
+// One session (--parallel 1) where the checks are about one generation at a time and its queue;
+// tests/node/parallel_test.mjs covers several sessions.
+const slowSrv = lazy('slow', ['--parallel', '1', '--token-delay-ms', '30', '--ckpt', '2']);
+const queueSrv = lazy('queue1', ['--parallel', '1', '--max-queue', '1', '--token-delay-ms', '40']);
+const qtimeoutSrv = lazy('qtimeout', ['--parallel', '1', '--queue-timeout', '1', '--token-delay-ms', '40']);
 const connSrv = lazy('conn', ['--max-connections-per-ip', '8']);  // explicit: loopback is capped too
 const pingSrv = lazy('ping', ['--token-delay-ms', '1500', '--sse-ping-interval', '1']);
 const limitsSrv = lazy('limits', ['--api-key', API_KEY, '--max-body-mb', '1', '--ctx', '256', '--max-tokens', '64',
@@ -346,7 +348,8 @@ await check('health.detailed_without_key', async () => {
     assert(Number.isInteger(sc[k]), `/health scheduler.${k} missing: ${show(sc)}`);
   }
   eq(sc.max_queue, 8, 'default --max-queue');
-  eq(sc.capacity, 1, 'scheduler capacity (one generation at a time)');
+  eq(sc.capacity, 4, 'scheduler capacity (--parallel: 4 sessions by default)');
+  eq(sc.busy, 0, 'scheduler busy (sessions running a generation)');
 });
 
 // The sampling a request gets when it does not say: the model card's 0.6 / 0.95 by default, and
@@ -1031,15 +1034,17 @@ await check('ckpt.edited_user_message_restores', async () => {
   eq(textOf(r2), textOf(cold), 'greedy answer after an edited user message vs cold server');
 });
 
-// GET /slots describes the one slot: its state, context, the tokens it holds and its
-// checkpoints. POST /slots/0?action=erase forgets the conversation, the live state and every
+// GET /slots describes every session: its state, context, the tokens it holds and its
+// checkpoints. POST /slots/0?action=erase forgets the conversations, the live states and every
 // checkpoint (a privacy feature): a follow-up of the old conversation then reuses nothing.
 await check('slots.contents_and_erase_forgets_the_conversation', async () => {
   const slotsOf = (s) => async () => {
     const r = await request(s, { path: '/slots' });
     eq(r.status, 200, 'GET /slots');
-    assert(Array.isArray(r.json) && r.json.length === 1, () => `GET /slots is not a list of one slot: ${show(r.text)}`);
-    return r.json[0];
+    assert(Array.isArray(r.json) && r.json.length >= 1, () => `GET /slots is not a list of sessions: ${show(r.text)}`);
+    // The session of the latest request: the most recently used one.
+    const used = r.json.filter((v) => typeof v.last_used_s_ago === 'number');
+    return used.length ? used.reduce((a, b) => (b.last_used_s_ago < a.last_used_s_ago ? b : a)) : r.json[0];
   };
   const slow = await slowSrv();   // 30 ms a token: 300 tokens keep it busy
   const busy = holdActive(slow, req([user('Keep the slot busy.')], { ...OFF, max_tokens: 300, stream: true }));
@@ -1057,8 +1062,11 @@ await check('slots.contents_and_erase_forgets_the_conversation', async () => {
   const m1 = [sys('You keep secrets.'), user('The password is swordfish. Repeat it.')];
   const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 8 }));
   const slot = await waitUntil('GET /slots state idle after the reply', slots, (v) => v.state === 'idle');
-  eq(Object.keys(slot).sort(), ['checkpoints', 'fed_tokens', 'id', 'n_ctx', 'state'], 'GET /slots fields');
-  eq(slot.id, 0, 'slot id');
+  eq(Object.keys(slot).sort(), ['cached_tokens', 'checkpoints', 'fed_tokens', 'generated_tokens', 'id',
+                                'last_used_s_ago', 'n_ctx', 'phase', 'prompt_tokens', 'requests', 'state'],
+     'GET /slots fields');
+  assert(Number.isInteger(slot.id) && slot.id >= 0 && slot.id < 4, `slot id ${slot.id}`);
+  assert(Number.isInteger(slot.requests) && slot.requests >= 1, `requests of the session that ran the turn: ${slot.requests}`);
   eq(slot.n_ctx, (await healthJson(s)).context_capacity, 'n_ctx = /health context_capacity');
   const { prompt_tokens: p1, completion_tokens: g1 } = r1.usage;
   assert(slot.fed_tokens >= p1 && slot.fed_tokens <= p1 + g1, `fed_tokens ${slot.fed_tokens} should hold the prompt (${p1}) and at most the ${g1} generated tokens`);
@@ -1857,7 +1865,7 @@ await check('ckpt.disk_files_private', async () => {
   const r1 = await complete(s, req(m1, { ...OFF, max_tokens: 6 }));
   await complete(s, req([...m1, asAssistant(r1), user('More.')], { ...OFF, max_tokens: 6 }));
   const found = await waitUntil(`checkpoint files under ${CKDIR}`, async () => ckptFiles(CKDIR), (f) => f.files.length > 0);
-  eq(found.subs.length, 1, 'one private subdirectory per server');
+  eq(found.subs.length, 4, 'one private subdirectory per session (--parallel 4)');
   eq(modeOf(CKDIR).toString(8), '700', 'a --ckpt-dir the server created is 0700');
   eq(modeOf(path.join(CKDIR, found.subs[0])).toString(8), '700', 'private subdirectory mode');
   for (const f of found.files) eq(modeOf(f).toString(8), '600', `mode of ${f}`);

@@ -122,4 +122,65 @@ class CheckpointStore {
   std::vector<int64_t> kept_ids_;        // protect(): prompt[0, the last kept position)
 };
 
+// The prefix cache on disk (coli serve --cache-dir, bounded by --cache-gb, least recently used
+// out): prompt-boundary states that stand alone (SavedState with its MLA rows and ids), so a
+// conversation or an agent's system prompt resumes after a restart from the deepest entry whose ids
+// are a prefix of its prompt. The file format is the checkpoints' ("3CKP", the same atomic writer
+// and keyed SipHash-2-4 tag) at version 3, whose payload adds the ids and the MLA rows:
+//   header {magic, version 3, position, kda float count, row float count, identity, tag}
+//   ids [position] int64, kda floats, rows floats
+// The key is 16 random bytes in `<dir>/k3_prefix.key`, created 0600 on first use and refused when
+// it is not a regular 0600 file of this user; `identity` is the tag of the engine's identity (the
+// model directory and what it computes with) under that key, so a file of another model or another
+// cache never matches. The directory must be this user's and not writable by others. Every file is
+// checked in full (size, identity, tag) before it is restored; a damaged, truncated or foreign one
+// is refused and removed, never trusted. Entries are found by their ids (read at start from every
+// file's head); the name is k3_prefix_<tag of the ids>.bin. Not thread-safe: the worker owns it.
+class PrefixCache {
+ public:
+  // Throws k3::Error naming the directory or the key file when they cannot be used.
+  PrefixCache(const std::string& dir, uint64_t max_bytes, const std::string& identity);
+
+  // "disk /dir, 3 entries, 1.2 of 4.0 GB".
+  std::string describe() const;
+  // Writes the session's state at its position (with its rows) unless an entry of exactly these
+  // ids exists (then it is only marked used); evicts the least recently used entries beyond the
+  // bound. False when nothing was written (an error went to stderr; serving goes on).
+  bool save(const Session& session);
+  // Restores the deepest entry whose ids are a prefix of `prompt` and deeper than `deeper_than`
+  // (at most prompt.size() - 1: a token is left to feed) into `session`, and returns its position;
+  // 0 when none fits (the session is then untouched).
+  int64_t restore_best(Session& session, std::span<const int64_t> prompt, int64_t deeper_than);
+
+  struct Counters {
+    int64_t saves = 0, restores = 0, rejected = 0, evicted = 0;
+  };
+  const Counters& counters() const { return counters_; }
+  size_t entries() const { return entries_.size(); }
+  uint64_t bytes() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Entry {
+    std::string path;
+    std::vector<int64_t> ids;
+    uint64_t bytes = 0;
+    uint64_t stamp = 0;  // LRU clock (files found at start: by modification time)
+  };
+  void scan();
+  void evict();
+  void drop(size_t index, const char* why);
+  bool read(const Entry& entry, size_t kda_floats, size_t row_floats, SavedState& out,
+            std::string& why) const;
+
+  std::string dir_;
+  uint64_t max_bytes_;
+  SipKey key_{};
+  uint64_t identity_ = 0;
+  std::vector<Entry> entries_;
+  uint64_t clock_ = 0;
+  Counters counters_;
+  SavedState scratch_;
+};
+
 }  // namespace k3

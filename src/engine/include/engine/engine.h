@@ -43,6 +43,11 @@ struct EngineOptions {
   // in that error ("--ctx / K3_MAXT").
   int64_t context = 0;
   std::string context_name = "--ctx / K3_MAXT";
+  // Sessions of `context` positions the caller will hold at once (coli serve --parallel): all of
+  // them must fit in the memory available before the weights load (the error gives one session's
+  // bytes), and the expert cache sizes itself in what is left after them.
+  int sessions = 1;
+  std::string sessions_name = "--parallel / COLI_PARALLEL";
   // Runs once config.json and the tokenizer are read and checked, before any weight: the caller
   // checks what depends on them (a prompt that must fit the context). `info` has config.json's
   // fields (num_layers, resident_bytes and has_* are not known yet); `tokenizer` may be nullptr.
@@ -63,7 +68,10 @@ struct EngineInfo {
   bool has_embedding = false;
   bool has_head = false;        // false: prefill returns no logits
   uint64_t resident_bytes = 0;  // weights held in memory
-  std::string tensor_prefix;    // "language_model." in the release layout
+  // One session's state at EngineOptions::context positions (MLA rows, scores, KDA state, the
+  // token record); 0 when no context was given.
+  uint64_t session_bytes = 0;
+  std::string tensor_prefix;  // "language_model." in the release layout
 };
 
 // The routed-expert cache's counters since load.
@@ -171,10 +179,15 @@ struct PrefillHooks {
 // A copy of a session's recurrent state: every KDA layer's three conv windows and matrix state,
 // flattened, plus the ids fed so far. With the MLA rows still in the live cache for positions
 // below `position`, restoring it resumes the sequence there (docs/serving.md §3.10.2).
+// With the MLA rows too (`rows`, save_state(out, true)) it stands alone: restoring it into any
+// session of the same engine resumes the sequence there (the disk prefix cache, coli serve
+// --cache-dir).
 struct SavedState {
   int64_t position = 0;
   std::vector<int64_t> ids;  // [position]
   std::vector<float> kda;    // [Session::state_floats()]
+  std::vector<float> rows;   // [position][Session::row_floats()] or empty (layer by layer, latent
+                             // then rope)
 };
 
 // Seconds per compute stage and routed-expert applications since a session started.
@@ -220,10 +233,15 @@ class Session {
 
   // Floats in a SavedState's `kda` (the same for every saved state of this engine).
   size_t state_floats() const;
-  void save_state(SavedState& out) const;
+  // Floats of one position's MLA rows over every MLA layer (a SavedState's `rows` per position).
+  size_t row_floats() const;
+  // `with_rows`: the MLA rows of positions [0, position) too.
+  void save_state(SavedState& out, bool with_rows = false) const;
   // Puts the saved recurrent state back and truncates the record to its position.
   // REQUIRES: saved.ids == tokens()[0, saved.position) (the MLA rows below it are then valid);
-  // throws k3::Error otherwise.
+  // throws k3::Error otherwise. With rows (saved.rows not empty) the rows are put back too and the
+  // record becomes saved.ids whatever it held (REQUIRES: rows of position x row_floats() floats,
+  // position within the capacity).
   void restore_state(const SavedState& saved);
   // While set, every forward pass polls `flag` before each layer and throws Interrupted when it
   // reads true; the state is then part-advanced (restore a saved state or reset). nullptr = off.

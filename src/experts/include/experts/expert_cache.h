@@ -78,6 +78,9 @@ struct ExpertCacheSetup {
   // after the resident weights are loaded, so they are already excluded) − 2 GB reserve for
   // activations and page cache.
   int64_t memory_limit = -1;
+  // Bytes the caller holds back for its sessions (their state is allocated after the cache is
+  // sized): taken off the measured limit, and named in the error when one slot no longer fits.
+  uint64_t reserved_bytes = 0;
   uint64_t read_extent_bytes = 0;  // pieces reads are split into (0 = the read queue's default)
   std::function<void(const std::string&)> note;  // one-line notes (default: stderr)
 };

@@ -58,6 +58,9 @@ struct ModelSetup {
   // order (model/expert_executor.h: a device tier, remote ranks). Shared with the caller, which
   // may keep a handle for their reports.
   std::vector<std::shared_ptr<ExpertExecutor>> executors;
+  // Bytes held back for the sessions the caller will allocate (coli serve --parallel): the expert
+  // cache sizes itself in the memory left after them (ExpertCacheSetup::reserved_bytes).
+  uint64_t session_reserve_bytes = 0;
 };
 
 class Model {

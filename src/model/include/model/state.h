@@ -147,6 +147,9 @@ struct ModelState {
   // The floats the constructor allocates per position of `capacity`: every MLA layer's latent and
   // rope rows, plus one attention score per head (a context's cost, known before any weight).
   static uint64_t floats_per_position(const K3Config& config, int64_t num_layers);
+  // The floats it allocates whatever the capacity: every KDA layer's conv windows and matrix
+  // state (what a checkpoint saves).
+  static uint64_t fixed_floats(const K3Config& config, int64_t num_layers);
 };
 
 }  // namespace k3

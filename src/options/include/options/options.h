@@ -123,6 +123,7 @@ struct ServeOptions {
   std::string api_key_file;
   std::vector<std::string> allowed_hosts, cors_origins;
   bool insecure_bind = false;
+  int64_t parallel = 4;  // coli serve: sessions at once (coli chat and kimi_k3 run one)
   int64_t max_queue = 8;
   double queue_timeout = 300;
   int64_t max_tokens = 16384;  // ceiling of a request's max_tokens
@@ -139,6 +140,8 @@ struct ServeOptions {
   int ckpt_slots = -1;  // -1 = auto
   std::string ckpt_dir;
   bool ckpt_keep = false;
+  std::string cache_dir;  // --cache-dir: the prefix cache on disk ("" = off)
+  double cache_gb = 8;    // --cache-gb: its bound
   bool prefix_log = false;
   int token_delay_ms = 0;
   std::vector<int64_t> script_ids;  // debug: scripted generated ids
