@@ -210,6 +210,123 @@ TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
   EXPECT_NE(idot.err.find("tokens may drift from a CPU-only run"), std::string::npos) << idot.err;
 }
 
+// One k3-tiny expert's device bytes (f32 scales): budgets in experts.
+constexpr double kExpertBytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;
+
+// The (layer, expert) pairs resident on the device now.
+std::vector<std::pair<int64_t, int64_t>> residents(const k3::Engine& engine) {
+  const k3::Model& model = k3::internal::model(engine);
+  std::vector<std::pair<int64_t, int64_t>> held;
+  for (int64_t l = 0; l < model.num_layers(); ++l)
+    for (int64_t e = 0; e < model.config().num_experts; ++e)
+      if (tier_of(engine).holds(l, e)) held.emplace_back(l, e);
+  return held;
+}
+
+// COLI_VK_TIER_RATE: no forward step queues more promotions than the rate; the others are
+// counted as skipped, and the tokens stay the CPU's.
+TEST_F(VkTier, RateLimitsPromotionsPerTokenAndCountsTheSkipped) {
+  const TempDir state("vk-tier-rate");
+  k3::LoadOptions load = tier_load(state, 1.0);
+  load.vulkan.rate = 1;
+  load.vulkan.sync = true;
+  const k3::Engine engine(kFixture, load);
+  const auto prompt = golden_->i64("prompt_ids");
+  std::vector<uint64_t> promotions;
+  const Outcome got = run(engine, prompt, 8, 1, [&](size_t) {
+    promotions.push_back(tier_of(engine).stats().promotions);
+  });
+  promotions.push_back(tier_of(engine).stats().promotions);
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  // One token per forward step: the prompt's 12 steps and 7 decode steps, one promotion each.
+  EXPECT_LE(promotions.front(), prompt.size());
+  for (size_t j = 1; j < promotions.size(); ++j)
+    EXPECT_LE(promotions[j] - promotions[j - 1], 1u) << "decode step " << j;
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_GT(s.skipped, 0u);
+  EXPECT_GT(s.promotions, 0u);
+  EXPECT_LT(s.residents, s.budget);  // the rate, not the budget, held them back
+  EXPECT_EQ(s.validation_errors, 0u);
+}
+
+// An upload the device refuses is counted and leaves the budget as it was; later uploads fill it.
+TEST_F(VkTier, RefusedUploadsKeepTheBudgetAndLaterUploadsFillIt) {
+  const TempDir state("vk-tier-refused");
+  k3::LoadOptions load = tier_load(state, 4.5 * kExpertBytes / 1e9);
+  load.vulkan.sync = true;
+  const k3::Engine engine(kFixture, load);
+  const_cast<k3::VkTier&>(tier_of(engine)).refuse_uploads(3);
+  const auto prompt = golden_->i64("prompt_ids");
+  const Outcome got = run(engine, prompt, 8, 1);
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_EQ(s.refused, 3u);
+  EXPECT_EQ(s.budget, 4u);
+  EXPECT_EQ(s.residents, 4u);
+  EXPECT_EQ(s.uploads, 4u + s.evictions);
+  EXPECT_GT(s.pairs_served, 0u);
+}
+
+// COLI_VK_TIER_SYNC: residency depends only on the routing: two runs, and a third whose uploads
+// are slow, hold the same experts after every token.
+TEST_F(VkTier, SyncModeGivesTheSameResidencyEveryRun) {
+  const auto prompt = golden_->i64("prompt_ids");
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs[3];
+  for (int r = 0; r < 3; ++r) {
+    const TempDir state("vk-tier-sync");
+    k3::LoadOptions load = tier_load(state, 3.5 * kExpertBytes / 1e9);
+    load.vulkan.sync = true;
+    load.vulkan.rate = 2;
+    const k3::Engine engine(kFixture, load);
+    if (r == 2) const_cast<k3::VkTier&>(tier_of(engine)).delay_uploads(20);
+    const Outcome got =
+        run(engine, prompt, 8, 1, [&](size_t) { runs[r].push_back(residents(engine)); });
+    EXPECT_EQ(got.tokens, cpu_->tokens);
+    EXPECT_EQ(tier_of(engine).stats().residents, 3u);
+  }
+  ASSERT_FALSE(runs[0].back().empty());
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[2]);  // the slow uploads are waited for
+}
+
+// COLI_VK_PREFILL=on: a chunked prompt streams its cold experts through staging regions: the CPU
+// f32 run's logits and tokens, pairs streamed, and no expert made resident by the prompt (the
+// decode set is not flushed); decode then promotes as before.
+TEST_F(VkTier, PromptChunksStreamColdExpertsWithoutPromotingThem) {
+  const TempDir state("vk-tier-stream");
+  k3::LoadOptions load = tier_load(state, 2.5 * kExpertBytes / 1e9);
+  load.vulkan.prefill = "on";
+  load.vulkan.sync = true;
+  const k3::Engine engine(kFixture, load);
+  EXPECT_EQ(tier_of(engine).stream_rows(), 1u);
+  const auto prompt = golden_->i64("prompt_ids");
+  const auto want_prompt = golden_->f32("logits");
+  k3::VkTierStats after_prompt;
+  std::vector<std::pair<int64_t, int64_t>> held_after_prompt;
+  const Outcome got = run(engine, prompt, 8, 5, [&](size_t j) {
+    if (j > 0) return;
+    after_prompt = tier_of(engine).stats();
+    held_after_prompt = residents(engine);
+  });
+  ASSERT_EQ(got.prompt_logits.size(), want_prompt.size());
+  k3::testing::expect_close("logits", got.prompt_logits.data(), want_prompt.data(),
+                            want_prompt.size());
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  EXPECT_GT(after_prompt.streamed_pairs, 0u);
+  EXPECT_EQ(after_prompt.streamed_pairs, after_prompt.pairs_total);  // every prompt pair
+  EXPECT_EQ(after_prompt.promotions, 0u);
+  EXPECT_TRUE(held_after_prompt.empty());
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_EQ(s.streamed_pairs, after_prompt.streamed_pairs);  // decode rows are not streamed
+  EXPECT_EQ(s.residents, 2u);
+  EXPECT_EQ(s.validation_errors, 0u);
+  // On lavapipe (a CPU device) the automatic choice never streams.
+  const TempDir state2("vk-tier-stream-auto");
+  const k3::Engine automatic(kFixture, tier_load(state2, 1.0));
+  EXPECT_EQ(tier_of(automatic).stream_rows(), 0u);
+  EXPECT_EQ(tier_of(automatic).stats().budget_source, "COLI_VK_TIER_GB");
+}
+
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {
   const TempDir state("vk-tier-lost");
   const k3::Engine engine(kFixture, tier_load(state, 1.0));

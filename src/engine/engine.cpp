@@ -194,11 +194,12 @@ std::string Engine::describe_device() const {
   const VkTier* tier = impl_->model->vk_tier();
   if (!tier) return "";
   const VkTierStats s = tier->stats();
-  char buf[400];
+  char buf[600];
   std::snprintf(
       buf, sizeof buf,
       "[VK] %s%s | %llu of %llu routed pairs on the device (%.1f%%) | residents %llu / "
-      "%llu | uploads %llu, evictions %llu, refused %llu, skipped %llu",
+      "%llu (%s) | uploads %llu, evictions %llu, refused %llu, skipped %llu | streamed %llu "
+      "prompt pairs | join wait %.3f s",
       s.device.c_str(), s.off ? " (off: the device was lost)" : "",
       static_cast<unsigned long long>(s.pairs_served),
       static_cast<unsigned long long>(s.pairs_total),
@@ -206,8 +207,10 @@ std::string Engine::describe_device() const {
           ? 100.0 * static_cast<double>(s.pairs_served) / static_cast<double>(s.pairs_total)
           : 0.0,
       static_cast<unsigned long long>(s.residents), static_cast<unsigned long long>(s.budget),
-      static_cast<unsigned long long>(s.uploads), static_cast<unsigned long long>(s.evictions),
-      static_cast<unsigned long long>(s.refused), static_cast<unsigned long long>(s.skipped));
+      s.budget_source.c_str(), static_cast<unsigned long long>(s.uploads),
+      static_cast<unsigned long long>(s.evictions), static_cast<unsigned long long>(s.refused),
+      static_cast<unsigned long long>(s.skipped), static_cast<unsigned long long>(s.streamed_pairs),
+      s.join_wait_s);
   return buf;
 }
 

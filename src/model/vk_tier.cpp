@@ -423,6 +423,7 @@ void VkTier::stream_cold(const MoeStep& step, std::span<GroupOwner> owner, Group
 
 bool VkTier::finish(const MoeStep& step, std::span<const GroupOwner> owner, GroupOwner self,
                     PairSink& sink) {
+  if (options_.sync && !stats_.off) decide(step);
   if (claimed_.empty()) return true;
   const bool lost = inject_loss_.exchange(false);
   const auto t0 = std::chrono::steady_clock::now();
@@ -455,26 +456,64 @@ bool VkTier::finish(const MoeStep& step, std::span<const GroupOwner> owner, Grou
 
 void VkTier::offered(int64_t layer, int64_t expert, const ExpertView& view) {
   if (stats_.off || budget_ == 0 || slot(layer, expert) != -1) return;
+  if (options_.sync) {
+    // Decided at the end of the step in id order: the CPU applies experts as their reads land.
+    candidates_.push_back(expert);
+    return;
+  }
+  if (admit(layer, expert)) held_.push_back(copy_job(layer, expert, view));
+}
+
+void VkTier::decide(const MoeStep& step) {
+  std::sort(candidates_.begin(), candidates_.end());
+  candidates_.erase(std::unique(candidates_.begin(), candidates_.end()), candidates_.end());
+  std::vector<int64_t> winners;
+  for (int64_t e : candidates_)
+    if (slot(step.layer, e) == -1 && admit(step.layer, e)) winners.push_back(e);
+  candidates_.clear();
+  ExpertBatch batch;
+  for (size_t i = 0; i < winners.size(); i += ExpertBatch::kMaxBatch) {
+    const std::span<const int64_t> ids(winners.data() + i,
+                                       std::min(winners.size() - i, ExpertBatch::kMaxBatch));
+    try {
+      cache_.acquire(step.layer, ids, step.use, batch);
+      for (size_t j = 0; j < ids.size(); ++j)
+        held_.push_back(copy_job(step.layer, ids[j], batch.view(j)));
+    } catch (const Error&) {
+      // A read failed (the CPU read these bytes a moment ago): these promotions are dropped.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int64_t e : ids)
+        if (std::none_of(held_.begin(), held_.end(),
+                         [&](const Job& j) { return j.layer == step.layer && j.expert == e; })) {
+          slot(step.layer, e) = -1;
+          --pending_;
+        }
+    }
+    batch.release();
+  }
+}
+
+bool VkTier::admit(int64_t layer, int64_t expert) {
   if (residents_.size() + pending_ < budget_) {
     if (promotions_left_ <= 0) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.skipped;
-      return;
+      return false;
     }
   } else {
     // Full: the coldest resident gives way when this expert is hotter by the margin.
-    if (residents_.empty()) return;  // the budget is all in flight
+    if (residents_.empty()) return false;  // the budget is all in flight
     size_t coldest = 0;
     for (size_t i = 1; i < residents_.size(); ++i)
       if (heat(residents_[i].layer, residents_[i].expert) <
           heat(residents_[coldest].layer, residents_[coldest].expert))
         coldest = i;
     const float cold = heat(residents_[coldest].layer, residents_[coldest].expert);
-    if (!(heat(layer, expert) > 1.25f * cold + 4.0f)) return;
+    if (!(heat(layer, expert) > 1.25f * cold + 4.0f)) return false;
     std::lock_guard<std::mutex> lock(mu_);
     if (promotions_left_ <= 0) {
       ++stats_.skipped;
-      return;
+      return false;
     }
     const Resident r = residents_[coldest];
     residents_.erase(residents_.begin() + static_cast<std::ptrdiff_t>(coldest));
@@ -484,12 +523,10 @@ void VkTier::offered(int64_t layer, int64_t expert, const ExpertView& view) {
   }
   --promotions_left_;
   ++pending_;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    slot(layer, expert) = kPending;
-    ++stats_.promotions;
-  }
-  held_.push_back(copy_job(layer, expert, view));
+  std::lock_guard<std::mutex> lock(mu_);
+  slot(layer, expert) = kPending;
+  ++stats_.promotions;
+  return true;
 }
 
 }  // namespace k3

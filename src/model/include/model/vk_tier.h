@@ -119,6 +119,8 @@ class VkTier final : public ExpertExecutor {
   void publish();
   void uploader();
   void release_streamed();
+  bool admit(int64_t layer, int64_t expert);
+  void decide(const MoeStep& step);
   void stream_cold(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner self,
                    size_t& pairs);
   int32_t& slot(int64_t layer, int64_t expert);
@@ -135,12 +137,13 @@ class VkTier final : public ExpertExecutor {
   std::vector<float> heat_;       // [layers][E]
   std::vector<int32_t> slot_of_;  // [layers][E]: device slot, kPending, or -1
   std::vector<Resident> residents_;
-  mutable std::mutex mu_;        // guards slot_of_ (holds() from the RAM cache) and stats_
-  uint64_t budget_ = 0;          // experts
-  uint64_t pending_ = 0;         // promotions queued, not yet published
-  uint64_t tokens_ = 0;          // tokens seen (heat halving)
-  int64_t promotions_left_ = 0;  // this step's
-  std::vector<Job> held_;        // promotions of this step, handed to the uploader at the next
+  mutable std::mutex mu_;            // guards slot_of_ (holds() from the RAM cache) and stats_
+  uint64_t budget_ = 0;              // experts
+  uint64_t pending_ = 0;             // promotions queued, not yet published
+  uint64_t tokens_ = 0;              // tokens seen (heat halving)
+  int64_t promotions_left_ = 0;      // this step's
+  std::vector<Job> held_;            // promotions of this step, handed to the uploader at the next
+  std::vector<int64_t> candidates_;  // COLI_VK_TIER_SYNC: this step's offers, decided in finish()
   // The uploader thread and its queue (up_mu_).
   std::mutex up_mu_;
   std::condition_variable up_cv_, idle_cv_;
