@@ -327,6 +327,22 @@ TEST_F(VkTier, PromptChunksStreamColdExpertsWithoutPromotingThem) {
   EXPECT_EQ(tier_of(automatic).stats().budget_source, "COLI_VK_TIER_GB");
 }
 
+// `k3_bench vulkan` runs the tier on a tiny synthetic model, says that lavapipe's figures are not
+// GPU speed, reports the device share, and finds the CPU run's tokens with the tier on.
+TEST_F(VkTier, BenchRunsAndSaysLavapipeIsNotGpuSpeed) {
+  if (!K3_BUILD_BENCH) return;  // configured without the benchmarks (as tests/cli_test.cpp)
+  const TempDir dir("vk-bench");
+  const k3::testing::CommandResult r = k3::testing::run_split(
+      std::string(K3_BINARY_DIR) + "/bench/k3_bench vulkan --preset tiny --tokens 2 --prefill 8 " +
+      "--threads 1 --dir " + dir.path() + "/model");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("these figures are NOT GPU speed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_upload "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_tier_device_share "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_tier_stream_prefill "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("equal the CPU run's -> ok"), std::string::npos) << r.out;
+}
+
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {
   const TempDir state("vk-tier-lost");
   const k3::Engine engine(kFixture, tier_load(state, 1.0));
