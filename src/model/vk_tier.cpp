@@ -261,8 +261,12 @@ void VkTier::uploader() {
       --refuse_;
     } else {
       const uint8_t* p = job.bytes.data();
-      s = device_->upload(
-          {p, p + 3 * mat, p + mat, p + 3 * mat + groups, p + 2 * mat, p + 3 * mat + 2 * groups});
+      try {
+        s = device_->upload(
+            {p, p + 3 * mat, p + mat, p + 3 * mat + groups, p + 2 * mat, p + 3 * mat + 2 * groups});
+      } catch (const std::exception&) {
+        s = -1;  // out of host memory for the staging copy: refused like a full device
+      }
     }
     const double seconds = seconds_since(t0);
     lock.lock();
