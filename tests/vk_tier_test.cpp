@@ -210,6 +210,35 @@ TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
   EXPECT_NE(idot.err.find("tokens may drift from a CPU-only run"), std::string::npos) << idot.err;
 }
 
+// The budget's sources in order: COLI_VK_TIER_GB, COLI_VK_DEVICE_CAP_MB, VK_EXT_memory_budget's
+// free bytes (not the heap) when offered, else the heap; less the reserve and the staging slots.
+TEST(VkTierBudget, SizedByTheFirstSourceThatIsSet) {
+  k3::VulkanOptions o;
+  o.prefill = "off";
+  o.reserve_gb = 1;
+  const uint64_t heap = 80'000'000'000, free = 50'000'000'000;
+  k3::VkTierBudget b = k3::size_vk_tier_budget(o, 1000, free, heap, false);
+  EXPECT_EQ(b.source, "VK_EXT_memory_budget");
+  EXPECT_DOUBLE_EQ(b.bytes, 49e9);
+  b = k3::size_vk_tier_budget(o, 1000, std::nullopt, heap, false);
+  EXPECT_EQ(b.source, "heap");
+  EXPECT_DOUBLE_EQ(b.bytes, 79e9);
+  b = k3::size_vk_tier_budget(o, 1000, std::nullopt, heap, true);  // CPU device: a quarter
+  EXPECT_DOUBLE_EQ(b.bytes, 19e9);
+  o.prefill = "auto";
+  o.prefill_slots = 64;
+  b = k3::size_vk_tier_budget(o, 1'000'000, free, heap, false);
+  EXPECT_DOUBLE_EQ(b.bytes, 49e9 - 64e6);  // the staging regions set aside
+  o.device_cap_mb = 3;
+  b = k3::size_vk_tier_budget(o, 1000, free, heap, false);
+  EXPECT_EQ(b.source, "COLI_VK_DEVICE_CAP_MB");
+  EXPECT_DOUBLE_EQ(b.bytes, 3.0 * (1 << 20));
+  o.tier_gb = 2;
+  b = k3::size_vk_tier_budget(o, 1000, free, heap, false);
+  EXPECT_EQ(b.source, "COLI_VK_TIER_GB");
+  EXPECT_DOUBLE_EQ(b.bytes, 2e9);
+}
+
 // One k3-tiny expert's device bytes (f32 scales): budgets in experts.
 constexpr double kExpertBytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;
 
@@ -325,6 +354,12 @@ TEST_F(VkTier, PromptChunksStreamColdExpertsWithoutPromotingThem) {
   const k3::Engine automatic(kFixture, tier_load(state2, 1.0));
   EXPECT_EQ(tier_of(automatic).stream_rows(), 0u);
   EXPECT_EQ(tier_of(automatic).stats().budget_source, "COLI_VK_TIER_GB");
+  // Sized by nothing but the device: lavapipe lacks VK_EXT_memory_budget, so the heap.
+  const TempDir state3("vk-tier-heap");
+  const k3::Engine by_heap(kFixture, tier_load(state3, 0));
+  EXPECT_EQ(tier_of(by_heap).stats().budget_source, "heap");
+  EXPECT_NE(engine.describe_device().find("(COLI_VK_TIER_GB)"), std::string::npos);
+  EXPECT_NE(by_heap.describe_device().find("(heap)"), std::string::npos);
 }
 
 // `k3_bench vulkan` runs the tier on a tiny synthetic model, says that lavapipe's figures are not

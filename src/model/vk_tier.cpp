@@ -30,6 +30,23 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+VkTierBudget size_vk_tier_budget(const VulkanOptions& options, uint64_t expert_bytes,
+                                 std::optional<uint64_t> free_bytes, uint64_t heap_bytes,
+                                 bool cpu_device) {
+  if (options.tier_gb > 0) return {options.tier_gb * 1e9, "COLI_VK_TIER_GB"};
+  if (options.device_cap_mb > 0)
+    return {static_cast<double>(static_cast<uint64_t>(options.device_cap_mb) << 20),
+            "COLI_VK_DEVICE_CAP_MB"};
+  double room = static_cast<double>(free_bytes ? *free_bytes : heap_bytes);
+  if (cpu_device) room /= 4;
+  double bytes = std::max(0.0, room - options.reserve_gb * 1e9);
+  // The prompt's staging regions come out of the same memory.
+  if (options.prefill != "off")
+    bytes = std::max(0.0, bytes - static_cast<double>(options.prefill_slots) *
+                                      static_cast<double>(expert_bytes));
+  return {bytes, free_bytes ? "VK_EXT_memory_budget" : "heap"};
+}
+
 struct VkTier::Groups {
   std::vector<vk::Mxfp4Device::Group> list;
 };
@@ -58,22 +75,11 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   if (!moe_layers.empty()) first_moe_layer_ = moe_layers.front();
   // The budget in whole experts.
   const double expert = static_cast<double>(device_->expert_bytes());
-  double bytes = options.tier_gb * 1e9;
-  if (bytes > 0) {
-    stats_.budget_source = "COLI_VK_TIER_GB";
-  } else if (options.device_cap_mb > 0) {
-    bytes = static_cast<double>(dev.device_cap_bytes);
-    stats_.budget_source = "COLI_VK_DEVICE_CAP_MB";
-  } else {
-    const std::optional<uint64_t> free = device_->memory_budget();
-    stats_.budget_source = free ? "VK_EXT_memory_budget" : "heap";
-    double room = static_cast<double>(free ? *free : device_->memory_bytes());
-    if (device_->is_cpu()) room /= 4;
-    bytes = std::max(0.0, room - options.reserve_gb * 1e9);
-    // The prompt's staging slots come out of the same memory.
-    if (options.prefill != "off")
-      bytes = std::max(0.0, bytes - static_cast<double>(options.prefill_slots) * expert);
-  }
+  const VkTierBudget sized =
+      size_vk_tier_budget(options, device_->expert_bytes(), device_->memory_budget(),
+                          device_->memory_bytes(), device_->is_cpu());
+  const double bytes = sized.bytes;
+  stats_.budget_source = sized.source;
   budget_ = static_cast<uint64_t>(bytes / expert);
   budget_ = std::min<uint64_t>(budget_, moe_layers.size() * E_);
   stats_.budget = budget_;

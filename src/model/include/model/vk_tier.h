@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +70,18 @@ struct VkTierStats {
   bool off = false;                    // turned off (device lost)
   uint64_t validation_errors = 0;      // VulkanOptions::validation: the layer's errors
 };
+
+// The tier's budget in bytes and what sized it: COLI_VK_TIER_GB, else COLI_VK_DEVICE_CAP_MB, else
+// VK_EXT_memory_budget's `free_bytes` (when the device offers it) or the largest device-local
+// heap, a quarter of it on a CPU device, less COLI_VK_TIER_RESERVE_GB and, unless
+// COLI_VK_PREFILL=off, the prompt's staging regions.
+struct VkTierBudget {
+  double bytes = 0;
+  std::string source;  // "COLI_VK_TIER_GB", "COLI_VK_DEVICE_CAP_MB", "VK_EXT_memory_budget", "heap"
+};
+VkTierBudget size_vk_tier_budget(const VulkanOptions& options, uint64_t expert_bytes,
+                                 std::optional<uint64_t> free_bytes, uint64_t heap_bytes,
+                                 bool cpu_device);
 
 class VkTier final : public ExpertExecutor {
  public:
