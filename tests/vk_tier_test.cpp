@@ -133,6 +133,7 @@ TEST_F(VkTier, TwoExpertBudgetStagedKeepsTwoAndTheTokens) {
   const double expert_bytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;  // k3-tiny, f32 scales
   k3::LoadOptions load = tier_load(state, 2.5 * expert_bytes / 1e9);
   load.vulkan.staged = "1";  // uploads through the staging copy, as on a GPU without a BAR window
+  load.vulkan.sync = true;
   const k3::Engine engine(kFixture, load);
   const auto prompt = golden_->i64("prompt_ids");
   for (int pass = 0; pass < 2; ++pass) {
@@ -145,6 +146,7 @@ TEST_F(VkTier, TwoExpertBudgetStagedKeepsTwoAndTheTokens) {
   EXPECT_EQ(s.budget, 2u);
   EXPECT_EQ(s.residents, 2u);
   EXPECT_EQ(s.uploads, 2u + s.evictions);
+  EXPECT_GT(s.evictions, 0u);  // a hotter expert displaced a resident (sync: every run alike)
   EXPECT_EQ(s.validation_errors, 0u);
   EXPECT_GT(s.pairs_served, 0u);
 }
