@@ -228,7 +228,7 @@ TEST(FirstContact, UnknownFlagsAndCommandsNameTheNearestOne) {
     EXPECT_EQ(decod.status, 2);
     EXPECT_EQ(
         decod.err.rfind("k3_bench: unknown command 'decod' (did you mean 'decode'?)\ncommands: "
-                        "kernels, decode, stream, quality, routing, container",
+                        "kernels, decode, stream, quality, routing, container, vulkan",
                         0),
         0u)
         << decod.err;

@@ -189,20 +189,36 @@ TEST(VkMxfp4, RowBitsIndependentOfTheBatchAndTheRoute) {
 TEST(VkMxfp4, DeviceMemoryCapRefusesAnUploadAndHoldsNothingForIt) {
   const uint32_t R = 64, I = 96;
   k3::vk::DeviceOptions options;
-  auto probe = open(R, I);
   const Expert e = random_expert(R, I, 1);
-  ASSERT_GE(probe->upload(e.bytes()), 0);
-  const uint64_t one = probe->bytes_in_use();  // one expert as the driver rounds it
-  probe.reset();
-  options.device_cap_bytes = one * 2 + one / 2;  // room for two experts
+  const uint64_t one = open(R, I)->expert_bytes();  // one expert's region in a block
+  options.device_cap_bytes = one * 2 + one / 2;     // room for two experts
   auto dev = open(R, I, options);
   EXPECT_GE(dev->upload(e.bytes()), 0);
   EXPECT_GE(dev->upload(e.bytes()), 0);
   const uint64_t used = dev->bytes_in_use();
+  EXPECT_LE(used, options.device_cap_bytes);  // the blocks held, within the cap
   EXPECT_EQ(-1, dev->upload(e.bytes()));
   EXPECT_EQ(used, dev->bytes_in_use());
   dev->release(0);
   EXPECT_GE(dev->upload(e.bytes()), 0);  // a freed slot makes room again
+  EXPECT_EQ(used, dev->bytes_in_use());  // in the same block
+  EXPECT_EQ(dev->blocks(), 1u);
+}
+
+// Experts share blocks (one allocation for many experts, not two each), and a block whose experts
+// are all released goes back to the driver.
+TEST(VkMxfp4, ExpertsShareBlocksAndAnEmptyBlockIsFreed) {
+  const uint32_t R = 64, I = 96;
+  auto dev = open(R, I);
+  const Expert e = random_expert(R, I, 2);
+  std::vector<int32_t> slots;
+  for (int i = 0; i < 6; ++i) slots.push_back(dev->upload(e.bytes()));
+  EXPECT_EQ(dev->blocks(), 1u);
+  EXPECT_GE(dev->bytes_in_use(), 6 * dev->expert_bytes());
+  EXPECT_FALSE(dev->memory_budget());  // lavapipe lacks VK_EXT_memory_budget
+  for (int32_t s : slots) dev->release(s);
+  EXPECT_EQ(dev->blocks(), 0u);
+  EXPECT_EQ(dev->bytes_in_use(), 0u);
 }
 
 TEST(VkMxfp4, ValidationLayerReportsNoErrors) {

@@ -133,6 +133,7 @@ TEST_F(VkTier, TwoExpertBudgetStagedKeepsTwoAndTheTokens) {
   const double expert_bytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;  // k3-tiny, f32 scales
   k3::LoadOptions load = tier_load(state, 2.5 * expert_bytes / 1e9);
   load.vulkan.staged = "1";  // uploads through the staging copy, as on a GPU without a BAR window
+  load.vulkan.sync = true;
   const k3::Engine engine(kFixture, load);
   const auto prompt = golden_->i64("prompt_ids");
   for (int pass = 0; pass < 2; ++pass) {
@@ -145,6 +146,7 @@ TEST_F(VkTier, TwoExpertBudgetStagedKeepsTwoAndTheTokens) {
   EXPECT_EQ(s.budget, 2u);
   EXPECT_EQ(s.residents, 2u);
   EXPECT_EQ(s.uploads, 2u + s.evictions);
+  EXPECT_GT(s.evictions, 0u);  // a hotter expert displaced a resident (sync: every run alike)
   EXPECT_EQ(s.validation_errors, 0u);
   EXPECT_GT(s.pairs_served, 0u);
 }
@@ -208,6 +210,174 @@ TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
                              kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
   ASSERT_EQ(idot.status, 0) << idot.err;
   EXPECT_NE(idot.err.find("tokens may drift from a CPU-only run"), std::string::npos) << idot.err;
+}
+
+// The budget's sources in order: COLI_VK_TIER_GB, COLI_VK_DEVICE_CAP_MB, VK_EXT_memory_budget's
+// free bytes (not the heap) when offered, else the heap; less the reserve and the staging slots.
+TEST(VkTierBudget, SizedByTheFirstSourceThatIsSet) {
+  k3::VulkanOptions o;
+  o.prefill = "off";
+  o.reserve_gb = 1;
+  const uint64_t heap = 80'000'000'000, free = 50'000'000'000;
+  k3::VkTierBudget b = k3::size_vk_tier_budget(o, 1000, free, heap, false);
+  EXPECT_EQ(b.source, "VK_EXT_memory_budget");
+  EXPECT_DOUBLE_EQ(b.bytes, 49e9);
+  b = k3::size_vk_tier_budget(o, 1000, std::nullopt, heap, false);
+  EXPECT_EQ(b.source, "heap");
+  EXPECT_DOUBLE_EQ(b.bytes, 79e9);
+  b = k3::size_vk_tier_budget(o, 1000, std::nullopt, heap, true);  // CPU device: a quarter
+  EXPECT_DOUBLE_EQ(b.bytes, 19e9);
+  o.prefill = "auto";
+  o.prefill_slots = 64;
+  b = k3::size_vk_tier_budget(o, 1'000'000, free, heap, false);
+  EXPECT_DOUBLE_EQ(b.bytes, 49e9 - 64e6);  // the staging regions set aside
+  o.device_cap_mb = 3;
+  b = k3::size_vk_tier_budget(o, 1000, free, heap, false);
+  EXPECT_EQ(b.source, "COLI_VK_DEVICE_CAP_MB");
+  EXPECT_DOUBLE_EQ(b.bytes, 3.0 * (1 << 20));
+  o.tier_gb = 2;
+  b = k3::size_vk_tier_budget(o, 1000, free, heap, false);
+  EXPECT_EQ(b.source, "COLI_VK_TIER_GB");
+  EXPECT_DOUBLE_EQ(b.bytes, 2e9);
+}
+
+// One k3-tiny expert's device bytes (f32 scales): budgets in experts.
+constexpr double kExpertBytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;
+
+// The (layer, expert) pairs resident on the device now.
+std::vector<std::pair<int64_t, int64_t>> residents(const k3::Engine& engine) {
+  const k3::Model& model = k3::internal::model(engine);
+  std::vector<std::pair<int64_t, int64_t>> held;
+  for (int64_t l = 0; l < model.num_layers(); ++l)
+    for (int64_t e = 0; e < model.config().num_experts; ++e)
+      if (tier_of(engine).holds(l, e)) held.emplace_back(l, e);
+  return held;
+}
+
+// COLI_VK_TIER_RATE: no forward step queues more promotions than the rate; the others are
+// counted as skipped, and the tokens stay the CPU's.
+TEST_F(VkTier, RateLimitsPromotionsPerTokenAndCountsTheSkipped) {
+  const TempDir state("vk-tier-rate");
+  k3::LoadOptions load = tier_load(state, 1.0);
+  load.vulkan.rate = 1;
+  load.vulkan.sync = true;
+  const k3::Engine engine(kFixture, load);
+  const auto prompt = golden_->i64("prompt_ids");
+  std::vector<uint64_t> promotions;
+  const Outcome got = run(engine, prompt, 8, 1, [&](size_t) {
+    promotions.push_back(tier_of(engine).stats().promotions);
+  });
+  promotions.push_back(tier_of(engine).stats().promotions);
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  // One token per forward step: the prompt's 12 steps and 7 decode steps, one promotion each.
+  EXPECT_LE(promotions.front(), prompt.size());
+  for (size_t j = 1; j < promotions.size(); ++j)
+    EXPECT_LE(promotions[j] - promotions[j - 1], 1u) << "decode step " << j;
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_GT(s.skipped, 0u);
+  EXPECT_GT(s.promotions, 0u);
+  EXPECT_LT(s.residents, s.budget);  // the rate, not the budget, held them back
+  EXPECT_EQ(s.validation_errors, 0u);
+}
+
+// An upload the device refuses is counted and leaves the budget as it was; later uploads fill it.
+TEST_F(VkTier, RefusedUploadsKeepTheBudgetAndLaterUploadsFillIt) {
+  const TempDir state("vk-tier-refused");
+  k3::LoadOptions load = tier_load(state, 4.5 * kExpertBytes / 1e9);
+  load.vulkan.sync = true;
+  const k3::Engine engine(kFixture, load);
+  const_cast<k3::VkTier&>(tier_of(engine)).refuse_uploads(3);
+  const auto prompt = golden_->i64("prompt_ids");
+  const Outcome got = run(engine, prompt, 8, 1);
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_EQ(s.refused, 3u);
+  EXPECT_EQ(s.budget, 4u);
+  EXPECT_EQ(s.residents, 4u);
+  EXPECT_EQ(s.uploads, 4u + s.evictions);
+  EXPECT_GT(s.pairs_served, 0u);
+}
+
+// COLI_VK_TIER_SYNC: residency depends only on the routing: two runs, and a third whose uploads
+// are slow, hold the same experts after every token.
+TEST_F(VkTier, SyncModeGivesTheSameResidencyEveryRun) {
+  const auto prompt = golden_->i64("prompt_ids");
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> runs[3];
+  for (int r = 0; r < 3; ++r) {
+    const TempDir state("vk-tier-sync");
+    k3::LoadOptions load = tier_load(state, 3.5 * kExpertBytes / 1e9);
+    load.vulkan.sync = true;
+    load.vulkan.rate = 2;
+    const k3::Engine engine(kFixture, load);
+    if (r == 2) const_cast<k3::VkTier&>(tier_of(engine)).delay_uploads(20);
+    const Outcome got =
+        run(engine, prompt, 8, 1, [&](size_t) { runs[r].push_back(residents(engine)); });
+    EXPECT_EQ(got.tokens, cpu_->tokens);
+    EXPECT_EQ(tier_of(engine).stats().residents, 3u);
+  }
+  ASSERT_FALSE(runs[0].back().empty());
+  EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(runs[0], runs[2]);  // the slow uploads are waited for
+}
+
+// COLI_VK_PREFILL=on: a chunked prompt streams its cold experts through staging regions: the CPU
+// f32 run's logits and tokens, pairs streamed, and no expert made resident by the prompt (the
+// decode set is not flushed); decode then promotes as before.
+TEST_F(VkTier, PromptChunksStreamColdExpertsWithoutPromotingThem) {
+  const TempDir state("vk-tier-stream");
+  k3::LoadOptions load = tier_load(state, 2.5 * kExpertBytes / 1e9);
+  load.vulkan.prefill = "on";
+  load.vulkan.sync = true;
+  const k3::Engine engine(kFixture, load);
+  EXPECT_EQ(tier_of(engine).stream_rows(), 1u);
+  const auto prompt = golden_->i64("prompt_ids");
+  const auto want_prompt = golden_->f32("logits");
+  k3::VkTierStats after_prompt;
+  std::vector<std::pair<int64_t, int64_t>> held_after_prompt;
+  const Outcome got = run(engine, prompt, 8, 5, [&](size_t j) {
+    if (j > 0) return;
+    after_prompt = tier_of(engine).stats();
+    held_after_prompt = residents(engine);
+  });
+  ASSERT_EQ(got.prompt_logits.size(), want_prompt.size());
+  k3::testing::expect_close("logits", got.prompt_logits.data(), want_prompt.data(),
+                            want_prompt.size());
+  EXPECT_EQ(got.tokens, cpu_->tokens);
+  EXPECT_GT(after_prompt.streamed_pairs, 0u);
+  EXPECT_EQ(after_prompt.streamed_pairs, after_prompt.pairs_total);  // every prompt pair
+  EXPECT_EQ(after_prompt.promotions, 0u);
+  EXPECT_TRUE(held_after_prompt.empty());
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_EQ(s.streamed_pairs, after_prompt.streamed_pairs);  // decode rows are not streamed
+  EXPECT_EQ(s.residents, 2u);
+  EXPECT_EQ(s.validation_errors, 0u);
+  // On lavapipe (a CPU device) the automatic choice never streams.
+  const TempDir state2("vk-tier-stream-auto");
+  const k3::Engine automatic(kFixture, tier_load(state2, 1.0));
+  EXPECT_EQ(tier_of(automatic).stream_rows(), 0u);
+  EXPECT_EQ(tier_of(automatic).stats().budget_source, "COLI_VK_TIER_GB");
+  // Sized by nothing but the device: lavapipe lacks VK_EXT_memory_budget, so the heap.
+  const TempDir state3("vk-tier-heap");
+  const k3::Engine by_heap(kFixture, tier_load(state3, 0));
+  EXPECT_EQ(tier_of(by_heap).stats().budget_source, "heap");
+  EXPECT_NE(engine.describe_device().find("(COLI_VK_TIER_GB)"), std::string::npos);
+  EXPECT_NE(by_heap.describe_device().find("(heap)"), std::string::npos);
+}
+
+// `k3_bench vulkan` runs the tier on a tiny synthetic model, says that lavapipe's figures are not
+// GPU speed, reports the device share, and finds the CPU run's tokens with the tier on.
+TEST_F(VkTier, BenchRunsAndSaysLavapipeIsNotGpuSpeed) {
+  if (!K3_BUILD_BENCH) return;  // configured without the benchmarks (as tests/cli_test.cpp)
+  const TempDir dir("vk-bench");
+  const k3::testing::CommandResult r = k3::testing::run_split(
+      std::string(K3_BINARY_DIR) + "/bench/k3_bench vulkan --preset tiny --tokens 2 --prefill 8 " +
+      "--threads 1 --dir " + dir.path() + "/model");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("these figures are NOT GPU speed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_upload "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_tier_device_share "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_tier_stream_prefill "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("equal the CPU run's -> ok"), std::string::npos) << r.out;
 }
 
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {

@@ -217,6 +217,7 @@ DeviceStats DeviceStats::since(const DeviceStats& before) const {
   d.evictions -= before.evictions;
   d.refused -= before.refused;
   d.skipped -= before.skipped;
+  d.streamed_pairs -= before.streamed_pairs;
   d.join_wait_seconds -= before.join_wait_seconds;
   return d;
 }
@@ -237,24 +238,28 @@ DeviceStats Engine::device_stats() const {
   d.evictions = s.evictions;
   d.refused = s.refused;
   d.skipped = s.skipped;
-  d.join_wait_seconds = s.join_wait_seconds;
+  d.join_wait_seconds = s.join_wait_s;
+  d.budget_source = s.budget_source;
+  d.streamed_pairs = s.streamed_pairs;
   return d;
 }
 
 std::string Engine::describe_device() const {
   const DeviceStats s = device_stats();
   if (!s.on) return "";
-  char buf[512];
+  char buf[600];
   std::snprintf(
       buf, sizeof buf,
       "[VK] %s%s | %llu of %llu routed pairs on the device (%.1f%%) | residents %llu / "
-      "%llu | uploads %llu, evictions %llu, refused %llu, skipped %llu | join wait %.2f s",
+      "%llu (%s) | uploads %llu, evictions %llu, refused %llu, skipped %llu | streamed %llu "
+      "prompt pairs | join wait %.3f s",
       s.device.c_str(), s.off ? " (off: the device was lost)" : "",
       static_cast<unsigned long long>(s.pairs_served),
       static_cast<unsigned long long>(s.pairs_total), 100.0 * s.served_share(),
       static_cast<unsigned long long>(s.residents), static_cast<unsigned long long>(s.budget),
-      static_cast<unsigned long long>(s.uploads), static_cast<unsigned long long>(s.evictions),
-      static_cast<unsigned long long>(s.refused), static_cast<unsigned long long>(s.skipped),
+      s.budget_source.c_str(), static_cast<unsigned long long>(s.uploads),
+      static_cast<unsigned long long>(s.evictions), static_cast<unsigned long long>(s.refused),
+      static_cast<unsigned long long>(s.skipped), static_cast<unsigned long long>(s.streamed_pairs),
       s.join_wait_seconds);
   return buf;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "model/state.h"
@@ -14,12 +15,37 @@ namespace {
 
 constexpr uint64_t kHalvingTokens = 1024;  // heat halves every this many tokens
 constexpr float kSeedHeat = 32.0f;         // a layer's hottest expert in the history
+// The prompt's streaming cost model (docs/vulkan.md §5): the CPU's f32 MXFP4 expert rate and the
+// upload rate assumed before the tier measured its own uploads.
+constexpr double kCpuFlops = 50e9;
+constexpr double kAssumedUploadBytesPerS = 4e9;
 
 vk::ExpertBytes bytes_of(const ExpertView& v) {
   return {v.gate_packed, v.gate_scale, v.up_packed, v.up_scale, v.down_packed, v.down_scale};
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
+
+VkTierBudget size_vk_tier_budget(const VulkanOptions& options, uint64_t expert_bytes,
+                                 std::optional<uint64_t> free_bytes, uint64_t heap_bytes,
+                                 bool cpu_device) {
+  if (options.tier_gb > 0) return {options.tier_gb * 1e9, "COLI_VK_TIER_GB"};
+  if (options.device_cap_mb > 0)
+    return {static_cast<double>(static_cast<uint64_t>(options.device_cap_mb) << 20),
+            "COLI_VK_DEVICE_CAP_MB"};
+  double room = static_cast<double>(free_bytes ? *free_bytes : heap_bytes);
+  if (cpu_device) room /= 4;
+  double bytes = std::max(0.0, room - options.reserve_gb * 1e9);
+  // The prompt's staging regions come out of the same memory.
+  if (options.prefill != "off")
+    bytes = std::max(0.0, bytes - static_cast<double>(options.prefill_slots) *
+                                      static_cast<double>(expert_bytes));
+  return {bytes, free_bytes ? "VK_EXT_memory_budget" : "heap"};
+}
 
 struct VkTier::Groups {
   std::vector<vk::Mxfp4Device::Group> list;
@@ -29,6 +55,7 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
                const std::vector<int64_t>& moe_layers, std::function<void(const std::string&)> note)
     : config_(config),
       options_(options),
+      cache_(cache),
       note_(std::move(note)),
       groups_(std::make_unique<Groups>()) {
   vk::DeviceOptions dev;
@@ -47,21 +74,24 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   slot_of_.assign(L * E_, -1);
   if (!moe_layers.empty()) first_moe_layer_ = moe_layers.front();
   // The budget in whole experts.
-  double bytes = options.tier_gb * 1e9;
-  if (bytes <= 0 && options.device_cap_mb > 0) bytes = static_cast<double>(dev.device_cap_bytes);
-  if (bytes <= 0) {
-    double heap = static_cast<double>(device_->memory_bytes());
-    if (device_->is_cpu()) heap /= 4;
-    bytes = std::max(0.0, heap - options.reserve_gb * 1e9);
-  }
-  budget_ = static_cast<uint64_t>(bytes / static_cast<double>(device_->expert_bytes()));
+  const double expert = static_cast<double>(device_->expert_bytes());
+  const VkTierBudget sized =
+      size_vk_tier_budget(options, device_->expert_bytes(), device_->memory_budget(),
+                          device_->memory_bytes(), device_->is_cpu());
+  const double bytes = sized.bytes;
+  stats_.budget_source = sized.source;
+  budget_ = static_cast<uint64_t>(bytes / expert);
   budget_ = std::min<uint64_t>(budget_, moe_layers.size() * E_);
   stats_.budget = budget_;
-  if (budget_ == 0 && note_)
-    note_("Vulkan tier on " + device_->name() + ": no room for one expert (" +
-          std::to_string(device_->expert_bytes()) + " B) in " +
-          std::to_string(static_cast<uint64_t>(bytes)) +
-          " B; set COLI_VK_TIER_GB (or lower COLI_VK_TIER_RESERVE_GB)");
+  if (note_)
+    note_(budget_ == 0 ? "Vulkan tier on " + device_->name() + ": no room for one expert (" +
+                             std::to_string(device_->expert_bytes()) + " B) in " +
+                             std::to_string(static_cast<uint64_t>(bytes)) + " B (sized by " +
+                             stats_.budget_source +
+                             "); set COLI_VK_TIER_GB (or lower COLI_VK_TIER_RESERVE_GB)"
+                       : "Vulkan tier on " + device_->name() + ": " + std::to_string(budget_) +
+                             " experts (sized by " + stats_.budget_source + ")");
+  thread_ = std::thread([this] { uploader(); });
   // Heat from the history: 32 for a layer's hottest, proportionally below.
   struct Hot {
     float heat;
@@ -79,7 +109,9 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
         hot.push_back({h, l, static_cast<int64_t>(e)});
       }
   }
-  // Warm start: hottest first over all layers, read through the RAM cache.
+  // Warm start: hottest first over all layers. Each batch is read through the RAM cache (its
+  // reads in parallel), copied, and handed to the uploader, which uploads it while the next
+  // batch is read.
   std::sort(hot.begin(), hot.end(), [](const Hot& a, const Hot& b) {
     return a.heat != b.heat     ? a.heat > b.heat
            : a.layer != b.layer ? a.layer < b.layer
@@ -89,22 +121,48 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   std::stable_sort(hot.begin(), hot.end(),
                    [](const Hot& a, const Hot& b) { return a.layer < b.layer; });
   ExpertBatch batch;
-  for (size_t i = 0; i < hot.size();) {
-    std::vector<int64_t> ids;
-    const int64_t layer = hot[i].layer;
-    for (; i < hot.size() && hot[i].layer == layer && ids.size() < ExpertBatch::kMaxBatch; ++i)
-      ids.push_back(hot[i].expert);
-    std::sort(ids.begin(), ids.end());
-    cache.acquire(layer, ids, ExpertUse::kChunk, batch);
-    for (size_t j = 0; j < ids.size(); ++j) upload(layer, ids[j], batch.view(j));
-    batch.release();
+  try {
+    for (size_t i = 0; i < hot.size();) {
+      std::vector<int64_t> ids;
+      const int64_t layer = hot[i].layer;
+      for (; i < hot.size() && hot[i].layer == layer && ids.size() < ExpertBatch::kMaxBatch; ++i)
+        ids.push_back(hot[i].expert);
+      std::sort(ids.begin(), ids.end());
+      cache.acquire(layer, ids, ExpertUse::kChunk, batch);
+      std::vector<Job> jobs;
+      for (size_t j = 0; j < ids.size(); ++j)
+        jobs.push_back(copy_job(layer, ids[j], batch.view(j)));
+      batch.release();
+      queue(std::move(jobs));
+    }
+    wait_uploads();
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(up_mu_);
+      stop_ = true;
+    }
+    up_cv_.notify_all();
+    thread_.join();
+    throw;
   }
+  publish();
 }
 
-VkTier::~VkTier() = default;
+VkTier::~VkTier() {
+  {
+    std::lock_guard<std::mutex> lock(up_mu_);
+    stop_ = true;
+  }
+  up_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
 
 float& VkTier::heat(int64_t layer, int64_t expert) {
   return heat_[static_cast<size_t>(layer) * E_ + static_cast<size_t>(expert)];
+}
+
+int32_t& VkTier::slot(int64_t layer, int64_t expert) {
+  return slot_of_[static_cast<size_t>(layer) * E_ + static_cast<size_t>(expert)];
 }
 
 bool VkTier::holds(int64_t layer, int64_t expert) const {
@@ -113,40 +171,154 @@ bool VkTier::holds(int64_t layer, int64_t expert) const {
 }
 
 VkTierStats VkTier::stats() const {
-  VkTierStats s = stats_;
-  s.residents = residents_.size();
+  VkTierStats s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = stats_;
+    s.residents = residents_.size();
+  }
+  s.blocks = device_->blocks();
   s.validation_errors = device_->validation_errors();
   return s;
 }
 
-void VkTier::turn_off(const std::string& why) {
-  stats_.off = true;
+uint64_t VkTier::stream_rows() const {
+  if (options_.prefill == "off") return 0;
+  if (options_.prefill == "on") return 1;
+  // auto: never on a CPU device (it computes on the CPU's own cores). Else a group streams when
+  // rows x (CPU time per row) > upload time: the CPU's 6 R I flops per row at kCpuFlops against
+  // the expert's bytes at the upload rate this tier measured (kAssumedUploadBytesPerS before).
+  if (device_->is_cpu()) return 0;
+  double rate = kAssumedUploadBytesPerS;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::fill(slot_of_.begin(), slot_of_.end(), -1);
+    if (stats_.upload_s > 0 && stats_.upload_bytes > 0)
+      rate = static_cast<double>(stats_.upload_bytes) / stats_.upload_s;
   }
-  residents_.clear();
+  const double cpu_row = 6.0 * static_cast<double>(config_.routed_expert_hidden_size) *
+                         static_cast<double>(config_.moe_intermediate_size) / kCpuFlops;
+  const double upload = static_cast<double>(device_->expert_bytes()) / rate;
+  return static_cast<uint64_t>(std::floor(upload / cpu_row)) + 1;
+}
+
+void VkTier::turn_off(const std::string& why) {
+  off_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.off = true;
+    std::fill(slot_of_.begin(), slot_of_.end(), -1);
+    residents_.clear();
+  }
+  held_.clear();
+  streamed_.clear();
   if (note_) note_("Vulkan tier off: " + why + "; the CPU computes every routed expert");
 }
 
-bool VkTier::upload(int64_t layer, int64_t expert, const ExpertView& view) {
-  const int32_t slot = device_->upload(bytes_of(view));
-  if (slot < 0) {
-    ++stats_.refused;
-    return false;
+VkTier::Job VkTier::copy_job(int64_t layer, int64_t expert, const ExpertView& v) const {
+  const size_t R = static_cast<size_t>(config_.routed_expert_hidden_size),
+               I = static_cast<size_t>(config_.moe_intermediate_size);
+  const size_t mat = I * R / 2, groups = I * R / 32;
+  Job job{layer, expert, std::vector<uint8_t>(3 * mat + 3 * groups)};
+  uint8_t* p = job.bytes.data();
+  for (const uint8_t* src : {v.gate_packed, v.up_packed, v.down_packed}) {
+    std::memcpy(p, src, mat);
+    p += mat;
   }
+  for (const uint8_t* src : {v.gate_scale, v.up_scale, v.down_scale}) {
+    std::memcpy(p, src, groups);
+    p += groups;
+  }
+  return job;
+}
+
+void VkTier::queue(std::vector<Job>&& jobs) {
+  if (jobs.empty()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    slot_of_[static_cast<size_t>(layer) * E_ + static_cast<size_t>(expert)] = slot;
+    std::lock_guard<std::mutex> lock(up_mu_);
+    for (Job& j : jobs) jobs_.push_back(std::move(j));
+    busy_ += jobs.size();
   }
-  residents_.push_back({layer, expert, slot});
-  ++stats_.uploads;
-  return true;
+  jobs.clear();
+  up_cv_.notify_one();
+}
+
+void VkTier::wait_uploads() {
+  std::unique_lock<std::mutex> lock(up_mu_);
+  idle_cv_.wait(lock, [&] { return busy_ == 0; });
+}
+
+void VkTier::uploader() {
+  const size_t R = static_cast<size_t>(config_.routed_expert_hidden_size),
+               I = static_cast<size_t>(config_.moe_intermediate_size);
+  const size_t mat = I * R / 2, groups = I * R / 32;
+  std::unique_lock<std::mutex> lock(up_mu_);
+  for (;;) {
+    up_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+    if (stop_) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    if (const int ms = delay_ms_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    int32_t s = -1;
+    if (off_) {
+      s = -1;
+    } else if (refuse_.load() > 0) {
+      --refuse_;
+    } else {
+      const uint8_t* p = job.bytes.data();
+      try {
+        s = device_->upload(
+            {p, p + 3 * mat, p + mat, p + 3 * mat + groups, p + 2 * mat, p + 3 * mat + 2 * groups});
+      } catch (const std::exception&) {
+        s = -1;  // out of host memory for the staging copy: refused like a full device
+      }
+    }
+    const double seconds = seconds_since(t0);
+    lock.lock();
+    done_.push_back({job.layer, job.expert, s, s >= 0 ? device_->expert_bytes() : 0, seconds});
+    if (--busy_ == 0) idle_cv_.notify_all();
+  }
+}
+
+void VkTier::publish() {
+  std::vector<Done> done;
+  {
+    std::lock_guard<std::mutex> lock(up_mu_);
+    done.swap(done_);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Done& d : done) {
+    pending_ -= pending_ > 0 ? 1 : 0;
+    if (d.slot < 0 || stats_.off) {
+      if (d.slot >= 0) device_->release(d.slot);
+      if (!stats_.off) ++stats_.refused;
+      if (slot(d.layer, d.expert) == kPending) slot(d.layer, d.expert) = -1;
+      continue;
+    }
+    slot(d.layer, d.expert) = d.slot;
+    residents_.push_back({d.layer, d.expert, d.slot});
+    ++stats_.uploads;
+    stats_.upload_bytes += d.bytes;
+    stats_.upload_s += d.seconds;
+  }
+}
+
+void VkTier::release_streamed() {
+  for (int32_t s : streamed_) device_->release(s);
+  streamed_.clear();
 }
 
 void VkTier::issue(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner self) {
   claimed_.clear();
   if (stats_.off) return;
+  // The previous step's promotions go to the uploader (their victims' memory is free now: no
+  // batch is in flight); what it finished becomes resident. In sync mode this step waits for
+  // them, so residency depends only on the routing.
+  queue(std::move(held_));
+  held_.clear();
+  if (options_.sync) wait_uploads();
+  publish();
   if (step.layer == first_moe_layer_) {
     // A new token (or prefill chunk): the rate limit restarts; heat halves every 1024 tokens.
     promotions_left_ = options_.rate;
@@ -159,18 +331,37 @@ void VkTier::issue(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner 
   first_row_.clear();
   std::vector<vk::Mxfp4Device::Group>& groups = groups_->list;
   groups.clear();
+  uint64_t total = 0;
   for (size_t g = 0; g < step.groups(); ++g) {
     heat(step.layer, step.ids[g]) += static_cast<float>(step.pairs(g));
-    stats_.pairs_total += step.pairs(g);
+    total += step.pairs(g);
     if (owner[g] != kUnowned) continue;
-    const int32_t slot =
-        slot_of_[static_cast<size_t>(step.layer) * E_ + static_cast<size_t>(step.ids[g])];
-    if (slot < 0 || pairs + step.pairs(g) > device_->max_pairs()) continue;
+    const int32_t s = slot(step.layer, step.ids[g]);
+    if (s < 0 || pairs + step.pairs(g) > device_->max_pairs()) continue;
     owner[g] = self;
     claimed_.push_back(g);
     first_row_.push_back(pairs);
-    groups.push_back({slot, static_cast<uint32_t>(step.pairs(g))});
+    groups.push_back({s, static_cast<uint32_t>(step.pairs(g))});
     pairs += step.pairs(g);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.pairs_total += total;
+  }
+  if (step.use == ExpertUse::kChunk) {
+    try {
+      stream_cold(step, owner, self, pairs);
+    } catch (const Error& e) {
+      // A read of a cold expert failed: the CPU executor takes the streamed groups (reading the
+      // expert again, and saying so if it fails again). They are the last ones claimed.
+      const size_t keep = claimed_.size() - streamed_.size();
+      for (size_t i = keep; i < claimed_.size(); ++i) owner[claimed_[i]] = kUnowned;
+      claimed_.resize(keep);
+      first_row_.resize(keep);
+      groups.resize(keep);
+      pairs = keep ? first_row_.back() + groups.back().rows : 0;
+      release_streamed();
+    }
   }
   if (claimed_.empty()) return;
   z_.resize(pairs * step.R);
@@ -188,63 +379,164 @@ void VkTier::issue(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner 
     // computes these groups and the tier stops.
     for (size_t g : claimed_) owner[g] = kUnowned;
     claimed_.clear();
+    release_streamed();
     turn_off(e.what());
   }
 }
 
+// A prompt chunk's cold experts with at least stream_rows() rows: read through the RAM cache,
+// uploaded to staging regions (outside the budget, never made resident: a long prompt does not
+// flush the decode set), computed in this step's batch and freed after it; at most
+// COLI_VK_PREFILL_SLOTS per step. The groups are appended to the batch after the residents'
+// (the sum's order is the step's, whichever group computed first).
+void VkTier::stream_cold(const MoeStep& step, std::span<GroupOwner> owner, GroupOwner self,
+                         size_t& pairs) {
+  const uint64_t min_rows = stream_rows();
+  if (min_rows == 0) return;
+  std::vector<size_t> cold;
+  size_t upto = pairs;
+  for (size_t g = 0; g < step.groups(); ++g)
+    if (owner[g] == kUnowned && step.pairs(g) >= min_rows &&
+        cold.size() < static_cast<size_t>(options_.prefill_slots) &&
+        upto + step.pairs(g) <= device_->max_pairs()) {
+      cold.push_back(g);
+      upto += step.pairs(g);
+    }
+  if (cold.empty()) return;
+  upto = pairs;
+  ExpertBatch batch;
+  bool full = false;
+  for (size_t i = 0; i < cold.size() && !full;) {
+    std::vector<int64_t> ids;
+    const size_t first = i;
+    for (; i < cold.size() && ids.size() < ExpertBatch::kMaxBatch; ++i)
+      ids.push_back(step.ids[cold[i]]);
+    cache_.acquire(step.layer, ids, ExpertUse::kChunk, batch);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const int32_t s = device_->upload(bytes_of(batch.view(j)));
+      if (s < 0) {  // the cap or the driver: the CPU takes the rest
+        full = true;
+        break;
+      }
+      const size_t g = cold[first + j];
+      streamed_.push_back(s);
+      owner[g] = self;
+      claimed_.push_back(g);
+      first_row_.push_back(upto);
+      groups_->list.push_back({s, static_cast<uint32_t>(step.pairs(g))});
+      upto += step.pairs(g);
+    }
+    batch.release();
+  }
+  pairs = upto;
+}
+
 bool VkTier::finish(const MoeStep& step, std::span<const GroupOwner> owner, GroupOwner self,
                     PairSink& sink) {
+  if (options_.sync && !stats_.off) decide(step);
   if (claimed_.empty()) return true;
   const bool lost = inject_loss_.exchange(false);
-  const auto wait_start = std::chrono::steady_clock::now();
+  const auto t0 = std::chrono::steady_clock::now();
   const bool joined = device_->join(out_.data());
-  stats_.join_wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  const double waited = seconds_since(t0);
   if (!joined || lost) {
     claimed_.clear();
+    streamed_.clear();  // a lost device holds nothing
     turn_off("the device was lost (" + device_->name() + ")");
     return false;
   }
+  const size_t resident_groups = claimed_.size() - streamed_.size();
+  uint64_t pairs = 0, streamed_pairs = 0;
   for (size_t i = 0; i < claimed_.size(); ++i) {
     sink.deliver(claimed_[i], out_.data() + first_row_[i] * step.R, true);
-    ++stats_.experts_served;
-    stats_.pairs_served += step.pairs(claimed_[i]);
+    (i < resident_groups ? pairs : streamed_pairs) += step.pairs(claimed_[i]);
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.join_wait_s += waited;
+    stats_.experts_served += resident_groups;
+    stats_.pairs_served += pairs + streamed_pairs;
+    stats_.streamed_experts += streamed_.size();
+    stats_.streamed_pairs += streamed_pairs;
+  }
+  release_streamed();
   claimed_.clear();
   return true;
 }
 
 void VkTier::offered(int64_t layer, int64_t expert, const ExpertView& view) {
-  if (stats_.off || budget_ == 0 || holds(layer, expert)) return;
-  if (residents_.size() < budget_) {
+  if (stats_.off || budget_ == 0 || slot(layer, expert) != -1) return;
+  if (options_.sync) {
+    // Decided at the end of the step in id order: the CPU applies experts as their reads land.
+    candidates_.push_back(expert);
+    return;
+  }
+  if (admit(layer, expert)) held_.push_back(copy_job(layer, expert, view));
+}
+
+void VkTier::decide(const MoeStep& step) {
+  std::sort(candidates_.begin(), candidates_.end());
+  candidates_.erase(std::unique(candidates_.begin(), candidates_.end()), candidates_.end());
+  std::vector<int64_t> winners;
+  for (int64_t e : candidates_)
+    if (slot(step.layer, e) == -1 && admit(step.layer, e)) winners.push_back(e);
+  candidates_.clear();
+  ExpertBatch batch;
+  for (size_t i = 0; i < winners.size(); i += ExpertBatch::kMaxBatch) {
+    const std::span<const int64_t> ids(winners.data() + i,
+                                       std::min(winners.size() - i, ExpertBatch::kMaxBatch));
+    try {
+      cache_.acquire(step.layer, ids, step.use, batch);
+      for (size_t j = 0; j < ids.size(); ++j)
+        held_.push_back(copy_job(step.layer, ids[j], batch.view(j)));
+    } catch (const Error&) {
+      // A read failed (the CPU read these bytes a moment ago): these promotions are dropped.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int64_t e : ids)
+        if (std::none_of(held_.begin(), held_.end(),
+                         [&](const Job& j) { return j.layer == step.layer && j.expert == e; })) {
+          slot(step.layer, e) = -1;
+          --pending_;
+        }
+    }
+    batch.release();
+  }
+}
+
+bool VkTier::admit(int64_t layer, int64_t expert) {
+  if (residents_.size() + pending_ < budget_) {
+    if (promotions_left_ <= 0) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.skipped;
+      return false;
+    }
+  } else {
+    // Full: the coldest resident gives way when this expert is hotter by the margin.
+    if (residents_.empty()) return false;  // the budget is all in flight
+    size_t coldest = 0;
+    for (size_t i = 1; i < residents_.size(); ++i)
+      if (heat(residents_[i].layer, residents_[i].expert) <
+          heat(residents_[coldest].layer, residents_[coldest].expert))
+        coldest = i;
+    const float cold = heat(residents_[coldest].layer, residents_[coldest].expert);
+    if (!(heat(layer, expert) > 1.25f * cold + 4.0f)) return false;
+    std::lock_guard<std::mutex> lock(mu_);
     if (promotions_left_ <= 0) {
       ++stats_.skipped;
-      return;
+      return false;
     }
-    if (upload(layer, expert, view)) --promotions_left_;
-    return;
+    const Resident r = residents_[coldest];
+    residents_.erase(residents_.begin() + static_cast<std::ptrdiff_t>(coldest));
+    slot(r.layer, r.expert) = -1;
+    device_->release(r.slot);  // freed once the batch in flight (if any) is done
+    ++stats_.evictions;
   }
-  // Full: the coldest resident gives way when this expert is hotter by the margin.
-  size_t coldest = 0;
-  for (size_t i = 1; i < residents_.size(); ++i)
-    if (heat(residents_[i].layer, residents_[i].expert) <
-        heat(residents_[coldest].layer, residents_[coldest].expert))
-      coldest = i;
-  const float cold = heat(residents_[coldest].layer, residents_[coldest].expert);
-  if (!(heat(layer, expert) > 1.25f * cold + 4.0f)) return;
-  if (promotions_left_ <= 0) {
-    ++stats_.skipped;
-    return;
-  }
-  const Resident r = residents_[coldest];
-  residents_.erase(residents_.begin() + static_cast<std::ptrdiff_t>(coldest));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    slot_of_[static_cast<size_t>(r.layer) * E_ + static_cast<size_t>(r.expert)] = -1;
-  }
-  device_->release(r.slot);
-  ++stats_.evictions;
-  if (upload(layer, expert, view)) --promotions_left_;
+  --promotions_left_;
+  ++pending_;
+  std::lock_guard<std::mutex> lock(mu_);
+  slot(layer, expert) = kPending;
+  ++stats_.promotions;
+  return true;
 }
 
 }  // namespace k3

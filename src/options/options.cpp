@@ -422,6 +422,17 @@ const std::vector<OptionRow>& option_rows() {
       {"--vk-device-cap-mb", "COLI_VK_DEVICE_CAP_MB", Group::kExperts, kEngine,
        "cap on the device memory the tier takes, MB (0 = none; tests emulate small devices)",
        integer(FIELD(load.vulkan.device_cap_mb), 0, int64_t{1} << 24)},
+      {"--vk-tier-sync", "COLI_VK_TIER_SYNC", Group::kExperts, kEngine,
+       "promotions finish uploading before the next MoE step, so residency depends only on the "
+       "routing (reproducible runs; off: an uploader thread publishes them when done)",
+       boolean(FIELD(load.vulkan.sync))},
+      {"--vk-prefill", "COLI_VK_PREFILL", Group::kExperts, kEngine,
+       "prompt chunks stream cold experts through device staging slots, never promoted: auto = "
+       "when rows x CPU time per row exceeds the upload time on a GPU (docs/vulkan.md), on, off",
+       choice(FIELD(load.vulkan.prefill), {"auto", "on", "off"})},
+      {"--vk-prefill-slots", "COLI_VK_PREFILL_SLOTS", Group::kExperts, kEngine,
+       "staging slots for streamed experts, per MoE step of a prompt chunk",
+       integer(FIELD(load.vulkan.prefill_slots), 1, 4096)},
       // sampling
       {.flags = "--temp",
        .env = "COLI_TEMP",

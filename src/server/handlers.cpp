@@ -493,7 +493,7 @@ std::string metrics_text(const ServiceStats& s,
          "selections the read-ahead predicted / selections of predicted layers",
          s.experts.recall());
   if (s.device.on) {
-    // The Vulkan expert tier (docs/vulkan.md §7); absent when it is not on.
+    // The Vulkan expert tier (docs/vulkan.md §8); absent when it is not on.
     o << "# HELP k3_device_info the Vulkan device serving routed experts (off: it was lost)\n"
       << "# TYPE k3_device_info gauge\nk3_device_info{device=\"" << prom_label(s.device.device)
       << "\",off=\"" << (s.device.off ? 1 : 0) << "\"} 1\n";

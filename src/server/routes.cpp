@@ -417,7 +417,7 @@ std::string Router::log_line(std::string_view method, std::string_view path, int
         static_cast<long long>(stats->batch_max));
     line += figures;
     if (stats->device.on) {
-      // The Vulkan tier's share of this turn (docs/vulkan.md §7).
+      // The Vulkan tier's share of this turn (docs/vulkan.md §8).
       const DeviceStats& d = stats->device;
       char device[256];
       std::snprintf(

@@ -69,6 +69,9 @@ struct Loader {
   PFN_vkEnumerateInstanceLayerProperties vkEnumerateInstanceLayerProperties = nullptr;
   PFN_vkCreateDebugUtilsMessengerEXT vkCreateDebugUtilsMessengerEXT = nullptr;
   PFN_vkDestroyDebugUtilsMessengerEXT vkDestroyDebugUtilsMessengerEXT = nullptr;
+  // Optional (Vulkan 1.1 and VK_EXT_memory_budget): null when the loader lacks them.
+  PFN_vkEnumerateDeviceExtensionProperties vkEnumerateDeviceExtensionProperties = nullptr;
+  PFN_vkGetPhysicalDeviceMemoryProperties2 vkGetPhysicalDeviceMemoryProperties2 = nullptr;
 #define K3_VK_MEMBER(name) PFN_##name name = nullptr;
   K3_VK_INSTANCE_FUNCTIONS(K3_VK_MEMBER)
   K3_VK_DEVICE_FUNCTIONS(K3_VK_MEMBER)

@@ -8,10 +8,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "loader.h"
 #include "util/error.h"
+#include "vk/block_allocator.h"
 #include "vk_shaders.h"  // generated: kMxfp4MmSpv, kSituSpv (cmake/embed_spirv.cmake)
 
 namespace k3::vk {
@@ -47,6 +50,10 @@ void Loader::load_instance(VkInstance instance) {
       vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT"));
   vkDestroyDebugUtilsMessengerEXT = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
       vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
+  vkEnumerateDeviceExtensionProperties = reinterpret_cast<PFN_vkEnumerateDeviceExtensionProperties>(
+      vkGetInstanceProcAddr(instance, "vkEnumerateDeviceExtensionProperties"));
+  vkGetPhysicalDeviceMemoryProperties2 = reinterpret_cast<PFN_vkGetPhysicalDeviceMemoryProperties2>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceMemoryProperties2"));
 }
 
 void Loader::load_device(VkDevice device) {
@@ -87,9 +94,11 @@ struct Buffer {
   uint64_t bytes = 0;
 };
 
-// One uploaded matrix set: packed words and f32 scales, and the descriptor set binding them.
+// One uploaded matrix set: a region of a block holding the packed words, then (at the next
+// aligned offset) the f32 scales, and the descriptor set binding the two ranges.
 struct Slot {
-  Buffer packed, scales;
+  BlockAllocator::Region region;
+  uint64_t packed_bytes = 0, scales_offset = 0, scale_bytes = 0;  // within the region
   VkDescriptorSet set = VK_NULL_HANDLE;
   bool used = false;
 };
@@ -119,7 +128,13 @@ class Device final : public Mxfp4Device {
       create_device();
       create_pipelines();
       const uint64_t R = shape.hidden, I = shape.intermediate;
-      expert_bytes_ = 3 * (I * R / 2) + 3 * (I * R / 32) * sizeof(float);
+      expert_bytes_ = align(3 * (I * R / 2)) + align(3 * (I * R / 32) * sizeof(float));
+      // Blocks of whole experts: 16 of them, or as many as 256 MiB holds (at least one).
+      const uint64_t per_block = std::clamp<uint64_t>((256ull << 20) / expert_bytes_, 1, 16);
+      allocator_.emplace(
+          BlockAllocator::Options{per_block * expert_bytes_, options.device_cap_bytes, alignment_},
+          [this](uint32_t b, uint64_t bytes) { return create_block(b, bytes); },
+          [this](uint32_t b) { free_buffer(blocks_[b]); });
       // Activations of one batch: z, gate, up, out per pair; a quarter of the 128 MiB storage
       // range every driver gives at least, so one binding covers it.
       const uint64_t per_pair = (2 * R + 2 * I) * sizeof(float);
@@ -134,8 +149,16 @@ class Device final : public Mxfp4Device {
   const std::string& name() const override { return name_; }
   bool is_cpu() const override { return cpu_; }
   uint64_t expert_bytes() const override { return expert_bytes_; }
-  uint64_t bytes_in_use() const override { return in_use_; }
+  uint64_t bytes_in_use() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_->held_bytes();
+  }
+  uint64_t blocks() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocator_->blocks();
+  }
   uint64_t memory_bytes() const override { return heap_bytes_; }
+  std::optional<uint64_t> memory_budget() const override { return budget_; }
   bool staged() const override { return staged_; }
   size_t max_pairs() const override { return max_pairs_; }
   uint64_t validation_errors() const override { return validation_errors_; }
@@ -143,7 +166,7 @@ class Device final : public Mxfp4Device {
   int32_t upload(const ExpertBytes& e) override {
     const uint64_t R = shape_.hidden, I = shape_.intermediate;
     const uint64_t mat = I * R / 2, groups = I * R / 32;
-    if (options_.device_cap_bytes && in_use_ + expert_bytes_ > options_.device_cap_bytes) return -1;
+    std::lock_guard<std::mutex> uploading(upload_mu_);
     const int32_t slot = new_slot(3 * mat, 3 * groups * sizeof(float));
     if (slot < 0) return -1;
     const bool ok = write_slot(slot, [&](uint8_t* packed, float* scales) {
@@ -155,21 +178,26 @@ class Device final : public Mxfp4Device {
       widen(e.down_scale, groups, scales + 2 * groups);
     });
     if (!ok) {
-      free_slot(slots_[static_cast<size_t>(slot)]);
+      std::lock_guard<std::mutex> lock(mu_);
+      free_slot(slot);
       return -1;
     }
     return slot;
   }
 
   void release(int32_t slot) override {
+    std::lock_guard<std::mutex> lock(mu_);
     if (slot < 0 || static_cast<size_t>(slot) >= slots_.size() ||
         !slots_[static_cast<size_t>(slot)].used)
       return;
-    if (in_flight_) wait_fence();
-    free_slot(slots_[static_cast<size_t>(slot)]);
+    if (in_flight_)
+      retired_.push_back(slot);  // the batch may read it: freed when it is done
+    else
+      free_slot(slot);
   }
 
   void issue(std::span<const Group> groups, const float* z) override {
+    std::lock_guard<std::mutex> lock(mu_);
     const uint32_t R = shape_.hidden, I = shape_.intermediate;
     uint32_t P = 0;
     for (const Group& g : groups) P += g.rows;
@@ -211,8 +239,13 @@ class Device final : public Mxfp4Device {
   bool join(float* out) override {
     if (!pending_) return true;
     pending_ = false;
-    if (in_flight_ && !wait_fence()) return false;
-    if (lost_) return false;
+    // The wait holds no lock: an upload goes on meanwhile.
+    const bool done = !in_flight_ || wait_fence();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch_done();
+    }
+    if (!done || lost_) return false;
     std::memcpy(out, static_cast<const float*>(act_.map) + out_off_,
                 static_cast<size_t>(batch_pairs_) * shape_.hidden * sizeof(float));
     return true;
@@ -222,16 +255,18 @@ class Device final : public Mxfp4Device {
               uint32_t rows, float* Y) override {
     if (I % 32 || O == 0) throw Error("Vulkan matmul: I must be a multiple of 32");
     const uint64_t groups = static_cast<uint64_t>(O) * I / 32;
+    std::lock_guard<std::mutex> uploading(upload_mu_);
     const int32_t slot = new_slot(static_cast<uint64_t>(O) * I / 2, groups * sizeof(float));
     if (slot < 0) throw Error("Vulkan matmul: the device refused the matrix's memory");
-    Slot& s = slots_[static_cast<size_t>(slot)];
     if (!write_slot(slot, [&](uint8_t* p, float* sc) {
           std::memcpy(p, packed, static_cast<size_t>(O) * I / 2);
           widen(scales, groups, sc);
         })) {
-      free_slot(s);
+      std::lock_guard<std::mutex> lock(mu_);
+      free_slot(slot);
       throw Error("Vulkan matmul: the device refused the staging copy");
     }
+    std::lock_guard<std::mutex> lock(mu_);
     ensure_act(static_cast<uint64_t>(rows) * (I + O));
     std::memcpy(act_.map, X, static_cast<size_t>(rows) * I * sizeof(float));
     VkCommandBuffer cb = begin();
@@ -239,10 +274,11 @@ class Device final : public Mxfp4Device {
     mm(cb, rows, {O, I, rows, 0, 0, 0, rows * I});
     submit(cb);
     const bool ok = wait_fence();
+    batch_done();
     if (ok)
       std::memcpy(Y, static_cast<const float*>(act_.map) + static_cast<size_t>(rows) * I,
                   static_cast<size_t>(rows) * O * sizeof(float));
-    free_slot(s);
+    free_slot(slot);
     if (!ok) throw Error("Vulkan matmul: the device was lost");
   }
 
@@ -337,6 +373,8 @@ class Device final : public Mxfp4Device {
           family_ = i;
           name_ = p.deviceName;
           cpu_ = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+          api_ = p.apiVersion;
+          alignment_ = std::max<uint64_t>(256, p.limits.minStorageBufferOffsetAlignment);
           break;
         }
     }
@@ -355,6 +393,39 @@ class Device final : public Mxfp4Device {
       if ((mp.memoryTypes[i].propertyFlags & bar) == bar)
         window = std::max<uint64_t>(window, mp.memoryHeaps[mp.memoryTypes[i].heapIndex].size);
     staged_ = options_.staged < 0 ? window < heap_bytes_ / 4 : options_.staged > 0;
+    read_memory_budget();
+  }
+
+  // VK_EXT_memory_budget, when the device offers it: what the largest device-local heap still
+  // gives this process (heapBudget less heapUsage).
+  void read_memory_budget() {
+    if (!vk_.vkEnumerateDeviceExtensionProperties || !vk_.vkGetPhysicalDeviceMemoryProperties2 ||
+        api_ < VK_API_VERSION_1_1)
+      return;
+    uint32_t n = 0;
+    vk_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n, nullptr);
+    std::vector<VkExtensionProperties> ext(n);
+    vk_.vkEnumerateDeviceExtensionProperties(physical_, nullptr, &n, ext.data());
+    if (std::none_of(ext.begin(), ext.end(), [](const VkExtensionProperties& e) {
+          return std::strcmp(e.extensionName, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME) == 0;
+        }))
+      return;
+    VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{};
+    budget.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT;
+    VkPhysicalDeviceMemoryProperties2 mp{};
+    mp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2;
+    mp.pNext = &budget;
+    vk_.vkGetPhysicalDeviceMemoryProperties2(physical_, &mp);
+    uint64_t best_heap = 0;
+    std::optional<uint64_t> free;
+    for (uint32_t i = 0; i < mp.memoryProperties.memoryHeapCount; ++i) {
+      const VkMemoryHeap& h = mp.memoryProperties.memoryHeaps[i];
+      if (!(h.flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) || h.size < best_heap) continue;
+      best_heap = h.size;
+      free = budget.heapBudget[i] > budget.heapUsage[i] ? budget.heapBudget[i] - budget.heapUsage[i]
+                                                        : 0;
+    }
+    budget_ = free;
   }
 
   void create_device() {
@@ -523,29 +594,45 @@ class Device final : public Mxfp4Device {
     b = Buffer{};
   }
 
+  bool create_block(uint32_t b, uint64_t bytes) {
+    if (b >= blocks_.size()) blocks_.resize(b + 1);
+    return make_buffer(bytes, &blocks_[b], staged_);
+  }
+
+  uint64_t align(uint64_t bytes) const {
+    return (bytes + alignment_ - 1) / alignment_ * alignment_;
+  }
+
+  // A slot for `packed_bytes` of packed words and `scale_bytes` of f32 scales: a region placed
+  // best-fit in the blocks, and its descriptor set. -1 when the cap or the driver refuses.
   int32_t new_slot(uint64_t packed_bytes, uint64_t scale_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
     size_t i = 0;
     while (i < slots_.size() && slots_[i].used) ++i;
     if (i == kMaxSlots) return -1;
-    if (i == slots_.size()) slots_.emplace_back();
-    Slot& s = slots_[i];
-    if (!make_buffer(packed_bytes, &s.packed, staged_)) return -1;
-    if (!make_buffer(scale_bytes, &s.scales, staged_)) {
-      free_buffer(s.packed);
-      return -1;
-    }
+    const std::optional<BlockAllocator::Region> region =
+        allocator_->allocate(align(packed_bytes) + scale_bytes);
+    if (!region) return -1;
+    VkDescriptorSet set = VK_NULL_HANDLE;
     VkDescriptorSetAllocateInfo ai{};
     ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
     ai.descriptorPool = descriptors_;
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &set_layouts_[0];
-    if (vk_.vkAllocateDescriptorSets(device_, &ai, &s.set) != VK_SUCCESS) {
-      free_buffer(s.packed);
-      free_buffer(s.scales);
+    if (vk_.vkAllocateDescriptorSets(device_, &ai, &set) != VK_SUCCESS) {
+      allocator_->free(*region);
       return -1;
     }
-    VkDescriptorBufferInfo info[2] = {{s.packed.buffer, 0, VK_WHOLE_SIZE},
-                                      {s.scales.buffer, 0, VK_WHOLE_SIZE}};
+    if (i == slots_.size()) slots_.emplace_back();
+    Slot& s = slots_[i];
+    s.region = *region;
+    s.packed_bytes = packed_bytes;
+    s.scales_offset = align(packed_bytes);
+    s.scale_bytes = scale_bytes;
+    s.set = set;
+    const VkBuffer block = blocks_[region->block].buffer;
+    VkDescriptorBufferInfo info[2] = {{block, region->offset, packed_bytes},
+                                      {block, region->offset + s.scales_offset, scale_bytes}};
     VkWriteDescriptorSet w[2]{};
     for (uint32_t k = 0; k < 2; ++k) {
       w[k].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
@@ -557,31 +644,46 @@ class Device final : public Mxfp4Device {
     }
     vk_.vkUpdateDescriptorSets(device_, 2, w, 0, nullptr);
     s.used = true;
-    in_use_ += s.packed.bytes + s.scales.bytes;
     return static_cast<int32_t>(i);
   }
 
   // Fills a slot's packed words and f32 scales with `fill(packed, scales)`: in place when they
   // are mapped, else in the staging buffer and copied on the queue (waited for). False when the
   // staging buffer or the copy fails.
+  // (upload_mu_ held: the staging buffer and the copy's command pool are the uploads' own.)
   template <class Fill>
   bool write_slot(int32_t slot, Fill fill) {
-    Slot& s = slots_[static_cast<size_t>(slot)];
+    Slot s;
+    VkBuffer block = VK_NULL_HANDLE;
+    uint8_t* map = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = slots_[static_cast<size_t>(slot)];
+      block = blocks_[s.region.block].buffer;
+      map = static_cast<uint8_t*>(blocks_[s.region.block].map);
+    }
     if (!staged_) {
-      fill(static_cast<uint8_t*>(s.packed.map), static_cast<float*>(s.scales.map));
+      // The region is this upload's alone: written without the lock while a batch runs.
+      uint8_t* base = map + s.region.offset;
+      fill(base, reinterpret_cast<float*>(base + s.scales_offset));
       return true;
     }
-    const uint64_t packed_bytes = s.packed.bytes, total = packed_bytes + s.scales.bytes;
+    const uint64_t total = s.scales_offset + s.scale_bytes;
     if (staging_.bytes < total) {
       free_buffer(staging_);
       if (!make_buffer(total, &staging_)) return false;
     }
     auto* base = static_cast<uint8_t*>(staging_.map);
-    fill(base, reinterpret_cast<float*>(base + packed_bytes));
+    fill(base, reinterpret_cast<float*>(base + s.scales_offset));
     if (!copy_cb_) {
+      VkCommandPoolCreateInfo pc{};
+      pc.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO;
+      pc.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+      pc.queueFamilyIndex = family_;
+      if (vk_.vkCreateCommandPool(device_, &pc, nullptr, &copy_pool_) != VK_SUCCESS) return false;
       VkCommandBufferAllocateInfo ai{};
       ai.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO;
-      ai.commandPool = pool_;
+      ai.commandPool = copy_pool_;
       ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
       ai.commandBufferCount = 1;
       VkFenceCreateInfo fc{};
@@ -596,34 +698,45 @@ class Device final : public Mxfp4Device {
     if (vk_.vkResetCommandBuffer(copy_cb_, 0) != VK_SUCCESS ||
         vk_.vkBeginCommandBuffer(copy_cb_, &bi) != VK_SUCCESS)
       return false;
-    const VkBufferCopy packed_copy{0, 0, packed_bytes},
-        scales_copy{packed_bytes, 0, s.scales.bytes};
-    vk_.vkCmdCopyBuffer(copy_cb_, staging_.buffer, s.packed.buffer, 1, &packed_copy);
-    vk_.vkCmdCopyBuffer(copy_cb_, staging_.buffer, s.scales.buffer, 1, &scales_copy);
+    const VkBufferCopy copy{0, s.region.offset, total};
+    vk_.vkCmdCopyBuffer(copy_cb_, staging_.buffer, block, 1, &copy);
     if (vk_.vkEndCommandBuffer(copy_cb_) != VK_SUCCESS) return false;
     VkSubmitInfo si{};
     si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
     si.commandBufferCount = 1;
     si.pCommandBuffers = &copy_cb_;
-    if (vk_.vkQueueSubmit(queue_, 1, &si, copy_fence_) != VK_SUCCESS) return false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // the queue is shared with the batches
+      if (vk_.vkQueueSubmit(queue_, 1, &si, copy_fence_) != VK_SUCCESS) return false;
+    }
     const VkResult r = vk_.vkWaitForFences(device_, 1, &copy_fence_, VK_TRUE, UINT64_MAX);
     vk_.vkResetFences(device_, 1, &copy_fence_);
+    std::lock_guard<std::mutex> lock(mu_);
     copied_ = true;  // the next batch orders its reads after the copy
     return r == VK_SUCCESS;
   }
 
-  void free_slot(Slot& s) {
-    in_use_ -= s.packed.bytes + s.scales.bytes;
+  // (mu_ held.)
+  void free_slot(int32_t slot) {
+    Slot& s = slots_[static_cast<size_t>(slot)];
     vk_.vkFreeDescriptorSets(device_, descriptors_, 1, &s.set);
-    free_buffer(s.packed);
-    free_buffer(s.scales);
+    allocator_->free(s.region);
     s = Slot{};
+  }
+
+  // The batch in flight is done (mu_ held): the slots released meanwhile are freed.
+  void batch_done() {
+    for (int32_t slot : retired_) free_slot(slot);
+    retired_.clear();
   }
 
   void ensure_act(uint64_t floats) {
     const uint64_t bytes = floats * sizeof(float);
     if (act_.bytes >= bytes) return;
-    if (in_flight_) wait_fence();
+    if (in_flight_) {
+      wait_fence();
+      batch_done();
+    }
     free_buffer(act_);
     if (!make_buffer(bytes, &act_))
       throw Error("Vulkan: the device refused " + std::to_string(bytes >> 20) +
@@ -640,7 +753,10 @@ class Device final : public Mxfp4Device {
   }
 
   VkCommandBuffer begin() {
-    if (in_flight_) wait_fence();
+    if (in_flight_) {
+      wait_fence();
+      batch_done();
+    }
     check(vk_.vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer");
     VkCommandBufferBeginInfo bi{};
     bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
@@ -720,13 +836,16 @@ class Device final : public Mxfp4Device {
   void destroy() {
     if (device_) {
       vk_.vkDeviceWaitIdle(device_);
-      for (Slot& s : slots_)
-        if (s.used) free_slot(s);
+      for (size_t i = 0; i < slots_.size(); ++i)
+        if (slots_[i].used) free_slot(static_cast<int32_t>(i));
+      allocator_.reset();
+      for (Buffer& b : blocks_) free_buffer(b);
       free_buffer(act_);
       free_buffer(staging_);
       if (fence_) vk_.vkDestroyFence(device_, fence_, nullptr);
       if (copy_fence_) vk_.vkDestroyFence(device_, copy_fence_, nullptr);
       if (pool_) vk_.vkDestroyCommandPool(device_, pool_, nullptr);
+      if (copy_pool_) vk_.vkDestroyCommandPool(device_, copy_pool_, nullptr);
       for (VkPipeline p : {gemv_, gemm_, situ_})
         if (p) vk_.vkDestroyPipeline(device_, p, nullptr);
       if (descriptors_) vk_.vkDestroyDescriptorPool(device_, descriptors_, nullptr);
@@ -767,18 +886,27 @@ class Device final : public Mxfp4Device {
   VkDescriptorSet act_set_ = VK_NULL_HANDLE;
   Buffer act_;
   Buffer staging_;  // staged uploads: one expert's bytes on their way to device-local memory
+  VkCommandPool copy_pool_ = VK_NULL_HANDLE;  // the uploads' (an uploader thread records)
   VkCommandBuffer copy_cb_ = VK_NULL_HANDLE;
   VkFence copy_fence_ = VK_NULL_HANDLE;
   bool staged_ = false;
   bool copied_ = false;  // a staged upload since the last batch was recorded
   std::vector<Slot> slots_;
+  std::vector<Buffer> blocks_;               // [block]: device memory, by allocator_
+  std::optional<BlockAllocator> allocator_;  // places slots in blocks_
+  std::vector<int32_t> retired_;             // released while a batch was in flight
+  mutable std::mutex mu_;           // slots_, blocks_, allocator_, retired_, copied_, the queue
+  std::mutex upload_mu_;            // one upload (or matmul) at a time: staging_, copy_pool_
+  uint64_t alignment_ = 256;        // offsets of storage-buffer ranges
+  uint32_t api_ = 0;                // the device's Vulkan version
+  std::optional<uint64_t> budget_;  // VK_EXT_memory_budget's free bytes (memory_budget())
   std::string name_;
   bool cpu_ = false;
   bool in_flight_ = false;  // submitted, fence not waited for
   bool pending_ = false;    // issued, not joined
   bool lost_ = false;       // a wait failed: the device is lost
   uint32_t batch_pairs_ = 0, out_off_ = 0;
-  uint64_t expert_bytes_ = 0, in_use_ = 0, heap_bytes_ = 0;
+  uint64_t expert_bytes_ = 0, heap_bytes_ = 0;
   size_t max_pairs_ = 0;
   uint64_t validation_errors_ = 0;
 };

@@ -1174,7 +1174,7 @@ await check('abort.during_prefill_then_cold', async () => {
   eq(r.usage.prompt_tokens, cold.usage.prompt_tokens, 'prompt_tokens');
 });
 
-// The Vulkan expert tier's figures (docs/vulkan.md §7): with COLI_VULKAN=1 (ctest Serve.VulkanTier,
+// The Vulkan expert tier's figures (docs/vulkan.md §8): with COLI_VULKAN=1 (ctest Serve.VulkanTier,
 // on lavapipe) /health, /metrics and the request's log line report the device and a non-zero share
 // of routed pairs served there (a silent fallback to the CPU fails); without it none of them
 // mentions a device.

@@ -96,7 +96,7 @@ struct ExpertStats {
   }
 };
 
-// The Vulkan expert tier's counters since load (docs/vulkan.md §7); on is false when the tier
+// The Vulkan expert tier's counters since load (docs/vulkan.md §8); on is false when the tier
 // is not on (COLI_VULKAN).
 struct DeviceStats {
   bool on = false;
@@ -107,6 +107,8 @@ struct DeviceStats {
   uint64_t residents = 0, budget = 0;  // experts resident / the budget in experts
   uint64_t uploads = 0, evictions = 0, refused = 0, skipped = 0;
   double join_wait_seconds = 0;  // the compute thread waiting for the device's batches
+  uint64_t streamed_pairs = 0;   // prompt pairs computed through staging slots
+  std::string budget_source;     // what sized the budget (docs/vulkan.md §5)
   double served_share() const {
     return pairs_total ? static_cast<double>(pairs_served) / static_cast<double>(pairs_total) : 0;
   }

@@ -32,14 +32,17 @@ struct CacheOptions {
 
 // The Vulkan expert tier (docs/vulkan.md). Nothing opens a device unless `enabled`.
 struct VulkanOptions {
-  bool enabled = false;         // COLI_VULKAN (K3_VK): routed experts on a Vulkan device
-  double tier_gb = 0;           // COLI_VK_TIER_GB (K3_VK_GB): device memory for experts (0 = auto)
-  double reserve_gb = 1;        // COLI_VK_TIER_RESERVE_GB: device memory left free in auto sizing
-  int64_t rate = 16;            // COLI_VK_TIER_RATE (K3_VK_UP): expert uploads per token at most
-  int64_t gemm_rows = 16;       // COLI_VK_TIER_GEMM_ROWS: rows from which an expert takes the GEMM
-  int64_t device_cap_mb = 0;    // COLI_VK_DEVICE_CAP_MB: cap on the device memory taken (0 = none)
-  std::string staged = "auto";  // COLI_VK_STAGED: uploads through staging: auto, 1, 0
-  bool validation = false;      // Khronos validation layer on, errors counted (tests; no option)
+  bool enabled = false;          // COLI_VULKAN (K3_VK): routed experts on a Vulkan device
+  double tier_gb = 0;            // COLI_VK_TIER_GB (K3_VK_GB): device memory for experts (0 = auto)
+  double reserve_gb = 1;         // COLI_VK_TIER_RESERVE_GB: device memory left free in auto sizing
+  int64_t rate = 16;             // COLI_VK_TIER_RATE (K3_VK_UP): expert uploads per token at most
+  int64_t gemm_rows = 16;        // COLI_VK_TIER_GEMM_ROWS: rows from which an expert takes the GEMM
+  int64_t device_cap_mb = 0;     // COLI_VK_DEVICE_CAP_MB: cap on the device memory taken (0 = none)
+  std::string staged = "auto";   // COLI_VK_STAGED: uploads through staging: auto, 1, 0
+  bool sync = false;             // COLI_VK_TIER_SYNC: promotions uploaded before the next step
+  std::string prefill = "auto";  // COLI_VK_PREFILL: prompt chunks stream cold experts: auto/on/off
+  int64_t prefill_slots = 64;    // COLI_VK_PREFILL_SLOTS: streamed experts per MoE step at most
+  bool validation = false;       // Khronos validation layer on, errors counted (tests; no option)
 };
 
 // How dense matrices are held in RAM and how experts are computed (docs/quant_formats.md). The

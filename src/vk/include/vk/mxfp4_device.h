@@ -9,11 +9,15 @@
 // below `gemm_rows` take the GEMV route, from `gemm_rows` on the tiled GEMM route, and a row's bits
 // depend on neither the route nor the other rows of the dispatch (shaders/mxfp4_mm.comp).
 //
-// Thread-safety: one thread at a time (the owner serialises); issue() and join() alternate.
+// Device memory: experts are placed best-fit in large blocks (vk/block_allocator.h).
+// Thread-safety: issue(), join(), release() and matmul() on one thread (the engine's), issue()
+// and join() alternating; upload() may run on another thread (an uploader) meanwhile. A release
+// while a batch is in flight frees the expert's memory once the batch is done.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -65,16 +69,22 @@ class Mxfp4Device {
   virtual bool is_cpu() const = 0;              // a CPU implementation (lavapipe)
   // Device bytes one uploaded expert takes (f32 scales included).
   virtual uint64_t expert_bytes() const = 0;
-  virtual uint64_t bytes_in_use() const = 0;  // device memory held for experts
+  virtual uint64_t bytes_in_use() const = 0;  // device memory held for experts (whole blocks)
+  virtual uint64_t blocks() const = 0;        // device memory blocks held
   virtual bool staged() const = 0;            // uploads go through a staging buffer
   virtual uint64_t memory_bytes() const = 0;  // the largest device-local heap
+  // What VK_EXT_memory_budget says this process may still take from the largest device-local
+  // heap (heapBudget less heapUsage), or nothing when the device does not offer the extension.
+  virtual std::optional<uint64_t> memory_budget() const = 0;
   // The most (row, expert) pairs one issue() takes.
   virtual size_t max_pairs() const = 0;
 
-  // Copies an expert to the device. Returns its slot, or -1 when the device memory cap or the
-  // driver refuses it (nothing is then held).
+  // Copies an expert to the device (placed best-fit in a block). Returns its slot, or -1 when the
+  // device memory cap or the driver refuses it (nothing is then held). May run on a thread of
+  // its own while a batch is in flight.
   virtual int32_t upload(const ExpertBytes& expert) = 0;
-  // Frees a slot (waits for a batch in flight first; its results stay for join()).
+  // Frees a slot; while a batch is in flight its memory is freed once that batch is done (its
+  // results stay for join()).
   virtual void release(int32_t slot) = 0;
 
   // One expert's share of a batch: `rows` consecutive rows of the batch's z.
