@@ -341,6 +341,15 @@ const std::vector<OptionRow>& option_rows() {
           o.load.extra_dirs = split_list(items);
         },
         [](const Options& o) { return join(o.load.extra_dirs, ","); }, "dir,dir,..."}},
+      {"--expert-parallel,!--no-expert-parallel", "K3_EXPERT_PARALLEL", Group::kExperts,
+       kKimi | kServe,
+       "under mpirun -np N: routed expert e of every layer on rank e mod N, rank 0 runs the rest "
+       "(docs/scale-out.md)",
+       boolean(FIELD(load.expert_parallel))},
+      {"--ep-timeout", "K3_EP_TIMEOUT", Group::kExperts, kKimi | kServe,
+       "--expert-parallel: seconds rank 0 waits for a rank's experts before it reports the rank "
+       "as failed",
+       real(FIELD(load.ep_timeout), 0.0, 86400.0, true)},
       {"--topp",
        "K3_TOPP",
        Group::kExperts,
