@@ -26,7 +26,7 @@
 
 #include "apps/coli_commands.h"
 #include "apps/stop_signals.h"
-#include "dist/expert_parallel.h"
+#include "engine/expert_parallel.h"
 #include "options/options.h"
 #include "text/chat.h"
 #include "text/prompt.h"
@@ -245,8 +245,8 @@ int run(int argc, char** argv) {
   }
   // mpirun -np N coli serve … --expert-parallel: ranks 1..N-1 serve their experts to rank 0
   // (docs/scale-out.md §2) and never touch HTTP.
-  if (engine_command && opt.load.expert_parallel && k3::dist::join(&argc, &argv).rank > 0)
-    return k3::dist::serve_worker(opt.model_dir, opt.load);
+  if (engine_command && opt.load.expert_parallel && k3::expert_parallel_join(&argc, &argv) > 0)
+    return k3::expert_parallel_worker(opt.model_dir, opt.load);
   try {
     if (command == "serve" || command == "web") {
       // Every connection thread would otherwise get a malloc arena of its own, and each keeps
@@ -277,5 +277,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "coli: %s\n", e.what());
   }
   // --expert-parallel: rank 0 stops the other ranks (or ends the job when one failed).
-  return k3::dist::leave(status);
+  return k3::expert_parallel_leave(status);
 }

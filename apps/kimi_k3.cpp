@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "apps/stop_signals.h"
-#include "dist/expert_parallel.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/service.h"
@@ -324,8 +324,8 @@ int run(int argc, char** argv) {
   k3::check_model_dir("kimi_k3", opt, k3::ModelNeeds::kWeights);
   // mpirun -np N kimi_k3 … --expert-parallel: ranks 1..N-1 serve their experts to rank 0
   // (docs/scale-out.md §2) and never see the prompt.
-  if (opt.load.expert_parallel && k3::dist::join(&argc, &argv).rank > 0)
-    return k3::dist::serve_worker(opt.model_dir, opt.load);
+  if (opt.load.expert_parallel && k3::expert_parallel_join(&argc, &argv) > 0)
+    return k3::expert_parallel_worker(opt.model_dir, opt.load);
   const bool ids_run = opt.given("ids");
   const bool chat = !opt.text.chat.empty() || !opt.text.system.empty();
   if (!opt.text.chat.empty() && !opt.prompt.empty())
@@ -459,5 +459,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kimi_k3: %s\n", e.what());
   }
   // --expert-parallel: rank 0 stops the other ranks (or ends the job when one failed).
-  return k3::dist::leave(status);
+  return k3::expert_parallel_leave(status);
 }
