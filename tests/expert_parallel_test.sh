@@ -6,7 +6,8 @@
 # On tests/data/k3-tiny (16 experts) and a synthetic tiny-dims checkpoint with 64 experts, with a
 # 40-token prompt and 8 greedy tokens: the prefill logits (--logits) and the tokens (--ids) of 2
 # and 3 ranks are byte-identical (cmp) to one node's, for K3_CHUNK=1 and 32 (two chunks), with the
-# integer-dot experts (the default) and, on the synthetic model, the float ones (K3_IDOT=0). The
+# integer-dot experts (the default) and, on the synthetic model, the float ones (K3_IDOT=0) and an
+# uneven map (--ep-weights 1,2,1; a weight list that is not one per rank is refused). The
 # summary names every other rank's counters. Then: a rank that sees another config.json stops the
 # start-up with an error naming the rank and the file; a worker killed with SIGKILL mid-decode is
 # reported by rank 0, naming the rank, within --ep-timeout (3 s), and the job ends (no hang).
@@ -56,11 +57,12 @@ run_one() {  # <out prefix> <model> [env…]: one node
   env "$@" timeout "$limit" "$kimi" "$model" --ids "$prompt" --ngen 8 --logits "$out.f32" \
     >"$out.ids" 2>"$out.err"
 }
-run_ep() {  # <out prefix> <ranks> <model> [env…]
+ep_flags=()
+run_ep() {  # <out prefix> <ranks> <model> [env…]; more flags in ep_flags
   local out=$1 n=$2 model=$3
   shift 3
   env "$@" timeout "$limit" mpirun -np "$n" --oversubscribe "$kimi" "$model" --ids "$prompt" \
-    --ngen 8 --logits "$out.f32" --expert-parallel >"$out.ids" 2>"$out.err"
+    --ngen 8 --logits "$out.f32" --expert-parallel "${ep_flags[@]}" >"$out.ids" 2>"$out.err"
 }
 
 check_same() {  # <name> <model> [env…]
@@ -100,6 +102,33 @@ for C in 1 32; do
   check_same "synth64.C$C" "$tmp/synth64" K3_CHUNK=$C
 done
 check_same "synth64.C32.idot0" "$tmp/synth64" K3_CHUNK=32 K3_IDOT=0
+
+# --ep-weights 1,2,1: rank 1 owns half the experts; still one node's bits, and rank 1 computes
+# more pairs than rank 2 (this fixture's routing: fixed by its seed).
+ep_flags=(--ep-weights 1,2,1)
+o="$tmp/weights"
+if ! run_ep "$o" 3 "$tmp/synth64" K3_CHUNK=32; then
+  fail "--ep-weights 1,2,1: the run failed: $(tail -5 "$o.err")"
+elif ! cmp -s "$tmp/synth64.C32.one.f32" "$o.f32" || ! cmp -s "$tmp/synth64.C32.one.ids" "$o.ids"; then
+  fail "--ep-weights 1,2,1: logits or tokens differ from one node's"
+else
+  p1=$(grep -o 'rank 1: [0-9]* pairs' "$o.err" | grep -o '[0-9]* pairs' | cut -d' ' -f1)
+  p2=$(grep -o 'rank 2: [0-9]* pairs' "$o.err" | grep -o '[0-9]* pairs' | cut -d' ' -f1)
+  if [[ -z "$p1" || -z "$p2" ]] || ((p1 <= p2)); then
+    fail "--ep-weights 1,2,1: rank 1 should compute more pairs than rank 2: $(grep expert-parallel: "$o.err")"
+  else
+    pass "--ep-weights 1,2,1: one node's bits; rank 1 $p1 pairs, rank 2 $p2"
+  fi
+fi
+ep_flags=(--ep-weights 1,1)
+if run_ep "$tmp/weights2" 3 "$tmp/synth64"; then
+  fail "--ep-weights 1,1 with 3 ranks: accepted"
+elif ! grep -q "ep-weights gives 2 weights for a job of 3 ranks" "$tmp/weights2.err"; then
+  fail "--ep-weights 1,1 with 3 ranks: no error naming both: $(grep -v '^[-[]' "$tmp/weights2.err" | head -3)"
+else
+  pass "--ep-weights 1,1 with 3 ranks: refused"
+fi
+ep_flags=()
 
 # Start-up check: rank 1 reads a copy whose config.json differs (one more key).
 cp -r "$tmp/synth64" "$tmp/other"

@@ -178,8 +178,9 @@ struct RankCounters {
 
 class RemoteExecutor final : public ExpertExecutor {
  public:
-  RemoteExecutor(const K3Config& config, double timeout)
-      : size_(g_job.world.size),
+  RemoteExecutor(const K3Config& config, double timeout, std::vector<int> owners)
+      : owners_(std::move(owners)),
+        size_(g_job.world.size),
         R_(static_cast<size_t>(config.routed_expert_hidden_size)),
         timeout_(timeout),
         peers_(static_cast<size_t>(size_)) {}
@@ -195,7 +196,7 @@ class RemoteExecutor final : public ExpertExecutor {
     for (Peer& p : peers_) p.clear();
     // Claim every group another rank owns; one message per rank with the rows its pairs need.
     for (size_t g = 0; g < step.groups(); ++g) {
-      const int r = owner_rank(step.ids[g], size_);
+      const int r = owners_[static_cast<size_t>(step.ids[g])];
       if (r == 0 || owner[g] != kUnowned) continue;
       owner[g] = self;
       Peer& p = peers_[static_cast<size_t>(r)];
@@ -360,6 +361,7 @@ class RemoteExecutor final : public ExpertExecutor {
     }
   }
 
+  const std::vector<int> owners_;  // [num_experts] the rank of each expert (expert_owners)
   const int size_;
   const size_t R_;
   const double timeout_;
@@ -495,6 +497,7 @@ std::shared_ptr<ExpertExecutor> remote_executor(const ModelFiles& files, const K
   if (g_job.world.rank != 0 || g_job.world.size < 2)
     throw Error("expert-parallel: remote_executor() is rank 0's, in a job of 2 or more ranks");
   g_job.timeout = load.ep_timeout;
+  std::vector<int> owners = expert_owners(config.num_experts, g_job.world.size, load.ep_weights);
   const std::map<std::string, std::string> mine = fingerprint(files, load, isa);
   // Every worker says what it sees; each gets the verdict once all have answered.
   std::string why;
@@ -519,7 +522,7 @@ std::shared_ptr<ExpertExecutor> remote_executor(const ModelFiles& files, const K
   if (!why.empty())
     throw Error("expert-parallel: the ranks do not see the same model: " + why +
                 " (every rank needs the same config.json and shards)");
-  auto executor = std::make_shared<RemoteExecutor>(config, load.ep_timeout);
+  auto executor = std::make_shared<RemoteExecutor>(config, load.ep_timeout, std::move(owners));
   g_executor = executor;
   return executor;
 }
@@ -579,8 +582,8 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load) {
   WorkerStep step(config, compute);
   std::vector<float> out;
   uint64_t steps = 0;
-  std::fprintf(stderr, "expert-parallel: rank %d of %d serves experts e mod %d = %d (pid %d)\n",
-               rank, g_job.world.size, g_job.world.size, rank, static_cast<int>(::getpid()));
+  std::fprintf(stderr, "expert-parallel: rank %d of %d serves its experts (pid %d)\n", rank,
+               g_job.world.size, static_cast<int>(::getpid()));
   for (;;) {
     int flag = 0;
     MPI_Status status;

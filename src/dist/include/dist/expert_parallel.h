@@ -1,10 +1,11 @@
 // dist/expert_parallel.h — expert parallelism over MPI (docs/scale-out.md §2): routed expert e of
-// every MoE layer is computed by rank e mod N. Rank 0 runs everything else (embedding, attention,
-// router, shared experts, head, tokenizer, HTTP) and a remote executor behind the expert seam
-// (model/expert_executor.h); ranks 1..N-1 load only the routed experts and serve MoE steps.
-// Owns: joining and leaving the MPI job, the start-up check, the exchange, the worker loop, the
-// per-rank counters. Does not own: the MoE step or its summation order (model/latent_moe.cpp), so
-// a pair computed on another rank is added where and when the CPU's would be: the bits of one node.
+// every MoE layer is computed by rank e mod N (or in proportion to --ep-weights). Rank 0 runs
+// everything else (embedding, attention, router, shared experts, head, tokenizer, HTTP) and a
+// remote executor behind the expert seam (model/expert_executor.h); ranks 1..N-1 load only the
+// routed experts and serve MoE steps. Owns: joining and leaving the MPI job, the start-up check,
+// the exchange, the worker loop, the per-rank counters. Does not own: the MoE step or its summation
+// order (model/latent_moe.cpp), so a pair computed on another rank is added where and when the
+// CPU's would be: the bits of one node.
 //
 // No MPI type appears here: only this module's sources include mpi.h. Built without MPI
 // (K3_MPI=OFF), join() refuses and everything else is the one-node behaviour.
@@ -15,7 +16,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "io/model_files.h"
 #include "kernels/isa.h"
@@ -38,10 +41,11 @@ World join(int* argc, char*** argv);
 // The world join() found (rank 0 of 1 before, or without, it).
 World world();
 
-// The ranks' owner of routed expert `expert` (of any layer) in a world of `size` ranks.
-inline int owner_rank(int64_t expert, int size) {
-  return static_cast<int>(expert % size);
-}
+// The rank that computes routed expert e (of every layer), for e < num_experts, in a job of
+// `size` ranks: with no weights e mod size; with one weight per rank (--ep-weights) each rank's
+// share in proportion, interleaved (smooth weighted round robin: equal weights give e mod size).
+// Throws k3::Error when the weights are not one per rank.
+std::vector<int> expert_owners(int64_t num_experts, int size, std::span<const double> weights);
 
 // A worker rank (world().rank > 0): opens model_dir (and load.extra_dirs), checks it against rank
 // 0's (config, shard sizes, kernel variant), loads where its experts are, then computes the pairs
