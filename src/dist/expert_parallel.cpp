@@ -280,7 +280,7 @@ class RemoteExecutor final : public ExpertExecutor {
     return true;
   }
 
-  std::string describe(int64_t tokens) {
+  std::string describe(int64_t tokens, const ExpertCacheStats& own) {
     if (!broken_.empty()) return "expert-parallel: " + broken_;
     std::string line;
     char buf[320];
@@ -290,17 +290,30 @@ class RemoteExecutor final : public ExpertExecutor {
                   static_cast<double>(bytes_sent_) / 1e6,
                   static_cast<double>(bytes_received_) / 1e6);
     line = buf;
+    const auto rank_text = [&](int r, double pairs, const RankCounters& c) {
+      std::snprintf(buf, sizeof buf,
+                    " | rank %d: %.0f pairs, %.0f hits / %.0f misses, %.1f MB read at %.2f GB/s", r,
+                    pairs, c.hits, c.misses, c.bytes_read / 1e6,
+                    c.busy_seconds > 0 ? c.drive_bytes / 1e9 / c.busy_seconds : 0.0);
+      line += buf;
+    };
+    RankCounters mine;  // rank 0's own experts: its cache's counters (the pairs are not counted)
+    mine.hits = static_cast<double>(own.hits);
+    mine.misses = static_cast<double>(own.misses);
+    mine.bytes_read = static_cast<double>(own.bytes_read);
+    mine.drive_bytes = static_cast<double>(own.drive_bytes);
+    mine.busy_seconds = own.busy_seconds;
+    std::snprintf(buf, sizeof buf, " | rank 0: %.0f hits / %.0f misses, %.1f MB read at %.2f GB/s",
+                  mine.hits, mine.misses, mine.bytes_read / 1e6,
+                  mine.busy_seconds > 0 ? mine.drive_bytes / 1e9 / mine.busy_seconds : 0.0);
+    line += buf;
     for (int r = 1; r < size_; ++r) {
       RankCounters c;
       if (!stats(r, &c)) {
         line += " | rank " + std::to_string(r) + ": no counters (no answer)";
         continue;
       }
-      std::snprintf(buf, sizeof buf,
-                    " | rank %d: %.0f pairs, %.0f hits / %.0f misses, %.2f GB read at %.2f GB/s", r,
-                    c.pairs, c.hits, c.misses, c.bytes_read / 1e9,
-                    c.busy_seconds > 0 ? c.drive_bytes / 1e9 / c.busy_seconds : 0.0);
-      line += buf;
+      rank_text(r, c.pairs, c);
     }
     return line;
   }
@@ -527,9 +540,9 @@ std::shared_ptr<ExpertExecutor> remote_executor(const ModelFiles& files, const K
   return executor;
 }
 
-std::string describe(int64_t tokens) {
+std::string describe(int64_t tokens, const ExpertCacheStats& own) {
   const std::shared_ptr<RemoteExecutor> e = g_executor.lock();
-  return e ? e->describe(tokens) : std::string();
+  return e ? e->describe(tokens, own) : std::string();
 }
 
 int serve_worker(const std::string& model_dir, const LoadOptions& load) {

@@ -24,7 +24,7 @@ std::shared_ptr<ExpertExecutor> remote_executor(const ModelFiles&, const K3Confi
   throw Error("--expert-parallel: this build has no MPI");
 }
 
-std::string describe(int64_t) {
+std::string describe(int64_t, const ExpertCacheStats&) {
   return "";
 }
 

@@ -196,7 +196,7 @@ std::string Engine::describe_experts() const {
 }
 
 std::string Engine::describe_expert_parallel(int64_t tokens) const {
-  return dist::describe(tokens);
+  return dist::describe(tokens, impl_->model->experts().stats());
 }
 
 std::string Engine::describe_device() const {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "experts/expert_cache.h"
 #include "io/model_files.h"
 #include "kernels/isa.h"
 #include "model/config.h"
@@ -60,9 +61,10 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load);
 std::shared_ptr<ExpertExecutor> remote_executor(const ModelFiles& files, const K3Config& config,
                                                 const LoadOptions& load, Isa isa);
 
-// Rank 0: one line of per-rank counters (pairs, expert hits, misses, GB read, GB/s) and the
-// exchange time per token over `tokens` tokens; "" without expert parallelism.
-std::string describe(int64_t tokens);
+// Rank 0: one line of per-rank counters (pairs, expert hits, misses, MB read, GB/s; rank 0's from
+// `own`, its expert cache's) and the exchange time per token over `tokens` tokens; "" without
+// expert parallelism.
+std::string describe(int64_t tokens, const ExpertCacheStats& own);
 
 // Ends this process's part in the job and returns `status`. Rank 0 stops the workers and leaves
 // MPI; when a rank has failed (or the workers do not stop within the timeout) it aborts the job

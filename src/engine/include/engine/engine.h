@@ -116,9 +116,10 @@ class Engine {
   // 512 | uploads 108, evictions 0, refused 0, skipped 0": the Vulkan tier's counters since load
   // (docs/vulkan.md §5); "" when the tier is not on (COLI_VULKAN).
   std::string describe_device() const;
-  // "expert-parallel: 3 ranks | exchange 1.2 ms/token (…) | rank 1: 40 pairs, 10 hits / 30 misses,
-  // 0.10 GB read at 1.20 GB/s | rank 2: …": the exchange time per token over `tokens` tokens and
-  // each other rank's counters (docs/scale-out.md §2); "" without --expert-parallel under mpirun.
+  // "expert-parallel: 3 ranks | exchange 1.2 ms/token (…) | rank 0: 12 hits / 30 misses, 1.0 MB
+  // read at 1.20 GB/s | rank 1: 40 pairs, 10 hits / 30 misses, 1.0 MB read at … | rank 2: …": the
+  // exchange time per token over `tokens` tokens and every rank's expert counters
+  // (docs/scale-out.md §2); "" without --expert-parallel under mpirun.
   std::string describe_expert_parallel(int64_t tokens) const;
   ExpertStats expert_stats() const;
   // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
