@@ -8,9 +8,10 @@
 # and 3 ranks are byte-identical (cmp) to one node's, for K3_CHUNK=1 and 32 (two chunks), with the
 # integer-dot experts (the default) and, on the synthetic model, the float ones (K3_IDOT=0) and an
 # uneven map (--ep-weights 1,2,1; a weight list that is not one per rank is refused). The
-# summary names every other rank's counters. Then: a rank that sees another config.json stops the
-# start-up with an error naming the rank and the file; a worker killed with SIGKILL mid-decode is
-# reported by rank 0, naming the rank, within --ep-timeout (3 s), and the job ends (no hang).
+# summary names every other rank's counters. Then: a rank that sees another config.json, or a
+# longer shard, stops the start-up with an error naming the rank and the file; a worker killed
+# with SIGKILL mid-decode is reported by rank 0, naming the rank, within --ep-timeout (3 s), and
+# the job ends (no hang).
 # Through `coli serve` on the demo model: one streamed greedy chat request gives one node's text
 # with 2 and 3 ranks, and SIGTERM to rank 0 ends every rank (exit 143).
 # Ranks run on loopback with --oversubscribe; Open MPI's run-as-root variables are set here only
@@ -150,6 +151,22 @@ elif ! grep -q "kimi_k3: expert-parallel: the ranks do not see the same model: r
   fail "mismatch: no error naming rank 1 and config.json: $(head -5 "$tmp/mismatch.err")"
 else
   pass "mismatch: $(grep -o 'rank 1: config.json[^(]*' "$tmp/mismatch.err")"
+fi
+
+# A rank whose copy of a shard is longer (4 KiB appended): its own load refuses the file, and
+# rank 0 reports it with the rank and the file.
+rm -rf "$tmp/other"
+cp -r "$tmp/synth64" "$tmp/other"
+shard=$(ls "$tmp/other"/model-*.safetensors | sed -n 3p)
+truncate -s +4096 "$shard"
+if timeout "$limit" mpirun --oversubscribe -np 1 "$kimi" "$tmp/synth64" --ids 1,2 --ngen 1 \
+  --expert-parallel : -np 1 "$kimi" "$tmp/other" --ids 1,2 --ngen 1 --expert-parallel \
+  >"$tmp/shard.out" 2>"$tmp/shard.err"; then
+  fail "shard: the job ran with a rank whose shard is longer"
+elif ! grep -qF "the ranks do not see the same model: rank 1: $shard" "$tmp/shard.err"; then
+  fail "shard: no error naming rank 1 and $(basename "$shard"): $(grep kimi_k3 "$tmp/shard.err" | head -3)"
+else
+  pass "shard: rank 1 and $(basename "$shard") named"
 fi
 
 # A worker killed mid-decode. --enable-recovery keeps mpirun from ending the job itself, so rank 0
