@@ -13,7 +13,8 @@
 # with SIGKILL mid-decode is reported by rank 0, naming the rank, within --ep-timeout (3 s), and
 # the job ends (no hang).
 # Through `coli serve` on the demo model: one streamed greedy chat request gives one node's text
-# with 2 and 3 ranks, and SIGTERM to rank 0 ends every rank (exit 143).
+# with 2 and 3 ranks, and SIGTERM to rank 0 ends every rank (exit 143); with its worker killed, a
+# request fails (500) naming the rank, later ones fail at once, and /health says degraded.
 # Ranks run on loopback with --oversubscribe; Open MPI's run-as-root variables are set here only
 # (CI runs as root). Every wait is bounded (EP_TEST_TIMEOUT seconds per run, default 60).
 set -euo pipefail
@@ -280,6 +281,42 @@ else
       pass "serve -np $n: the streamed reply is one node's ('$reply'), SIGTERM to rank 0 ended every rank"
     fi
   done
+fi
+
+# coli serve with a worker killed: the next request fails naming the rank (500) within
+# --ep-timeout, later ones at once, /health says degraded; SIGTERM to rank 0 still ends the job.
+out="$tmp/servekill.out"
+err="$tmp/servekill.err"
+mpirun --enable-recovery -np 2 --oversubscribe "$coli" serve --model "$tmp/demo" --port 0 \
+  --expert-parallel --ep-timeout 3 >"$out" 2>"$err" &
+job=$!
+pids+=("$job")
+if ! wait_for "listening on http://127.0.0.1:" "$out" || ! wait_for " loaded in " "$err" ||
+  ! wait_for "rank 1 of 2 serves" "$err"; then
+  fail "serve kill: the server did not start: $(tail -5 "$err")"
+else
+  port=$(grep -o '127.0.0.1:[0-9]*' "$out" | head -1 | cut -d: -f2)
+  kill -9 "$(grep -o 'rank 1 of 2 serves .*(pid [0-9]*)' "$err" | grep -o '[0-9]*)$' | tr -d ')')"
+  req() {
+    curl -s --max-time "$limit" -o "$tmp/servekill.$1" -w '%{http_code}' \
+      "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+      -d '{"model":"kimi-k3","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}'
+  }
+  first=$(req 1)
+  second=$(req 2)
+  health=$(curl -s --max-time "$limit" -o "$tmp/servekill.health" -w '%{http_code}' "http://127.0.0.1:$port/health")
+  if [[ $first != 500 ]] || ! grep -q "rank 1 sent no answer for MoE layer" "$tmp/servekill.1"; then
+    fail "serve kill: first request $first $(cat "$tmp/servekill.1")"
+  elif [[ $second != 500 ]] || ! grep -q "rank 1 sent no answer.*restart it" "$tmp/servekill.2"; then
+    fail "serve kill: second request $second $(cat "$tmp/servekill.2")"
+  elif [[ $health != 503 ]] || ! grep -q '"status":"degraded"' "$tmp/servekill.health"; then
+    fail "serve kill: /health $health $(head -c 300 "$tmp/servekill.health")"
+  else
+    pass "serve kill: 500 naming rank 1, then 500 at once, /health 503 degraded"
+  fi
+  for r in $(pgrep -P "$job"); do kill -TERM "$r"; done
+  for _ in $(seq $((limit * 10))); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$job" 2>/dev/null; then fail "serve kill: the job still runs after SIGTERM to rank 0"; fi
 fi
 
 if ((failures)); then
