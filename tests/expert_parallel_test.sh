@@ -13,7 +13,8 @@
 # with SIGKILL mid-decode is reported by rank 0, naming the rank, within --ep-timeout (3 s), and
 # the job ends (no hang).
 # Through `coli serve` on the demo model: one streamed greedy chat request gives one node's text
-# with 2 and 3 ranks, and SIGTERM to rank 0 ends every rank (exit 143); with its worker killed, a
+# with 2 and 3 ranks, SIGTERM to rank 0 ends every rank (exit 143) after the per-rank counters;
+# with its worker killed, a
 # request fails (500) naming the rank, later ones fail at once, and /health says degraded.
 # Ranks run on loopback with --oversubscribe; Open MPI's run-as-root variables are set here only
 # (CI runs as root). Every wait is bounded (EP_TEST_TIMEOUT seconds per run, default 60).
@@ -267,6 +268,9 @@ serve_reply() {  # <name> <ranks>: starts the server, asks, SIGTERMs rank 0; set
     fi
   done
   [[ $status -eq 143 ]] || fail "$name: exit status $status after SIGTERM to rank 0 (expected 143)"
+  if ((n > 1)) && ! grep -qE "^coli: expert-parallel: $n ranks \| exchange [0-9.]+ ms/token.*\| rank $((n - 1)): [1-9][0-9]* pairs" "$err"; then
+    fail "$name: no per-rank counters at exit: $(grep expert-parallel: "$err")"
+  fi
 }
 serve_reply serve.one 1
 expected=$reply

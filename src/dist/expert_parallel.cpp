@@ -15,6 +15,8 @@
 #include "dist/expert_parallel.h"
 
 #include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -488,7 +490,17 @@ class WorkerStep final : public ExpertWork {
 World join(int* argc, char*** argv) {
   if (g_job.joined) return g_job.world;
   int provided = 0;
-  if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+  // MPI starts threads of its own (Open MPI: progress and PMIx threads). They must not take the
+  // programs' stop signals: `coli serve` waits for SIGTERM on a thread of its own and drains,
+  // and a handler run on an MPI thread would end the process at once. So they start with the
+  // stop signals blocked, and this thread gets its mask back.
+  sigset_t stop_signals, before;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop_signals, sig);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
+  const int started = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  if (started != MPI_SUCCESS)
     throw Error("--expert-parallel: MPI could not start (run the program under mpirun)");
   g_job.joined = true;
   if (provided < MPI_THREAD_SERIALIZED)
