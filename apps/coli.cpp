@@ -26,6 +26,7 @@
 
 #include "apps/coli_commands.h"
 #include "apps/stop_signals.h"
+#include "engine/expert_parallel.h"
 #include "options/options.h"
 #include "text/chat.h"
 #include "text/prompt.h"
@@ -242,6 +243,10 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "coli %s: %s\n", command.c_str(), e.what());
     return 2;
   }
+  // mpirun -np N coli serve … --expert-parallel: ranks 1..N-1 serve their experts to rank 0
+  // (docs/scale-out.md §2) and never touch HTTP.
+  if (engine_command && opt.load.expert_parallel && k3::expert_parallel_join(&argc, &argv) > 0)
+    return k3::expert_parallel_worker(opt.model_dir, opt.load);
   try {
     if (command == "serve" || command == "web") {
       // Every connection thread would otherwise get a malloc arena of its own, and each keeps
@@ -265,10 +270,12 @@ int main(int argc, char** argv) {
   // SIGINT / SIGTERM end every command with 130 / 143 (apps/stop_signals.h); `serve` and `web`
   // take them on a thread of their own and drain, `chat` gives Ctrl-C its own meaning.
   k3::apps::install_stop_handlers(k3::apps::StopMode::at_once);
+  int status = 1;
   try {
-    return run(argc, argv);
+    status = run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "coli: %s\n", e.what());
-    return 1;
   }
+  // --expert-parallel: rank 0 stops the other ranks (or ends the job when one failed).
+  return k3::expert_parallel_leave(status);
 }

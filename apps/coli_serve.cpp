@@ -235,6 +235,13 @@ int serve(const k3::Options& opt, bool web) {
     std::fprintf(stderr, "coli: %s\n", engine->describe_experts().c_str());
     if (const std::string device = engine->describe_device(); !device.empty())
       std::fprintf(stderr, "coli: %s\n", device.c_str());
+    // --expert-parallel: every rank's counters, the exchange per token fed (prompt tokens
+    // computed, not reused, and generated ones).
+    const k3::ServiceStats s = service.stats();
+    if (const std::string ep = engine->describe_expert_parallel(s.prompt_tokens - s.cached_tokens +
+                                                                s.generated_tokens);
+        !ep.empty())
+      std::fprintf(stderr, "coli: %s\n", ep.c_str());
     engine->save_history();
   }
   if (exit_code.load() != 0) return exit_code.load();

@@ -25,6 +25,7 @@
 #include "apps/stop_signals.h"
 #include "engine/constraint.h"
 #include "engine/engine.h"
+#include "engine/expert_parallel.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/service.h"
@@ -326,6 +327,10 @@ int run(int argc, char** argv) {
   }
   // Before the prompt checks: `kimi_k3 "Hello there"` read the text as the model directory.
   k3::check_model_dir("kimi_k3", opt, k3::ModelNeeds::kWeights);
+  // mpirun -np N kimi_k3 … --expert-parallel: ranks 1..N-1 serve their experts to rank 0
+  // (docs/scale-out.md §2) and never see the prompt.
+  if (opt.load.expert_parallel && k3::expert_parallel_join(&argc, &argv) > 0)
+    return k3::expert_parallel_worker(opt.model_dir, opt.load);
   const bool ids_run = opt.given("ids");
   const bool chat = !opt.text.chat.empty() || !opt.text.system.empty();
   if (!opt.text.chat.empty() && !opt.prompt.empty())
@@ -482,6 +487,10 @@ int run(int argc, char** argv) {
                      ? 1e6 * constraint->mask_seconds() / static_cast<double>(constraint->masks())
                      : 0.0,
                  constraint->states(), constraint->complete() ? "" : " (the answer was cut)");
+  if (const std::string ep = engine.describe_expert_parallel(static_cast<int64_t>(prompt.size()) +
+                                                             result.decode_steps);
+      !ep.empty())
+    std::fprintf(stderr, "%s\n", ep.c_str());
   engine.save_history();
   return g_stop.load() ? stopped_status() : 0;
 }
@@ -489,10 +498,12 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  int status = 1;
   try {
-    return run(argc, argv);
+    status = run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kimi_k3: %s\n", e.what());
-    return 1;
   }
+  // --expert-parallel: rank 0 stops the other ranks (or ends the job when one failed).
+  return k3::expert_parallel_leave(status);
 }

@@ -47,12 +47,14 @@
 // where there is no reference (decode).
 #include <fcntl.h>
 #include <omp.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -2438,10 +2440,38 @@ int main(int argc, char** argv) {
   vulkan->add_option("--threads", va.threads, "OpenMP threads (0 = OpenMP default)")
       ->capture_default_str();
 
+  std::string ep_delay = "0.1ms", ep_rate = "10gbit";
+  CLI::App* ep = app.add_subcommand(
+      "ep",
+      "--expert-parallel over 1, 2 and 3 ranks in network namespaces with shaped links (root; "
+      "bench/ep_netns.sh, docs/scale-out.md §2.7)");
+  ep->add_option("--delay", ep_delay, "one-way link delay (tc netem, where the kernel has it)")
+      ->capture_default_str();
+  ep->add_option("--rate", ep_rate, "link rate (tc)")->capture_default_str();
+
   const k3::ToolArgs parsed = k3::parse_tool_args(app, {argv + 1, argv + argc});
   if (parsed.status >= 0) return parsed.finish();
   try {
     if (grammar->parsed()) return run_grammar_bench(ga);
+    if (ep->parsed()) {
+      // The namespaces, links and mpirun are shell work: the script, with this build's programs.
+      std::error_code ec;
+      const fs::path build = fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path();
+      if (ec) throw k3::Error("k3_bench ep: cannot find the build folder from /proc/self/exe");
+      const auto quoted = [](const std::string& s) {
+        for (char c : s)
+          if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '/' && c != '_' &&
+              c != '-')
+            throw k3::Error("k3_bench ep: \"" + s + "\": letters, digits and ./_- only");
+        return s;
+      };
+      const std::string command = "bash " + quoted(K3_BENCH_SOURCE_DIR "/ep_netns.sh") + " " +
+                                  quoted((build / "apps" / "kimi_k3").string()) + " " +
+                                  quoted((build / "tools" / "k3_synth").string()) + " " +
+                                  quoted(ep_delay) + " " + quoted(ep_rate);
+      const int status = std::system(command.c_str());
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    }
     if (container->parsed()) {
       if (ca.layers < 2 || ca.experts < 1 || ca.tokens < 1)
         throw k3::Error("--layers must be >= 2; --experts, --tokens >= 1");

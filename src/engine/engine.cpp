@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "dist/expert_parallel.h"
 #include "engine/internal.h"
 #include "experts/expert_cache.h"
 #include "util/error.h"
@@ -115,6 +116,10 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   setup.cancel = options.cancel;
   if (sessions > 1)
     setup.session_reserve_bytes = info.session_bytes * static_cast<uint64_t>(sessions);
+  // --expert-parallel under mpirun: the other ranks compute the experts they own
+  // (docs/scale-out.md §2); after the start-up check, before any weight is read.
+  if (load.expert_parallel && dist::world().size > 1)
+    setup.executors.push_back(dist::remote_executor(*m.files, config, load, setup.isa));
   m.model = std::make_unique<Model>(*m.files, config, load, setup);
   info.num_layers = m.model->num_layers();
   info.has_embedding = m.model->has_embedding();
@@ -207,6 +212,10 @@ std::string Engine::describe_experts() const {
         100.0 * static_cast<double>(s.prefetch_used) / static_cast<double>(s.prefetch_issued),
         100.0 * s.recall());
   return buf;
+}
+
+std::string Engine::describe_expert_parallel(int64_t tokens) const {
+  return dist::describe(tokens, impl_->model->experts().stats());
 }
 
 DeviceStats DeviceStats::since(const DeviceStats& before) const {

@@ -407,6 +407,21 @@ DenseMlpWeights load_dense(const ModelFiles& s, const K3Config& c, int64_t l,
   return w;
 }
 
+// Registers where layer l's routed experts are (no byte is read).
+void add_layer_experts(const ModelFiles& s, const K3Config& c, int64_t l, ExpertStore& experts) {
+  using namespace names;
+  const int64_t E = c.num_experts, R = c.routed_expert_hidden_size, I = c.moe_intermediate_size;
+  const std::vector<int64_t> shapes[6] = {{I, R / 2},  {I, R / 32}, {R, I / 2},
+                                          {R, I / 32}, {I, R / 2},  {I, R / 32}};
+  for (int64_t e = 0; e < E; ++e) {
+    check_cancel();
+    ExpertTensors t;
+    for (size_t i = 0; i < 6; ++i)
+      t[i] = s.require(expert(l, e, kExpertTensors[i]), DType::kU8, shapes[i]);
+    experts.add(l, e, t);
+  }
+}
+
 MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, const MatrixPolicy& bits,
                     ExpertStore& experts) {
   using namespace names;
@@ -423,16 +438,7 @@ MoeWeights load_moe(const ModelFiles& s, const K3Config& c, int64_t l, const Mat
     w.shared_up = read_matrix(s, layer(l, kMoeSharedUp), S, D, bits);
     w.shared_down = read_matrix(s, layer(l, kMoeSharedDown), D, S, bits);
   }
-  const int64_t I = c.moe_intermediate_size;
-  const std::vector<int64_t> shapes[6] = {{I, R / 2},  {I, R / 32}, {R, I / 2},
-                                          {R, I / 32}, {I, R / 2},  {I, R / 32}};
-  for (int64_t e = 0; e < E; ++e) {
-    check_cancel();
-    ExpertTensors t;
-    for (size_t i = 0; i < 6; ++i)
-      t[i] = s.require(expert(l, e, kExpertTensors[i]), DType::kU8, shapes[i]);
-    experts.add(l, e, t);
-  }
+  add_layer_experts(s, c, l, experts);
   return w;
 }
 
@@ -478,6 +484,15 @@ ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& conta
   return {width(load.bits, load.bits_chosen, container.bits),
           width(load.mla_bits, load.mla_bits_chosen, container.mla_bits),
           width(load.head_bits, load.head_bits_chosen, container.head_bits)};
+}
+
+std::unique_ptr<ExpertStore> load_expert_store(const ModelFiles& files, const K3Config& c,
+                                               int64_t num_layers) {
+  auto store = std::make_unique<ExpertStore>(
+      ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
+  for (int64_t l = 0; l < num_layers; ++l)
+    if (c.ffn[static_cast<size_t>(l)] == FfnKind::kMoE) add_layer_experts(files, c, l, *store);
+  return store;
 }
 
 ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_layers,

@@ -341,6 +341,35 @@ const std::vector<OptionRow>& option_rows() {
           o.load.extra_dirs = split_list(items);
         },
         [](const Options& o) { return join(o.load.extra_dirs, ","); }, "dir,dir,..."}},
+      {"--expert-parallel,!--no-expert-parallel", "K3_EXPERT_PARALLEL", Group::kExperts,
+       kKimi | kServe,
+       "under mpirun -np N: routed expert e of every layer on rank e mod N, rank 0 runs the rest "
+       "(docs/scale-out.md)",
+       boolean(FIELD(load.expert_parallel))},
+      {"--ep-timeout", "K3_EP_TIMEOUT", Group::kExperts, kKimi | kServe,
+       "--expert-parallel: seconds rank 0 waits for a rank's experts before it reports the rank "
+       "as failed",
+       real(FIELD(load.ep_timeout), 0.0, 86400.0, true)},
+      {"--ep-weights",
+       "K3_EP_WEIGHTS",
+       Group::kExperts,
+       kKimi | kServe,
+       "--expert-parallel on unequal hosts: one weight per rank, each rank's share of every "
+       "layer's experts in proportion (none = equal, expert e on rank e mod N)",
+       {[](Options& o, const std::string& v, const std::string& s) {
+          o.load.ep_weights.clear();
+          for (const std::string& item : split_list(v))
+            o.load.ep_weights.push_back(parse_double(item, s, 0.0, 1e6));
+          if (std::none_of(o.load.ep_weights.begin(), o.load.ep_weights.end(),
+                           [](double w) { return w > 0; }))
+            throw Error(s + "=" + v + ": needs a positive weight (one per rank, e.g. 2,1,1)");
+        },
+        [](const Options& o) {
+          std::vector<std::string> items;
+          for (double w : o.load.ep_weights) items.push_back(number_text(w));
+          return join(items, ",");
+        },
+        "w0,w1,..."}},
       {"--topp",
        "K3_TOPP",
        Group::kExperts,

@@ -46,15 +46,16 @@ export function makeDemoModel(coli, dir) {
 }
 
 // One `coli serve` process. Flags are passed verbatim after `serve --model DIR --port 0` (no
-// --model when modelDir is null: the server's built-in model).
+// --model when modelDir is null: the server's built-in model; `listenPort` instead of 0: a fixed port).
 export class Server {
-  constructor(coli, modelDir, name, flags = [], { env = {}, key = null } = {}) {
+  constructor(coli, modelDir, name, flags = [], { env = {}, key = null, listenPort = 0 } = {}) {
     this.coli = coli;
     this.modelDir = modelDir;
     this.name = name;
     this.flags = flags;
     this.env = env;
     this.key = key;                 // API key the tests present by default (null: none)
+    this.listenPort = listenPort;
     this.out = '';                  // stdout
     this.err = '';                  // stderr
     this.proc = null;
@@ -71,7 +72,7 @@ export class Server {
   get authHeaders() { return this.key ? { authorization: `Bearer ${this.key}` } : {}; }
 
   spawnProcess() {
-    const args = ['serve', ...(this.modelDir === null ? [] : ['--model', this.modelDir]), '--port', '0', ...this.flags];
+    const args = ['serve', ...(this.modelDir === null ? [] : ['--model', this.modelDir]), '--port', String(this.listenPort), ...this.flags];
     const env = { ...process.env, ...this.env };
     // Never inherit variables that change exposure or auth from the caller's shell.
     for (const k of ['COLI_API_KEY', 'COLI_ALLOW_INSECURE_BIND', 'COLI_ALLOWED_HOSTS', 'COLI_MODEL']) {

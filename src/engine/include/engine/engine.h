@@ -145,6 +145,11 @@ class Engine {
   // (docs/vulkan.md §5); "" when the tier is not on (COLI_VULKAN).
   std::string describe_device() const;
   DeviceStats device_stats() const;
+  // "expert-parallel: 3 ranks | exchange 1.2 ms/token (…) | rank 0: 12 hits / 30 misses, 1.0 MB
+  // read at 1.20 GB/s | rank 1: 40 pairs, 10 hits / 30 misses, 1.0 MB read at … | rank 2: …": the
+  // exchange time per token over `tokens` tokens and every rank's expert counters
+  // (docs/scale-out.md §2); "" without --expert-parallel under mpirun.
+  std::string describe_expert_parallel(int64_t tokens) const;
   ExpertStats expert_stats() const;
   // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
   // directory allows; notes on stderr when it cannot. Never throws. Call at exit.

@@ -126,6 +126,12 @@ ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64
                           const std::function<void(double)>& on_progress = {},
                           const std::atomic<bool>* cancel = nullptr);
 
+// The routed experts of the first `num_layers` layers, and nothing else: where each expert's
+// tensors are (checked for dtype and shape; no byte is read). What an expert-parallel worker rank
+// loads (docs/scale-out.md §2). Throws k3::Error naming the tensor.
+std::unique_ptr<ExpertStore> load_expert_store(const ModelFiles& files, const K3Config& config,
+                                               int64_t num_layers);
+
 // Every dense matrix of the loaded layers and the head, in a fixed order (for passes over all
 // of them: byte counts, load-time flags).
 void for_each_matrix(const ModelWeights& weights, const std::function<void(const Matrix&)>& visit);

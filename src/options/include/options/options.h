@@ -67,6 +67,12 @@ struct LoadOptions {
   int64_t load_delay_ms = 0;  // K3_LOAD_DELAY_MS: debug sleep after every loaded layer
   CacheOptions cache;
   VulkanOptions vulkan;
+  // --expert-parallel (K3_EXPERT_PARALLEL): under mpirun, routed expert e of every layer is
+  // computed by rank e mod N (docs/scale-out.md §2).
+  bool expert_parallel = false;
+  double ep_timeout = 60;  // K3_EP_TIMEOUT: seconds rank 0 waits for a rank's answer
+  // K3_EP_WEIGHTS: one weight per rank, experts shared in proportion (empty = equal: e mod N)
+  std::vector<double> ep_weights;
 
   // f32 weights and the exact MXFP4 kernel: the settings the goldens are matched at.
   static LoadOptions exact() {
