@@ -172,7 +172,7 @@ const char* kUsage =
     "  serve      HTTP API on 127.0.0.1:8000 and the web page at /: OpenAI /v1/chat/completions,\n"
     "             /v1/completions, /v1/responses, /v1/models; Anthropic /v1/messages,\n"
     "             /v1/messages/count_tokens; /health, /metrics, /slots, /tokenize, /detokenize,\n"
-    "             /props, /apply-template\n"
+    "             /props, /apply-template; llama-server /completion\n"
     "  web        the same, and prints the web page's URL\n"
     "  chat       terminal chat (model loaded once; /help lists the commands)\n"
     "  tokenize   JSON lines {\"text\": ...} on stdin → {\"ids\": [...]} on stdout (other keys "

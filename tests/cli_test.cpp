@@ -228,7 +228,8 @@ TEST(FirstContact, UnknownFlagsAndCommandsNameTheNearestOne) {
     EXPECT_EQ(decod.status, 2);
     EXPECT_EQ(
         decod.err.rfind("k3_bench: unknown command 'decod' (did you mean 'decode'?)\ncommands: "
-                        "kernels, decode, stream, quality, routing, container, vulkan",
+                        "kernels, decode, stream, quality, routing, container, grammar, serve, "
+                        "vulkan, ep",
                         0),
         0u)
         << decod.err;

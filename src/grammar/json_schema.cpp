@@ -412,7 +412,8 @@ std::string magnitude_range(uint64_t lo, uint64_t hi) {
     for (size_t i = 1; i < n; ++i) top = top * 10 + 9;
     range_patterns(lo, top, alts);
     if (n < kMostDigits)
-      alts.push_back("[1-9] [0-9]{" + std::to_string(n) + "," + std::to_string(kMostDigits - 1) + "}");
+      alts.push_back("[1-9] [0-9]{" + std::to_string(n) + "," + std::to_string(kMostDigits - 1) +
+                     "}");
   } else {
     range_patterns(lo, hi, alts);
   }
@@ -612,7 +613,8 @@ class Converter {
       const std::string at = where + "/allOf/" + std::to_string(i);
       while (part.is_object() && part.contains("$ref")) {
         const std::string target = part["$ref"];
-        if (target.empty() || target[0] != '#') fail(at, "$ref", "remote \"$ref\" is not supported");
+        if (target.empty() || target[0] != '#')
+          fail(at, "$ref", "remote \"$ref\" is not supported");
         part = root_.at(json::json_pointer(target.substr(1)));
       }
       if (!part.is_object()) fail(at, "allOf", "\"allOf\" merges only object schemas");
@@ -650,8 +652,9 @@ class Converter {
         kept[p] = ps;
       else if (required.count(p))
         fail(where, "allOf",
-             "the required property \"" + p + "\" is excluded by an \"allOf\" part with "
-             "additionalProperties false");
+             "the required property \"" + p +
+                 "\" is excluded by an \"allOf\" part with "
+                 "additionalProperties false");
     }
     merged["properties"] = std::move(kept);
     merged["additionalProperties"] = false;

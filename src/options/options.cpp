@@ -707,8 +707,9 @@ const Program kPrograms[] = {
      "usage: coli serve [<model_dir>] [options]\n"
      "The HTTP API and the web page at /. OpenAI: /v1/chat/completions, /v1/completions,\n"
      "/v1/responses, /v1/models; Anthropic: /v1/messages, /v1/messages/count_tokens; and\n"
-     "/health, /metrics, /slots, /tokenize, /detokenize, /props, /apply-template. Without a\n"
-     "model directory it serves the built-in trained tiny K3 (assets/k3-mini).\n"},
+     "/health, /metrics, /slots, /tokenize, /detokenize, /props, /apply-template; llama-server:\n"
+     "/completion. Without a model directory it serves the built-in trained tiny K3\n"
+     "(assets/k3-mini).\n"},
     {"coli web", kServe, true, false,
      "usage: coli web [<model_dir>] [options]\n"
      "coli serve, printing the web page's URL (default model: the built-in assets/k3-mini).\n"},

@@ -828,6 +828,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     return api_error(400, "invalid_request_error", "unsupported_value", "'best_of' must be 1",
                      "best_of");
   if (auto e = parse_generation(b, config, 16, r)) return *e;
+  if (auto e = parse_structured_output(b, r, nullptr)) return *e;
   if (const json* v = field("logprobs")) {
     int64_t n = 0;
     if (auto e = get_int(*v, "logprobs", 0, 20, n)) return *e;

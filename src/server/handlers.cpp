@@ -242,6 +242,59 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
   return res;
 }
 
+namespace {
+
+// A plain completion's service request: the prompt's ids (checked against the vocabulary) and
+// the generation settings. An error response when the ids are not this vocabulary's.
+std::optional<HttpResponse> completion_service_request(const HandlerContext& c,
+                                                       const CompletionRequest& request,
+                                                       const text::Tokenizer& tokenizer,
+                                                       ServiceRequest& sr) {
+  if (request.ids_given) {
+    const int64_t vocab = c.service.engine()->info().vocab_size;
+    for (size_t i = 0; i < request.prompt_ids.size(); ++i)
+      if (request.prompt_ids[i] >= vocab)
+        return error_response(invalid_value(
+            "prompt." + std::to_string(i),
+            "'prompt." + std::to_string(i) + "' is " + std::to_string(request.prompt_ids[i]) +
+                ", not a token id of this vocabulary (0.." + std::to_string(vocab - 1) + ")"));
+    sr.prompt = request.prompt_ids;
+  } else {
+    std::vector<int32_t> ids32;
+    tokenizer.encode(request.prompt, false, ids32);  // counted whole: admit() names the count
+    sr.prompt.assign(ids32.begin(), ids32.end());
+  }
+  sr.raw = true;
+  sr.starts_in_think = false;
+  apply_generation(request, sr);
+  return std::nullopt;
+}
+
+// llama-server's /completion answer fields for a finished generation.
+json llama_completion_json(const std::string& content, const GenerationStats& s,
+                           const std::string& model) {
+  const char* stop_type = s.finish == FinishReason::length ? "limit"
+                          : !s.stop_sequence.empty()       ? "word"
+                          : s.finish == FinishReason::stop ? "eos"
+                                                           : "none";
+  return json{{"content", content},
+              {"stop", true},
+              {"model", model},
+              {"tokens_predicted", s.completion_tokens},
+              {"tokens_evaluated", s.prompt_tokens},
+              {"tokens_cached", s.cached_tokens},
+              {"stop_type", stop_type},
+              {"stopping_word", s.stop_sequence},
+              {"truncated", false},
+              {"timings",
+               {{"prompt_n", s.prompt_tokens - s.cached_tokens},
+                {"prompt_ms", s.prefill_ms},
+                {"predicted_n", s.completion_tokens},
+                {"predicted_ms", s.decode_ms}}}};
+}
+
+}  // namespace
+
 HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   HttpResponse res;
   const ApiConfig& api = c.options.api;
@@ -253,23 +306,7 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
   if (!tokenizer) return res;
   ServiceRequest sr;
-  if (request->ids_given) {
-    const int64_t vocab = c.service.engine()->info().vocab_size;
-    for (size_t i = 0; i < request->prompt_ids.size(); ++i)
-      if (request->prompt_ids[i] >= vocab)
-        return error_response(invalid_value(
-            "prompt." + std::to_string(i),
-            "'prompt." + std::to_string(i) + "' is " + std::to_string(request->prompt_ids[i]) +
-                ", not a token id of this vocabulary (0.." + std::to_string(vocab - 1) + ")"));
-    sr.prompt = request->prompt_ids;
-  } else {
-    std::vector<int32_t> ids32;
-    tokenizer->encode(request->prompt, false, ids32);  // counted whole: admit() names the count
-    sr.prompt.assign(ids32.begin(), ids32.end());
-  }
-  sr.raw = true;
-  sr.starts_in_think = false;
-  apply_generation(*request, sr);
+  if (auto refused = completion_service_request(c, *request, *tokenizer, sr)) return *refused;
   ServiceEvent accepted;
   auto handle = admit(c, std::move(sr), "prompt", req, res, accepted);
   if (!handle) return res;
@@ -302,6 +339,51 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
           out.push_back(completion_usage_chunk_json(ids, *config, e.stats));
         return out;
       });
+  return res;
+}
+
+// POST /completion, llama-server's native shape: `prompt`, `n_predict`, `temperature`, `seed`,
+// `stream`, `stop`, `json_schema`, `grammar`, ... in; `content`, `stop`, `stop_type`,
+// `tokens_predicted`, `timings` out (streamed: one `{"content", "stop": false}` per piece, then
+// the full object with `stop` true). The body goes through the /v1/completions validation.
+HttpResponse llama_completion(const HandlerContext& c, const HttpRequest& req) {
+  HttpResponse res;
+  const ApiConfig& api = c.options.api;
+  auto object = parse_json_object(req.body);
+  if (auto* e = std::get_if<ApiError>(&object)) return error_response(*e);
+  json& body = std::get<json>(object);
+  if (!given(body, "model")) body["model"] = api.model_id;
+  auto parsed =
+      parse_completion_request(body.dump(-1, ' ', false, json::error_handler_t::strict), api);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
+  auto request =
+      std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
+  if (c.draining.load()) return error_response(shutting_down());
+  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return res;
+  ServiceRequest sr;
+  if (auto refused = completion_service_request(c, *request, *tokenizer, sr)) return *refused;
+  ServiceEvent accepted;
+  auto handle = admit(c, std::move(sr), "prompt", req, res, accepted);
+  if (!handle) return res;
+  const std::string model = api.model_id;
+  if (!request->stream) {
+    ChatResult result;
+    if (collect(c, handle, req, res, result))
+      set_json(res, 200, llama_completion_json(result.content, result.stats, model));
+    return res;
+  }
+  SseStyle style;
+  style.done_marker = false;  // llama-server ends its stream with the `stop: true` object
+  serve_sse(
+      c, req, res, handle, {},
+      [model](const ServiceEvent& e) {
+        if (e.kind == ServiceEvent::Kind::content)
+          return std::vector<SseFrame>{{"", json{{"content", e.text}, {"stop", false}}}};
+        if (e.kind != ServiceEvent::Kind::done) return std::vector<SseFrame>{};
+        return std::vector<SseFrame>{{"", llama_completion_json("", e.stats, model)}};
+      },
+      style);
   return res;
 }
 

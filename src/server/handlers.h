@@ -56,6 +56,8 @@ HttpResponse get_model(const HandlerContext& c, const HttpRequest& req);
 // POST /v1/chat/completions and /v1/completions: JSON, or an SSE stream.
 HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req);
 HttpResponse completions(const HandlerContext& c, const HttpRequest& req);
+// POST /completion: llama-server's native completion (prompt, n_predict, json_schema, grammar).
+HttpResponse llama_completion(const HandlerContext& c, const HttpRequest& req);
 // GET /metrics (Prometheus), GET /slots, POST /slots/0?action=erase.
 HttpResponse metrics(const HandlerContext& c, const HttpRequest& req);
 HttpResponse slots(const HandlerContext& c, const HttpRequest& req);

@@ -145,6 +145,8 @@ Router::Router(EngineService& service, ServerOptions options)
   route("GET", "/v1/chat/completions", A::api_key, post_only);
   route("POST", "/v1/completions", A::api_key, bind(completions));
   route("GET", "/v1/completions", A::api_key, post_only);
+  route("POST", "/completion", A::api_key, bind(llama_completion));
+  route("GET", "/completion", A::api_key, post_only);
   route("POST", "/v1/responses", A::api_key, bind(responses));
   route("GET", "/v1/responses", A::api_key, post_only);
   route("*", "/v1/responses/{id}", A::api_key, bind(response_not_stored));

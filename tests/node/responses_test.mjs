@@ -369,7 +369,7 @@ await check('errors', async () => {
   await err(body([{ type: 'item_reference', id: 'msg_1' }]), 400, 'unsupported_parameter', 'input.0');
   await err({ model: MODEL_ID }, 400, 'missing_required_parameter', 'input');
   await err(body('x', { max_output_tokens: 0 }), 400, 'invalid_value', 'max_output_tokens');
-  await err(body('x', { text: { format: { type: 'json_object' } } }), 400, 'unsupported_parameter', 'text.format');
+  await err(body('x', { text: { format: { type: 'yaml' } } }), 400, 'unsupported_parameter', 'text.format');
   const long = await post(body('word '.repeat(5000)));
   const e = expectError(long, 400, 'context_length_exceeded', { param: 'input' });
   v.ErrorResponse(long.json);

@@ -13,7 +13,7 @@
 import path from 'node:path';
 import {
   MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir,
-  postJson, show,
+  postJson, request, show,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -255,6 +255,28 @@ await check('grammar.gbnf_field_and_max_tokens_is_length', async () => {
     grammar: 'root ::= "[" [0-9]{20} "]"',
   });
   eq(cut.json.choices[0].finish_reason, 'length', 'a cut constrained answer');
+});
+
+await check('llama.completion_endpoint_json_schema_and_grammar', async () => {
+  // llama-server's native POST /completion: prompt, n_predict, temperature, seed, json_schema,
+  // grammar in; content, stop, stop_type out; streamed as {content, stop:false} pieces, then the
+  // whole object with stop true (no [DONE]).
+  const schema = HAND[0];
+  const r = await postJson(srv, '/completion', { prompt: 'Weather as JSON:', n_predict: 200, temperature: 1.0, seed: 11, json_schema: schema });
+  eq(r.status, 200, r.text);
+  eq(r.json.stop, true, 'stop');
+  eq(r.json.stop_type, 'eos', `stop_type (${show(r.json)})`);
+  validates(schema, r.json.content, '/completion content');
+  assert(r.json.tokens_predicted > 0 && r.json.tokens_evaluated > 0, show(r.json));
+  const g = await postJson(srv, '/completion', { prompt: 'Yes or no?', n_predict: 20, temperature: 1.0, seed: 2, grammar: 'root ::= "yes" | "no"' });
+  assert(['yes', 'no'].includes(g.json.content), `grammar answer ${show(g.json.content)}`);
+  const s = await request(srv, { method: 'POST', path: '/completion', body: { prompt: 'Weather:', n_predict: 200, temperature: 1.0, seed: 12, stream: true, json_schema: schema } });
+  eq(s.status, 200, 'stream status');
+  const events = s.text.split('\n').filter((l) => l.startsWith('data: ')).map((l) => l.slice(6));
+  assert(!events.includes('[DONE]'), 'no [DONE] on /completion');
+  const objs = events.map((e) => JSON.parse(e));
+  eq(objs.at(-1).stop, true, 'the last event has stop true');
+  validates(schema, objs.filter((o) => !o.stop).map((o) => o.content).join(''), 'streamed /completion');
 });
 
 await check('errors.400_names_the_problem', async () => {
