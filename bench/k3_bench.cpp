@@ -923,45 +923,8 @@ std::string default_slice_dir() {
   return (exe.parent_path().parent_path() / "bench-slice").string();
 }
 
-// Writes the slice checkpoint into `dir` unless an identical one is already there.
-void ensure_slice(const std::string& dir, int64_t layers, int64_t experts) {
-  k3::synth::SynthSpec spec = k3::synth::preset_spec("slice");
-  k3::synth::apply_overrides(&spec, layers, experts);
-  spec.seed = 1;
-  k3::synth::validate(spec);
-  std::ostringstream want;
-  want << "preset=slice layers=" << spec.num_hidden_layers << " experts=" << spec.num_experts
-       << " seed=" << spec.seed;
-  const fs::path stamp = fs::path(dir) / "k3_bench-spec.txt";
-  if (fs::exists(fs::path(dir) / "config.json") && read_line(stamp.string()) == want.str()) {
-    std::printf("slice checkpoint: reusing %s (%s)\n", dir.c_str(), want.str().c_str());
-    return;
-  }
-  std::error_code ec;
-  if (fs::exists(dir) && !fs::is_empty(dir, ec)) {
-    if (!fs::exists(stamp))
-      throw k3::Error("--dir " + dir +
-                      " is not empty and was not written by k3_bench; pass an existing "
-                      "checkpoint as MODEL_DIR instead");
-    fs::remove_all(dir);  // our own cache with other dimensions
-  }
-  fs::create_directories(dir);
-  const uint64_t need = k3::synth::total_tensor_bytes(spec);
-  const fs::space_info space = fs::space(dir);
-  std::printf("slice checkpoint: writing %s (%s, %.2f GB; %.1f GB free) ...\n", dir.c_str(),
-              want.str().c_str(), static_cast<double>(need) / 1e9,
-              static_cast<double>(space.available) / 1e9);
-  std::fflush(stdout);
-  if (space.available < need + (uint64_t{1} << 30))
-    throw k3::Error("not enough disk space in " + dir + " for the slice checkpoint");
-  spec.progress = false;
-  const double t0 = k3::now_seconds();
-  k3::synth::write_checkpoint(spec, dir);
-  std::ofstream(stamp) << want.str() << "\n";
-  std::printf("slice checkpoint: written in %.1f s\n", k3::now_seconds() - t0);
-}
-
-// Writes a `k3_synth --preset` checkpoint into `dir` unless an identical one is already there.
+// Writes a `k3_synth --preset` checkpoint into `dir` unless an identical one is already there
+// (its stamp file names the preset, the dimensions and the seed).
 void ensure_preset(const std::string& dir, const std::string& preset, int64_t layers,
                    int64_t experts) {
   k3::synth::SynthSpec spec = k3::synth::preset_spec(preset);
@@ -982,15 +945,26 @@ void ensure_preset(const std::string& dir, const std::string& preset, int64_t la
       throw k3::Error("--dir " + dir +
                       " is not empty and was not written by k3_bench; pass an existing "
                       "checkpoint as MODEL_DIR instead");
-    fs::remove_all(dir);
+    fs::remove_all(dir);  // our own cache with other dimensions
   }
   fs::create_directories(dir);
-  std::printf("checkpoint: writing %s (%s, %.2f GB) ...\n", dir.c_str(), want.str().c_str(),
-              static_cast<double>(k3::synth::total_tensor_bytes(spec)) / 1e9);
+  const uint64_t need = k3::synth::total_tensor_bytes(spec);
+  const fs::space_info space = fs::space(dir);
+  std::printf("checkpoint: writing %s (%s, %.2f GB; %.1f GB free) ...\n", dir.c_str(),
+              want.str().c_str(), static_cast<double>(need) / 1e9,
+              static_cast<double>(space.available) / 1e9);
   std::fflush(stdout);
+  if (space.available < need + (uint64_t{1} << 30))
+    throw k3::Error("not enough disk space in " + dir + " for the " + preset + " checkpoint");
   spec.progress = false;
+  const double t0 = k3::now_seconds();
   k3::synth::write_checkpoint(spec, dir);
   std::ofstream(stamp) << want.str() << "\n";
+  std::printf("checkpoint: written in %.1f s\n", k3::now_seconds() - t0);
+}
+
+void ensure_slice(const std::string& dir, int64_t layers, int64_t experts) {
+  ensure_preset(dir, "slice", layers, experts);
 }
 
 int run_decode(const DecodeArgs& a) {

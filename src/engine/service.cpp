@@ -422,6 +422,16 @@ ServiceStats EngineService::stats() const {
   return s;
 }
 
+// A directory refused before the weights load: the service fails with `step` and `why` (not a
+// load failure: nothing was loaded).
+void EngineService::refuse_before_load(const char* step, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.state = ServiceStats::State::failed;
+  stats_.failed_step = step;
+  stats_.load_error = why;
+  stats_.load_elapsed_s = now_seconds() - load_started_;
+}
+
 void EngineService::load() {
   const int n = options_.parallel;
   slots_.resize(static_cast<size_t>(n));
@@ -441,12 +451,7 @@ void EngineService::load() {
       for (auto& slot : slots_) slot->checkpoints = std::make_unique<CheckpointStore>(policy);
     } catch (const std::exception& e) {
       for (auto& slot : slots_) slot->checkpoints.reset();
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.state = ServiceStats::State::failed;
-      stats_.failed_step = "checkpoint directory (--ckpt-dir)";
-      stats_.load_error = e.what();
-      stats_.load_elapsed_s = now_seconds() - load_started_;
-      return;
+      return refuse_before_load("checkpoint directory (--ckpt-dir)", e.what());
     }
   }
   // The prefix cache on disk is checked before the weights too; its identity names the model and
@@ -469,12 +474,7 @@ void EngineService::load() {
       stats_.prefix_cache = prefix_cache_->describe();
       stats_.prefix = prefix_cache_->counters();
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.state = ServiceStats::State::failed;
-      stats_.failed_step = "prefix cache directory (--cache-dir)";
-      stats_.load_error = e.what();
-      stats_.load_elapsed_s = now_seconds() - load_started_;
-      return;
+      return refuse_before_load("prefix cache directory (--cache-dir)", e.what());
     }
   }
   try {

@@ -244,30 +244,40 @@ HttpResponse chat_completions(const HandlerContext& c, const HttpRequest& req) {
 
 namespace {
 
-// A plain completion's service request: the prompt's ids (checked against the vocabulary) and
-// the generation settings. An error response when the ids are not this vocabulary's.
-std::optional<HttpResponse> completion_service_request(const HandlerContext& c,
-                                                       const CompletionRequest& request,
-                                                       const text::Tokenizer& tokenizer,
-                                                       ServiceRequest& sr) {
+// A plain completion admitted: the drain check, the tokenizer, the prompt's ids (checked against
+// the vocabulary), the generation settings and admit(). The handle, or nullptr with `res` set.
+std::shared_ptr<RequestHandle> admit_completion(const HandlerContext& c,
+                                                const CompletionRequest& request,
+                                                const HttpRequest& req, HttpResponse& res,
+                                                const text::Tokenizer*& tokenizer) {
+  if (c.draining.load()) {
+    res = error_response(shutting_down());
+    return nullptr;
+  }
+  tokenizer = tokenizer_or_503(c, res);
+  if (!tokenizer) return nullptr;
+  ServiceRequest sr;
   if (request.ids_given) {
     const int64_t vocab = c.service.engine()->info().vocab_size;
     for (size_t i = 0; i < request.prompt_ids.size(); ++i)
-      if (request.prompt_ids[i] >= vocab)
-        return error_response(invalid_value(
+      if (request.prompt_ids[i] >= vocab) {
+        res = error_response(invalid_value(
             "prompt." + std::to_string(i),
             "'prompt." + std::to_string(i) + "' is " + std::to_string(request.prompt_ids[i]) +
                 ", not a token id of this vocabulary (0.." + std::to_string(vocab - 1) + ")"));
+        return nullptr;
+      }
     sr.prompt = request.prompt_ids;
   } else {
     std::vector<int32_t> ids32;
-    tokenizer.encode(request.prompt, false, ids32);  // counted whole: admit() names the count
+    tokenizer->encode(request.prompt, false, ids32);  // counted whole: admit() names the count
     sr.prompt.assign(ids32.begin(), ids32.end());
   }
   sr.raw = true;
   sr.starts_in_think = false;
   apply_generation(request, sr);
-  return std::nullopt;
+  ServiceEvent accepted;
+  return admit(c, std::move(sr), "prompt", req, res, accepted);
 }
 
 // llama-server's /completion answer fields for a finished generation.
@@ -302,13 +312,8 @@ HttpResponse completions(const HandlerContext& c, const HttpRequest& req) {
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   auto request =
       std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
-  if (c.draining.load()) return error_response(shutting_down());
-  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
-  if (!tokenizer) return res;
-  ServiceRequest sr;
-  if (auto refused = completion_service_request(c, *request, *tokenizer, sr)) return *refused;
-  ServiceEvent accepted;
-  auto handle = admit(c, std::move(sr), "prompt", req, res, accepted);
+  const text::Tokenizer* tokenizer = nullptr;
+  auto handle = admit_completion(c, *request, req, res, tokenizer);
   if (!handle) return res;
   const ResponseIds ids = new_response_ids("cmpl-");
   const bool with_logprobs = request->top_logprobs >= 0;
@@ -358,13 +363,8 @@ HttpResponse llama_completion(const HandlerContext& c, const HttpRequest& req) {
   if (auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   auto request =
       std::make_shared<CompletionRequest>(std::move(std::get<CompletionRequest>(parsed)));
-  if (c.draining.load()) return error_response(shutting_down());
-  const text::Tokenizer* tokenizer = tokenizer_or_503(c, res);
-  if (!tokenizer) return res;
-  ServiceRequest sr;
-  if (auto refused = completion_service_request(c, *request, *tokenizer, sr)) return *refused;
-  ServiceEvent accepted;
-  auto handle = admit(c, std::move(sr), "prompt", req, res, accepted);
+  const text::Tokenizer* tokenizer = nullptr;
+  auto handle = admit_completion(c, *request, req, res, tokenizer);
   if (!handle) return res;
   const std::string model = api.model_id;
   if (!request->stream) {

@@ -443,7 +443,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
         chat["response_format"] = json{{"type", "json_object"}};
       } else if (type == "json_schema") {
         if (!f->contains("schema"))
-          return invalid_value("text.format.schema", "'text.format.schema' is required for json_schema");
+          return invalid_value("text.format.schema",
+                               "'text.format.schema' is required for json_schema");
         chat["response_format"] = json{
             {"type", "json_schema"},
             {"json_schema",

@@ -283,6 +283,7 @@ class EngineService {
   struct Slot;  // one session and what runs on it (service.cpp)
   void run();
   void load();
+  void refuse_before_load(const char* step, const std::string& why);
   // The idle session for `req` (see the header comment). REQUIRES: mutex_ held, one is idle.
   Slot* choose(const ServiceRequest& req);
   // Steps 1 and 2 on the chosen session, then the accepted event.
