@@ -246,6 +246,16 @@ serve_reply() {  # <name> <ranks>: starts the server, asks, SIGTERMs rank 0; set
   local port ranks
   port=$(grep -o '127.0.0.1:[0-9]*' "$out" | head -1 | cut -d: -f2)
   reply=$(ask "$port")
+  if ((n > 1)); then
+    # /metrics: the exchange and every rank's counters, as the last answers carried them.
+    local metrics
+    metrics=$(curl -s --max-time "$limit" "http://127.0.0.1:$port/metrics")
+    if ! grep -qx "k3_ep_ranks $n" <<<"$metrics" ||
+      ! grep -qE "^k3_ep_rank_pairs_total\{rank=\"$((n - 1))\"\} [1-9][0-9]*$" <<<"$metrics" ||
+      ! grep -qE '^k3_ep_bytes_sent_total [1-9]' <<<"$metrics"; then
+      fail "$name: /metrics lacks the per-rank counters: $(grep '^k3_ep' <<<"$metrics" | head -20)"
+    fi
+  fi
   ranks=$( ((n == 1)) && echo "$job" || pgrep -P "$job")
   local rank0="" r
   for r in $ranks; do grep -q "(pid $r)" "$err" || rank0=$r; done
@@ -282,7 +292,7 @@ else
     if [[ "$reply" != "$expected" ]]; then
       fail "serve -np $n: the streamed reply differs: one node '$expected', $n ranks '$reply'"
     else
-      pass "serve -np $n: the streamed reply is one node's ('$reply'), SIGTERM to rank 0 ended every rank"
+      pass "serve -np $n: the streamed reply is one node's ('$reply'), /metrics has every rank's counters, SIGTERM to rank 0 ended every rank"
     fi
   done
 fi

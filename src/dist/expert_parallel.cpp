@@ -7,7 +7,8 @@
 //   kStep    0 → worker   one MoE step's share: {layer, use, groups, pairs, rows}, ids[groups],
 //                         counts[groups], row[pairs] (indices into the rows sent), z [rows][R]
 //                         (each row once, even when several of the worker's experts chose it)
-//   kOut     worker → 0   [pairs][R] f32, one output row per pair in the step's pair order
+//   kOut     worker → 0   [pairs][R] f32, one output row per pair in the step's pair order, then
+//                         the worker's RankCounters (what /metrics shows, with no extra message)
 //   kFailed  worker → 0   the worker's error text (a failed read), instead of kOut
 //   kStats / kStop        counters on request; the end of the job
 // Every wait polls with a growing pause (at most 0.5 ms) instead of blocking in MPI: Open MPI's
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -175,6 +177,9 @@ struct RankCounters {
   double pairs = 0, steps = 0, hits = 0, misses = 0, bytes_read = 0, drive_bytes = 0,
          busy_seconds = 0, compute_seconds = 0;
 };
+// The counters at the end of a kOut payload, in floats.
+constexpr size_t kCounterFloats = sizeof(RankCounters) / sizeof(float);
+static_assert(sizeof(RankCounters) % sizeof(float) == 0);
 
 // ---- rank 0 ---------------------------------------------------------------------------------
 
@@ -194,6 +199,7 @@ class RemoteExecutor final : public ExpertExecutor {
       throw Error("expert-parallel: " + broken_ +
                   "; the job cannot compute its experts (restart it)");
     const double t0 = now_seconds();
+    uint64_t sent = 0;
     layer_ = step.layer;
     for (Peer& p : peers_) p.clear();
     // Claim every group another rank owns; one message per rank with the rows its pairs need.
@@ -231,14 +237,16 @@ class RemoteExecutor final : public ExpertExecutor {
       put(p.counts.data(), p.counts.size() * sizeof(int64_t));
       put(p.pair_rows.data(), p.pair_rows.size() * sizeof(int64_t));
       for (size_t row : p.rows) put(step.z + row * R_, R_ * sizeof(float));
-      p.out.resize(std::max<size_t>(p.pair_rows.size() * R_, 1024));
+      p.out.resize(std::max<size_t>(p.pair_rows.size() * R_ + kCounterFloats, 1024));
       const std::string what =
           "sending layer " + std::to_string(step.layer) + " to rank " + std::to_string(r);
       post(r, p, what);
       p.counters.pairs += static_cast<double>(p.pair_rows.size());
       p.counters.steps += 1;
-      bytes_sent_ += p.message.size();
+      sent += p.message.size();
     }
+    std::lock_guard<std::mutex> lock(figures_mutex_);
+    bytes_sent_ += sent;
     exchange_seconds_ += now_seconds() - t0;
   }
 
@@ -277,9 +285,35 @@ class RemoteExecutor final : public ExpertExecutor {
         at += static_cast<size_t>(p.counts[j]);
       }
       bytes_received_ += at * R_ * sizeof(float);
+      std::lock_guard<std::mutex> lock(figures_mutex_);
+      std::memcpy(static_cast<void*>(&latest_[static_cast<size_t>(r)]), p.out.data() + at * R_,
+                  sizeof(RankCounters));
     }
+    std::lock_guard<std::mutex> lock(figures_mutex_);
     exchange_seconds_ += now_seconds() - t0;
     return true;
+  }
+
+  ExchangeFigures figures(const ExpertCacheStats& own) const {
+    ExchangeFigures f;
+    f.ranks = size_;
+    std::lock_guard<std::mutex> lock(figures_mutex_);
+    f.exchange_seconds = exchange_seconds_;
+    f.bytes_sent = bytes_sent_;
+    f.bytes_received = bytes_received_;
+    RankFigures mine;
+    mine.hits = static_cast<double>(own.hits);
+    mine.misses = static_cast<double>(own.misses);
+    mine.bytes_read = static_cast<double>(own.bytes_read);
+    mine.drive_bytes = static_cast<double>(own.drive_bytes);
+    mine.busy_seconds = own.busy_seconds;
+    f.per_rank.push_back(mine);
+    for (int r = 1; r < size_; ++r) {
+      const RankCounters& c = latest_[static_cast<size_t>(r)];
+      f.per_rank.push_back(
+          {r, c.pairs, c.hits, c.misses, c.bytes_read, c.drive_bytes, c.busy_seconds});
+    }
+    return f;
   }
 
   std::string describe(int64_t tokens, const ExpertCacheStats& own) {
@@ -383,8 +417,11 @@ class RemoteExecutor final : public ExpertExecutor {
   std::vector<Peer> peers_;  // [size] (0 unused)
   int64_t layer_ = -1;
   std::string broken_;  // why the job cannot go on ("" while it can)
+  // Guarded by figures_mutex_ (figures() reads them from the HTTP threads).
+  mutable std::mutex figures_mutex_;
   double exchange_seconds_ = 0;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  std::vector<RankCounters> latest_ = std::vector<RankCounters>(static_cast<size_t>(size_));
 };
 
 std::weak_ptr<RemoteExecutor> g_executor;
@@ -557,6 +594,11 @@ std::string describe(int64_t tokens, const ExpertCacheStats& own) {
   return e ? e->describe(tokens, own) : std::string();
 }
 
+ExchangeFigures figures(const ExpertCacheStats& own) {
+  const std::shared_ptr<RemoteExecutor> e = g_executor.lock();
+  return e ? e->figures(own) : ExchangeFigures{};
+}
+
 int serve_worker(const std::string& model_dir, const LoadOptions& load) {
   const int rank = g_job.world.rank;
   std::vector<uint8_t> message;
@@ -607,6 +649,19 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load) {
   WorkerStep step(config, compute);
   std::vector<float> out;
   uint64_t steps = 0;
+  const auto counters = [&] {
+    const ExpertCacheStats s = cache.stats();
+    RankCounters c;
+    c.pairs = static_cast<double>(step.pairs());
+    c.steps = static_cast<double>(steps);
+    c.hits = static_cast<double>(s.hits);
+    c.misses = static_cast<double>(s.misses);
+    c.bytes_read = static_cast<double>(s.bytes_read);
+    c.drive_bytes = static_cast<double>(s.drive_bytes);
+    c.busy_seconds = s.busy_seconds;
+    c.compute_seconds = step.compute_seconds();
+    return c;
+  };
   std::fprintf(stderr, "expert-parallel: rank %d of %d serves its experts (pid %d)\n", rank,
                g_job.world.size, static_cast<int>(::getpid()));
   for (;;) {
@@ -622,16 +677,7 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load) {
       case kStop:
         return 0;
       case kStats: {
-        const ExpertCacheStats s = cache.stats();
-        RankCounters c;
-        c.pairs = static_cast<double>(step.pairs());
-        c.steps = static_cast<double>(steps);
-        c.hits = static_cast<double>(s.hits);
-        c.misses = static_cast<double>(s.misses);
-        c.bytes_read = static_cast<double>(s.bytes_read);
-        c.drive_bytes = static_cast<double>(s.drive_bytes);
-        c.busy_seconds = s.busy_seconds;
-        c.compute_seconds = step.compute_seconds();
+        const RankCounters c = counters();
         send_bytes(0, kStats, &c, sizeof c, "the counters");
         break;
       }
@@ -644,7 +690,14 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load) {
           send_bytes(0, kFailed, why.data(), why.size(), "a failure report");
           break;
         }
-        send_bytes(0, kOut, out.data(), out.size() * sizeof(float), "a step's output");
+        {
+          const RankCounters c = counters();
+          const size_t n = out.size();
+          out.resize(n + kCounterFloats);
+          std::memcpy(out.data() + n, &c, sizeof c);
+          send_bytes(0, kOut, out.data(), out.size() * sizeof(float), "a step's output");
+          out.resize(n);
+        }
         break;
       default:
         break;

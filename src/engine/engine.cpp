@@ -218,6 +218,19 @@ std::string Engine::describe_expert_parallel(int64_t tokens) const {
   return dist::describe(tokens, impl_->model->experts().stats());
 }
 
+ExpertParallelStats Engine::expert_parallel_stats() const {
+  const dist::ExchangeFigures f = dist::figures(impl_->model->experts().stats());
+  ExpertParallelStats s;
+  s.ranks = f.ranks;
+  s.exchange_seconds = f.exchange_seconds;
+  s.bytes_sent = f.bytes_sent;
+  s.bytes_received = f.bytes_received;
+  for (const dist::RankFigures& r : f.per_rank)
+    s.per_rank.push_back(
+        {r.rank, r.pairs, r.hits, r.misses, r.bytes_read, r.drive_bytes, r.busy_seconds});
+  return s;
+}
+
 DeviceStats DeviceStats::since(const DeviceStats& before) const {
   DeviceStats d = *this;
   d.pairs_served -= before.pairs_served;

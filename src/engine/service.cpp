@@ -418,6 +418,7 @@ ServiceStats EngineService::stats() const {
   if (const Engine* e = engine()) {
     s.experts = e->expert_stats();
     s.device = e->device_stats();
+    s.expert_parallel = e->expert_parallel_stats();
   }
   return s;
 }

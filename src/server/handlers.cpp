@@ -574,6 +574,38 @@ std::string metrics_text(const ServiceStats& s,
   metric("k3_expert_prefetch_recall", "gauge",
          "selections the read-ahead predicted / selections of predicted layers",
          s.experts.recall());
+  if (s.expert_parallel.ranks > 1) {
+    // --expert-parallel (docs/scale-out.md §2): the exchange, and each rank's expert counters as
+    // its latest answer carried them.
+    const ExpertParallelStats& ep = s.expert_parallel;
+    metric("k3_ep_ranks", "gauge", "ranks of the expert-parallel job", ep.ranks);
+    metric("k3_ep_exchange_seconds_total", "counter",
+           "seconds rank 0 spent sending MoE rows and waiting for the ranks' answers",
+           ep.exchange_seconds);
+    metric("k3_ep_bytes_sent_total", "counter", "bytes of latent rows sent to the ranks",
+           static_cast<double>(ep.bytes_sent));
+    metric("k3_ep_bytes_received_total", "counter", "bytes of output rows received from the ranks",
+           static_cast<double>(ep.bytes_received));
+    const auto per_rank = [&](const char* name, const char* type, const char* help,
+                              double ExpertParallelStats::Rank::*field) {
+      o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+      for (const ExpertParallelStats::Rank& r : ep.per_rank)
+        o << name << "{rank=\"" << r.rank << "\"} " << r.*field << '\n';
+    };
+    per_rank("k3_ep_rank_pairs_total", "counter", "routed pairs a rank computed for rank 0",
+             &ExpertParallelStats::Rank::pairs);
+    per_rank("k3_ep_rank_expert_hits_total", "counter", "a rank's experts found in its cache",
+             &ExpertParallelStats::Rank::hits);
+    per_rank("k3_ep_rank_expert_misses_total", "counter", "a rank's experts read from its disk",
+             &ExpertParallelStats::Rank::misses);
+    per_rank("k3_ep_rank_expert_bytes_read_total", "counter", "bytes of a rank's expert reads",
+             &ExpertParallelStats::Rank::bytes_read);
+    per_rank("k3_ep_rank_drive_bytes_total", "counter", "bytes of a rank's reads from its drive",
+             &ExpertParallelStats::Rank::drive_bytes);
+    per_rank("k3_ep_rank_read_busy_seconds_total", "counter",
+             "seconds with one of a rank's reads in flight (drive bytes / this = its GB/s)",
+             &ExpertParallelStats::Rank::busy_seconds);
+  }
   if (s.device.on) {
     // The Vulkan expert tier (docs/vulkan.md §8); absent when it is not on.
     o << "# HELP k3_device_info the Vulkan device serving routed experts (off: it was lost)\n"

@@ -66,6 +66,21 @@ std::shared_ptr<ExpertExecutor> remote_executor(const ModelFiles& files, const K
 // expert parallelism.
 std::string describe(int64_t tokens, const ExpertCacheStats& own);
 
+// Rank 0's figures for /metrics, without any MPI call (thread-safe): the exchange totals and each
+// rank's counters as its latest answer carried them (rank 0's from `own`). ranks == 1 without
+// expert parallelism.
+struct RankFigures {
+  int rank = 0;
+  double pairs = 0, hits = 0, misses = 0, bytes_read = 0, drive_bytes = 0, busy_seconds = 0;
+};
+struct ExchangeFigures {
+  int ranks = 1;
+  double exchange_seconds = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  std::vector<RankFigures> per_rank;  // [ranks] when ranks > 1
+};
+ExchangeFigures figures(const ExpertCacheStats& own);
+
 // Ends this process's part in the job and returns `status`. Rank 0 stops the workers and leaves
 // MPI; when a rank has failed (or the workers do not stop within the timeout) it aborts the job
 // instead, which ends every rank. Workers leave MPI. A no-op without join().

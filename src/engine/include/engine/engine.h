@@ -116,6 +116,19 @@ struct DeviceStats {
   DeviceStats since(const DeviceStats& before) const;
 };
 
+// Expert parallelism's figures for /metrics (docs/scale-out.md §2): ranks == 1 without it. Each
+// rank's counters are those its latest answer carried (rank 0's: its own expert cache).
+struct ExpertParallelStats {
+  struct Rank {
+    int rank = 0;
+    double pairs = 0, hits = 0, misses = 0, bytes_read = 0, drive_bytes = 0, busy_seconds = 0;
+  };
+  int ranks = 1;
+  double exchange_seconds = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  std::vector<Rank> per_rank;
+};
+
 class Engine {
  public:
   // Opens the model directory and loads the resident weights. Throws k3::Error; a load stopped
@@ -150,6 +163,8 @@ class Engine {
   // exchange time per token over `tokens` tokens and every rank's expert counters
   // (docs/scale-out.md §2); "" without --expert-parallel under mpirun.
   std::string describe_expert_parallel(int64_t tokens) const;
+  // The same figures as numbers, without any exchange with the ranks (any thread).
+  ExpertParallelStats expert_parallel_stats() const;
   ExpertStats expert_stats() const;
   // Saves the routing history (.coli_usage, atomically) where K3_STATE_DIR or the model
   // directory allows; notes on stderr when it cannot. Never throws. Call at exit.

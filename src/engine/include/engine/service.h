@@ -246,6 +246,7 @@ struct ServiceStats {
   double active_started = 0;  // now_seconds() of the oldest running request's acceptance
   ExpertStats experts;        // the routed-expert cache's counters (zero while loading)
   DeviceStats device;         // the Vulkan tier's counters (device.on false when it is off)
+  ExpertParallelStats expert_parallel;  // --expert-parallel's exchange and per-rank counters
 };
 
 class EngineService {
