@@ -210,10 +210,11 @@ wait_for() {  # <file> <pattern>: bounded
   done
   return 1
 }
-ask() {  # <port>: the streamed reply's text (reasoning and content)
+ask() {  # <port> [question]: the streamed reply's text (reasoning and content)
+  local question=${2:-Tell me about rivers.}
   curl -sN --max-time "$limit" "http://127.0.0.1:$1/v1/chat/completions" \
     -H 'content-type: application/json' \
-    -d '{"model":"kimi-k3","messages":[{"role":"user","content":"Tell me about rivers."}],
+    -d '{"model":"kimi-k3","messages":[{"role":"user","content":"'"$question"'"}],
          "temperature":0,"max_tokens":16,"stream":true}' |
     python3 -c '
 import json, sys
@@ -246,6 +247,20 @@ serve_reply() {  # <name> <ranks>: starts the server, asks, SIGTERMs rank 0; set
   local port ranks
   port=$(grep -o '127.0.0.1:[0-9]*' "$out" | head -1 | cut -d: -f2)
   reply=$(ask "$port")
+  # Four more questions: one after another on one node, at once on the ranks (the sessions'
+  # decode steps are then batched: docs/serving.md §3.10).
+  replies=""
+  local i asks=()
+  for i in "${!QUESTIONS[@]}"; do
+    if ((n == 1)); then
+      ask "$port" "${QUESTIONS[$i]}" >"$tmp/$name.q$i"
+    else
+      ask "$port" "${QUESTIONS[$i]}" >"$tmp/$name.q$i" &
+      asks+=($!)
+    fi
+  done
+  ((${#asks[@]})) && wait "${asks[@]}"
+  for i in "${!QUESTIONS[@]}"; do replies+="$(cat "$tmp/$name.q$i")|"; done
   if ((n > 1)); then
     # /metrics: the exchange and every rank's counters, as the last answers carried them.
     local metrics
@@ -254,6 +269,12 @@ serve_reply() {  # <name> <ranks>: starts the server, asks, SIGTERMs rank 0; set
       ! grep -qE "^k3_ep_rank_pairs_total\{rank=\"$((n - 1))\"\} [1-9][0-9]*$" <<<"$metrics" ||
       ! grep -qE '^k3_ep_bytes_sent_total [1-9]' <<<"$metrics"; then
       fail "$name: /metrics lacks the per-rank counters: $(grep '^k3_ep' <<<"$metrics" | head -20)"
+    fi
+    local steps rows
+    steps=$(awk '$1 == "k3_decode_steps_total" {print $2}' <<<"$metrics")
+    rows=$(awk '$1 == "k3_decode_rows_total" {print $2}' <<<"$metrics")
+    if ! awk -v s="$steps" -v r="$rows" 'BEGIN {exit !(s > 0 && r > s)}'; then
+      fail "$name: the concurrent questions were never decoded in one batch (steps $steps, rows $rows)"
     fi
   fi
   ranks=$( ((n == 1)) && echo "$job" || pgrep -P "$job")
@@ -282,8 +303,10 @@ serve_reply() {  # <name> <ranks>: starts the server, asks, SIGTERMs rank 0; set
     fail "$name: no per-rank counters at exit: $(grep expert-parallel: "$err")"
   fi
 }
+QUESTIONS=("What is a lake?" "Name three seas." "Why is the sky blue?" "Count to five.")
 serve_reply serve.one 1
 expected=$reply
+expected_four=$replies
 if [[ -z "$expected" || "$expected" == NO* ]]; then
   fail "serve one node: no reply ($expected)"
 else
@@ -291,8 +314,10 @@ else
     serve_reply "serve.np$n" "$n"
     if [[ "$reply" != "$expected" ]]; then
       fail "serve -np $n: the streamed reply differs: one node '$expected', $n ranks '$reply'"
+    elif [[ "$replies" != "$expected_four" || "$replies" == *NO* ]]; then
+      fail "serve -np $n: four concurrent replies differ from one node's one by one: '$expected_four' vs '$replies'"
     else
-      pass "serve -np $n: the streamed reply is one node's ('$reply'), /metrics has every rank's counters, SIGTERM to rank 0 ended every rank"
+      pass "serve -np $n: the streamed reply and four batched concurrent ones are one node's, /metrics has every rank's counters, SIGTERM to rank 0 ended every rank"
     fi
   done
 fi
