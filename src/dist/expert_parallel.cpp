@@ -599,6 +599,18 @@ ExchangeFigures figures(const ExpertCacheStats& own) {
   return e ? e->figures(own) : ExchangeFigures{};
 }
 
+// A worker's wait for rank 0's next message (any tag), polling with the growing pause.
+static MPI_Status next_from_rank0() {
+  int flag = 0;
+  MPI_Status status;
+  Backoff backoff;
+  while (!flag) {
+    check_mpi(MPI_Iprobe(0, MPI_ANY_TAG, g_job.comm, &flag, &status), "waiting for rank 0");
+    if (!flag) backoff.pause();
+  }
+  return status;
+}
+
 int serve_worker(const std::string& model_dir, const LoadOptions& load) {
   const int rank = g_job.world.rank;
   std::vector<uint8_t> message;
@@ -618,13 +630,7 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load) {
   }
   send_bytes(0, kHello, hello.data(), hello.size(), "the start-up check");
   for (;;) {
-    int flag = 0;
-    MPI_Status status;
-    Backoff backoff;
-    while (!flag) {
-      check_mpi(MPI_Iprobe(0, MPI_ANY_TAG, g_job.comm, &flag, &status), "waiting for rank 0");
-      if (!flag) backoff.pause();
-    }
+    const MPI_Status status = next_from_rank0();
     if (status.MPI_TAG == kStop) return 0;
     if (status.MPI_TAG == kVerdict) {
       receive(0, kVerdict, message, forever(), "the start-up verdict");
@@ -665,13 +671,7 @@ int serve_worker(const std::string& model_dir, const LoadOptions& load) {
   std::fprintf(stderr, "expert-parallel: rank %d of %d serves its experts (pid %d)\n", rank,
                g_job.world.size, static_cast<int>(::getpid()));
   for (;;) {
-    int flag = 0;
-    MPI_Status status;
-    Backoff backoff;
-    while (!flag) {
-      check_mpi(MPI_Iprobe(0, MPI_ANY_TAG, g_job.comm, &flag, &status), "waiting for rank 0");
-      if (!flag) backoff.pause();
-    }
+    const MPI_Status status = next_from_rank0();
     receive(0, status.MPI_TAG, message, forever(), "a message from rank 0");
     switch (status.MPI_TAG) {
       case kStop:
