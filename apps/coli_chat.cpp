@@ -867,7 +867,9 @@ class Chat {
           static_cast<unsigned long long>(d.pairs_total), 100.0 * d.served_share(),
           static_cast<unsigned long long>(d.residents), static_cast<unsigned long long>(d.budget),
           static_cast<unsigned long long>(d.uploads), static_cast<unsigned long long>(d.evictions));
-      lines.push_back(line + seconds_text(d.join_wait_seconds));
+      lines.push_back(line + seconds_text(d.join_wait_seconds) +
+                      (d.dense_matrices ? " · dense matmuls " + std::to_string(d.dense_matmuls)
+                                        : std::string()));
     }
     screen_.end_line();
     for (const std::string& l : lines) screen_.line(screen_.dim(l));

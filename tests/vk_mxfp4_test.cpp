@@ -14,6 +14,7 @@
 
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
+#include "kernels/quant.h"
 #include "kernels/vec.h"
 #include "test_util.h"
 #include "util/error.h"
@@ -233,6 +234,114 @@ TEST(VkMxfp4, ValidationLayerReportsNoErrors) {
   ASSERT_TRUE(dev->join(out.data()));
   dev->release(g[0].slot);
   EXPECT_EQ(0u, dev->validation_errors());
+}
+
+// COLI_VK_DENSE: a dense matrix in each RAM format the loader makes (f32, int8 per row, int4 in
+// groups of 64; kernels/quant.h) against the CPU's matmul on f32 activations (the scalar table),
+// at K3 shapes and odd ones on both routes, staged and mapped, under validation; and a row's bits
+// alone equal its bits in batches of 5 and 20 rows (GEMV and GEMM routes).
+k3::WeightMatrix dense_matrix(uint32_t O, uint32_t I, int bits, uint32_t seed) {
+  k3::WeightMatrix w;
+  w.rows = O;
+  w.cols = I;
+  w.f32 = randn(size_t{O} * I, seed, 0.05f);
+  k3::quantize_matrix(w, bits, cpu());
+  return w;
+}
+
+k3::vk::Mxfp4Device::DenseMatrix dense_view(const k3::WeightMatrix& w) {
+  using F = k3::vk::Mxfp4Device::DenseFormat;
+  k3::vk::Mxfp4Device::DenseMatrix m;
+  m.rows = static_cast<uint32_t>(w.rows);
+  m.cols = static_cast<uint32_t>(w.cols);
+  switch (w.format) {
+    case k3::WeightFormat::kF32:
+      m.format = F::kF32;
+      m.weights = w.f32_data();
+      break;
+    case k3::WeightFormat::kInt8Row:
+      m.format = F::kInt8Row;
+      m.weights = w.q8_data();
+      m.scales = w.scale_data();
+      break;
+    case k3::WeightFormat::kInt4G64:
+      m.format = F::kInt4G64;
+      m.weights = w.q4_data();
+      m.scales = w.scale_data();
+      break;
+  }
+  return m;
+}
+
+TEST(VkDense, EveryRamFormatMatchesTheCpuOnF32Activations) {
+  struct Case {
+    uint32_t O, I, rows;
+  };
+  // K3's MLA q_a (7168 -> 1536) on the GEMM route; odd shapes: fewer groups than 64
+  // invocations, a group count not a multiple of 64, one output, rows on both sides of 16.
+  const Case cases[] = {{1536, 7168, 16}, {37, 128, 1}, {37, 128, 17}, {5, 64, 3},
+                        {130, 2112, 16},  {1, 4160, 5}, {64, 64, 20}};
+  for (const char* staged : {"0", "1"}) {
+    k3::vk::DeviceOptions options;
+    options.validation = true;
+    options.staged = staged[0] == '1' ? 1 : 0;
+    auto dev = open(32, 32, options);
+    for (int bits : {32, 8, 4})
+      for (const Case& c : cases) {
+        if (c.O == 1536 && options.staged == 1) continue;  // the K3 shape once (seconds here)
+        const k3::WeightMatrix w = dense_matrix(c.O, c.I, bits, c.O + c.I + bits);
+        const std::vector<float> X = randn(size_t{c.rows} * c.I, c.rows);
+        std::vector<float> want(size_t{c.rows} * c.O), got(want.size());
+        k3::matmul(cpu(), w, X.data(), c.rows, want.data());
+        const int32_t slot = dev->upload_dense(dense_view(w));
+        ASSERT_GE(slot, 0);
+        ASSERT_TRUE(dev->dense_matmul(slot, X.data(), c.rows, got.data()));
+        dev->release(slot);
+        const double err = rel_l2(got, want);
+        if (c.O == 1536)
+          std::printf("dense %d-bit %u x %u, %u rows (staged %s): rel-L2 %.3g\n", bits, c.O, c.I,
+                      c.rows, staged, err);
+        EXPECT_LE(err, kRelL2) << bits << "-bit " << c.O << " x " << c.I << ", " << c.rows
+                               << " rows, staged " << staged;
+      }
+    EXPECT_EQ(dev->bytes_in_use(), 0u);
+    EXPECT_EQ(dev->validation_errors(), 0u);
+  }
+}
+
+TEST(VkDense, RowBitsIndependentOfTheBatchAndTheRoute) {
+  auto dev = open(32, 32);
+  for (int bits : {32, 8, 4}) {
+    const k3::WeightMatrix w = dense_matrix(70, 320, bits, 7 + bits);
+    const int32_t slot = dev->upload_dense(dense_view(w));
+    ASSERT_GE(slot, 0);
+    const std::vector<float> X = randn(20 * 320, 11);
+    std::vector<float> batch20(20 * 70), batch5(5 * 70), alone(70);
+    ASSERT_TRUE(dev->dense_matmul(slot, X.data(), 20, batch20.data()));  // GEMM route
+    for (uint32_t r = 0; r < 20; ++r) {
+      ASSERT_TRUE(dev->dense_matmul(slot, X.data() + r * 320, 1, alone.data()));
+      EXPECT_EQ(0, std::memcmp(alone.data(), batch20.data() + r * 70, 70 * sizeof(float)))
+          << bits << "-bit row " << r;
+    }
+    ASSERT_TRUE(dev->dense_matmul(slot, X.data() + 5 * 320, 5, batch5.data()));  // GEMV route
+    EXPECT_EQ(0, std::memcmp(batch5.data(), batch20.data() + 5 * 70, 5 * 70 * sizeof(float)))
+        << bits;
+    dev->release(slot);
+  }
+}
+
+TEST(VkDense, BadShapeIsAClearError) {
+  auto dev = open(32, 32);
+  const k3::WeightMatrix w = dense_matrix(8, 96, 32, 1);  // f32: 96 = 3 groups of 32, fine
+  ASSERT_GE(dev->upload_dense(dense_view(w)), 0);
+  k3::vk::Mxfp4Device::DenseMatrix bad = dense_view(w);
+  bad.cols = 48;
+  try {
+    dev->upload_dense(bad);
+    FAIL() << "a 48-wide matrix was accepted";
+  } catch (const k3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 32"), std::string::npos) << e.what();
+  }
 }
 
 // Staged uploads (device-local buffers written through a staging copy, what a GPU without a

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -378,6 +380,120 @@ TEST_F(VkTier, BenchRunsAndSaysLavapipeIsNotGpuSpeed) {
   EXPECT_NE(r.out.find("RESULT vulkan_tier_device_share "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("RESULT vulkan_tier_stream_prefill "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("equal the CPU run's -> ok"), std::string::npos) << r.out;
+}
+
+// COLI_VK_DENSE=on: the dense matrices (all but the head and the routers) go to the device at
+// load, and a prompt chunk of COLI_VK_DENSE_ROWS rows or more computes them there: the goldens at
+// the f32 tolerance and the CPU run's tokens, with a non-zero count of device matmuls (a silent
+// fallback fails); chunks below the rows and decode steps stay on the CPU; a batched decode step
+// never uses them (each row equals its solo step); `auto` leaves lavapipe (no discrete GPU)
+// without them; a lost device hands the matrix back to the CPU and keeps the tokens.
+TEST_F(VkTier, DenseMatricesOfPromptChunksRunOnTheDevice) {
+  const TempDir state("vk-tier-dense");
+  k3::LoadOptions load = tier_load(state, 1.0);
+  load.vulkan.dense = "on";
+  load.vulkan.dense_rows = 4;
+  const k3::Engine engine(kFixture, load);
+  const auto prompt = golden_->i64("prompt_ids");
+  const auto want_prompt = golden_->f32("logits"), want_decode = golden_->f32("decode_logits");
+  const k3::VkTierStats loaded = tier_of(engine).stats();
+  EXPECT_GT(loaded.dense_matrices, 0u);
+  EXPECT_GT(loaded.dense_bytes, 0u);
+  EXPECT_EQ(loaded.dense_matmuls, 0u);
+  for (int64_t chunk : {int64_t{5}, int64_t{32}}) {
+    const k3::VkTierStats before = tier_of(engine).stats();
+    const Outcome got = run(engine, prompt, 8, chunk);
+    const k3::VkTierStats after = tier_of(engine).stats();
+    const std::string what = "chunk " + std::to_string(chunk);
+    ASSERT_EQ(got.prompt_logits.size(), want_prompt.size()) << what;
+    k3::testing::expect_close("logits " + what, got.prompt_logits.data(), want_prompt.data(),
+                              want_prompt.size());
+    k3::testing::expect_close("decode_logits " + what, got.decode_logits.data(), want_decode.data(),
+                              want_decode.size());
+    EXPECT_EQ(got.tokens, cpu_->tokens) << what;
+    EXPECT_GT(after.dense_matmuls, before.dense_matmuls) << what;
+    // 12 prompt rows: chunks of 5 give 5 + 5 (device) + 2 (CPU); one chunk of 12 (device).
+    EXPECT_EQ(after.dense_rows - before.dense_rows,
+              (after.dense_matmuls - before.dense_matmuls) * (chunk == 5 ? 5u : 12u))
+        << what;
+  }
+  // Chunks of 3 rows (below COLI_VK_DENSE_ROWS) and every decode step: the CPU.
+  const k3::VkTierStats before_small = tier_of(engine).stats();
+  EXPECT_EQ(run(engine, prompt, 8, 3).tokens, cpu_->tokens);
+  EXPECT_EQ(tier_of(engine).stats().dense_matmuls, before_small.dense_matmuls);
+  // A batched decode step of 6 sessions (6 >= 4 rows) stays on the CPU: each row equals its solo
+  // step (no expert uploads, so residency does not change between the two).
+  {
+    const TempDir state4("vk-tier-dense-batch");
+    k3::LoadOptions fixed = load;
+    fixed.cache.state_dir = state4.path();
+    fixed.vulkan.rate = 0;
+    const k3::Engine still(kFixture, fixed);
+    std::vector<std::unique_ptr<k3::Session>> sessions;
+    std::vector<k3::Session*> ptrs;
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < 6; ++i) {
+      sessions.push_back(std::make_unique<k3::Session>(still, 8));
+      sessions.back()->prefill(std::vector<int64_t>{prompt[static_cast<size_t>(i)]});
+      ptrs.push_back(sessions.back().get());
+      ids.push_back(prompt[static_cast<size_t>(i) + 1]);
+    }
+    const k3::VkTierStats before_batch = tier_of(still).stats();
+    k3::Batch batch(still);
+    batch.step(ptrs, ids);
+    EXPECT_EQ(tier_of(still).stats().dense_matmuls, before_batch.dense_matmuls);
+    for (int64_t i = 0; i < 6; ++i) {
+      k3::Session solo(still, 8);
+      solo.prefill(std::vector<int64_t>{prompt[static_cast<size_t>(i)]});
+      const std::vector<float> want = solo.step(ids[static_cast<size_t>(i)]);
+      const std::vector<float> got = sessions[static_cast<size_t>(i)]->logits();
+      ASSERT_EQ(got.size(), want.size());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
+          << "session " << i;
+    }
+  }
+  const k3::VkTierStats s = tier_of(engine).stats();
+  EXPECT_EQ(s.validation_errors, 0u);
+  EXPECT_FALSE(s.off);
+  EXPECT_NE(
+      engine.describe_device().find(" | dense " + std::to_string(s.dense_matrices) + " matrices"),
+      std::string::npos)
+      << engine.describe_device();
+  std::printf("dense: %llu matrices, %llu bytes, %llu matmuls, %llu rows\n",
+              static_cast<unsigned long long>(s.dense_matrices),
+              static_cast<unsigned long long>(s.dense_bytes),
+              static_cast<unsigned long long>(s.dense_matmuls),
+              static_cast<unsigned long long>(s.dense_rows));
+  // auto: lavapipe is no discrete GPU, so no dense matrix goes there.
+  const TempDir state2("vk-tier-dense-auto");
+  const k3::Engine automatic(kFixture, tier_load(state2, 1.0));
+  EXPECT_EQ(tier_of(automatic).stats().dense_matrices, 0u);
+  EXPECT_EQ(automatic.describe_device().find(" | dense "), std::string::npos);
+  // A device lost in a dense matmul: the CPU computes it, the tier turns off, the tokens stay.
+  const TempDir state3("vk-tier-dense-lost");
+  const k3::Engine lost(kFixture, load);
+  tier_of(lost).inject_device_loss();
+  const Outcome after_loss = run(lost, prompt, 8, 32);
+  EXPECT_EQ(after_loss.tokens, cpu_->tokens);
+  k3::testing::expect_close("logits after the loss", after_loss.prompt_logits.data(),
+                            cpu_->prompt_logits.data(), cpu_->prompt_logits.size());
+  EXPECT_TRUE(tier_of(lost).stats().off);
+  EXPECT_EQ(tier_of(lost).stats().dense_matmuls, 0u);
+}
+
+// The dense matrices' bytes come out of every automatic budget, not out of COLI_VK_TIER_GB's.
+TEST(VkTierBudget, DenseBytesComeOutOfTheAutomaticSizes) {
+  k3::VulkanOptions o;
+  o.prefill = "off";
+  o.reserve_gb = 1;
+  const uint64_t heap = 80'000'000'000, free = 50'000'000'000, dense = 7'000'000'000;
+  EXPECT_DOUBLE_EQ(k3::size_vk_tier_budget(o, 1000, free, heap, false, dense).bytes, 42e9);
+  EXPECT_DOUBLE_EQ(k3::size_vk_tier_budget(o, 1000, std::nullopt, heap, false, dense).bytes, 72e9);
+  o.device_cap_mb = 8;
+  EXPECT_DOUBLE_EQ(k3::size_vk_tier_budget(o, 1000, free, heap, false, 1 << 20).bytes,
+                   7.0 * (1 << 20));
+  o.tier_gb = 2;
+  EXPECT_DOUBLE_EQ(k3::size_vk_tier_budget(o, 1000, free, heap, false, dense).bytes, 2e9);
 }
 
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {

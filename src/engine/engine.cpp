@@ -241,6 +241,9 @@ DeviceStats DeviceStats::since(const DeviceStats& before) const {
   d.skipped -= before.skipped;
   d.streamed_pairs -= before.streamed_pairs;
   d.join_wait_seconds -= before.join_wait_seconds;
+  d.dense_matmuls -= before.dense_matmuls;
+  d.dense_rows -= before.dense_rows;
+  d.dense_seconds -= before.dense_seconds;
   return d;
 }
 
@@ -263,6 +266,11 @@ DeviceStats Engine::device_stats() const {
   d.join_wait_seconds = s.join_wait_s;
   d.budget_source = s.budget_source;
   d.streamed_pairs = s.streamed_pairs;
+  d.dense_matrices = s.dense_matrices;
+  d.dense_bytes = s.dense_bytes;
+  d.dense_matmuls = s.dense_matmuls;
+  d.dense_rows = s.dense_rows;
+  d.dense_seconds = s.dense_s;
   return d;
 }
 
@@ -283,7 +291,17 @@ std::string Engine::describe_device() const {
       static_cast<unsigned long long>(s.evictions), static_cast<unsigned long long>(s.refused),
       static_cast<unsigned long long>(s.skipped), static_cast<unsigned long long>(s.streamed_pairs),
       s.join_wait_seconds);
-  return buf;
+  std::string line = buf;
+  if (s.dense_matrices > 0) {
+    std::snprintf(buf, sizeof buf,
+                  " | dense %llu matrices (%.1f MiB): %llu prompt matmuls, %llu rows, %.3f s",
+                  static_cast<unsigned long long>(s.dense_matrices),
+                  static_cast<double>(s.dense_bytes) / (1 << 20),
+                  static_cast<unsigned long long>(s.dense_matmuls),
+                  static_cast<unsigned long long>(s.dense_rows), s.dense_seconds);
+    line += buf;
+  }
+  return line;
 }
 
 void Engine::save_history() const {

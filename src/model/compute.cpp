@@ -65,6 +65,7 @@ bool mxfp4_exact_row_stable(const KernelTable& k) {
 
 void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
                   float* Y) {
+  if (compute.dense && compute.dense->dense_matmul(W, X, n, Y)) return;
   const KernelTable& kt = *compute.kernels;
   if (row_stable(kt, W)) {
     matmul(kt, W, X, n, Y);

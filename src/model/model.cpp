@@ -60,7 +60,17 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   if (load_.vulkan.enabled) {
     // The device tier goes first (docs/vulkan.md §5); the RAM cache gives up what it holds.
     const auto note = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-    vk_tier_ = std::make_shared<VkTier>(config_, load_.vulkan, *experts_, moe_layers, note);
+    // Candidates for COLI_VK_DENSE: every dense matrix but the head (one row per prompt) and the
+    // routers (routing stays with the CPU's kernels).
+    std::vector<const Matrix*> dense;
+    std::vector<const Matrix*> skip;
+    if (weights_.lm_head) skip.push_back(&*weights_.lm_head);
+    for (const LayerWeights& l : weights_.layers)
+      if (l.moe) skip.push_back(&l.moe->router);
+    for_each_matrix(static_cast<const ModelWeights&>(weights_), [&](const Matrix& m) {
+      if (std::find(skip.begin(), skip.end(), &m) == skip.end()) dense.push_back(&m);
+    });
+    vk_tier_ = std::make_shared<VkTier>(config_, load_.vulkan, *experts_, moe_layers, note, dense);
     if (load_.idot)
       note(
           "Vulkan tier: the device computes its experts in f32 (the K3_IDOT=0 numerics); with "
@@ -131,7 +141,9 @@ void Model::forward(ModelState& state, const float* x0, size_t n, float* final_h
   ws.reserve(config_, n);
   for (size_t t = 0; t < n; ++t)
     ws.sequence_rows[t] = SequenceRow{&state, state.position + static_cast<int64_t>(t)};
-  forward_rows(ws, state.stats, state.interrupt, x0, n, final_hidden, observer);
+  Compute compute = compute_;
+  compute.dense = vk_tier_ ? vk_tier_->dense_executor() : nullptr;
+  forward_rows(compute, ws, state.stats, state.interrupt, x0, n, final_hidden, observer);
   state.position += static_cast<int64_t>(n);
 }
 
@@ -155,13 +167,13 @@ void Model::forward_batch(std::span<ModelState* const> states, Workspace& ws, St
     ws.init(config_, states[i]->capacity);  // MLA scores for the longest context
     ws.sequence_rows[i] = SequenceRow{states[i], states[i]->position};
   }
-  forward_rows(ws, stats, interrupt, x0, n, final_hidden, nullptr);
+  forward_rows(compute_, ws, stats, interrupt, x0, n, final_hidden, nullptr);
   for (ModelState* s : states) ++s->position;
 }
 
-void Model::forward_rows(Workspace& ws, StageStats& stats, const std::atomic<bool>* interrupt,
-                         const float* x0, size_t n, float* final_hidden,
-                         ForwardObserver* observer) const {
+void Model::forward_rows(const Compute& compute, Workspace& ws, StageStats& stats,
+                         const std::atomic<bool>* interrupt, const float* x0, size_t n,
+                         float* final_hidden, ForwardObserver* observer) const {
   const size_t D = static_cast<size_t>(config_.hidden_size);
   const size_t NB = static_cast<size_t>(config_.num_blocks());
   const double eps = config_.rms_norm_eps;
@@ -212,11 +224,11 @@ void Model::forward_rows(Workspace& ws, StageStats& stats, const std::atomic<boo
       rmsnorm(mixed + t * D, lw.input_norm.data(), D, eps, normed + t * D);
     if (lw.kda) {
       StageTimer timer(stats, Stage::kKda);
-      kda_forward(config_, compute_, *lw.kda, static_cast<size_t>(l), seq_rows, ws, normed, n,
+      kda_forward(config_, compute, *lw.kda, static_cast<size_t>(l), seq_rows, ws, normed, n,
                   branch);
     } else {
       StageTimer timer(stats, Stage::kMla);
-      mla_forward(config_, compute_, *lw.mla, static_cast<size_t>(l), seq_rows, ws, normed, n,
+      mla_forward(config_, compute, *lw.mla, static_cast<size_t>(l), seq_rows, ws, normed, n,
                   branch);
     }
     observe(l, ForwardObserver::Site::kAttnOut, branch);
@@ -231,10 +243,10 @@ void Model::forward_rows(Workspace& ws, StageStats& stats, const std::atomic<boo
       rmsnorm(mixed + t * D, lw.post_attn_norm.data(), D, eps, normed + t * D);
     if (lw.dense) {
       StageTimer timer(stats, Stage::kDense);
-      situ_mlp_forward(config_, compute_, lw.dense->gate_proj, lw.dense->up_proj,
+      situ_mlp_forward(config_, compute, lw.dense->gate_proj, lw.dense->up_proj,
                        lw.dense->down_proj, ws, normed, n, branch);
     } else {
-      latent_moe_forward(config_, compute_, *lw.moe, *experts_, l, ws, stats, normed, n, branch,
+      latent_moe_forward(config_, compute, *lw.moe, *experts_, l, ws, stats, normed, n, branch,
                          next_moe(l));
       if (observer)
         for (size_t t = 0; t < n; ++t) observer->on_routing(l, ws.routing[t]);

@@ -32,14 +32,17 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 VkTierBudget size_vk_tier_budget(const VulkanOptions& options, uint64_t expert_bytes,
                                  std::optional<uint64_t> free_bytes, uint64_t heap_bytes,
-                                 bool cpu_device) {
+                                 bool cpu_device, uint64_t dense_bytes) {
   if (options.tier_gb > 0) return {options.tier_gb * 1e9, "COLI_VK_TIER_GB"};
+  const double dense = static_cast<double>(dense_bytes);
   if (options.device_cap_mb > 0)
-    return {static_cast<double>(static_cast<uint64_t>(options.device_cap_mb) << 20),
+    return {std::max(0.0, static_cast<double>(static_cast<uint64_t>(options.device_cap_mb) << 20) -
+                              dense),
             "COLI_VK_DEVICE_CAP_MB"};
   double room = static_cast<double>(free_bytes ? *free_bytes : heap_bytes);
   if (cpu_device) room /= 4;
-  double bytes = std::max(0.0, room - options.reserve_gb * 1e9);
+  // VK_EXT_memory_budget was read when the device opened, before the dense upload.
+  double bytes = std::max(0.0, room - dense - options.reserve_gb * 1e9);
   // The prompt's staging regions come out of the same memory.
   if (options.prefill != "off")
     bytes = std::max(0.0, bytes - static_cast<double>(options.prefill_slots) *
@@ -52,7 +55,8 @@ struct VkTier::Groups {
 };
 
 VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache& cache,
-               const std::vector<int64_t>& moe_layers, std::function<void(const std::string&)> note)
+               const std::vector<int64_t>& moe_layers, std::function<void(const std::string&)> note,
+               const std::vector<const WeightMatrix*>& dense)
     : config_(config),
       options_(options),
       cache_(cache),
@@ -73,11 +77,13 @@ VkTier::VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache
   heat_.assign(L * E_, 0.0f);
   slot_of_.assign(L * E_, -1);
   if (!moe_layers.empty()) first_moe_layer_ = moe_layers.front();
+  if (options.dense == "on" || (options.dense == "auto" && device_->is_discrete()))
+    upload_dense(dense);
   // The budget in whole experts.
   const double expert = static_cast<double>(device_->expert_bytes());
   const VkTierBudget sized =
       size_vk_tier_budget(options, device_->expert_bytes(), device_->memory_budget(),
-                          device_->memory_bytes(), device_->is_cpu());
+                          device_->memory_bytes(), device_->is_cpu(), stats_.dense_bytes);
   const double bytes = sized.bytes;
   stats_.budget_source = sized.source;
   budget_ = static_cast<uint64_t>(bytes / expert);
@@ -201,6 +207,77 @@ uint64_t VkTier::stream_rows() const {
   return static_cast<uint64_t>(std::floor(upload / cpu_row)) + 1;
 }
 
+void VkTier::upload_dense(const std::vector<const WeightMatrix*>& dense) {
+  using Format = vk::Mxfp4Device::DenseFormat;
+  const uint64_t before = device_->bytes_in_use();
+  uint64_t skipped = 0;
+  for (const WeightMatrix* w : dense) {
+    vk::Mxfp4Device::DenseMatrix m;
+    m.rows = static_cast<uint32_t>(w->rows);
+    m.cols = static_cast<uint32_t>(w->cols);
+    switch (w->format) {
+      case WeightFormat::kF32:
+        m.format = Format::kF32;
+        m.weights = w->f32_data();
+        break;
+      case WeightFormat::kInt8Row:
+        m.format = Format::kInt8Row;
+        m.weights = w->q8_data();
+        m.scales = w->scale_data();
+        break;
+      case WeightFormat::kInt4G64:
+        m.format = Format::kInt4G64;
+        m.weights = w->q4_data();
+        m.scales = w->scale_data();
+        break;
+    }
+    // The shader's 32-input groups (64 for int4, which the format already guarantees).
+    if (w->cols % 32 != 0) {
+      ++skipped;
+      continue;
+    }
+    const int32_t slot = device_->upload_dense(m);
+    if (slot < 0) {
+      if (note_)
+        note_("Vulkan dense: the device refused more after " + std::to_string(dense_slot_.size()) +
+              " of " + std::to_string(dense.size()) + " matrices; the CPU computes the rest");
+      break;
+    }
+    dense_slot_.emplace(w, slot);
+  }
+  stats_.dense_matrices = dense_slot_.size();
+  stats_.dense_bytes = device_->bytes_in_use() - before;
+  if (note_ && !dense_slot_.empty())
+    note_("Vulkan dense: " + std::to_string(dense_slot_.size()) + " dense matrices on " +
+          device_->name() + " (" + std::to_string(stats_.dense_bytes >> 20) +
+          " MiB), for prompt chunks of " + std::to_string(options_.dense_rows) + "+ rows" +
+          (skipped ? " (" + std::to_string(skipped) + " with a width off 32 stay on the CPU)"
+                   : std::string()));
+}
+
+bool VkTier::dense_matmul(const WeightMatrix& W, const float* X, size_t n, float* Y) {
+  if (off_ || n < static_cast<size_t>(options_.dense_rows)) return false;
+  const auto it = dense_slot_.find(&W);
+  if (it == dense_slot_.end()) return false;
+  const auto start = std::chrono::steady_clock::now();
+  const size_t cols = static_cast<size_t>(W.cols), rows = static_cast<size_t>(W.rows);
+  // Dispatches of at most 64 MiB of activations (a row's bits do not depend on the split).
+  const size_t per = std::max<size_t>(1, (size_t{64} << 20) / ((cols + rows) * sizeof(float)));
+  for (size_t t = 0; t < n; t += per) {
+    const size_t m = std::min(per, n - t);
+    if (inject_loss_.exchange(false) ||
+        !device_->dense_matmul(it->second, X + t * cols, static_cast<uint32_t>(m), Y + t * rows)) {
+      turn_off("the device was lost (" + device_->name() + ")");
+      return false;  // the CPU computes the whole matrix
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.dense_matmuls;
+  stats_.dense_rows += n;
+  stats_.dense_s += seconds_since(start);
+  return true;
+}
+
 void VkTier::turn_off(const std::string& why) {
   off_ = true;
   {
@@ -211,7 +288,9 @@ void VkTier::turn_off(const std::string& why) {
   }
   held_.clear();
   streamed_.clear();
-  if (note_) note_("Vulkan tier off: " + why + "; the CPU computes every routed expert");
+  if (note_)
+    note_("Vulkan tier off: " + why + "; the CPU computes every routed expert" +
+          (dense_slot_.empty() ? "" : " and dense matrix"));
 }
 
 VkTier::Job VkTier::copy_job(int64_t layer, int64_t expert, const ExpertView& v) const {

@@ -462,6 +462,13 @@ const std::vector<OptionRow>& option_rows() {
       {"--vk-prefill-slots", "COLI_VK_PREFILL_SLOTS", Group::kExperts, kEngine,
        "staging slots for streamed experts, per MoE step of a prompt chunk",
        integer(FIELD(load.vulkan.prefill_slots), 1, 4096)},
+      {"--vk-dense", "COLI_VK_DENSE", Group::kExperts, kEngine,
+       "the dense matrices of prompt chunks (attention, shared experts, dense MLP) on the device "
+       "too, in the format K3_BITS made them, f32 activations: auto = on a discrete GPU, on, off",
+       choice(FIELD(load.vulkan.dense), {"auto", "on", "off"})},
+      {"--vk-dense-rows", "COLI_VK_DENSE_ROWS", Group::kExperts, kEngine,
+       "rows of a prompt chunk from which its dense matrices run on the device (fewer: the CPU)",
+       integer(FIELD(load.vulkan.dense_rows), 2, 1 << 20)},
       // sampling
       {.flags = "--temp",
        .env = "COLI_TEMP",

@@ -190,7 +190,9 @@ HttpResponse health(const HandlerContext& c, const HttpRequest& req) {
                             {"budget", s.device.budget},
                             {"uploads", s.device.uploads},
                             {"evictions", s.device.evictions},
-                            {"join_wait_s", s.device.join_wait_seconds}};
+                            {"join_wait_s", s.device.join_wait_seconds},
+                            {"dense_matrices", s.device.dense_matrices},
+                            {"dense_matmuls", s.device.dense_matmuls}};
     if (!is_loopback_host(c.options.security.bind_host) && c.options.security.api_keys.empty())
       body["warning"] = "bound beyond loopback without an API key (--insecure-bind)";
   }
@@ -629,6 +631,12 @@ std::string metrics_text(const ServiceStats& s,
     metric("k3_device_join_wait_seconds_total", "counter",
            "seconds the compute thread waited for the device's batches",
            s.device.join_wait_seconds);
+    metric("k3_device_dense_matrices", "gauge",
+           "dense matrices on the device for prompt chunks (COLI_VK_DENSE)",
+           static_cast<double>(s.device.dense_matrices));
+    metric("k3_device_dense_matmuls_total", "counter",
+           "prompt-chunk dense matmuls computed on the device",
+           static_cast<double>(s.device.dense_matmuls));
   }
   metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
   metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);

@@ -425,12 +425,13 @@ std::string Router::log_line(std::string_view method, std::string_view path, int
       std::snprintf(
           device, sizeof device,
           "\n[VK] %s | %llu of %llu routed pairs on the device (%.1f%%) | residents "
-          "%llu / %llu | uploads %llu, evictions %llu | join wait %.0f ms%s",
+          "%llu / %llu | uploads %llu, evictions %llu | join wait %.0f ms | dense matmuls %llu%s",
           request_id.c_str(), static_cast<unsigned long long>(d.pairs_served),
           static_cast<unsigned long long>(d.pairs_total), 100.0 * d.served_share(),
           static_cast<unsigned long long>(d.residents), static_cast<unsigned long long>(d.budget),
           static_cast<unsigned long long>(d.uploads), static_cast<unsigned long long>(d.evictions),
-          1e3 * d.join_wait_seconds, d.off ? " | off: the device was lost" : "");
+          1e3 * d.join_wait_seconds, static_cast<unsigned long long>(d.dense_matmuls),
+          d.off ? " | off: the device was lost" : "");
       line += device;
     }
   }

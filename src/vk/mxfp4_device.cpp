@@ -15,7 +15,7 @@
 #include "loader.h"
 #include "util/error.h"
 #include "vk/block_allocator.h"
-#include "vk_shaders.h"  // generated: kMxfp4MmSpv, kSituSpv (cmake/embed_spirv.cmake)
+#include "vk_shaders.h"  // generated: kMxfp4MmSpv, kSituSpv, kDenseMmSpv (cmake/embed_spirv.cmake)
 
 namespace k3::vk {
 
@@ -101,6 +101,9 @@ struct Slot {
   uint64_t packed_bytes = 0, scales_offset = 0, scale_bytes = 0;  // within the region
   VkDescriptorSet set = VK_NULL_HANDLE;
   bool used = false;
+  // A dense matrix (upload_dense): its format and shape; -1 for an expert.
+  int32_t dense_format = -1;
+  uint32_t dense_rows = 0, dense_cols = 0;
 };
 
 VkBool32 VKAPI_PTR on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
@@ -148,6 +151,7 @@ class Device final : public Mxfp4Device {
 
   const std::string& name() const override { return name_; }
   bool is_cpu() const override { return cpu_; }
+  bool is_discrete() const override { return discrete_; }
   uint64_t expert_bytes() const override { return expert_bytes_; }
   uint64_t bytes_in_use() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -282,6 +286,107 @@ class Device final : public Mxfp4Device {
     if (!ok) throw Error("Vulkan matmul: the device was lost");
   }
 
+  int32_t upload_dense(const DenseMatrix& m) override {
+    const uint32_t O = m.rows, I = m.cols;
+    const uint32_t group = m.format == DenseFormat::kInt4G64 ? 64 : 32;
+    if (O == 0 || I == 0 || I % group || !m.weights || (m.format != DenseFormat::kF32 && !m.scales))
+      throw Error("Vulkan: a dense " + std::to_string(O) + " x " + std::to_string(I) +
+                  " matrix needs a width that is a multiple of " + std::to_string(group) +
+                  " and its scales");
+    uint64_t weight_bytes = 0, scale_count = 0;
+    switch (m.format) {
+      case DenseFormat::kF32:
+        weight_bytes = uint64_t{O} * I * sizeof(float);
+        break;
+      case DenseFormat::kInt8Row:
+        weight_bytes = uint64_t{O} * I;
+        scale_count = O;
+        break;
+      case DenseFormat::kInt4G64:
+        weight_bytes = uint64_t{O} * I / 2;
+        scale_count = uint64_t{O} * I / 64;
+        break;
+    }
+    std::lock_guard<std::mutex> uploading(upload_mu_);
+    // An f32 matrix binds a token scale range (a range may not be empty).
+    const int32_t slot = new_slot(weight_bytes, std::max<uint64_t>(scale_count, 4) * sizeof(float));
+    if (slot < 0) return -1;
+    const bool ok = write_slot(slot, [&](uint8_t* weights, float* scales) {
+      std::memcpy(weights, m.weights, weight_bytes);
+      if (scale_count) std::memcpy(scales, m.scales, scale_count * sizeof(float));
+    });
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) {
+      free_slot(slot);
+      return -1;
+    }
+    Slot& s = slots_[static_cast<size_t>(slot)];
+    s.dense_format = static_cast<int32_t>(m.format);
+    s.dense_rows = O;
+    s.dense_cols = I;
+    return slot;
+  }
+
+  bool dense_matmul(int32_t slot, const float* X, uint32_t rows, float* Y) override {
+    uint32_t O = 0, I = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (slot < 0 || static_cast<size_t>(slot) >= slots_.size() ||
+          slots_[static_cast<size_t>(slot)].dense_format < 0)
+        throw Error("Vulkan: slot " + std::to_string(slot) + " holds no dense matrix");
+      const Slot& s = slots_[static_cast<size_t>(slot)];
+      O = s.dense_rows;
+      I = s.dense_cols;
+      if (lost_) return false;
+      ensure_buffer(uint64_t{rows} * (I + O), dense_act_, dense_act_set_);
+      std::memcpy(dense_act_.map, X, size_t{rows} * I * sizeof(float));
+      check(vk_.vkResetCommandBuffer(dense_cb_, 0), "vkResetCommandBuffer");
+      VkCommandBufferBeginInfo bi{};
+      bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+      bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+      check(vk_.vkBeginCommandBuffer(dense_cb_, &bi), "vkBeginCommandBuffer");
+      // Staged uploads (at load) before the shader's reads.
+      VkMemoryBarrier mb{};
+      mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+      mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+      mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+      vk_.vkCmdPipelineBarrier(dense_cb_, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
+                               nullptr);
+      vk_.vkCmdBindDescriptorSets(dense_cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 1, 1,
+                                  &dense_act_set_, 0, nullptr);
+      vk_.vkCmdBindDescriptorSets(dense_cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &s.set,
+                                  0, nullptr);
+      const bool gemm = rows >= options_.gemm_rows;
+      vk_.vkCmdBindPipeline(dense_cb_, VK_PIPELINE_BIND_POINT_COMPUTE,
+                            dense_[s.dense_format][gemm ? 1 : 0]);
+      const MmParams p{O, I, rows, 0, 0, 0, rows * I};
+      vk_.vkCmdPushConstants(dense_cb_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(p), &p);
+      const uint32_t tile = gemm ? kGemmTile : 1;
+      vk_.vkCmdDispatch(dense_cb_, O, (rows + tile - 1) / tile, 1);
+      mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+      mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+      vk_.vkCmdPipelineBarrier(dense_cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                               VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
+      check(vk_.vkEndCommandBuffer(dense_cb_), "vkEndCommandBuffer");
+      VkSubmitInfo si{};
+      si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &dense_cb_;
+      check(vk_.vkQueueSubmit(queue_, 1, &si, dense_fence_), "vkQueueSubmit");
+    }
+    // The wait holds no lock (an expert batch may be joined on this thread later; uploads go on).
+    if (vk_.vkWaitForFences(device_, 1, &dense_fence_, VK_TRUE, UINT64_MAX) != VK_SUCCESS) {
+      std::lock_guard<std::mutex> lock(mu_);
+      lost_ = true;
+      return false;
+    }
+    vk_.vkResetFences(device_, 1, &dense_fence_);
+    std::memcpy(Y, static_cast<const float*>(dense_act_.map) + size_t{rows} * I,
+                size_t{rows} * O * sizeof(float));
+    return true;
+  }
+
  private:
   static void widen(const uint8_t* e8, uint64_t n, float* out) {
     for (uint64_t i = 0; i < n; ++i)
@@ -373,6 +478,7 @@ class Device final : public Mxfp4Device {
           family_ = i;
           name_ = p.deviceName;
           cpu_ = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+          discrete_ = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU;
           api_ = p.apiVersion;
           alignment_ = std::max<uint64_t>(256, p.limits.minStorageBufferOffsetAlignment);
           break;
@@ -453,9 +559,11 @@ class Device final : public Mxfp4Device {
     ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     ai.commandBufferCount = 1;
     check(vk_.vkAllocateCommandBuffers(device_, &ai, &cb_), "vkAllocateCommandBuffers");
+    check(vk_.vkAllocateCommandBuffers(device_, &ai, &dense_cb_), "vkAllocateCommandBuffers");
     VkFenceCreateInfo fc{};
     fc.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
     check(vk_.vkCreateFence(device_, &fc, nullptr, &fence_), "vkCreateFence");
+    check(vk_.vkCreateFence(device_, &fc, nullptr, &dense_fence_), "vkCreateFence");
   }
 
   VkShaderModule module(const unsigned char* spv, size_t bytes) {
@@ -470,16 +578,21 @@ class Device final : public Mxfp4Device {
     return m;
   }
 
-  VkPipeline pipeline(VkShaderModule m, uint32_t tile) {
-    VkSpecializationMapEntry entry{0, 0, sizeof(uint32_t)};
-    VkSpecializationInfo spec{1, &entry, sizeof(tile), &tile};
+  // A pipeline of `m` with its specialization constants (0: TILE, 1: FORMAT of dense_mm.comp);
+  // `constants` 0 = none.
+  VkPipeline pipeline(VkShaderModule m, uint32_t tile, uint32_t format = 0,
+                      uint32_t constants = 1) {
+    const uint32_t values[2] = {tile, format};
+    const VkSpecializationMapEntry entries[2] = {{0, 0, sizeof(uint32_t)},
+                                                 {1, sizeof(uint32_t), sizeof(uint32_t)}};
+    VkSpecializationInfo spec{constants, entries, constants * sizeof(uint32_t), values};
     VkComputePipelineCreateInfo ci{};
     ci.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO;
     ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
     ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     ci.stage.module = m;
     ci.stage.pName = "main";
-    ci.stage.pSpecializationInfo = tile ? &spec : nullptr;
+    ci.stage.pSpecializationInfo = constants ? &spec : nullptr;
     ci.layout = layout_;
     VkPipeline p;
     check(vk_.vkCreateComputePipelines(device_, VK_NULL_HANDLE, 1, &ci, nullptr, &p),
@@ -513,11 +626,11 @@ class Device final : public Mxfp4Device {
     pc.pushConstantRangeCount = 1;
     pc.pPushConstantRanges = &range;
     check(vk_.vkCreatePipelineLayout(device_, &pc, nullptr, &layout_), "vkCreatePipelineLayout");
-    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 2 * kMaxSlots + 1};
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 2 * kMaxSlots + 2};
     VkDescriptorPoolCreateInfo dp{};
     dp.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
     dp.flags = VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT;
-    dp.maxSets = kMaxSlots + 1;
+    dp.maxSets = kMaxSlots + 2;
     dp.poolSizeCount = 1;
     dp.pPoolSizes = &size;
     check(vk_.vkCreateDescriptorPool(device_, &dp, nullptr, &descriptors_),
@@ -526,15 +639,22 @@ class Device final : public Mxfp4Device {
     const VkShaderModule situ = module(kSituSpv, sizeof(kSituSpv));
     gemv_ = pipeline(mm, 1);
     gemm_ = pipeline(mm, kGemmTile);
-    situ_ = pipeline(situ, 0);
+    situ_ = pipeline(situ, 0, 0, 0);
+    const VkShaderModule dense = module(kDenseMmSpv, sizeof(kDenseMmSpv));
+    for (uint32_t f = 0; f < 3; ++f) {
+      dense_[f][0] = pipeline(dense, 1, f, 2);
+      dense_[f][1] = pipeline(dense, kGemmTile, f, 2);
+    }
     vk_.vkDestroyShaderModule(device_, mm, nullptr);
     vk_.vkDestroyShaderModule(device_, situ, nullptr);
+    vk_.vkDestroyShaderModule(device_, dense, nullptr);
     VkDescriptorSetAllocateInfo ai{};
     ai.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
     ai.descriptorPool = descriptors_;
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &set_layouts_[1];
     check(vk_.vkAllocateDescriptorSets(device_, &ai, &act_set_), "vkAllocateDescriptorSets");
+    check(vk_.vkAllocateDescriptorSets(device_, &ai, &dense_act_set_), "vkAllocateDescriptorSets");
   }
 
   // A host-visible buffer, mapped (device-local too when the device has such memory); with
@@ -731,20 +851,26 @@ class Device final : public Mxfp4Device {
   }
 
   void ensure_act(uint64_t floats) {
-    const uint64_t bytes = floats * sizeof(float);
-    if (act_.bytes >= bytes) return;
+    if (act_.bytes >= floats * sizeof(float)) return;
     if (in_flight_) {
       wait_fence();
       batch_done();
     }
-    free_buffer(act_);
-    if (!make_buffer(bytes, &act_))
+    ensure_buffer(floats, act_, act_set_);
+  }
+
+  // An activation buffer of at least `floats`, bound to `set` (not in use by the device).
+  void ensure_buffer(uint64_t floats, Buffer& buffer, VkDescriptorSet set) {
+    const uint64_t bytes = floats * sizeof(float);
+    if (buffer.bytes >= bytes) return;
+    free_buffer(buffer);
+    if (!make_buffer(bytes, &buffer))
       throw Error("Vulkan: the device refused " + std::to_string(bytes >> 20) +
                   " MiB of activations");
-    VkDescriptorBufferInfo info{act_.buffer, 0, VK_WHOLE_SIZE};
+    VkDescriptorBufferInfo info{buffer.buffer, 0, VK_WHOLE_SIZE};
     VkWriteDescriptorSet w{};
     w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
-    w.dstSet = act_set_;
+    w.dstSet = set;
     w.dstBinding = 0;
     w.descriptorCount = 1;
     w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
@@ -841,13 +967,18 @@ class Device final : public Mxfp4Device {
       allocator_.reset();
       for (Buffer& b : blocks_) free_buffer(b);
       free_buffer(act_);
+      free_buffer(dense_act_);
       free_buffer(staging_);
       if (fence_) vk_.vkDestroyFence(device_, fence_, nullptr);
+      if (dense_fence_) vk_.vkDestroyFence(device_, dense_fence_, nullptr);
       if (copy_fence_) vk_.vkDestroyFence(device_, copy_fence_, nullptr);
       if (pool_) vk_.vkDestroyCommandPool(device_, pool_, nullptr);
       if (copy_pool_) vk_.vkDestroyCommandPool(device_, copy_pool_, nullptr);
       for (VkPipeline p : {gemv_, gemm_, situ_})
         if (p) vk_.vkDestroyPipeline(device_, p, nullptr);
+      for (auto& routes : dense_)
+        for (VkPipeline p : routes)
+          if (p) vk_.vkDestroyPipeline(device_, p, nullptr);
       if (descriptors_) vk_.vkDestroyDescriptorPool(device_, descriptors_, nullptr);
       if (layout_) vk_.vkDestroyPipelineLayout(device_, layout_, nullptr);
       for (VkDescriptorSetLayout l : set_layouts_)
@@ -863,8 +994,8 @@ class Device final : public Mxfp4Device {
     vk_.close();
   }
 
-  static constexpr uint32_t kGemmTile = 16;  // rows per workgroup of the GEMM route
-  static constexpr uint32_t kMaxSlots = 8192;
+  static constexpr uint32_t kGemmTile = 16;     // rows per workgroup of the GEMM route
+  static constexpr uint32_t kMaxSlots = 16384;  // experts and dense matrices
 
   DeviceOptions options_;
   ExpertShape shape_;
@@ -883,8 +1014,15 @@ class Device final : public Mxfp4Device {
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkDescriptorPool descriptors_ = VK_NULL_HANDLE;
   VkPipeline gemv_ = VK_NULL_HANDLE, gemm_ = VK_NULL_HANDLE, situ_ = VK_NULL_HANDLE;
+  VkPipeline dense_[3][2] = {};  // [DenseFormat][GEMV, GEMM]
   VkDescriptorSet act_set_ = VK_NULL_HANDLE;
   Buffer act_;
+  // Dense matmuls (dense_matmul): their own command buffer, fence and activations, so an expert
+  // batch may be in flight meanwhile.
+  VkCommandBuffer dense_cb_ = VK_NULL_HANDLE;
+  VkFence dense_fence_ = VK_NULL_HANDLE;
+  VkDescriptorSet dense_act_set_ = VK_NULL_HANDLE;
+  Buffer dense_act_;
   Buffer staging_;  // staged uploads: one expert's bytes on their way to device-local memory
   VkCommandPool copy_pool_ = VK_NULL_HANDLE;  // the uploads' (an uploader thread records)
   VkCommandBuffer copy_cb_ = VK_NULL_HANDLE;
@@ -902,6 +1040,7 @@ class Device final : public Mxfp4Device {
   std::optional<uint64_t> budget_;  // VK_EXT_memory_budget's free bytes (memory_budget())
   std::string name_;
   bool cpu_ = false;
+  bool discrete_ = false;
   bool in_flight_ = false;  // submitted, fence not waited for
   bool pending_ = false;    // issued, not joined
   bool lost_ = false;       // a wait failed: the device is lost

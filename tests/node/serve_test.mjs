@@ -1195,6 +1195,11 @@ await check('device.tier_figures_in_health_metrics_and_log', async () => {
     const line = new RegExp(`^\\[VK\\] ${id} \\| (\\d+) of (\\d+) routed pairs on the device`, 'm');
     const m = await waitUntil('the [VK] line of the request', async () => s.err.match(line), (v) => v);
     assert(Number(m[1]) > 0 && Number(m[1]) <= Number(m[2]), () => `[VK] line: ${m[0]}`);
+    if (process.env.COLI_VK_DENSE === 'on') {
+      // The prompt's dense matrices ran on the device too (docs/vulkan.md §6).
+      assert(health.device.dense_matrices > 0, () => `/health.device.dense_matrices: ${show(health.device)}`);
+      assert(await metric(s, 'k3_device_dense_matmuls_total') > 0, 'k3_device_dense_matmuls_total');
+    }
   } else {
     eq(health.device, undefined, '/health.device without the tier');
     assert(!/^k3_device_/m.test(page), 'no k3_device_ metric without the tier');

@@ -109,6 +109,11 @@ struct DeviceStats {
   double join_wait_seconds = 0;  // the compute thread waiting for the device's batches
   uint64_t streamed_pairs = 0;   // prompt pairs computed through staging slots
   std::string budget_source;     // what sized the budget (docs/vulkan.md §5)
+  // COLI_VK_DENSE (docs/vulkan.md §6): dense matrices held on the device and their bytes; the
+  // prompt-chunk matmuls computed there, their rows and the seconds they took.
+  uint64_t dense_matrices = 0, dense_bytes = 0;
+  uint64_t dense_matmuls = 0, dense_rows = 0;
+  double dense_seconds = 0;
   double served_share() const {
     return pairs_total ? static_cast<double>(pairs_served) / static_cast<double>(pairs_total) : 0;
   }

@@ -14,6 +14,17 @@ namespace k3 {
 
 class ExpertExecutor;  // model/expert_executor.h
 
+// Another device for the dense matrices of prompt chunks (COLI_VK_DENSE: model/vk_tier.h).
+class DenseExecutor {
+ public:
+  // Y [n][W.rows] = W X for X [n][W.cols] when this executor takes W at n rows; false: it does
+  // not (too few rows, W not on the device, the device lost), and the CPU computes it.
+  virtual bool dense_matmul(const WeightMatrix& W, const float* X, size_t n, float* Y) = 0;
+
+ protected:
+  ~DenseExecutor() = default;
+};
+
 enum class Stage {
   kEmbed,
   kAttnRes,
@@ -63,6 +74,9 @@ struct Compute {
   // Executors asked for a MoE step's experts before the RAM cache + CPU kernels, in this order
   // (model/expert_executor.h); empty: the CPU computes every expert.
   std::span<ExpertExecutor* const> executors;
+  // Dense matrices of a sequence's prompt chunks elsewhere (null: on the CPU). Never set for a
+  // batched decode step, whose rows must equal their one-row runs.
+  DenseExecutor* dense = nullptr;
 };
 
 // The many-row forms of a forward pass. Each output row is bit-identical to the one-row call on

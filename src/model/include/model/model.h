@@ -133,17 +133,18 @@ class Model {
                  float* logits) const;
 
  private:
-  // The layer walk of forward() and forward_batch() over the n rows of work.sequence_rows.
-  void forward_rows(Workspace& work, StageStats& stats, const std::atomic<bool>* interrupt,
-                    const float* x0, size_t n, float* final_hidden,
-                    ForwardObserver* observer) const;
+  // The layer walk of forward() and forward_batch() over the n rows of work.sequence_rows, with
+  // `compute` (forward(): the dense executor for prompt chunks; forward_batch(): none).
+  void forward_rows(const Compute& compute, Workspace& work, StageStats& stats,
+                    const std::atomic<bool>* interrupt, const float* x0, size_t n,
+                    float* final_hidden, ForwardObserver* observer) const;
   // The MoE layer after `layer` (whose experts a read-ahead guesses), or none.
   NextMoe next_moe(int64_t layer) const;
 
   const ModelFiles& files_;
   K3Config config_;
   LoadOptions load_;
-  Compute compute_;
+  Compute compute_;  // dense = null: forward() adds the device's dense executor (COLI_VK_DENSE)
   ModelWeights weights_;
   ContainerInfo container_;
   std::unique_ptr<ExpertCache> experts_;

@@ -19,7 +19,9 @@
 // a slot whose expert the device holds first. Prompt chunks (COLI_VK_PREFILL) stream cold
 // experts with enough rows through staging regions, never promoting them. A failed join (device
 // lost) or submit turns the tier off with a note; the step's pairs go to the CPU executor and the
-// request succeeds.
+// request succeeds. Dense matrices (COLI_VK_DENSE, docs/vulkan.md §6): uploaded at load in their
+// RAM format, they compute a sequence's prompt chunks of at least COLI_VK_DENSE_ROWS rows on the
+// device (f32 activations); their bytes come out of the experts' automatic budget.
 // Thread-safety: one MoE step at a time, issue() then finish() on one thread (the engine runs one
 // sequence at a time: engine/service.h); holds() and stats() from any thread.
 #pragma once
@@ -34,9 +36,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "experts/expert_cache.h"
+#include "kernels/quant.h"
+#include "model/compute.h"
 #include "model/config.h"
 #include "model/expert_executor.h"
 #include "options/options.h"
@@ -67,6 +72,11 @@ struct VkTierStats {
   uint64_t streamed_pairs = 0;         // prompt pairs computed through staging slots
   uint64_t streamed_experts = 0;       // expert groups streamed so (never made resident)
   double join_wait_s = 0;              // seconds finish() waited for the device
+  uint64_t dense_matrices = 0;         // COLI_VK_DENSE: dense matrices held on the device
+  uint64_t dense_bytes = 0;            // their device bytes
+  uint64_t dense_matmuls = 0;          // prompt-chunk matmuls computed there
+  uint64_t dense_rows = 0;             // rows of those matmuls
+  double dense_s = 0;                  // seconds the engine thread spent in them
   bool off = false;                    // turned off (device lost)
   uint64_t validation_errors = 0;      // VulkanOptions::validation: the layer's errors
 };
@@ -79,16 +89,20 @@ struct VkTierBudget {
   double bytes = 0;
   std::string source;  // "COLI_VK_TIER_GB", "COLI_VK_DEVICE_CAP_MB", "VK_EXT_memory_budget", "heap"
 };
+// `dense_bytes` (the dense matrices already on the device) come out of every size but
+// COLI_VK_TIER_GB's.
 VkTierBudget size_vk_tier_budget(const VulkanOptions& options, uint64_t expert_bytes,
                                  std::optional<uint64_t> free_bytes, uint64_t heap_bytes,
-                                 bool cpu_device);
+                                 bool cpu_device, uint64_t dense_bytes = 0);
 
-class VkTier final : public ExpertExecutor {
+class VkTier final : public ExpertExecutor, public DenseExecutor {
  public:
-  // Opens the device and sizes the budget; warm-starts from `cache`'s routing history over
-  // `moe_layers`. Throws k3::Error when no device can be opened (the message says why).
+  // Opens the device, uploads `dense` when COLI_VK_DENSE says so (on; auto: a discrete GPU) and
+  // sizes the budget; warm-starts from `cache`'s routing history over `moe_layers`. Throws
+  // k3::Error when no device can be opened (the message says why).
   VkTier(const K3Config& config, const VulkanOptions& options, ExpertCache& cache,
-         const std::vector<int64_t>& moe_layers, std::function<void(const std::string&)> note);
+         const std::vector<int64_t>& moe_layers, std::function<void(const std::string&)> note,
+         const std::vector<const WeightMatrix*>& dense = {});
   ~VkTier() override;
 
   const char* name() const override { return "vulkan"; }
@@ -96,6 +110,9 @@ class VkTier final : public ExpertExecutor {
   bool finish(const MoeStep& step, std::span<const GroupOwner> owner, GroupOwner self,
               PairSink& sink) override;
   void offered(int64_t layer, int64_t expert, const ExpertView& view) override;
+  bool dense_matmul(const WeightMatrix& W, const float* X, size_t n, float* Y) override;
+  // This tier as the dense executor of prompt chunks, or null when it holds no dense matrix.
+  DenseExecutor* dense_executor() { return dense_slot_.empty() ? nullptr : this; }
 
   // True when (layer, expert) is resident on the device. Thread-safe.
   bool holds(int64_t layer, int64_t expert) const;
@@ -139,6 +156,7 @@ class VkTier final : public ExpertExecutor {
   int32_t& slot(int64_t layer, int64_t expert);
   float& heat(int64_t layer, int64_t expert);
   void turn_off(const std::string& why);
+  void upload_dense(const std::vector<const WeightMatrix*>& dense);
 
   const K3Config& config_;
   VulkanOptions options_;
@@ -150,6 +168,7 @@ class VkTier final : public ExpertExecutor {
   std::vector<float> heat_;       // [layers][E]
   std::vector<int32_t> slot_of_;  // [layers][E]: device slot, kPending, or -1
   std::vector<Resident> residents_;
+  std::unordered_map<const WeightMatrix*, int32_t> dense_slot_;  // COLI_VK_DENSE: device slots
   mutable std::mutex mu_;            // guards slot_of_ (holds() from the RAM cache) and stats_
   uint64_t budget_ = 0;              // experts
   uint64_t pending_ = 0;             // promotions queued, not yet published

@@ -42,6 +42,9 @@ struct VulkanOptions {
   bool sync = false;             // COLI_VK_TIER_SYNC: promotions uploaded before the next step
   std::string prefill = "auto";  // COLI_VK_PREFILL: prompt chunks stream cold experts: auto/on/off
   int64_t prefill_slots = 64;    // COLI_VK_PREFILL_SLOTS: streamed experts per MoE step at most
+  std::string dense = "auto";    // COLI_VK_DENSE: prompt chunks' dense matrices on the device:
+                                 // auto (a discrete GPU), on, off
+  int64_t dense_rows = 16;       // COLI_VK_DENSE_ROWS: rows of a chunk from which they go there
   bool validation = false;       // Khronos validation layer on, errors counted (tests; no option)
 };
 

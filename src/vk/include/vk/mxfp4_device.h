@@ -67,6 +67,7 @@ class Mxfp4Device {
 
   virtual const std::string& name() const = 0;  // "llvmpipe (LLVM 15.0.6, 256 bits)"
   virtual bool is_cpu() const = 0;              // a CPU implementation (lavapipe)
+  virtual bool is_discrete() const = 0;         // a discrete GPU (its own memory, over a bus)
   // Device bytes one uploaded expert takes (f32 scales included).
   virtual uint64_t expert_bytes() const = 0;
   virtual uint64_t bytes_in_use() const = 0;  // device memory held for experts (whole blocks)
@@ -102,6 +103,23 @@ class Mxfp4Device {
   // and X [rows][I], synchronously (the kernel tests).
   virtual void matmul(const uint8_t* packed, const uint8_t* scales, uint32_t O, uint32_t I,
                       const float* X, uint32_t rows, float* Y) = 0;
+
+  // A dense matrix of prompt chunks (COLI_VK_DENSE) in the RAM format the loader made it
+  // (docs/quant_formats.md), uploaded as stored: f32, int8 per row or int4 in groups of 64.
+  enum class DenseFormat : uint32_t { kF32 = 0, kInt8Row = 1, kInt4G64 = 2 };
+  struct DenseMatrix {
+    DenseFormat format = DenseFormat::kF32;
+    uint32_t rows = 0, cols = 0;    // W [rows][cols]; cols a multiple of 32 (int4: of 64)
+    const void* weights = nullptr;  // f32 [rows][cols], int8 [rows][cols] or int4 [rows][cols/2]
+    const float* scales = nullptr;  // int8: [rows]; int4: [rows][cols/64]; f32: unused
+  };
+  // Copies a dense matrix to the device (best-fit in the blocks, under the memory cap). Returns
+  // its slot, or -1 when the cap or the driver refuses it. Throws k3::Error on a bad shape.
+  virtual int32_t upload_dense(const DenseMatrix& matrix) = 0;
+  // Y [rows][W.rows] = W X for X [rows][W.cols], synchronously, with f32 activations; on its own
+  // command buffer, so an expert batch may be in flight meanwhile. False when the device failed
+  // (lost): Y is then undefined.
+  virtual bool dense_matmul(int32_t slot, const float* X, uint32_t rows, float* Y) = 0;
 
   // Errors the validation layer reported (DeviceOptions::validation).
   virtual uint64_t validation_errors() const = 0;
