@@ -13,10 +13,13 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "io/file.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
 #include "model/compute.h"
+#include "model/config.h"
+#include "model/state.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -222,7 +225,7 @@ void check_model(const std::string& dir, const k3::LoadOptions& load,
     const std::vector<int64_t> prompt =
         prompt_of(T, engine.info().vocab_size, static_cast<uint32_t>(T));
     const PrefillRun ref = run_prefill(engine, prompt, 1);
-    for (int64_t C : {1, 7, 32}) {
+    for (int64_t C : {1, 7, 32, 4096}) {  // 4096: the largest K3_CHUNK, the whole prompt at once
       const PrefillRun got = run_prefill(engine, prompt, C);
       expect_identical(ref, got, label + " T=" + std::to_string(T) + " C=" + std::to_string(C));
     }
@@ -336,13 +339,36 @@ TEST(ChunkedPrefill, InterruptMidChunkStopsBetweenLayers) {
   EXPECT_TRUE(same_bits(again, fresh.prefill(prompt)));
 }
 
-TEST(ChunkedPrefill, ChunkOptionDefaultsTo32AndFlowsToSessions) {
-  EXPECT_EQ(k3::LoadOptions{}.chunk, 32);
+TEST(ChunkedPrefill, ChunkOptionDefaultsToAutoAndFlowsToSessions) {
+  EXPECT_EQ(k3::LoadOptions{}.chunk, -1);  // K3_CHUNK=auto
   k3::LoadOptions load = default_load();
   load.chunk = 5;
   const k3::Engine engine(kFixture, load);
   k3::Session s(engine, 8);
   EXPECT_EQ(s.prefill_chunk(), 5);
+  // auto resolves at load to a power of two in [32, 4096].
+  const k3::Engine automatic(kFixture, default_load());
+  const int64_t chunk = k3::Session(automatic, 8).prefill_chunk();
+  EXPECT_GE(chunk, 32);
+  EXPECT_LE(chunk, 4096);
+  EXPECT_EQ(chunk & (chunk - 1), 0) << chunk;
+}
+
+// K3_CHUNK=auto: the largest power of two in [32, 4096] whose per-row buffers take at most a
+// sixteenth of the free memory; the release's rows are about a megabyte each.
+TEST(ChunkedPrefill, AutoChunkFollowsTheFreeMemory) {
+  const k3::K3Config release = k3::parse_k3_config(
+      nlohmann::json::parse(
+          k3::read_text_file(std::string(K3_SOURCE_DIR) + "/assets/k3-release/config.json")),
+      "config.json");
+  const uint64_t row = k3::Workspace::row_bytes(release);
+  EXPECT_GT(row, 800'000u);
+  EXPECT_LT(row, 2'000'000u);
+  EXPECT_EQ(k3::auto_prefill_chunk(release, 0), 32);  // unknown memory
+  EXPECT_EQ(k3::auto_prefill_chunk(release, 16 * row * 512), 512);
+  EXPECT_EQ(k3::auto_prefill_chunk(release, 16 * row * 512 - 1), 256);
+  EXPECT_EQ(k3::auto_prefill_chunk(release, uint64_t{1} << 50), 4096);
+  EXPECT_EQ(k3::auto_prefill_chunk(release, 16 * row * 8), 32);  // never below 32
 }
 
 }  // namespace

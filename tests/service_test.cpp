@@ -77,6 +77,13 @@ ServiceOptions options(int slots, const std::string& dir = "") {
   return o;
 }
 
+// Prefill chunks of 8 (K3_CHUNK): a prompt prefilled alone then reports progress every 8 tokens,
+// which the cancellation tests wait for before they cancel.
+ServiceOptions small_chunks(ServiceOptions o) {
+  o.load.chunk = 8;
+  return o;
+}
+
 void wait_ready(EngineService& service) {
   for (int i = 0; i < 600 && !service.engine(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -183,7 +190,7 @@ TEST(Service, AnchoredFollowUpResumesAtThePreviousPromptsEnd) {
 }
 
 TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
-  EngineService warm(options(2)), cold(options(0));
+  EngineService warm(small_chunks(options(2))), cold(options(0));
   wait_ready(warm);
   wait_ready(cold);
   const auto p1 = encode(warm, "Once upon a time in a small village");
@@ -226,7 +233,7 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
 // a cancelled prefill whose own start could not be saved (every slot kept) rolls back to the
 // deepest kept checkpoint instead of resetting the session.
 TEST(Service, KeptCheckpointsServeARegenerateAndACancelledPrefill) {
-  EngineService warm(options(2)), cold(options(0));
+  EngineService warm(small_chunks(options(2))), cold(options(0));
   wait_ready(warm);
   wait_ready(cold);
   const auto system = encode(warm, "System: be brief.\n");
@@ -767,6 +774,27 @@ TEST(ServiceParallel, APrefillIsCutInChunksWhileOthersDecode) {
   EXPECT_EQ(service.stats().active, 1u) << "the running stream ended before the prefill did";
   service.cancel(*running);
   EXPECT_EQ(collect(*running).done.finish, k3::FinishReason::cancelled);
+}
+
+// Alone, a long prompt is prefilled in whole chunks (K3_CHUNK) even when progress_every is
+// smaller: its experts are read once per chunk, not once per progress_every tokens.
+TEST(ServiceParallel, APrefillAloneRunsInWholeChunks) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.load.chunk = 64;
+  EngineService service(o);
+  wait_ready(service);
+  std::string long_text;
+  for (int i = 0; i < 20; ++i) long_text += " and the river kept flowing past the old mill";
+  ServiceRequest r = greedy(encode(service, long_text), 2);  // progress_every 8
+  ASSERT_GT(r.prompt.size(), 128u);
+  const Outcome alone = run(service, r);
+  ASSERT_GE(alone.progress.size(), 2u);
+  int64_t before = 0;
+  for (size_t i = 0; i + 1 < alone.progress.size(); ++i) {
+    EXPECT_EQ(alone.progress[i].processed - before, 64) << "piece " << i;
+    before = alone.progress[i].processed;
+  }
+  EXPECT_EQ(alone.progress.back().processed, static_cast<int64_t>(r.prompt.size()));
 }
 
 // The agent case (issue 31): conversation A, an unrelated side request (a title, a summary), then

@@ -762,12 +762,15 @@ void EngineService::prefill_piece(Slot& slot) {
   const std::span<const int64_t> prompt(req.prompt);
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (job.handle->cancel_.load()) return end_cancelled_prefill(slot);
-  // A piece: up to progress_every ids, and no more than a chunk while other sessions decode, so
-  // they get a step at least every K3_CHUNK prefill rows; a kept position ends a piece.
-  int64_t piece = std::max<int64_t>(1, req.progress_every);
+  // A piece: while other sessions decode, up to progress_every ids and no more than a chunk, so
+  // they get a step at least every min(progress_every, K3_CHUNK) prefill rows; alone, a whole
+  // chunk when that is more (a long prompt's experts are read once per chunk: K3_CHUNK=auto);
+  // a kept position ends a piece.
+  const int64_t chunk = std::max<int64_t>(1, session.prefill_chunk());
+  int64_t piece = std::max<int64_t>(std::max<int64_t>(1, req.progress_every), chunk);
   for (const auto& other : slots_)
     if (other.get() != &slot && other->job && other->job->decoding) {
-      piece = std::min(piece, std::max<int64_t>(1, session.prefill_chunk()));
+      piece = std::min(std::max<int64_t>(1, req.progress_every), chunk);
       break;
     }
   int64_t end = std::min(n, job.fed + piece);

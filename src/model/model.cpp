@@ -12,6 +12,7 @@
 #include "model/tensor_names.h"
 #include "model/vk_tier.h"
 #include "util/error.h"
+#include "util/sys.h"
 
 namespace k3 {
 
@@ -41,6 +42,7 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   weights_ = load_weights(files_, config_, num_layers, load_, *compute_.kernels,
                           setup.on_load_progress, setup.cancel);
   container_ = files_.container();
+  if (load_.chunk <= 0) load_.chunk = auto_prefill_chunk(config_, available_memory_bytes());
   // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
   for_each_matrix(weights_, [&](Matrix& m) {
     m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64;

@@ -75,27 +75,69 @@ uint64_t ModelState::fixed_floats(const K3Config& c, int64_t num_layers) {
   return floats;
 }
 
-void Workspace::reserve(const K3Config& c, size_t n) {
-  if (n <= rows) return;
-  rows = n;
+// Every buffer reserve() sizes per row, with its elements per row: `visit(vector, per_row)`.
+template <class Visit>
+void Workspace::per_row_buffers(Workspace& w, const K3Config& c, Visit&& visit) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t P = static_cast<size_t>(c.kda_projection_size());
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const size_t I = static_cast<size_t>(c.moe_intermediate_size);
+  const size_t mlp =
+      static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
+  visit(w.blocks, static_cast<size_t>(c.num_blocks()) * D);
+  for (auto* v : {&w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed}) visit(*v, D);
+  for (auto* v : {&w.kda_q, &w.kda_k, &w.kda_v, &w.kda_gate, &w.kda_decay, &w.kda_out})
+    visit(*v, P);
+  visit(w.kda_decay_low, static_cast<size_t>(c.kda_head_dim));
+  visit(w.kda_beta, static_cast<size_t>(c.kda_num_heads));
+  visit(w.mla_cq, static_cast<size_t>(c.q_lora_rank));
+  visit(w.mla_q, H * static_cast<size_t>(c.qk_head_dim()));
+  visit(w.mla_ckv, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim));
+  visit(w.mla_gate, H * static_cast<size_t>(c.v_head_dim));
+  visit(w.mla_ctx, H * static_cast<size_t>(c.v_head_dim));
+  visit(w.moe_logits, static_cast<size_t>(c.num_experts));
+  for (auto* v : {&w.moe_z, &w.moe_acc, &w.ex_z, &w.ex_down}) visit(*v, R);
+  visit(w.moe_z_q8, R);
+  visit(w.ex_z_q8, R);
+  visit(w.moe_z_d, R / 32);
+  visit(w.ex_z_d, R / 32);
+  visit(w.ex_gate, I);
+  visit(w.ex_up, I);
+  visit(w.ex_h_q8, I);
+  visit(w.ex_h_d, I / 32);
+  visit(w.moe_ahead, R);  // ahead_rows = max(rows, kMoeAheadRows) of them
+  visit(w.mlp_gate, mlp);
+  visit(w.mlp_up, mlp);
+}
+
+uint64_t Workspace::row_bytes(const K3Config& c) {
+  Workspace w;
+  uint64_t bytes = 0;
+  per_row_buffers(w, c, [&](auto& v, size_t per_row) {
+    bytes += per_row * sizeof(typename std::remove_reference_t<decltype(v)>::value_type);
+  });
+  // The routing picks: num_experts_per_token per row, a few words each.
+  return bytes + static_cast<uint64_t>(c.num_experts_per_token) * 64;
+}
+
+int64_t auto_prefill_chunk(const K3Config& config, uint64_t available_bytes) {
+  const uint64_t per_row = Workspace::row_bytes(config);
+  int64_t chunk = 32;
+  while (chunk < 4096 && per_row * static_cast<uint64_t>(chunk * 2) <= available_bytes / 16)
+    chunk *= 2;
+  return chunk;
+}
+
+void Workspace::reserve(const K3Config& c, size_t n) {
+  if (n <= rows) return;
+  rows = n;
   const size_t K = static_cast<size_t>(c.num_experts_per_token);
+  ahead_rows = std::max(n, kMoeAheadRows);
+  per_row_buffers(*this, c, [&](auto& v, size_t per_row) {
+    v.assign((&v == static_cast<void*>(&moe_ahead) ? ahead_rows : n) * per_row, {});
+  });
   sequence_rows.resize(n);
-  blocks.assign(n * static_cast<size_t>(c.num_blocks()) * D, 0.0f);
-  for (auto* v : {&partial, &mixed, &normed, &branch, &moe_routed}) v->assign(n * D, 0.0f);
-  for (auto* v : {&kda_q, &kda_k, &kda_v, &kda_gate, &kda_decay, &kda_out}) v->assign(n * P, 0.0f);
-  kda_decay_low.assign(n * static_cast<size_t>(c.kda_head_dim), 0.0f);
-  kda_beta.assign(n * static_cast<size_t>(c.kda_num_heads), 0.0f);
-  mla_cq.assign(n * static_cast<size_t>(c.q_lora_rank), 0.0f);
-  mla_q.assign(n * H * static_cast<size_t>(c.qk_head_dim()), 0.0f);
-  mla_ckv.assign(n * static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 0.0f);
-  mla_gate.assign(n * H * static_cast<size_t>(c.v_head_dim), 0.0f);
-  mla_ctx.assign(n * H * static_cast<size_t>(c.v_head_dim), 0.0f);
-  moe_logits.assign(n * static_cast<size_t>(c.num_experts), 0.0f);
   routing.resize(n);
   for (RoutingResult& r : routing) {
     r.ids.reserve(K);
@@ -110,21 +152,6 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   pick_owner.reserve(n * K);
   cpu_groups.reserve(n * K);
   cpu_ids.reserve(n * K);
-  for (auto* v : {&moe_z, &moe_acc, &ex_z, &ex_down}) v->assign(n * R, 0.0f);
-  moe_z_q8.assign(n * R, 0);
-  ex_z_q8.assign(n * R, 0);
-  moe_z_d.assign(n * (R / 32), 0.0f);
-  ex_z_d.assign(n * (R / 32), 0.0f);
-  for (auto* v : {&ex_gate, &ex_up}) v->assign(n * I, 0.0f);
-  ex_h_q8.assign(n * I, 0);
-  ex_h_d.assign(n * (I / 32), 0.0f);
-  // Room for a decode step's experts all ahead of the first (sixteen rows), or a chunk's rows.
-  ahead_rows = std::max(n, kMoeAheadRows);
-  moe_ahead.assign(ahead_rows * R, 0.0f);
-  const size_t mlp =
-      static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
-  mlp_gate.assign(n * mlp, 0.0f);
-  mlp_up.assign(n * mlp, 0.0f);
 }
 
 void ModelState::reset() {

@@ -307,8 +307,9 @@ const std::vector<OptionRow>& option_rows() {
        "compute threads (0 = OpenMP default: OMP_NUM_THREADS or all cores)",
        integer(FIELD(runtime.threads), 0, 1024)},
       {"--chunk", "K3_CHUNK", Group::kModel, kEngine,
-       "prefill: prompt tokens run layer-major together (1 = token at a time; same logits)",
-       integer(FIELD(load.chunk), 1, 512)},
+       "prefill: prompt tokens run layer-major together (1 = token at a time; same logits; auto = "
+       "the largest power of two to 4096 whose buffers take a sixteenth of the free memory)",
+       auto_or_int(FIELD(load.chunk), 1, 4096)},
       // quantization
       {"--bits", "K3_BITS", Group::kQuantization, kEngine,
        "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32 (a repacked "

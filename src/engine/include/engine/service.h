@@ -32,10 +32,10 @@
 //      end. The loop is engine/generate.cpp's, one token per scheduling round.
 // Scheduling round: every decoding session samples its next token and all of them are fed in one
 // k3::Batch::step (bit-identical to each alone, docs/architecture.md §3.11); then one prefill piece
-// of at most progress_every tokens (and at most the session's prefill chunk, K3_CHUNK, while
-// others decode) of one prefilling session, in turn. So a running stream gets a token at least
-// every K3_CHUNK prefill rows, and every answer is the one its request gets alone: same state,
-// same sampler, same logits.
+// of one prefilling session, in turn: while others decode, at most min(progress_every, the
+// session's prefill chunk K3_CHUNK) tokens, so a running stream gets a token at least that often;
+// alone, max(progress_every, K3_CHUNK) (a long prompt in whole chunks). Every answer is the one
+// its request gets alone: same state, same sampler, same logits.
 // A reused prefix gives the same tokens as a cold run: the state is exactly what feeding the
 // same ids from zero produces.
 //
@@ -80,7 +80,8 @@ struct ServiceRequest {
   int64_t max_tokens = 16;        // clamped to the context room
   std::vector<std::string> stop;  // stop strings (withheld from the output)
   bool cache_prompt = true;       // false: ignore reusable state
-  int64_t progress_every = 32;    // a progress event every N prefilled tokens (and at the end)
+  int64_t progress_every = 32;    // a progress event every N prefilled tokens (every chunk when a
+                                  // session prefills alone with a larger K3_CHUNK; and at the end)
   // A position worth a checkpoint inside the prompt: the start of the last message, where an edited
   // or regenerated last turn diverges (0 = none: the checkpoint is taken at the prompt's end).
   int64_t anchor = 0;

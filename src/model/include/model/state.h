@@ -126,7 +126,18 @@ struct Workspace {
   void init(const K3Config& config, int64_t capacity);
   // Sizes every per-row buffer for `rows` rows of `config` (no-op when already that large).
   void reserve(const K3Config& config, size_t rows);
+  // Bytes reserve() takes per row of `config` (K3_CHUNK=auto sizes chunks from it).
+  static uint64_t row_bytes(const K3Config& config);
+
+ private:
+  template <class Visit>
+  static void per_row_buffers(Workspace& w, const K3Config& config, Visit&& visit);
 };
+
+// K3_CHUNK=auto: the prefill chunk for `available_bytes` of free memory after the weights: the
+// largest power of two in [32, 4096] whose workspace (Workspace::row_bytes per row) takes at most
+// a sixteenth of it; 32 when even that does not fit or the memory is unknown (0).
+int64_t auto_prefill_chunk(const K3Config& config, uint64_t available_bytes);
 
 struct ModelState {
   int64_t position = 0;       // tokens fed so far

@@ -65,8 +65,9 @@ struct LoadOptions {
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
   std::vector<std::string> extra_dirs;  // K3_DIRS: more directories holding shards (one drive each)
   double expert_top_p = 0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = off)
-  int64_t chunk =
-      32;  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..512; 1 = token at a time)
+  // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..4096; 1 = token at a time; -1 =
+  // auto: model/state.h's auto_prefill_chunk, resolved when the model loads)
+  int64_t chunk = -1;
   int64_t load_delay_ms = 0;  // K3_LOAD_DELAY_MS: debug sleep after every loaded layer
   CacheOptions cache;
   VulkanOptions vulkan;
