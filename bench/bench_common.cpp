@@ -3,12 +3,17 @@
 
 #include <fcntl.h>
 #include <omp.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -487,6 +492,129 @@ uint64_t tensor_bytes_in(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") n += e.file_size();
   return n;
+}
+
+double direct_read_rate(const std::vector<fs::path>& files, uint64_t max_bytes, int depth,
+                        std::string* why) {
+  constexpr uint64_t kRequest = uint64_t{4} << 20;
+  struct Request {
+    int fd;
+    uint64_t offset, bytes;
+  };
+  std::vector<int> fds;
+  std::vector<Request> requests;  // every file front to back, up to max_bytes
+  uint64_t planned = 0;
+  for (const fs::path& path : files) {
+    if (planned >= max_bytes) break;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+      *why = path.string() + ": O_DIRECT open refused (" + std::strerror(errno) + ")";
+      for (int f : fds) ::close(f);
+      return 0;
+    }
+    fds.push_back(fd);
+    const uint64_t size = std::min<uint64_t>(fs::file_size(path), max_bytes - planned);
+    for (uint64_t off = 0; off < size; off += kRequest)
+      requests.push_back({fd, off, std::min(kRequest, size - off)});
+    planned += size;
+  }
+  // `depth` threads take the next request in order: `depth` requests in flight, sequential.
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> got{0};
+  std::atomic<bool> failed{false};
+  const double t0 = k3::now_seconds();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < depth; ++t)
+    threads.emplace_back([&] {
+      void* buf = std::aligned_alloc(4096, kRequest);
+      for (size_t i; !failed && (i = next++) < requests.size();) {
+        const Request& r = requests[i];
+        // The whole aligned block: a read past the end of the file comes back short.
+        const ssize_t n = ::pread(r.fd, buf, kRequest, static_cast<off_t>(r.offset));
+        if (n < 0)
+          failed = true;
+        else
+          got += std::min<uint64_t>(static_cast<uint64_t>(n), r.bytes);
+      }
+      std::free(buf);
+    });
+  for (std::thread& t : threads) t.join();
+  const double dt = k3::now_seconds() - t0;
+  for (int f : fds) ::close(f);
+  if (failed) {
+    *why = "an O_DIRECT read was refused (" + std::string(std::strerror(errno)) + ")";
+    return 0;
+  }
+  return dt > 0 ? static_cast<double>(got) / 1e9 / dt : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+ChildRun run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  ChildRun r;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw k3::Error("pipe: " + std::string(std::strerror(errno)));
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  // The environment: this one with `env` replacing the variables it names.
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& x) {
+      return x.substr(0, x.find('=') + 1) == kv.substr(0, kv.find('=') + 1);
+    });
+    if (!replaced) envs.push_back(kv);
+  }
+  envs.insert(envs.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (const std::string& e : envs) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const double t0 = k3::now_seconds();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw k3::Error("fork: " + std::string(std::strerror(errno)));
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    const int null = ::open("/dev/null", O_RDONLY);
+    ::dup2(null, 0);
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::execvpe(args[0], args.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  rusage ru{};
+  while (::wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
+  }
+  r.wall_s = k3::now_seconds() - t0;
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.user_s =
+      static_cast<double>(ru.ru_utime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec);
+  r.sys_s =
+      static_cast<double>(ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_stime.tv_usec);
+  r.minor_faults = ru.ru_minflt;
+  r.major_faults = ru.ru_majflt;
+  r.peak_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  r.storage_read_bytes = static_cast<uint64_t>(ru.ru_inblock) * 512;
+  return r;
+}
+
+void print_child(const char* label, const ChildRun& r) {
+  std::printf(
+      "%s: wall %.3f s | user %.3f s, sys %.3f s | page faults minor %ld, major %ld | peak RSS "
+      "%.1f MB | read from storage %.1f MB | exit %d\n",
+      label, r.wall_s, r.user_s, r.sys_s, r.minor_faults, r.major_faults,
+      static_cast<double>(r.peak_rss_bytes) / 1e6, static_cast<double>(r.storage_read_bytes) / 1e6,
+      r.status);
+  std::fflush(stdout);
 }
 
 }  // namespace k3bench

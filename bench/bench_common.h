@@ -180,4 +180,31 @@ void drop_pages(const std::string& dir);
 uint64_t storage_read_bytes();
 uint64_t tensor_bytes_in(const std::string& dir);
 
+// The sequential O_DIRECT read rate of `files` (GB/s): the files read whole, one after the
+// other, front to back, in 4 MiB requests taken in order by `depth` threads (`depth` requests in
+// flight), up to `max_bytes` in all. O_DIRECT bypasses the page cache, so a warm
+// cache does not inflate it. 0 with *why set when a file refuses O_DIRECT (tmpfs, some overlays).
+double direct_read_rate(const std::vector<fs::path>& files, uint64_t max_bytes, int depth,
+                        std::string* why);
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+// One finished child: its exit status, wall seconds, and its own resource use (wait4: this
+// child alone, not every child of the bench).
+struct ChildRun {
+  int status = -1;  // exit status, 128 + signal when killed, 127 when it could not start
+  double wall_s = 0, user_s = 0, sys_s = 0;
+  long minor_faults = 0, major_faults = 0;
+  uint64_t peak_rss_bytes = 0;
+  uint64_t storage_read_bytes = 0;  // ru_inblock x 512: bytes read from storage (not cache hits)
+  std::string output;               // stdout and stderr together
+};
+
+// Runs argv[0] (searched in PATH) with `argv`, `env` ("NAME=value") added to this environment,
+// stdin from /dev/null, stdout and stderr captured together.
+ChildRun run_child(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
+// Prints one child's figures as an indented block (wall, user, sys, faults, peak RSS, read).
+void print_child(const char* label, const ChildRun& r);
+
 }  // namespace k3bench

@@ -34,6 +34,19 @@
 //       model's float64 forward (oracle.safetensors), the routed picks kept, for every precision
 //       setting (tools/quality_lib.h, docs/testing.md §5), as Markdown; --write-bounds writes the
 //       gate's bounds file from it (refused when a row is outside its setting's ceiling).
+//   k3_bench container [--layers N] [--experts E] [--bits 4|8] [--tokens T] [--dir DIR]
+//       The repacked container against its snapshot on a slice: drive rates, repack GB/s, cold
+//       and warm load of each layout, bytes per streamed expert read (docs/container.md §7).
+//   k3_bench grammar [--model DIR] [--tokens T] [--seed S]
+//       The structured-output mask's per-token cost beside a decode step (bench/grammar_bench.h).
+//   k3_bench ep [--delay D] [--rate R]
+//       --expert-parallel over 1, 2 and 3 ranks in network namespaces (root; bench/ep_netns.sh).
+//   k3_bench load [MODEL_DIR] [--peer 'COMMAND'] [--cold] [--runs N]
+//       kimi_k3's load of MODEL_DIR in a child (wait4: its own user/sys seconds, page faults, peak
+//       RSS): load s, GB/s of the resident weights, the drive's O_DIRECT rate over the files, and
+//       `RESULT load <s> s ratio=R` with R = max(bytes / drive, quantization work / cores) / load
+//       s;
+//       --peer runs another command the same way (bench/load_bench.cpp).
 //   k3_bench vulkan [MODEL_DIR] [--preset tiny|demo|slice] [--layers N] [--experts E]
 //                   [--tokens T] [--prefill P] [--dir DIR]
 //       The Vulkan expert tier (docs/vulkan.md) on the device COLI_VULKAN would open: upload GB/s
@@ -67,6 +80,7 @@ Subcommand register_container(CLI::App& app);
 Subcommand register_serve(CLI::App& app);
 Subcommand register_vulkan(CLI::App& app);
 Subcommand register_ep(CLI::App& app);
+Subcommand register_load(CLI::App& app);
 }  // namespace k3bench
 
 int main(int argc, char** argv) {
@@ -79,11 +93,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   // The order of `k3_bench --help` and of the "commands:" line of a mistyped command.
-  const k3bench::RegisterFn table[] = {k3bench::register_kernels, k3bench::register_decode,
-                                       k3bench::register_stream,  k3bench::register_quality,
-                                       k3bench::register_routing, k3bench::register_container,
-                                       k3bench::register_grammar, k3bench::register_serve,
-                                       k3bench::register_vulkan,  k3bench::register_ep};
+  const k3bench::RegisterFn table[] = {
+      k3bench::register_kernels, k3bench::register_decode,  k3bench::register_stream,
+      k3bench::register_quality, k3bench::register_routing, k3bench::register_container,
+      k3bench::register_grammar, k3bench::register_serve,   k3bench::register_vulkan,
+      k3bench::register_ep,      k3bench::register_load};
   std::vector<k3bench::Subcommand> commands;
   for (const k3bench::RegisterFn add : table) commands.push_back(add(app));
 
