@@ -23,6 +23,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "io/read_queue.h"
 #include "kernels/isa.h"
@@ -237,6 +240,116 @@ double dram_probe(size_t bytes, int passes, double* cpu_share) {
       (process_cpu_seconds() - cpu0) / ((k3::now_seconds() - wall0) * omp_get_max_threads());
   if (checksum == -1) std::printf("(checksum)\n");  // keeps the sums alive
   return static_cast<double>(blocks * block * sizeof(float)) / best / 1e9;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compute probes
+
+double core_clock_ghz(double* tsc_ghz) {
+  constexpr uint64_t kIters = 10'000'000;  // x 32 adds: ~0.1 s at 3 GHz
+  double sum = 0, tsc_sum = 0;
+  int threads = 1;
+#pragma omp parallel reduction(+ : sum, tsc_sum)
+  {
+#pragma omp single
+    threads = omp_get_num_threads();
+    uint64_t x = 0;
+    for (int pass = 0; pass < 2; ++pass) {  // the first pass lets the clock settle
+      timespec ts0{}, ts1{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts0);
+      const double wall0 = k3::now_seconds();
+#if defined(__x86_64__)
+      const uint64_t c0 = __builtin_ia32_rdtsc();
+      for (uint64_t i = 0; i < kIters; ++i)
+        asm volatile(
+            ".rept 32\n\t"
+            "add $1, %0\n\t"
+            ".endr"
+            : "+r"(x));
+      const uint64_t c1 = __builtin_ia32_rdtsc();
+#else
+      const uint64_t c0 = 0, c1 = 0;
+      for (uint64_t i = 0; i < 32 * kIters; ++i) asm volatile("" : "+r"(x));
+#endif
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts1);
+      const double wall = k3::now_seconds() - wall0;
+      // This thread's CPU time: time the scheduler gave other processes does not count.
+      const double dt = static_cast<double>(ts1.tv_sec - ts0.tv_sec) +
+                        1e-9 * static_cast<double>(ts1.tv_nsec - ts0.tv_nsec);
+      if (pass == 1) {
+        sum += 32.0 * static_cast<double>(kIters) / dt / 1e9;
+        tsc_sum += static_cast<double>(c1 - c0) / wall / 1e9;
+      }
+    }
+  }
+  if (tsc_ghz) *tsc_ghz = tsc_sum / threads;
+  return sum / threads;
+}
+
+namespace {
+
+constexpr int64_t kFmaIters = 20'000'000;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) double fma_loop_avx512() {
+  __m512 a[12];
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i));
+  for (int64_t it = 0; it < kFmaIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  alignas(64) float lanes[16];
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_ps(lanes, a[i]);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+
+__attribute__((target("avx2,fma"))) double fma_loop_avx2() {
+  __m256 a[12];
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i));
+  for (int64_t it = 0; it < kFmaIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  alignas(32) float lanes[8];
+  float sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_ps(lanes, a[i]);
+    for (float v : lanes) sum += v;
+  }
+  return sum;
+}
+#endif
+
+double fma_loop_scalar() {
+  float a[12];
+  for (int i = 0; i < 12; ++i) a[i] = static_cast<float>(i);
+  for (int64_t it = 0; it < kFmaIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = std::fma(a[i], 0.999999f, 1e-7f);
+  float sum = 0;
+  for (float v : a) sum += v;
+  return sum;
+}
+
+}  // namespace
+
+double fma_peak_gflops(k3::Isa isa) {
+  int lanes = 1;
+  double (*loop)() = fma_loop_scalar;
+#if defined(__x86_64__)
+  if (isa == k3::Isa::kAvx512) lanes = 16, loop = fma_loop_avx512;
+  if (isa == k3::Isa::kAvx2) lanes = 8, loop = fma_loop_avx2;
+#endif
+  double keep = 0;
+  loop();  // warm-up: the wide units power up and the clock settles
+  const double t0 = k3::now_seconds();
+#pragma omp parallel reduction(+ : keep)
+  keep += loop();
+  const double dt = k3::now_seconds() - t0;
+  if (keep == -1) std::printf("(checksum)\n");  // keeps the loops alive
+  const double flops = 2.0 * lanes * 12.0 * static_cast<double>(kFmaIters) * omp_get_max_threads();
+  return flops / dt / 1e9;
 }
 
 // ---------------------------------------------------------------------------------------------

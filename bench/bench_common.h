@@ -140,6 +140,22 @@ Timing measure(double seconds, int min_passes, Warm&& warm, Pass&& pass) {
 double dram_probe(size_t bytes, int passes, double* cpu_share);
 
 // ---------------------------------------------------------------------------------------------
+// Compute probes
+
+// The core clock in GHz while every OpenMP thread runs: each thread times a chain of dependent
+// register adds (one cycle of latency each on every x86-64 core) against its own CPU time
+// (CLOCK_THREAD_CPUTIME_ID, so time given to other processes does not count), and the mean over
+// threads is returned; *tsc_ghz gets the time-stamp counter's ticks per wall second over the
+// same loop (the TSC runs at a constant rate, not the core clock, on current CPUs; under a
+// hypervisor neither is exact). Cycles spent = CPU seconds x this.
+double core_clock_ghz(double* tsc_ghz);
+
+// The FMA peak of `isa` in GFLOP/s over every OpenMP thread: a register-only loop of independent
+// fused multiply-adds (12 accumulators, enough to cover 2 ports x 4-5 cycles of latency), 2
+// flops per lane per FMA: 32 per instruction on AVX-512, 16 on AVX2, 2 for scalar.
+double fma_peak_gflops(k3::Isa isa);
+
+// ---------------------------------------------------------------------------------------------
 // Checkpoints written once and reused
 
 // <build>/bench-slice for a binary at <build>/bench/k3_bench.

@@ -187,22 +187,35 @@ void print_targets() {
       check(r.name, false, 3.0, ">= 3.00 x rows1 per row");
 }
 
+// The core clock of this run (core_clock_ghz, bench/bench_common.h), for cycles per byte.
+double g_clock_ghz = 0;
+
+// Core cycles per weight byte of the best pass: its CPU seconds (wall x threads x the cpu share
+// of the series, so cycles other processes took do not count) x the clock / bytes. Stalls on
+// memory count as cycles: a kernel with more cycles per byte than the DRAM reference's (clock x
+// threads / probe) is bound by its instructions, not by the memory.
+double cycles_per_byte(double bytes, const Timing& t) {
+  return t.best * omp_get_max_threads() * std::min(1.0, t.cpu_share) * g_clock_ghz * 1e9 / bytes;
+}
+
 void print_row(const std::string& name, size_t rows, double bytes, const Timing& t,
                double per_row_vs_1) {
   const double gbs = bytes / t.best / 1e9;
   const double gbs_med = bytes / t.median / 1e9;
   char extra[32] = "";
   if (per_row_vs_1 > 0) std::snprintf(extra, sizeof extra, "%.2fx", per_row_vs_1);
-  std::printf("%-26s %4zu %8.1f %9.3f %9.3f %7.2f %7.2f %6d %4.0f%% %8s\n", name.c_str(), rows,
-              bytes / 1e6, t.best * 1e3, t.median * 1e3, gbs, gbs_med, t.passes,
-              100.0 * t.cpu_share, extra);
+  std::printf("%-26s %4zu %8.1f %9.3f %9.3f %7.2f %7.2f %6d %4.0f%% %6.2f %8s\n", name.c_str(),
+              rows, bytes / 1e6, t.best * 1e3, t.median * 1e3, gbs, gbs_med, t.passes,
+              100.0 * t.cpu_share, cycles_per_byte(bytes, t), extra);
   std::fflush(stdout);
+  add_result(name + "_cycles_per_byte", cycles_per_byte(bytes, t), "cyc/B", std::nan(""),
+             t.cpu_share);
 }
 
 void print_header(const char* title) {
   std::printf("\n== %s\n", title);
-  std::printf("%-26s %4s %8s %9s %9s %7s %7s %6s %5s %8s\n", "figure", "rows", "MB/pass", "best ms",
-              "med ms", "GB/s", "med", "passes", "cpu", "per-row");
+  std::printf("%-26s %4s %8s %9s %9s %7s %7s %6s %5s %6s %8s\n", "figure", "rows", "MB/pass",
+              "best ms", "med ms", "GB/s", "med", "passes", "cpu", "cyc/B", "per-row");
 }
 
 int run_kernels(const KernelsArgs& a) {
@@ -234,12 +247,20 @@ int run_kernels(const KernelsArgs& a) {
     std::fflush(stdout);
   };
   run_probe("start");
+  double tsc_ghz = 0;
+  g_clock_ghz = core_clock_ghz(&tsc_ghz);
+  std::printf(
+      "core clock: %.2f GHz with %d threads busy (a chain of dependent adds, 1 cycle each, per "
+      "second of each thread's CPU time; TSC %.2f GHz)\n",
+      g_clock_ghz, threads, tsc_ghz);
   std::printf(
       "(figures below: one pass = every distinct matrix/expert once; passes repeated for >= %.1f "
       "s, GB/s from the best pass, med = median pass; GB/s = weight bytes (incl. scales) read "
       "per second; per-row = rows x GB/s / rows-1 GB/s, the throughput per activation row vs one "
       "row; cpu = process CPU time / (wall x threads): well under 100%% means other processes "
-      "took the cores. Ratios to the DRAM reference come at the end.)\n",
+      "took the cores; cyc/B = core cycles per weight byte (best pass x threads x cpu share x "
+      "clock / bytes): at cpu 100%% a kernel with cyc/B above the DRAM's (clock x threads / "
+      "probe) is bound by its instructions. Ratios to the DRAM reference come at the end.)\n",
       a.seconds);
 
   // MXFP4 experts (and the ggml peer on the same weights).
@@ -545,6 +566,13 @@ int run_kernels(const KernelsArgs& a) {
         "the probes differ by %.0f%%: the memory bandwidth changed during the run (other "
         "processes or tenants); compare runs with care\n",
         100.0 * (1.0 - lowest / ref));
+  // The DRAM reference in the same unit as the kernels: a kernel at cpu 100 % with more cycles
+  // per byte than this is bound by its instructions, not by the memory.
+  const double dram_cycles = g_clock_ghz * threads / ref;
+  std::printf("DRAM reference in core cycles per byte: %.2f (%.2f GHz x %d threads / %.2f GB/s)\n",
+              dram_cycles, g_clock_ghz, threads, ref);
+  add_result("dram_probe_cycles_per_byte", dram_cycles, "cyc/B", std::nan(""), ref_cpu);
+  add_result("core_clock", g_clock_ghz, "GHz", std::nan(""));
   g_results.insert(g_results.begin(), {"dram_probe", ref, "GB/s", 1.0, ref_cpu, false});
   for (const Probe& p : probes)
     add_result(std::string("dram_probe_") + p.name, p.gbs, "GB/s", p.gbs / ref, p.cpu);
