@@ -62,6 +62,7 @@ struct DecodeArgs : CommonOptions {
   int64_t experts = 16;
   int64_t tokens = 8;
   int64_t prefill = 32;  // one full chunk at C = 32
+  double dram_gib = 1;   // the DRAM probe's array
   std::string dir;       // cache of the slice checkpoint
 };
 
@@ -99,7 +100,8 @@ int run_decode(const DecodeArgs& a) {
   // The floors: the DRAM probe for decode (every expert in RAM), the FMA peak for the chunked
   // prefill (bench/bench_common.h).
   double dram_cpu = 0;
-  const double dram = dram_probe(size_t{1} << 30, 5, &dram_cpu);
+  const double dram = dram_probe(
+      static_cast<size_t>(a.dram_gib * static_cast<double>(size_t{1} << 30)), 5, &dram_cpu);
   const double fma = fma_peak_gflops(isa);
   std::printf(
       "floors: DRAM read probe %.2f GB/s (cpu %.0f%%), FMA peak %.1f GFLOP/s (%s, %d threads)\n",
@@ -233,6 +235,9 @@ Subcommand register_decode(CLI::App& app) {
   c->add_option("--prefill", a->prefill, "prompt tokens before decoding")->capture_default_str();
   c->add_option("--dir", a->dir, "cache directory of the slice checkpoint")
       ->default_str("<build>/bench-slice");
+  c->add_option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
+      ->check(CLI::Range(0.01, 64.0))
+      ->capture_default_str();
   add_common_options(c, *a);
   return {c, [a] {
             if (a->layers < 1 || a->experts < 1 || a->tokens < 1)

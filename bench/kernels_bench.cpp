@@ -141,6 +141,7 @@ struct KernelsArgs : CommonOptions {
   int experts = 16;
   std::string ggml_dir = K3_BENCH_SOURCE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins";
   bool no_ggml = false;
+  double dram_gib = 1;            // the DRAM probe's array
   std::vector<std::string> only;  // figure-name substrings; empty = everything
 };
 
@@ -230,7 +231,7 @@ int run_kernels(const KernelsArgs& a) {
   // DRAM probes: at the start, after the MXFP4 figures and at the end. The host's memory
   // bandwidth moves with its other tenants (32 to 53 GB/s seen here with our cores idle), so the
   // ratios use the highest probe of the run as the reference, conservatively.
-  const size_t probe_bytes = size_t{1} << 30;
+  const size_t probe_bytes = static_cast<size_t>(a.dram_gib * static_cast<double>(size_t{1} << 30));
   struct Probe {
     const char* name;
     double gbs, cpu;
@@ -603,6 +604,9 @@ Subcommand register_kernels(CLI::App& app) {
   c->add_option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")
       ->capture_default_str();
   c->add_flag("--no-ggml", a->no_ggml, "skip the ggml peer");
+  c->add_option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
+      ->check(CLI::Range(0.01, 64.0))
+      ->capture_default_str();
   c->add_option(
        "--only", a->only,
        "run only the figures whose names contain one of these (e.g. mxfp4_idot, int4, ggml)")
