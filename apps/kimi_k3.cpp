@@ -468,10 +468,11 @@ int run(int argc, char** argv) {
                                              ", file-backed " + mb_text(use.file_backed_bytes) + ")"
                                        : std::string();
   std::fprintf(stderr,
-               "load %.2f s | prefill %zu tok %.1f tok/s | decode %lld tok %.1f tok/s | %s | "
-               "threads %d | peak RSS %.1f MB%s | %s%s\n",
-               engine.load_seconds(), prompt.size(),
-               prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
+               "load %.2f s (%.2f GB/s resident) | prefill %zu tok %.1f tok/s | decode %lld tok "
+               "%.1f tok/s | %s | threads %d | peak RSS %.1f MB%s | %s%s\n",
+               engine.load_seconds(),
+               static_cast<double>(config.resident_bytes) / 1e9 / engine.load_seconds(),
+               prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
                static_cast<long long>(result.decode_steps),
                decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0,
                k3::finish_reason_name(result.finish), omp_get_max_threads(),

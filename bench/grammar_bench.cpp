@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -15,7 +16,14 @@
 #include "util/error.h"
 #include "util/sys.h"
 
+namespace k3bench {
 namespace {
+
+struct GrammarBenchArgs {
+  std::string model_dir = "assets/k3-mini";  // its tokenizer, and its decode step for scale
+  int64_t tokens = 300;                      // masks per schema at most
+  uint64_t seed = 1;
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -40,18 +48,6 @@ double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
-}  // namespace
-
-CLI::App* add_grammar_bench(CLI::App& app, GrammarBenchArgs& args) {
-  CLI::App* sub = app.add_subcommand(
-      "grammar", "structured output: per-token mask cost on a set of schemas beside a decode step");
-  sub->add_option("--model", args.model_dir, "model directory (tokenizer and decode step)")
-      ->capture_default_str();
-  sub->add_option("--tokens", args.tokens, "masks per schema at most")->capture_default_str();
-  sub->add_option("--seed", args.seed, "token draw seed")->capture_default_str();
-  return sub;
 }
 
 int run_grammar_bench(const GrammarBenchArgs& args) {
@@ -114,3 +110,18 @@ int run_grammar_bench(const GrammarBenchArgs& args) {
               100.0 * percentile(all, 0.5) / step);
   return 0;
 }
+
+}  // namespace
+
+Subcommand register_grammar(CLI::App& app) {
+  auto a = std::make_shared<GrammarBenchArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "grammar", "structured output: per-token mask cost on a set of schemas beside a decode step");
+  sub->add_option("--model", a->model_dir, "model directory (tokenizer and decode step)")
+      ->capture_default_str();
+  sub->add_option("--tokens", a->tokens, "masks per schema at most")->capture_default_str();
+  sub->add_option("--seed", a->seed, "token draw seed")->capture_default_str();
+  return {sub, [a] { return run_grammar_bench(*a); }};
+}
+
+}  // namespace k3bench

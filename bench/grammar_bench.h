@@ -3,14 +3,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cstdint>
-#include <string>
 
-struct GrammarBenchArgs {
-  std::string model_dir = "assets/k3-mini";  // its tokenizer, and its decode step for scale
-  int64_t tokens = 300;                      // masks per schema at most
-  uint64_t seed = 1;
-};
+#include "bench_common.h"
 
-CLI::App* add_grammar_bench(CLI::App& app, GrammarBenchArgs& args);
-int run_grammar_bench(const GrammarBenchArgs& args);
+namespace k3bench {
+
+Subcommand register_grammar(CLI::App& app);
+
+}  // namespace k3bench

@@ -1,0 +1,617 @@
+// bench/kernels_bench.cpp — `k3_bench kernels` (benchmarks, not tests).
+//
+//   k3_bench kernels [--isa auto|scalar|avx2|avx512] [--threads N] [--seconds S]
+//       Machine facts, a DRAM read-bandwidth probe, then GB/s of weight bytes (and the ratio to
+//       the probe) for the MXFP4 expert (idot and exact; 1/4/16/64 rows), int8 and int4-g64 on
+//       12288x7168 / 7168x12288 (1 and 64 rows; both also on int8 activations, int8_idot and
+//       int4_idot), and ggml's MXFP4 dot product as a peer when the npm package
+//       @node-llama-cpp/linux-x64 is installed under bench/node_modules.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "ggml_peer.h"
+#include "kernels/isa.h"
+#include "kernels/matmul.h"
+#include "kernels/mxfp4.h"
+#include "kernels/quant.h"
+#include "util/sys.h"
+
+namespace k3bench {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// MXFP4 experts
+
+constexpr size_t kInter = 3072;   // moe_intermediate_size
+constexpr size_t kLatent = 3584;  // routed_expert_hidden_size
+
+struct Mx {
+  std::vector<uint8_t> packed, scales;
+  size_t rows = 0, cols = 0;
+  k3::Mxfp4Matrix view() const { return {packed.data(), scales.data(), rows, cols}; }
+  size_t bytes() const { return packed.size() + scales.size(); }
+};
+
+Mx random_mx(size_t rows, size_t cols, uint64_t seed) {
+  Mx m;
+  m.rows = rows;
+  m.cols = cols;
+  m.packed.resize(rows * cols / 2);
+  m.scales.resize(rows * cols / 32);
+  fill_bytes(m.packed.data(), m.packed.size(), seed, 0, 255);
+  fill_bytes(m.scales.data(), m.scales.size(), seed + 1, 120, 130);
+  return m;
+}
+
+struct Expert {
+  Mx gate, up, down;  // gate/up [3072][3584], down [3584][3072]
+  size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
+};
+
+// Activations and scratch for up to 64 rows.
+struct ExpertScratch {
+  static constexpr size_t kMaxRows = 64;
+  std::vector<float> X, G, U, H, Y;
+  std::vector<int8_t> qx, qh;
+  std::vector<float> dx, dh;
+  ExpertScratch()
+      : X(kMaxRows * kLatent),
+        G(kMaxRows * kInter),
+        U(kMaxRows * kInter),
+        H(kMaxRows * kInter),
+        Y(kMaxRows * kLatent),
+        qx(kMaxRows * kLatent),
+        qh(kMaxRows * kInter),
+        dx(kMaxRows * kLatent / 32),
+        dh(kMaxRows * kInter / 32) {
+    fill_floats(X.data(), X.size(), 777);
+  }
+};
+
+// h = g * u (the SiLU is left out: it is not a weight kernel and would only add a constant).
+void glue(ExpertScratch& s, size_t n) {
+  for (size_t i = 0; i < n * kInter; ++i) s.H[i] = s.G[i] * s.U[i] * (1.0f / 1024.0f);
+}
+
+// The integer path as the engine runs it: quantise x, gate + up, quantise h, down.
+void expert_idot(const k3::KernelTable& k, const Expert& e, ExpertScratch& s, size_t n) {
+  k3::quantize_q8_32(k, s.X.data(), n, kLatent, s.qx.data(), s.dx.data());
+  k3::matmul_mxfp4_idot(k, e.gate.view(), s.qx.data(), s.dx.data(), n, s.G.data());
+  k3::matmul_mxfp4_idot(k, e.up.view(), s.qx.data(), s.dx.data(), n, s.U.data());
+  glue(s, n);
+  k3::quantize_q8_32(k, s.H.data(), n, kInter, s.qh.data(), s.dh.data());
+  k3::matmul_mxfp4_idot(k, e.down.view(), s.qh.data(), s.dh.data(), n, s.Y.data());
+}
+
+void expert_exact(const k3::KernelTable& k, const Expert& e, ExpertScratch& s, size_t n) {
+  k3::matmul_mxfp4_exact(k, e.gate.view(), s.X.data(), n, s.G.data());
+  k3::matmul_mxfp4_exact(k, e.up.view(), s.X.data(), n, s.U.data());
+  glue(s, n);
+  k3::matmul_mxfp4_exact(k, e.down.view(), s.H.data(), n, s.Y.data());
+}
+
+// ggml's blocks of the same expert.
+struct GgmlExpert {
+  std::vector<uint8_t> gate, up, down;
+};
+
+// Row-parallel GEMV with ggml's vec_dot (one OpenMP region per matrix, like our wrappers).
+void ggml_gemv(const k3bench::GgmlPeer& g, const std::vector<uint8_t>& W, size_t rows, size_t cols,
+               const void* q8, float* y) {
+  const size_t row_bytes = cols / 32 * k3bench::kGgmlMxfp4Block;
+  const uint8_t* base = W.data();
+#pragma omp parallel for schedule(static)
+  for (size_t o = 0; o < rows; ++o)
+    g.vec_dot_mxfp4_q8_0(static_cast<int>(cols), y + o, 0, base + o * row_bytes, 0, q8, 0, 1);
+}
+
+void expert_ggml(const k3bench::GgmlPeer& g, const GgmlExpert& e, ExpertScratch& s,
+                 std::vector<uint8_t>& q8x, std::vector<uint8_t>& q8h) {
+  g.quantize_row_q8_0(s.X.data(), q8x.data(), static_cast<int64_t>(kLatent));
+  ggml_gemv(g, e.gate, kInter, kLatent, q8x.data(), s.G.data());
+  ggml_gemv(g, e.up, kInter, kLatent, q8x.data(), s.U.data());
+  glue(s, 1);
+  g.quantize_row_q8_0(s.H.data(), q8h.data(), static_cast<int64_t>(kInter));
+  ggml_gemv(g, e.down, kLatent, kInter, q8h.data(), s.Y.data());
+}
+
+// Relative L2 error of a against the reference b.
+double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kernels
+
+struct KernelsArgs : CommonOptions {
+  double seconds = 1.5;
+  int experts = 16;
+  std::string ggml_dir = K3_BENCH_SOURCE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins";
+  bool no_ggml = false;
+  double dram_gib = 1;            // the DRAM probe's array
+  std::vector<std::string> only;  // figure-name substrings; empty = everything
+};
+
+// True when a section whose figures are named `prefix`... is selected by --only.
+bool selected(const KernelsArgs& a, const std::string& prefix) {
+  if (a.only.empty()) return true;
+  for (const std::string& o : a.only)
+    if (prefix.find(o) != std::string::npos || o.find(prefix) != std::string::npos) return true;
+  return false;
+}
+
+// The targets, checked against the figures of this run (informative, never a failure).
+void print_targets() {
+  auto find = [](const std::string& name) -> const Result* {
+    for (const Result& r : g_results)
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  std::printf("\n== targets (informative; timings are not test assertions)\n");
+  auto check = [&](const std::string& name, bool use_ratio, double want, const char* what) {
+    const Result* r = find(name);
+    if (!r) return;
+    const double v = use_ratio ? r->ratio : r->value;
+    char note[64] = "";
+    if (r->cpu < 0.9)
+      std::snprintf(note, sizeof note, "  (contended: cpu %.0f%%, not meaningful)", 100.0 * r->cpu);
+    std::printf("%-44s %-26s %7.2f  %s%s\n", name.c_str(), what, v, v >= want ? "met" : "MISSED",
+                note);
+  };
+  if (const Result* p = find("dram_probe"); p && p->cpu < 0.9)
+    std::printf("the DRAM reference probe ran contended (cpu %.0f%%): every ratio is suspect\n",
+                100.0 * p->cpu);
+  check("mxfp4_idot_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("mxfp4_exact_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_idot_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int4_idot_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int8_idot_12288x7168_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("int8_idot_7168x12288_rows1", true, 0.8, ">= 0.80 x DRAM probe");
+  check("mxfp4_idot_rows1_vs_ggml", false, 2.0, ">= 2.00 x ggml");
+  for (const Result& r : g_results)
+    if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
+      check(r.name, false, 3.0, ">= 3.00 x rows1 per row");
+}
+
+// The core clock of this run (core_clock_ghz, bench/bench_common.h), for cycles per byte.
+double g_clock_ghz = 0;
+
+// Core cycles per weight byte of the best pass: its CPU seconds (wall x threads x the cpu share
+// of the series, so cycles other processes took do not count) x the clock / bytes. Stalls on
+// memory count as cycles: a kernel with more cycles per byte than the DRAM reference's (clock x
+// threads / probe) is bound by its instructions, not by the memory.
+double cycles_per_byte(double bytes, const Timing& t) {
+  return t.best * omp_get_max_threads() * std::min(1.0, t.cpu_share) * g_clock_ghz * 1e9 / bytes;
+}
+
+void print_row(const std::string& name, size_t rows, double bytes, const Timing& t,
+               double per_row_vs_1) {
+  const double gbs = bytes / t.best / 1e9;
+  const double gbs_med = bytes / t.median / 1e9;
+  char extra[32] = "";
+  if (per_row_vs_1 > 0) std::snprintf(extra, sizeof extra, "%.2fx", per_row_vs_1);
+  std::printf("%-26s %4zu %8.1f %9.3f %9.3f %7.2f %7.2f %6d %4.0f%% %6.2f %8s\n", name.c_str(),
+              rows, bytes / 1e6, t.best * 1e3, t.median * 1e3, gbs, gbs_med, t.passes,
+              100.0 * t.cpu_share, cycles_per_byte(bytes, t), extra);
+  std::fflush(stdout);
+  add_result(name + "_cycles_per_byte", cycles_per_byte(bytes, t), "cyc/B", std::nan(""),
+             t.cpu_share);
+}
+
+void print_header(const char* title) {
+  std::printf("\n== %s\n", title);
+  std::printf("%-26s %4s %8s %9s %9s %7s %7s %6s %5s %6s %8s\n", "figure", "rows", "MB/pass",
+              "best ms", "med ms", "GB/s", "med", "passes", "cpu", "cyc/B", "per-row");
+}
+
+int run_kernels(const KernelsArgs& a) {
+  const double t_start = k3::now_seconds();
+  const k3::Isa isa = apply_common_options(a);
+  const k3::KernelTable& k = k3::kernel_table(isa);
+  print_machine(isa);
+  const int threads = omp_get_max_threads();
+  const CacheFact llc = last_level_cache();
+  const uint64_t llc_bytes = llc.bytes ? llc.bytes : (uint64_t{32} << 20);
+
+  // DRAM probes: at the start, after the MXFP4 figures and at the end. The host's memory
+  // bandwidth moves with its other tenants (32 to 53 GB/s seen here with our cores idle), so the
+  // ratios use the highest probe of the run as the reference, conservatively.
+  const size_t probe_bytes = static_cast<size_t>(a.dram_gib * static_cast<double>(size_t{1} << 30));
+  struct Probe {
+    const char* name;
+    double gbs, cpu;
+  };
+  std::vector<Probe> probes;
+  auto run_probe = [&](const char* name) {
+    double cpu = 0;
+    const double gbs = dram_probe(probe_bytes, 5, &cpu);
+    probes.push_back({name, gbs, cpu});
+    std::printf(
+        "\n== DRAM read probe (%s): sum of a %.2f GiB float array, %d threads, best of 5 passes: "
+        "%.2f GB/s (cpu %.0f%%)\n",
+        name, static_cast<double>(probe_bytes) / (1u << 30), threads, gbs, 100.0 * cpu);
+    std::fflush(stdout);
+  };
+  run_probe("start");
+  double tsc_ghz = 0;
+  g_clock_ghz = core_clock_ghz(&tsc_ghz);
+  std::printf(
+      "core clock: %.2f GHz with %d threads busy (a chain of dependent adds, 1 cycle each, per "
+      "second of each thread's CPU time; TSC %.2f GHz)\n",
+      g_clock_ghz, threads, tsc_ghz);
+  std::printf(
+      "(figures below: one pass = every distinct matrix/expert once; passes repeated for >= %.1f "
+      "s, GB/s from the best pass, med = median pass; GB/s = weight bytes (incl. scales) read "
+      "per second; per-row = rows x GB/s / rows-1 GB/s, the throughput per activation row vs one "
+      "row; cpu = process CPU time / (wall x threads): well under 100%% means other processes "
+      "took the cores; cyc/B = core cycles per weight byte (best pass x threads x cpu share x "
+      "clock / bytes): at cpu 100%% a kernel with cyc/B above the DRAM's (clock x threads / "
+      "probe) is bound by its instructions. Ratios to the DRAM reference come at the end.)\n",
+      a.seconds);
+
+  // MXFP4 experts (and the ggml peer on the same weights).
+  if (selected(a, "mxfp4_idot") || selected(a, "mxfp4_exact") || selected(a, "ggml_mxfp4")) {
+    // MXFP4 experts.
+    const int E = std::max(1, a.experts);
+    std::vector<Expert> experts(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
+      experts[e].gate = random_mx(kInter, kLatent, seed);
+      experts[e].up = random_mx(kInter, kLatent, seed + 3);
+      experts[e].down = random_mx(kLatent, kInter, seed + 6);
+    }
+    const double expert_bytes = static_cast<double>(experts[0].bytes());
+    const double pass_bytes = expert_bytes * E;
+    ExpertScratch scratch;
+    std::printf(
+        "\n== MXFP4 expert: gate+up %zux%zu, down %zux%zu, %.2f MB per expert, %d experts "
+        "rotated (%.0f MB working set, LLC %.0f MiB)\n",
+        kInter, kLatent, kLatent, kInter, expert_bytes / 1e6, E, pass_bytes / 1e6,
+        static_cast<double>(llc_bytes) / (1 << 20));
+    if (pass_bytes < 2.0 * static_cast<double>(llc_bytes))
+      std::printf("warning: the working set is not much larger than the LLC\n");
+
+    const size_t row_counts[] = {1, 4, 16, 64};
+    double mx_idot_rows1 = 0, mx_idot_cpu = 1;
+    for (const bool idot : {true, false}) {
+      const std::string path = idot ? "mxfp4_idot" : "mxfp4_exact";
+      if (!selected(a, path)) continue;
+      print_header(
+          ("MXFP4 expert, " + std::string(idot ? "idot (default path)" : "exact float path"))
+              .c_str());
+      double gbs1 = 0, cpu1 = 1;
+      for (const size_t n : row_counts) {
+        auto call = [&](const Expert& e) {
+          if (idot)
+            expert_idot(k, e, scratch, n);
+          else
+            expert_exact(k, e, scratch, n);
+        };
+        const Timing t = measure(
+            a.seconds, 3, [&] { call(experts[0]); },
+            [&] {
+              for (const Expert& e : experts) call(e);
+            });
+        const double gbs = pass_bytes / t.best / 1e9;
+        const std::string name = path + "_rows" + std::to_string(n);
+        double per_row = 0;
+        if (n == 1) {
+          gbs1 = gbs;
+          if (idot) {
+            mx_idot_rows1 = gbs;
+            mx_idot_cpu = t.cpu_share;
+          }
+        } else {
+          per_row = gbs * static_cast<double>(n) / gbs1;
+        }
+        print_row(name, n, pass_bytes, t, per_row);
+        if (n == 1) cpu1 = t.cpu_share;
+        add_bandwidth(name, gbs, t.cpu_share);
+        if (n > 1)
+          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                     std::min(cpu1, t.cpu_share));
+      }
+    }
+
+    // ggml peer on the same experts.
+    if (selected(a, "ggml_mxfp4") && mx_idot_rows1 == 0 && !a.only.empty())
+      std::printf("\n(add mxfp4_idot to --only for the ours/ggml ratio)\n");
+    std::printf("\n== ggml peer (MXFP4 x Q8_0 vec_dot, row-parallel over %d OpenMP threads)\n",
+                threads);
+    if (a.no_ggml || !selected(a, "ggml_mxfp4")) {
+      std::printf("ggml peer: skipped\n");
+    } else {
+      k3bench::GgmlPeer g(a.ggml_dir);
+      if (!g.ok()) {
+        std::printf("ggml peer unavailable: %s\n", g.why().c_str());
+      } else {
+        std::printf("library: %s/%s\n", g.dir().c_str(), g.variant().c_str());
+        // The exponent convention: ggml doubles the E2M1 table and halves the scale; find the byte
+        // offset that makes ggml's dequantisation equal ours, then check it on a few rows.
+        const Mx& g0 = experts[0].gate;
+        int offset = 0;
+        bool values_ok = true;
+        const size_t check_rows = 4;
+        if (g.dequantize_row_mxfp4) {
+          for (int attempt = 0; attempt < 2; ++attempt) {
+            std::vector<uint8_t> blocks = k3bench::repack_mxfp4_for_ggml(
+                g0.packed.data(), g0.scales.data(), check_rows, g0.cols, offset);
+            std::vector<float> deq(check_rows * g0.cols);
+            g.dequantize_row_mxfp4(blocks.data(), deq.data(), static_cast<int64_t>(deq.size()));
+            size_t mismatches = 0;
+            double ratio = 0;
+            for (size_t o = 0; o < check_rows; ++o)
+              for (size_t i = 0; i < g0.cols; ++i) {
+                const float ours =
+                    k3::mxfp4_weight(g0.packed.data(), g0.scales.data(), g0.cols, o, i);
+                const float theirs = deq[o * g0.cols + i];
+                if (ours != theirs) {
+                  if (mismatches == 0 && ours != 0) ratio = theirs / ours;
+                  ++mismatches;
+                }
+              }
+            std::printf(
+                "dequantize_row_mxfp4 vs k3::mxfp4_weight (%zu rows, exponent offset %+d): %zu "
+                "mismatches%s\n",
+                check_rows, offset, mismatches,
+                mismatches ? (", ggml/ours = " + std::to_string(ratio)).c_str() : "");
+            values_ok = mismatches == 0;
+            if (values_ok) break;
+            if (ratio == 0.5)
+              offset += 1;
+            else if (ratio == 2.0)
+              offset -= 1;
+            else
+              break;
+          }
+        } else {
+          std::printf("dequantize_row_mxfp4 not exported: exponent convention not checked\n");
+        }
+        if (!values_ok) {
+          std::printf("ggml peer unusable: its dequantised weights do not match ours\n");
+        } else {
+          std::vector<GgmlExpert> gx(experts.size());
+          for (size_t e = 0; e < experts.size(); ++e) {
+            const Expert& x = experts[e];
+            gx[e].gate = k3bench::repack_mxfp4_for_ggml(x.gate.packed.data(), x.gate.scales.data(),
+                                                        kInter, kLatent, offset);
+            gx[e].up = k3bench::repack_mxfp4_for_ggml(x.up.packed.data(), x.up.scales.data(),
+                                                      kInter, kLatent, offset);
+            gx[e].down = k3bench::repack_mxfp4_for_ggml(x.down.packed.data(), x.down.scales.data(),
+                                                        kLatent, kInter, offset);
+          }
+          std::vector<uint8_t> q8x(kLatent / 32 * k3bench::kGgmlQ8Block),
+              q8h(kInter / 32 * k3bench::kGgmlQ8Block);
+          // Numerics: gate of expert 0 on row 0, ggml vs our exact float path (the reference) and
+          // our idot path.
+          std::vector<float> ref(kInter), ours_idot(kInter), theirs(kInter);
+          k3::matmul_mxfp4_exact(k, experts[0].gate.view(), scratch.X.data(), 1, ref.data());
+          k3::quantize_q8_32(k, scratch.X.data(), 1, kLatent, scratch.qx.data(), scratch.dx.data());
+          k3::matmul_mxfp4_idot(k, experts[0].gate.view(), scratch.qx.data(), scratch.dx.data(), 1,
+                                ours_idot.data());
+          g.quantize_row_q8_0(scratch.X.data(), q8x.data(), static_cast<int64_t>(kLatent));
+          ggml_gemv(g, gx[0].gate, kInter, kLatent, q8x.data(), theirs.data());
+          const double err_ggml = rel_l2(theirs.data(), ref.data(), kInter);
+          const double err_idot = rel_l2(ours_idot.data(), ref.data(), kInter);
+          const double err_pair = rel_l2(theirs.data(), ours_idot.data(), kInter);
+          std::printf(
+              "gate[0] x row 0, relative L2 error vs our exact path: ggml %.2e, our idot %.2e; "
+              "ggml vs our idot %.2e\n",
+              err_ggml, err_idot, err_pair);
+          if (!(err_ggml < 2e-2)) {
+            std::printf("ggml peer unusable: its output does not match ours (rel err %.3g)\n",
+                        err_ggml);
+          } else {
+            print_header("ggml MXFP4 expert (same weights, repacked), 1 row");
+            const Timing t = measure(
+                a.seconds, 3, [&] { expert_ggml(g, gx[0], scratch, q8x, q8h); },
+                [&] {
+                  for (const GgmlExpert& e : gx) expert_ggml(g, e, scratch, q8x, q8h);
+                });
+            const double gbs = pass_bytes / t.best / 1e9;
+            print_row("ggml_mxfp4_rows1", 1, pass_bytes, t, 0);
+            add_bandwidth("ggml_mxfp4_rows1", gbs, t.cpu_share);
+            if (mx_idot_rows1 > 0) {
+              const double vs = mx_idot_rows1 / gbs;
+              std::printf("ours (idot, rows 1) / ggml: %.2fx\n", vs);
+              add_result("mxfp4_idot_rows1_vs_ggml", vs, "x", vs,
+                         std::min(mx_idot_cpu, t.cpu_share));
+            }
+          }
+        }
+      }
+    }
+    experts.clear();
+    experts.shrink_to_fit();
+    run_probe("middle");
+  }
+
+  // Dense int8 / int4 matrices.
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{12288, 7168}, {7168, 12288}};
+  for (const int bits : {8, 4}) {
+    for (const Shape& sh : shapes) {
+      const std::string dims = std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+      const bool sel_plain = selected(a, (bits == 8 ? "int8_" : "int4_") + dims);
+      const std::string idot_fmt = bits == 8 ? "int8_idot" : "int4_idot";
+      const bool sel_idot = selected(a, idot_fmt + "_" + dims);
+      if (!sel_plain && !sel_idot) continue;
+      const double one =
+          bits == 8 ? static_cast<double>(sh.rows * sh.cols + sh.rows * 4)
+                    : static_cast<double>(sh.rows * sh.cols / 2 + sh.rows * sh.cols / 64 * 4);
+      const int count =
+          std::clamp(static_cast<int>(std::ceil(4.0 * static_cast<double>(llc_bytes) / one)), 2, 8);
+      std::vector<k3::WeightMatrix> mats(static_cast<size_t>(count));
+      double bytes = 0;
+      for (int m = 0; m < count; ++m) {
+        k3::WeightMatrix& W = mats[m];
+        W.rows = sh.rows;
+        W.cols = sh.cols;
+        W.f32.resize(static_cast<size_t>(sh.rows * sh.cols));
+        fill_floats(W.f32.data(), W.f32.size(), 5000 + static_cast<uint64_t>(bits * 100 + m));
+        k3::quantize_matrix(W, bits, k3::kernel_table(k3::best_isa()));
+        bytes += static_cast<double>(W.bytes());
+      }
+      const std::string fmt = bits == 8 ? "int8" : "int4";
+      const std::string base = fmt + "_" + dims;
+      char title[200];
+      std::vector<float> X(static_cast<size_t>(64 * sh.cols)), Y(static_cast<size_t>(64 * sh.rows));
+      fill_floats(X.data(), X.size(), 4242);
+      // One figure of a 1-row / 64-row series (1 row first): GB/s, and for 64 rows the per-row
+      // ratio to the series' 1-row figure.
+      double gbs1 = 0, cpu1 = 1;
+      auto report = [&](const std::string& name_base, size_t n, const Timing& t) {
+        const double gbs = bytes / t.best / 1e9;
+        const std::string name = name_base + "_rows" + std::to_string(n);
+        double per_row = 0;
+        if (n == 1)
+          gbs1 = gbs;
+        else
+          per_row = gbs * static_cast<double>(n) / gbs1;
+        print_row(name, n, bytes, t, per_row);
+        if (n == 1) cpu1 = t.cpu_share;
+        add_bandwidth(name, gbs, t.cpu_share);
+        if (n > 1)
+          add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
+                     std::min(cpu1, t.cpu_share));
+      };
+      if (sel_plain) {
+        std::snprintf(title, sizeof title,
+                      "%s %lldx%lld (%s), %d distinct matrices rotated (%.0f MB working set)",
+                      bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows),
+                      static_cast<long long>(sh.cols), k3::weight_format_name(mats[0].format),
+                      count, bytes / 1e6);
+        print_header(title);
+        for (const size_t n : {size_t{1}, size_t{64}}) {
+          const Timing t = measure(
+              a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); },
+              [&] {
+                for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
+              });
+          report(base, n, t);
+        }
+      }
+      if (sel_idot) {
+        // The integer path on the same matrices. One pass = quantize_q8_32 of the n activation
+        // rows once (as a caller shares it between the matrices applied to one input), then
+        // every matrix; the quantisation alone is timed and shown beside it.
+        const size_t cols = static_cast<size_t>(sh.cols);
+        std::vector<int8_t> Q8(64 * cols);
+        std::vector<float> D(64 * cols / 32);
+        std::snprintf(
+            title, sizeof title,
+            "%s %lldx%lld on int8 activations (idot; quantize_q8_32 of the rows "
+            "once per pass, included), %d distinct matrices rotated (%.0f MB working set)",
+            bits == 8 ? "int8 per row" : "int4 g64", static_cast<long long>(sh.rows),
+            static_cast<long long>(sh.cols), count, bytes / 1e6);
+        print_header(title);
+        const std::string idot_base = idot_fmt + "_" + dims;
+        auto idot = [&](const k3::WeightMatrix& W, size_t n) {
+          if (bits == 8)
+            k3::matmul_int8_idot(k, W, Q8.data(), D.data(), n, Y.data());
+          else
+            k3::matmul_int4_idot(k, W, Q8.data(), D.data(), n, Y.data());
+        };
+        for (const size_t n : {size_t{1}, size_t{64}}) {
+          const Timing t = measure(
+              a.seconds, 3,
+              [&] {
+                k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
+                idot(mats[0], n);
+              },
+              [&] {
+                k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
+                for (const k3::WeightMatrix& W : mats) idot(W, n);
+              });
+          report(idot_base, n, t);
+          const Timing q = measure(
+              0.2, 3, [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); },
+              [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); });
+          std::printf("  (quantize_q8_32 of %zu rows: %.3f ms, %.2f%% of the best pass)\n", n,
+                      q.best * 1e3, 100.0 * q.best / t.best);
+        }
+      }
+    }
+  }
+
+  run_probe("end");
+
+  // The reference: the highest probe of the run.
+  double ref = 0, lowest = 1e30, ref_cpu = 1;
+  for (const Probe& p : probes) {
+    if (p.gbs > ref) ref = p.gbs, ref_cpu = p.cpu;
+    lowest = std::min(lowest, p.gbs);
+  }
+  std::printf("\n== DRAM reference = the highest probe: %.2f GB/s (probes:", ref);
+  for (const Probe& p : probes) std::printf(" %s %.2f", p.name, p.gbs);
+  std::printf(")\n");
+  if (lowest < 0.85 * ref)
+    std::printf(
+        "the probes differ by %.0f%%: the memory bandwidth changed during the run (other "
+        "processes or tenants); compare runs with care\n",
+        100.0 * (1.0 - lowest / ref));
+  // The DRAM reference in the same unit as the kernels: a kernel at cpu 100 % with more cycles
+  // per byte than this is bound by its instructions, not by the memory.
+  const double dram_cycles = g_clock_ghz * threads / ref;
+  std::printf("DRAM reference in core cycles per byte: %.2f (%.2f GHz x %d threads / %.2f GB/s)\n",
+              dram_cycles, g_clock_ghz, threads, ref);
+  add_result("dram_probe_cycles_per_byte", dram_cycles, "cyc/B", std::nan(""), ref_cpu);
+  add_result("core_clock", g_clock_ghz, "GHz", std::nan(""));
+  g_results.insert(g_results.begin(), {"dram_probe", ref, "GB/s", 1.0, ref_cpu, false});
+  for (const Probe& p : probes)
+    add_result(std::string("dram_probe_") + p.name, p.gbs, "GB/s", p.gbs / ref, p.cpu);
+  std::printf("%-32s %8s %6s %5s\n", "figure", "GB/s", "xDRAM", "cpu");
+  for (Result& r : g_results) {
+    if (!r.vs_probe) continue;
+    r.ratio = r.value / ref;
+    std::printf("%-32s %8.2f %6.2f %4.0f%%\n", r.name.c_str(), r.value, r.ratio, 100.0 * r.cpu);
+  }
+
+  print_targets();
+  print_results();
+  std::printf("kernels: done in %.1f s (peak RSS %.2f GB)\n", k3::now_seconds() - t_start,
+              static_cast<double>(k3::peak_rss_bytes()) / 1e9);
+  return 0;
+}
+
+}  // namespace
+
+Subcommand register_kernels(CLI::App& app) {
+  auto a = std::make_shared<KernelsArgs>();
+  CLI::App* c =
+      app.add_subcommand("kernels", "DRAM probe + GB/s of MXFP4/int8/int4 kernels (+ ggml peer)");
+  add_common_options(c, *a);
+  c->add_option("--seconds", a->seconds, "time spent per figure (best pass reported)")
+      ->capture_default_str();
+  c->add_option("--experts", a->experts, "distinct MXFP4 experts rotated")->capture_default_str();
+  c->add_option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")
+      ->capture_default_str();
+  c->add_flag("--no-ggml", a->no_ggml, "skip the ggml peer");
+  c->add_option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
+      ->check(CLI::Range(0.01, 64.0))
+      ->capture_default_str();
+  c->add_option(
+       "--only", a->only,
+       "run only the figures whose names contain one of these (e.g. mxfp4_idot, int4, ggml)")
+      ->delimiter(',');
+  return {c, [a] { return run_kernels(*a); }};
+}
+
+}  // namespace k3bench

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `k3_bench decode` and `k3_bench stream` on the tiny fixture print their physical floors (issue 33
+# item 5): bytes from RAM per token and tok/s / the DRAM floor, the chunked prefill's FLOP/s / the
+# FMA peak, streamed s/token / the drive floor; `k3_bench kernels` (one small MXFP4 expert) prints
+# each kernel's cycles per weight byte beside its cpu share, and the core clock (item 4). Only that the figures are there and numeric:
+# timings are never assertions. Usage: bench_floors_test.sh <k3_bench> <model_dir>
+set -u
+bench=$1 model=$2
+num='[0-9]+(\.[0-9]+)?'
+fail=0
+check() {  # check <output> <pattern>...
+  local out=$1; shift
+  for pattern in "$@"; do
+    grep -qE -- "$pattern" <<<"$out" || { echo "missing: $pattern"; fail=1; }
+  done
+}
+decode=$("$bench" decode "$model" --tokens 2 --dram-gib 0.0625 2>&1) || { echo "$decode"; exit 1; }
+check "$decode" \
+  "^floors: DRAM read probe $num GB/s .*, FMA peak $num GFLOP/s" \
+  "^prefill C=32: $num GFLOP/s of weight multiply-adds = $num.x the FMA peak \(32 rows per chunk\)" \
+  "^decode bytes from RAM per token: $num MB .*; DRAM floor $num tok/s; measured = $num.x the floor" \
+  "^RESULT decode_model_ram_bytes_per_token $num MB" \
+  "^RESULT decode_model_vs_dram_floor $num tok/s ratio=$num$" \
+  "^RESULT decode_model_prefill_C32_gflops $num GFLOP/s ratio=$num$" \
+  "-> ok$"
+stream=$("$bench" stream "$model" --probe-gb 0.01 --tokens 2 --prefill 4 --expert-gb 0.0001 2>&1) \
+  || { echo "$stream"; exit 1; }
+check "$stream" \
+  "^drive: O_DIRECT, 8 x 4 MiB in flight, the shards read whole: $num GB/s" \
+  "^  pipe: $num MB/token from the drive / $num GB/s = $num s/token floor; measured $num.x" \
+  "^RESULT stream_(wait_all|pipe|pipe_prefetch)_vs_drive_floor $num x ratio=$num$"
+kernels=$("$bench" kernels --only mxfp4_idot --experts 1 --seconds 0.01 --no-ggml \
+          --dram-gib 0.0625 2>&1) || { echo "$kernels"; exit 1; }
+check "$kernels" \
+  "^core clock: $num GHz with [0-9]+ threads busy .*; TSC $num GHz\)" \
+  "^figure +rows +MB/pass +best ms +med ms +GB/s +med +passes +cpu +cyc/B +per-row$" \
+  "^mxfp4_idot_rows1 +1 +$num +$num +$num +$num +$num +[0-9]+ +[0-9]+% +$num *$" \
+  "^DRAM reference in core cycles per byte: $num" \
+  "^RESULT mxfp4_idot_rows(1|4|16|64)_cycles_per_byte $num cyc/B" \
+  "^RESULT dram_probe_cycles_per_byte $num cyc/B" \
+  "^RESULT core_clock $num GHz"
+[ $fail -eq 0 ] || {
+  echo "--- decode:"; echo "$decode"; echo "--- stream:"; echo "$stream"
+  echo "--- kernels:"; echo "$kernels"
+}
+exit $fail
