@@ -52,7 +52,8 @@
 //       The Vulkan expert tier (docs/vulkan.md) on the device COLI_VULKAN would open: upload GB/s
 //       and expert-batch ms on the model's expert shape, then prefill tok/s (C = 32) and decode
 //       s/token with K3_IDOT=0, without the tier, with it (every expert resident after a warm-up
-//       run: the device share) and with prompt streaming (COLI_VK_PREFILL=on). Without MODEL_DIR a
+//       run: the device share), with prompt streaming (COLI_VK_PREFILL=on) and with the prompt's
+//       dense matrices on the device (COLI_VK_DENSE=on). Without MODEL_DIR a
 //       `k3_synth --preset` checkpoint (default demo: seconds on lavapipe) is written once into
 //       DIR. On a CPU device (Mesa's lavapipe) the figures say nothing about a GPU's speed.
 //

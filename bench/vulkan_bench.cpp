@@ -5,7 +5,8 @@
 //       The Vulkan expert tier (docs/vulkan.md) on the device COLI_VULKAN would open: upload GB/s
 //       and expert-batch ms on the model's expert shape, then prefill tok/s (C = 32) and decode
 //       s/token with K3_IDOT=0, without the tier, with it (every expert resident after a warm-up
-//       run: the device share) and with prompt streaming (COLI_VK_PREFILL=on). Without MODEL_DIR a
+//       run: the device share), with prompt streaming (COLI_VK_PREFILL=on) and with the prompt's
+//       dense matrices on the device (COLI_VK_DENSE=on). Without MODEL_DIR a
 //       `k3_synth --preset` checkpoint (default demo: seconds on lavapipe) is written once into
 //       DIR. On a CPU device (Mesa's lavapipe) the figures say nothing about a GPU's speed.
 #include <omp.h>
@@ -109,7 +110,8 @@ int run_vulkan(const VulkanArgs& a) {
   }
   dev.reset();
 
-  // The engine without the tier, with it, and with prompt streaming.
+  // The engine without the tier, with it, with prompt streaming, and with the dense matrices of
+  // prompt chunks on the device too (COLI_VK_DENSE=on).
   const int64_t P = std::max<int64_t>(1, a.prefill);
   std::vector<int64_t> prompt;
   for (int64_t i = 0; i < P; ++i) prompt.push_back(1 + (i * 7919) % (c.vocab_size - 1));
@@ -117,17 +119,20 @@ int run_vulkan(const VulkanArgs& a) {
     const char* name;
     bool tier;
     const char* prefill;
+    const char* dense;
   };
   std::vector<int64_t> cpu_tokens;
   int status = 0;
-  for (const Config& cfg : {Config{"cpu", false, "off"}, Config{"tier", true, "off"},
-                            Config{"tier_stream", true, "on"}}) {
+  for (const Config& cfg :
+       {Config{"cpu", false, "off", "off"}, Config{"tier", true, "off", "off"},
+        Config{"tier_stream", true, "on", "off"}, Config{"tier_dense", true, "off", "on"}}) {
     fs::remove_all(state);
     fs::create_directories(state);
     k3::LoadOptions load = exact;
     load.vulkan.enabled = cfg.tier;
     load.vulkan.tier_gb = 1e3;  // every expert fits (the device's memory permitting)
     load.vulkan.prefill = cfg.prefill;
+    load.vulkan.dense = cfg.dense;
     const k3::Engine engine(dir, load);
     const k3::VkTier* tier = k3::internal::model(engine).vk_tier();
     // Warm-up: fills the tier (and the RAM cache) as a served model's first requests would.
@@ -155,10 +160,13 @@ int run_vulkan(const VulkanArgs& a) {
       const double served = static_cast<double>(st.pairs_served - before.pairs_served),
                    total = static_cast<double>(st.pairs_total - before.pairs_total);
       char buf[200];
-      std::snprintf(buf, sizeof buf, ", device share %.1f%% (%llu residents, %llu streamed pairs)",
+      std::snprintf(buf, sizeof buf,
+                    ", device share %.1f%% (%llu residents, %llu streamed pairs, %llu dense "
+                    "matmuls)",
                     total > 0 ? 100.0 * served / total : 0.0,
                     static_cast<unsigned long long>(st.residents),
-                    static_cast<unsigned long long>(st.streamed_pairs - before.streamed_pairs));
+                    static_cast<unsigned long long>(st.streamed_pairs - before.streamed_pairs),
+                    static_cast<unsigned long long>(st.dense_matmuls - before.dense_matmuls));
       share = buf;
       add_result(std::string("vulkan_") + cfg.name + "_device_share",
                  total > 0 ? served / total : 0.0, "x", std::nan(""));

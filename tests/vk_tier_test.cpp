@@ -379,6 +379,7 @@ TEST_F(VkTier, BenchRunsAndSaysLavapipeIsNotGpuSpeed) {
   EXPECT_NE(r.out.find("RESULT vulkan_upload "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("RESULT vulkan_tier_device_share "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("RESULT vulkan_tier_stream_prefill "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("RESULT vulkan_tier_dense_prefill "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("equal the CPU run's -> ok"), std::string::npos) << r.out;
 }
 
