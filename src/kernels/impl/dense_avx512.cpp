@@ -554,11 +554,11 @@ constexpr size_t kIdotTile = 64;  // activation rows per tile
 constexpr int kIdotSub = 8;       // activation rows per register tile
 // One activation row: groups whose scales are transposed at once.
 constexpr size_t kIdotScaleUnit = 16;
-// One activation row: the 16 interleaved row streams of a block defeat the hardware
-// prefetchers, so the next block (16 whole rows, one contiguous run of memory) is prefetched in
-// memory order while this one is read, 16 * step bytes per step of `step` bytes per row, and its
-// scales when the block starts (as mxfp4_avx512.cpp; on the 2-core Zen 5, 1 thread from DRAM:
-// ~20 -> ~30 GB/s against kIdotAhead = 1024 bytes ahead per row).
+// One activation row: each row of a block is prefetched into L2 this many bytes ahead (the 16
+// interleaved row streams defeat the hardware prefetchers; as mxfp4_avx512.cpp measured), and
+// the next block's scales when a block starts. (Prefetching the next block in memory order, as
+// the MXFP4 and int8 one-row paths do, was ~10 % slower here from DRAM on the 2-core Zen 5.)
+constexpr size_t kIdotAhead = 1024;
 
 inline __m512i bcast32(const uint8_t* p) {
   int32_t v;
@@ -733,8 +733,13 @@ template <bool kFull>
 void idot_block_n1(const IdotBlock& b, const IdotWindow* qx, const float* d, float* y) {
   __m512 a = _mm512_setzero_ps();
   alignas(64) __m512 hs[kIdotScaleUnit];
-  // Addresses only (they may lie past the matrix; prefetches do not fault), kept as integers.
-  const uintptr_t next = reinterpret_cast<uintptr_t>(b.p) + kIdotRows * b.row_bytes;
+  // Prefetch address of byte `off` of each row, kIdotAhead ahead (into the next block past the
+  // end of the rows). An address only (it may lie past the matrix), kept as an integer.
+  auto ahead = [&](size_t off) {
+    const size_t at = off + kIdotAhead;
+    return reinterpret_cast<uintptr_t>(b.p) +
+           (at < b.row_bytes ? at : kIdotRows * b.row_bytes + (at - b.row_bytes));
+  };
   const uintptr_t next_s = reinterpret_cast<uintptr_t>(b.s + kIdotRows * b.groups);
   for (size_t o = 0; o < kIdotRows * b.groups * sizeof(float); o += 64)
     _mm_prefetch(reinterpret_cast<const char*>(next_s + o), _MM_HINT_T0);
@@ -744,12 +749,12 @@ void idot_block_n1(const IdotBlock& b, const IdotWindow* qx, const float* d, flo
     size_t w = g0 / 2;                   // window w = groups 2w, 2w + 1
     for (; 2 * w + 4 <= gend; w += 2) {  // two full windows
       const size_t off = w * 64;
-      const uintptr_t pf = next + kIdotRows * off;
+      const uintptr_t pf = ahead(off);
       __m512i d0[16], d1[16];
 #pragma GCC unroll 16
       for (size_t i = 0; i < kIdotRows; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf + i * 128), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(pf + i * 128 + 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes + 64), _MM_HINT_T1);
         const __mmask16 m = kFull || i < b.nr ? 0xFFFF : 0;
         d0[i] = idot_dot_n1(_mm512_maskz_loadu_epi32(m, b.p + i * b.row_bytes + off), qx[w]);
         d1[i] =
@@ -761,11 +766,11 @@ void idot_block_n1(const IdotBlock& b, const IdotWindow* qx, const float* d, flo
     for (; 2 * w < gend; ++w) {  // one window, full or (the last of an odd group count) half
       const size_t hw = 2 * w + 2 <= gend ? 4 : 2;
       const size_t off = w * 64;
-      const uintptr_t pf = next + kIdotRows * off;
+      const uintptr_t pf = ahead(off);
       __m512i d0[16];
 #pragma GCC unroll 16
       for (size_t i = 0; i < kIdotRows; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(pf + i * 64), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
         const __mmask16 m = kFull || i < b.nr ? (hw == 4 ? 0xFFFF : 0x00FF) : 0;
         d0[i] = idot_dot_n1(_mm512_maskz_loadu_epi32(m, b.p + i * b.row_bytes + off), qx[w]);
       }
