@@ -798,9 +798,9 @@ void idot_block_n1(const IdotBlock& b, const IdotWindow* qx, const float* d, flo
 // transposed together (sum_rows16, then the two 128-bit lanes of a group added) to one vector
 // per group with one row per lane, -128 * sum(q) added, and the float step runs lane-wise as
 // above. The next block (16 whole rows, contiguous) is prefetched in memory order. On the 2-core
-// Zen 5 (1 thread, 7168 columns): from L2 ~0.12 -> ~0.035 cycles per weight byte, from DRAM
-// ~22 -> ~30 GB/s. (Reading each row start to end instead, partials to an L2 buffer, was
-// slower from DRAM: ~18 GB/s.)
+// Zen 5 (7168 columns): from L2 ~0.08-0.12 -> ~0.035-0.045 cycles per weight byte, from DRAM
+// 1.6-1.9x the GB/s of the transposing path (median of paired runs, 1 and 2 threads). (Reading
+// each row start to end instead, partials to an L2 buffer, was slower from DRAM.)
 
 constexpr size_t kI8Rows = 16;  // weight rows per block, one per 32-bit lane
 constexpr size_t kI8Unit = 8;   // groups transposed at a time (8 KiB of weights)
