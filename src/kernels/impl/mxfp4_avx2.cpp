@@ -128,9 +128,11 @@ inline __m256 half_scale(__m256i s) {
   return _mm256_castsi256_ps(_mm256_or_si256(v, nan));  // 254 << 23 | 0x7FC00000 = 0x7FC00000
 }
 
-// Each row of a block is prefetched into L2 kAhead bytes ahead (wrapping into the next block
-// of rows at the end of the chunk): the hardware prefetchers do not follow 8 interleaved row
-// streams well (see mxfp4_avx512.cpp).
+// The hardware prefetchers do not follow 8 interleaved row streams well (see mxfp4_avx512.cpp):
+// when the chunk is whole rows (the block is one contiguous run of 8 rows) the next block is
+// prefetched in memory order, 8 * 64 bytes per 64 bytes of each row read, and its scales when
+// the block starts; otherwise each row kAhead bytes ahead, wrapping into the next block of rows
+// at the end of the chunk.
 constexpr size_t kAhead = 1024;
 
 struct Block {
@@ -150,13 +152,17 @@ inline void load_pair(const Block& b, size_t g0, size_t gq, __m256i r[8]) {
   const __m256i half_mask = _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
   const size_t off = g0 * (kMxfp4Group / 2);
   const size_t ahead = off + kAhead;
-  // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+  // Addresses only (they may lie past the matrix; prefetches do not fault), kept as integers.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(b.p);
+  const bool linear = b.chunk_bytes == b.row_bytes;
   const uintptr_t pf =
-      reinterpret_cast<uintptr_t>(b.p) +
-      (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+      linear
+          ? base + kRows * b.row_bytes + kRows * off
+          : base + (ahead < b.chunk_bytes ? ahead : kRows * b.row_bytes + (ahead - b.chunk_bytes));
+  const size_t pf_stride = linear ? 64 : b.row_bytes;
   const bool prefetch = (g0 & 3) == 0;  // one prefetch per 64 bytes of a row
   for (size_t i = 0; i < kRows; ++i) {
-    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(pf + i * b.row_bytes), _MM_HINT_T1);
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(pf + i * pf_stride), _MM_HINT_T0);
     const uint8_t* src = b.p + i * b.row_bytes + off;
     r[i] = i >= b.nr ? _mm256_setzero_si256()
            : gq == 2 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
@@ -244,6 +250,11 @@ template <int S>
 void block_direct(const Block& b, const Acts& x, float* acc) {
   __m256 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm256_load_ps(acc + s * kRows);
+  // The next block's scales (an address only: it may lie past the matrix).
+  const uintptr_t next = reinterpret_cast<uintptr_t>(b.sp) + kRows * b.groups;
+  for (size_t i = 0; i < kRows; ++i)
+    for (size_t o = 0; o < b.gc; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(next + i * b.groups + o), _MM_HINT_T0);
   alignas(32) __m256 hs[kUnit];
   __m256i r[8], w[8];
   for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
