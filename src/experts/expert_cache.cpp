@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <new>
 #include <sstream>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "util/error.h"
 #include "util/hash.h"
 #include "util/sys.h"
+#include "util/uninit_vector.h"
 
 namespace k3 {
 
@@ -29,11 +31,30 @@ constexpr int64_t kHistoryVersion = 1;
 constexpr double kPinMinHistory = 5000;
 constexpr double kPinFullConfidence = 200000;
 
+// A slot or read buffer, kDirectAlign-aligned; from kHugeBufferBytes on a 2 MiB-aligned mapping
+// advised for huge pages (util/uninit_vector.h), so a real expert (17.5 MB) is faulted in a few
+// huge pages instead of ~4,300 small ones. free_aligned takes the same byte count back.
 uint8_t* alloc_aligned(uint64_t bytes) {
   const uint64_t rounded = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  void* p = std::aligned_alloc(kDirectAlign, rounded);
+  void* p = nullptr;
+  if (rounded >= kHugeBufferBytes) {
+    try {
+      p = allocate_buffer(rounded);
+    } catch (const std::bad_alloc&) {
+    }
+  } else {
+    p = std::aligned_alloc(kDirectAlign, rounded);
+  }
   if (!p) throw Error("expert cache: cannot allocate " + std::to_string(rounded) + " bytes");
   return static_cast<uint8_t*>(p);
+}
+
+void free_aligned(uint8_t* p, uint64_t bytes) {
+  const uint64_t rounded = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  if (rounded >= kHugeBufferBytes)
+    free_buffer(p, rounded);
+  else
+    std::free(p);
 }
 
 }  // namespace
@@ -246,11 +267,11 @@ ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options,
 ExpertCache::~ExpertCache() {
   for (auto& e : entries_) {
     e->ticket.wait();  // a dropped prefetch may still be reading into its buffer
-    std::free(e->buffer);
+    free_aligned(e->buffer, store_.slot_bytes());
   }
   for (auto& layer : layers_)
     if (layer)
-      for (Slot& s : layer->slots) std::free(s.buffer);
+      for (Slot& s : layer->slots) free_aligned(s.buffer, store_.slot_bytes());
 }
 
 void ExpertCache::say(const std::string& line) const {
@@ -559,7 +580,7 @@ void ExpertCache::release(ExpertBatch& batch) {
   for (size_t i = entries_.size(); i-- > 0 && entries_.size() > kWorkingSet;) {
     Entry& en = *entries_[i];
     if (!en.free() || !en.ticket.done()) continue;
-    std::free(en.buffer);
+    free_aligned(en.buffer, store_.slot_bytes());
     entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
@@ -647,6 +668,29 @@ void ExpertCache::record(int64_t layer, std::span<const int64_t> ids) {
   std::lock_guard<std::mutex> lock(L.mu);
   for (int64_t e : ids)
     if (e >= 0 && e < num_experts_) ++L.usage[static_cast<size_t>(e)];
+}
+
+ExpertCacheMemory ExpertCache::memory() const {
+  ExpertCacheMemory m;
+  const uint64_t each = store_.slot_bytes();
+  if (setup_.all_resident) {
+    m.slot_bytes = store_.total_bytes();
+    m.slots_used = m.slots_budget = store_.total_bytes() / std::max<uint64_t>(1, each);
+    return m;
+  }
+  for (int64_t l : moe_layers_) {
+    const Layer& L = *layers_[static_cast<size_t>(l)];
+    std::lock_guard<std::mutex> lock(L.mu);
+    m.slots_budget += L.slots.size();
+    for (const Slot& s : L.slots) {
+      if (s.buffer != nullptr) m.slot_bytes += each;
+      if (s.expert >= 0) ++m.slots_used;
+    }
+  }
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  for (const auto& e : entries_)
+    if (e->buffer != nullptr) m.read_buffer_bytes += each;
+  return m;
 }
 
 ExpertCacheStats ExpertCache::stats() const {
