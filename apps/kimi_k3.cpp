@@ -43,12 +43,6 @@ extern char** environ;
 
 namespace {
 
-std::string mb_text(uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
-  return buf;
-}
-
 // Ctrl-C / SIGTERM: the first one stops the run at the next check — between tensors while the
 // weights load, before the next layer during the prefill, after the current token while
 // generating (the reply so far and the summary are printed; exit status 130 for SIGINT, 143 for
@@ -461,12 +455,10 @@ int run(int argc, char** argv) {
   if (opt.debug.stats)
     std::fprintf(stderr, "%s\nstages: %s\n", engine.describe().c_str(),
                  session.stats().summary.c_str());
-  // Resident memory by backing: with K3_MMAP=1 the dense weights show up as file-backed (clean
-  // page cache), not as private anonymous memory.
-  const k3::MemoryUse use = k3::memory_use();
-  const std::string memory = use.known ? " (anon " + mb_text(use.anonymous_bytes) +
-                                             ", file-backed " + mb_text(use.file_backed_bytes) + ")"
-                                       : std::string();
+  // Resident memory by use (dense weights, experts, session state, scratch, I/O) and by backing:
+  // with K3_MMAP=1 the dense weights show up as file-backed (clean page cache), not as private
+  // anonymous memory.
+  const std::string memory = " (" + k3::describe_memory(engine.memory()) + ")";
   std::fprintf(stderr,
                "load %.2f s (%.2f GB/s resident) | prefill %zu tok %.1f tok/s | decode %lld tok "
                "%.1f tok/s | %s | threads %d | peak RSS %.1f MB%s | %s%s\n",

@@ -61,7 +61,8 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
       k3::WeightMatrix W;
       W.rows = rows;
       W.cols = cols;
-      W.f32 = randn(rows * cols, 7);
+      const std::vector<float> w = randn(rows * cols, 7);
+      W.f32.assign(w.begin(), w.end());
       if (fmt == 1) k3::quantize_matrix(W, 8, k3::kernel_table(k3::best_isa()));
       if (fmt == 2 || fmt == 3) k3::quantize_matrix(W, 4, k3::kernel_table(k3::best_isa()));
       W.int8_activations = fmt == 3;

@@ -46,6 +46,10 @@ TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
   EXPECT_NE(r.err.find("prefill 12 tok"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("decode 7 tok"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("peak RSS"), std::string::npos) << r.err;
+  // The resident memory split by use (Engine::memory()).
+  for (const char* part : {"(dense ", ", experts ", " slots), KDA ", ", MLA ", ", activations ",
+                           ", I/O ", "; anon ", ", file-backed "})
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << " in: " << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 

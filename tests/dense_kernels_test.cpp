@@ -74,7 +74,8 @@ Case make_case(WeightFormat format, size_t rows, size_t cols, std::mt19937& rng)
   Case c;
   c.m.rows = static_cast<int64_t>(rows);
   c.m.cols = static_cast<int64_t>(cols);
-  c.m.f32 = random_floats(rows * cols, rng);
+  const std::vector<float> w = random_floats(rows * cols, rng);
+  c.m.f32.assign(w.begin(), w.end());
   c.deq.resize(rows * cols);
   if (format == WeightFormat::kF32) {
     for (size_t i = 0; i < rows * cols; ++i) c.deq[i] = c.m.f32[i];
@@ -600,15 +601,16 @@ TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
       WeightMatrix m;
       m.rows = static_cast<int64_t>(rows);
       m.cols = static_cast<int64_t>(cols);
-      m.f32 = random_floats(rows * cols, rng);
+      const std::vector<float> w = random_floats(rows * cols, rng);
+      m.f32.assign(w.begin(), w.end());
       return m;
     };
     {  // 32 bits: unchanged.
       WeightMatrix m = make(5, 100);
-      const std::vector<float> before = m.f32;
+      const std::vector<float> before(m.f32.begin(), m.f32.end());
       k3::quantize_matrix(m, 32, kt);
       EXPECT_EQ(m.format, WeightFormat::kF32);
-      EXPECT_EQ(m.f32, before);
+      EXPECT_TRUE(std::equal(m.f32.begin(), m.f32.end(), before.begin(), before.end()));
       EXPECT_EQ(m.bytes(), 5u * 100u * 4u);
     }
     for (auto [bits, cols, want] :
@@ -620,7 +622,7 @@ TEST(KernelsQuant, QuantizeMatrixFormatsAndFallback) {
       SCOPED_TRACE("bits=" + std::to_string(bits) + " cols=" + std::to_string(cols));
       const size_t rows = 7;
       WeightMatrix m = make(rows, cols);
-      const std::vector<float> w = m.f32;
+      const std::vector<float> w(m.f32.begin(), m.f32.end());
       k3::quantize_matrix(m, bits, kt);
       EXPECT_EQ(m.format, want);
       EXPECT_TRUE(m.f32.empty());
@@ -679,7 +681,7 @@ TEST(KernelsQuant, QuantizeMatrixIndependentOfThreadCount) {
       WeightMatrix m;
       m.rows = static_cast<int64_t>(rows);
       m.cols = static_cast<int64_t>(cols);
-      m.f32 = w;
+      m.f32.assign(w.begin(), w.end());
       k3::quantize_matrix(m, bits, k3::kernel_table(k3::best_isa()));
       out.push_back(std::move(m));
     }

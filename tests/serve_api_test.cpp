@@ -657,6 +657,27 @@ TEST(ServeApi, MetricsText) {
   EXPECT_NE(text.find("k3_expert_prefetch_reads_total 40\n"), std::string::npos);
   EXPECT_NE(text.find("k3_expert_prefetch_used_total 30\n"), std::string::npos);
   EXPECT_NE(text.find("k3_expert_prefetch_recall 0.75\n"), std::string::npos);
+  // Resident memory by use and by backing (engine.h: MemorySplit).
+  ServiceStats m;
+  m.memory.dense_weights = 2900;
+  m.memory.expert_cache = 840;
+  m.memory.expert_slots_used = 48;
+  m.memory.expert_slots_budget = 192;
+  m.memory.kda_state = 5;
+  m.memory.mla_cache = 6;
+  m.memory.activations = 7;
+  m.memory.io_buffers = 8;
+  m.memory.anonymous = 3800;
+  m.memory.file_backed = 9;
+  const std::string mem = metrics_text(m, {});
+  for (const char* line :
+       {"k3_memory_bytes{part=\"dense_weights\"} 2900\n",
+        "k3_memory_bytes{part=\"expert_cache\"} 840\n", "k3_memory_bytes{part=\"kda_state\"} 5\n",
+        "k3_memory_bytes{part=\"mla_cache\"} 6\n", "k3_memory_bytes{part=\"activations\"} 7\n",
+        "k3_memory_bytes{part=\"io_buffers\"} 8\n", "k3_memory_bytes{part=\"anonymous\"} 3800\n",
+        "k3_memory_bytes{part=\"file_backed\"} 9\n", "k3_expert_slots_used 48\n",
+        "k3_expert_slots_budget 192\n"})
+    EXPECT_NE(mem.find(line), std::string::npos) << line;
 }
 
 }  // namespace

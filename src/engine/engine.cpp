@@ -310,6 +310,58 @@ void Engine::save_history() const {
   cache.save_history();
 }
 
+uint64_t MemorySplit::accounted() const {
+  return dense_weights + mapped_weights + expert_cache + kda_state + mla_cache + activations +
+         io_buffers;
+}
+
+std::string describe_memory(const MemorySplit& m) {
+  const auto size = [](uint64_t bytes) {
+    char buf[32];
+    if (bytes >= 1'000'000'000)
+      std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
+    else
+      std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+    return std::string(buf);
+  };
+  std::string text = "dense " + size(m.dense_weights);
+  if (m.mapped_weights > 0) text += " (+ mapped " + size(m.mapped_weights) + ")";
+  text += ", experts " + size(m.expert_cache) + " (" + std::to_string(m.expert_slots_used) + "/" +
+          std::to_string(m.expert_slots_budget) + " slots), KDA " + size(m.kda_state) + ", MLA " +
+          size(m.mla_cache) + ", activations " + size(m.activations) + ", I/O " +
+          size(m.io_buffers);
+  if (m.process_known)
+    text += "; anon " + size(m.anonymous) + ", file-backed " + size(m.file_backed);
+  return text;
+}
+
+MemorySplit Engine::memory() const {
+  const Impl& m = *impl_;
+  const Model& model = *m.model;
+  MemorySplit s;
+  const ExpertCacheMemory experts = model.experts().memory();
+  const uint64_t resident_experts = model.load_options().experts_in_memory ? experts.slot_bytes : 0;
+  s.dense_weights = model.resident_bytes() - std::min(model.resident_bytes(), resident_experts);
+  s.mapped_weights = model.mapped_bytes();
+  s.expert_cache = experts.slot_bytes;
+  s.expert_slots_used = experts.slots_used;
+  s.expert_slots_budget = experts.slots_budget;
+  s.io_buffers = experts.read_buffer_bytes;
+  const auto load = [](const std::atomic<int64_t>& v) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, v.load(std::memory_order_relaxed)));
+  };
+  s.kda_state = load(m.kda_bytes);
+  s.mla_cache = load(m.mla_bytes);
+  s.activations = load(m.activation_bytes);
+  const MemoryUse use = memory_use();
+  s.process_known = use.known;
+  s.anonymous = use.anonymous_bytes;
+  s.file_backed = use.file_backed_bytes;
+  s.rss = current_rss_bytes();
+  s.peak_rss = peak_rss_bytes();
+  return s;
+}
+
 Session::Impl::Impl(const Engine& e, int64_t capacity)
     : engine(e.impl()),
       state(engine.model->new_state(capacity)),
@@ -319,6 +371,29 @@ Session::Impl::Impl(const Engine& e, int64_t capacity)
   // A step (one row) allocates nothing.
   chunk_x0.resize(static_cast<size_t>(engine.config.hidden_size));
   chunk_hidden.resize(static_cast<size_t>(engine.config.hidden_size));
+  account();
+}
+
+Session::Impl::~Impl() {
+  engine.kda_bytes -= accounted_kda;
+  engine.mla_bytes -= accounted_mla;
+  engine.activation_bytes -= accounted_activations;
+}
+
+void Session::Impl::account() {
+  const auto floats = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.capacity() * sizeof(float));
+  };
+  const int64_t kda = static_cast<int64_t>(state.kda_bytes());
+  const int64_t mla = static_cast<int64_t>(state.mla_bytes());
+  const int64_t activations = static_cast<int64_t>(state.work.bytes(state.position)) +
+                              floats(logits) + floats(x0) + floats(chunk_x0) + floats(chunk_hidden);
+  engine.kda_bytes += kda - accounted_kda;
+  engine.mla_bytes += mla - accounted_mla;
+  engine.activation_bytes += activations - accounted_activations;
+  accounted_kda = kda;
+  accounted_mla = mla;
+  accounted_activations = activations;
 }
 
 Session::Session(const Engine& engine, int64_t capacity)
@@ -395,6 +470,7 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids,
         hooks.all_logits->insert(hooks.all_logits->end(), s.logits.begin(), s.logits.end());
     }
   }
+  s.account();
   return s.logits;
 }
 
@@ -409,6 +485,23 @@ const std::vector<float>& Session::logits() const {
 
 Batch::Impl::Impl(const Engine& e) : engine(e.impl()) {
   work.init(engine.config, 1);
+  account();
+}
+
+Batch::Impl::~Impl() {
+  engine.activation_bytes -= accounted_activations;
+}
+
+void Batch::Impl::account() {
+  const auto floats = [](const std::vector<float>& v) {
+    return static_cast<int64_t>(v.capacity() * sizeof(float));
+  };
+  int64_t longest = 0;
+  for (const ModelState* s : states) longest = std::max(longest, s->position);
+  const int64_t activations =
+      static_cast<int64_t>(work.bytes(longest)) + floats(x0) + floats(hidden) + floats(logits);
+  engine.activation_bytes += activations - accounted_activations;
+  accounted_activations = activations;
 }
 
 Batch::Batch(const Engine& engine) : impl_(std::make_unique<Impl>(engine)) {}
@@ -454,7 +547,9 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
     if (head)
       s.logits.assign(b.logits.begin() + static_cast<std::ptrdiff_t>(i * V),
                       b.logits.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
+    s.account();
   }
+  b.account();
 }
 
 void Batch::set_interrupt(const std::atomic<bool>* flag) {
@@ -520,7 +615,7 @@ void Session::save_state(SavedState& out, bool with_rows) const {
   out.rows.resize(pos * row_floats());
   float* r = out.rows.data();
   for (const MlaCache& m : impl_->state.mla)
-    for (const std::vector<float>* v : {&m.latent, &m.rope})
+    for (const UninitVector<float>* v : {&m.latent, &m.rope})
       if (!v->empty())
         r = std::copy(v->begin(),
                       v->begin() + static_cast<std::ptrdiff_t>(pos * (v->size() / capacity)), r);
@@ -553,7 +648,7 @@ void Session::restore_state(const SavedState& saved) {
   if (rows) {
     const float* r = saved.rows.data();
     for (MlaCache& m : s.state.mla)
-      for (std::vector<float>* v : {&m.latent, &m.rope})
+      for (UninitVector<float>* v : {&m.latent, &m.rope})
         if (!v->empty()) {
           const size_t n = pos * (v->size() / capacity);
           std::copy(r, r + n, v->begin());
@@ -563,12 +658,14 @@ void Session::restore_state(const SavedState& saved) {
   }
   s.state.position = saved.position;
   s.tokens.resize(pos);
+  s.account();
 }
 
 void Session::reset() {
   impl_->state.reset();
   impl_->state.stats.reset();
   impl_->tokens.clear();
+  impl_->account();
 }
 
 }  // namespace k3

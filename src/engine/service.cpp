@@ -419,6 +419,7 @@ ServiceStats EngineService::stats() const {
     s.experts = e->expert_stats();
     s.device = e->device_stats();
     s.expert_parallel = e->expert_parallel_stats();
+    s.memory = e->memory();
   }
   return s;
 }

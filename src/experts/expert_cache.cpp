@@ -29,11 +29,17 @@ constexpr int64_t kHistoryVersion = 1;
 constexpr double kPinMinHistory = 5000;
 constexpr double kPinFullConfidence = 200000;
 
+// A slot or read buffer, kDirectAlign-aligned (plain pages: huge-page-advised slots made the
+// slice's O_DIRECT expert reads wait on compaction, 0.84 GB at 0.17 GB/s instead of 0.93 GB/s).
 uint8_t* alloc_aligned(uint64_t bytes) {
   const uint64_t rounded = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   void* p = std::aligned_alloc(kDirectAlign, rounded);
   if (!p) throw Error("expert cache: cannot allocate " + std::to_string(rounded) + " bytes");
   return static_cast<uint8_t*>(p);
+}
+
+void free_aligned(uint8_t* p) {
+  std::free(p);
 }
 
 }  // namespace
@@ -246,11 +252,11 @@ ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options,
 ExpertCache::~ExpertCache() {
   for (auto& e : entries_) {
     e->ticket.wait();  // a dropped prefetch may still be reading into its buffer
-    std::free(e->buffer);
+    free_aligned(e->buffer);
   }
   for (auto& layer : layers_)
     if (layer)
-      for (Slot& s : layer->slots) std::free(s.buffer);
+      for (Slot& s : layer->slots) free_aligned(s.buffer);
 }
 
 void ExpertCache::say(const std::string& line) const {
@@ -559,7 +565,7 @@ void ExpertCache::release(ExpertBatch& batch) {
   for (size_t i = entries_.size(); i-- > 0 && entries_.size() > kWorkingSet;) {
     Entry& en = *entries_[i];
     if (!en.free() || !en.ticket.done()) continue;
-    std::free(en.buffer);
+    free_aligned(en.buffer);
     entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
@@ -647,6 +653,29 @@ void ExpertCache::record(int64_t layer, std::span<const int64_t> ids) {
   std::lock_guard<std::mutex> lock(L.mu);
   for (int64_t e : ids)
     if (e >= 0 && e < num_experts_) ++L.usage[static_cast<size_t>(e)];
+}
+
+ExpertCacheMemory ExpertCache::memory() const {
+  ExpertCacheMemory m;
+  const uint64_t each = store_.slot_bytes();
+  if (setup_.all_resident) {
+    m.slot_bytes = store_.total_bytes();
+    m.slots_used = m.slots_budget = store_.total_bytes() / std::max<uint64_t>(1, each);
+    return m;
+  }
+  for (int64_t l : moe_layers_) {
+    const Layer& L = *layers_[static_cast<size_t>(l)];
+    std::lock_guard<std::mutex> lock(L.mu);
+    m.slots_budget += L.slots.size();
+    for (const Slot& s : L.slots) {
+      if (s.buffer != nullptr) m.slot_bytes += each;
+      if (s.expert >= 0) ++m.slots_used;
+    }
+  }
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  for (const auto& e : entries_)
+    if (e->buffer != nullptr) m.read_buffer_bytes += each;
+  return m;
 }
 
 ExpertCacheStats ExpertCache::stats() const {

@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "impl/kernels_impl.h"
 #include "impl/quant_common.h"
@@ -57,33 +58,60 @@ void downcast_int8_row_to_int4_g64(const int8_t* q8, float s8, size_t cols, uint
   }
 }
 
-void quantize_matrix(WeightMatrix& m, int bits, const KernelTable& kernels) {
-  if (m.format != WeightFormat::kF32) throw Error("quantize_matrix: matrix is already quantised");
-  if (bits >= 32) return;
-  const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
-  const bool int4 = bits <= 4 && cols % 64 == 0;
+WeightFormat quantized_format(int bits, int64_t cols) {
+  if (bits >= 32) return WeightFormat::kF32;
   if (bits != 4 && bits != 8)
     throw Error("quantize_matrix: unsupported bit width " + std::to_string(bits));
-  if (int4) {
-    resize_huge(m.q4, rows * cols / 2);
-    resize_huge(m.scales, rows * cols / 64);
-  } else {
-    resize_huge(m.q8, rows * cols);
-    resize_huge(m.scales, rows);
+  return bits == 4 && cols % 64 == 0 ? WeightFormat::kInt4G64 : WeightFormat::kInt8Row;
+}
+
+void allocate_matrix(WeightMatrix& m, WeightFormat format) {
+  const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
+  const auto size = [](auto& v, size_t n) {
+    if (n == 0) {
+      std::remove_reference_t<decltype(v)>().swap(v);
+    } else {
+      v.clear();
+      v.resize(n);
+    }
+  };
+  size(m.f32, format == WeightFormat::kF32 ? rows * cols : 0);
+  size(m.q8, format == WeightFormat::kInt8Row ? rows * cols : 0);
+  size(m.q4, format == WeightFormat::kInt4G64 ? rows * cols / 2 : 0);
+  size(m.scales, format == WeightFormat::kInt8Row   ? rows
+                 : format == WeightFormat::kInt4G64 ? rows * cols / 64
+                                                    : 0);
+  m.format = format;
+}
+
+void quantize_rows(WeightMatrix& m, size_t row0, size_t n, const float* w,
+                   const KernelTable& kernels) {
+  const size_t cols = static_cast<size_t>(m.cols);
+  for (size_t r = 0; r < n; ++r) {
+    const size_t row = row0 + r;
+    if (m.format == WeightFormat::kInt4G64)
+      kernels.quantize_int4_g64_row(w + r * cols, cols, m.q4.data() + row * cols / 2,
+                                    m.scales.data() + row * cols / 64);
+    else
+      kernels.quantize_int8_row(w + r * cols, cols, m.q8.data() + row * cols,
+                                m.scales.data() + row);
   }
+}
+
+void quantize_matrix(WeightMatrix& m, int bits, const KernelTable& kernels) {
+  if (m.format != WeightFormat::kF32) throw Error("quantize_matrix: matrix is already quantised");
+  const WeightFormat format = quantized_format(bits, m.cols);
+  if (format == WeightFormat::kF32) return;
+  const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
+  UninitVector<float> f32;
+  f32.swap(m.f32);
+  allocate_matrix(m, format);
   const int64_t n = m.rows;
 #pragma omp parallel for schedule(static) if (rows * cols > (1u << 16))
   for (int64_t r = 0; r < n; ++r) {
     const size_t row = static_cast<size_t>(r);
-    const float* w = m.f32.data() + row * cols;
-    if (int4)
-      kernels.quantize_int4_g64_row(w, cols, m.q4.data() + row * cols / 2,
-                                    m.scales.data() + row * cols / 64);
-    else
-      kernels.quantize_int8_row(w, cols, m.q8.data() + row * cols, m.scales.data() + row);
+    quantize_rows(m, row, 1, f32.data() + row * cols, kernels);
   }
-  m.format = int4 ? WeightFormat::kInt4G64 : WeightFormat::kInt8Row;
-  std::vector<float>().swap(m.f32);
 }
 
 }  // namespace k3

@@ -20,7 +20,6 @@ void mla_attend(const K3Config& c, const KernelTable& kt, const MlaWeights& w,
   const size_t rope = static_cast<size_t>(c.qk_rope_head_dim);
   const size_t vdim = static_cast<size_t>(c.v_head_dim);
   const size_t qk = nope + rope;
-  const size_t cap = static_cast<size_t>(cache.latent.size() / kvr);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qk)));
   const int64_t heads = static_cast<int64_t>(H);
 #pragma omp parallel for schedule(static) if (H * T * kvr > 16384)
@@ -28,10 +27,12 @@ void mla_attend(const K3Config& c, const KernelTable& kt, const MlaWeights& w,
     const size_t h = static_cast<size_t>(hh);
     const float* q_nope = Q + h * qk;
     const float* q_pe = q_nope + nope;
-    const size_t wuk_row = h * (nope + vdim);        // rows [wuk_row, +nope) = W_UK_h, then W_UV_h
-    float* qabs = ws.mla_qabs.data() + h * kvr;      // [kvr]
-    float* lat = ws.mla_lat.data() + h * kvr;        // [kvr]
-    float* scores = ws.mla_scores.data() + h * cap;  // [T]
+    const size_t wuk_row = h * (nope + vdim);    // rows [wuk_row, +nope) = W_UK_h, then W_UV_h
+    float* qabs = ws.mla_qabs.data() + h * kvr;  // [kvr]
+    float* lat = ws.mla_lat.data() + h * kvr;    // [kvr]
+    // [T]: the heads' scores packed at stride T (not the capacity), so a pass touches the first
+    // H * T floats of the buffer only (state.h: UninitVector).
+    float* scores = ws.mla_scores.data() + h * T;
     std::fill(qabs, qabs + kvr, 0.0f);
     accumulate_rows_transposed(w.kv_b_proj, wuk_row, nope, q_nope, qabs);  // W_UK_h^T q_nope
     kt.mla_head_attend(qabs, q_pe, cache.latent.data(), cache.rope.data(), T, kvr, rope, scale,

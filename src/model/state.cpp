@@ -19,9 +19,8 @@ ModelState::ModelState(const K3Config& c, int64_t num_layers, int64_t capacity_,
       kda[l].v_window.assign(history * P, 0.0f);
       kda[l].recurrent.assign(static_cast<size_t>(c.kda_num_heads) * dk * dk, 0.0f);
     } else {
-      mla[l].latent.assign(static_cast<size_t>(capacity) * kvr, 0.0f);
-      mla[l].rope.assign(static_cast<size_t>(capacity) * static_cast<size_t>(c.qk_rope_head_dim),
-                         0.0f);
+      mla[l].latent.resize(static_cast<size_t>(capacity) * kvr);
+      mla[l].rope.resize(static_cast<size_t>(capacity) * static_cast<size_t>(c.qk_rope_head_dim));
     }
   }
   work.init(c, capacity);
@@ -44,7 +43,8 @@ void Workspace::init(const K3Config& c, int64_t capacity) {
   w.kda_u.assign(static_cast<size_t>(c.kda_num_heads) * dk, 0.0f);
   w.mla_qabs.assign(H * kvr, 0.0f);
   w.mla_lat.assign(H * kvr, 0.0f);
-  w.mla_scores.assign(H * static_cast<size_t>(capacity), 0.0f);
+  w.mla_scores.resize(H * static_cast<size_t>(capacity));
+  w.score_heads = H;
   w.moe_scores.assign(E, 0.0f);
   w.moe_choice.assign(E, 0.0f);
   w.moe_order.assign(E, 0);
@@ -152,6 +152,59 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   pick_owner.reserve(n * K);
   cpu_groups.reserve(n * K);
   cpu_ids.reserve(n * K);
+}
+
+uint64_t ModelState::kda_bytes() const {
+  uint64_t floats = 0;
+  for (const KdaState& k : kda)
+    floats += k.q_window.size() + k.k_window.size() + k.v_window.size() + k.recurrent.size();
+  return floats * sizeof(float);
+}
+
+uint64_t ModelState::mla_bytes() const {
+  if (capacity <= 0) return 0;
+  uint64_t floats = 0;
+  for (const MlaCache& m : mla) floats += (m.latent.size() + m.rope.size()) / capacity * position;
+  return floats * sizeof(float);
+}
+
+uint64_t Workspace::bytes(int64_t positions) const {
+  uint64_t total = 0;
+  const auto add = [&](const auto& v) { total += v.capacity() * sizeof(v[0]); };
+  add(sequence_rows);
+  add(embed_bytes);
+  for (const auto* v :
+       {&blocks,     &partial,    &mixed,      &normed,     &branch,   &mix_weights,   &kda_q,
+        &kda_k,      &kda_v,      &kda_gate,   &kda_decay,  &kda_out,  &kda_decay_low, &kda_beta,
+        &kda_u,      &mla_cq,     &mla_q,      &mla_ckv,    &mla_gate, &mla_ctx,       &mla_qabs,
+        &mla_lat,    &moe_logits, &moe_scores, &moe_choice, &moe_z,    &moe_acc,       &moe_z_d,
+        &moe_routed, &ex_z,       &ex_down,    &ex_z_d,     &ex_gate,  &ex_up,         &ex_h_d,
+        &moe_ahead,  &mlp_gate,   &mlp_up,     &head_normed})
+    add(*v);
+  for (const auto* v : {&moe_z_q8, &ex_z_q8, &ex_h_q8}) add(*v);
+  add(sources);
+  add(moe_order);
+  add(moe_by_weight);
+  add(predict_count);
+  add(predict_order);
+  add(picks);
+  add(pick_ids);
+  add(pick_starts);
+  add(pick_state);
+  add(pick_ahead);
+  add(pick_rows);
+  add(pick_owner);
+  add(cpu_groups);
+  add(cpu_ids);
+  for (const RoutingResult& r : routing) {
+    add(r.ids);
+    add(r.weights);
+  }
+  total +=
+      std::min<uint64_t>(mla_scores.size(),
+                         score_heads * static_cast<uint64_t>(std::max<int64_t>(positions, 0))) *
+      sizeof(float);
+  return total;
 }
 
 void ModelState::reset() {

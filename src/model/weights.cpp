@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "kernels/convert.h"
@@ -76,60 +77,133 @@ uint64_t planned_bytes(const ModelFiles& s, int64_t num_layers) {
   return total;
 }
 
-// Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32. Large
-// tensors are read and widened in parallel pieces through small per-thread buffers, so the
-// raw bytes are never held whole next to their f32 copy. Each piece advances the load's progress
-// by its bytes / `progress_parts` (2 when the caller converts the floats next and advances the
-// other half then; every piece's byte count is even).
-std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
-                               const std::vector<int64_t>& shape, uint64_t progress_parts = 1) {
+// A tensor is read in blocks of whole rows of about this many stored bytes, on all threads: a
+// block is read, widened, checked and quantised (or copied) into its final place while other
+// threads read the next ones. Each thread's scratch is one block (and its f32 widening), so a
+// load holds no staging copy of a tensor, however large.
+constexpr size_t kBlockBytes = size_t{512} << 10;
+
+// A thread's scratch for read_row_blocks: the block's stored bytes and, for float tensors that are
+// quantised, their f32 widening.
+struct BlockScratch {
+  UninitVector<uint8_t> raw;
+  UninitVector<float> f32;
+};
+
+// Reads tensor `t`, seen as `rows` rows of `row_bytes` stored bytes, in blocks of whole rows on
+// all threads (OpenMP, dynamic). A block is read into `dst` + its offset when `dst` is set (its
+// final place), else into the thread's scratch.raw; then consume(first_row, n_rows, bytes,
+// scratch) runs on that thread (it may throw k3::Error). Each block advances the load's progress
+// by its bytes; the cancel flag is polled before every block. Throws the first failure, or
+// Interrupted when cancelled.
+template <class Consume>
+void read_row_blocks(const LocatedTensor& t, size_t rows, size_t row_bytes, uint8_t* dst,
+                     const Consume& consume) {
   check_cancel();
-  const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
-  const size_t count = t.info->numel();
-  const size_t esize = dtype_size(t.info->dtype);
-  std::vector<float> out;
-  resize_huge(out, count);
-  constexpr size_t kPiece = size_t{4} << 20;  // elements per piece
-  const int64_t pieces = static_cast<int64_t>((count + kPiece - 1) / kPiece);
+  const size_t per_block = std::max<size_t>(1, kBlockBytes / std::max<size_t>(row_bytes, 1));
+  const int64_t blocks = static_cast<int64_t>((rows + per_block - 1) / per_block);
   std::string failure;
-  // Read by the worker threads only (the flag itself is atomic); pieces after a cancel are skipped.
+  // Read by the worker threads only (the flag itself is atomic); blocks after a cancel are skipped.
   const std::atomic<bool>* cancel = t_cancel;
   Progress* progress = t_progress;
   std::atomic<bool> stopped{false};
-#pragma omp parallel for schedule(dynamic) if (pieces > 1)
-  for (int64_t p = 0; p < pieces; ++p) {
-    if (stopped.load(std::memory_order_relaxed)) continue;
-    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
-      stopped.store(true, std::memory_order_relaxed);
-      continue;
-    }
-    const size_t first = static_cast<size_t>(p) * kPiece;
-    const size_t n = std::min(kPiece, count - first);
-    try {
-      float* dst = out.data() + first;
-      size_t bad;  // the first non-finite element of the piece, or n
-      if (t.info->dtype == DType::kF32) {
-        t.shard->file().read_exact(dst, n * 4, t.info->file_offset + first * 4,
-                                   "tensor " + t.info->name);
-        bad = find_non_finite(dst, n);
-      } else {
-        std::vector<uint8_t> raw(n * esize);
-        t.shard->file().read_exact(raw.data(), raw.size(), t.info->file_offset + first * esize,
-                                   "tensor " + t.info->name);
-        bad = t.info->dtype == DType::kBF16 ? widen_bf16(raw.data(), n, dst)
-                                            : widen_f16(raw.data(), n, dst);
+#pragma omp parallel if (blocks > 1)
+  {
+    BlockScratch scratch;
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (stopped.load(std::memory_order_relaxed)) continue;
+      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+        stopped.store(true, std::memory_order_relaxed);
+        continue;
       }
-      if (bad != n)
-        throw Error(non_finite_message(t.shard->path(), *t.info, first + bad, dst[bad]));
-      if (progress != nullptr) progress->advance(n * esize / progress_parts);
-    } catch (const std::exception& e) {
-#pragma omp critical(k3_read_floats_failure)
-      if (failure.empty()) failure = e.what();
+      const size_t first = static_cast<size_t>(b) * per_block;
+      const size_t n = std::min(per_block, rows - first);
+      try {
+        uint8_t* bytes = dst != nullptr ? dst + first * row_bytes : nullptr;
+        if (bytes == nullptr) {
+          scratch.raw.resize(std::max(scratch.raw.size(), n * row_bytes));
+          bytes = scratch.raw.data();
+        }
+        t.shard->file().read_exact(bytes, n * row_bytes, t.info->file_offset + first * row_bytes,
+                                   "tensor " + t.info->name);
+        consume(first, n, static_cast<const uint8_t*>(bytes), scratch);
+        if (progress != nullptr) progress->advance(n * row_bytes);
+      } catch (const std::exception& e) {
+#pragma omp critical(k3_read_row_blocks_failure)
+        if (failure.empty()) failure = e.what();
+        stopped.store(true, std::memory_order_relaxed);
+      }
     }
   }
   if (!failure.empty()) throw Error(failure);
   if (stopped.load()) throw Interrupted();
+}
+
+// Widens `count` stored elements of float tensor `t` (element `first` on) into f32 `out` (which
+// may be `bytes` itself for an F32 tensor) and checks them: throws k3::Error naming the first
+// non-finite element.
+void widen_checked(const LocatedTensor& t, const uint8_t* bytes, size_t first, size_t count,
+                   float* out) {
+  size_t bad;  // the first non-finite element, or count
+  switch (t.info->dtype) {
+    case DType::kBF16:
+      bad = widen_bf16(bytes, count, out);
+      break;
+    case DType::kF16:
+      bad = widen_f16(bytes, count, out);
+      break;
+    default:
+      if (reinterpret_cast<const uint8_t*>(out) != bytes) std::memcpy(out, bytes, count * 4);
+      bad = find_non_finite(out, count);
+      break;
+  }
+  if (bad != count)
+    throw Error(non_finite_message(t.shard->path(), *t.info, first + bad, out[bad]));
+}
+
+// Reads the float tensor (BF16, F16 or F32) `t` of `rows` rows of `cols` as f32 into `out`
+// [rows][cols], block by block (an F32 tensor straight into `out`).
+void read_floats_into(const LocatedTensor& t, size_t rows, size_t cols, float* out) {
+  const size_t esize = dtype_size(t.info->dtype);
+  const bool in_place = t.info->dtype == DType::kF32;
+  read_row_blocks(t, rows, cols * esize, in_place ? reinterpret_cast<uint8_t*>(out) : nullptr,
+                  [&](size_t first, size_t n, const uint8_t* bytes, BlockScratch&) {
+                    widen_checked(t, bytes, first * cols, n * cols, out + first * cols);
+                  });
+}
+
+// Reads a float tensor (BF16, F16 or F32) of exactly `shape` and widens it to f32 (small
+// vectors: norms, biases, conv taps).
+std::vector<float> read_floats(const ModelFiles& snap, const std::string& name,
+                               const std::vector<int64_t>& shape) {
+  check_cancel();
+  const LocatedTensor t = snap.require_any(name, kFloatTypes, shape);
+  const size_t count = t.info->numel();
+  const size_t cols = shape.empty() ? 1 : static_cast<size_t>(shape.back());
+  std::vector<float> out(count);
+  read_floats_into(t, cols == 0 ? 0 : count / cols, cols, out.data());
   return out;
+}
+
+// Reads the float matrix `t` ([m.rows][m.cols]) into m in `format`: f32 rows straight into m.f32,
+// or each block widened in the thread's scratch and quantised into m's buffers with `kernels`'
+// row quantisers (the bytes quantize_matrix gives: rows are quantised independently).
+void read_float_matrix(const LocatedTensor& t, WeightFormat format, const KernelTable* kernels,
+                       Matrix& m) {
+  allocate_matrix(m, format);
+  const size_t rows = static_cast<size_t>(m.rows), cols = static_cast<size_t>(m.cols);
+  if (format == WeightFormat::kF32) {
+    read_floats_into(t, rows, cols, m.f32.data());
+    return;
+  }
+  const size_t esize = dtype_size(t.info->dtype);
+  read_row_blocks(t, rows, cols * esize, nullptr,
+                  [&](size_t first, size_t n, const uint8_t* bytes, BlockScratch& scratch) {
+                    scratch.f32.resize(std::max(scratch.f32.size(), n * cols));
+                    widen_checked(t, bytes, first * cols, n * cols, scratch.f32.data());
+                    quantize_rows(m, first, n, scratch.f32.data(), *kernels);
+                  });
 }
 
 // How one class of dense matrix is wanted (docs/container.md §5): the width, whether the user
@@ -243,36 +317,33 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
         weights_map, scales_map);
     return m;
   }
-  std::vector<float> scales;
-  resize_huge(scales, qs.info->numel());
-  ModelFiles::read(qs, scales.data());
+  // The scales, then the weight bytes straight into their final buffers (or, for the downcast,
+  // int8 row blocks re-quantised into them).
+  UninitVector<float> scales(qs.info->numel());
+  read_row_blocks(qs, 1, qs.info->nbytes, reinterpret_cast<uint8_t*>(scales.data()),
+                  [](size_t, size_t, const uint8_t*, BlockScratch&) {});
   if (const size_t bad = find_non_finite(scales.data(), scales.size()); bad != scales.size())
     throw Error(non_finite_message(qs.shard->path(), *qs.info, bad, scales[bad]));
-  advance_load(qs.info->nbytes);
-  if (stored == WeightFormat::kInt4G64) {
-    resize_huge(m.q4, t.info->nbytes);
-    ModelFiles::read(t, m.q4.data());
-    advance_load(t.info->nbytes);
+  const auto none = [](size_t, size_t, const uint8_t*, BlockScratch&) {};
+  if (target == stored) {
+    allocate_matrix(m, stored);
+    if (stored == WeightFormat::kInt4G64)
+      read_row_blocks(t, o, i / 2, m.q4.data(), none);
+    else
+      read_row_blocks(t, o, i, reinterpret_cast<uint8_t*>(m.q8.data()), none);
     m.scales = std::move(scales);
     return m;
   }
-  std::vector<int8_t> q8;
-  resize_huge(q8, t.info->nbytes);
-  ModelFiles::read(t, q8.data());
-  advance_load(t.info->nbytes);
-  if (target == WeightFormat::kInt8Row) {
-    m.q8 = std::move(q8);
-    m.scales = std::move(scales);
-    return m;
-  }
-  resize_huge(m.q4, o * i / 2);
-  resize_huge(m.scales, o * i / 64);
-#pragma omp parallel for schedule(static) if (o * i > (1u << 16))
-  for (int64_t r = 0; r < rows; ++r) {
-    const size_t row = static_cast<size_t>(r);
-    downcast_int8_row_to_int4_g64(q8.data() + row * i, scales[row], i, m.q4.data() + row * i / 2,
-                                  m.scales.data() + row * i / 64);
-  }
+  allocate_matrix(m, WeightFormat::kInt4G64);
+  read_row_blocks(t, o, i, nullptr,
+                  [&](size_t first, size_t n, const uint8_t* bytes, BlockScratch&) {
+                    for (size_t r = 0; r < n; ++r) {
+                      const size_t row = first + r;
+                      downcast_int8_row_to_int4_g64(reinterpret_cast<const int8_t*>(bytes) + r * i,
+                                                    scales[row], i, m.q4.data() + row * i / 2,
+                                                    m.scales.data() + row * i / 64);
+                    }
+                  });
   return m;
 }
 
@@ -312,16 +383,8 @@ Matrix read_matrix(const ModelFiles& snap, const std::string& name, int64_t rows
   Matrix m;
   m.rows = rows;
   m.cols = cols;
-  // A quantised matrix: half its bytes when read, the other half once quantised (which takes
-  // about as long), so the progress does not stall on the conversion.
-  const bool converts = policy.bits < 32;
-  m.f32 = read_floats(snap, name, {rows, cols}, converts ? 2 : 1);
-  if (converts) {
-    quantize_matrix(m, policy.bits, *policy.kernels);
-    check_cancel();
-    const uint64_t nbytes = snap.find(name).info->nbytes;
-    advance_load(nbytes - nbytes / 2);
-  }
+  const LocatedTensor f = snap.require_any(name, kFloatTypes, {rows, cols});
+  read_float_matrix(f, quantized_format(policy.bits, cols), policy.kernels, m);
   return m;
 }
 

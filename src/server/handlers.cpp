@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "generation.h"
@@ -639,6 +641,27 @@ std::string metrics_text(const ServiceStats& s,
            static_cast<double>(s.device.dense_matmuls));
   }
   metric("k3_rss_bytes", "gauge", "resident memory", static_cast<double>(current_rss_bytes()));
+  // Resident memory by use (engine.h: MemorySplit) and by backing.
+  const MemorySplit& m = s.memory;
+  o << "# HELP k3_memory_bytes resident memory by use (part) and by backing (anonymous, "
+       "file_backed)\n# TYPE k3_memory_bytes gauge\n";
+  for (const auto& [part, bytes] :
+       std::initializer_list<std::pair<const char*, uint64_t>>{{"dense_weights", m.dense_weights},
+                                                               {"mapped_weights", m.mapped_weights},
+                                                               {"expert_cache", m.expert_cache},
+                                                               {"kda_state", m.kda_state},
+                                                               {"mla_cache", m.mla_cache},
+                                                               {"activations", m.activations},
+                                                               {"io_buffers", m.io_buffers},
+                                                               {"anonymous", m.anonymous},
+                                                               {"file_backed", m.file_backed}})
+    o << "k3_memory_bytes{part=\"" << part << "\"} " << bytes << '\n';
+  metric("k3_expert_slots_used", "gauge", "expert cache slots holding an expert (all MoE layers)",
+         static_cast<double>(m.expert_slots_used));
+  metric("k3_expert_slots_budget", "gauge", "expert cache slots of the budget (all MoE layers)",
+         static_cast<double>(m.expert_slots_budget));
+  metric("k3_peak_rss_bytes", "gauge", "peak resident memory since start",
+         static_cast<double>(m.peak_rss));
   metric("k3_load_progress", "gauge", "model load progress [0, 1]", s.load_progress);
   return o.str();
 }

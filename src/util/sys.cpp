@@ -5,10 +5,53 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <new>
 #include <sstream>
 
+#include "util/uninit_vector.h"
+
 namespace k3 {
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+}  // namespace
+
+void* allocate_buffer(size_t bytes) {
+  if (bytes < kHugeBufferBytes) {
+    void* p = std::aligned_alloc(64, round_up(bytes == 0 ? 1 : bytes, 64));
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  // One huge page more than needed, trimmed so that the block starts on a 2 MiB boundary: every
+  // page of it can then be a huge page.
+  const size_t length = round_up(bytes, kHugePage);
+  void* raw = ::mmap(nullptr, length + kHugePage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto at = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t begin = (at + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+  if (begin > at) ::munmap(raw, begin - at);
+  const uintptr_t tail = at + length + kHugePage - (begin + length);
+  if (tail > 0) ::munmap(reinterpret_cast<void*>(begin + length), tail);
+  ::madvise(reinterpret_cast<void*>(begin), length, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(begin);
+}
+
+void free_buffer(void* p, size_t bytes) noexcept {
+  if (p == nullptr) return;
+  if (bytes < kHugeBufferBytes)
+    std::free(p);
+  else
+    ::munmap(p, round_up(bytes, kHugePage));
+}
 
 uint64_t peak_rss_bytes() {
   struct rusage usage {};

@@ -248,6 +248,7 @@ struct ServiceStats {
   ExpertStats experts;        // the routed-expert cache's counters (zero while loading)
   DeviceStats device;         // the Vulkan tier's counters (device.on false when it is off)
   ExpertParallelStats expert_parallel;  // --expert-parallel's exchange and per-rank counters
+  MemorySplit memory;                   // resident memory by use (zero parts while loading)
 };
 
 class EngineService {

@@ -25,6 +25,9 @@ struct Engine::Impl {
   std::unique_ptr<text::Tokenizer> tokenizer;
   EngineInfo info;
   double load_seconds = 0;
+  // What the live sessions and batches hold (MemorySplit's session parts), kept current by each
+  // one's account() after every pass.
+  mutable std::atomic<int64_t> kda_bytes{0}, mla_bytes{0}, activation_bytes{0};
   // The vocabulary as the grammar matcher's byte trie, built on first use (engine/constraint.h).
   mutable std::once_flag vocabulary_once;
   mutable std::shared_ptr<const grammar::Vocabulary> vocabulary;
@@ -36,6 +39,9 @@ struct Session::Impl {
   // x0[hidden] = the input row of `id` at absolute position `pos` (embedding or input row).
   void input_row(int64_t id, size_t pos, float* x0);
   void feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer);
+  // Brings the engine's session figures (Engine::Impl::kda_bytes...) up to this session's state.
+  void account();
+  ~Impl();
 
   const Engine::Impl& engine;
   ModelState state;
@@ -44,6 +50,7 @@ struct Session::Impl {
   std::vector<float> x0;                      // [rows][hidden], optional
   int64_t chunk = 1;                          // tokens per prefill chunk
   std::vector<float> chunk_x0, chunk_hidden;  // [chunk][hidden] input rows and final hidden rows
+  int64_t accounted_kda = 0, accounted_mla = 0, accounted_activations = 0;  // what account() added
 };
 
 struct Batch::Impl {
@@ -55,6 +62,9 @@ struct Batch::Impl {
   std::vector<ModelState*> states;               // [sessions]
   std::vector<float> x0, hidden;                 // [sessions][hidden] input and final hidden rows
   std::vector<float> logits;                     // [sessions][vocab]
+  int64_t accounted_activations = 0;             // what account() added to the engine's figures
+  void account();
+  ~Impl();
 };
 
 namespace internal {

@@ -121,6 +121,15 @@ struct ExpertCacheStats {
   }
 };
 
+// The memory an ExpertCache holds (ExpertCache::memory()): slot buffers allocated, slots holding
+// an expert of the budget (over all MoE layers; every expert when all are resident), and the
+// working set's read buffers (misses in flight or just arrived, kept up to kWorkingSet).
+struct ExpertCacheMemory {
+  uint64_t slot_bytes = 0;
+  uint64_t slots_used = 0, slots_budget = 0;
+  uint64_t read_buffer_bytes = 0;
+};
+
 class ExpertCache;
 
 // The experts of one acquire(): view(i) in the order asked for, valid until release() (or the
@@ -201,6 +210,9 @@ class ExpertCache final : public ExpertSource {
   void record(int64_t layer, std::span<const int64_t> ids) override;
 
   ExpertCacheStats stats() const;
+  // What the cache holds in memory now. Thread-safe (takes each layer's lock, then the working
+  // set's, one at a time).
+  ExpertCacheMemory memory() const;
   // Per MoE layer: {layer, selections predicted, selections} of the read-ahead (recall).
   struct LayerRecall {
     int64_t layer;

@@ -14,6 +14,7 @@
 
 #include "io/model_files.h"
 #include "io/read_queue.h"
+#include "util/uninit_vector.h"
 
 namespace k3 {
 
@@ -117,7 +118,7 @@ class ExpertStore {
   // [layer][expert], indexed directly (no search on the read path); unregistered holes allowed.
   std::vector<std::vector<Entry>> entries_;
   uint64_t registered_ = 0;
-  std::vector<uint8_t> arena_;  // [experts][expert_bytes] after load_all()
+  UninitVector<uint8_t> arena_;  // [experts][expert_bytes] after load_all() (written once)
 };
 
 }  // namespace k3

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "util/uninit_vector.h"
+
 namespace k3 {
 
 struct KernelTable;
@@ -26,15 +28,16 @@ enum class WeightFormat { kF32, kInt8Row, kInt4G64 };
 
 const char* weight_format_name(WeightFormat format);
 
-// A dense weight matrix in one of the RAM formats. W[rows][cols], y = W x.
+// A dense weight matrix in one of the RAM formats. W[rows][cols], y = W x. The buffers are
+// UninitVectors (util/uninit_vector.h): the loader writes each one once, in place.
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
-  std::vector<float> f32;     // kF32: [rows][cols]
-  std::vector<int8_t> q8;     // kInt8Row: [rows][cols]
-  std::vector<uint8_t> q4;    // kInt4G64: [rows][cols / 2]
-  std::vector<float> scales;  // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
+  UninitVector<float> f32;     // kF32: [rows][cols]
+  UninitVector<int8_t> q8;     // kInt8Row: [rows][cols]
+  UninitVector<uint8_t> q4;    // kInt4G64: [rows][cols / 2]
+  UninitVector<float> scales;  // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
   // kInt4G64 only (K3_IDOT): the matmul wrappers multiply q8(x) with exact integer dots (the
   // int4 idot contract of kernels/isa.h) instead of f32 activations.
   bool int8_activations = false;
@@ -65,6 +68,21 @@ struct WeightMatrix {
 // `kernels` (the same bytes on every ISA). Frees the f32 copy. Parallel over rows; the bytes do
 // not depend on the thread count.
 void quantize_matrix(WeightMatrix& m, int bits, const KernelTable& kernels);
+
+// The pieces of quantize_matrix, for a loader that quantises a matrix block by block straight
+// from the file (no f32 copy of the whole matrix):
+// The format quantize_matrix gives a `cols`-wide matrix at `bits` (4, 8 or 32). Throws k3::Error
+// for another width.
+WeightFormat quantized_format(int bits, int64_t cols);
+// Sets m.format and sizes m's buffers for m.rows x m.cols in it, uninitialised (every row is then
+// written once: by quantize_rows, a read, or a downcast); the other buffers are emptied.
+void allocate_matrix(WeightMatrix& m, WeightFormat format);
+// Quantises rows [row0, row0 + n) of m, given as f32 `w` [n][m.cols], into m's buffers with the
+// row quantisers of `kernels` (the bytes quantize_matrix writes for those rows). REQUIRES:
+// allocate_matrix(m, kInt8Row or kInt4G64) first, row0 + n <= m.rows. Serial: callers split the
+// rows across threads.
+void quantize_rows(WeightMatrix& m, size_t row0, size_t n, const float* w,
+                   const KernelTable& kernels);
 
 // The row quantisers' scalar twins: the formula above, the reference of the per-ISA variants in
 // KernelTable (kernels/isa.h). A NaN level (a row or group holding an infinity) is 0.

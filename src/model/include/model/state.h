@@ -10,6 +10,7 @@
 
 #include "model/compute.h"
 #include "model/config.h"
+#include "util/uninit_vector.h"
 
 namespace k3 {
 
@@ -20,9 +21,12 @@ struct KdaState {
   std::vector<float> recurrent;  // [kda_num_heads][kda_head_dim (key)][kda_head_dim (value)]
 };
 
+// Sized for the whole context but not written ahead (UninitVector, util/uninit_vector.h): a row
+// is written when its position is fed and only rows below the position are read, so the memory
+// behind the rows not reached yet is never touched (not resident).
 struct MlaCache {
-  std::vector<float> latent;  // [capacity][kv_lora_rank]   normalised c_t
-  std::vector<float> rope;    // [capacity][qk_rope_head_dim] raw k_pe_t
+  UninitVector<float> latent;  // [capacity][kv_lora_rank]   normalised c_t
+  UninitVector<float> rope;    // [capacity][qk_rope_head_dim] raw k_pe_t
 };
 
 // The experts a MoE layer chose for one token.
@@ -78,7 +82,8 @@ struct Workspace {
   std::vector<float> mla_gate, mla_ctx;  // [rows][heads][v_head_dim]
   std::vector<float> mla_qabs;           // [heads][kv_lora_rank]
   std::vector<float> mla_lat;            // [heads][kv_lora_rank]
-  std::vector<float> mla_scores;         // [heads][capacity]
+  UninitVector<float> mla_scores;        // [heads][capacity], [0, T) written before read
+  size_t score_heads = 0;                // heads of mla_scores
   // MoE: routing.
   std::vector<float> moe_logits;              // [rows][num_experts] router logits
   std::vector<float> moe_scores, moe_choice;  // [num_experts]
@@ -126,6 +131,9 @@ struct Workspace {
   void init(const K3Config& config, int64_t capacity);
   // Sizes every per-row buffer for `rows` rows of `config` (no-op when already that large).
   void reserve(const K3Config& config, size_t rows);
+  // Bytes of the buffers above (allocated; mla_scores counted for `positions` of its capacity, the
+  // part a pass over those positions touches).
+  uint64_t bytes(int64_t positions) const;
   // Bytes reserve() takes per row of `config` (K3_CHUNK=auto sizes chunks from it).
   static uint64_t row_bytes(const K3Config& config);
 
@@ -161,6 +169,10 @@ struct ModelState {
   // The floats it allocates whatever the capacity: every KDA layer's conv windows and matrix
   // state (what a checkpoint saves).
   static uint64_t fixed_floats(const K3Config& config, int64_t num_layers);
+  // Bytes of the KDA state, and of the MLA rows written so far (positions [0, position) of every
+  // MLA layer: what is resident of the caches).
+  uint64_t kda_bytes() const;
+  uint64_t mla_bytes() const;
 };
 
 }  // namespace k3

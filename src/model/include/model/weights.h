@@ -115,8 +115,9 @@ ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& conta
 // actual shape or dtype.
 // Dense matrices are quantised to `load`'s bits (KDA, latent, shared-expert and dense matrices),
 // mla_bits (MLA projections) and head_bits (lm_head) as they are loaded with `kernels`' row
-// quantisers (the same bytes on every ISA; in parallel; the f32 copy
-// of one matrix at a time is the peak overhead). `on_progress` (optional) sees the finished
+// quantisers (the same bytes on every ISA), straight from the file into
+// their final buffers in blocks of rows on all threads: no f32 copy of a matrix, and each thread's
+// one block of scratch is the only overhead. `on_progress` (optional) sees the finished
 // fraction of the bytes to read as they are read (piece by piece, quantisation counted), rising,
 // and 1 once at the end. `cancel` (optional) is polled before every tensor and between the
 // 8 MB pieces of a large one: when it reads true the load stops and throws k3::Interrupted

@@ -37,10 +37,10 @@ void advise_huge_pages(const void* p, size_t bytes);
 
 // Resizes `v` to `n` value-initialised elements, huge-page-advised first when it grows past
 // 4 MiB.
-template <class T>
-void resize_huge(std::vector<T>& v, size_t n) {
+template <class T, class A>
+void resize_huge(std::vector<T, A>& v, size_t n) {
   if (n > v.capacity() && n * sizeof(T) >= (size_t{4} << 20)) {
-    std::vector<T> fresh;
+    std::vector<T, A> fresh;
     fresh.reserve(n);
     advise_huge_pages(fresh.data(), n * sizeof(T));
     fresh.assign(v.begin(), v.end());

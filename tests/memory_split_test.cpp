@@ -1,0 +1,138 @@
+// memory_split_test — the memory a model holds (issue 33 items 1 and 2): a load writes every
+// resident matrix once, in place, so the process grows by the resident weights and little more
+// (no f32 copy of a matrix, no staging copy of a tensor); a session's MLA cache is resident only
+// for the positions fed; and Engine::memory() splits the resident memory into parts that are
+// present, add up and come back to zero with their sessions.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/internal.h"
+#include "io/model_files.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "util/sys.h"
+
+namespace {
+
+const std::string kMini = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
+const std::string kTiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+
+struct LoadFigures {
+  uint64_t before = 0;    // resident bytes before the load
+  uint64_t peak = 0;      // peak resident bytes after it (getrusage ru_maxrss)
+  uint64_t resident = 0;  // Model::resident_bytes()
+};
+
+// Loads `dir`'s weights (default precision: int4 / int8 / int8 head) in a child process, so the
+// peak is the load's alone, and returns what it measured.
+LoadFigures load_in_child(const std::string& dir) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    LoadFigures f;
+    f.before = k3::current_rss_bytes();
+    {
+      const k3::ModelFiles files(dir);
+      const k3::K3Config config = k3::parse_k3_config(files.config_root(), dir + "/config.json");
+      k3::ModelSetup setup;
+      setup.isa = k3::best_isa();
+      const k3::Model model(files, config, k3::LoadOptions{}, setup);
+      f.resident = model.resident_bytes();
+      f.peak = k3::peak_rss_bytes();
+    }
+    const ssize_t wrote = ::write(fds[1], &f, sizeof f);
+    ::_exit(wrote == static_cast<ssize_t>(sizeof f) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  LoadFigures f;
+  const ssize_t got = ::read(fds[0], &f, sizeof f);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(got, static_cast<ssize_t>(sizeof f));
+  return f;
+}
+
+// k3-mini's lm_head is 163840 x 128: 84 MB as f32, 21 MB as int8. Loading it through an f32
+// copy (or zero-filling buffers that are then overwritten, in pages freed and faulted again)
+// grew the process by ~110 MB for ~23 MB of weights; written in place it grows by the weights,
+// a block of scratch and the files' metadata.
+TEST(MemorySplit, LoadGrowsByTheResidentWeightsOnly) {
+  const LoadFigures f = load_in_child(kMini);
+  ASSERT_GT(f.resident, 10u << 20);
+  ASSERT_GE(f.peak, f.before);
+  const uint64_t growth = f.peak - f.before;
+  std::printf("k3-mini load: resident weights %.1f MB, peak growth %.1f MB\n",
+              static_cast<double>(f.resident) / 1e6, static_cast<double>(growth) / 1e6);
+  EXPECT_LE(growth, f.resident + f.resident / 10 + (8u << 20))
+      << "the load's transient memory exceeds the resident weights by more than the margin";
+}
+
+TEST(MemorySplit, PartsArePresentAddUpAndLeaveWithTheirSessions) {
+  const k3::Engine engine(kTiny, k3::LoadOptions{});
+  const k3::MemorySplit idle = engine.memory();
+  ASSERT_TRUE(idle.process_known);
+  EXPECT_EQ(idle.dense_weights, engine.info().resident_bytes);
+  EXPECT_GT(idle.dense_weights, 0u);
+  EXPECT_EQ(idle.kda_state, 0u);
+  EXPECT_EQ(idle.mla_cache, 0u);
+  EXPECT_EQ(idle.activations, 0u);
+  EXPECT_GT(idle.expert_slots_budget, 0u);
+  {
+    k3::Session session(engine, 64);
+    const std::vector<int64_t> prompt = {1, 5, 9, 14, 2, 7, 3, 11, 4};
+    session.prefill(prompt);
+    session.step(8);
+    const k3::MemorySplit m = engine.memory();
+    EXPECT_EQ(m.dense_weights, idle.dense_weights);
+    EXPECT_GT(m.kda_state, 0u);
+    EXPECT_EQ(m.kda_state, session.state_floats() * sizeof(float));
+    // The MLA rows of the ten positions fed, every MLA layer.
+    EXPECT_EQ(m.mla_cache, 10 * session.row_floats() * sizeof(float));
+    EXPECT_GT(m.activations, 0u);
+    EXPECT_GT(m.expert_cache, 0u);
+    EXPECT_GT(m.expert_slots_used, 0u);
+    EXPECT_LE(m.expert_slots_used, m.expert_slots_budget);
+    EXPECT_LE(m.accounted(), m.rss);
+    EXPECT_LE(m.anonymous + m.file_backed, m.rss + (1u << 20));  // smaps_rollup vs statm
+    const std::string line = k3::describe_memory(m);
+    for (const char* part : {"dense ", "experts ", " slots), KDA ", ", MLA ", ", activations ",
+                             ", I/O ", "; anon ", ", file-backed "})
+      EXPECT_NE(line.find(part), std::string::npos) << part << " in: " << line;
+  }
+  const k3::MemorySplit after = engine.memory();
+  EXPECT_EQ(after.kda_state, 0u);
+  EXPECT_EQ(after.mla_cache, 0u);
+  EXPECT_EQ(after.activations, 0u);
+}
+
+// A session is sized for its whole context, but the MLA rows past the position fed are never
+// touched: a 500,000-position session of k3-tiny (240 MB of MLA rows) costs next to nothing until
+// it is fed (the first huge page of each layer's buffers: 2 MiB each).
+TEST(MemorySplit, MlaCacheIsResidentOnlyForThePositionsFed) {
+  const k3::Engine engine(kTiny, k3::LoadOptions{});
+  const int64_t capacity = 500'000;
+  const uint64_t before = k3::current_rss_bytes();
+  k3::Session session(engine, capacity);
+  const uint64_t reserved = session.row_floats() * sizeof(float) * capacity;
+  ASSERT_GT(reserved, 200u << 20);
+  session.prefill(std::vector<int64_t>{1, 5, 9});
+  const uint64_t after = k3::current_rss_bytes();
+  const uint64_t growth = after > before ? after - before : 0;
+  std::printf("session of %lld positions: %.1f MB of MLA rows reserved, RSS grew %.1f MB\n",
+              static_cast<long long>(capacity), static_cast<double>(reserved) / 1e6,
+              static_cast<double>(growth) / 1e6);
+  EXPECT_LT(growth, reserved / 10);
+  EXPECT_EQ(engine.memory().mla_cache, 3 * session.row_floats() * sizeof(float));
+}
+
+}  // namespace
