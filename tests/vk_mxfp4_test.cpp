@@ -244,7 +244,8 @@ k3::WeightMatrix dense_matrix(uint32_t O, uint32_t I, int bits, uint32_t seed) {
   k3::WeightMatrix w;
   w.rows = O;
   w.cols = I;
-  w.f32 = randn(size_t{O} * I, seed, 0.05f);
+  const std::vector<float> f32 = randn(size_t{O} * I, seed, 0.05f);
+  w.f32.assign(f32.begin(), f32.end());
   k3::quantize_matrix(w, bits, cpu());
   return w;
 }
