@@ -340,40 +340,16 @@ class Device final : public Mxfp4Device {
       if (lost_) return false;
       ensure_buffer(uint64_t{rows} * (I + O), dense_act_, dense_act_set_);
       std::memcpy(dense_act_.map, X, size_t{rows} * I * sizeof(float));
-      check(vk_.vkResetCommandBuffer(dense_cb_, 0), "vkResetCommandBuffer");
-      VkCommandBufferBeginInfo bi{};
-      bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-      bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-      check(vk_.vkBeginCommandBuffer(dense_cb_, &bi), "vkBeginCommandBuffer");
+      record(dense_cb_);
       // Staged uploads (at load) before the shader's reads.
-      VkMemoryBarrier mb{};
-      mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-      mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-      mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
-      vk_.vkCmdPipelineBarrier(dense_cb_, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                               nullptr);
+      memory_barrier(dense_cb_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
       vk_.vkCmdBindDescriptorSets(dense_cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 1, 1,
                                   &dense_act_set_, 0, nullptr);
       vk_.vkCmdBindDescriptorSets(dense_cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &s.set,
                                   0, nullptr);
-      const bool gemm = rows >= options_.gemm_rows;
-      vk_.vkCmdBindPipeline(dense_cb_, VK_PIPELINE_BIND_POINT_COMPUTE,
-                            dense_[s.dense_format][gemm ? 1 : 0]);
-      const MmParams p{O, I, rows, 0, 0, 0, rows * I};
-      vk_.vkCmdPushConstants(dense_cb_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(p), &p);
-      const uint32_t tile = gemm ? kGemmTile : 1;
-      vk_.vkCmdDispatch(dense_cb_, O, (rows + tile - 1) / tile, 1);
-      mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-      mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-      vk_.vkCmdPipelineBarrier(dense_cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                               VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0, nullptr);
-      check(vk_.vkEndCommandBuffer(dense_cb_), "vkEndCommandBuffer");
-      VkSubmitInfo si{};
-      si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-      si.commandBufferCount = 1;
-      si.pCommandBuffers = &dense_cb_;
-      check(vk_.vkQueueSubmit(queue_, 1, &si, dense_fence_), "vkQueueSubmit");
+      mm(dense_cb_, rows, {O, I, rows, 0, 0, 0, rows * I}, dense_[s.dense_format]);
+      end_and_submit(dense_cb_, dense_fence_);
     }
     // The wait holds no lock (an expert batch may be joined on this thread later; uploads go on).
     if (vk_.vkWaitForFences(device_, 1, &dense_fence_, VK_TRUE, UINT64_MAX) != VK_SUCCESS) {
@@ -883,20 +859,11 @@ class Device final : public Mxfp4Device {
       wait_fence();
       batch_done();
     }
-    check(vk_.vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer");
-    VkCommandBufferBeginInfo bi{};
-    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    check(vk_.vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
+    record(cb_);
     if (copied_) {
       // Staged uploads since the last batch: their transfer writes before the shaders' reads.
-      VkMemoryBarrier mb{};
-      mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-      mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-      mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
-      vk_.vkCmdPipelineBarrier(cb_, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                               nullptr);
+      memory_barrier(cb_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
       copied_ = false;
     }
     vk_.vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 1, 1, &act_set_, 0,
@@ -912,39 +879,56 @@ class Device final : public Mxfp4Device {
                                 &slots_[static_cast<size_t>(slot)].set, 0, nullptr);
   }
 
-  // Y = W X over `rows` rows: the GEMV route below gemm_rows, the tiled GEMM route from it.
-  void mm(VkCommandBuffer cb, uint32_t rows, const MmParams& p) {
+  // Resets `cb` and begins recording it for one submission.
+  void record(VkCommandBuffer cb) {
+    check(vk_.vkResetCommandBuffer(cb, 0), "vkResetCommandBuffer");
+    VkCommandBufferBeginInfo bi{};
+    bi.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(vk_.vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer");
+  }
+
+  void memory_barrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessFlags src,
+                      VkPipelineStageFlags dst_stage, VkAccessFlags dst) {
+    VkMemoryBarrier mb{};
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = src;
+    mb.dstAccessMask = dst;
+    vk_.vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  }
+
+  // The results are read by the host after `fence`: ends `cb` and submits it.
+  void end_and_submit(VkCommandBuffer cb, VkFence fence) {
+    memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    check(vk_.vkEndCommandBuffer(cb), "vkEndCommandBuffer");
+    VkSubmitInfo si{};
+    si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cb;
+    check(vk_.vkQueueSubmit(queue_, 1, &si, fence), "vkQueueSubmit");
+  }
+
+  // Y = W X over `rows` rows: the GEMV route below gemm_rows, the tiled GEMM route from it, with
+  // `routes` = {GEMV, GEMM} pipelines (the experts' MXFP4 ones unless given).
+  void mm(VkCommandBuffer cb, uint32_t rows, const MmParams& p,
+          const VkPipeline* routes = nullptr) {
     const bool gemm = rows >= options_.gemm_rows;
-    vk_.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, gemm ? gemm_ : gemv_);
+    const VkPipeline pipeline = routes ? routes[gemm ? 1 : 0] : gemm ? gemm_ : gemv_;
+    vk_.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline);
     vk_.vkCmdPushConstants(cb, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(p), &p);
     const uint32_t tile = gemm ? kGemmTile : 1;
     vk_.vkCmdDispatch(cb, p.O, (rows + tile - 1) / tile, 1);
   }
 
   void barrier(VkCommandBuffer cb) {
-    VkMemoryBarrier mb{};
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
-    vk_.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                             nullptr);
+    memory_barrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                   VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
   }
 
   void submit(VkCommandBuffer cb) {
-    // The results are read by the host after the fence.
-    VkMemoryBarrier mb{};
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vk_.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-                             0, 1, &mb, 0, nullptr, 0, nullptr);
-    check(vk_.vkEndCommandBuffer(cb), "vkEndCommandBuffer");
-    VkSubmitInfo si{};
-    si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cb;
-    check(vk_.vkQueueSubmit(queue_, 1, &si, fence_), "vkQueueSubmit");
+    end_and_submit(cb, fence_);
     in_flight_ = true;
   }
 
