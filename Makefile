@@ -107,6 +107,7 @@ bench: build $(DEMO)/config.json
 	@$(BUILD)/bench/k3_bench decode --dir $(BUILD)/bench-slice
 	@$(BUILD)/bench/k3_bench stream --dir $(BUILD)/bench-slice-stream
 	@$(BUILD)/bench/k3_bench container --dir $(BUILD)/bench-slice-container
+	@$(BUILD)/bench/k3_bench load $(MINI) --cold
 	@$(BUILD)/bench/k3_bench routing --model $(MINI) --ids tests/data/k3-mini/heldout_text.u32 --contrast $(DEMO)
 	@node bench/tokenizer_bench.mjs $(BUILD)/bench/k3_tokenizer_bench tests/data/k3-release
 
