@@ -13,6 +13,11 @@
 namespace k3 {
 namespace {
 
+// Bytes a float buffer holds (its capacity), for the memory split's activations.
+int64_t floats(const std::vector<float>& v) {
+  return static_cast<int64_t>(v.capacity() * sizeof(float));
+}
+
 // The kernel variant K3_ISA asks for, checked against this CPU.
 Isa chosen_isa(const std::string& name) {
   Isa isa = Isa::kScalar;
@@ -381,13 +386,11 @@ Session::Impl::~Impl() {
 }
 
 void Session::Impl::account() {
-  const auto floats = [](const std::vector<float>& v) {
-    return static_cast<int64_t>(v.capacity() * sizeof(float));
-  };
   const int64_t kda = static_cast<int64_t>(state.kda_bytes());
   const int64_t mla = static_cast<int64_t>(state.mla_bytes());
-  const int64_t activations = static_cast<int64_t>(state.work.bytes(state.position)) +
-                              floats(logits) + floats(x0) + floats(chunk_x0) + floats(chunk_hidden);
+  const int64_t activations =
+      static_cast<int64_t>(state.work.bytes(engine.config, state.position)) + floats(logits) +
+      floats(x0) + floats(chunk_x0) + floats(chunk_hidden);
   engine.kda_bytes += kda - accounted_kda;
   engine.mla_bytes += mla - accounted_mla;
   engine.activation_bytes += activations - accounted_activations;
@@ -493,13 +496,10 @@ Batch::Impl::~Impl() {
 }
 
 void Batch::Impl::account() {
-  const auto floats = [](const std::vector<float>& v) {
-    return static_cast<int64_t>(v.capacity() * sizeof(float));
-  };
   int64_t longest = 0;
   for (const ModelState* s : states) longest = std::max(longest, s->position);
-  const int64_t activations =
-      static_cast<int64_t>(work.bytes(longest)) + floats(x0) + floats(hidden) + floats(logits);
+  const int64_t activations = static_cast<int64_t>(work.bytes(engine.config, longest)) +
+                              floats(x0) + floats(hidden) + floats(logits);
   engine.activation_bytes += activations - accounted_activations;
   accounted_activations = activations;
 }

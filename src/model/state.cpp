@@ -75,9 +75,10 @@ uint64_t ModelState::fixed_floats(const K3Config& c, int64_t num_layers) {
   return floats;
 }
 
-// Every buffer reserve() sizes per row, with its elements per row: `visit(vector, per_row)`.
-template <class Visit>
-void Workspace::per_row_buffers(Workspace& w, const K3Config& c, Visit&& visit) {
+// Every buffer reserve() sizes per row, with its elements per row and the rows it holds at least:
+// `visit(vector, per_row, min_rows)`. W is Workspace or const Workspace.
+template <class W, class Visit>
+void Workspace::per_row_buffers(W& w, const K3Config& c, Visit&& visit) {
   const size_t D = static_cast<size_t>(c.hidden_size);
   const size_t P = static_cast<size_t>(c.kda_projection_size());
   const size_t H = static_cast<size_t>(c.num_attention_heads);
@@ -85,36 +86,37 @@ void Workspace::per_row_buffers(Workspace& w, const K3Config& c, Visit&& visit) 
   const size_t I = static_cast<size_t>(c.moe_intermediate_size);
   const size_t mlp =
       static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
-  visit(w.blocks, static_cast<size_t>(c.num_blocks()) * D);
-  for (auto* v : {&w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed}) visit(*v, D);
+  visit(w.blocks, static_cast<size_t>(c.num_blocks()) * D, 0);
+  for (auto* v : {&w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed}) visit(*v, D, 0);
   for (auto* v : {&w.kda_q, &w.kda_k, &w.kda_v, &w.kda_gate, &w.kda_decay, &w.kda_out})
-    visit(*v, P);
-  visit(w.kda_decay_low, static_cast<size_t>(c.kda_head_dim));
-  visit(w.kda_beta, static_cast<size_t>(c.kda_num_heads));
-  visit(w.mla_cq, static_cast<size_t>(c.q_lora_rank));
-  visit(w.mla_q, H * static_cast<size_t>(c.qk_head_dim()));
-  visit(w.mla_ckv, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim));
-  visit(w.mla_gate, H * static_cast<size_t>(c.v_head_dim));
-  visit(w.mla_ctx, H * static_cast<size_t>(c.v_head_dim));
-  visit(w.moe_logits, static_cast<size_t>(c.num_experts));
-  for (auto* v : {&w.moe_z, &w.moe_acc, &w.ex_z, &w.ex_down}) visit(*v, R);
-  visit(w.moe_z_q8, R);
-  visit(w.ex_z_q8, R);
-  visit(w.moe_z_d, R / 32);
-  visit(w.ex_z_d, R / 32);
-  visit(w.ex_gate, I);
-  visit(w.ex_up, I);
-  visit(w.ex_h_q8, I);
-  visit(w.ex_h_d, I / 32);
-  visit(w.moe_ahead, R);  // ahead_rows = max(rows, kMoeAheadRows) of them
-  visit(w.mlp_gate, mlp);
-  visit(w.mlp_up, mlp);
+    visit(*v, P, 0);
+  visit(w.kda_decay_low, static_cast<size_t>(c.kda_head_dim), 0);
+  visit(w.kda_beta, static_cast<size_t>(c.kda_num_heads), 0);
+  visit(w.mla_cq, static_cast<size_t>(c.q_lora_rank), 0);
+  visit(w.mla_q, H * static_cast<size_t>(c.qk_head_dim()), 0);
+  visit(w.mla_ckv, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 0);
+  visit(w.mla_gate, H * static_cast<size_t>(c.v_head_dim), 0);
+  visit(w.mla_ctx, H * static_cast<size_t>(c.v_head_dim), 0);
+  visit(w.moe_logits, static_cast<size_t>(c.num_experts), 0);
+  for (auto* v : {&w.moe_z, &w.moe_acc, &w.ex_z, &w.ex_down}) visit(*v, R, 0);
+  visit(w.moe_z_q8, R, 0);
+  visit(w.ex_z_q8, R, 0);
+  visit(w.moe_z_d, R / 32, 0);
+  visit(w.ex_z_d, R / 32, 0);
+  visit(w.ex_gate, I, 0);
+  visit(w.ex_up, I, 0);
+  visit(w.ex_h_q8, I, 0);
+  visit(w.ex_h_d, I / 32, 0);
+  // Room for a decode step's experts all ahead of the first (sixteen rows), or a chunk's rows.
+  visit(w.moe_ahead, R, kMoeAheadRows);
+  visit(w.mlp_gate, mlp, 0);
+  visit(w.mlp_up, mlp, 0);
 }
 
 uint64_t Workspace::row_bytes(const K3Config& c) {
   Workspace w;
   uint64_t bytes = 0;
-  per_row_buffers(w, c, [&](auto& v, size_t per_row) {
+  per_row_buffers(w, c, [&](auto& v, size_t per_row, size_t) {
     bytes += per_row * sizeof(typename std::remove_reference_t<decltype(v)>::value_type);
   });
   // The routing picks: num_experts_per_token per row, a few words each.
@@ -134,8 +136,8 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   rows = n;
   const size_t K = static_cast<size_t>(c.num_experts_per_token);
   ahead_rows = std::max(n, kMoeAheadRows);
-  per_row_buffers(*this, c, [&](auto& v, size_t per_row) {
-    v.assign((&v == static_cast<void*>(&moe_ahead) ? ahead_rows : n) * per_row, {});
+  per_row_buffers(*this, c, [&](auto& v, size_t per_row, size_t min_rows) {
+    v.assign(std::max(n, min_rows) * per_row, {});
   });
   sequence_rows.resize(n);
   routing.resize(n);
@@ -168,20 +170,15 @@ uint64_t ModelState::mla_bytes() const {
   return floats * sizeof(float);
 }
 
-uint64_t Workspace::bytes(int64_t positions) const {
+uint64_t Workspace::bytes(const K3Config& config, int64_t positions) const {
   uint64_t total = 0;
   const auto add = [&](const auto& v) { total += v.capacity() * sizeof(v[0]); };
+  per_row_buffers(*this, config, [&](const auto& v, size_t, size_t) { add(v); });
   add(sequence_rows);
   add(embed_bytes);
   for (const auto* v :
-       {&blocks,     &partial,    &mixed,      &normed,     &branch,   &mix_weights,   &kda_q,
-        &kda_k,      &kda_v,      &kda_gate,   &kda_decay,  &kda_out,  &kda_decay_low, &kda_beta,
-        &kda_u,      &mla_cq,     &mla_q,      &mla_ckv,    &mla_gate, &mla_ctx,       &mla_qabs,
-        &mla_lat,    &moe_logits, &moe_scores, &moe_choice, &moe_z,    &moe_acc,       &moe_z_d,
-        &moe_routed, &ex_z,       &ex_down,    &ex_z_d,     &ex_gate,  &ex_up,         &ex_h_d,
-        &moe_ahead,  &mlp_gate,   &mlp_up,     &head_normed})
+       {&mix_weights, &kda_u, &mla_qabs, &mla_lat, &moe_scores, &moe_choice, &head_normed})
     add(*v);
-  for (const auto* v : {&moe_z_q8, &ex_z_q8, &ex_h_q8}) add(*v);
   add(sources);
   add(moe_order);
   add(moe_by_weight);

@@ -131,15 +131,15 @@ struct Workspace {
   void init(const K3Config& config, int64_t capacity);
   // Sizes every per-row buffer for `rows` rows of `config` (no-op when already that large).
   void reserve(const K3Config& config, size_t rows);
-  // Bytes of the buffers above (allocated; mla_scores counted for `positions` of its capacity, the
-  // part a pass over those positions touches).
-  uint64_t bytes(int64_t positions) const;
+  // Bytes of the buffers above, sized for `config` (allocated; mla_scores counted for `positions`
+  // of its capacity, the part a pass over those positions touches).
+  uint64_t bytes(const K3Config& config, int64_t positions) const;
   // Bytes reserve() takes per row of `config` (K3_CHUNK=auto sizes chunks from it).
   static uint64_t row_bytes(const K3Config& config);
 
  private:
-  template <class Visit>
-  static void per_row_buffers(Workspace& w, const K3Config& config, Visit&& visit);
+  template <class W, class Visit>
+  static void per_row_buffers(W& w, const K3Config& config, Visit&& visit);
 };
 
 // K3_CHUNK=auto: the prefill chunk for `available_bytes` of free memory after the weights: the
