@@ -768,10 +768,11 @@ void EngineService::prefill_piece(Slot& slot) {
   // chunk when that is more (a long prompt's experts are read once per chunk: K3_CHUNK=auto);
   // a kept position ends a piece.
   const int64_t chunk = std::max<int64_t>(1, session.prefill_chunk());
-  int64_t piece = std::max<int64_t>(std::max<int64_t>(1, req.progress_every), chunk);
+  const int64_t every = std::max<int64_t>(1, req.progress_every);
+  int64_t piece = std::max(every, chunk);
   for (const auto& other : slots_)
     if (other.get() != &slot && other->job && other->job->decoding) {
-      piece = std::min(std::max<int64_t>(1, req.progress_every), chunk);
+      piece = std::min(every, chunk);
       break;
     }
   int64_t end = std::min(n, job.fed + piece);

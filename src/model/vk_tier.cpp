@@ -212,6 +212,11 @@ void VkTier::upload_dense(const std::vector<const WeightMatrix*>& dense) {
   const uint64_t before = device_->bytes_in_use();
   uint64_t skipped = 0;
   for (const WeightMatrix* w : dense) {
+    // The shader's 32-input groups (64 for int4, which the format already guarantees).
+    if (w->cols % 32 != 0) {
+      ++skipped;
+      continue;
+    }
     vk::Mxfp4Device::DenseMatrix m;
     m.rows = static_cast<uint32_t>(w->rows);
     m.cols = static_cast<uint32_t>(w->cols);
@@ -230,11 +235,6 @@ void VkTier::upload_dense(const std::vector<const WeightMatrix*>& dense) {
         m.weights = w->q4_data();
         m.scales = w->scale_data();
         break;
-    }
-    // The shader's 32-input groups (64 for int4, which the format already guarantees).
-    if (w->cols % 32 != 0) {
-      ++skipped;
-      continue;
     }
     const int32_t slot = device_->upload_dense(m);
     if (slot < 0) {

@@ -319,12 +319,11 @@ Matrix read_prepared(const ModelFiles& snap, const LocatedTensor& t, const std::
   }
   // The scales, then the weight bytes straight into their final buffers (or, for the downcast,
   // int8 row blocks re-quantised into them).
+  const auto none = [](size_t, size_t, const uint8_t*, BlockScratch&) {};  // read in place
   UninitVector<float> scales(qs.info->numel());
-  read_row_blocks(qs, 1, qs.info->nbytes, reinterpret_cast<uint8_t*>(scales.data()),
-                  [](size_t, size_t, const uint8_t*, BlockScratch&) {});
+  read_row_blocks(qs, 1, qs.info->nbytes, reinterpret_cast<uint8_t*>(scales.data()), none);
   if (const size_t bad = find_non_finite(scales.data(), scales.size()); bad != scales.size())
     throw Error(non_finite_message(qs.shard->path(), *qs.info, bad, scales[bad]));
-  const auto none = [](size_t, size_t, const uint8_t*, BlockScratch&) {};
   if (target == stored) {
     allocate_matrix(m, stored);
     if (stored == WeightFormat::kInt4G64)
