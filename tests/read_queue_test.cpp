@@ -209,6 +209,77 @@ TEST_P(ReadQueueTest, LastDirectWindowAndBufferedTail) {
   EXPECT_EQ(queue->stats().bytes, kFileBytes - start);
 }
 
+// plan_window (what the load and the expert cache read through): for ranges at odd offsets and
+// lengths, in the middle, ending in the last whole block, inside the file's partial last block
+// and covering all of it, the planned requests deliver exactly the range at `data`, direct and
+// buffered; a direct plan's window is aligned and stays inside the file.
+TEST_P(ReadQueueTest, PlannedWindowsDeliverOddRanges) {
+  auto queue = make();
+  const uint64_t whole = kFileBytes / kDirectAlign * kDirectAlign;
+  const std::pair<uint64_t, uint64_t> ranges[] = {{0, 1},
+                                                  {1, kDirectAlign},
+                                                  {4095, 4098},
+                                                  {12345, 777777},
+                                                  {whole - 10, 10},
+                                                  {whole - 5000, 5000 + 60},
+                                                  {whole + 3, 100},
+                                                  {kFileBytes - 1, 1},
+                                                  {0, kFileBytes},
+                                                  {whole - 1, 124},
+                                                  {3 * kDirectAlign, kDirectAlign}};
+  for (const bool is_direct : {true, false})
+    for (const auto& [offset, length] : ranges) {
+      Buffer buffer = aligned_buffer(k3::window_bytes(length));
+      const k3::WindowPlan plan = k3::plan_window(*file_, offset, length, buffer.get(), is_direct);
+      ASSERT_GE(plan.count, 1u);
+      for (size_t i = 0; i < plan.count; ++i) {
+        const ReadRequest& r = plan.requests[i];
+        EXPECT_LE(r.offset + r.length, kFileBytes);
+        EXPECT_LE(static_cast<uint8_t*>(r.dst) + r.length, buffer.get() + k3::window_bytes(length));
+        if (r.direct) {
+          EXPECT_TRUE(is_direct);
+          EXPECT_EQ(r.offset % kDirectAlign, 0u);
+          EXPECT_EQ(r.length % kDirectAlign, 0u);
+          EXPECT_EQ(reinterpret_cast<uintptr_t>(r.dst) % kDirectAlign, 0u);
+        }
+      }
+      ReadTicket ticket;
+      queue->submit(ticket, std::span<const ReadRequest>(plan.requests, plan.count));
+      ticket.wait();
+      EXPECT_EQ(ticket.error(), "");
+      EXPECT_EQ(first_mismatch(plan.data, bytes_, offset, length), -1)
+          << "offset " << offset << " length " << length << (is_direct ? " direct" : " buffered");
+    }
+}
+
+// The residency figure the load uses to choose O_DIRECT (model/weights.cpp): a file just read
+// is all in the page cache; once its pages are dropped, almost none are; ranges are clamped to
+// the file and an empty one is 0.
+TEST(FileMapping, CachedFractionFollowsThePageCache) {
+  char tmpl[] = "/tmp/k3-cached-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/data.bin";
+  const std::vector<uint8_t> bytes = random_bytes(uint64_t{4} << 20, 3);
+  write_bytes(path, bytes);
+  const std::unique_ptr<k3::File> file = k3::open_posix_file(path);
+  std::vector<uint8_t> sink(bytes.size());
+  file->read_exact(sink.data(), sink.size(), 0, "all");
+  const auto mapping = k3::FileMapping::map(*file);
+  EXPECT_EQ(mapping->cached_fraction(0, bytes.size()), 1.0);
+  EXPECT_EQ(mapping->cached_fraction(5000, 1), 1.0);
+  EXPECT_EQ(mapping->cached_fraction(0, 0), 0.0);
+  EXPECT_EQ(mapping->cached_fraction(bytes.size(), 10), 0.0);
+  EXPECT_EQ(mapping->cached_fraction(bytes.size() - 10, 1000), 1.0);  // clamped to the file
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::fdatasync(fd);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  EXPECT_LT(mapping->cached_fraction(0, bytes.size()), 0.5);
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+}
+
 TEST_P(ReadQueueTest, CancelWithdrawsWhatHasNotReachedTheDrive) {
   // One in flight at a time, 4 KiB pieces: almost all of a 9 MiB read is still queued when the
   // cancel comes; another ticket's queued reads are untouched.

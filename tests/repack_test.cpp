@@ -3,8 +3,10 @@
 // 32), the downcast follows its formula, K3_MMAP=1 matches the copying path, impossible requests
 // and unknown format versions are named, interrupted runs finish byte-identical, disjoint
 // --shards passes add up, bad sources are named, every shard passes two strict readers.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -293,6 +295,67 @@ TEST(Repack, MmapMatchesTheCopyingPathAndRefusesConversions) {
   const ModelRun down = run_model(tmp.file("box8"), "K3_MMAP=1 K3_BITS=4", tmp);
   EXPECT_NE(down.status, 0);
   EXPECT_HAS(down.err, "K3_MMAP=1 cannot use it in place: K3_BITS=4 needs an int8 -> int4-g64");
+}
+
+// The bytes of every resident tensor of a load: each matrix's format and buffers, then the norm and
+// query vectors of every layer and the head's.
+std::vector<std::string> loaded_bytes(const k3::ModelWeights& w) {
+  std::vector<std::string> out;
+  const auto add = [&](const auto& v) {
+    out.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  k3::for_each_matrix(w, [&](const k3::Matrix& m) {
+    out.push_back(std::to_string(static_cast<int>(m.format)) + " " + std::to_string(m.rows) + "x" +
+                  std::to_string(m.cols));
+    add(m.f32), add(m.q8), add(m.q4), add(m.scales);
+  });
+  for (const k3::LayerWeights& l : w.layers)
+    add(l.input_norm), add(l.post_attn_norm), add(l.attn_res_query), add(l.mlp_res_query);
+  add(w.final_norm), add(w.output_res_query);
+  return out;
+}
+
+// Drops the page cache of every file of `dir` (written back first).
+void drop_page_cache(const std::string& dir) {
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0) << e.path();
+    ::fdatasync(fd);
+    EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0) << e.path();
+    ::close(fd);
+  }
+}
+
+// The load's two ways of reading (model/weights.cpp: O_DIRECT for files out of the page cache,
+// buffered for files in it or with K3_DIRECT=0) give the same bytes, from the snapshot (BF16,
+// quantised at load, every width) and from a container (prepared int8/int4 copied in place); a
+// cold load with O_DIRECT leaves the files out of the page cache (the reads went around it).
+TEST(LoadReads, DirectColdAndBufferedWarmGiveTheSameBytes) {
+  TempDir tmp("load-reads");
+  const std::string box = tmp.file("box");
+  ASSERT_EQ(repack(synth_source() + " " + box + " --bits 4").status, 0);
+  for (const std::string& dir : {synth_source(), box})
+    for (const int bits : {32, 8, 4}) {
+      SCOPED_TRACE(dir + " bits " + std::to_string(bits));
+      const k3::ModelFiles files(dir);
+      const k3::K3Config config = k3::parse_k3_config(files.config_root(), dir);
+      k3::LoadOptions load;
+      load.bits = load.mla_bits = load.head_bits = bits;
+      load.bits_chosen = load.mla_bits_chosen = load.head_bits_chosen = dir != box;
+      const k3::KernelTable& kernels = k3::kernel_table(k3::best_isa());
+      k3::LoadOptions buffered = load;
+      buffered.cache.direct = false;
+      const std::vector<std::string> want = loaded_bytes(
+          k3::load_weights(files, config, config.num_hidden_layers, buffered, kernels));
+      drop_page_cache(dir);
+      const std::vector<std::string> cold =
+          loaded_bytes(k3::load_weights(files, config, config.num_hidden_layers, load, kernels));
+      EXPECT_TRUE(cold == want);
+      for (const auto& shard : files.shards()) {
+        const auto mapping = k3::FileMapping::map(shard->file());
+        EXPECT_LT(mapping->cached_fraction(0, mapping->size()), 0.5) << shard->path();
+      }
+    }
 }
 
 // Rewrites one shard's container version in place (same length, so the offsets stay valid).

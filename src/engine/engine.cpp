@@ -465,12 +465,17 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids,
     t0 += n;
     const bool last = t0 == ids.size();
     if (!model.has_head() || !(last || hooks.all_logits)) continue;
-    // The head on the chunk's last row only, or on every row when all logits are asked for.
-    for (size_t t = hooks.all_logits ? 0 : n - 1; t < n; ++t) {
-      s.logits.resize(V);
-      model.head(s.state, hidden + t * D, s.logits.data());
-      if (hooks.all_logits)
-        hooks.all_logits->insert(hooks.all_logits->end(), s.logits.begin(), s.logits.end());
+    // The head on the chunk's last row only, or on every row at once (the head streams once per
+    // chunk; each row bit-identical to its own head()) when all logits are asked for.
+    s.logits.resize(V);
+    if (hooks.all_logits) {
+      std::vector<float>& all = *hooks.all_logits;
+      const size_t at = all.size();
+      all.resize(at + n * V);
+      model.head_rows(s.state.work, s.state.stats, hidden, n, all.data() + at);
+      std::copy_n(all.data() + at + (n - 1) * V, V, s.logits.data());
+    } else {
+      model.head(s.state, hidden + (n - 1) * D, s.logits.data());
     }
   }
   s.account();

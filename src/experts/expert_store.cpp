@@ -151,28 +151,10 @@ ExpertStore::ReadPlan ExpertStore::plan_read(int64_t layer, int64_t expert, uint
     }
     return plan;
   }
-  const File& file = e.tensors[0].shard->file();
-  const uint64_t offset = e.tensors[0].info->file_offset;
-  if (!direct) {
-    plan.requests[plan.count++] = {&file, slot, bytes, offset, false};
-    return plan;
-  }
-  // The aligned window around the expert: [start, start + length) with start rounded down and
-  // the end rounded up, or down to the last whole block inside the file; an expert ending in
-  // the file's last, partial block has that tail read buffered.
-  const uint64_t start = offset / kDirectAlign * kDirectAlign;
-  const uint64_t pad = offset - start;
-  const uint64_t want = pad + bytes;
-  uint64_t length = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  const uint64_t size = file.size();
-  if (start + length > size)
-    length = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
-  if (length > 0) plan.requests[plan.count++] = {&file, slot, length, start, true};
-  if (length < want) {
-    const uint64_t from = std::max(length, pad);
-    plan.requests[plan.count++] = {&file, slot + from, want - from, start + from, false};
-  }
-  plan.data = slot + pad;
+  const WindowPlan window =
+      plan_window(e.tensors[0].shard->file(), e.tensors[0].info->file_offset, bytes, slot, direct);
+  for (size_t i = 0; i < window.count; ++i) plan.requests[plan.count++] = window.requests[i];
+  plan.data = window.data;
   return plan;
 }
 

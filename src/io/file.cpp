@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "util/error.h"
 
@@ -199,6 +201,25 @@ std::shared_ptr<const FileMapping> FileMapping::map(const File& file) {
   if (p == MAP_FAILED) throw Error(file.path() + ": mmap failed: " + std::strerror(errno));
   return std::shared_ptr<const FileMapping>(
       new FileMapping(static_cast<const uint8_t*>(p), file.size()));
+}
+
+double FileMapping::cached_fraction(uint64_t offset, uint64_t length) const {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (offset >= size_ || length == 0) return 0;
+  const uint64_t first = offset / page * page;
+  const uint64_t end = std::min(size_, offset + length);
+  // Pieces of 1 GiB at most: the residency vector stays small (a byte per page).
+  constexpr uint64_t kPiece = uint64_t{1} << 30;
+  std::vector<unsigned char> in_core;
+  uint64_t pages = 0, cached = 0;
+  for (uint64_t at = first; at < end; at += kPiece) {
+    const uint64_t n = std::min(kPiece, end - at);
+    in_core.resize((n + page - 1) / page);
+    if (::mincore(const_cast<uint8_t*>(data_) + at, n, in_core.data()) != 0) return 0;
+    for (unsigned char c : in_core) cached += c & 1;
+    pages += in_core.size();
+  }
+  return pages == 0 ? 0 : static_cast<double>(cached) / static_cast<double>(pages);
 }
 
 FileMapping::~FileMapping() {

@@ -554,6 +554,30 @@ class ThreadQueue final : public QueueBase {
 
 }  // namespace
 
+WindowPlan plan_window(const File& file, uint64_t offset, uint64_t length, uint8_t* buffer,
+                       bool direct) {
+  WindowPlan plan;
+  plan.data = buffer;
+  if (!direct) {
+    plan.requests[plan.count++] = {&file, buffer, length, offset, false};
+    return plan;
+  }
+  const uint64_t start = offset / kDirectAlign * kDirectAlign;
+  const uint64_t pad = offset - start;
+  const uint64_t want = pad + length;
+  uint64_t window = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const uint64_t size = file.size();
+  if (start + window > size)
+    window = size > start ? (size - start) / kDirectAlign * kDirectAlign : 0;
+  if (window > 0) plan.requests[plan.count++] = {&file, buffer, window, start, true};
+  if (window < want) {
+    const uint64_t from = std::max(window, pad);
+    plan.requests[plan.count++] = {&file, buffer + from, want - from, start + from, false};
+  }
+  plan.data = buffer + pad;
+  return plan;
+}
+
 std::unique_ptr<ReadQueue> make_read_queue(const ReadQueueOptions& options) {
   switch (options.engine) {
     case ReadQueueOptions::Engine::kUring:

@@ -1,11 +1,18 @@
 #include "model/weights.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <span>
 #include <thread>
 
+#include "experts/expert_cache.h"
 #include "kernels/convert.h"
 #include "model/tensor_names.h"
 #include "util/error.h"
@@ -39,16 +46,23 @@ void advance_load(uint64_t bytes) {
   if (t_progress != nullptr) t_progress->advance(bytes);
 }
 
-// Sets t_cancel and t_progress for one load_weights call and clears them however the call ends.
+class LoadReader;
+// The reader of the load running on this thread (set by load_weights, like t_cancel).
+thread_local LoadReader* t_reader = nullptr;
+
+// Sets t_cancel, t_progress and t_reader for one load_weights call and clears them however the
+// call ends.
 class LoadScope {
  public:
-  LoadScope(const std::atomic<bool>* flag, Progress& progress) {
+  LoadScope(const std::atomic<bool>* flag, Progress& progress, LoadReader& reader) {
     t_cancel = flag;
     t_progress = &progress;
+    t_reader = &reader;
   }
   ~LoadScope() {
     t_cancel = nullptr;
     t_progress = nullptr;
+    t_reader = nullptr;
   }
   LoadScope(const LoadScope&) = delete;
   LoadScope& operator=(const LoadScope&) = delete;
@@ -77,64 +91,179 @@ uint64_t planned_bytes(const ModelFiles& s, int64_t num_layers) {
   return total;
 }
 
-// A tensor is read in blocks of whole rows of about this many stored bytes, on all threads: a
-// block is read, widened, checked and quantised (or copied) into its final place while other
-// threads read the next ones. Each thread's scratch is one block (and its f32 widening), so a
-// load holds no staging copy of a tensor, however large.
-constexpr size_t kBlockBytes = size_t{512} << 10;
+// A tensor is read in blocks of whole rows of about block_bytes(load) stored bytes, on all
+// threads: a block is read, widened, checked and quantised (or copied) into its final place while
+// the next ones are in flight. Each thread's scratch is its ring of block buffers (and one f32
+// widening), so a load holds no staging copy of a tensor, however large.
+// Blocks in flight over all threads (each thread keeps 2..8 of its own queued).
+constexpr int kLoadQueueDepth = 64;
+// The block size: 512 KiB (the drive sees up to 64 such reads at once), smaller for a small load
+// so that the rings stay a small part of its memory: 1/1024 of the bytes loaded, at least 64 KiB.
+size_t block_bytes(uint64_t load_bytes) {
+  return std::clamp<size_t>(static_cast<size_t>(load_bytes / 1024) / kDirectAlign * kDirectAlign,
+                            size_t{64} << 10, size_t{512} << 10);
+}
 
-// A thread's scratch for read_row_blocks: the block's stored bytes and, for float tensors that are
-// quantised, their f32 widening.
+// A thread's f32 widening of a block, for float tensors that are quantised.
 struct BlockScratch {
-  UninitVector<uint8_t> raw;
   UninitVector<float> f32;
 };
 
+// The reads of one load_weights call: the engine's read queue (io_uring or its thread pool,
+// O_DIRECT with K3_DIRECT, io/read_queue.h) and, per OpenMP thread, a ring of block buffers whose
+// reads are queued ahead of the block being converted. The rings are made on first use and kept for
+// the whole load (no page of them is faulted twice).
+class LoadReader {
+ public:
+  struct Slot {
+    std::unique_ptr<uint8_t, decltype(&std::free)> buffer{nullptr, &std::free};
+    uint64_t capacity = 0;  // bytes of buffer (kDirectAlign-aligned)
+    ReadTicket ticket;
+    const uint8_t* data = nullptr;  // the block's bytes once ticket is done
+  };
+  struct Ring {
+    std::vector<std::unique_ptr<Slot>> slots;
+    BlockScratch scratch;
+  };
+
+  // Reads with `io`'s engine, O_DIRECT when `direct`, in blocks of about `block_bytes`.
+  LoadReader(const CacheOptions& io, bool direct, size_t block_bytes)
+      : queue_(make_read_queue(read_queue_options(io))),
+        direct_(direct),
+        block_bytes_(block_bytes) {}
+  size_t block_bytes() const { return block_bytes_; }
+
+  // Thread `thread`'s ring, sized for `threads` threads. Thread-safe.
+  Ring& ring(int thread, int threads) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (rings_.size() <= static_cast<size_t>(thread))
+      rings_.resize(static_cast<size_t>(thread) + 1);
+    std::unique_ptr<Ring>& r = rings_[static_cast<size_t>(thread)];
+    if (r == nullptr) {
+      r = std::make_unique<Ring>();
+      const int depth = std::clamp(kLoadQueueDepth / std::max(threads, 1), 2, 8);
+      for (int i = 0; i < depth; ++i) r->slots.push_back(std::make_unique<Slot>());
+    }
+    return *r;
+  }
+
+  // Whether the tensor at [offset, offset + length) of `file` is read with O_DIRECT: with
+  // K3_DIRECT on, unless most of its pages are in the page cache already (a warm restart copies
+  // them from there faster than the drive delivers them). Thread-safe.
+  bool direct_for(const File& file, uint64_t offset, uint64_t length) {
+    if (!direct_ || file.descriptor(true) < 0) return false;
+    std::shared_ptr<const FileMapping> mapping;
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      auto it = mappings_.find(&file);
+      if (it == mappings_.end()) {
+        try {
+          it = mappings_.emplace(&file, FileMapping::map(file)).first;
+        } catch (const Error&) {
+          it = mappings_.emplace(&file, nullptr).first;  // no residency figure: read directly
+        }
+      }
+      mapping = it->second;
+    }
+    return mapping == nullptr || mapping->cached_fraction(offset, length) < 0.5;
+  }
+
+  // Queues the read of `length` bytes of `file` at `offset` into `slot` (grown when too small),
+  // with O_DIRECT when `direct`.
+  void submit(Slot& slot, const File& file, uint64_t offset, uint64_t length, bool direct) {
+    const uint64_t need = window_bytes(length);
+    if (slot.capacity < need) {
+      const uint64_t bytes = (need + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      slot.buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, bytes)));
+      if (slot.buffer == nullptr) throw std::bad_alloc();
+      slot.capacity = bytes;
+    }
+    const WindowPlan plan = plan_window(file, offset, length, slot.buffer.get(), direct);
+    slot.data = plan.data;
+    queue_->submit(slot.ticket, std::span<const ReadRequest>(plan.requests, plan.count));
+  }
+  // Withdraws what `slot` still has queued and waits for what reached the drive.
+  void drain(Slot& slot) {
+    queue_->cancel(slot.ticket);
+    slot.ticket.wait();
+  }
+
+ private:
+  std::unique_ptr<ReadQueue> queue_;
+  bool direct_;
+  size_t block_bytes_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Ring>> rings_;
+  // Read-only maps of the files read so far (for their page-cache residency only).
+  std::map<const File*, std::shared_ptr<const FileMapping>> mappings_;
+};
+
 // Reads tensor `t`, seen as `rows` rows of `row_bytes` stored bytes, in blocks of whole rows on
-// all threads (OpenMP, dynamic). A block is read into `dst` + its offset when `dst` is set (its
-// final place), else into the thread's scratch.raw; then consume(first_row, n_rows, bytes,
-// scratch) runs on that thread (it may throw k3::Error). Each block advances the load's progress
-// by its bytes; the cancel flag is polled before every block. Throws the first failure, or
-// Interrupted when cancelled.
+// all threads (OpenMP): thread i takes blocks i, i + threads, ... and keeps its next ring-size
+// blocks queued in t_reader while it converts the current one. A block's bytes are copied to
+// `dst` + its offset when `dst` is set (its final place); then consume(first_row, n_rows, bytes,
+// scratch) runs on that thread with bytes in `dst` or in the ring (it may throw k3::Error). Each
+// block advances the load's progress by its bytes; the cancel flag is polled before every block.
+// Throws the first failure, or Interrupted when cancelled.
 template <class Consume>
 void read_row_blocks(const LocatedTensor& t, size_t rows, size_t row_bytes, uint8_t* dst,
                      const Consume& consume) {
   check_cancel();
-  const size_t per_block = std::max<size_t>(1, kBlockBytes / std::max<size_t>(row_bytes, 1));
+  LoadReader* reader = t_reader;
+  const size_t per_block =
+      std::max<size_t>(1, reader->block_bytes() / std::max<size_t>(row_bytes, 1));
   const int64_t blocks = static_cast<int64_t>((rows + per_block - 1) / per_block);
   std::string failure;
   // Read by the worker threads only (the flag itself is atomic); blocks after a cancel are skipped.
   const std::atomic<bool>* cancel = t_cancel;
   Progress* progress = t_progress;
   std::atomic<bool> stopped{false};
+  const File& file = t.shard->file();
+  const bool direct = reader->direct_for(file, t.info->file_offset, rows * row_bytes);
+  const auto block_rows = [&](int64_t b) {
+    const size_t first = static_cast<size_t>(b) * per_block;
+    return std::pair<size_t, size_t>(first, std::min(per_block, rows - first));
+  };
 #pragma omp parallel if (blocks > 1)
   {
-    BlockScratch scratch;
-#pragma omp for schedule(dynamic)
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (stopped.load(std::memory_order_relaxed)) continue;
-      if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
-        stopped.store(true, std::memory_order_relaxed);
-        continue;
-      }
-      const size_t first = static_cast<size_t>(b) * per_block;
-      const size_t n = std::min(per_block, rows - first);
-      try {
-        uint8_t* bytes = dst != nullptr ? dst + first * row_bytes : nullptr;
-        if (bytes == nullptr) {
-          scratch.raw.resize(std::max(scratch.raw.size(), n * row_bytes));
-          bytes = scratch.raw.data();
+    const int threads = omp_get_num_threads();
+    LoadReader::Ring& ring = reader->ring(omp_get_thread_num(), threads);
+    const int64_t depth = static_cast<int64_t>(ring.slots.size());
+    const auto queue = [&](int64_t b, LoadReader::Slot& slot) {
+      const auto [first, n] = block_rows(b);
+      reader->submit(slot, file, t.info->file_offset + first * row_bytes, n * row_bytes, direct);
+    };
+    int64_t k = 0;  // this thread's block count so far; block b sits in slot k % depth
+    try {
+      for (int64_t i = 0; i < depth; ++i)
+        if (const int64_t b = omp_get_thread_num() + i * threads; b < blocks)
+          queue(b, *ring.slots[static_cast<size_t>(i)]);
+      for (int64_t b = omp_get_thread_num(); b < blocks; b += threads, ++k) {
+        LoadReader::Slot& slot = *ring.slots[static_cast<size_t>(k % depth)];
+        slot.ticket.wait();
+        if (stopped.load(std::memory_order_relaxed)) break;
+        if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+          stopped.store(true, std::memory_order_relaxed);
+          break;
         }
-        t.shard->file().read_exact(bytes, n * row_bytes, t.info->file_offset + first * row_bytes,
-                                   "tensor " + t.info->name);
-        consume(first, n, static_cast<const uint8_t*>(bytes), scratch);
+        if (!slot.ticket.error().empty())
+          throw Error(slot.ticket.error() + " (tensor " + t.info->name + ")");
+        const auto [first, n] = block_rows(b);
+        const uint8_t* bytes = slot.data;
+        if (dst != nullptr) {
+          std::memcpy(dst + first * row_bytes, slot.data, n * row_bytes);
+          bytes = dst + first * row_bytes;
+        }
+        consume(first, n, bytes, ring.scratch);
         if (progress != nullptr) progress->advance(n * row_bytes);
-      } catch (const std::exception& e) {
-#pragma omp critical(k3_read_row_blocks_failure)
-        if (failure.empty()) failure = e.what();
-        stopped.store(true, std::memory_order_relaxed);
+        if (const int64_t next = b + depth * threads; next < blocks) queue(next, slot);
       }
+    } catch (const std::exception& e) {
+#pragma omp critical(k3_read_row_blocks_failure)
+      if (failure.empty()) failure = e.what();
+      stopped.store(true, std::memory_order_relaxed);
     }
+    for (const auto& slot : ring.slots) reader->drain(*slot);
   }
   if (!failure.empty()) throw Error(failure);
   if (stopped.load()) throw Interrupted();
@@ -580,8 +709,10 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
   ModelWeights mw;
   mw.experts = std::make_unique<ExpertStore>(
       ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
-  Progress progress("loading " + s.dir(), planned_bytes(s, num_layers), on_progress);
-  const LoadScope load_scope(cancel, progress);
+  const uint64_t load_bytes = planned_bytes(s, num_layers);
+  Progress progress("loading " + s.dir(), load_bytes, on_progress);
+  LoadReader reader(precision.cache, precision.cache.direct, block_bytes(load_bytes));
+  const LoadScope load_scope(cancel, progress, reader);
   mw.layers.resize(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) {
     LayerWeights& lw = mw.layers[static_cast<size_t>(l)];

@@ -68,7 +68,7 @@ class ExpertStore {
   Location location(int64_t layer, int64_t expert) const;
 
   // Bytes of a slot an expert is read into: the expert plus one alignment block at each end.
-  uint64_t slot_bytes() const { return geometry_.expert_bytes() + 2 * kDirectAlign; }
+  uint64_t slot_bytes() const { return window_bytes(geometry_.expert_bytes()); }
   // The read of an expert into `slot` (REQUIRES for `direct`: kDirectAlign-aligned, slot_bytes()
   // long) as requests for a ReadQueue, and where its bytes will start inside the slot. `direct`:
   // a contiguous expert is read with O_DIRECT from the enclosing aligned window (offset rounded

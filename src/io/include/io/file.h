@@ -55,6 +55,9 @@ class FileMapping {
   FileMapping& operator=(const FileMapping&) = delete;
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The share of the pages of bytes [offset, offset + length) that are in the page cache now
+  // (mincore; 0 for an empty range or when the kernel will not say).
+  double cached_fraction(uint64_t offset, uint64_t length) const;
 
  private:
   FileMapping(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}

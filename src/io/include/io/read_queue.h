@@ -98,6 +98,23 @@ class ReadQueue {
   virtual const char* engine() const = 0;
 };
 
+// The requests reading bytes [offset, offset + length) of `file` into `buffer`. With `direct`: one
+// O_DIRECT window, its start rounded down to kDirectAlign and its end rounded up (or down to the
+// last whole block inside the file, the rest read buffered as a second request); `buffer` must be
+// kDirectAlign-aligned and hold window_bytes(length). Without: one buffered read into `buffer`.
+// `data` is where the wanted bytes begin in `buffer` once the requests are done.
+struct WindowPlan {
+  ReadRequest requests[2];
+  size_t count = 0;
+  uint8_t* data = nullptr;
+};
+WindowPlan plan_window(const File& file, uint64_t offset, uint64_t length, uint8_t* buffer,
+                       bool direct);
+// The buffer plan_window needs for `length` bytes: the window's two partial blocks on top.
+inline uint64_t window_bytes(uint64_t length) {
+  return length + 2 * kDirectAlign;
+}
+
 // Builds the engine `options` asks for; kAuto falls back to threads when io_uring cannot be set
 // up (old kernel, seccomp). kUring throws k3::Error when io_uring is unavailable.
 std::unique_ptr<ReadQueue> make_read_queue(const ReadQueueOptions& options);

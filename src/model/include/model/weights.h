@@ -115,13 +115,15 @@ ClassWidths effective_widths(const LoadOptions& load, const ContainerInfo& conta
 // actual shape or dtype.
 // Dense matrices are quantised to `load`'s bits (KDA, latent, shared-expert and dense matrices),
 // mla_bits (MLA projections) and head_bits (lm_head) as they are loaded with `kernels`' row
-// quantisers (the same bytes on every ISA), straight from the file into
-// their final buffers in blocks of rows on all threads: no f32 copy of a matrix, and each thread's
-// one block of scratch is the only overhead. `on_progress` (optional) sees the finished
-// fraction of the bytes to read as they are read (piece by piece, quantisation counted), rising,
-// and 1 once at the end. `cancel` (optional) is polled before every tensor and between the
-// 8 MB pieces of a large one: when it reads true the load stops and throws k3::Interrupted
-// (util/error.h), so a signal during a long load is acted on within a piece's read.
+// quantisers (the same bytes on every ISA), into their final buffers in blocks of rows on all
+// threads: no f32 copy of a matrix. The blocks are read through the engine's read queue
+// (io/read_queue.h: io_uring, O_DIRECT unless load.cache.direct is off), each thread keeping its
+// next blocks in flight while it converts one; the threads' rings of block buffers are the only
+// overhead. `on_progress` (optional) sees the finished fraction of the bytes to read as they are
+// read (block by block, quantisation counted), rising, and 1 once at the end. `cancel`
+// (optional) is polled before every tensor and every block: when it reads true the load stops
+// and throws k3::Interrupted (util/error.h), so a signal during a long load is acted on within a
+// block's read.
 ModelWeights load_weights(const ModelFiles& files, const K3Config& config, int64_t num_layers,
                           const LoadOptions& load, const KernelTable& kernels,
                           const std::function<void(double)>& on_progress = {},
