@@ -52,7 +52,10 @@ void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t 
   const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
   if (W.int8_activations) {
     const Q8Rows q = quantized_rows(k, X, n, cols);
-    matmul_int4_idot(k, W, q.q8, q.d, n, Y);
+    if (W.format == WeightFormat::kInt8Row)
+      matmul_int8_idot(k, W, q.q8, q.d, n, Y);
+    else
+      matmul_int4_idot(k, W, q.q8, q.d, n, Y);
     return;
   }
   split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
@@ -95,7 +98,11 @@ void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, con
             k.matmul_f32(W.f32_data(), cols, x, 1, jobs[j].Y, rows, b, e);
             break;
           case WeightFormat::kInt8Row:
-            k.matmul_int8(W.q8_data(), W.scale_data(), cols, x, 1, jobs[j].Y, rows, b, e);
+            if (W.int8_activations)
+              k.matmul_int8_idot(W.q8_data(), W.scale_data(), cols, q.q8, q.d, 1, jobs[j].Y, rows,
+                                 b, e);
+            else
+              k.matmul_int8(W.q8_data(), W.scale_data(), cols, x, 1, jobs[j].Y, rows, b, e);
             break;
           case WeightFormat::kInt4G64:
             if (W.int8_activations)
@@ -119,8 +126,14 @@ void matmul_rows(const KernelTable& k, const WeightMatrix& W, size_t row_begin, 
       k.matmul_f32(W.f32_data() + row_begin * cols, cols, x, 1, y, count, 0, count);
       break;
     case WeightFormat::kInt8Row:
-      k.matmul_int8(W.q8_data() + row_begin * cols, W.scale_data() + row_begin, cols, x, 1, y,
-                    count, 0, count);
+      if (W.int8_activations) {
+        const Q8Rows q = quantized_rows(k, x, 1, cols);
+        k.matmul_int8_idot(W.q8_data() + row_begin * cols, W.scale_data() + row_begin, cols, q.q8,
+                           q.d, 1, y, count, 0, count);
+      } else {
+        k.matmul_int8(W.q8_data() + row_begin * cols, W.scale_data() + row_begin, cols, x, 1, y,
+                      count, 0, count);
+      }
       break;
     case WeightFormat::kInt4G64:
       if (W.int8_activations) {

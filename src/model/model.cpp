@@ -43,9 +43,11 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
                           setup.on_load_progress, setup.cancel);
   container_ = files_.container();
   if (load_.chunk <= 0) load_.chunk = auto_prefill_chunk(config_, available_memory_bytes());
-  // K3_IDOT: int4 matrices take the integer-dot kernels on q8 activations, like the experts.
+  // K3_IDOT: int4 and int8 matrices take the integer-dot kernels on q8 activations, like the
+  // experts (int8 needs whole 32-column blocks of activations).
   for_each_matrix(weights_, [&](Matrix& m) {
-    m.int8_activations = load_.idot && m.format == WeightFormat::kInt4G64;
+    m.int8_activations = load_.idot && (m.format == WeightFormat::kInt4G64 ||
+                                        (m.format == WeightFormat::kInt8Row && m.cols % 32 == 0));
   });
   if (load_.experts_in_memory && !weights_.experts->load_all(setup.cancel)) throw Interrupted();
   ExpertCacheSetup cache;

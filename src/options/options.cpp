@@ -324,7 +324,8 @@ const std::vector<OptionRow>& option_rows() {
        "(clean page cache) instead of copying them; refuses tensors that need conversion",
        boolean(FIELD(load.mmap))},
       {"--idot,!--no-idot", "K3_IDOT", Group::kQuantization, kEngine,
-       "MXFP4 experts and int4 matrices: integer dots on int8 activations (off = float kernels)",
+       "MXFP4 experts, int4 and int8 matrices: integer dots on int8 activations (off = float "
+       "kernels)",
        boolean(FIELD(load.idot))},
       {"--isa", "K3_ISA", Group::kQuantization, kEngine,
        "kernel variant (auto = the best this CPU runs)",

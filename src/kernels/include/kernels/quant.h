@@ -38,8 +38,9 @@ struct WeightMatrix {
   UninitVector<int8_t> q8;     // kInt8Row: [rows][cols]
   UninitVector<uint8_t> q4;    // kInt4G64: [rows][cols / 2]
   UninitVector<float> scales;  // kInt8Row: [rows]; kInt4G64: [rows][cols / 64]
-  // kInt4G64 only (K3_IDOT): the matmul wrappers multiply q8(x) with exact integer dots (the
-  // int4 idot contract of kernels/isa.h) instead of f32 activations.
+  // kInt4G64, or kInt8Row with cols % 32 == 0 (K3_IDOT): the matmul wrappers multiply q8(x)
+  // with exact integer dots (the int4 / int8 idot contracts of kernels/isa.h) instead of f32
+  // activations.
   bool int8_activations = false;
   // K3_MMAP: the matrix lives in a read-only file mapping (kept alive by `mapping`, opaque here);
   // the vectors above stay empty and these point into the mapping.

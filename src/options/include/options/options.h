@@ -59,7 +59,7 @@ struct LoadOptions {
   bool bits_chosen = false, mla_bits_chosen = false, head_bits_chosen = false;
   bool mmap = false;  // K3_MMAP: map a container's prepared matrices read-only instead of copying
   bool idot =
-      true;  // K3_IDOT: integer dots for MXFP4 experts and int4 matrices (0 = float kernels)
+      true;  // K3_IDOT: integer dots for MXFP4 experts, int4 and int8 matrices (0 = float kernels)
   int64_t layers = 0;              // K3_LAYERS: run only the first N layers (0 = all)
   std::string isa = "auto";        // K3_ISA: kernel variant: auto, scalar, avx2, avx512
   bool experts_in_memory = false;  // --experts-in-memory: all routed experts in RAM (small models)
