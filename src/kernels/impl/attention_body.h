@@ -28,6 +28,100 @@ inline float dot16(const float* a, const float* b, size_t n) {
   return s;
 }
 
+// The chunk form's two matrix products, in register tiles of kTileRows x kTileCols accumulators
+// (sized per build for the registers it has; the scalar build keeps the same loops unvectorised).
+#if defined(__AVX512F__)
+constexpr size_t kTileRows = 4, kTileCols = 64;  // 16 zmm accumulators
+#else
+constexpr size_t kTileRows = 4, kTileCols = 16;  // 8 ymm accumulators on AVX2
+#endif
+
+// Factors and products below this magnitude are set to zero: their terms are negligible against
+// the O(1) state, and denormal operands would only slow the products down.
+inline float flush_tiny(float x) {
+  return std::fabs(x) < 1e-30f ? 0.0f : x;
+}
+
+// C[r][j] = sum_i A[r][i] B[i][j] for r < R, j < W.
+template <size_t R, size_t W>
+inline void gemm_tile(const float* A, size_t lda, const float* B, size_t ldb, size_t inner,
+                      float* C, size_t ldc) {
+  float acc[R][W] = {};
+  for (size_t i = 0; i < inner; ++i) {
+    const float* b = B + i * ldb;
+    for (size_t r = 0; r < R; ++r) {
+      const float x = A[r * lda + i];
+      for (size_t j = 0; j < W; ++j) acc[r][j] += x * b[j];
+    }
+  }
+  for (size_t r = 0; r < R; ++r)
+    for (size_t j = 0; j < W; ++j) C[r * ldc + j] = acc[r][j];
+}
+
+// C = A B: A [m][inner] (row stride lda), B [inner][cols], C [m][cols].
+inline void gemm(const float* A, size_t lda, const float* B, size_t ldb, size_t m, size_t inner,
+                 size_t cols, float* C, size_t ldc) {
+  size_t j = 0;
+  for (; j + kTileCols <= cols; j += kTileCols) {
+    size_t r = 0;
+    for (; r + kTileRows <= m; r += kTileRows)
+      gemm_tile<kTileRows, kTileCols>(A + r * lda, lda, B + j, ldb, inner, C + r * ldc + j, ldc);
+    for (; r < m; ++r)
+      gemm_tile<1, kTileCols>(A + r * lda, lda, B + j, ldb, inner, C + r * ldc + j, ldc);
+  }
+  if (j == cols) return;
+  for (size_t r = 0; r < m; ++r) {
+    float* c = C + r * ldc;
+    for (size_t jj = j; jj < cols; ++jj) c[jj] = 0.0f;
+    for (size_t i = 0; i < inner; ++i) {
+      const float x = A[r * lda + i];
+      const float* b = B + i * ldb;
+      for (size_t jj = j; jj < cols; ++jj) c[jj] += x * b[jj];
+    }
+  }
+}
+
+// S[i][j] = d[i] S[i][j] + sum_t K[t][i] U[t][j] for i < R, j < W (K read transposed).
+template <size_t R, size_t W>
+inline void update_tile(float* S, size_t lds, const float* d, const float* K, size_t ldk,
+                        const float* U, size_t ldu, size_t rows) {
+  float acc[R][W];
+  for (size_t r = 0; r < R; ++r)
+    for (size_t j = 0; j < W; ++j) acc[r][j] = d[r] * S[r * lds + j];
+  for (size_t t = 0; t < rows; ++t) {
+    const float* u = U + t * ldu;
+    for (size_t r = 0; r < R; ++r) {
+      const float x = K[t * ldk + r];
+      for (size_t j = 0; j < W; ++j) acc[r][j] += x * u[j];
+    }
+  }
+  for (size_t r = 0; r < R; ++r)
+    for (size_t j = 0; j < W; ++j) S[r * lds + j] = acc[r][j];
+}
+
+// S = Diag(d) S + K^T U: S [dk][dk], d [dk], K and U [rows][dk].
+inline void state_update(float* S, size_t dk, const float* d, const float* K, const float* U,
+                         size_t rows) {
+  size_t j = 0;
+  for (; j + kTileCols <= dk; j += kTileCols) {
+    size_t i = 0;
+    for (; i + kTileRows <= dk; i += kTileRows)
+      update_tile<kTileRows, kTileCols>(S + i * dk + j, dk, d + i, K + i, dk, U + j, dk, rows);
+    for (; i < dk; ++i)
+      update_tile<1, kTileCols>(S + i * dk + j, dk, d + i, K + i, dk, U + j, dk, rows);
+  }
+  if (j == dk) return;
+  for (size_t i = 0; i < dk; ++i) {
+    float* row = S + i * dk;
+    for (size_t jj = j; jj < dk; ++jj) row[jj] *= d[i];
+    for (size_t t = 0; t < rows; ++t) {
+      const float x = K[t * dk + i];
+      const float* u = U + t * dk;
+      for (size_t jj = j; jj < dk; ++jj) row[jj] += x * u[jj];
+    }
+  }
+}
+
 }  // namespace
 
 void K3_NAME(kda_head_step_)(float* S, const float* q, const float* k, const float* v,
@@ -52,6 +146,154 @@ void K3_NAME(kda_head_step_)(float* S, const float* q, const float* k, const flo
       row[j] += ki * u[j];
       o[j] += qi * row[j];
     }
+  }
+}
+
+// The chunk (WY / UT) form of n steps of kda_head_step (kernels/isa.h), per sub-chunk of L <= bt
+// rows with incoming state S0 and G_r the cumulative log decay from the sub-chunk start:
+//   A_rs = beta_r k_r . (e^(G_r - G_s) k_s), s < r;   (I + A) [U | W] = [beta V | beta e^G K]
+//   U' = U - W S0;   O = (e^G q) S0 + Mq U',  Mq_rs = q_r . (e^(G_r - G_s) k_s), s <= r
+//   S = Diag(e^G_L) S0 + (e^(G_L - G) k)^T U'
+// Every decay factor is a product of per-step decays a (no exp, no log), formed inside blocks of
+// kKdaBlockRows rows: E_r = prod of a from the block's start to r, in [e^-80, 1] when a >= e^-5;
+// e^(G_r - G_s) = E_r / E_s within a block (k_s / E_s <= e^80 stays finite) and
+// E_r * (D_b' / E_s) * (the decays of the blocks between) across blocks, every factor <= 1, so
+// nothing overflows and what underflows is negligible. Never e^G_r * e^-G_s over a whole chunk.
+void K3_NAME(kda_head_chunk_)(float* S, const float* q, const float* k, const float* v,
+                              const float* a, size_t ld, const float* beta, size_t ldb, size_t n,
+                              size_t dk, size_t bt, float* scratch, float* o) {
+  const size_t B = kKdaBlockRows;
+  const size_t max_blocks = (bt + B - 1) / B;
+  float* Kr = scratch;          // [bt][dk] k_r E_r
+  float* Qr = Kr + bt * dk;     // [bt][dk] q_r E_r
+  float* Ki = Qr + bt * dk;     // [bt][dk] k_r / E_r
+  float* Ke = Ki + bt * dk;     // [bt][dk] k_r D_b / E_r: k_r decayed to its block's end
+  float* U = Ke + bt * dk;      // [bt][dk] the solved values, then U'
+  float* Kn = U + bt * dk;      // [bt][dk] k_r decayed to the sub-chunk's end
+  float* WQ = Kn + bt * dk;     // [2 bt][dk] W (solved keys), then e^G q
+  float* C = WQ + 2 * bt * dk;  // [2 bt][dk] WQ S0
+  float* X = C + 2 * bt * dk;   // [B][dk] an earlier block's keys decayed to this block's start
+  float* A = X + B * dk;        // [bt][bt]
+  float* M = A + bt * bt;       // [bt][bt]
+  float* E = M + bt * bt;       // [dk]
+  float* eG = E + dk;           // [dk] the sub-chunk's total decay
+  float* P = eG + dk;           // [dk]
+  float* before = P + dk;       // [blocks][dk] decay from the sub-chunk's start to a block's start
+  float* D = before + max_blocks * dk;  // [blocks][dk] a block's total decay
+
+  for (size_t c0 = 0; c0 < n; c0 += bt) {
+    const size_t L = std::min(bt, n - c0);
+    const size_t nb = (L + B - 1) / B;
+    const float* qc = q + c0 * ld;
+    const float* kc = k + c0 * ld;
+    const float* vc = v + c0 * ld;
+    const float* ac = a + c0 * ld;
+    const float* bc = beta + c0 * ldb;
+    float* oc = o + c0 * ld;
+
+    // 1. Decay factors of every row inside its block.
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t r0 = b * B, r1 = std::min(L, r0 + B);
+      float* bb = before + b * dk;
+      if (b == 0)
+        std::fill(bb, bb + dk, 1.0f);
+      else
+        for (size_t c = 0; c < dk; ++c)
+          bb[c] = flush_tiny(before[(b - 1) * dk + c] * D[(b - 1) * dk + c]);
+      std::fill(E, E + dk, 1.0f);
+      for (size_t r = r0; r < r1; ++r) {
+        const float* ar = ac + r * ld;
+        const float* kr = kc + r * ld;
+        const float* qr = qc + r * ld;
+        for (size_t c = 0; c < dk; ++c) {
+          E[c] *= ar[c];
+          // Not flushed: down to e^-80 |k|, they meet k_s / E_s up to e^80 |k_s|.
+          Kr[r * dk + c] = kr[c] * E[c];
+          Qr[r * dk + c] = qr[c] * E[c];
+          Ki[r * dk + c] = kr[c] / E[c];
+        }
+      }
+      std::copy(E, E + dk, D + b * dk);
+      for (size_t r = r0; r < r1; ++r)
+        for (size_t c = 0; c < dk; ++c) Ke[r * dk + c] = flush_tiny(Ki[r * dk + c] * E[c]);
+    }
+    // Keys decayed to the sub-chunk's end (block by block from the last) and its total decay.
+    std::fill(P, P + dk, 1.0f);
+    for (size_t b = nb; b-- > 0;) {
+      for (size_t r = b * B; r < std::min(L, b * B + B); ++r)
+        for (size_t c = 0; c < dk; ++c) Kn[r * dk + c] = flush_tiny(Ke[r * dk + c] * P[c]);
+      for (size_t c = 0; c < dk; ++c) P[c] = flush_tiny(P[c] * D[b * dk + c]);
+    }
+    std::copy(P, P + dk, eG);
+
+    // 2. The intra-chunk matrices: A (strictly lower, times beta_r) and M (lower).
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t r0 = b * B, r1 = std::min(L, r0 + B);
+      for (size_t b2 = 0; b2 <= b; ++b2) {
+        const size_t s0 = b2 * B;
+        const float* Xs = Ki + s0 * dk;  // same block: k_s / E_s
+        if (b2 < b) {
+          std::fill(P, P + dk, 1.0f);
+          for (size_t m = b2 + 1; m < b; ++m)
+            for (size_t c = 0; c < dk; ++c) P[c] = flush_tiny(P[c] * D[m * dk + c]);
+          for (size_t s = 0; s < B; ++s)
+            for (size_t c = 0; c < dk; ++c)
+              X[s * dk + c] = flush_tiny(Ke[(s0 + s) * dk + c] * P[c]);
+          Xs = X;
+        }
+        for (size_t r = r0; r < r1; ++r) {
+          const size_t s1 = b2 < b ? s0 + B : r + 1;
+          const float br = bc[r * ldb];
+          for (size_t s = s0; s < s1; ++s) {
+            const float* x = Xs + (s - s0) * dk;
+            M[r * bt + s] = dot16(Qr + r * dk, x, dk);
+            if (s < r) A[r * bt + s] = br * dot16(Kr + r * dk, x, dk);
+          }
+        }
+      }
+    }
+
+    // 3. UT transform: forward substitution of (I + A) [U | W] = [beta V | beta e^G K]; the rows
+    // of e^G q beside W for one product with S0.
+    float* W = WQ;
+    float* Qp = WQ + L * dk;
+    for (size_t r = 0; r < L; ++r) {
+      const float br = bc[r * ldb];
+      const float* bb = before + (r / B) * dk;
+      const float* vr = vc + r * ld;
+      float* ur = U + r * dk;
+      float* wr = W + r * dk;
+      for (size_t c = 0; c < dk; ++c) {
+        ur[c] = br * vr[c];
+        wr[c] = br * flush_tiny(Kr[r * dk + c] * bb[c]);
+        Qp[r * dk + c] = flush_tiny(Qr[r * dk + c] * bb[c]);
+      }
+      for (size_t s = 0; s < r; ++s) {
+        const float x = A[r * bt + s];
+        const float* us = U + s * dk;
+        const float* ws = W + s * dk;
+        for (size_t c = 0; c < dk; ++c) {
+          ur[c] -= x * us[c];
+          wr[c] -= x * ws[c];
+        }
+      }
+    }
+
+    // 4. [W; e^G q] S0, then U' = U - W S0 and O = e^G q S0 + M U'.
+    gemm(WQ, dk, S, dk, 2 * L, dk, dk, C, dk);
+    for (size_t i = 0; i < L * dk; ++i) U[i] -= C[i];
+    for (size_t r = 0; r < L; ++r) {
+      float* orow = oc + r * ld;
+      std::copy(C + (L + r) * dk, C + (L + r + 1) * dk, orow);
+      for (size_t s = 0; s <= r; ++s) {
+        const float x = M[r * bt + s];
+        const float* us = U + s * dk;
+        for (size_t c = 0; c < dk; ++c) orow[c] += x * us[c];
+      }
+    }
+
+    // 5. S = Diag(e^G_L) S0 + Kn^T U'.
+    state_update(S, dk, eG, Kn, U, L);
   }
 }
 
