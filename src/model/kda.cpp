@@ -28,9 +28,11 @@ void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float
   }
 }
 
-// Rows of one sub-chunk of the chunk form (K3_KDA_CHUNKED; picked by `k3_bench kda`, see
-// docs/streaming.md).
-constexpr size_t kKdaSubChunk = 64;
+// Rows of one sub-chunk of the chunk form (K3_KDA_CHUNKED): 16 measured fastest of 16, 32 and 64
+// (`k3_bench kda`, docs/streaming.md §1.9).
+constexpr size_t kKdaSubChunk = 16;
+// Rows of a head normalised, then run through the chunk form, then normed, in one go.
+constexpr size_t kKdaRowGroup = 64;
 
 // One head of one token before the recurrence: q and k L2-normalised (q scaled by dk^-1/2), the
 // per-key-channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x + dt_bias)_i))
@@ -110,16 +112,21 @@ void kda_rows_chunked(const K3Config& config, const KernelTable& kt, const KdaWe
 #pragma omp parallel for schedule(static)
   for (int64_t hh = 0; hh < heads; ++hh) {
     const size_t h = static_cast<size_t>(hh);
-    for (size_t t = 0; t < m; ++t) {
-      prepare_head(w, h, dk, q_scale, lower_bound, q + t * P + h * dk, k + t * P + h * dk,
-                   decay + t * P + h * dk);
-      beta[t * H + h] = sigmoid(beta[t * H + h]);
-    }
     float* scr = ws.kda_chunk.data() + static_cast<size_t>(omp_get_thread_num()) * scratch;
-    kt.kda_head_chunk(state.recurrent.data() + h * dk * dk, q + h * dk, k + h * dk, v + h * dk,
-                      decay + h * dk, P, beta + h, H, m, dk, kKdaSubChunk, scr, o + h * dk);
-    for (size_t t = 0; t < m; ++t)
-      finish_head(config, w, h, dk, gate_out + t * P, o + t * P + h * dk);
+    // A few sub-chunks at a time, so the rows just normalised are still in cache for the kernel.
+    for (size_t t0 = 0; t0 < m; t0 += kKdaRowGroup) {
+      const size_t t1 = std::min(m, t0 + kKdaRowGroup);
+      for (size_t t = t0; t < t1; ++t) {
+        prepare_head(w, h, dk, q_scale, lower_bound, q + t * P + h * dk, k + t * P + h * dk,
+                     decay + t * P + h * dk);
+        beta[t * H + h] = sigmoid(beta[t * H + h]);
+      }
+      kt.kda_head_chunk(state.recurrent.data() + h * dk * dk, q + t0 * P + h * dk,
+                        k + t0 * P + h * dk, v + t0 * P + h * dk, decay + t0 * P + h * dk, P,
+                        beta + t0 * H + h, H, t1 - t0, dk, kKdaSubChunk, scr, o + t0 * P + h * dk);
+      for (size_t t = t0; t < t1; ++t)
+        finish_head(config, w, h, dk, gate_out + t * P, o + t * P + h * dk);
+    }
   }
 }
 

@@ -42,6 +42,46 @@ inline float flush_tiny(float x) {
   return std::fabs(x) < 1e-30f ? 0.0f : x;
 }
 
+// a + x y: fused (one rounding) in the SIMD builds, as the dense kernels' FMAs; the build's
+// -ffp-contract=off keeps `a + x * y` two operations, which the scalar twin does.
+inline float madd(float a, float x, float y) {
+#if defined(__FMA__)
+  return __builtin_fmaf(x, y, a);
+#else
+  return a + x * y;
+#endif
+}
+
+// Elementwise helpers over n floats (restrict: the vectoriser needs no overlap checks).
+inline void vmul(float* __restrict out, const float* __restrict x, const float* __restrict y,
+                 size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] * y[i];
+}
+inline void vmul_flush(float* __restrict out, const float* __restrict x, const float* __restrict y,
+                       size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = flush_tiny(x[i] * y[i]);
+}
+inline void vdiv(float* __restrict out, const float* __restrict x, const float* __restrict y,
+                 size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] / y[i];
+}
+inline void vscale(float* __restrict x, const float* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] *= y[i];
+}
+inline void vscale_flush(float* __restrict x, const float* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = flush_tiny(x[i] * y[i]);
+}
+
+// Xt[c][s] = X[s][c] for s < rows (X: [rows][dk]); the columns s in [rows, kKdaBlockRows) zero.
+inline void transpose_block(const float* __restrict X, size_t dk, size_t rows,
+                            float* __restrict Xt) {
+  constexpr size_t B = kKdaBlockRows;
+  for (size_t c = 0; c < dk; ++c) {
+    float* t = Xt + c * B;
+    for (size_t s = 0; s < B; ++s) t[s] = s < rows ? X[s * dk + c] : 0.0f;
+  }
+}
+
 // C[r][j] = sum_i A[r][i] B[i][j] for r < R, j < W.
 template <size_t R, size_t W>
 inline void gemm_tile(const float* A, size_t lda, const float* B, size_t ldb, size_t inner,
@@ -51,7 +91,7 @@ inline void gemm_tile(const float* A, size_t lda, const float* B, size_t ldb, si
     const float* b = B + i * ldb;
     for (size_t r = 0; r < R; ++r) {
       const float x = A[r * lda + i];
-      for (size_t j = 0; j < W; ++j) acc[r][j] += x * b[j];
+      for (size_t j = 0; j < W; ++j) acc[r][j] = madd(acc[r][j], x, b[j]);
     }
   }
   for (size_t r = 0; r < R; ++r)
@@ -81,6 +121,15 @@ inline void gemm(const float* A, size_t lda, const float* B, size_t ldb, size_t 
   }
 }
 
+// C [m][B] = A [m][inner] Bt [inner][B], B = kKdaBlockRows columns.
+inline void gemm_block_cols(const float* A, size_t lda, const float* Bt, size_t m, size_t inner,
+                            float* C) {
+  constexpr size_t B = kKdaBlockRows;
+  size_t r = 0;
+  for (; r + 4 <= m; r += 4) gemm_tile<4, B>(A + r * lda, lda, Bt, B, inner, C + r * B, B);
+  for (; r < m; ++r) gemm_tile<1, B>(A + r * lda, lda, Bt, B, inner, C + r * B, B);
+}
+
 // S[i][j] = d[i] S[i][j] + sum_t K[t][i] U[t][j] for i < R, j < W (K read transposed).
 template <size_t R, size_t W>
 inline void update_tile(float* S, size_t lds, const float* d, const float* K, size_t ldk,
@@ -92,7 +141,7 @@ inline void update_tile(float* S, size_t lds, const float* d, const float* K, si
     const float* u = U + t * ldu;
     for (size_t r = 0; r < R; ++r) {
       const float x = K[t * ldk + r];
-      for (size_t j = 0; j < W; ++j) acc[r][j] += x * u[j];
+      for (size_t j = 0; j < W; ++j) acc[r][j] = madd(acc[r][j], x, u[j]);
     }
   }
   for (size_t r = 0; r < R; ++r)
@@ -173,7 +222,10 @@ void K3_NAME(kda_head_chunk_)(float* S, const float* q, const float* k, const fl
   float* WQ = Kn + bt * dk;     // [2 bt][dk] W (solved keys), then e^G q
   float* C = WQ + 2 * bt * dk;  // [2 bt][dk] WQ S0
   float* X = C + 2 * bt * dk;   // [B][dk] an earlier block's keys decayed to this block's start
-  float* A = X + B * dk;        // [bt][bt]
+  float* Xt = X + B * dk;       // [dk][B] a block's keys, transposed (see step 2)
+  float* TA = Xt + B * dk;      // [B][B] products of one pair of blocks
+  float* TM = TA + B * B;       // [B][B]
+  float* A = TM + B * B;        // [bt][bt]
   float* M = A + bt * bt;       // [bt][bt]
   float* E = M + bt * bt;       // [dk]
   float* eG = E + dk;           // [dk] the sub-chunk's total decay
@@ -198,56 +250,52 @@ void K3_NAME(kda_head_chunk_)(float* S, const float* q, const float* k, const fl
       if (b == 0)
         std::fill(bb, bb + dk, 1.0f);
       else
-        for (size_t c = 0; c < dk; ++c)
-          bb[c] = flush_tiny(before[(b - 1) * dk + c] * D[(b - 1) * dk + c]);
+        vmul_flush(bb, before + (b - 1) * dk, D + (b - 1) * dk, dk);
       std::fill(E, E + dk, 1.0f);
       for (size_t r = r0; r < r1; ++r) {
-        const float* ar = ac + r * ld;
         const float* kr = kc + r * ld;
-        const float* qr = qc + r * ld;
-        for (size_t c = 0; c < dk; ++c) {
-          E[c] *= ar[c];
-          // Not flushed: down to e^-80 |k|, they meet k_s / E_s up to e^80 |k_s|.
-          Kr[r * dk + c] = kr[c] * E[c];
-          Qr[r * dk + c] = qr[c] * E[c];
-          Ki[r * dk + c] = kr[c] / E[c];
-        }
+        vscale(E, ac + r * ld, dk);
+        // Not flushed: down to e^-80 |k|, they meet k_s / E_s up to e^80 |k_s|.
+        vmul(Kr + r * dk, kr, E, dk);
+        vmul(Qr + r * dk, qc + r * ld, E, dk);
+        vdiv(Ki + r * dk, kr, E, dk);
       }
       std::copy(E, E + dk, D + b * dk);
-      for (size_t r = r0; r < r1; ++r)
-        for (size_t c = 0; c < dk; ++c) Ke[r * dk + c] = flush_tiny(Ki[r * dk + c] * E[c]);
+      for (size_t r = r0; r < r1; ++r) vmul_flush(Ke + r * dk, Ki + r * dk, E, dk);
     }
     // Keys decayed to the sub-chunk's end (block by block from the last) and its total decay.
     std::fill(P, P + dk, 1.0f);
     for (size_t b = nb; b-- > 0;) {
       for (size_t r = b * B; r < std::min(L, b * B + B); ++r)
-        for (size_t c = 0; c < dk; ++c) Kn[r * dk + c] = flush_tiny(Ke[r * dk + c] * P[c]);
-      for (size_t c = 0; c < dk; ++c) P[c] = flush_tiny(P[c] * D[b * dk + c]);
+        vmul_flush(Kn + r * dk, Ke + r * dk, P, dk);
+      vscale_flush(P, D + b * dk, dk);
     }
     std::copy(P, P + dk, eG);
 
-    // 2. The intra-chunk matrices: A (strictly lower, times beta_r) and M (lower).
+    // 2. The intra-chunk matrices A (strictly lower, times beta_r) and M (lower), per pair of
+    // blocks (b2 <= b) as two [rows of b][dk] x [dk][B] products with the earlier block's keys,
+    // transposed into Xt: k_s / E_s for the same block, k_s D_b2 / E_s times the decays of the
+    // blocks between for an earlier one.
     for (size_t b = 0; b < nb; ++b) {
-      const size_t r0 = b * B, r1 = std::min(L, r0 + B);
+      const size_t r0 = b * B, r1 = std::min(L, r0 + B), rn = r1 - r0;
       for (size_t b2 = 0; b2 <= b; ++b2) {
-        const size_t s0 = b2 * B;
-        const float* Xs = Ki + s0 * dk;  // same block: k_s / E_s
+        const size_t s0 = b2 * B, sn = b2 < b ? B : rn;
         if (b2 < b) {
           std::fill(P, P + dk, 1.0f);
-          for (size_t m = b2 + 1; m < b; ++m)
-            for (size_t c = 0; c < dk; ++c) P[c] = flush_tiny(P[c] * D[m * dk + c]);
-          for (size_t s = 0; s < B; ++s)
-            for (size_t c = 0; c < dk; ++c)
-              X[s * dk + c] = flush_tiny(Ke[(s0 + s) * dk + c] * P[c]);
-          Xs = X;
+          for (size_t m = b2 + 1; m < b; ++m) vscale_flush(P, D + m * dk, dk);
+          for (size_t s = 0; s < B; ++s) vmul_flush(X + s * dk, Ke + (s0 + s) * dk, P, dk);
+          transpose_block(X, dk, B, Xt);
+        } else {
+          transpose_block(Ki + s0 * dk, dk, sn, Xt);
         }
+        gemm_block_cols(Kr + r0 * dk, dk, Xt, rn, dk, TA);
+        gemm_block_cols(Qr + r0 * dk, dk, Xt, rn, dk, TM);
         for (size_t r = r0; r < r1; ++r) {
           const size_t s1 = b2 < b ? s0 + B : r + 1;
           const float br = bc[r * ldb];
           for (size_t s = s0; s < s1; ++s) {
-            const float* x = Xs + (s - s0) * dk;
-            M[r * bt + s] = dot16(Qr + r * dk, x, dk);
-            if (s < r) A[r * bt + s] = br * dot16(Kr + r * dk, x, dk);
+            M[r * bt + s] = TM[(r - r0) * B + (s - s0)];
+            if (s < r) A[r * bt + s] = br * TA[(r - r0) * B + (s - s0)];
           }
         }
       }
@@ -263,18 +311,17 @@ void K3_NAME(kda_head_chunk_)(float* S, const float* q, const float* k, const fl
       const float* vr = vc + r * ld;
       float* ur = U + r * dk;
       float* wr = W + r * dk;
-      for (size_t c = 0; c < dk; ++c) {
-        ur[c] = br * vr[c];
-        wr[c] = br * flush_tiny(Kr[r * dk + c] * bb[c]);
-        Qp[r * dk + c] = flush_tiny(Qr[r * dk + c] * bb[c]);
-      }
+      for (size_t c = 0; c < dk; ++c) ur[c] = br * vr[c];
+      vmul_flush(wr, Kr + r * dk, bb, dk);
+      for (size_t c = 0; c < dk; ++c) wr[c] *= br;
+      vmul_flush(Qp + r * dk, Qr + r * dk, bb, dk);
       for (size_t s = 0; s < r; ++s) {
         const float x = A[r * bt + s];
         const float* us = U + s * dk;
         const float* ws = W + s * dk;
         for (size_t c = 0; c < dk; ++c) {
-          ur[c] -= x * us[c];
-          wr[c] -= x * ws[c];
+          ur[c] = madd(ur[c], -x, us[c]);
+          wr[c] = madd(wr[c], -x, ws[c]);
         }
       }
     }
@@ -288,7 +335,7 @@ void K3_NAME(kda_head_chunk_)(float* S, const float* q, const float* k, const fl
       for (size_t s = 0; s <= r; ++s) {
         const float x = M[r * bt + s];
         const float* us = U + s * dk;
-        for (size_t c = 0; c < dk; ++c) orow[c] += x * us[c];
+        for (size_t c = 0; c < dk; ++c) orow[c] = madd(orow[c], x, us[c]);
       }
     }
 

@@ -59,9 +59,11 @@ inline constexpr size_t kKdaBlockRows = 16;
 // Floats of kda_head_chunk's scratch for sub-chunks of `bt` rows of a head of `dk` channels.
 inline size_t kda_chunk_scratch(size_t bt, size_t dk) {
   const size_t blocks = (bt + kKdaBlockRows - 1) / kKdaBlockRows;
-  // Kr, Qr, Ki, Ke, U, Kn: [bt][dk]; WQ and C: [2 bt][dk]; X: [block][dk]; A, M: [bt][bt];
-  // E, eG, P and the per-block decays before and in each block: [dk] each.
-  return 10 * bt * dk + kKdaBlockRows * dk + 2 * bt * bt + (3 + 2 * blocks) * dk;
+  // Kr, Qr, Ki, Ke, U, Kn: [bt][dk]; WQ and C: [2 bt][dk]; X: [block][dk]; Xt: [dk][block];
+  // TA, TM: [block][block]; A, M: [bt][bt]; E, eG, P and the per-block decays before and in each
+  // block: [dk] each.
+  return 10 * bt * dk + 2 * kKdaBlockRows * dk + 2 * kKdaBlockRows * kKdaBlockRows + 2 * bt * bt +
+         (3 + 2 * blocks) * dk;
 }
 
 namespace {

@@ -93,7 +93,7 @@ struct KernelTable {
   void (*kda_head_step)(float* S, const float* q, const float* k, const float* v, const float* a,
                         float beta, size_t dk, float* u, float* o);
   // The same recurrence over n consecutive tokens of one sequence in the chunk (WY / UT) form
-  // (docs/streaming.md §1.10): sub-chunks of `bt` rows, each a few [bt][dk] x [dk][dk] products
+  // (docs/streaming.md §1.9): sub-chunks of `bt` rows, each a few [bt][dk] x [dk][dk] products
   // with S and a triangular solve instead of bt rank-1 sweeps. Not bit-identical to n calls of
   // kda_head_step (the sums are re-associated); S and o agree to a relative 1e-5 or so
   // (tests/kda_chunk_test.cpp). Row t of q, k, v, a, o at t * ld (each [dk]); beta[t * ldb] (the
