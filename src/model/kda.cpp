@@ -29,10 +29,8 @@ void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float
 }
 
 // Rows of one sub-chunk of the chunk form (K3_KDA_CHUNKED): 16 measured fastest of 16, 32 and 64
-// (`k3_bench kda`, docs/streaming.md §1.9).
+// at every chunk size (`k3_bench kda`, docs/streaming.md §1.9).
 constexpr size_t kKdaSubChunk = 16;
-// Rows of a head normalised, then run through the chunk form, then normed, in one go.
-constexpr size_t kKdaRowGroup = 64;
 
 // One head of one token before the recurrence: q and k L2-normalised (q scaled by dk^-1/2), the
 // per-key-channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x + dt_bias)_i))
@@ -88,9 +86,9 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
 
 // kda_token over m consecutive rows of one sequence with the recurrence in the chunk form
 // (KernelTable::kda_head_chunk, sub-chunks of kKdaSubChunk rows): the conv windows still advance
-// row by row; then, per head, the same normalisation and decay per row, one chunk call, and the
-// same output norm and gate per row. Row i's buffers at t * P (beta: t * H, overwritten with its
-// sigmoid).
+// row by row; then the same normalisation and decay of every row and head, one chunk call per
+// head over all m rows, and the same output norm and gate of every row and head. Row t's buffers
+// at t * P (beta: t * H, overwritten with its sigmoid).
 void kda_rows_chunked(const K3Config& config, const KernelTable& kt, const KdaWeights& w,
                       KdaState& state, Workspace& ws, size_t m, float* q, float* k, float* v,
                       const float* gate_out, float* decay, float* beta, float* o) {
@@ -108,25 +106,31 @@ void kda_rows_chunked(const K3Config& config, const KernelTable& kt, const KdaWe
   const size_t scratch = kda_chunk_scratch_floats(kKdaSubChunk, dk);
   const size_t threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
   if (ws.kda_chunk.size() < threads * scratch) ws.kda_chunk.resize(threads * scratch);
+  // Row by row (contiguous heads) before and after; head by head through the chunk form, whose
+  // kernel prefetches a head's strided rows itself.
+  const int64_t rows = static_cast<int64_t>(m);
+#pragma omp parallel for schedule(static)
+  for (int64_t tt = 0; tt < rows; ++tt) {
+    const size_t t = static_cast<size_t>(tt);
+    for (size_t h = 0; h < H; ++h) {
+      prepare_head(w, h, dk, q_scale, lower_bound, q + t * P + h * dk, k + t * P + h * dk,
+                   decay + t * P + h * dk);
+      beta[t * H + h] = sigmoid(beta[t * H + h]);
+    }
+  }
   const int64_t heads = static_cast<int64_t>(H);
 #pragma omp parallel for schedule(static)
   for (int64_t hh = 0; hh < heads; ++hh) {
     const size_t h = static_cast<size_t>(hh);
     float* scr = ws.kda_chunk.data() + static_cast<size_t>(omp_get_thread_num()) * scratch;
-    // A few sub-chunks at a time, so the rows just normalised are still in cache for the kernel.
-    for (size_t t0 = 0; t0 < m; t0 += kKdaRowGroup) {
-      const size_t t1 = std::min(m, t0 + kKdaRowGroup);
-      for (size_t t = t0; t < t1; ++t) {
-        prepare_head(w, h, dk, q_scale, lower_bound, q + t * P + h * dk, k + t * P + h * dk,
-                     decay + t * P + h * dk);
-        beta[t * H + h] = sigmoid(beta[t * H + h]);
-      }
-      kt.kda_head_chunk(state.recurrent.data() + h * dk * dk, q + t0 * P + h * dk,
-                        k + t0 * P + h * dk, v + t0 * P + h * dk, decay + t0 * P + h * dk, P,
-                        beta + t0 * H + h, H, t1 - t0, dk, kKdaSubChunk, scr, o + t0 * P + h * dk);
-      for (size_t t = t0; t < t1; ++t)
-        finish_head(config, w, h, dk, gate_out + t * P, o + t * P + h * dk);
-    }
+    kt.kda_head_chunk(state.recurrent.data() + h * dk * dk, q + h * dk, k + h * dk, v + h * dk,
+                      decay + h * dk, P, beta + h, H, m, dk, kKdaSubChunk, scr, o + h * dk);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t tt = 0; tt < rows; ++tt) {
+    const size_t t = static_cast<size_t>(tt);
+    for (size_t h = 0; h < H; ++h)
+      finish_head(config, w, h, dk, gate_out + t * P, o + t * P + h * dk);
   }
 }
 
