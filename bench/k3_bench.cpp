@@ -27,7 +27,8 @@
 //       dedup factor at C = 32, and the recall of the read-ahead (token at a time and C = 32);
 //       then the same on the random-weights demo checkpoint (written once into --contrast), each
 //       figure beside what random routing gives.
-//   k3_bench quality [--model DIR] [--fixtures DIR] [--write-bounds FILE] [--isa I] [--threads N]
+//   k3_bench quality [--model DIR] [--fixtures DIR] [--write-bounds FILE] [--kda-chunked]
+//                    [--isa I] [--threads N]
 //       The real-text quality table of a trained checkpoint (default assets/k3-mini with
 //       tests/data/k3-mini): held-out perplexity, KL and top-1 agreement against the exact
 //       setting, greedy agreement over 64 tokens, KL and top-1 agreement against the training
@@ -56,6 +57,11 @@
 //       dense matrices on the device (COLI_VK_DENSE=on). Without MODEL_DIR a
 //       `k3_synth --preset` checkpoint (default demo: seconds on lavapipe) is written once into
 //       DIR. On a CPU device (Mesa's lavapipe) the figures say nothing about a GPU's speed.
+//   k3_bench kda [--config FILE] [--rows 32,128,512,2048] [--layer-rows N] [--seconds S]
+//       The KDA recurrence of the model's geometry token by token against the chunk (WY/UT) form
+//       (K3_KDA_CHUNKED) with sub-chunks of 16/32/64 rows: ms per token per layer and the ratio,
+//       then one whole KDA layer with the option off and on and its projections alone (the
+//       recurrence's share of the layer's prefill time) (bench/kda_bench.cpp).
 //
 // Every figure is also printed as one machine-readable line:
 //   RESULT <name> <value> <unit> ratio=<r>
@@ -82,6 +88,7 @@ Subcommand register_serve(CLI::App& app);
 Subcommand register_vulkan(CLI::App& app);
 Subcommand register_ep(CLI::App& app);
 Subcommand register_load(CLI::App& app);
+Subcommand register_kda(CLI::App& app);
 }  // namespace k3bench
 
 int main(int argc, char** argv) {
@@ -98,7 +105,7 @@ int main(int argc, char** argv) {
       k3bench::register_kernels, k3bench::register_decode,  k3bench::register_stream,
       k3bench::register_quality, k3bench::register_routing, k3bench::register_container,
       k3bench::register_grammar, k3bench::register_serve,   k3bench::register_vulkan,
-      k3bench::register_ep,      k3bench::register_load};
+      k3bench::register_ep,      k3bench::register_load,    k3bench::register_kda};
   std::vector<k3bench::Subcommand> commands;
   for (const k3bench::RegisterFn add : table) commands.push_back(add(app));
 

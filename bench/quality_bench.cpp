@@ -1,6 +1,7 @@
 // bench/quality_bench.cpp — `k3_bench quality` (benchmarks, not tests).
 //
-//   k3_bench quality [--model DIR] [--fixtures DIR] [--write-bounds FILE] [--isa I] [--threads N]
+//   k3_bench quality [--model DIR] [--fixtures DIR] [--write-bounds FILE] [--kda-chunked]
+//                    [--isa I] [--threads N]
 //       The real-text quality table of a trained checkpoint (default assets/k3-mini with
 //       tests/data/k3-mini): held-out perplexity, KL and top-1 agreement against the exact
 //       setting, greedy agreement over 64 tokens, KL and top-1 agreement against the training
@@ -30,6 +31,7 @@ struct QualityArgs : CommonOptions {
   std::string model_dir = std::string(K3_BENCH_SOURCE_DIR) + "/../assets/k3-mini";
   std::string fixtures = std::string(K3_BENCH_SOURCE_DIR) + "/../tests/data/k3-mini";
   std::string write_bounds;  // bounds file to write from the measurement ("" = none)
+  bool kda_chunked = false;  // K3_KDA_CHUNKED for every row, the exact reference included
 };
 
 int run_quality(const QualityArgs& a) {
@@ -46,6 +48,11 @@ int run_quality(const QualityArgs& a) {
   base.isa = a.isa;
   base.experts_in_memory = true;
   base.cache.pin = false;
+  base.kda_chunked = a.kda_chunked;
+  if (a.kda_chunked)
+    std::printf(
+        "K3_KDA_CHUNKED=1: every row, the exact reference included, prefills with the "
+        "chunk form of the KDA recurrence\n");
   const q::Reference ref(a.model_dir, fixtures, base);
   std::vector<q::Row> rows;
   for (const q::Setting& s : q::settings()) {
@@ -96,6 +103,8 @@ Subcommand register_quality(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--write-bounds", a->write_bounds,
                 "write the gate's bounds file (tests/data/k3-mini/quality_bounds.json)");
+  c->add_flag("--kda-chunked", a->kda_chunked,
+              "every row with K3_KDA_CHUNKED (the chunk form of the KDA recurrence in prefill)");
   add_common_options(c, *a);
   return {c, [a] { return run_quality(*a); }};
 }

@@ -184,6 +184,13 @@ TEST(BatchedDecode, FixtureAvx2) {
   load.isa = "avx2";
   check_all(kFixture, load, "k3-tiny avx2 exact");
 }
+// K3_KDA_CHUNKED: the prompts (chunks of 7) take the chunk form, and a batched step's rows, one
+// per sequence, keep the token recurrence: each still the bits of its sequence run alone.
+TEST(BatchedDecode, FixtureKdaChunked) {
+  k3::LoadOptions load = k3::LoadOptions::exact();
+  load.kda_chunked = true;
+  check_all(kFixture, load, "k3-tiny exact kda_chunked");
+}
 
 // A synthetic checkpoint with many experts (tiny preset, 64 experts top-4): the rows of a step
 // share some experts and not others.

@@ -469,6 +469,8 @@ void EngineService::load() {
                   std::to_string(lo.head_bits) + " idot " + std::to_string(lo.idot) + " isa " +
                   lo.isa + " layers " + std::to_string(lo.layers) + " topp " +
                   std::to_string(lo.expert_top_p) + " cpu " + cpu_model_name();
+      // Named only when on, so the identity of every cache written without it is unchanged.
+      if (lo.kda_chunked) identity += " kda_chunked";
       prefix_cache_ = std::make_unique<PrefixCache>(
           options_.cache_dir, static_cast<uint64_t>(std::max(0.0, options_.cache_gb) * 1e9),
           identity);

@@ -15,8 +15,8 @@ namespace {
         impl::matmul_mxfp4_exact_##suffix, impl::quantize_q8_32_##suffix,                         \
         impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                        \
         impl::matmul_int8_idot_##suffix, impl::kda_head_step_##suffix,                            \
-        impl::mla_head_attend_##suffix, impl::quantize_int8_row_##quant,                          \
-        impl::quantize_int4_g64_row_##quant                                                       \
+        impl::kda_head_chunk_##suffix, impl::mla_head_attend_##suffix,                            \
+        impl::quantize_int8_row_##quant, impl::quantize_int4_g64_row_##quant                      \
   }
 
 const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar, scalar);
@@ -75,6 +75,10 @@ std::vector<Isa> supported_isas() {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
     if (isa_supported(isa)) out.push_back(isa);
   return out;
+}
+
+size_t kda_chunk_scratch_floats(size_t bt, size_t dk) {
+  return impl::kda_chunk_scratch(bt, dk);
 }
 
 const KernelTable& kernel_table(Isa isa) {

@@ -1,5 +1,7 @@
 #include "model/kda.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -26,6 +28,29 @@ void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float
   }
 }
 
+// Rows of one sub-chunk of the chunk form (K3_KDA_CHUNKED): 16 measured fastest of 16, 32 and 64
+// at every chunk size (`k3_bench kda`, docs/streaming.md §1.9).
+constexpr size_t kKdaSubChunk = 16;
+
+// One head of one token before the recurrence: q and k L2-normalised (q scaled by dk^-1/2), the
+// per-key-channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x + dt_bias)_i))
+// in place of its logit.
+inline void prepare_head(const KdaWeights& w, size_t h, size_t dk, float q_scale, float lower_bound,
+                         float* qh, float* kh, float* a) {
+  l2_normalize(qh, dk, K3Config::kKdaL2NormEps);
+  for (size_t i = 0; i < dk; ++i) qh[i] *= q_scale;
+  l2_normalize(kh, dk, K3Config::kKdaL2NormEps);
+  for (size_t i = 0; i < dk; ++i)
+    a[i] = std::exp(lower_bound * sigmoid(w.a_exp[h] * (a[i] + w.dt_bias[h * dk + i])));
+}
+
+// One head of one token after the recurrence: RMSNorm, then the output gate.
+inline void finish_head(const K3Config& config, const KdaWeights& w, size_t h, size_t dk,
+                        const float* gate_out, float* oh) {
+  rmsnorm(oh, w.o_norm.data(), dk, config.rms_norm_eps, oh);
+  for (size_t j = 0; j < dk; ++j) oh[j] *= sigmoid(gate_out[h * dk + j]);
+}
+
 // The sequential part of one token: conv windows and the recurrence advance by one token. q, k, v,
 // gate_out, decay: [P] (projections of this token; q, k, v, decay overwritten), beta: [H] logits;
 // o: [P] gated, normed head outputs.
@@ -50,19 +75,62 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
     float* kh = k + h * dk;
     const float* vh = v + h * dk;
     float* u = ws.kda_u.data() + h * dk;  // [dk value]
-    l2_normalize(qh, dk, K3Config::kKdaL2NormEps);
-    for (size_t i = 0; i < dk; ++i) qh[i] *= q_scale;
-    l2_normalize(kh, dk, K3Config::kKdaL2NormEps);
-    // Per key channel decay a_i = exp(lower_bound * sigmoid(exp(A_log[h]) * (f_b f_a x +
-    // dt_bias)_i)).
-    float* a = decay + h * dk;  // [dk], in place
-    for (size_t i = 0; i < dk; ++i)
-      a[i] = std::exp(lower_bound * sigmoid(w.a_exp[h] * (a[i] + w.dt_bias[h * dk + i])));
+    float* a = decay + h * dk;            // [dk], in place
+    prepare_head(w, h, dk, q_scale, lower_bound, qh, kh, a);
     float* oh = o + h * dk;
     kt.kda_head_step(state.recurrent.data() + h * dk * dk, qh, kh, vh, a, sigmoid(beta[h]), dk, u,
                      oh);
-    rmsnorm(oh, w.o_norm.data(), dk, config.rms_norm_eps, oh);
-    for (size_t j = 0; j < dk; ++j) oh[j] *= sigmoid(gate_out[h * dk + j]);
+    finish_head(config, w, h, dk, gate_out, oh);
+  }
+}
+
+// kda_token over m consecutive rows of one sequence with the recurrence in the chunk form
+// (KernelTable::kda_head_chunk, sub-chunks of kKdaSubChunk rows): the conv windows still advance
+// row by row; then the same normalisation and decay of every row and head, one chunk call per
+// head over all m rows, and the same output norm and gate of every row and head. Row t's buffers
+// at t * P (beta: t * H, overwritten with its sigmoid).
+void kda_rows_chunked(const K3Config& config, const KernelTable& kt, const KdaWeights& w,
+                      KdaState& state, Workspace& ws, size_t m, float* q, float* k, float* v,
+                      const float* gate_out, float* decay, float* beta, float* o) {
+  const size_t P = static_cast<size_t>(config.kda_projection_size());
+  const size_t H = static_cast<size_t>(config.kda_num_heads);
+  const size_t dk = static_cast<size_t>(config.kda_head_dim);
+  const size_t K = static_cast<size_t>(config.short_conv_kernel_size);
+  for (size_t t = 0; t < m; ++t) {
+    conv_silu(w.q_conv, state.q_window, q + t * P, P, K);
+    conv_silu(w.k_conv, state.k_window, k + t * P, P, K);
+    conv_silu(w.v_conv, state.v_window, v + t * P, P, K);
+  }
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  const float lower_bound = static_cast<float>(config.gate_lower_bound);
+  const size_t scratch = kda_chunk_scratch_floats(kKdaSubChunk, dk);
+  const size_t threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
+  if (ws.kda_chunk.size() < threads * scratch) ws.kda_chunk.resize(threads * scratch);
+  // Row by row (contiguous heads) before and after; head by head through the chunk form, whose
+  // kernel prefetches a head's strided rows itself.
+  const int64_t rows = static_cast<int64_t>(m);
+#pragma omp parallel for schedule(static)
+  for (int64_t tt = 0; tt < rows; ++tt) {
+    const size_t t = static_cast<size_t>(tt);
+    for (size_t h = 0; h < H; ++h) {
+      prepare_head(w, h, dk, q_scale, lower_bound, q + t * P + h * dk, k + t * P + h * dk,
+                   decay + t * P + h * dk);
+      beta[t * H + h] = sigmoid(beta[t * H + h]);
+    }
+  }
+  const int64_t heads = static_cast<int64_t>(H);
+#pragma omp parallel for schedule(static)
+  for (int64_t hh = 0; hh < heads; ++hh) {
+    const size_t h = static_cast<size_t>(hh);
+    float* scr = ws.kda_chunk.data() + static_cast<size_t>(omp_get_thread_num()) * scratch;
+    kt.kda_head_chunk(state.recurrent.data() + h * dk * dk, q + h * dk, k + h * dk, v + h * dk,
+                      decay + h * dk, P, beta + h, H, m, dk, kKdaSubChunk, scr, o + h * dk);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t tt = 0; tt < rows; ++tt) {
+    const size_t t = static_cast<size_t>(tt);
+    for (size_t h = 0; h < H; ++h)
+      finish_head(config, w, h, dk, gate_out + t * P, o + t * P + h * dk);
   }
 }
 
@@ -81,10 +149,25 @@ void kda_forward(const K3Config& config, const Compute& compute, const KdaWeight
   matmul_jobs(compute, jobs, std::size(jobs), X, n);
   matmul_chunk(compute, w.f_b_proj, ws.kda_decay_low.data(), n, ws.kda_decay.data());
   // Conv windows and recurrence, one row at a time in order (each on its sequence's state).
-  for (size_t t = 0; t < n; ++t)
-    kda_token(config, kt, w, rows[t].state->kda[layer], ws, ws.kda_q.data() + t * P,
-              ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P,
-              ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
+  // K3_KDA_CHUNKED: a run of two or more consecutive rows of one sequence (a prompt chunk) goes
+  // through the chunk form instead; single rows (decode, a batched decode step's rows) keep the
+  // token recurrence. Its decay factors need every step's decay >= e^-5 (kernels/isa.h).
+  const bool chunked = compute.kda_chunked && config.gate_lower_bound >= -5.0;
+  for (size_t t = 0; t < n;) {
+    size_t end = t + 1;
+    if (chunked)
+      while (end < n && rows[end].state == rows[t].state) ++end;
+    if (end - t >= 2)
+      kda_rows_chunked(config, kt, w, rows[t].state->kda[layer], ws, end - t,
+                       ws.kda_q.data() + t * P, ws.kda_k.data() + t * P, ws.kda_v.data() + t * P,
+                       ws.kda_gate.data() + t * P, ws.kda_decay.data() + t * P,
+                       ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
+    else
+      kda_token(config, kt, w, rows[t].state->kda[layer], ws, ws.kda_q.data() + t * P,
+                ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P,
+                ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
+    t = end;
+  }
   matmul_chunk(compute, w.o_proj, ws.kda_out.data(), n, out);
 }
 

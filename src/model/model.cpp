@@ -36,6 +36,7 @@ Model::Model(const ModelFiles& files, const K3Config& config, const LoadOptions&
   compute_.kernels = &kernel_table(setup.isa);
   compute_.idot = load_.idot;
   compute_.expert_top_p = load_.expert_top_p;
+  compute_.kda_chunked = load_.kda_chunked;
   int64_t num_layers = load_.layers;
   if (num_layers <= 0 || num_layers > config_.num_hidden_layers)
     num_layers = config_.num_hidden_layers;

@@ -176,8 +176,8 @@ uint64_t Workspace::bytes(const K3Config& config, int64_t positions) const {
   per_row_buffers(*this, config, [&](const auto& v, size_t, size_t) { add(v); });
   add(sequence_rows);
   add(embed_bytes);
-  for (const auto* v :
-       {&mix_weights, &kda_u, &mla_qabs, &mla_lat, &moe_scores, &moe_choice, &head_normed})
+  for (const auto* v : {&mix_weights, &kda_u, &kda_chunk, &mla_qabs, &mla_lat, &moe_scores,
+                        &moe_choice, &head_normed})
     add(*v);
   add(sources);
   add(moe_order);

@@ -310,6 +310,10 @@ const std::vector<OptionRow>& option_rows() {
        "prefill: prompt tokens run layer-major together (1 = token at a time; same logits; auto = "
        "the largest power of two to 4096 whose buffers take a sixteenth of the free memory)",
        auto_or_int(FIELD(load.chunk), 1, 4096)},
+      {"--kda-chunked,!--no-kda-chunked", "K3_KDA_CHUNKED", Group::kModel, kEngine,
+       "prefill: a chunk's KDA recurrence in the chunk (WY/UT) form instead of token by token "
+       "(close, not bit-identical logits; decode and --chunk 1 unchanged)",
+       boolean(FIELD(load.kda_chunked))},
       // quantization
       {"--bits", "K3_BITS", Group::kQuantization, kEngine,
        "KDA/latent/shared/dense matrices in RAM: 4 = int4 g64, 8 = int8, 32 = f32 (a repacked "

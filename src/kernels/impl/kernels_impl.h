@@ -34,7 +34,10 @@ namespace k3::impl {
                               const float* a, float beta, size_t dk, float* u, float* o);          \
   void mla_head_attend_##suffix(const float* qabs, const float* q_pe, const float* latent,         \
                                 const float* rope, size_t T, size_t kv_lora, size_t rope_dim,      \
-                                float scale, float* scores, float* lat);
+                                float scale, float* scores, float* lat);                           \
+  void kda_head_chunk_##suffix(float* S, const float* q, const float* k, const float* v,           \
+                               const float* a, size_t ld, const float* beta, size_t ldb, size_t n, \
+                               size_t dk, size_t bt, float* scratch, float* o);
 
 K3_DECLARE_KERNELS(scalar)
 K3_DECLARE_KERNELS(avx2)
@@ -47,6 +50,21 @@ void quantize_int8_row_scalar(const float* w, size_t cols, int8_t* q, float* sca
 void quantize_int4_g64_row_scalar(const float* w, size_t cols, uint8_t* packed, float* scales);
 void quantize_int8_row_avx2(const float* w, size_t cols, int8_t* q, float* scale);
 void quantize_int4_g64_row_avx2(const float* w, size_t cols, uint8_t* packed, float* scales);
+
+// The chunk form of KDA (kda_head_chunk, kernels/isa.h) forms its decay factors per block of
+// this many rows: a cumulative decay inside a block is at least e^(-5 * 16) = e^-80, a normal
+// float (its reciprocal e^80 too), when every per-step decay is at least e^-5.
+inline constexpr size_t kKdaBlockRows = 16;
+
+// Floats of kda_head_chunk's scratch for sub-chunks of `bt` rows of a head of `dk` channels.
+inline size_t kda_chunk_scratch(size_t bt, size_t dk) {
+  const size_t blocks = (bt + kKdaBlockRows - 1) / kKdaBlockRows;
+  // Kr, Qr, Ki, Ke, U, Kn: [bt][dk]; WQ and C: [2 bt][dk]; X: [block][dk]; Xt: [dk][block];
+  // TA, TM: [block][block]; A, M: [bt][bt]; E, eG, P and the per-block decays before and in each
+  // block: [dk] each.
+  return 10 * bt * dk + 2 * kKdaBlockRows * dk + 2 * kKdaBlockRows * kKdaBlockRows + 2 * bt * bt +
+         (3 + 2 * blocks) * dk;
+}
 
 namespace {
 

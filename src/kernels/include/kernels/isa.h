@@ -92,6 +92,17 @@ struct KernelTable {
   // q, k: [dk] (normalised and scaled by the caller), v, a: [dk], o: [dk], u: [dk] scratch.
   void (*kda_head_step)(float* S, const float* q, const float* k, const float* v, const float* a,
                         float beta, size_t dk, float* u, float* o);
+  // The same recurrence over n consecutive tokens of one sequence in the chunk (WY / UT) form
+  // (docs/streaming.md §1.9): sub-chunks of `bt` rows, each a few [bt][dk] x [dk][dk] products
+  // with S and a triangular solve instead of bt rank-1 sweeps. Not bit-identical to n calls of
+  // kda_head_step (the sums are re-associated); S and o agree to a relative 1e-5 or so
+  // (tests/kda_chunk_test.cpp). Row t of q, k, v, a, o at t * ld (each [dk]); beta[t * ldb] (the
+  // sigmoid, not the logit). REQUIRES every a in [e^-5, 1] (K3's gate_lower_bound: the decay
+  // factors are formed in blocks of 16 rows whose products stay normal floats), q and k
+  // normalised as the model does, and scratch of kda_chunk_scratch_floats(bt, dk) floats.
+  void (*kda_head_chunk)(float* S, const float* q, const float* k, const float* v, const float* a,
+                         size_t ld, const float* beta, size_t ldb, size_t n, size_t dk, size_t bt,
+                         float* scratch, float* o);
   // One MLA head over the latent cache, absorbed form: for j < T,
   //   s_j = (qabs . latent[j] + q_pe . rope[j]) * scale;  p = softmax(s);  lat = sum_j p_j
   //   latent[j]
@@ -107,6 +118,9 @@ struct KernelTable {
   void (*quantize_int8_row)(const float* w, size_t cols, int8_t* q, float* scale);
   void (*quantize_int4_g64_row)(const float* w, size_t cols, uint8_t* packed, float* scales);
 };
+
+// Floats of kda_head_chunk's scratch for sub-chunks of `bt` rows and heads of `dk` channels.
+size_t kda_chunk_scratch_floats(size_t bt, size_t dk);
 
 // The table of `isa`. REQUIRES isa_supported(isa) (throws k3::Error otherwise).
 const KernelTable& kernel_table(Isa isa);

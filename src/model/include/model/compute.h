@@ -71,6 +71,9 @@ struct Compute {
   const KernelTable* kernels = nullptr;
   bool idot = false;          // MXFP4 experts on the integer-dot path
   double expert_top_p = 0.0;  // K3_TOPP: keep routed experts up to this cumulative weight (0 = all)
+  // K3_KDA_CHUNKED: a prompt chunk's KDA recurrence in the chunk (WY / UT) form (model/kda.h);
+  // not bit-identical to the token recurrence, which single rows keep.
+  bool kda_chunked = false;
   // Executors asked for a MoE step's experts before the RAM cache + CPU kernels, in this order
   // (model/expert_executor.h); empty: the CPU computes every expert.
   std::span<ExpertExecutor* const> executors;

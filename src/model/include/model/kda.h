@@ -23,7 +23,9 @@ namespace k3 {
 // layer `layer` of rows[t].state: the rows of a chunk share one state (consecutive tokens, in
 // order), the rows of a batched decode step each have their own. Projections batched over the
 // rows, conv windows and recurrence advanced row by row; scratch in `work`. Every row
-// bit-identical to n calls of one row.
+// bit-identical to n calls of one row, unless compute.kda_chunked (K3_KDA_CHUNKED): then a run of
+// two or more consecutive rows of one sequence takes the recurrence in the chunk form
+// (KernelTable::kda_head_chunk), close to the token recurrence but not bit-identical.
 void kda_forward(const K3Config& config, const Compute& compute, const KdaWeights& weights,
                  size_t layer, const SequenceRow* rows, Workspace& work, const float* X, size_t n,
                  float* out);

@@ -75,6 +75,9 @@ struct Workspace {
   std::vector<float> kda_decay_low;                                      // [rows][kda_head_dim]
   std::vector<float> kda_beta;                                           // [rows][kda_num_heads]
   std::vector<float> kda_u;  // [kda_num_heads][kda_head_dim]
+  // [threads][kda_chunk_scratch_floats]: the chunk form's scratch (K3_KDA_CHUNKED), sized by the
+  // first prompt chunk that takes it; never touched by decode.
+  std::vector<float> kda_chunk;
   // MLA.
   std::vector<float> mla_cq;             // [rows][q_lora_rank]
   std::vector<float> mla_q;              // [rows][heads][qk_head_dim]

@@ -68,6 +68,9 @@ struct LoadOptions {
   // K3_CHUNK: prompt tokens per layer-major prefill chunk (1..4096; 1 = token at a time; -1 =
   // auto: model/state.h's auto_prefill_chunk, resolved when the model loads)
   int64_t chunk = -1;
+  // K3_KDA_CHUNKED: a prompt chunk's KDA recurrence in the chunk (WY / UT) form instead of token
+  // by token (not bit-identical; K3_CHUNK=1 and decode are unchanged)
+  bool kda_chunked = false;
   int64_t load_delay_ms = 0;  // K3_LOAD_DELAY_MS: debug sleep after every loaded layer
   CacheOptions cache;
   VulkanOptions vulkan;
