@@ -338,12 +338,14 @@ INSTANTIATE_TEST_SUITE_P(
     // 4.7e-7). layer0 / layer1.mlp_out / logits, routing rows, greedy:
     //   f32 + idot:  4.7e-7 / 0.00852 / 0.2608   routing 60/84, greedy 5/8
     //   int8 exact:  0.0158 / 0.0864  / 0.4236   routing 53/84, greedy 5/8
-    //   int8 + idot: 0.0158 / 0.0878  / 0.4244   routing 52/84, greedy 5/8
+    //   int8 + idot: 0.0255 / 0.0921  / 0.4297   routing 51/84, greedy 4/8 (the int8 matrices
+    //                take q8 activations too: ~0.5% more error per matrix)
     //   int4 exact:  0.2432 / 0.529   / 0.9045   routing 16/84, greedy 3/8 (bits 4/8/8, float
     //                                                                        kernels)
-    //   defaults:    0.2442 / 0.5012  / 0.9624   routing 15/84, greedy 2/8 (int4 g64 on Gaussian
+    //   defaults:    0.2452 / 0.5277  / 0.8995   routing 16/84, greedy 3/8 (int4 g64 on Gaussian
     //                random weights: ~10% error per matrix, compounding over 8 matrices a layer;
-    //                the int4 matrices also take q8 activations with K3_IDOT=1, ~0.5% more).
+    //                the int4 and int8 matrices also take q8 activations with K3_IDOT=1, ~0.5%
+    //                more).
     // Bounds: layer figures x 1.15 (f32 + idot: 1e-5, the f32 summation-order floor); logits
     // + 0.03; routing - 4 rows (a near-tie router flip moves one or two rows; random routing
     // matches ~0 rows: 1 in 1820 a row); greedy - 1 step (garbage logits match ~0 of 8). The int4
@@ -354,7 +356,7 @@ INSTANTIATE_TEST_SUITE_P(
     // QuantDrift tests above judge the int4 defaults on the same weights.
     ::testing::Values(Setting{"f32_idot", 32, 32, 32, true, 1e-5, 0.0098, 0.29, 56, 4},
                       Setting{"int8_exact", 8, 8, 8, false, 0.0182, 0.0994, 0.454, 49, 4},
-                      Setting{"int8_idot", 8, 8, 8, true, 0.0182, 0.101, 0.455, 48, 4},
+                      Setting{"int8_idot", 8, 8, 8, true, 0.0293, 0.106, 0.46, 47, 3},
                       Setting{"int4_exact", 4, 8, 8, false, 0.28, 0.608, 0.935, 12, 2},
                       Setting{"defaults", 4, 8, 8, true, 0.281, 0.576, 0.993, 11, 1}),
     [](const ::testing::TestParamInfo<Setting>& param_info) { return param_info.param.name; });
