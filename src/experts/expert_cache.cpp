@@ -29,19 +29,6 @@ constexpr int64_t kHistoryVersion = 1;
 constexpr double kPinMinHistory = 5000;
 constexpr double kPinFullConfidence = 200000;
 
-// A slot or read buffer, kDirectAlign-aligned (plain pages: huge-page-advised slots made the
-// slice's O_DIRECT expert reads wait on compaction, 0.84 GB at 0.17 GB/s instead of 0.93 GB/s).
-uint8_t* alloc_aligned(uint64_t bytes) {
-  const uint64_t rounded = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  void* p = std::aligned_alloc(kDirectAlign, rounded);
-  if (!p) throw Error("expert cache: cannot allocate " + std::to_string(rounded) + " bytes");
-  return static_cast<uint8_t*>(p);
-}
-
-void free_aligned(uint8_t* p) {
-  std::free(p);
-}
-
 }  // namespace
 
 uint64_t decayed(uint64_t count, double decay) {
@@ -252,11 +239,11 @@ ExpertCache::ExpertCache(const ExpertStore& store, const CacheOptions& options,
 ExpertCache::~ExpertCache() {
   for (auto& e : entries_) {
     e->ticket.wait();  // a dropped prefetch may still be reading into its buffer
-    free_aligned(e->buffer);
+    free_direct_buffer(e->buffer);
   }
   for (auto& layer : layers_)
     if (layer)
-      for (Slot& s : layer->slots) free_aligned(s.buffer);
+      for (Slot& s : layer->slots) free_direct_buffer(s.buffer);
 }
 
 void ExpertCache::say(const std::string& line) const {
@@ -289,7 +276,7 @@ ExpertCache::Entry* ExpertCache::take_entry(bool staged) {
     entries_.push_back(std::make_unique<Entry>());
     found = entries_.back().get();
   }
-  if (!found->buffer) found->buffer = alloc_aligned(store_.slot_bytes());
+  if (!found->buffer) found->buffer = allocate_direct_buffer(store_.slot_bytes());
   found->data = nullptr;
   found->checked = false;
   found->error.clear();
@@ -565,7 +552,7 @@ void ExpertCache::release(ExpertBatch& batch) {
   for (size_t i = entries_.size(); i-- > 0 && entries_.size() > kWorkingSet;) {
     Entry& en = *entries_[i];
     if (!en.free() || !en.ticket.done()) continue;
-    free_aligned(en.buffer);
+    free_direct_buffer(en.buffer);
     entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
@@ -853,7 +840,7 @@ void ExpertCache::seed_pins() {
     std::vector<const uint8_t*> data(n);
     for (size_t i = 0; i < n; ++i) {
       Slot& slot = L.slots[i];
-      slot.buffer = alloc_aligned(store_.slot_bytes());
+      slot.buffer = allocate_direct_buffer(store_.slot_bytes());
       const ExpertStore::ReadPlan plan =
           store_.plan_read(l, order[i], slot.buffer, options_.direct);
       data[i] = plan.data;

@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -576,6 +578,18 @@ WindowPlan plan_window(const File& file, uint64_t offset, uint64_t length, uint8
   }
   plan.data = buffer + pad;
   return plan;
+}
+
+uint8_t* allocate_direct_buffer(uint64_t bytes) {
+  const uint64_t rounded = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  void* p = std::aligned_alloc(kDirectAlign, rounded);
+  if (p == nullptr)
+    throw Error("cannot allocate " + std::to_string(rounded) + " bytes for O_DIRECT reads");
+  return static_cast<uint8_t*>(p);
+}
+
+void free_direct_buffer(uint8_t* p) noexcept {
+  std::free(p);
 }
 
 std::unique_ptr<ReadQueue> make_read_queue(const ReadQueueOptions& options) {

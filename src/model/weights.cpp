@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -116,8 +115,8 @@ struct BlockScratch {
 class LoadReader {
  public:
   struct Slot {
-    std::unique_ptr<uint8_t, decltype(&std::free)> buffer{nullptr, &std::free};
-    uint64_t capacity = 0;  // bytes of buffer (kDirectAlign-aligned)
+    std::unique_ptr<uint8_t, decltype(&free_direct_buffer)> buffer{nullptr, &free_direct_buffer};
+    uint64_t capacity = 0;  // bytes of buffer
     ReadTicket ticket;
     const uint8_t* data = nullptr;  // the block's bytes once ticket is done
   };
@@ -126,10 +125,11 @@ class LoadReader {
     BlockScratch scratch;
   };
 
-  // Reads with `io`'s engine, O_DIRECT when `direct`, in blocks of about `block_bytes`.
-  LoadReader(const CacheOptions& io, bool direct, size_t block_bytes)
+  // Reads with `io`'s engine, O_DIRECT when io.direct (K3_DIRECT), in blocks of about
+  // `block_bytes`.
+  LoadReader(const CacheOptions& io, size_t block_bytes)
       : queue_(make_read_queue(read_queue_options(io))),
-        direct_(direct),
+        direct_(io.direct),
         block_bytes_(block_bytes) {}
   size_t block_bytes() const { return block_bytes_; }
 
@@ -173,10 +173,8 @@ class LoadReader {
   void submit(Slot& slot, const File& file, uint64_t offset, uint64_t length, bool direct) {
     const uint64_t need = window_bytes(length);
     if (slot.capacity < need) {
-      const uint64_t bytes = (need + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-      slot.buffer.reset(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, bytes)));
-      if (slot.buffer == nullptr) throw std::bad_alloc();
-      slot.capacity = bytes;
+      slot.buffer.reset(allocate_direct_buffer(need));
+      slot.capacity = need;
     }
     const WindowPlan plan = plan_window(file, offset, length, slot.buffer.get(), direct);
     slot.data = plan.data;
@@ -711,7 +709,7 @@ ModelWeights load_weights(const ModelFiles& s, const K3Config& c, int64_t num_la
       ExpertGeometry{c.routed_expert_hidden_size, c.moe_intermediate_size});
   const uint64_t load_bytes = planned_bytes(s, num_layers);
   Progress progress("loading " + s.dir(), load_bytes, on_progress);
-  LoadReader reader(precision.cache, precision.cache.direct, block_bytes(load_bytes));
+  LoadReader reader(precision.cache, block_bytes(load_bytes));
   const LoadScope load_scope(cancel, progress, reader);
   mw.layers.resize(static_cast<size_t>(num_layers));
   for (int64_t l = 0; l < num_layers; ++l) {
