@@ -138,7 +138,7 @@ double rel_l2(const float* a, const float* b, size_t n) {
 
 struct KernelsArgs : CommonOptions {
   double seconds = 1.5;
-  int experts = 16;
+  int experts = 0;  // 0: enough for 3x the LLC's bytes, at least 16
   std::string ggml_dir = K3_BENCH_SOURCE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins";
   bool no_ggml = false;
   double dram_gib = 1;            // the DRAM probe's array
@@ -267,7 +267,14 @@ int run_kernels(const KernelsArgs& a) {
   // MXFP4 experts (and the ggml peer on the same weights).
   if (selected(a, "mxfp4_idot") || selected(a, "mxfp4_exact") || selected(a, "ggml_mxfp4")) {
     // MXFP4 experts.
-    const int E = std::max(1, a.experts);
+    // One expert's bytes (gate + up + down, packed nibbles and one scale byte per 32 weights):
+    // the rotation covers 3x the LLC (a 480 MiB L3 held all 16 experts, 17.5 MB each, of an earlier
+    // fixed count), so a pass reads DRAM, not cache.
+    const double one_expert = (2.0 * kInter * kLatent + 1.0 * kLatent * kInter) * (0.5 + 1.0 / 32);
+    const int E = a.experts > 0
+                      ? a.experts
+                      : std::max(16, static_cast<int>(std::ceil(
+                                         3.0 * static_cast<double>(llc_bytes) / one_expert)));
     std::vector<Expert> experts(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) {
       const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
@@ -456,8 +463,9 @@ int run_kernels(const KernelsArgs& a) {
       const double one =
           bits == 8 ? static_cast<double>(sh.rows * sh.cols + sh.rows * 4)
                     : static_cast<double>(sh.rows * sh.cols / 2 + sh.rows * sh.cols / 64 * 4);
-      const int count =
-          std::clamp(static_cast<int>(std::ceil(4.0 * static_cast<double>(llc_bytes) / one)), 2, 8);
+      // At least 4x the LLC's bytes (a 480 MiB L3 held all 8 int4 matrices of an earlier cap).
+      const int count = std::clamp(
+          static_cast<int>(std::ceil(4.0 * static_cast<double>(llc_bytes) / one)), 2, 64);
       std::vector<k3::WeightMatrix> mats(static_cast<size_t>(count));
       double bytes = 0;
       for (int m = 0; m < count; ++m) {
@@ -600,7 +608,9 @@ Subcommand register_kernels(CLI::App& app) {
   add_common_options(c, *a);
   c->add_option("--seconds", a->seconds, "time spent per figure (best pass reported)")
       ->capture_default_str();
-  c->add_option("--experts", a->experts, "distinct MXFP4 experts rotated")->capture_default_str();
+  c->add_option("--experts", a->experts,
+                "distinct MXFP4 experts rotated (0: 3x the LLC's bytes, at least 16)")
+      ->capture_default_str();
   c->add_option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")
       ->capture_default_str();
   c->add_flag("--no-ggml", a->no_ggml, "skip the ggml peer");
