@@ -51,6 +51,11 @@ constexpr ScaleTable make_half_scale_table() {
 }
 constexpr ScaleTable kHalfScale = make_half_scale_table();
 
+// The exact path reads one weight row after another; the hardware prefetchers alone left it
+// waiting on DRAM (2-core Xeon, 2 threads: 5.9 GB/s, against 9.7 from L3). One prefetch into L2
+// per 64 bytes, 4 KiB ahead (2+ rows of 3072-3584 columns): 15.2 GB/s (1 KiB: 13.2, 8 KiB: 14.9).
+constexpr size_t kExactAhead = 4096;
+
 template <int R, int S>
 void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X, float* Y,
                 size_t ldy, size_t o0, size_t t0) {
@@ -64,6 +69,7 @@ void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const
     __m256 w[R][4], sc[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = packed + (o0 + r) * row_bytes + g * 16;
+      if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kExactAhead), _MM_HINT_T1);
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
       const __m128i lo = _mm_and_si128(v, low4);
       const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
