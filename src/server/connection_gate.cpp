@@ -2,7 +2,6 @@
 // of a loopback client's socket, closing a connection without reading on (see
 // server/connection_gate.h).
 #include "connection_gate.h"
-#include <cstdio>
 
 #include <arpa/inet.h>
 #include <linux/inet_diag.h>
@@ -137,10 +136,8 @@ uint64_t ConnectionGate::admit(const Peer& peer) {
     }
     if (!victim) {
       ++refused_;
-      fprintf(stderr, "DBG refused all busy port %d\n", peer.port);
       return 0;
     }
-    fprintf(stderr, "DBG evict port %d for port %d\n", victim->port, peer.port);
     ::shutdown(victim->fd, SHUT_RDWR);
     uncount(*victim);
     victim->retired = true;
