@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -241,6 +242,7 @@ double dram_probe(size_t bytes, int passes, double* cpu_share) {
   const size_t blocks = n / block;
   std::unique_ptr<float[], decltype(&std::free)> a(
       static_cast<float*>(std::aligned_alloc(64, blocks * block * sizeof(float))), &std::free);
+  if (a == nullptr) throw std::bad_alloc();
   float* p = a.get();
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < blocks; ++b)  // first touch by the thread that will read it

@@ -266,23 +266,22 @@ int run_kernels(const KernelsArgs& a) {
 
   // MXFP4 experts (and the ggml peer on the same weights).
   if (selected(a, "mxfp4_idot") || selected(a, "mxfp4_exact") || selected(a, "ggml_mxfp4")) {
-    // MXFP4 experts.
-    // One expert's bytes (gate + up + down, packed nibbles and one scale byte per 32 weights):
-    // the rotation covers 3x the LLC (a 480 MiB L3 held all 16 experts, 17.5 MB each, of an earlier
-    // fixed count), so a pass reads DRAM, not cache.
-    const double one_expert = (2.0 * kInter * kLatent + 1.0 * kLatent * kInter) * (0.5 + 1.0 / 32);
+    // MXFP4 experts. The rotation covers 3x the LLC (a 480 MiB L3 held all 16 experts, 17.5 MB
+    // each, of an earlier fixed count), so a pass reads DRAM, not cache.
+    const auto make_expert = [](int e) {
+      const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
+      return Expert{random_mx(kInter, kLatent, seed), random_mx(kInter, kLatent, seed + 3),
+                    random_mx(kLatent, kInter, seed + 6)};
+    };
+    std::vector<Expert> experts;
+    experts.push_back(make_expert(0));
+    const double expert_bytes = static_cast<double>(experts[0].bytes());
     const int E = a.experts > 0
                       ? a.experts
                       : std::max(16, static_cast<int>(std::ceil(
-                                         3.0 * static_cast<double>(llc_bytes) / one_expert)));
-    std::vector<Expert> experts(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) {
-      const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
-      experts[e].gate = random_mx(kInter, kLatent, seed);
-      experts[e].up = random_mx(kInter, kLatent, seed + 3);
-      experts[e].down = random_mx(kLatent, kInter, seed + 6);
-    }
-    const double expert_bytes = static_cast<double>(experts[0].bytes());
+                                         3.0 * static_cast<double>(llc_bytes) / expert_bytes)));
+    experts.reserve(static_cast<size_t>(E));
+    for (int e = 1; e < E; ++e) experts.push_back(make_expert(e));
     const double pass_bytes = expert_bytes * E;
     ExpertScratch scratch;
     std::printf(

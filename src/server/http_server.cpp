@@ -253,9 +253,7 @@ class ConnectionPool : public httplib::TaskQueue {
   void work() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      ++idle_;
       ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-      --idle_;
       if (jobs_.empty()) return;  // stopping, nothing left
       std::function<void()> fn = std::move(jobs_.front());
       jobs_.pop_front();
@@ -271,7 +269,6 @@ class ConnectionPool : public httplib::TaskQueue {
   std::condition_variable room_;  // a job was taken: the queue has room
   std::deque<std::function<void()>> jobs_;
   std::vector<std::thread> workers_;
-  size_t idle_ = 0;
   bool stopping_ = false;
 };
 
