@@ -39,7 +39,8 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
   GenerateResult result;
   const double t0 = now_seconds();
   const int64_t n = static_cast<int64_t>(ids.size());
-  std::vector<float> logits;
+  // The session's own logits (valid until its next prefill or step): no copy of the vocabulary.
+  std::span<const float> logits;
   try {
     session.set_interrupt(settings.cancel);
     if (settings.prefill_piece <= 0 && settings.splits.empty()) {
