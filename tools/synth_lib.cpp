@@ -820,11 +820,14 @@ std::vector<PlannedFile> plan_files(const SynthSpec& spec, const std::vector<Sha
     f.text = std::move(body);
     files.push_back(std::move(f));
   };
-  nlohmann::ordered_json index;
+  // A sorted json object, not an ordered_json: weight_map is already sorted and "metadata" sorts
+  // before "weight_map", so the text is the same, and an ordered_json's insert is a linear search
+  // (the release's ~500k tensors took minutes).
+  nlohmann::json index;
   index["metadata"]["total_size"] = total_bytes;
-  nlohmann::ordered_json& wm = index["weight_map"];
-  wm = nlohmann::ordered_json::object();
-  for (const auto& [name, file] : weight_map) wm[name] = file;
+  nlohmann::json& wm = index["weight_map"];
+  wm = nlohmann::json::object();
+  for (const auto& [name, file] : weight_map) wm.emplace(name, file);
   text("model.safetensors.index.json", index.dump(2) + "\n");
   nlohmann::ordered_json gen;
   gen["max_length"] = 1048576;
