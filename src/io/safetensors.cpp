@@ -94,6 +94,42 @@ std::string non_finite_message(const std::string& path, const TensorInfo& t, uin
          "original download";
 }
 
+namespace {
+
+// The keys of the top-level object and the first one seen twice (SAX events of nlohmann::json).
+struct TopLevelKeys {
+  using number_integer_t = nlohmann::json::number_integer_t;
+  using number_unsigned_t = nlohmann::json::number_unsigned_t;
+  using number_float_t = nlohmann::json::number_float_t;
+  using string_t = nlohmann::json::string_t;
+  using binary_t = nlohmann::json::binary_t;
+
+  int depth = 0;
+  std::set<std::string> seen;
+  std::string duplicate;
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(number_integer_t) { return true; }
+  bool number_unsigned(number_unsigned_t) { return true; }
+  bool number_float(number_float_t, const string_t&) { return true; }
+  bool string(string_t&) { return true; }
+  bool binary(binary_t&) { return true; }
+  bool start_object(std::size_t) { return ++depth, true; }
+  bool end_object() { return --depth, true; }
+  bool start_array(std::size_t) { return ++depth, true; }
+  bool end_array() { return --depth, true; }
+  bool key(string_t& name) {
+    if (depth == 1 && !seen.insert(name).second && duplicate.empty()) duplicate = name;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    throw e;
+  }
+};
+
+}  // namespace
+
 std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json, uint64_t file_size,
                                                  const std::string& path,
                                                  SafetensorsMetadata* metadata) {
@@ -107,21 +143,19 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
   // followed by space padding, every tensor name appears once.
   if (header_json.empty() || header_json.front() != '{')
     throw Error(path + ": header is not JSON text of an object (it does not start with '{')");
+  // Two passes: a SAX pass that only records the top-level keys (a name that appears twice is an
+  // error, where a DOM would keep the last one silently), then the DOM without a callback.
+  // (nlohmann's callback parser scans the whole parent object at the end of every child object:
+  // quadratic in the tensor count, seconds for the release's ~5,400-tensor layer shards.)
+  TopLevelKeys keys;
   nlohmann::json root;
-  std::string duplicate;
-  std::set<std::string> keys;
-  const nlohmann::json::parser_callback_t on_token =
-      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
-            !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
-          duplicate = parsed.get<std::string>();
-        return true;
-      };
   try {
-    root = nlohmann::json::parse(header_json, on_token);
+    nlohmann::json::sax_parse(header_json, &keys);
+    root = nlohmann::json::parse(header_json);
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": header is not valid JSON: " + e.what());
   }
+  const std::string& duplicate = keys.duplicate;
   if (!duplicate.empty())
     throw Error(path + ": tensor " + duplicate + " appears twice in the header");
   if (!root.is_object()) throw Error(path + ": header is not a JSON object");
@@ -235,12 +269,19 @@ SafetensorsShard::SafetensorsShard(std::unique_ptr<File> file) : file_(std::move
   file_->read_exact(header.data(), header_len, 8, "header");
   tensors_ = parse_safetensors_header(header, file_->size(), p, &metadata_);
   data_start_ = 8 + header_len;
-  for (size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
+  // A sorted index, not a map: 4 bytes a tensor instead of a node and a copy of the name (the
+  // release has ~500k tensors).
+  by_name_.resize(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) by_name_[i] = static_cast<uint32_t>(i);
+  std::sort(by_name_.begin(), by_name_.end(),
+            [&](uint32_t a, uint32_t b) { return tensors_[a].name < tensors_[b].name; });
 }
 
 const TensorInfo* SafetensorsShard::find(const std::string& name) const {
-  const auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+  const auto it =
+      std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                       [&](uint32_t i, const std::string& n) { return tensors_[i].name < n; });
+  return it == by_name_.end() || tensors_[*it].name != name ? nullptr : &tensors_[*it];
 }
 
 std::shared_ptr<const FileMapping> SafetensorsShard::mapping() const {

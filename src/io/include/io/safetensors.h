@@ -102,7 +102,7 @@ class SafetensorsShard {
   std::vector<TensorInfo> tensors_;
   SafetensorsMetadata metadata_;
   uint64_t data_start_ = 0;
-  std::map<std::string, size_t> by_name_;
+  std::vector<uint32_t> by_name_;  // [tensors] indices into tensors_, in name order
 };
 
 }  // namespace k3
