@@ -752,6 +752,49 @@ TEST(SnapshotDamaged, BadIndexAndConfig) {
              "does-not-exist");
 }
 
+// The index is streamed (SAX), not held as a DOM: each shape of damage still names the file and,
+// for an entry, the tensor.
+TEST(SnapshotDamaged, IndexEntriesAndWeightMapOfTheWrongType) {
+  const auto damaged = [](const std::string& tag, const std::function<void(json&)>& edit) {
+    const auto dir = fixture_copy(tag);
+    const std::string index_path = dir->file("model.safetensors.index.json");
+    json index = read_json(index_path);
+    edit(index);
+    write_bytes(index_path, index.dump());
+    return error_of([&] { k3::ModelFiles snap(dir->path()); });
+  };
+  for (const json& bad : {json(42), json(nullptr), json::object(), json::array({"a"})}) {
+    const std::string msg = damaged("entry-type", [&](json& index) {
+      index["weight_map"]["language_model.model.norm.weight"] = bad;
+    });
+    EXPECT_HAS(msg, "model.safetensors.index.json");
+    EXPECT_HAS(msg, "weight_map[language_model.model.norm.weight] is not a string");
+  }
+  for (const json& bad : {json("x"), json::array(), json(1)}) {
+    const std::string msg = damaged("map-type", [&](json& index) { index["weight_map"] = bad; });
+    EXPECT_HAS(msg, "missing \"weight_map\" object");
+  }
+  {
+    const auto dir = fixture_copy("root-array");
+    write_bytes(dir->file("model.safetensors.index.json"), "[{\"weight_map\": {}}]");
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "weight_map");
+  }
+}
+
+TEST(SnapshotFixture, IndexMetadataOfAnyShapeIsIgnored) {
+  // Nested objects, arrays and numbers in "metadata", and unknown top-level members, neither
+  // fail nor hide the weight_map that follows them.
+  const auto dir = fixture_copy("metadata-shapes");
+  const std::string index_path = dir->file("model.safetensors.index.json");
+  json index = read_json(index_path);
+  index["metadata"]["nested"] = json{{"weight_map", {{"x", 1}}}, {"list", {1, 2, {{"a", "b"}}}}};
+  index["metadata"]["total_size"] = 123;
+  index["zzz_extra"] = json{{"weight_map", 5}};
+  write_bytes(index_path, index.dump());
+  k3::ModelFiles snap(dir->path());
+  EXPECT_NE(snap.find("model.norm.weight").info, nullptr);
+}
+
 TEST(SnapshotDamaged, DuplicateTensorAcrossShardsIsRefused) {
   const auto dir = fixture_copy("duplicate");
   fs::remove(dir->file("model.safetensors.index.json"));

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <set>
+#include <string_view>
 
 #include "util/error.h"
 
@@ -12,6 +14,105 @@ namespace fs = std::filesystem;
 bool is_vision_tensor(const std::string& name) {
   return name.rfind("vision_tower", 0) == 0 || name.rfind("mm_projector", 0) == 0;
 }
+
+namespace {
+
+// SAX events of model.safetensors.index.json: each weight_map entry is handed to `on_entry` as
+// it streams by; the string members of "metadata" are kept (the container record is among
+// them). Throws k3::Error naming the file for invalid JSON, a missing or non-object weight_map
+// and a weight_map value that is not a string.
+class IndexReader {
+ public:
+  using number_integer_t = nlohmann::json::number_integer_t;
+  using number_unsigned_t = nlohmann::json::number_unsigned_t;
+  using number_float_t = nlohmann::json::number_float_t;
+  using string_t = nlohmann::json::string_t;
+  using binary_t = nlohmann::json::binary_t;
+  using Entry = std::function<void(const std::string& name, const std::string& file)>;
+
+  IndexReader(std::string path, Entry on_entry)
+      : path_(std::move(path)), on_entry_(std::move(on_entry)) {}
+
+  SafetensorsMetadata metadata;  // string members of the top-level "metadata" object
+  bool container_key = false;    // "metadata" holds kContainerKey (of any type)
+
+  void run(const std::string& text) {
+    try {
+      nlohmann::json::sax_parse(text, this);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(path_ + ": not valid JSON: " + e.what());
+    }
+    if (!weight_map_) throw Error(path_ + ": missing \"weight_map\" object");
+  }
+
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(number_integer_t) { return value(); }
+  bool number_unsigned(number_unsigned_t) { return value(); }
+  bool number_float(number_float_t, const string_t&) { return value(); }
+  bool binary(binary_t&) { return value(); }
+  bool string(string_t& v) {
+    if (depth_ == 2 && where_ == Where::kWeightMap)
+      on_entry_(key_, v);
+    else if (depth_ == 2 && where_ == Where::kMetadata)
+      metadata[key_] = v;
+    else
+      value();
+    return true;
+  }
+  bool start_object(std::size_t) {
+    if (depth_ == 1)
+      where_ = top_key_ == "weight_map" ? Where::kWeightMap
+               : top_key_ == "metadata" ? Where::kMetadata
+                                        : Where::kOther;
+    if (depth_ == 1 && where_ == Where::kWeightMap) weight_map_ = true;
+    value();
+    ++depth_;
+    return true;
+  }
+  bool end_object() {
+    if (--depth_ == 1) where_ = Where::kOther;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    value();
+    ++depth_;
+    return true;
+  }
+  bool end_array() {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& name) {
+    if (depth_ == 1) top_key_ = name;
+    if (depth_ == 2) key_ = name;
+    if (depth_ == 2 && where_ == Where::kMetadata && name == kContainerKey) container_key = true;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    throw Error(path_ + ": not valid JSON: " + e.what());
+  }
+
+ private:
+  enum class Where { kOther, kWeightMap, kMetadata };
+
+  // A value other than a string (an object or array at its start): refused as a weight_map
+  // entry, which must be a file name; anywhere else it needs no check.
+  bool value() {
+    if (depth_ == 2 && where_ == Where::kWeightMap)
+      throw Error(path_ + ": weight_map[" + key_ + "] is not a string");
+    return true;
+  }
+
+  std::string path_;
+  Entry on_entry_;
+  int depth_ = 0;
+  Where where_ = Where::kOther;
+  std::string top_key_, key_;
+  bool weight_map_ = false;
+};
+
+}  // namespace
 
 ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_dirs)
     : extra_dirs_(std::move(extra_dirs)), dir_(dir) {
@@ -29,44 +130,31 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
 
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(read_text_file(index_path.string()));
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(index_path.string() + ": not valid JSON: " + e.what());
-    }
+    // Streamed twice (SAX), never held as a DOM: the release's index lists ~500k tensors, whose
+    // DOM took ~110 MB at its peak. Pass 1 gathers the shards that hold text tensors and the
+    // container record; pass 2, with those shards open, checks each listed tensor.
+    const std::string path = index_path.string();
+    const std::string text = read_text_file(path);
+    std::set<std::string> text_shards;  // shards that hold at least one text tensor
+    IndexReader first(path, [&](const std::string& name, const std::string& file) {
+      if (file.find('/') != std::string::npos || file == ".." || file.empty())
+        throw Error(path + ": weight_map[" + name + "] names a path outside the snapshot: " + file);
+      if (!is_vision_tensor(name)) text_shards.insert(file);
+    });
+    first.run(text);
     // A container's index carries its record too: an unknown format version is refused here,
     // before any shard is opened.
-    const auto meta = index.find("metadata");
-    if (meta != index.end() && meta->is_object() && meta->contains(kContainerKey)) {
-      SafetensorsMetadata record;
-      for (const auto& [key, value] : meta->items())
-        if (value.is_string()) record[key] = value.get<std::string>();
-      parse_container_info(record, index_path.string());
-    }
-    const auto wm = index.find("weight_map");
-    if (!index.is_object() || wm == index.end() || !wm->is_object())
-      throw Error(index_path.string() + ": missing \"weight_map\" object");
-    // Shards that hold at least one text tensor; a shard of only vision tensors is never opened.
-    std::set<std::string> text_shards;
-    for (const auto& [name, file] : wm->items()) {
-      if (!file.is_string())
-        throw Error(index_path.string() + ": weight_map[" + name + "] is not a string");
-      const std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos || f == ".." || f.empty())
-        throw Error(index_path.string() + ": weight_map[" + name +
-                    "] names a path outside the snapshot: " + f);
-      if (!is_vision_tensor(name)) text_shards.insert(f);
-    }
-    for (const auto& f : text_shards) open_shard(f);
-    for (const auto& [name, file] : wm->items()) {
-      if (is_vision_tensor(name)) continue;
-      const auto it = by_name_.find(name);
-      if (it == by_name_.end() ||
-          fs::path(it->second.shard->path()).filename().string() != file.get<std::string>())
-        throw Error(index_path.string() + ": tensor " + name + " is listed in " +
-                    file.get<std::string>() + " but that shard does not hold it");
-    }
+    if (first.container_key) parse_container_info(first.metadata, path);
+    for (const auto& f : text_shards) open_shard(f);  // a shard of only vision tensors: never
+    index_tensors();
+    IndexReader second(path, [&](const std::string& name, const std::string& file) {
+      if (is_vision_tensor(name)) return;
+      const LocatedTensor* t = lookup(name);
+      if (t == nullptr || fs::path(t->shard->path()).filename().string() != file)
+        throw Error(path + ": tensor " + name + " is listed in " + file +
+                    " but that shard does not hold it");
+    });
+    second.run(text);
   } else {
     std::vector<std::string> files;  // each name once: the first directory holding it wins
     std::vector<std::string> dirs{dir};
@@ -82,6 +170,7 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     if (files.empty())
       throw Error(dir + ": no *.safetensors shards and no model.safetensors.index.json");
     for (const auto& f : files) open_shard(f);
+    index_tensors();
   }
 
   // Every shard carries the container record, or none does; the record is the same in all.
@@ -100,7 +189,7 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
   }
 
   // The real snapshot nests the text model under "language_model."; flat fixtures do not.
-  if (by_name_.count("language_model.model.layers.0.input_layernorm.weight"))
+  if (lookup("language_model.model.layers.0.input_layernorm.weight") != nullptr)
     prefix_ = "language_model.";
 }
 
@@ -113,13 +202,28 @@ void ModelFiles::open_shard(const std::string& file_name) {
         break;
       }
   auto shard = std::make_unique<SafetensorsShard>(open_posix_file(path));
-  for (const auto& t : shard->tensors()) {
-    if (is_padding_tensor(t.name)) continue;  // alignment filler, not a weight
-    const auto [it, inserted] = by_name_.emplace(t.name, LocatedTensor{shard.get(), &t});
-    if (!inserted)
-      throw Error(path + ": tensor " + t.name + " also appears in " + it->second.shard->path());
-  }
+  for (const auto& t : shard->tensors())
+    if (!is_padding_tensor(t.name))  // alignment filler, not a weight
+      by_name_.push_back(LocatedTensor{shard.get(), &t});
   shards_.push_back(std::move(shard));
+}
+
+void ModelFiles::index_tensors() {
+  // Stable: of two tensors with one name, the one from the shard opened first comes first.
+  std::stable_sort(
+      by_name_.begin(), by_name_.end(),
+      [](const LocatedTensor& a, const LocatedTensor& b) { return a.info->name < b.info->name; });
+  for (size_t i = 1; i < by_name_.size(); ++i)
+    if (by_name_[i].info->name == by_name_[i - 1].info->name)
+      throw Error(by_name_[i].shard->path() + ": tensor " + by_name_[i].info->name +
+                  " also appears in " + by_name_[i - 1].shard->path());
+}
+
+const LocatedTensor* ModelFiles::lookup(const std::string& full_name) const {
+  const auto it = std::lower_bound(
+      by_name_.begin(), by_name_.end(), full_name,
+      [](const LocatedTensor& t, const std::string& n) { return t.info->name < n; });
+  return it == by_name_.end() || it->info->name != full_name ? nullptr : &*it;
 }
 
 const nlohmann::json& ModelFiles::text_config() const {
@@ -129,8 +233,8 @@ const nlohmann::json& ModelFiles::text_config() const {
 }
 
 LocatedTensor ModelFiles::find(const std::string& name) const {
-  const auto it = by_name_.find(prefix_ + name);
-  return it == by_name_.end() ? LocatedTensor{} : it->second;
+  const LocatedTensor* t = lookup(prefix_ + name);
+  return t == nullptr ? LocatedTensor{} : *t;
 }
 
 LocatedTensor ModelFiles::require_any(const std::string& name, const std::vector<DType>& dtypes,

@@ -55,13 +55,18 @@ class ModelFiles {
 
  private:
   void open_shard(const std::string& file_name);
+  // Sorts by_name_ and refuses a name held by two shards (naming both).
+  void index_tensors();
   std::vector<std::string> extra_dirs_;
 
   std::string dir_;
   nlohmann::json config_root_;
   std::string prefix_;
   std::vector<std::unique_ptr<SafetensorsShard>> shards_;
-  std::map<std::string, LocatedTensor> by_name_;
+  // Every tensor of the opened shards (padding excepted), in name order after the constructor:
+  // 16 bytes a tensor, the names stay in the shards' TensorInfo.
+  std::vector<LocatedTensor> by_name_;
+  const LocatedTensor* lookup(const std::string& full_name) const;
   ContainerInfo container_;
 };
 
