@@ -69,7 +69,10 @@ void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const
     __m256 w[R][4], sc[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* p = packed + (o0 + r) * row_bytes + g * 16;
-      if ((g & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kExactAhead), _MM_HINT_T1);
+      // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+      if ((g & 3) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kExactAhead),
+                     _MM_HINT_T1);
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
       const __m128i lo = _mm_and_si128(v, low4);
       const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);

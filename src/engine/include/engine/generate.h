@@ -38,6 +38,7 @@ struct GenerateSettings {
   std::span<const int64_t> scripted;
 };
 
+// No hook may feed the session (prefill, step): generate reads the session's logits in place.
 struct GenerateHooks {
   // Sees every generated id in order (required).
   std::function<TokenVerdict(int64_t id)> on_token;
