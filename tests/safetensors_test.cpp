@@ -353,6 +353,79 @@ TEST(SafetensorsReject, DuplicateTensorNames) {
   EXPECT_HAS(msg, "tensor w appears twice");
 }
 
+// The header is read in one SAX pass (no DOM): the rules a DOM walk applied still hold for the
+// JSON shapes a DOM absorbed silently.
+TEST(SafetensorsHeader, StreamedReadKeepsTheDomRules) {
+  const auto open_header = [](const std::string& h, size_t data) {
+    return open_mem(assemble(h, pattern(data, 3)));
+  };
+  const auto header_error = [](const std::string& h, size_t data) {
+    return error_of([&] { open_mem(assemble(h, pattern(data, 3))); });
+  };
+  // "-0" is a non-negative integer; a repeated member counts as its last value; unknown members
+  // and nested values in them are skipped.
+  {
+    const auto shard =
+        open_header(R"({"w":{"dtype":"F64","shape":[-0],"x":{"shape":[9],"dtype":1},"dtype":"U8",)"
+                    R"("shape":[4],"data_offsets":[0,4]}})",
+                    4);
+    ASSERT_EQ(shard->tensors().size(), 1u);
+    EXPECT_EQ(shard->tensors()[0].dtype, k3::DType::kU8);
+    EXPECT_EQ(shard->tensors()[0].shape, std::vector<int64_t>{4});
+  }
+  // Nested containers inside shape / data_offsets are elements that are not integers.
+  EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[[4]],"data_offsets":[0,4]}})", 4),
+             "tensor w: shape entries must be non-negative integers");
+  EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[[0],[4]]}})", 4),
+             "tensor w: data_offsets must be non-negative integers");
+  EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0,{"a":4}]}})", 4),
+             "tensor w: data_offsets must be non-negative integers");
+  EXPECT_HAS(header_error(R"({"w":{"dtype":{"a":"U8"},"shape":[4],"data_offsets":[0,4]}})", 4),
+             "tensor w: missing or non-string \"dtype\"");
+  // The too-large message shows the shape as JSON.
+  EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[2,281474976710657],)"
+                          R"("data_offsets":[0,0]}})",
+                          0),
+             "shape [2,281474976710657] is too large");
+  // __metadata__: string members are kept; any other member is named.
+  {
+    const auto shard = open_header(R"({"__metadata__":{"format":"pt","b":"2","b":"3"},)"
+                                   R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                                   2);
+    EXPECT_EQ(shard->metadata().at("format"), "pt");
+    EXPECT_EQ(shard->metadata().at("b"), "3");
+  }
+  EXPECT_HAS(header_error(R"({"__metadata__":{"z":{"x":"y"},"k":[1]},)"
+                          R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                          2),
+             "\"__metadata__\" entry k is not a string");
+  EXPECT_HAS(header_error(R"({"__metadata__":["a"]})", 0),
+             "\"__metadata__\" is not an object of strings");
+  // A name seen twice wins over a malformed entry, also when one of the two is the malformed one.
+  EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"w":7})", 2),
+             "tensor w appears twice");
+  EXPECT_HAS(header_error(R"({"__metadata__":{},"__metadata__":{}})", 0),
+             "tensor __metadata__ appears twice");
+  // Of two malformed entries, the one whose name sorts first is reported.
+  EXPECT_HAS(header_error(R"({"zz":{"dtype":"Q9","shape":[2],"data_offsets":[0,2]},)"
+                          R"("aa":{"dtype":"Q8","shape":[2],"data_offsets":[2,4]}})",
+                          4),
+             "tensor aa: unknown dtype \"Q8\"");
+  // Empty tensors at one offset: every one is kept, in name order.
+  {
+    const auto shard = open_header(R"({"z":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
+                                   R"("m":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                                   R"("a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}})",
+                                   2);
+    ASSERT_EQ(shard->tensors().size(), 3u);
+    EXPECT_EQ(shard->tensors()[0].name, "a");
+    EXPECT_EQ(shard->tensors()[1].name, "z");
+    EXPECT_EQ(shard->tensors()[2].name, "m");
+    EXPECT_EQ(shard->find("m")->nbytes, 2u);
+    EXPECT_EQ(shard->find("q"), nullptr);
+  }
+}
+
 TEST(SafetensorsReject, HeaderNotStartingWithBrace) {
   const std::string h = R"( {"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
   const std::string msg = error_of([&] { open_mem(assemble(h, pattern(2, 1))); });

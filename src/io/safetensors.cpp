@@ -5,6 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "util/error.h"
 
@@ -96,36 +97,215 @@ std::string non_finite_message(const std::string& path, const TensorInfo& t, uin
 
 namespace {
 
-// The keys of the top-level object and the first one seen twice (SAX events of nlohmann::json).
-struct TopLevelKeys {
+// One pass of nlohmann's SAX events over a header, building the TensorInfo of each entry when the
+// entry ends, with the checks and messages of the format's rules (docs/architecture.md §2.2).
+// Messages are not thrown while streaming: invalid JSON wins, then a name that appears twice,
+// then the failing entry whose name sorts first (the order a DOM walk had).
+class HeaderReader {
+ public:
   using number_integer_t = nlohmann::json::number_integer_t;
   using number_unsigned_t = nlohmann::json::number_unsigned_t;
   using number_float_t = nlohmann::json::number_float_t;
   using string_t = nlohmann::json::string_t;
   using binary_t = nlohmann::json::binary_t;
 
-  int depth = 0;
-  std::set<std::string> seen;
-  std::string duplicate;
+  HeaderReader(const std::string& path, uint64_t data_start, uint64_t data_size,
+               SafetensorsMetadata* metadata)
+      : path_(path), data_start_(data_start), data_size_(data_size), metadata_(metadata) {}
 
-  bool null() { return true; }
-  bool boolean(bool) { return true; }
-  bool number_integer(number_integer_t) { return true; }
-  bool number_unsigned(number_unsigned_t) { return true; }
-  bool number_float(number_float_t, const string_t&) { return true; }
-  bool string(string_t&) { return true; }
-  bool binary(binary_t&) { return true; }
-  bool start_object(std::size_t) { return ++depth, true; }
-  bool end_object() { return --depth, true; }
-  bool start_array(std::size_t) { return ++depth, true; }
-  bool end_array() { return --depth, true; }
+  std::vector<TensorInfo> tensors;
+  std::vector<std::string> failed_names;  // entries that failed (for the repeated-name check)
+  int metadata_entries = 0;
+  std::string error_name, error;  // the failing entry that sorts first, and its message
+
+  bool null() { return scalar(Number{false, 0}, nullptr); }
+  bool boolean(bool) { return scalar(Number{false, 0}, nullptr); }
+  bool number_integer(number_integer_t v) {  // "-0" is a non-negative integer too
+    return scalar(Number{v >= 0, static_cast<uint64_t>(v >= 0 ? v : 0)}, nullptr);
+  }
+  bool number_unsigned(number_unsigned_t v) { return scalar(Number{true, v}, nullptr); }
+  bool number_float(number_float_t, const string_t&) { return scalar(Number{false, 0}, nullptr); }
+  bool binary(binary_t&) { return scalar(Number{false, 0}, nullptr); }
+  bool string(string_t& v) { return scalar(Number{false, 0}, &v); }
+
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+
   bool key(string_t& name) {
-    if (depth == 1 && !seen.insert(name).second && duplicate.empty()) duplicate = name;
+    if (depth_ == 1) {
+      entry_ = Entry{};
+      entry_.name = std::move(name);
+      field_ = Field::kOther;
+    } else if (depth_ == 2) {
+      field_ = entry_.name == "__metadata__" ? Field::kMetadata
+               : name == "dtype"             ? Field::kDtype
+               : name == "shape"             ? Field::kShape
+               : name == "data_offsets"      ? Field::kOffsets
+                                             : Field::kOther;
+      if (field_ == Field::kMetadata) metadata_key_ = std::move(name);
+    }
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
     throw e;
   }
+
+ private:
+  struct Number {
+    bool ok;  // a non-negative integer
+    uint64_t value;
+  };
+  // What one entry held; a repeated member counts as its last value, as in a DOM.
+  struct Entry {
+    std::string name;
+    bool is_object = false;
+    bool has_dtype = false, dtype_is_string = false;
+    std::string dtype;
+    bool has_shape = false, shape_is_array = false;
+    std::vector<Number> shape;
+    bool has_offsets = false, offsets_is_array = false;
+    std::vector<Number> offsets;
+    std::string bad_metadata;  // the non-string __metadata__ member that sorts first
+  };
+  enum class Field { kOther, kDtype, kShape, kOffsets, kMetadata };
+
+  // A value that is not a container: at depth 1 an entry that is not an object; at depth 2 a
+  // member of an entry; at depth 3 an element of shape / data_offsets.
+  bool scalar(Number n, string_t* text) {
+    if (depth_ == 1) {
+      finish();
+    } else if (depth_ == 2) {
+      member(text != nullptr);
+      if (field_ == Field::kDtype && text != nullptr) entry_.dtype = std::move(*text);
+      if (field_ == Field::kMetadata && text != nullptr && metadata_ != nullptr)
+        (*metadata_)[metadata_key_] = *text;
+    } else if (depth_ == 3) {
+      element(n);
+    }
+    return true;
+  }
+
+  bool open(bool object) {
+    if (depth_ == 1) {
+      entry_.is_object = object;
+    } else if (depth_ == 2) {
+      member(false);
+      if (!object && field_ == Field::kShape) entry_.shape_is_array = true;
+      if (!object && field_ == Field::kOffsets) entry_.offsets_is_array = true;
+    } else if (depth_ == 3) {
+      element(Number{false, 0});  // a nested container is one element that is not a number
+    }
+    ++depth_;
+    return true;
+  }
+
+  bool close() {
+    if (--depth_ == 1) finish();
+    return true;
+  }
+
+  // A member of the current entry begins (is_string: it is a string).
+  void member(bool is_string) {
+    switch (field_) {
+      case Field::kDtype:
+        entry_.has_dtype = true;
+        entry_.dtype_is_string = is_string;
+        break;
+      case Field::kShape:
+        entry_.has_shape = true;
+        entry_.shape_is_array = false;
+        entry_.shape.clear();
+        break;
+      case Field::kOffsets:
+        entry_.has_offsets = true;
+        entry_.offsets_is_array = false;
+        entry_.offsets.clear();
+        break;
+      case Field::kMetadata:
+        if (!is_string && (entry_.bad_metadata.empty() || metadata_key_ < entry_.bad_metadata))
+          entry_.bad_metadata = metadata_key_;
+        break;
+      case Field::kOther:
+        break;
+    }
+  }
+
+  void element(Number n) {
+    if (field_ == Field::kShape) entry_.shape.push_back(n);
+    if (field_ == Field::kOffsets) entry_.offsets.push_back(n);
+  }
+
+  void fail(const std::string& message) {
+    failed_names.push_back(entry_.name);
+    if (error.empty() || entry_.name < error_name) {
+      error_name = entry_.name;
+      error = message;
+    }
+  }
+
+  // The entry ended: check it as the format requires and keep its TensorInfo.
+  void finish() {
+    Entry& e = entry_;
+    if (e.name == "__metadata__") {
+      ++metadata_entries;
+      if (!e.is_object) return fail(path_ + ": \"__metadata__\" is not an object of strings");
+      if (!e.bad_metadata.empty())
+        return fail(path_ + ": \"__metadata__\" entry " + e.bad_metadata + " is not a string");
+      return;
+    }
+    const auto where = [&] { return path_ + ": tensor " + e.name; };
+    if (!e.is_object) return fail(where() + ": entry is not an object");
+    if (!e.has_dtype || !e.dtype_is_string)
+      return fail(where() + ": missing or non-string \"dtype\"");
+    if (!e.has_shape || !e.shape_is_array)
+      return fail(where() + ": missing or non-array \"shape\"");
+    if (!e.has_offsets || !e.offsets_is_array || e.offsets.size() != 2)
+      return fail(where() + ": \"data_offsets\" must be an array of two integers");
+    TensorInfo info;
+    if (!parse_dtype(e.dtype, &info.dtype))
+      return fail(where() + ": unknown dtype \"" + e.dtype + "\"");
+    uint64_t numel = 1;
+    info.shape.reserve(e.shape.size());
+    for (const Number& dim : e.shape) {
+      if (!dim.ok) return fail(where() + ": shape entries must be non-negative integers");
+      if (dim.value > (uint64_t{1} << 48) || !mul_checked(numel, dim.value, &numel)) {
+        std::string text = "[";  // the shape as JSON, as a DOM would dump it
+        for (size_t i = 0; i < e.shape.size(); ++i)
+          text.append(i ? "," : "").append(std::to_string(e.shape[i].value));
+        return fail(where() + ": shape " + text + "] is too large");
+      }
+      info.shape.push_back(static_cast<int64_t>(dim.value));
+    }
+    for (const Number& off : e.offsets)
+      if (!off.ok) return fail(where() + ": data_offsets must be non-negative integers");
+    const uint64_t begin = e.offsets[0].value, end = e.offsets[1].value;
+    if (end < begin)
+      return fail(where() + ": data_offsets [" + std::to_string(begin) + ", " +
+                  std::to_string(end) + ") end before they begin");
+    if (end > data_size_)
+      return fail(where() + ": data_offsets [" + std::to_string(begin) + ", " +
+                  std::to_string(end) + ") lie outside the data region of " +
+                  std::to_string(data_size_) + " bytes (file truncated?)");
+    uint64_t expected = 0;
+    if (!mul_checked(numel, dtype_size(info.dtype), &expected) || expected != end - begin)
+      return fail(where() + ": shape " + shape_string(info.shape) + " x " + e.dtype + " needs " +
+                  std::to_string(expected) + " bytes but data_offsets hold " +
+                  std::to_string(end - begin));
+    info.name = std::move(e.name);
+    info.file_offset = data_start_ + begin;
+    info.nbytes = end - begin;
+    tensors.push_back(std::move(info));
+  }
+
+  const std::string& path_;
+  uint64_t data_start_, data_size_;
+  SafetensorsMetadata* metadata_;
+  int depth_ = 0;
+  Entry entry_;
+  Field field_ = Field::kOther;
+  std::string metadata_key_;
 };
 
 }  // namespace
@@ -143,85 +323,33 @@ std::vector<TensorInfo> parse_safetensors_header(const std::string& header_json,
   // followed by space padding, every tensor name appears once.
   if (header_json.empty() || header_json.front() != '{')
     throw Error(path + ": header is not JSON text of an object (it does not start with '{')");
-  // Two passes: a SAX pass that only records the top-level keys (a name that appears twice is an
-  // error, where a DOM would keep the last one silently), then the DOM without a callback.
-  // (nlohmann's callback parser scans the whole parent object at the end of every child object:
-  // quadratic in the tensor count, seconds for the release's ~5,400-tensor layer shards.)
-  TopLevelKeys keys;
-  nlohmann::json root;
+  // One SAX pass, no DOM (the release has ~500k tensors in 93 layer shards; nlohmann's callback
+  // parser, once used here to catch a repeated name, rescanned the parent object at the end of
+  // every child: quadratic in a shard's tensors).
+  HeaderReader reader(path, data_start, data_size, metadata);
   try {
-    nlohmann::json::sax_parse(header_json, &keys);
-    root = nlohmann::json::parse(header_json);
+    nlohmann::json::sax_parse(header_json, &reader);
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": header is not valid JSON: " + e.what());
   }
-  const std::string& duplicate = keys.duplicate;
-  if (!duplicate.empty())
-    throw Error(path + ": tensor " + duplicate + " appears twice in the header");
-  if (!root.is_object()) throw Error(path + ": header is not a JSON object");
-
-  std::vector<TensorInfo> tensors;
-  tensors.reserve(root.size());
-  for (const auto& [name, entry] : root.items()) {
-    if (name == "__metadata__") {
-      if (!entry.is_object()) throw Error(path + ": \"__metadata__\" is not an object of strings");
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string())
-          throw Error(path + ": \"__metadata__\" entry " + key + " is not a string");
-        if (metadata != nullptr) (*metadata)[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    const std::string where = path + ": tensor " + name;
-    if (!entry.is_object()) throw Error(where + ": entry is not an object");
-    const auto dtype_it = entry.find("dtype");
-    const auto shape_it = entry.find("shape");
-    const auto offsets_it = entry.find("data_offsets");
-    if (dtype_it == entry.end() || !dtype_it->is_string())
-      throw Error(where + ": missing or non-string \"dtype\"");
-    if (shape_it == entry.end() || !shape_it->is_array())
-      throw Error(where + ": missing or non-array \"shape\"");
-    if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2)
-      throw Error(where + ": \"data_offsets\" must be an array of two integers");
-
-    TensorInfo info;
-    info.name = name;
-    const std::string dtype_text = dtype_it->get<std::string>();
-    if (!parse_dtype(dtype_text, &info.dtype))
-      throw Error(where + ": unknown dtype \"" + dtype_text + "\"");
-
-    uint64_t numel = 1;
-    for (const auto& dim : *shape_it) {
-      if (!dim.is_number_unsigned() && !(dim.is_number_integer() && dim.get<int64_t>() >= 0))
-        throw Error(where + ": shape entries must be non-negative integers");
-      const uint64_t d = dim.get<uint64_t>();
-      if (d > (uint64_t{1} << 48) || !mul_checked(numel, d, &numel))
-        throw Error(where + ": shape " + shape_it->dump() + " is too large");
-      info.shape.push_back(static_cast<int64_t>(d));
-    }
-    for (const auto& off : *offsets_it) {
-      if (!off.is_number_unsigned() && !(off.is_number_integer() && off.get<int64_t>() >= 0))
-        throw Error(where + ": data_offsets must be non-negative integers");
-    }
-    const uint64_t begin = (*offsets_it)[0].get<uint64_t>();
-    const uint64_t end = (*offsets_it)[1].get<uint64_t>();
-    if (end < begin)
-      throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  ") end before they begin");
-    if (end > data_size)
-      throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  ") lie outside the data region of " + std::to_string(data_size) +
-                  " bytes (file truncated?)");
-    uint64_t expected = 0;
-    if (!mul_checked(numel, dtype_size(info.dtype), &expected) || expected != end - begin)
-      throw Error(where + ": shape " + shape_string(info.shape) + " x " + dtype_text + " needs " +
-                  std::to_string(expected) + " bytes but data_offsets hold " +
-                  std::to_string(end - begin));
-    info.file_offset = data_start + begin;
-    info.nbytes = end - begin;
-    tensors.push_back(std::move(info));
+  std::vector<TensorInfo>& tensors = reader.tensors;
+  // Name order first: the same order a DOM walk gave, so ties of the offset sort below (empty
+  // tensors) come out as before. A name seen twice (also among failed entries) is refused.
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+  {
+    std::vector<std::string_view> names;
+    names.reserve(tensors.size() + reader.failed_names.size() + 2);
+    for (const TensorInfo& t : tensors) names.push_back(t.name);
+    for (const std::string& n : reader.failed_names) names.push_back(n);
+    if (reader.metadata_entries > 1) names.insert(names.end(), 2, "__metadata__");
+    std::sort(names.begin(), names.end());
+    const auto twice = std::adjacent_find(names.begin(), names.end());
+    if (twice != names.end())
+      throw Error(path + ": tensor " + std::string(*twice) + " appears twice in the header");
   }
-  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+  if (!reader.error.empty()) throw Error(reader.error);
+  std::stable_sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.file_offset != b.file_offset ? a.file_offset < b.file_offset : a.nbytes < b.nbytes;
   });
   for (size_t i = 1; i < tensors.size(); ++i) {
