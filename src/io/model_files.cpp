@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <functional>
 #include <set>
-#include <string_view>
 
+#include "json_sax.h"
 #include "util/error.h"
 
 namespace k3 {
@@ -21,13 +21,8 @@ namespace {
 // it streams by; the string members of "metadata" are kept (the container record is among
 // them). Throws k3::Error naming the file for invalid JSON, a missing or non-object weight_map
 // and a weight_map value that is not a string.
-class IndexReader {
+class IndexReader : public JsonSaxTypes {
  public:
-  using number_integer_t = nlohmann::json::number_integer_t;
-  using number_unsigned_t = nlohmann::json::number_unsigned_t;
-  using number_float_t = nlohmann::json::number_float_t;
-  using string_t = nlohmann::json::string_t;
-  using binary_t = nlohmann::json::binary_t;
   using Entry = std::function<void(const std::string& name, const std::string& file)>;
 
   IndexReader(std::string path, Entry on_entry)

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string_view>
 
+#include "json_sax.h"
 #include "util/error.h"
 
 namespace k3 {
@@ -101,14 +101,8 @@ namespace {
 // entry ends, with the checks and messages of the format's rules (docs/architecture.md §2.2).
 // Messages are not thrown while streaming: invalid JSON wins, then a name that appears twice,
 // then the failing entry whose name sorts first (the order a DOM walk had).
-class HeaderReader {
+class HeaderReader : public JsonSaxTypes {
  public:
-  using number_integer_t = nlohmann::json::number_integer_t;
-  using number_unsigned_t = nlohmann::json::number_unsigned_t;
-  using number_float_t = nlohmann::json::number_float_t;
-  using string_t = nlohmann::json::string_t;
-  using binary_t = nlohmann::json::binary_t;
-
   HeaderReader(const std::string& path, uint64_t data_start, uint64_t data_size,
                SafetensorsMetadata* metadata)
       : path_(path), data_start_(data_start), data_size_(data_size), metadata_(metadata) {}
