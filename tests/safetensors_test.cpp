@@ -401,6 +401,22 @@ TEST(SafetensorsHeader, StreamedReadKeepsTheDomRules) {
              "\"__metadata__\" entry k is not a string");
   EXPECT_HAS(header_error(R"({"__metadata__":["a"]})", 0),
              "\"__metadata__\" is not an object of strings");
+  // An empty member name is named too; a repeated member counts as its last value.
+  EXPECT_HAS(header_error(R"({"__metadata__":{"":1},)"
+                          R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                          2),
+             "\"__metadata__\" entry  is not a string");
+  {
+    const auto shard = open_header(R"({"__metadata__":{"a":1,"a":"x"},)"
+                                   R"("w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})",
+                                   2);
+    EXPECT_EQ(shard->metadata().at("a"), "x");
+  }
+  // Elements after the one too large are shown as they were written.
+  EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[281474976710657,-1,"x",[2]],)"
+                          R"("data_offsets":[0,0]}})",
+                          0),
+             "shape [281474976710657,-1,\"x\",[...]] is too large");
   // A name seen twice wins over a malformed entry, also when one of the two is the malformed one.
   EXPECT_HAS(header_error(R"({"w":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"w":7})", 2),
              "tensor w appears twice");
@@ -846,6 +862,31 @@ TEST(SnapshotDamaged, IndexEntriesAndWeightMapOfTheWrongType) {
   for (const json& bad : {json("x"), json::array(), json(1)}) {
     const std::string msg = damaged("map-type", [&](json& index) { index["weight_map"] = bad; });
     EXPECT_HAS(msg, "missing \"weight_map\" object");
+  }
+  // A top-level member twice is refused (which one a reader takes is not defined).
+  {
+    const auto dir = fixture_copy("weight-map-twice");
+    const std::string index_path = dir->file("model.safetensors.index.json");
+    std::string text = read_json(index_path).dump();
+    text.insert(1, "\"weight_map\": 5, ");
+    write_bytes(index_path, text);
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "\"weight_map\" appears twice");
+  }
+  // The container record is checked before the entries; of two failing entries the name that
+  // sorts first is reported.
+  {
+    const std::string msg = damaged("version-first", [](json& index) {
+      index["metadata"]["k3_container"] = "999";
+      index["weight_map"]["language_model.model.norm.weight"] = 1;
+    });
+    EXPECT_HAS(msg, "unknown k3_repack container format version \"999\"");
+  }
+  {
+    const std::string msg = damaged("first-name", [](json& index) {
+      index["weight_map"]["zzz.weight"] = 1;
+      index["weight_map"]["aaa.weight"] = "../x.safetensors";
+    });
+    EXPECT_HAS(msg, "weight_map[aaa.weight] names a path outside the snapshot");
   }
   {
     const auto dir = fixture_copy("root-array");

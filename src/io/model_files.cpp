@@ -19,8 +19,9 @@ namespace {
 
 // SAX events of model.safetensors.index.json: each weight_map entry is handed to `on_entry` as
 // it streams by; the string members of "metadata" are kept (the container record is among
-// them). Throws k3::Error naming the file for invalid JSON, a missing or non-object weight_map
-// and a weight_map value that is not a string.
+// them). Invalid JSON throws at once; an entry that fails (not a string, or `on_entry` threw)
+// is recorded and thrown by check(), after the caller has checked the container record, as a
+// DOM walk would order them: the failing entry whose name sorts first.
 class IndexReader : public JsonSaxTypes {
  public:
   using Entry = std::function<void(const std::string& name, const std::string& file)>;
@@ -31,13 +32,20 @@ class IndexReader : public JsonSaxTypes {
   SafetensorsMetadata metadata;  // string members of the top-level "metadata" object
   bool container_key = false;    // "metadata" holds kContainerKey (of any type)
 
+  // Reads `text`; then refuses a top-level member that appears twice (which of the two a reader
+  // takes is not defined).
   void run(const std::string& text) {
     try {
       nlohmann::json::sax_parse(text, this);
     } catch (const nlohmann::json::exception& e) {
       throw Error(path_ + ": not valid JSON: " + e.what());
     }
+    if (!repeated_.empty()) throw Error(path_ + ": \"" + repeated_ + "\" appears twice");
+  }
+  // A missing or non-object weight_map, then the failing entry whose name sorts first.
+  void check() const {
     if (!weight_map_) throw Error(path_ + ": missing \"weight_map\" object");
+    if (!error_.empty()) throw Error(error_);
   }
 
   bool null() { return value(); }
@@ -47,8 +55,11 @@ class IndexReader : public JsonSaxTypes {
   bool number_float(number_float_t, const string_t&) { return value(); }
   bool binary(binary_t&) { return value(); }
   bool string(string_t& v) {
-    if (depth_ == 2 && where_ == Where::kWeightMap)
-      on_entry_(key_, v);
+    if (depth_ == 2 && where_ == Where::kWeightMap) try {
+        on_entry_(key_, v);
+      } catch (const Error& e) {
+        record(e.what());
+      }
     else if (depth_ == 2 && where_ == Where::kMetadata)
       metadata[key_] = v;
     else
@@ -79,6 +90,7 @@ class IndexReader : public JsonSaxTypes {
     return true;
   }
   bool key(string_t& name) {
+    if (depth_ == 1 && !seen_.insert(name).second && repeated_.empty()) repeated_ = name;
     if (depth_ == 1) top_key_ = name;
     if (depth_ == 2) key_ = name;
     if (depth_ == 2 && where_ == Where::kMetadata && name == kContainerKey) container_key = true;
@@ -95,8 +107,15 @@ class IndexReader : public JsonSaxTypes {
   // entry, which must be a file name; anywhere else it needs no check.
   bool value() {
     if (depth_ == 2 && where_ == Where::kWeightMap)
-      throw Error(path_ + ": weight_map[" + key_ + "] is not a string");
+      record(path_ + ": weight_map[" + key_ + "] is not a string");
     return true;
+  }
+
+  void record(const std::string& message) {
+    if (error_.empty() || key_ < error_name_) {
+      error_name_ = key_;
+      error_ = message;
+    }
   }
 
   std::string path_;
@@ -105,6 +124,9 @@ class IndexReader : public JsonSaxTypes {
   Where where_ = Where::kOther;
   std::string top_key_, key_;
   bool weight_map_ = false;
+  std::set<std::string> seen_;  // top-level member names
+  std::string repeated_;        // the first one seen twice
+  std::string error_name_, error_;
 };
 
 }  // namespace
@@ -140,6 +162,7 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     // A container's index carries its record too: an unknown format version is refused here,
     // before any shard is opened.
     if (first.container_key) parse_container_info(first.metadata, path);
+    first.check();
     for (const auto& f : text_shards) open_shard(f);  // a shard of only vision tensors: never
     index_tensors();
     IndexReader second(path, [&](const std::string& name, const std::string& file) {
@@ -150,6 +173,7 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
                     " but that shard does not hold it");
     });
     second.run(text);
+    second.check();
   } else {
     std::vector<std::string> files;  // each name once: the first directory holding it wins
     std::vector<std::string> dirs{dir};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -112,15 +113,22 @@ class HeaderReader : public JsonSaxTypes {
   int metadata_entries = 0;
   std::string error_name, error;  // the failing entry that sorts first, and its message
 
-  bool null() { return scalar(Number{false, 0}, nullptr); }
-  bool boolean(bool) { return scalar(Number{false, 0}, nullptr); }
+  bool null() { return scalar(Number{false, 0, "null"}, nullptr); }
+  bool boolean(bool v) { return scalar(Number{false, 0, v ? "true" : "false"}, nullptr); }
   bool number_integer(number_integer_t v) {  // "-0" is a non-negative integer too
-    return scalar(Number{v >= 0, static_cast<uint64_t>(v >= 0 ? v : 0)}, nullptr);
+    return scalar(Number{v >= 0, static_cast<uint64_t>(v >= 0 ? v : 0), std::to_string(v)},
+                  nullptr);
   }
-  bool number_unsigned(number_unsigned_t v) { return scalar(Number{true, v}, nullptr); }
-  bool number_float(number_float_t, const string_t&) { return scalar(Number{false, 0}, nullptr); }
-  bool binary(binary_t&) { return scalar(Number{false, 0}, nullptr); }
-  bool string(string_t& v) { return scalar(Number{false, 0}, &v); }
+  bool number_unsigned(number_unsigned_t v) {
+    return scalar(Number{true, v, std::to_string(v)}, nullptr);
+  }
+  bool number_float(number_float_t, const string_t& text) {
+    return scalar(Number{false, 0, text}, nullptr);
+  }
+  bool binary(binary_t&) { return scalar(Number{false, 0, "binary"}, nullptr); }
+  bool string(string_t& v) {  // its JSON text only where it can be an element of a shape
+    return scalar(Number{false, 0, depth_ == 3 ? nlohmann::json(v).dump() : std::string()}, &v);
+  }
 
   bool start_object(std::size_t) { return open(true); }
   bool start_array(std::size_t) { return open(false); }
@@ -150,6 +158,7 @@ class HeaderReader : public JsonSaxTypes {
   struct Number {
     bool ok;  // a non-negative integer
     uint64_t value;
+    std::string text;  // as JSON (a nested container: [...] / {...}), for messages
   };
   // What one entry held; a repeated member counts as its last value, as in a DOM.
   struct Entry {
@@ -161,7 +170,7 @@ class HeaderReader : public JsonSaxTypes {
     std::vector<Number> shape;
     bool has_offsets = false, offsets_is_array = false;
     std::vector<Number> offsets;
-    std::string bad_metadata;  // the non-string __metadata__ member that sorts first
+    std::map<std::string, bool> metadata_is_string;  // __metadata__ members (last value wins)
   };
   enum class Field { kOther, kDtype, kShape, kOffsets, kMetadata };
 
@@ -176,7 +185,7 @@ class HeaderReader : public JsonSaxTypes {
       if (field_ == Field::kMetadata && text != nullptr && metadata_ != nullptr)
         (*metadata_)[metadata_key_] = *text;
     } else if (depth_ == 3) {
-      element(n);
+      element(std::move(n));
     }
     return true;
   }
@@ -189,7 +198,7 @@ class HeaderReader : public JsonSaxTypes {
       if (!object && field_ == Field::kShape) entry_.shape_is_array = true;
       if (!object && field_ == Field::kOffsets) entry_.offsets_is_array = true;
     } else if (depth_ == 3) {
-      element(Number{false, 0});  // a nested container is one element that is not a number
+      element(Number{false, 0, object ? "{...}" : "[...]"});  // one element, not a number
     }
     ++depth_;
     return true;
@@ -218,17 +227,16 @@ class HeaderReader : public JsonSaxTypes {
         entry_.offsets.clear();
         break;
       case Field::kMetadata:
-        if (!is_string && (entry_.bad_metadata.empty() || metadata_key_ < entry_.bad_metadata))
-          entry_.bad_metadata = metadata_key_;
+        entry_.metadata_is_string[metadata_key_] = is_string;
         break;
       case Field::kOther:
         break;
     }
   }
 
-  void element(Number n) {
-    if (field_ == Field::kShape) entry_.shape.push_back(n);
-    if (field_ == Field::kOffsets) entry_.offsets.push_back(n);
+  void element(Number&& n) {
+    if (field_ == Field::kShape) entry_.shape.push_back(std::move(n));
+    if (field_ == Field::kOffsets) entry_.offsets.push_back(std::move(n));
   }
 
   void fail(const std::string& message) {
@@ -245,8 +253,8 @@ class HeaderReader : public JsonSaxTypes {
     if (e.name == "__metadata__") {
       ++metadata_entries;
       if (!e.is_object) return fail(path_ + ": \"__metadata__\" is not an object of strings");
-      if (!e.bad_metadata.empty())
-        return fail(path_ + ": \"__metadata__\" entry " + e.bad_metadata + " is not a string");
+      for (const auto& [key, is_string] : e.metadata_is_string)  // in key order, as a DOM walk
+        if (!is_string) return fail(path_ + ": \"__metadata__\" entry " + key + " is not a string");
       return;
     }
     const auto where = [&] { return path_ + ": tensor " + e.name; };
@@ -267,7 +275,7 @@ class HeaderReader : public JsonSaxTypes {
       if (dim.value > (uint64_t{1} << 48) || !mul_checked(numel, dim.value, &numel)) {
         std::string text = "[";  // the shape as JSON, as a DOM would dump it
         for (size_t i = 0; i < e.shape.size(); ++i)
-          text.append(i ? "," : "").append(std::to_string(e.shape[i].value));
+          text.append(i ? "," : "").append(e.shape[i].text);
         return fail(where() + ": shape " + text + "] is too large");
       }
       info.shape.push_back(static_cast<int64_t>(dim.value));
