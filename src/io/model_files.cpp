@@ -97,7 +97,7 @@ class IndexReader : public JsonSaxTypes {
     return true;
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    throw Error(path_ + ": not valid JSON: " + e.what());
+    throw e;  // run() names the file
   }
 
  private:

@@ -116,12 +116,10 @@ class HeaderReader : public JsonSaxTypes {
   bool null() { return scalar(Number{false, 0, "null"}, nullptr); }
   bool boolean(bool v) { return scalar(Number{false, 0, v ? "true" : "false"}, nullptr); }
   bool number_integer(number_integer_t v) {  // "-0" is a non-negative integer too
-    return scalar(Number{v >= 0, static_cast<uint64_t>(v >= 0 ? v : 0), std::to_string(v)},
-                  nullptr);
+    return v >= 0 ? scalar(Number{true, static_cast<uint64_t>(v), {}}, nullptr)
+                  : scalar(Number{false, 0, std::to_string(v)}, nullptr);
   }
-  bool number_unsigned(number_unsigned_t v) {
-    return scalar(Number{true, v, std::to_string(v)}, nullptr);
-  }
+  bool number_unsigned(number_unsigned_t v) { return scalar(Number{true, v, {}}, nullptr); }
   bool number_float(number_float_t, const string_t& text) {
     return scalar(Number{false, 0, text}, nullptr);
   }
@@ -158,7 +156,7 @@ class HeaderReader : public JsonSaxTypes {
   struct Number {
     bool ok;  // a non-negative integer
     uint64_t value;
-    std::string text;  // as JSON (a nested container: [...] / {...}), for messages
+    std::string text;  // when not ok: as JSON (a nested container: [...] / {...}), for messages
   };
   // What one entry held; a repeated member counts as its last value, as in a DOM.
   struct Entry {
@@ -275,7 +273,8 @@ class HeaderReader : public JsonSaxTypes {
       if (dim.value > (uint64_t{1} << 48) || !mul_checked(numel, dim.value, &numel)) {
         std::string text = "[";  // the shape as JSON, as a DOM would dump it
         for (size_t i = 0; i < e.shape.size(); ++i)
-          text.append(i ? "," : "").append(e.shape[i].text);
+          text.append(i ? "," : "")
+              .append(e.shape[i].ok ? std::to_string(e.shape[i].value) : e.shape[i].text);
         return fail(where() + ": shape " + text + "] is too large");
       }
       info.shape.push_back(static_cast<int64_t>(dim.value));
