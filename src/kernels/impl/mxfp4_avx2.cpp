@@ -1,10 +1,11 @@
 // kernels/impl/mxfp4_avx2.cpp — AVX2 + FMA variants of the MXFP4 kernels.
 //
 // Exact float path: row-major, one weight row x up to 8 activation rows per register tile (each
-// group is decoded once per 8 activation rows). A group's 16 packed bytes are split into nibbles,
-// interleaved to column order and mapped by a byte shuffle to doubled e2m1 values (exact int8),
-// widened to f32; per lane the group partial is scaled by 2^(s-128) (the 0.5 of the doubling
-// folded in) and accumulated; one horizontal sum per output.
+// group is decoded once per 8 activation rows). A group's 16 packed bytes (two groups' 32 at a
+// time, one per 128-bit lane) are split into nibbles, interleaved to column order and mapped by a
+// byte shuffle to doubled e2m1 values (exact int8), widened to f32; per lane the group partial is
+// scaled by 2^(s-128) (the 0.5 of the doubling folded in) and accumulated; one horizontal sum per
+// output.
 //
 // Integer path: as the AVX-512 variant (see mxfp4_avx512.cpp) with 8 weight rows per block, one
 // row per 32-bit lane: 8 rows x 2 groups of packed bytes are transposed (8x8 dwords), the nibbles
@@ -56,62 +57,96 @@ constexpr ScaleTable kHalfScale = make_half_scale_table();
 // per 64 bytes, 4 KiB ahead (2+ rows of 3072-3584 columns): 15.2 GB/s (1 KiB: 13.2, 8 KiB: 14.9).
 constexpr size_t kExactAhead = 4096;
 
-template <int R, int S>
-void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X, float* Y,
-                size_t ldy, size_t o0, size_t t0) {
-  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+// Doubled e2m1 values of groups g and g + 1 of one row (32 packed bytes), as int8 in column
+// order: d[0] = columns 0..15 of group g then of group g + 1, d[1] = columns 16..31 of each. One
+// 256-bit decode does both groups with the instructions one 128-bit group takes.
+inline void decode_exact_pair(const uint8_t* p, __m256i d[2]) {
+  const __m256i table =
+      _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,  //
+                       0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i lo = _mm256_and_si256(v, low4);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  d[0] = _mm256_shuffle_epi8(table, _mm256_unpacklo_epi8(lo, hi));
+  d[1] = _mm256_shuffle_epi8(table, _mm256_unpackhi_epi8(lo, hi));
+}
+
+// The same for one group: c[0] columns 0..15, c[1] columns 16..31.
+inline void decode_exact_one(const uint8_t* p, __m128i c[2]) {
   const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i low4 = _mm_set1_epi8(0x0F);
-  __m256 acc[R][S];
-  for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s) acc[r][s] = _mm256_setzero_ps();
-  for (size_t g = 0; g < groups; ++g) {
-    __m256 w[R][4], sc[R];
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* p = packed + (o0 + r) * row_bytes + g * 16;
-      // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
-      if ((g & 3) == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kExactAhead),
-                     _MM_HINT_T1);
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      const __m128i lo = _mm_and_si128(v, low4);
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
-      const __m128i d0 = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));  // columns 0..15
-      const __m128i d1 = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));  // columns 16..31
-      w[r][0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(d0));
-      w[r][1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(d0, 8)));
-      w[r][2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(d1));
-      w[r][3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(d1, 8)));
-      sc[r] = _mm256_set1_ps(kHalfScale.v[scales[(o0 + r) * groups + g]]);
-    }
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i lo = _mm_and_si128(v, low4);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+  c[0] = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(lo, hi));
+  c[1] = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(lo, hi));
+}
+
+// The 16 int8 weights of c as two vectors of floats.
+inline void widen16(__m128i c, __m256* w) {
+  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8)));
+}
+
+template <int S>
+void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* X, float* Y,
+                size_t ldy, size_t o, size_t t0) {
+  const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
+  const uint8_t* row = packed + o * row_bytes;
+  const uint8_t* row_scales = scales + o * groups;
+  __m256 acc[S];
+  for (int s = 0; s < S; ++s) acc[s] = _mm256_setzero_ps();
+  // acc += group g's dot (its 32 weights as floats w[0..3]) times its scale, per activation row.
+  auto apply = [&](size_t g, const __m256* w) {
+    const __m256 sc = _mm256_set1_ps(kHalfScale.v[row_scales[g]]);
     for (int s = 0; s < S; ++s) {
       const float* x = X + (t0 + s) * cols + g * kMxfp4Group;
-      for (int r = 0; r < R; ++r) {
-        __m256 ga = _mm256_mul_ps(w[r][0], _mm256_loadu_ps(x));
-        ga = _mm256_fmadd_ps(w[r][1], _mm256_loadu_ps(x + 8), ga);
-        ga = _mm256_fmadd_ps(w[r][2], _mm256_loadu_ps(x + 16), ga);
-        ga = _mm256_fmadd_ps(w[r][3], _mm256_loadu_ps(x + 24), ga);
-        acc[r][s] = _mm256_fmadd_ps(ga, sc[r], acc[r][s]);
-      }
+      __m256 ga = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+      ga = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), ga);
+      ga = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), ga);
+      ga = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), ga);
+      acc[s] = _mm256_fmadd_ps(ga, sc, acc[s]);
     }
+  };
+  size_t g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    const uint8_t* p = row + g * 16;
+    // An address only (it may lie past the matrix; prefetches do not fault), kept as an integer.
+    if ((g & 3) == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kExactAhead),
+                   _MM_HINT_T1);
+    __m256i d[2];
+    decode_exact_pair(p, d);
+    __m256 w[4];
+    widen16(_mm256_castsi256_si128(d[0]), w);
+    widen16(_mm256_castsi256_si128(d[1]), w + 2);
+    apply(g, w);
+    widen16(_mm256_extracti128_si256(d[0], 1), w);
+    widen16(_mm256_extracti128_si256(d[1], 1), w + 2);
+    apply(g + 1, w);
   }
-  for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s) {
-      const __m128 h4 =
-          _mm_add_ps(_mm256_castps256_ps128(acc[r][s]), _mm256_extractf128_ps(acc[r][s], 1));
-      const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-      const __m128 h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
-      Y[(t0 + s) * ldy + o0 + r] = _mm_cvtss_f32(h1);
-    }
+  if (g < groups) {
+    __m128i c[2];
+    decode_exact_one(row + g * 16, c);
+    __m256 w[4];
+    widen16(c[0], w);
+    widen16(c[1], w + 2);
+    apply(g, w);
+  }
+  for (int s = 0; s < S; ++s) {
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(acc[s]), _mm256_extractf128_ps(acc[s], 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    const __m128 h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
+    Y[(t0 + s) * ldy + o] = _mm_cvtss_f32(h1);
+  }
 }
 
 using ExactTile = void (*)(const uint8_t*, const uint8_t*, size_t, const float*, float*, size_t,
                            size_t, size_t);
-constexpr int kExactR = 1, kExactS = 8;
-const ExactTile kExactTiles[kExactR][kExactS] = {
-    {exact_tile<1, 1>, exact_tile<1, 2>, exact_tile<1, 3>, exact_tile<1, 4>, exact_tile<1, 5>,
-     exact_tile<1, 6>, exact_tile<1, 7>, exact_tile<1, 8>},
-};
+constexpr int kExactS = 8;
+const ExactTile kExactTiles[kExactS] = {exact_tile<1>, exact_tile<2>, exact_tile<3>, exact_tile<4>,
+                                        exact_tile<5>, exact_tile<6>, exact_tile<7>, exact_tile<8>};
 
 // ---------------------------------------------------------------------------------------------
 // Integer path
@@ -332,13 +367,9 @@ inline __m256i row_mask(size_t nr) {
 void matmul_mxfp4_exact_avx2(const uint8_t* packed, const uint8_t* scales, size_t cols,
                              const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,
                              size_t row_end) {
-  for (size_t o = row_begin; o < row_end; o += kExactR) {
-    const size_t r = std::min<size_t>(kExactR, row_end - o);
-    for (size_t t = 0; t < n; t += kExactS) {
-      const size_t s = std::min<size_t>(kExactS, n - t);
-      kExactTiles[r - 1][s - 1](packed, scales, cols, X, Y, ldy, o, t);
-    }
-  }
+  for (size_t o = row_begin; o < row_end; ++o)
+    for (size_t t = 0; t < n; t += kExactS)
+      kExactTiles[std::min<size_t>(kExactS, n - t) - 1](packed, scales, cols, X, Y, ldy, o, t);
 }
 
 void quantize_q8_32_avx2(const float* x, size_t cols, int8_t* q, float* d) {
