@@ -393,25 +393,6 @@ constexpr size_t kIdotUnit = 8;   // groups decoded at a time (4 KiB of decoded 
 constexpr size_t kIdotTile = 64;  // activation rows per tile
 constexpr int kIdotSub = 4;       // activation rows per register tile
 
-// 32-byte aligned allocator for the thread-local activation buffers. Being a type of this
-// translation unit, it also keeps the std::vector instantiations local (no weak symbols shared
-// with other units: the Style.SimdUnitsDefineNoSharedSymbols test).
-template <class T>
-struct AlignedAlloc32 {
-  using value_type = T;
-  AlignedAlloc32() = default;
-  template <class U>
-  AlignedAlloc32(const AlignedAlloc32<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{32}));
-  }
-  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{32}); }
-  template <class U>
-  bool operator==(const AlignedAlloc32<U>&) const {
-    return true;
-  }
-};
-
 inline __m256i bcast32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -773,9 +754,9 @@ void matmul_int4_idot_avx2(const uint8_t* packed, const float* scales, size_t co
       for (size_t o = row_begin; o < row_end; ++o) Y[t * ldy + o] = 0.0f;
     return;
   }
-  thread_local std::vector<uint8_t, AlignedAlloc32<uint8_t>> qp;
-  thread_local std::vector<int32_t, AlignedAlloc32<int32_t>> qo;
-  thread_local std::vector<IdotGroup, AlignedAlloc32<IdotGroup>> qg;
+  thread_local std::vector<uint8_t, AlignedAlloc<uint8_t, 32>> qp;
+  thread_local std::vector<int32_t, AlignedAlloc<int32_t, 32>> qo;
+  thread_local std::vector<IdotGroup, AlignedAlloc<IdotGroup, 32>> qg;
   const size_t tile = std::min(n, kIdotTile);
   if (qp.size() < tile * halves * 32) qp.resize(tile * halves * 32);
   if (qo.size() < tile * halves) qo.resize(tile * halves);

@@ -49,23 +49,6 @@ constexpr size_t kKC = 512;           // int4 panel: columns per decoded chunk
 constexpr size_t kNT = 64;            // int4 panel: activation rows per accumulator block
 constexpr size_t kInt4DirectMax = 4;  // int4: in-register decode up to this many activation rows
 
-// 64-byte aligned allocator (the rearranged activations are read with aligned loads).
-template <class T>
-struct AlignedAlloc64 {
-  using value_type = T;
-  AlignedAlloc64() = default;
-  template <class U>
-  AlignedAlloc64(const AlignedAlloc64<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
-  }
-  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
-  template <class U>
-  bool operator==(const AlignedAlloc64<U>&) const {
-    return true;
-  }
-};
-
 inline __mmask16 tail_mask(size_t rem) {
   return static_cast<__mmask16>((1u << rem) - 1u);
 }
@@ -416,7 +399,7 @@ void int4_row1(const uint8_t* packed, const float* scales, size_t cols, const fl
 
 void int4_row1_rows(const uint8_t* packed, const float* scales, size_t cols, const float* X,
                     float* Y, size_t row_begin, size_t row_end) {
-  thread_local std::vector<float, AlignedAlloc64<float>> xr;
+  thread_local std::vector<float, AlignedAlloc<float, 64>> xr;
   const size_t padded = (cols + 127) / 128 * 128;
   if (xr.size() < padded) xr.resize(padded);
   int4_arrange_x(X, cols, xr.data());
@@ -964,9 +947,9 @@ void matmul_int4_idot_avx512(const uint8_t* packed, const float* scales, size_t 
       for (size_t o = row_begin; o < row_end; ++o) Y[t * ldy + o] = 0.0f;
     return;
   }
-  thread_local std::vector<uint8_t, AlignedAlloc64<uint8_t>> qp;
-  thread_local std::vector<int32_t, AlignedAlloc64<int32_t>> qo;
-  thread_local std::vector<IdotWindow, AlignedAlloc64<IdotWindow>> qw;
+  thread_local std::vector<uint8_t, AlignedAlloc<uint8_t, 64>> qp;
+  thread_local std::vector<int32_t, AlignedAlloc<int32_t, 64>> qo;
+  thread_local std::vector<IdotWindow, AlignedAlloc<IdotWindow, 64>> qw;
   const size_t tile = std::min(n, kIdotTile);
   if (qp.size() < tile * halves * 32) qp.resize(tile * halves * 32);
   if (qo.size() < tile * halves) qo.resize(tile * halves);
@@ -997,7 +980,7 @@ void matmul_int8_idot_avx512(const int8_t* Q, const float* scales, size_t cols, 
                              size_t row_end) {
   if (n == 0 || row_begin >= row_end) return;
   const size_t groups = cols / 32;
-  thread_local std::vector<int32_t, AlignedAlloc64<int32_t>> qo;
+  thread_local std::vector<int32_t, AlignedAlloc<int32_t, 64>> qo;
   if (qo.size() < n * groups) qo.resize(n * groups);
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
   for (size_t t = 0; t < n; ++t)

@@ -1,15 +1,41 @@
 // kernels/impl/x86_common.h — AVX2-level pieces shared by the AVX2 and AVX-512 kernel TUs (both
 // are compiled with AVX2): the q8 activation preparation of the integer-dot paths (MXFP4 and
-// int4) and the 8x8 dword transpose. Internal linkage: each TU keeps its own copy.
+// int4), the 8x8 dword transpose and an aligned allocator. Internal linkage: each TU keeps its own
+// copy.
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 
 namespace k3::impl {
 namespace {
+
+// Aligned allocator for the kernels' thread-local buffers. Being a type of each translation unit,
+// it also keeps their std::vector instantiations local: no weak symbol shared with another unit,
+// whose copy, built with other instructions, the linker could pick
+// (Style.SimdUnitsDefineNoSharedSymbols).
+template <class T, size_t Align>
+struct AlignedAlloc {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = AlignedAlloc<U, Align>;
+  };
+  AlignedAlloc() = default;
+  template <class U>
+  AlignedAlloc(const AlignedAlloc<U, Align>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{Align}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{Align}); }
+  template <class U>
+  bool operator==(const AlignedAlloc<U, Align>&) const {
+    return true;
+  }
+};
 
 // Activations of rows [0, tn) and 32-value groups [c0, c0 + gc) of Q8 [tn][cols]: per group 32
 // bytes with the columns of every 8 reordered as 0,2,4,6,1,3,5,7 (qp [tn][gc][32]), and
