@@ -888,6 +888,38 @@ TEST(SnapshotDamaged, IndexEntriesAndWeightMapOfTheWrongType) {
     });
     EXPECT_HAS(msg, "weight_map[aaa.weight] names a path outside the snapshot");
   }
+  // A tensor listed in a shard that does not hold it: the message names the one that does.
+  const std::string norm = "language_model.model.norm.weight";
+  const std::string holder = read_json(std::string(kFixtureDir) + "/model.safetensors.index.json")
+                                 .at("weight_map")
+                                 .at(norm)
+                                 .get<std::string>();
+  const std::string other = holder == "model-00010-of-000010.safetensors"
+                                ? "model-00009-of-000010.safetensors"
+                                : "model-00010-of-000010.safetensors";
+  {
+    const std::string msg =
+        damaged("wrong-shard", [&](json& index) { index["weight_map"][norm] = other; });
+    EXPECT_HAS(msg, "tensor " + norm + " is listed in " + other +
+                        " but that shard does not hold it (" + holder + " does)");
+  }
+  // A weight_map name twice is refused, whichever shard each entry names and in which order (a
+  // DOM reader would silently take the last).
+  for (const auto& [first, second] : std::vector<std::pair<std::string, std::string>>{
+           {other, holder}, {holder, other}, {holder, holder}}) {
+    SCOPED_TRACE(first + " then " + second);
+    const auto dir = fixture_copy("name-twice");
+    const std::string index_path = dir->file("model.safetensors.index.json");
+    json index = read_json(index_path);
+    index["weight_map"][norm] = second;
+    std::string text = index.dump();
+    const std::string map_start = "\"weight_map\":{";
+    ASSERT_NE(text.find(map_start), std::string::npos);
+    text.insert(text.find(map_start) + map_start.size(), "\"" + norm + "\":\"" + first + "\",");
+    write_bytes(index_path, text);
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }),
+               "weight_map lists tensor " + norm + " twice");
+  }
   {
     const auto dir = fixture_copy("root-array");
     write_bytes(dir->file("model.safetensors.index.json"), "[{\"weight_map\": {}}]");

@@ -111,8 +111,10 @@ class IndexReader : public JsonSaxTypes {
     return true;
   }
 
+  // Keeps the failing entry whose name sorts first; of two failing entries with one name, the
+  // later (for a repeated name, the one that says so).
   void record(const std::string& message) {
-    if (error_.empty() || key_ < error_name_) {
+    if (error_.empty() || key_ <= error_name_) {
       error_name_ = key_;
       error_ = message;
     }
@@ -165,12 +167,22 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     first.check();
     for (const auto& f : text_shards) open_shard(f);  // a shard of only vision tensors: never
     index_tensors();
+    std::vector<bool> listed(by_name_.size());  // by_name_[i] has had its weight_map entry
     IndexReader second(path, [&](const std::string& name, const std::string& file) {
       if (is_vision_tensor(name)) return;
       const LocatedTensor* t = lookup(name);
-      if (t == nullptr || fs::path(t->shard->path()).filename().string() != file)
+      if (t == nullptr)
         throw Error(path + ": tensor " + name + " is listed in " + file +
                     " but that shard does not hold it");
+      // A name listed twice: which entry a reader takes is not defined, so it is refused, and
+      // this message wins over the other entry's (IndexReader::record).
+      if (listed[static_cast<size_t>(t - by_name_.data())])
+        throw Error(path + ": weight_map lists tensor " + name + " twice");
+      listed[static_cast<size_t>(t - by_name_.data())] = true;
+      const std::string holder = fs::path(t->shard->path()).filename().string();
+      if (holder != file)
+        throw Error(path + ": tensor " + name + " is listed in " + file +
+                    " but that shard does not hold it (" + holder + " does)");
     });
     second.run(text);
     second.check();
