@@ -107,8 +107,8 @@ void permute_exact_rows(const float* X, size_t cols, size_t n, float* out) {
 // two bytes and two rounds of unpacking (bytes into words, words under a zero word) build the
 // floats. The nibbles are not interleaved back into column order: the activations were permuted
 // to match once per call instead. That is 29 vector instructions per two groups where widening
-// int8 (vpmovsxbd, a shuffle-port instruction, then vcvtdq2ps) took 39: one core from the L3,
-// 2-core Xeon, 0.49-0.50 -> 0.40-0.43 cycles/byte (docs/streaming.md §1.7).
+// int8 (vpmovsxbd, a shuffle-port instruction, then vcvtdq2ps) took 39: one core on a matrix in
+// the cache, 2-core Xeon, 0.47-0.49 -> 0.34 cycles/byte (docs/streaming.md §1.7).
 template <int S>
 void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const float* XP,
                 float* Y, size_t ldy, size_t o, size_t t0) {
