@@ -920,6 +920,20 @@ TEST(SnapshotDamaged, IndexEntriesAndWeightMapOfTheWrongType) {
     EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }),
                "weight_map lists tensor " + norm + " twice");
   }
+  // Also a vision tensor, whose shard the text engine never opens.
+  {
+    const auto dir = fixture_copy("vision-twice");
+    const std::string index_path = dir->file("model.safetensors.index.json");
+    std::string text = read_json(index_path).dump();
+    const std::string map_start = "\"weight_map\":{";
+    ASSERT_NE(text.find(map_start), std::string::npos);
+    text.insert(text.find(map_start) + map_start.size(),
+                "\"vision_tower.patch_embed.weight\":\"" + other +
+                    "\",\"vision_tower.patch_embed.weight\":\"" + holder + "\",");
+    write_bytes(index_path, text);
+    EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }),
+               "weight_map lists tensor vision_tower.patch_embed.weight twice");
+  }
   {
     const auto dir = fixture_copy("root-array");
     write_bytes(dir->file("model.safetensors.index.json"), "[{\"weight_map\": {}}]");

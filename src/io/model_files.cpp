@@ -112,7 +112,7 @@ class IndexReader : public JsonSaxTypes {
   }
 
   // Keeps the failing entry whose name sorts first; of two failing entries with one name, the
-  // later (for a repeated name, the one that says so).
+  // later (in pass 2, for a name listed twice, the one that says so).
   void record(const std::string& message) {
     if (error_.empty() || key_ <= error_name_) {
       error_name_ = key_;
@@ -168,8 +168,13 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     for (const auto& f : text_shards) open_shard(f);  // a shard of only vision tensors: never
     index_tensors();
     std::vector<bool> listed(by_name_.size());  // by_name_[i] has had its weight_map entry
+    std::set<std::string> vision_listed;        // vision names (their shards are not opened)
     IndexReader second(path, [&](const std::string& name, const std::string& file) {
-      if (is_vision_tensor(name)) return;
+      if (is_vision_tensor(name)) {
+        if (!vision_listed.insert(name).second)
+          throw Error(path + ": weight_map lists tensor " + name + " twice");
+        return;
+      }
       const LocatedTensor* t = lookup(name);
       if (t == nullptr)
         throw Error(path + ": tensor " + name + " is listed in " + file +

@@ -402,6 +402,7 @@ inline __m256i row_mask(size_t nr) {
 void matmul_mxfp4_exact_avx2(const uint8_t* packed, const uint8_t* scales, size_t cols,
                              const float* X, size_t n, float* Y, size_t ldy, size_t row_begin,
                              size_t row_end) {
+  if (row_begin >= row_end) return;
   // Activation rows permuted in blocks of about 1 MB (at least one tile), each block applied to
   // every weight row of the range while a weight row stays in L1 across the block's tiles.
   const size_t block = std::max<size_t>(
