@@ -170,20 +170,22 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
     std::vector<bool> listed(by_name_.size());  // by_name_[i] has had its weight_map entry
     std::set<std::string> vision_listed;        // vision names (their shards are not opened)
     IndexReader second(path, [&](const std::string& name, const std::string& file) {
+      // A name listed twice: which entry a reader takes is not defined, so it is refused, and
+      // this message wins over the other entry's (IndexReader::record).
+      const auto twice = [&] {
+        return Error(path + ": weight_map lists tensor " + name + " twice");
+      };
       if (is_vision_tensor(name)) {
-        if (!vision_listed.insert(name).second)
-          throw Error(path + ": weight_map lists tensor " + name + " twice");
+        if (!vision_listed.insert(name).second) throw twice();
         return;
       }
       const LocatedTensor* t = lookup(name);
       if (t == nullptr)
         throw Error(path + ": tensor " + name + " is listed in " + file +
                     " but that shard does not hold it");
-      // A name listed twice: which entry a reader takes is not defined, so it is refused, and
-      // this message wins over the other entry's (IndexReader::record).
-      if (listed[static_cast<size_t>(t - by_name_.data())])
-        throw Error(path + ": weight_map lists tensor " + name + " twice");
-      listed[static_cast<size_t>(t - by_name_.data())] = true;
+      const size_t at = static_cast<size_t>(t - by_name_.data());
+      if (listed[at]) throw twice();
+      listed[at] = true;
       const std::string holder = fs::path(t->shard->path()).filename().string();
       if (holder != file)
         throw Error(path + ": tensor " + name + " is listed in " + file +

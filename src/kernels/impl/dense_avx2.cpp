@@ -38,13 +38,6 @@ constexpr size_t kKC = 512;           // int4 panel: columns per decoded chunk
 constexpr size_t kNT = 64;            // int4 panel: activation rows per accumulator block
 constexpr size_t kInt4DirectMax = 2;  // int4: in-register decode up to this many activation rows
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // Software prefetch of `bytes` starting at p (the next weight chunk while this one is computed:
 // chunks are read in bursts, which the hardware prefetcher does not run ahead of).
 inline void prefetch(const void* p, size_t bytes) {

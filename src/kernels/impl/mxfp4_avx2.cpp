@@ -100,6 +100,18 @@ void permute_exact_rows(const float* X, size_t cols, size_t n, float* out) {
   }
 }
 
+// acc[s] += (sum_k w[k] * x_s[8k .. 8k + 7]) * sc for the S activation rows x_s (row stride
+// cols) of K vectors of weights.
+template <int S, int K>
+inline void exact_accumulate(const __m256 (&w)[K], __m256 sc, const float* x, size_t cols,
+                             __m256 (&acc)[S]) {
+  for (int s = 0; s < S; ++s, x += cols) {
+    __m256 ga = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+    for (int k = 1; k < K; ++k) ga = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + 8 * k), ga);
+    acc[s] = _mm256_fmadd_ps(ga, sc, acc[s]);
+  }
+}
+
 // One weight row o x activation rows [t0, t0 + S) of XP (permute_exact_rows' order).
 //
 // Two groups at a time, one per 128-bit lane, with no int -> float conversion: the doubled e2m1
@@ -148,12 +160,7 @@ void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const
     }
     const __m256 sc = _mm256_blend_ps(_mm256_set1_ps(kHalfScale.v[row_scales[g]]),
                                       _mm256_set1_ps(kHalfScale.v[row_scales[g + 1]]), 0xF0);
-    for (int s = 0; s < S; ++s) {
-      const float* x = XP + (t0 + s) * cols + g * kMxfp4Group;
-      __m256 ga = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
-      for (int k = 1; k < 8; ++k) ga = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + 8 * k), ga);
-      acc[s] = _mm256_fmadd_ps(ga, sc, acc[s]);
-    }
+    exact_accumulate(w, sc, XP + t0 * cols + g * kMxfp4Group, cols, acc);
   }
   if (g < groups) {  // an odd last group, in column order
     __m128i c[2];
@@ -161,20 +168,10 @@ void exact_tile(const uint8_t* packed, const uint8_t* scales, size_t cols, const
     __m256 w[4];
     widen16(c[0], w);
     widen16(c[1], w + 2);
-    const __m256 sc = _mm256_set1_ps(kHalfScale.v[row_scales[g]]);
-    for (int s = 0; s < S; ++s) {
-      const float* x = XP + (t0 + s) * cols + g * kMxfp4Group;
-      __m256 ga = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
-      for (int k = 1; k < 4; ++k) ga = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(x + 8 * k), ga);
-      acc[s] = _mm256_fmadd_ps(ga, sc, acc[s]);
-    }
+    exact_accumulate(w, _mm256_set1_ps(kHalfScale.v[row_scales[g]]),
+                     XP + t0 * cols + g * kMxfp4Group, cols, acc);
   }
-  for (int s = 0; s < S; ++s) {
-    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(acc[s]), _mm256_extractf128_ps(acc[s], 1));
-    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-    const __m128 h1 = _mm_add_ss(h2, _mm_movehdup_ps(h2));
-    Y[(t0 + s) * ldy + o] = _mm_cvtss_f32(h1);
-  }
+  for (int s = 0; s < S; ++s) Y[(t0 + s) * ldy + o] = hsum(acc[s]);
 }
 
 using ExactTile = void (*)(const uint8_t*, const uint8_t*, size_t, const float*, float*, size_t,

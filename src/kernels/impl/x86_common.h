@@ -1,7 +1,7 @@
 // kernels/impl/x86_common.h — AVX2-level pieces shared by the AVX2 and AVX-512 kernel TUs (both
 // are compiled with AVX2): the q8 activation preparation of the integer-dot paths (MXFP4 and
-// int4), the 8x8 dword transpose and an aligned allocator. Internal linkage: each TU keeps its own
-// copy.
+// int4), the 8x8 dword transpose, a horizontal sum and an aligned allocator. Internal linkage: each
+// TU keeps its own copy.
 #pragma once
 
 #include <immintrin.h>
@@ -12,6 +12,14 @@
 
 namespace k3::impl {
 namespace {
+
+// The sum of v's 8 floats: the halves added, then pairs, then the last two.
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 
 // Aligned allocator for the kernels' thread-local buffers. Being a type of each translation unit,
 // it also keeps their std::vector instantiations local: no weak symbol shared with another unit,
