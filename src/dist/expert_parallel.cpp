@@ -35,6 +35,7 @@
 #include "model/compute.h"
 #include "model/latent_moe.h"
 #include "model/weights.h"
+#include "mpi_library.h"
 #include "util/crc32c.h"
 #include "util/error.h"
 #include "util/sys.h"
@@ -47,16 +48,22 @@ enum Tag : int { kHello = 1, kVerdict, kStep, kOut, kFailed, kStats, kStop };
 struct Job {
   bool joined = false;
   World world;
-  MPI_Comm comm = MPI_COMM_NULL;
+  const MpiLibrary* mpi = nullptr;  // open once the job joins
+  MPI_Comm comm{};
   bool failed = false;  // a rank failed: leave() aborts the job
   double timeout = 60;  // seconds (LoadOptions::ep_timeout)
 };
 Job g_job;
 
+const MpiLibrary& mpi() {
+  return *g_job.mpi;
+}
+
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  if (mpi().error_string(code, text, &len) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
   return std::string(text, static_cast<size_t>(len));
 }
 
@@ -83,7 +90,7 @@ bool wait_until(MPI_Request& request, MPI_Status* status, double deadline,
   Backoff backoff;
   for (;;) {
     int done = 0;
-    check_mpi(MPI_Test(&request, &done, status), what);
+    check_mpi(mpi().test(&request, &done, status), what);
     if (done) return true;
     if (now_seconds() > deadline) return false;
     backoff.pause();
@@ -147,13 +154,14 @@ bool receive(int source, int tag, std::vector<uint8_t>& out, double deadline,
   for (;;) {
     int flag = 0;
     MPI_Status status;
-    check_mpi(MPI_Iprobe(source, tag, g_job.comm, &flag, &status), what);
+    check_mpi(mpi().iprobe(source, tag, g_job.comm, &flag, &status), what);
     if (flag) {
       int count = 0;
-      check_mpi(MPI_Get_count(&status, MPI_BYTE, &count), what);
+      check_mpi(mpi().get_count(&status, mpi().byte, &count), what);
       out.resize(static_cast<size_t>(count));
-      check_mpi(MPI_Recv(out.data(), count, MPI_BYTE, source, tag, g_job.comm, MPI_STATUS_IGNORE),
-                what);
+      check_mpi(
+          mpi().recv(out.data(), count, mpi().byte, source, tag, g_job.comm, MPI_STATUS_IGNORE),
+          what);
       return true;
     }
     if (now_seconds() > deadline) return false;
@@ -162,7 +170,7 @@ bool receive(int source, int tag, std::vector<uint8_t>& out, double deadline,
 }
 
 void send_bytes(int dest, int tag, const void* data, size_t bytes, const std::string& what) {
-  check_mpi(MPI_Send(data, static_cast<int>(bytes), MPI_BYTE, dest, tag, g_job.comm), what);
+  check_mpi(mpi().send(data, static_cast<int>(bytes), mpi().byte, dest, tag, g_job.comm), what);
 }
 
 Isa chosen_isa(const std::string& name) {
@@ -275,7 +283,7 @@ class RemoteExecutor final : public ExpertExecutor {
       }
       if (status.MPI_TAG == kFailed) {
         int count = 0;
-        MPI_Get_count(&status, MPI_BYTE, &count);
+        mpi().get_count(&status, mpi().byte, &count);
         fail(rank + " failed: " +
              std::string(reinterpret_cast<const char*>(p.out.data()), static_cast<size_t>(count)));
       }
@@ -364,7 +372,7 @@ class RemoteExecutor final : public ExpertExecutor {
     std::vector<int64_t> local;      // [step rows] index into rows, or -1
     std::vector<uint8_t> message;    // the kStep message
     std::vector<float> out;          // [pairs][R] the answer
-    MPI_Request send = MPI_REQUEST_NULL, recv = MPI_REQUEST_NULL;
+    MPI_Request send = mpi().request_null, recv = mpi().request_null;
     RankCounters counters;
     void clear() {
       groups.clear();
@@ -378,11 +386,11 @@ class RemoteExecutor final : public ExpertExecutor {
 
   void post(int r, Peer& p, const std::string& what) {
     try {
-      check_mpi(MPI_Irecv(p.out.data(), static_cast<int>(p.out.size() * sizeof(float)), MPI_BYTE, r,
-                          MPI_ANY_TAG, g_job.comm, &p.recv),
+      check_mpi(mpi().irecv(p.out.data(), static_cast<int>(p.out.size() * sizeof(float)),
+                            mpi().byte, r, MPI_ANY_TAG, g_job.comm, &p.recv),
                 what);
-      check_mpi(MPI_Isend(p.message.data(), static_cast<int>(p.message.size()), MPI_BYTE, r, kStep,
-                          g_job.comm, &p.send),
+      check_mpi(mpi().isend(p.message.data(), static_cast<int>(p.message.size()), mpi().byte, r,
+                            kStep, g_job.comm, &p.send),
                 what);
     } catch (const Error& e) {
       fail(std::string(e.what()).substr(std::strlen("expert-parallel: ")));
@@ -526,6 +534,9 @@ class WorkerStep final : public ExpertWork {
 
 World join(int* argc, char*** argv) {
   if (g_job.joined) return g_job.world;
+  // The library is opened here, not linked: the programs that never join do not carry it
+  // (dist/mpi_library.h).
+  g_job.mpi = &open_mpi_library();
   int provided = 0;
   // MPI starts threads of its own (Open MPI: progress and PMIx threads). They must not take the
   // programs' stop signals: `coli serve` waits for SIGTERM on a thread of its own and drains,
@@ -535,18 +546,18 @@ World join(int* argc, char*** argv) {
   sigemptyset(&stop_signals);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
-  const int started = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  const int started = mpi().init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (started != MPI_SUCCESS)
     throw Error("--expert-parallel: MPI could not start (run the program under mpirun)");
   g_job.joined = true;
   if (provided < MPI_THREAD_SERIALIZED)
     throw Error("--expert-parallel: this MPI library gives no MPI_THREAD_SERIALIZED support");
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &g_job.comm), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(g_job.comm, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(g_job.comm, &g_job.world.rank);
-  MPI_Comm_size(g_job.comm, &g_job.world.size);
+  mpi().comm_set_errhandler(mpi().comm_world, mpi().errors_return);
+  check_mpi(mpi().comm_dup(mpi().comm_world, &g_job.comm), "MPI_Comm_dup");
+  mpi().comm_set_errhandler(g_job.comm, mpi().errors_return);
+  mpi().comm_rank(g_job.comm, &g_job.world.rank);
+  mpi().comm_size(g_job.comm, &g_job.world.size);
   return g_job.world;
 }
 
@@ -605,7 +616,7 @@ static MPI_Status next_from_rank0() {
   MPI_Status status;
   Backoff backoff;
   while (!flag) {
-    check_mpi(MPI_Iprobe(0, MPI_ANY_TAG, g_job.comm, &flag, &status), "waiting for rank 0");
+    check_mpi(mpi().iprobe(0, MPI_ANY_TAG, g_job.comm, &flag, &status), "waiting for rank 0");
     if (!flag) backoff.pause();
   }
   return status;
@@ -711,13 +722,13 @@ int leave(int status) {
     if (g_job.failed) {
       std::fflush(stdout);
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
+      mpi().abort(mpi().comm_world, status != 0 ? status : 1);
     }
-    std::vector<MPI_Request> sends(static_cast<size_t>(g_job.world.size - 1), MPI_REQUEST_NULL);
+    std::vector<MPI_Request> sends(static_cast<size_t>(g_job.world.size - 1), mpi().request_null);
     bool ok = true;
     for (int r = 1; r < g_job.world.size; ++r)
-      ok = ok && MPI_Isend(nullptr, 0, MPI_BYTE, r, kStop, g_job.comm,
-                           &sends[static_cast<size_t>(r - 1)]) == MPI_SUCCESS;
+      ok = ok && mpi().isend(nullptr, 0, mpi().byte, r, kStop, g_job.comm,
+                             &sends[static_cast<size_t>(r - 1)]) == MPI_SUCCESS;
     const double deadline = now_seconds() + g_job.timeout;
     for (MPI_Request& s : sends) {
       try {
@@ -729,11 +740,11 @@ int leave(int status) {
     if (!ok) {
       std::fprintf(stderr, "expert-parallel: the ranks did not take the stop; ending the job\n");
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, status != 0 ? status : 1);
+      mpi().abort(mpi().comm_world, status != 0 ? status : 1);
     }
   }
-  MPI_Comm_free(&g_job.comm);
-  MPI_Finalize();
+  mpi().comm_free(&g_job.comm);
+  mpi().finalize();
   g_job.joined = false;
   return status;
 }
