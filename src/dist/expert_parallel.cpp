@@ -50,8 +50,9 @@ struct Job {
   World world;
   const MpiLibrary* mpi = nullptr;  // open once the job joins
   MPI_Comm comm{};
-  bool failed = false;  // a rank failed: leave() aborts the job
-  double timeout = 60;  // seconds (LoadOptions::ep_timeout)
+  bool have_comm = false;  // comm is a duplicate to free (join() may stop before it is)
+  bool failed = false;     // a rank failed: leave() aborts the job
+  double timeout = 60;     // seconds (LoadOptions::ep_timeout)
 };
 Job g_job;
 
@@ -534,27 +535,33 @@ class WorkerStep final : public ExpertWork {
 
 World join(int* argc, char*** argv) {
   if (g_job.joined) return g_job.world;
-  // The library is opened here, not linked: the programs that never join do not carry it
-  // (dist/mpi_library.h).
-  g_job.mpi = &open_mpi_library();
   int provided = 0;
   // MPI starts threads of its own (Open MPI: progress and PMIx threads). They must not take the
   // programs' stop signals: `coli serve` waits for SIGTERM on a thread of its own and drains,
   // and a handler run on an MPI thread would end the process at once. So they start with the
-  // stop signals blocked, and this thread gets its mask back.
+  // stop signals blocked, and this thread gets its mask back. The library is opened here too,
+  // not linked (dist/mpi_library.h): its constructors run with the same mask.
   sigset_t stop_signals, before;
   sigemptyset(&stop_signals);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop_signals, sig);
   pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
-  const int started = mpi().init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  int started = MPI_SUCCESS + 1;
+  try {
+    g_job.mpi = &open_mpi_library();
+    started = mpi().init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    throw;
+  }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (started != MPI_SUCCESS)
     throw Error("--expert-parallel: MPI could not start (run the program under mpirun)");
-  g_job.joined = true;
+  g_job.joined = true;  // leave() finalizes from here on, whatever fails below
+  mpi().comm_set_errhandler(mpi().comm_world, mpi().errors_return);
   if (provided < MPI_THREAD_SERIALIZED)
     throw Error("--expert-parallel: this MPI library gives no MPI_THREAD_SERIALIZED support");
-  mpi().comm_set_errhandler(mpi().comm_world, mpi().errors_return);
   check_mpi(mpi().comm_dup(mpi().comm_world, &g_job.comm), "MPI_Comm_dup");
+  g_job.have_comm = true;
   mpi().comm_set_errhandler(g_job.comm, mpi().errors_return);
   mpi().comm_rank(g_job.comm, &g_job.world.rank);
   mpi().comm_size(g_job.comm, &g_job.world.size);
@@ -743,7 +750,8 @@ int leave(int status) {
       mpi().abort(mpi().comm_world, status != 0 ? status : 1);
     }
   }
-  mpi().comm_free(&g_job.comm);
+  if (g_job.have_comm) mpi().comm_free(&g_job.comm);
+  g_job.have_comm = false;
   mpi().finalize();
   g_job.joined = false;
   return status;

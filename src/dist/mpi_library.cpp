@@ -11,55 +11,64 @@
 namespace k3::dist {
 namespace {
 
-// The library CMake found at build time (src/CMakeLists.txt), resolved to its versioned file.
-constexpr const char* kLibraryPath = K3_MPI_LIBRARY;
+// The library CMake found at build time (src/CMakeLists.txt): by its SONAME, found as the dynamic
+// linker finds libraries, then the file of that name in the directory it was found in.
+constexpr const char* kLibraryName = K3_MPI_SONAME;
+constexpr const char* kLibraryFile = K3_MPI_FILE;
 
-void* symbol(void* handle, const char* name) {
-  void* p = ::dlsym(handle, name);
-  if (p == nullptr)
-    throw Error(std::string("--expert-parallel: ") + kLibraryPath + " has no symbol " + name +
-                " (not the MPI library this program was built against; rebuild it)");
-  return p;
-}
+// An opened library and the name it was opened by.
+struct Opened {
+  void* handle;
+  const char* path;
 
-template <class F>
-void bind(void* handle, const char* name, F& out) {
-  out = reinterpret_cast<F>(symbol(handle, name));
+  void* symbol(const char* name) const {
+    void* p = ::dlsym(handle, name);
+    if (p == nullptr)
+      throw Error(std::string("--expert-parallel: ") + path + " has no symbol " + name +
+                  " (not the MPI library this program was built against; rebuild it)");
+    return p;
+  }
+  template <class F>
+  void bind(const char* name, F& out) const {
+    out = reinterpret_cast<F>(symbol(name));
+  }
+};
+
+Opened open_library() {
+  // RTLD_GLOBAL: Open MPI's own plugins (MCA components) resolve libmpi's symbols through it.
+  if (void* handle = ::dlopen(kLibraryName, RTLD_NOW | RTLD_GLOBAL)) return {handle, kLibraryName};
+  const char* first = ::dlerror();  // names the file and why
+  const std::string why = first != nullptr ? first : kLibraryName;
+  if (void* handle = ::dlopen(kLibraryFile, RTLD_NOW | RTLD_GLOBAL)) return {handle, kLibraryFile};
+  throw Error("--expert-parallel: cannot open the MPI library: " + why + " (nor " + kLibraryFile +
+              "; Debian: apt-get install openmpi-bin, which brings libopenmpi3)");
 }
 
 MpiLibrary load() {
-  // RTLD_GLOBAL: Open MPI's own plugins (MCA components) resolve libmpi's symbols through it.
-  void* handle = ::dlopen(kLibraryPath, RTLD_NOW | RTLD_GLOBAL);
-  if (handle == nullptr) {
-    const char* why = ::dlerror();
-    // dlerror() names the file and why.
-    throw Error(std::string("--expert-parallel: cannot open the MPI library: ") +
-                (why != nullptr ? why : kLibraryPath) +
-                " (Debian: apt-get install openmpi-bin libopenmpi-dev)");
-  }
+  const Opened lib = open_library();
   MpiLibrary m{};
-  bind(handle, "MPI_Init_thread", m.init_thread);
-  bind(handle, "MPI_Finalize", m.finalize);
-  bind(handle, "MPI_Abort", m.abort);
-  bind(handle, "MPI_Error_string", m.error_string);
-  bind(handle, "MPI_Comm_set_errhandler", m.comm_set_errhandler);
-  bind(handle, "MPI_Comm_dup", m.comm_dup);
-  bind(handle, "MPI_Comm_free", m.comm_free);
-  bind(handle, "MPI_Comm_rank", m.comm_rank);
-  bind(handle, "MPI_Comm_size", m.comm_size);
-  bind(handle, "MPI_Send", m.send);
-  bind(handle, "MPI_Recv", m.recv);
-  bind(handle, "MPI_Isend", m.isend);
-  bind(handle, "MPI_Irecv", m.irecv);
-  bind(handle, "MPI_Iprobe", m.iprobe);
-  bind(handle, "MPI_Test", m.test);
-  bind(handle, "MPI_Get_count", m.get_count);
+  lib.bind("MPI_Init_thread", m.init_thread);
+  lib.bind("MPI_Finalize", m.finalize);
+  lib.bind("MPI_Abort", m.abort);
+  lib.bind("MPI_Error_string", m.error_string);
+  lib.bind("MPI_Comm_set_errhandler", m.comm_set_errhandler);
+  lib.bind("MPI_Comm_dup", m.comm_dup);
+  lib.bind("MPI_Comm_free", m.comm_free);
+  lib.bind("MPI_Comm_rank", m.comm_rank);
+  lib.bind("MPI_Comm_size", m.comm_size);
+  lib.bind("MPI_Send", m.send);
+  lib.bind("MPI_Recv", m.recv);
+  lib.bind("MPI_Isend", m.isend);
+  lib.bind("MPI_Irecv", m.irecv);
+  lib.bind("MPI_Iprobe", m.iprobe);
+  lib.bind("MPI_Test", m.test);
+  lib.bind("MPI_Get_count", m.get_count);
 #ifdef OPEN_MPI
   // Open MPI's predefined handles are the addresses of objects in the library.
-  m.comm_world = static_cast<MPI_Comm>(symbol(handle, "ompi_mpi_comm_world"));
-  m.byte = static_cast<MPI_Datatype>(symbol(handle, "ompi_mpi_byte"));
-  m.errors_return = static_cast<MPI_Errhandler>(symbol(handle, "ompi_mpi_errors_return"));
-  m.request_null = static_cast<MPI_Request>(symbol(handle, "ompi_request_null"));
+  m.comm_world = static_cast<MPI_Comm>(lib.symbol("ompi_mpi_comm_world"));
+  m.byte = static_cast<MPI_Datatype>(lib.symbol("ompi_mpi_byte"));
+  m.errors_return = static_cast<MPI_Errhandler>(lib.symbol("ompi_mpi_errors_return"));
+  m.request_null = static_cast<MPI_Request>(lib.symbol("ompi_request_null"));
 #else
   // MPICH's are integer constants.
   m.comm_world = MPI_COMM_WORLD;

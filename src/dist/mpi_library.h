@@ -1,10 +1,10 @@
 // dist/mpi_library.h — the MPI library, opened (dlopen) when a job joins instead of linked.
 //
 // Linked, Open MPI and what it pulls in (open-pal, open-rte, hwloc, libevent, udev, zlib) cost
-// every process ~2.3 MB of resident memory before main(): relocations and constructors, whether
-// or not it ever runs expert parallelism (a program that only prints, linked with and without
-// it: 3.0 against 5.3 MB peak RSS; docs/streaming.md §1.11). Only `--expert-parallel` needs it,
-// so dist/expert_parallel.cpp reaches MPI through this table, and the programs do not link it.
+// every process ~1.2 MB of resident memory before main() (relocations and constructors), whether
+// or not it ever runs expert parallelism: kimi_k3's peak on assets/k3-mini went from 37.3-37.4 to
+// 36.0-36.4 MB without it (docs/streaming.md §1.11). Only `--expert-parallel` needs it, so
+// dist/expert_parallel.cpp reaches MPI through this table, and the programs do not link it.
 // mpi.h still gives the types and constants; its predefined handles that are link-time objects
 // in Open MPI (MPI_COMM_WORLD, MPI_BYTE, ...) come from the library as well.
 #pragma once
