@@ -16,6 +16,7 @@
 #include "io/model_files.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/state.h"
 #include "util/sys.h"
 
 namespace {
@@ -113,6 +114,34 @@ TEST(MemorySplit, PartsArePresentAddUpAndLeaveWithTheirSessions) {
   EXPECT_EQ(after.kda_state, 0u);
   EXPECT_EQ(after.mla_cache, 0u);
   EXPECT_EQ(after.activations, 0u);
+}
+
+// A prompt's chunks grow the session's scratch to chunk rows (~1 MB a row at the release's
+// dimensions) that decode never uses: release_prefill_buffers() gives them back, and what follows
+// (decode steps, a later prompt that grows them again) is bit-identical to a session that kept
+// them.
+TEST(MemorySplit, PromptScratchIsGivenBackAndWhatFollowsIsUnchanged) {
+  const k3::Engine engine(kTiny, k3::LoadOptions{});
+  const k3::ModelFiles files(kTiny);
+  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kTiny + "/config.json");
+  const std::vector<int64_t> prompt = {1, 5, 9, 14, 2, 7, 3, 11, 4};
+  k3::Session released(engine, 64), kept(engine, 64);
+  for (k3::Session* s : {&released, &kept}) {
+    s->set_prefill_chunk(8);
+    s->prefill(prompt);
+  }
+  const uint64_t grown = engine.memory().activations;
+  released.release_prefill_buffers();
+  const uint64_t after = engine.memory().activations;
+  // At least seven of the eight rows of the per-row buffers are gone.
+  EXPECT_GE(grown - after, 7 * k3::Workspace::row_bytes(config)) << grown << " -> " << after;
+  released.release_prefill_buffers();  // nothing left to give: no change
+  EXPECT_EQ(engine.memory().activations, after);
+  EXPECT_EQ(released.logits(), kept.logits());
+  for (int64_t id : {8, 3, 12}) EXPECT_EQ(released.step(id), kept.step(id)) << "step " << id;
+  const std::vector<int64_t> follow_up = {6, 2, 9, 1, 13, 5, 10, 4, 7, 2, 8};
+  EXPECT_EQ(released.prefill(follow_up), kept.prefill(follow_up));
+  EXPECT_EQ(released.step(5), kept.step(5));
 }
 
 // A session is sized for its whole context, but the MLA rows past the position fed are never

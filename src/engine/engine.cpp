@@ -573,6 +573,18 @@ SessionStats Batch::stats() const {
   return SessionStats{st.total(), st.expert_reads, st.summary()};
 }
 
+void Session::release_prefill_buffers() {
+  Impl& s = *impl_;
+  const size_t D = static_cast<size_t>(s.engine.config.hidden_size);
+  if (s.state.work.rows <= 1 && s.chunk_x0.size() <= D && s.state.work.kda_chunk.empty()) return;
+  s.state.work.release_rows(s.engine.config);
+  std::vector<float>(D).swap(s.chunk_x0);
+  std::vector<float>(D).swap(s.chunk_hidden);
+  s.account();
+  // Freed blocks below glibc's mmap threshold stay in the heap unless trimmed.
+  ::malloc_trim(0);
+}
+
 int64_t Session::prefill_chunk() const {
   return impl_->chunk;
 }

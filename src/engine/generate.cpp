@@ -58,6 +58,7 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
       }
     }
     session.set_interrupt(nullptr);
+    session.release_prefill_buffers();  // decode steps are one row each
   } catch (const Interrupted&) {
     session.set_interrupt(nullptr);
     result.finish = FinishReason::cancelled;

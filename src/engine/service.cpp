@@ -813,6 +813,9 @@ void EngineService::prefill_piece(Slot& slot) {
   // (the reply retokenised, reasoning dropped) resumes there.
   slot.checkpoints->save(session);
   if (prefix_cache_ && req.cache_prompt) prefix_cache_->save(session);
+  // Batched decode steps run in the batch's workspace: this session's prompt scratch is idle until
+  // its next request (N idle sessions held N chunks' worth).
+  session.release_prefill_buffers();
   job.decoding = true;
   job.t1 = now_seconds();
   publish_state();

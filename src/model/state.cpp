@@ -1,6 +1,7 @@
 #include "model/state.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace k3 {
 
@@ -154,6 +155,26 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   pick_owner.reserve(n * K);
   cpu_groups.reserve(n * K);
   cpu_ids.reserve(n * K);
+}
+
+void Workspace::release_rows(const K3Config& c) {
+  if (rows <= 1 && kda_chunk.empty()) return;
+  const auto drop = [](auto& v) { std::remove_reference_t<decltype(v)>().swap(v); };
+  per_row_buffers(*this, c, [&](auto& v, size_t, size_t) { drop(v); });
+  drop(sequence_rows);
+  drop(routing);
+  drop(picks);
+  drop(pick_ids);
+  drop(pick_starts);
+  drop(pick_state);
+  drop(pick_ahead);
+  drop(pick_rows);
+  drop(pick_owner);
+  drop(cpu_groups);
+  drop(cpu_ids);
+  drop(kda_chunk);
+  rows = 0;
+  reserve(c, 1);
 }
 
 uint64_t ModelState::kda_bytes() const {

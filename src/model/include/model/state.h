@@ -134,6 +134,9 @@ struct Workspace {
   void init(const K3Config& config, int64_t capacity);
   // Sizes every per-row buffer for `rows` rows of `config` (no-op when already that large).
   void reserve(const K3Config& config, size_t rows);
+  // Gives back what a prompt chunk grew: every per-row buffer back to one row (a decode step's),
+  // and the chunk form's KDA scratch. The next chunk grows them again.
+  void release_rows(const K3Config& config);
   // Bytes of the buffers above, sized for `config` (allocated; mla_scores counted for `positions`
   // of its capacity, the part a pass over those positions touches).
   uint64_t bytes(const K3Config& config, int64_t positions) const;
