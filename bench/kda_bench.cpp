@@ -206,14 +206,10 @@ int run_kda(const KdaArgs& a) {
     fill_floats(w.dt_bias.data(), P, 20);
     w.o_norm.assign(dk, 1.0f);
 
-    // A model state of the first layer only (a KDA layer in K3), its workspace's KDA buffers
-    // sized for n rows.
+    // A model state of the first layer only (a KDA layer in K3), its workspace sized for n rows.
     k3::ModelState state(config, 1, 1, 1);
     k3::Workspace& ws = state.work;
-    for (auto* v : {&ws.kda_q, &ws.kda_k, &ws.kda_v, &ws.kda_gate, &ws.kda_decay, &ws.kda_out})
-      v->resize(n * P);
-    ws.kda_decay_low.resize(n * dk);
-    ws.kda_beta.resize(n * H);
+    ws.reserve(config, n);
     std::vector<k3::SequenceRow> rows(n, k3::SequenceRow{&state, 0});
     std::vector<float> X(n * D), out(n * D);
     fill_floats(X.data(), X.size(), 21);

@@ -7,8 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -142,6 +145,53 @@ TEST(MemorySplit, PromptScratchIsGivenBackAndWhatFollowsIsUnchanged) {
   const std::vector<int64_t> follow_up = {6, 2, 9, 1, 13, 5, 10, 4, 7, 2, 8};
   EXPECT_EQ(released.prefill(follow_up), kept.prefill(follow_up));
   EXPECT_EQ(released.step(5), kept.step(5));
+}
+
+// The attention's and the feed-forward's per-row scratch are views into one arena (model/state.h):
+// each phase's views start at the arena's first aligned float and never overlap each other, every
+// view is 64-byte aligned and inside the arena, and the arena is the largest phase, not the sum.
+TEST(MemorySplit, PhaseScratchSharesOneArena) {
+  const k3::ModelFiles files(kMini);
+  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kMini + "/config.json");
+  k3::Workspace ws;
+  const size_t rows = 5;
+  ws.reserve(config, rows);
+  const auto bytes_of = [](auto view) { return view.size() * sizeof(view[0]); };
+  const auto* arena = reinterpret_cast<const char*>(ws.phase_arena.data());
+  const auto* arena_end = arena + ws.phase_arena.size() * sizeof(float);
+  using Range = std::pair<const char*, const char*>;
+  const auto range = [&](auto view) {
+    const auto* p = reinterpret_cast<const char*>(view.data());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+    EXPECT_GE(p, arena);
+    EXPECT_LE(p + bytes_of(view), arena_end);
+    return Range{p, p + bytes_of(view)};
+  };
+  const std::vector<Range> kda = {range(ws.kda_q),    range(ws.kda_k),        range(ws.kda_v),
+                                  range(ws.kda_gate), range(ws.kda_decay),    range(ws.kda_out),
+                                  range(ws.kda_beta), range(ws.kda_decay_low)};
+  const std::vector<Range> mla = {range(ws.mla_cq), range(ws.mla_q), range(ws.mla_ckv),
+                                  range(ws.mla_gate), range(ws.mla_ctx)};
+  const std::vector<Range> ff = {
+      range(ws.moe_z),   range(ws.moe_acc), range(ws.moe_z_q8), range(ws.moe_z_d), range(ws.ex_z),
+      range(ws.ex_down), range(ws.ex_z_q8), range(ws.ex_z_d),   range(ws.ex_gate), range(ws.ex_up),
+      range(ws.ex_h_q8), range(ws.ex_h_d),  range(ws.mlp_gate), range(ws.mlp_up)};
+  size_t largest = 0;
+  for (const auto* phase : {&kda, &mla, &ff}) {
+    EXPECT_EQ(phase->front().first, kda.front().first);  // every phase starts at the same place
+    size_t sum = 0;
+    for (size_t i = 0; i < phase->size(); ++i) {
+      sum += static_cast<size_t>((*phase)[i].second - (*phase)[i].first);
+      for (size_t j = 0; j < i; ++j)
+        EXPECT_TRUE((*phase)[i].first >= (*phase)[j].second ||
+                    (*phase)[j].first >= (*phase)[i].second)
+            << "views " << j << " and " << i << " of a phase overlap";
+    }
+    largest = std::max(largest, sum);
+  }
+  EXPECT_EQ(ws.kda_q.size(), rows * static_cast<size_t>(config.kda_projection_size()));
+  // The largest phase plus each view's rounding to 64 bytes and the arena's own alignment.
+  EXPECT_LE(ws.phase_arena.size() * sizeof(float), largest + 15 * 64 + 64);
 }
 
 // A session is sized for its whole context, but the MLA rows past the position fed are never

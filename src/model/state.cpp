@@ -1,6 +1,8 @@
 #include "model/state.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <span>
 #include <type_traits>
 
 namespace k3 {
@@ -76,43 +78,64 @@ uint64_t ModelState::fixed_floats(const K3Config& c, int64_t num_layers) {
   return floats;
 }
 
-// Every buffer reserve() sizes per row, with its elements per row and the rows it holds at least:
-// `visit(vector, per_row, min_rows)`. W is Workspace or const Workspace.
+// Every vector reserve() sizes per row (the phase views aside), with its elements per row and the
+// rows it holds at least: `visit(vector, per_row, min_rows)`. W is Workspace or const Workspace.
 template <class W, class Visit>
 void Workspace::per_row_buffers(W& w, const K3Config& c, Visit&& visit) {
   const size_t D = static_cast<size_t>(c.hidden_size);
+  visit(w.blocks, static_cast<size_t>(c.num_blocks()) * D, 0);
+  for (auto* v : {&w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed}) visit(*v, D, 0);
+  visit(w.moe_logits, static_cast<size_t>(c.num_experts), 0);
+  // Room for a decode step's experts all ahead of the first (sixteen rows), or a chunk's rows.
+  visit(w.moe_ahead, static_cast<size_t>(c.routed_expert_hidden_size), kMoeAheadRows);
+}
+
+// Every view into the phase arena, with its elements per row and its phase:
+// `visit(span, per_row, phase)`. W is Workspace or const Workspace.
+template <class W, class Visit>
+void Workspace::phase_views(W& w, const K3Config& c, Visit&& visit) {
   const size_t P = static_cast<size_t>(c.kda_projection_size());
   const size_t H = static_cast<size_t>(c.num_attention_heads);
   const size_t R = static_cast<size_t>(c.routed_expert_hidden_size);
   const size_t I = static_cast<size_t>(c.moe_intermediate_size);
   const size_t mlp =
       static_cast<size_t>(std::max(c.intermediate_size, c.shared_intermediate_size()));
-  visit(w.blocks, static_cast<size_t>(c.num_blocks()) * D, 0);
-  for (auto* v : {&w.partial, &w.mixed, &w.normed, &w.branch, &w.moe_routed}) visit(*v, D, 0);
   for (auto* v : {&w.kda_q, &w.kda_k, &w.kda_v, &w.kda_gate, &w.kda_decay, &w.kda_out})
-    visit(*v, P, 0);
-  visit(w.kda_decay_low, static_cast<size_t>(c.kda_head_dim), 0);
-  visit(w.kda_beta, static_cast<size_t>(c.kda_num_heads), 0);
-  visit(w.mla_cq, static_cast<size_t>(c.q_lora_rank), 0);
-  visit(w.mla_q, H * static_cast<size_t>(c.qk_head_dim()), 0);
-  visit(w.mla_ckv, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 0);
-  visit(w.mla_gate, H * static_cast<size_t>(c.v_head_dim), 0);
-  visit(w.mla_ctx, H * static_cast<size_t>(c.v_head_dim), 0);
-  visit(w.moe_logits, static_cast<size_t>(c.num_experts), 0);
-  for (auto* v : {&w.moe_z, &w.moe_acc, &w.ex_z, &w.ex_down}) visit(*v, R, 0);
-  visit(w.moe_z_q8, R, 0);
-  visit(w.ex_z_q8, R, 0);
-  visit(w.moe_z_d, R / 32, 0);
-  visit(w.ex_z_d, R / 32, 0);
-  visit(w.ex_gate, I, 0);
-  visit(w.ex_up, I, 0);
-  visit(w.ex_h_q8, I, 0);
-  visit(w.ex_h_d, I / 32, 0);
-  // Room for a decode step's experts all ahead of the first (sixteen rows), or a chunk's rows.
-  visit(w.moe_ahead, R, kMoeAheadRows);
-  visit(w.mlp_gate, mlp, 0);
-  visit(w.mlp_up, mlp, 0);
+    visit(*v, P, kKdaPhase);
+  visit(w.kda_decay_low, static_cast<size_t>(c.kda_head_dim), kKdaPhase);
+  visit(w.kda_beta, static_cast<size_t>(c.kda_num_heads), kKdaPhase);
+  visit(w.mla_cq, static_cast<size_t>(c.q_lora_rank), kMlaPhase);
+  visit(w.mla_q, H * static_cast<size_t>(c.qk_head_dim()), kMlaPhase);
+  visit(w.mla_ckv, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), kMlaPhase);
+  visit(w.mla_gate, H * static_cast<size_t>(c.v_head_dim), kMlaPhase);
+  visit(w.mla_ctx, H * static_cast<size_t>(c.v_head_dim), kMlaPhase);
+  for (auto* v : {&w.moe_z, &w.moe_acc, &w.ex_z, &w.ex_down}) visit(*v, R, kFeedForwardPhase);
+  visit(w.moe_z_q8, R, kFeedForwardPhase);
+  visit(w.ex_z_q8, R, kFeedForwardPhase);
+  visit(w.moe_z_d, R / 32, kFeedForwardPhase);
+  visit(w.ex_z_d, R / 32, kFeedForwardPhase);
+  visit(w.ex_gate, I, kFeedForwardPhase);
+  visit(w.ex_up, I, kFeedForwardPhase);
+  visit(w.ex_h_q8, I, kFeedForwardPhase);
+  visit(w.ex_h_d, I / 32, kFeedForwardPhase);
+  visit(w.mlp_gate, mlp, kFeedForwardPhase);
+  visit(w.mlp_up, mlp, kFeedForwardPhase);
 }
+
+namespace {
+
+// Floats of the phase arena a view of `elements` elements of T takes, rounded up to 64 bytes so
+// every view starts 64-byte aligned.
+template <class T>
+size_t arena_floats(size_t elements) {
+  const size_t bytes = (elements * sizeof(T) + 63) / 64 * 64;
+  return bytes / sizeof(float);
+}
+
+template <class Span>
+using ElementOf = typename std::remove_reference_t<Span>::element_type;
+
+}  // namespace
 
 uint64_t Workspace::row_bytes(const K3Config& c) {
   Workspace w;
@@ -120,6 +143,11 @@ uint64_t Workspace::row_bytes(const K3Config& c) {
   per_row_buffers(w, c, [&](auto& v, size_t per_row, size_t) {
     bytes += per_row * sizeof(typename std::remove_reference_t<decltype(v)>::value_type);
   });
+  uint64_t phase[kPhases] = {};
+  phase_views(w, c, [&](auto& view, size_t per_row, int p) {
+    phase[p] += per_row * sizeof(ElementOf<decltype(view)>);
+  });
+  bytes += *std::max_element(phase, phase + kPhases);
   // The routing picks: num_experts_per_token per row, a few words each.
   return bytes + static_cast<uint64_t>(c.num_experts_per_token) * 64;
 }
@@ -139,6 +167,21 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   ahead_rows = std::max(n, kMoeAheadRows);
   per_row_buffers(*this, c, [&](auto& v, size_t per_row, size_t min_rows) {
     v.assign(std::max(n, min_rows) * per_row, {});
+  });
+  size_t phase_floats[kPhases] = {};
+  phase_views(*this, c, [&](auto& view, size_t per_row, int p) {
+    phase_floats[p] += arena_floats<ElementOf<decltype(view)>>(n * per_row);
+  });
+  // 64-byte alignment of the arena itself: 15 floats of slack, the views start at the first
+  // aligned float.
+  phase_arena.assign(*std::max_element(phase_floats, phase_floats + kPhases) + 15, 0.0f);
+  float* base = phase_arena.data();
+  base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 / sizeof(float);
+  size_t at[kPhases] = {};
+  phase_views(*this, c, [&](auto& view, size_t per_row, int p) {
+    using T = ElementOf<decltype(view)>;
+    view = std::span<T>(reinterpret_cast<T*>(base + at[p]), n * per_row);
+    at[p] += arena_floats<T>(n * per_row);
   });
   sequence_rows.resize(n);
   routing.resize(n);
@@ -161,6 +204,8 @@ void Workspace::release_rows(const K3Config& c) {
   if (rows <= 1 && kda_chunk.empty()) return;
   const auto drop = [](auto& v) { std::remove_reference_t<decltype(v)>().swap(v); };
   per_row_buffers(*this, c, [&](auto& v, size_t, size_t) { drop(v); });
+  phase_views(*this, c, [](auto& view, size_t, int) { view = {}; });
+  drop(phase_arena);
   drop(sequence_rows);
   drop(routing);
   drop(picks);
@@ -195,6 +240,7 @@ uint64_t Workspace::bytes(const K3Config& config, int64_t positions) const {
   uint64_t total = 0;
   const auto add = [&](const auto& v) { total += v.capacity() * sizeof(v[0]); };
   per_row_buffers(*this, config, [&](const auto& v, size_t, size_t) { add(v); });
+  add(phase_arena);
   add(sequence_rows);
   add(embed_bytes);
   for (const auto* v : {&mix_weights, &kda_u, &kda_chunk, &mla_qabs, &mla_lat, &moe_scores,

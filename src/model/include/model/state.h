@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/compute.h"
@@ -61,7 +62,19 @@ struct MoePick {
 // the config (and the capacity for MLA scores): the per-row buffers are [rows][...]; the rest is
 // per-token scratch of the sequential parts. Grown by reserve() for a larger pass and reused, so a
 // decode step (one row) allocates nothing.
+//
+// A layer's attention (KDA or MLA) and its feed-forward run one after the other
+// (Model::forward_rows), and none of their per-row scratch outlives its call: those buffers are
+// views into one arena, each phase's laid out from its start, so the arena is as large as the
+// largest phase instead of the sum (the release's dimensions: ~0.6 instead of ~1.1 MB a row).
+// The views point into the arena: a Workspace moves but is not copied.
 struct Workspace {
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  Workspace(Workspace&&) = default;
+  Workspace& operator=(Workspace&&) = default;
+
   size_t rows = 0;                         // rows the per-row buffers hold
   std::vector<SequenceRow> sequence_rows;  // [rows] whose row each one of a pass is
   // Stack walk.
@@ -70,23 +83,25 @@ struct Workspace {
   std::vector<float> partial, mixed, normed, branch;  // [rows][hidden] each
   std::vector<const float*> sources;                  // [num_blocks + 1]
   std::vector<float> mix_weights;                     // [num_blocks + 1]
-  // KDA.
-  std::vector<float> kda_q, kda_k, kda_v, kda_gate, kda_decay, kda_out;  // [rows][kda_projection]
-  std::vector<float> kda_decay_low;                                      // [rows][kda_head_dim]
-  std::vector<float> kda_beta;                                           // [rows][kda_num_heads]
+  // The phase arena: [the largest phase's per-row floats x rows], 64-byte aligned views.
+  std::vector<float> phase_arena;
+  // KDA (the attention phase of a KDA layer).
+  std::span<float> kda_q, kda_k, kda_v, kda_gate, kda_decay, kda_out;  // [rows][kda_projection]
+  std::span<float> kda_decay_low;                                      // [rows][kda_head_dim]
+  std::span<float> kda_beta;                                           // [rows][kda_num_heads]
   std::vector<float> kda_u;  // [kda_num_heads][kda_head_dim]
   // [threads][kda_chunk_scratch_floats]: the chunk form's scratch (K3_KDA_CHUNKED), sized by the
   // first prompt chunk that takes it; never touched by decode.
   std::vector<float> kda_chunk;
-  // MLA.
-  std::vector<float> mla_cq;             // [rows][q_lora_rank]
-  std::vector<float> mla_q;              // [rows][heads][qk_head_dim]
-  std::vector<float> mla_ckv;            // [rows][kv_lora_rank + qk_rope_head_dim]
-  std::vector<float> mla_gate, mla_ctx;  // [rows][heads][v_head_dim]
-  std::vector<float> mla_qabs;           // [heads][kv_lora_rank]
-  std::vector<float> mla_lat;            // [heads][kv_lora_rank]
-  UninitVector<float> mla_scores;        // [heads][capacity], [0, T) written before read
-  size_t score_heads = 0;                // heads of mla_scores
+  // MLA (the attention phase of an MLA layer).
+  std::span<float> mla_cq;             // [rows][q_lora_rank]
+  std::span<float> mla_q;              // [rows][heads][qk_head_dim]
+  std::span<float> mla_ckv;            // [rows][kv_lora_rank + qk_rope_head_dim]
+  std::span<float> mla_gate, mla_ctx;  // [rows][heads][v_head_dim]
+  std::vector<float> mla_qabs;         // [heads][kv_lora_rank]
+  std::vector<float> mla_lat;          // [heads][kv_lora_rank]
+  UninitVector<float> mla_scores;      // [heads][capacity], [0, T) written before read
+  size_t score_heads = 0;              // heads of mla_scores
   // MoE: routing.
   std::vector<float> moe_logits;              // [rows][num_experts] router logits
   std::vector<float> moe_scores, moe_choice;  // [num_experts]
@@ -109,23 +124,24 @@ struct Workspace {
   std::vector<uint8_t> pick_owner;      // [distinct]
   std::vector<size_t> cpu_groups;       // [distinct]: the CPU executor's share of the step
   std::vector<int64_t> cpu_ids;         // [distinct]: their expert ids
-  // MoE: latent z and its q8 form, routed sums.
-  std::vector<float> moe_z, moe_acc;  // [rows][routed_expert_hidden_size]
-  std::vector<int8_t> moe_z_q8;       // [rows][routed_expert_hidden_size]
-  std::vector<float> moe_z_d;         // [rows][routed_expert_hidden_size / 32]
-  std::vector<float> moe_routed;      // [rows][hidden]
+  std::vector<float> moe_routed;        // [rows][hidden]
+  // The feed-forward phase (views into phase_arena). MoE: latent z and its q8 form, routed sums.
+  std::span<float> moe_z, moe_acc;  // [rows][routed_expert_hidden_size]
+  std::span<int8_t> moe_z_q8;       // [rows][routed_expert_hidden_size]
+  std::span<float> moe_z_d;         // [rows][routed_expert_hidden_size / 32]
   // One expert's rows of the step, gathered: inputs, gate/up, SiTU output, down.
-  std::vector<float> ex_z, ex_down;   // [rows][routed_expert_hidden_size]
-  std::vector<int8_t> ex_z_q8;        // [rows][routed_expert_hidden_size]
-  std::vector<float> ex_z_d;          // [rows][routed_expert_hidden_size / 32]
-  std::vector<float> ex_gate, ex_up;  // [rows][moe_intermediate_size]
-  std::vector<int8_t> ex_h_q8;        // [rows][moe_intermediate_size]
-  std::vector<float> ex_h_d;          // [rows][moe_intermediate_size / 32]
-  // Down rows of experts computed ahead of an earlier one still being read (summed in id order).
+  std::span<float> ex_z, ex_down;   // [rows][routed_expert_hidden_size]
+  std::span<int8_t> ex_z_q8;        // [rows][routed_expert_hidden_size]
+  std::span<float> ex_z_d;          // [rows][routed_expert_hidden_size / 32]
+  std::span<float> ex_gate, ex_up;  // [rows][moe_intermediate_size]
+  std::span<int8_t> ex_h_q8;        // [rows][moe_intermediate_size]
+  std::span<float> ex_h_d;          // [rows][moe_intermediate_size / 32]
+  // SiTU MLP (dense layers and shared experts).
+  std::span<float> mlp_gate, mlp_up;  // [rows][max(intermediate, shared_intermediate)]
+  // Down rows of experts computed ahead of an earlier one still being read (summed in id order);
+  // a vector of its own, as it grows during a step (latent_moe.cpp).
   std::vector<float> moe_ahead;  // [ahead_rows][routed_expert_hidden_size]
   size_t ahead_rows = 0;
-  // SiTU MLP (dense layers and shared experts).
-  std::vector<float> mlp_gate, mlp_up;  // [rows][max(intermediate, shared_intermediate)]
   // Head.
   std::vector<float> head_normed;  // [hidden]
 
@@ -146,6 +162,9 @@ struct Workspace {
  private:
   template <class W, class Visit>
   static void per_row_buffers(W& w, const K3Config& config, Visit&& visit);
+  enum Phase { kKdaPhase, kMlaPhase, kFeedForwardPhase, kPhases };
+  template <class W, class Visit>
+  static void phase_views(W& w, const K3Config& config, Visit&& visit);
 };
 
 // K3_CHUNK=auto: the prefill chunk for `available_bytes` of free memory after the weights: the
