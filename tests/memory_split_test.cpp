@@ -119,7 +119,7 @@ TEST(MemorySplit, PartsArePresentAddUpAndLeaveWithTheirSessions) {
   EXPECT_EQ(after.activations, 0u);
 }
 
-// A prompt's chunks grow the session's scratch to chunk rows (~1 MB a row at the release's
+// A prompt's chunks grow the session's scratch to chunk rows (0.76 MB a row at the release's
 // dimensions) that decode never uses: release_prefill_buffers() gives them back, and what follows
 // (decode steps, a later prompt that grows them again) is bit-identical to a session that kept
 // them.

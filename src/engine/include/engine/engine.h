@@ -273,9 +273,9 @@ class Session {
   // Tokens per prefill chunk: the engine's K3_CHUNK unless overridden (values < 1 mean 1).
   int64_t prefill_chunk() const;
   void set_prefill_chunk(int64_t chunk);
-  // Gives back what the prompt's chunks grew (scratch for prefill_chunk() rows, ~1 MB a row at the
-  // release's dimensions): call once the whole prompt is in, since decode steps use one row. The
-  // next prefill grows it again. The logits stay.
+  // Gives back what the prompt's chunks grew (scratch for prefill_chunk() rows, 0.76 MB a row at
+  // the release's dimensions): call once the whole prompt is in, since decode steps use one row.
+  // The next prefill grows it again. The logits stay.
   void release_prefill_buffers();
   // Feeds one token (a chunk of one) and returns its logits (same lifetime rule). Allocates
   // nothing.

@@ -66,7 +66,7 @@ struct MoePick {
 // A layer's attention (KDA or MLA) and its feed-forward run one after the other
 // (Model::forward_rows), and none of their per-row scratch outlives its call: those buffers are
 // views into one arena, each phase's laid out from its start, so the arena is as large as the
-// largest phase instead of the sum (the release's dimensions: ~0.6 instead of ~1.1 MB a row).
+// largest phase instead of the sum (the release's dimensions: 0.76 instead of 1.23 MB a row).
 // The views point into the arena: a Workspace moves but is not copied.
 struct Workspace {
   Workspace() = default;
