@@ -9,7 +9,9 @@
 //       the files but the routed experts, read on demand, and the embedding, read a row at a
 //       time) / load s; the drive probe
 //       (O_DIRECT sequential read of the model's files, 8 x 4 MiB in flight); the quantization
-//       work; with --peer the same child figures for the peer command (run by /bin/sh -c).
+//       work; with --peer the same child figures for the peer command (run by /bin/sh -c), and
+//       its load where it prints one (kimi_k3's "load X s", colibri's "init done in Xs"), else
+//       its wall time.
 //       --cold drops the page cache of every file of MODEL_DIR (and --peer-dir) before each run
 //       with posix_fadvise(DONTNEED) after fdatasync (what the drive delivers below the page
 //       cache is not controlled). Then
@@ -248,12 +250,13 @@ int run_load(const LoadArgs& a) {
       if (r.status != 0)
         throw k3::Error("the peer exited " + std::to_string(r.status) + ":" +
                         last_lines(r.output, 6));
-      // A peer that prints "load X s" (kimi_k3's summary) is compared on that; else on its wall.
-      const double load = find_number(r.output, R"(\bload ([0-9.]+) s)");
+      // A peer that prints its load is compared on that: "load X s" (kimi_k3's summary) or "init
+      // done in Xs" (colibri's kimi_k3.c, docs/streaming.md §1.12); else on its wall.
+      double load = find_number(r.output, R"(\bload ([0-9.]+) s)");
+      if (std::isnan(load)) load = find_number(r.output, R"(\binit done in ([0-9.]+) ?s)");
       own_load = !std::isnan(load);
       const double s = own_load ? load : r.wall_s;
-      std::printf("run %d: %s %.3f s\n", i + 1,
-                  own_load ? "load" : "wall (no \"load X s\" printed)", s);
+      std::printf("run %d: %s %.3f s\n", i + 1, own_load ? "load" : "wall (no load printed)", s);
       print_child("  peer", r);
       if (s < pbest_s) pbest_s = s, pbest = r;
     }
