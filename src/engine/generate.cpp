@@ -58,19 +58,21 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
       }
     }
     session.set_interrupt(nullptr);
-    session.release_prefill_buffers();  // decode steps are one row each
   } catch (const Interrupted&) {
     session.set_interrupt(nullptr);
     result.finish = FinishReason::cancelled;
     result.cancelled_in_prefill = true;
     result.prefill_seconds = now_seconds() - t0;
+    session.release_prefill_buffers();
     return result;
   } catch (...) {
     session.set_interrupt(nullptr);
+    session.release_prefill_buffers();
     throw;
   }
   const double t1 = now_seconds();
   result.prefill_seconds = t1 - t0;
+  session.release_prefill_buffers();  // decode steps are one row each (not timed as prefill)
   if (settings.max_new_tokens > 0 && logits.empty())
     throw Error("the model has no lm_head, so nothing can be generated");
   if (hooks.on_prefill_done) hooks.on_prefill_done();

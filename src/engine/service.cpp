@@ -919,6 +919,8 @@ bool EngineService::round() {
 
 void EngineService::release(Slot& slot) {
   slot.job.reset();
+  // A prompt cut by a cancel or a fault ends here without reaching the decode: its scratch too.
+  slot.session->release_prefill_buffers();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     active_[static_cast<size_t>(slot.id)].reset();

@@ -124,12 +124,11 @@ void Workspace::phase_views(W& w, const K3Config& c, Visit&& visit) {
 
 namespace {
 
-// Floats of the phase arena a view of `elements` elements of T takes, rounded up to 64 bytes so
-// every view starts 64-byte aligned.
+// Bytes of the phase arena a view of `elements` elements of T takes, rounded up to 64 so every
+// view starts 64-byte aligned.
 template <class T>
-size_t arena_floats(size_t elements) {
-  const size_t bytes = (elements * sizeof(T) + 63) / 64 * 64;
-  return bytes / sizeof(float);
+size_t arena_bytes(size_t elements) {
+  return (elements * sizeof(T) + 63) / 64 * 64;
 }
 
 template <class Span>
@@ -162,26 +161,25 @@ int64_t auto_prefill_chunk(const K3Config& config, uint64_t available_bytes) {
 
 void Workspace::reserve(const K3Config& c, size_t n) {
   if (n <= rows) return;
-  rows = n;
+  // `rows` and `ahead_rows` change last: an allocation that throws leaves them describing buffers
+  // at least that large (a later pass of up to `rows` rows must not skip this and overrun).
   const size_t K = static_cast<size_t>(c.num_experts_per_token);
-  ahead_rows = std::max(n, kMoeAheadRows);
   per_row_buffers(*this, c, [&](auto& v, size_t per_row, size_t min_rows) {
     v.assign(std::max(n, min_rows) * per_row, {});
   });
-  size_t phase_floats[kPhases] = {};
+  size_t phase_bytes[kPhases] = {};
   phase_views(*this, c, [&](auto& view, size_t per_row, int p) {
-    phase_floats[p] += arena_floats<ElementOf<decltype(view)>>(n * per_row);
+    phase_bytes[p] += arena_bytes<ElementOf<decltype(view)>>(n * per_row);
   });
-  // 64-byte alignment of the arena itself: 15 floats of slack, the views start at the first
-  // aligned float.
-  phase_arena.assign(*std::max_element(phase_floats, phase_floats + kPhases) + 15, 0.0f);
-  float* base = phase_arena.data();
-  base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 / sizeof(float);
+  // 63 bytes of slack: the views start at the arena's first 64-byte aligned byte.
+  phase_arena.assign(*std::max_element(phase_bytes, phase_bytes + kPhases) + 63, std::byte{0});
+  std::byte* base = phase_arena.data();
+  base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64;
   size_t at[kPhases] = {};
   phase_views(*this, c, [&](auto& view, size_t per_row, int p) {
     using T = ElementOf<decltype(view)>;
     view = std::span<T>(reinterpret_cast<T*>(base + at[p]), n * per_row);
-    at[p] += arena_floats<T>(n * per_row);
+    at[p] += arena_bytes<T>(n * per_row);
   });
   sequence_rows.resize(n);
   routing.resize(n);
@@ -198,6 +196,8 @@ void Workspace::reserve(const K3Config& c, size_t n) {
   pick_owner.reserve(n * K);
   cpu_groups.reserve(n * K);
   cpu_ids.reserve(n * K);
+  ahead_rows = std::max(n, kMoeAheadRows);
+  rows = n;
 }
 
 void Workspace::release_rows(const K3Config& c) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -67,13 +68,11 @@ struct MoePick {
 // (Model::forward_rows), and none of their per-row scratch outlives its call: those buffers are
 // views into one arena, each phase's laid out from its start, so the arena is as large as the
 // largest phase instead of the sum (the release's dimensions: 0.76 instead of 1.23 MB a row).
-// The views point into the arena: a Workspace moves but is not copied.
+// The views point into the arena, so a Workspace stays where it was made: no copy, no move.
 struct Workspace {
   Workspace() = default;
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
-  Workspace(Workspace&&) = default;
-  Workspace& operator=(Workspace&&) = default;
 
   size_t rows = 0;                         // rows the per-row buffers hold
   std::vector<SequenceRow> sequence_rows;  // [rows] whose row each one of a pass is
@@ -83,15 +82,17 @@ struct Workspace {
   std::vector<float> partial, mixed, normed, branch;  // [rows][hidden] each
   std::vector<const float*> sources;                  // [num_blocks + 1]
   std::vector<float> mix_weights;                     // [num_blocks + 1]
-  // The phase arena: [the largest phase's per-row floats x rows], 64-byte aligned views.
-  std::vector<float> phase_arena;
+  // The phase arena: [the largest phase's per-row bytes x rows], 64-byte aligned views. Bytes, so
+  // the float and int8 views' objects live in storage that may hold any type.
+  std::vector<std::byte> phase_arena;
   // KDA (the attention phase of a KDA layer).
   std::span<float> kda_q, kda_k, kda_v, kda_gate, kda_decay, kda_out;  // [rows][kda_projection]
   std::span<float> kda_decay_low;                                      // [rows][kda_head_dim]
   std::span<float> kda_beta;                                           // [rows][kda_num_heads]
   std::vector<float> kda_u;  // [kda_num_heads][kda_head_dim]
-  // [threads][kda_chunk_scratch_floats]: the chunk form's scratch (K3_KDA_CHUNKED), sized by the
-  // first prompt chunk that takes it; never touched by decode.
+  // [threads][kda_chunk_scratch_floats]: the chunk form's scratch (K3_KDA_CHUNKED), sized by a
+  // prompt chunk that takes it and given back with the rows (release_rows); never touched by
+  // decode.
   std::vector<float> kda_chunk;
   // MLA (the attention phase of an MLA layer).
   std::span<float> mla_cq;             // [rows][q_lora_rank]
