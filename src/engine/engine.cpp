@@ -576,8 +576,8 @@ SessionStats Batch::stats() const {
 void Session::release_prefill_buffers() {
   Impl& s = *impl_;
   const size_t D = static_cast<size_t>(s.engine.config.hidden_size);
-  if (s.state.work.rows <= 1 && s.chunk_x0.size() <= D && s.state.work.kda_chunk.empty()) return;
-  s.state.work.release_rows(s.engine.config);
+  const bool released = s.state.work.release_rows(s.engine.config);
+  if (!released && s.chunk_x0.size() <= D) return;
   std::vector<float>(D).swap(s.chunk_x0);
   std::vector<float>(D).swap(s.chunk_hidden);
   s.account();

@@ -90,6 +90,21 @@ void Workspace::per_row_buffers(W& w, const K3Config& c, Visit&& visit) {
   visit(w.moe_ahead, static_cast<size_t>(c.routed_expert_hidden_size), kMoeAheadRows);
 }
 
+// The MoE step's pick lists, with the entries they hold beyond num_experts_per_token per row:
+// `visit(vector, extra)`. W is Workspace or const Workspace.
+template <class W, class Visit>
+void Workspace::pick_buffers(W& w, Visit&& visit) {
+  visit(w.picks, 0);
+  visit(w.pick_ids, 0);
+  visit(w.pick_starts, 1);
+  visit(w.pick_state, 0);
+  visit(w.pick_ahead, 0);
+  visit(w.pick_rows, 0);
+  visit(w.pick_owner, 0);
+  visit(w.cpu_groups, 0);
+  visit(w.cpu_ids, 0);
+}
+
 // Every view into the phase arena, with its elements per row and its phase:
 // `visit(span, per_row, phase)`. W is Workspace or const Workspace.
 template <class W, class Visit>
@@ -187,39 +202,24 @@ void Workspace::reserve(const K3Config& c, size_t n) {
     r.ids.reserve(K);
     r.weights.reserve(K);
   }
-  picks.reserve(n * K);
-  pick_ids.reserve(n * K);
-  pick_starts.reserve(n * K + 1);
-  pick_state.reserve(n * K);
-  pick_ahead.reserve(n * K);
-  pick_rows.reserve(n * K);
-  pick_owner.reserve(n * K);
-  cpu_groups.reserve(n * K);
-  cpu_ids.reserve(n * K);
+  pick_buffers(*this, [&](auto& v, size_t extra) { v.reserve(n * K + extra); });
   ahead_rows = std::max(n, kMoeAheadRows);
   rows = n;
 }
 
-void Workspace::release_rows(const K3Config& c) {
-  if (rows <= 1 && kda_chunk.empty()) return;
+bool Workspace::release_rows(const K3Config& c) {
+  if (rows <= 1 && kda_chunk.empty()) return false;
   const auto drop = [](auto& v) { std::remove_reference_t<decltype(v)>().swap(v); };
   per_row_buffers(*this, c, [&](auto& v, size_t, size_t) { drop(v); });
   phase_views(*this, c, [](auto& view, size_t, int) { view = {}; });
   drop(phase_arena);
   drop(sequence_rows);
   drop(routing);
-  drop(picks);
-  drop(pick_ids);
-  drop(pick_starts);
-  drop(pick_state);
-  drop(pick_ahead);
-  drop(pick_rows);
-  drop(pick_owner);
-  drop(cpu_groups);
-  drop(cpu_ids);
+  pick_buffers(*this, [&](auto& v, size_t) { drop(v); });
   drop(kda_chunk);
   rows = 0;
   reserve(c, 1);
+  return true;
 }
 
 uint64_t ModelState::kda_bytes() const {
@@ -251,15 +251,7 @@ uint64_t Workspace::bytes(const K3Config& config, int64_t positions) const {
   add(moe_by_weight);
   add(predict_count);
   add(predict_order);
-  add(picks);
-  add(pick_ids);
-  add(pick_starts);
-  add(pick_state);
-  add(pick_ahead);
-  add(pick_rows);
-  add(pick_owner);
-  add(cpu_groups);
-  add(cpu_ids);
+  pick_buffers(*this, [&](const auto& v, size_t) { add(v); });
   for (const RoutingResult& r : routing) {
     add(r.ids);
     add(r.weights);

@@ -152,8 +152,9 @@ struct Workspace {
   // Sizes every per-row buffer for `rows` rows of `config` (no-op when already that large).
   void reserve(const K3Config& config, size_t rows);
   // Gives back what a prompt chunk grew: every per-row buffer back to one row (a decode step's),
-  // and the chunk form's KDA scratch. The next chunk grows them again.
-  void release_rows(const K3Config& config);
+  // and the chunk form's KDA scratch. The next chunk grows them again. False when there was
+  // nothing to give back.
+  bool release_rows(const K3Config& config);
   // Bytes of the buffers above, sized for `config` (allocated; mla_scores counted for `positions`
   // of its capacity, the part a pass over those positions touches).
   uint64_t bytes(const K3Config& config, int64_t positions) const;
@@ -163,6 +164,8 @@ struct Workspace {
  private:
   template <class W, class Visit>
   static void per_row_buffers(W& w, const K3Config& config, Visit&& visit);
+  template <class W, class Visit>
+  static void pick_buffers(W& w, Visit&& visit);
   enum Phase { kKdaPhase, kMlaPhase, kFeedForwardPhase, kPhases };
   template <class W, class Visit>
   static void phase_views(W& w, const K3Config& config, Visit&& visit);
