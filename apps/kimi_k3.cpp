@@ -370,6 +370,7 @@ int run(int argc, char** argv) {
   eo.load = opt.load;
   eo.cancel = &g_stop;
   eo.require_tokenizer = !ids_run;
+  eo.keep_tokenizer = !ids_run || opt.text.jsonl;  // ids out: the vocabulary is not needed
   eo.context = opt.runtime.max_tokens;
   eo.context_name = "--ctx / COLI_CTX";
   eo.before_weights = [&](const k3::EngineInfo&, const k3::text::Tokenizer* tokenizer) {

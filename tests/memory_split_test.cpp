@@ -4,6 +4,7 @@
 // for the positions fed; and Engine::memory() splits the resident memory into parts that are
 // present, add up and come back to zero with their sessions.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "model/model.h"
 #include "model/state.h"
 #include "util/sys.h"
+#include "util/uninit_vector.h"
 
 namespace {
 
@@ -251,6 +254,53 @@ TEST(MemorySplit, MlaCacheIsResidentOnlyForThePositionsFed) {
               static_cast<double>(growth) / 1e6);
   EXPECT_LT(growth, reserved / 10);
   EXPECT_EQ(engine.memory().mla_cache, 3 * session.row_floats() * sizeof(float));
+}
+
+// An ids-in, ids-out run (kimi_k3 --ids) needs no vocabulary: with keep_tokenizer false the
+// tokenizer is still read, checked and shown to before_weights, then freed before the weights
+// (2.8 MB for the release's), and the <|end_of_msg|> stop it gives is kept in EngineInfo.
+TEST(MemorySplit, AnIdsRunHoldsNoTokenizerButKeepsItsStop) {
+  k3::EngineOptions kept_options;
+  kept_options.model_dir = kMini;
+  const k3::Engine kept(kept_options);
+  ASSERT_NE(kept.tokenizer(), nullptr);
+  const std::optional<int32_t> end_of_message = kept.tokenizer()->special_id("<|end_of_msg|>");
+  ASSERT_TRUE(end_of_message.has_value());
+  EXPECT_EQ(kept.info().end_of_message_id, *end_of_message);
+
+  k3::EngineOptions ids_options = kept_options;
+  ids_options.keep_tokenizer = false;
+  bool shown = false;
+  ids_options.before_weights = [&](const k3::EngineInfo&, const k3::text::Tokenizer* tokenizer) {
+    shown = tokenizer != nullptr;
+  };
+  const k3::Engine ids_only(ids_options);
+  EXPECT_TRUE(shown);
+  EXPECT_EQ(ids_only.tokenizer(), nullptr);
+  EXPECT_EQ(ids_only.info().end_of_message_id, *end_of_message);
+  const std::vector<int64_t> stops = k3::stop_ids(ids_only);
+  EXPECT_EQ(stops, k3::stop_ids(kept));
+  EXPECT_NE(std::find(stops.begin(), stops.end(), int64_t{*end_of_message}), stops.end());
+}
+
+// A large buffer is mapped in whole 2 MiB pieces, but only the pieces it fills are huge pages: a
+// huge page over the partial last piece would make all of it resident (on the 4-layer slice the
+// dense matrices' last pieces held 41.6 MB beyond their bytes). Written in full, a buffer of
+// 4 MiB + 100 KiB holds its own pages and no more (not the 6 MiB of three huge pages).
+TEST(MemorySplit, LargeBufferTailIsNotAHugePage) {
+  constexpr size_t kPage = 4096, kHuge = size_t{2} << 20;
+  const size_t bytes = k3::kHugeBufferBytes + 100 * 1024;
+  const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
+  auto* p = static_cast<unsigned char*>(k3::allocate_buffer(bytes));
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % kHuge, 0u);
+  for (size_t i = 0; i < bytes; i += kPage) p[i] = 1;
+  p[bytes - 1] = 1;
+  std::vector<unsigned char> resident(mapped / kPage);
+  ASSERT_EQ(::mincore(p, mapped, resident.data()), 0);
+  const size_t pages = static_cast<size_t>(
+      std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+  k3::free_buffer(p, bytes);
+  EXPECT_EQ(pages, (bytes + kPage - 1) / kPage) << "of " << mapped / kPage << " pages mapped";
 }
 
 }  // namespace

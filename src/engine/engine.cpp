@@ -116,7 +116,11 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                   options.context_name);
     }
   }
+  if (m.tokenizer)
+    if (const auto end_of_message = m.tokenizer->special_id("<|end_of_msg|>"))
+      info.end_of_message_id = *end_of_message;
   if (options.before_weights) options.before_weights(info, m.tokenizer.get());
+  if (!options.keep_tokenizer) m.tokenizer.reset();  // its pages go back with the malloc_trim below
   ModelSetup setup;
   setup.isa = chosen_isa(load.isa);
   setup.on_load_progress = options.on_progress;

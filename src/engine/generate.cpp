@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -26,9 +25,7 @@ const char* finish_reason_name(FinishReason reason) {
 
 std::vector<int64_t> stop_ids(const Engine& engine) {
   std::vector<int64_t> ids;
-  if (const text::Tokenizer* tokenizer = engine.tokenizer())
-    if (const auto end_of_message = tokenizer->special_id("<|end_of_msg|>"))
-      ids.push_back(*end_of_message);
+  if (const auto end_of_message = engine.info().end_of_message_id) ids.push_back(*end_of_message);
   for (int64_t id : engine.info().eos_token_ids)
     if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
   return ids;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ struct EngineOptions {
   const std::atomic<bool>* cancel = nullptr;
   // Refuse a snapshot without tiktoken.model before the weights (text prompts, serving).
   bool require_tokenizer = false;
+  // false: the tokenizer is still read and checked (a broken one fails before the weights) and
+  // handed to `before_weights`, then freed before the weights load, so Engine::tokenizer() is
+  // nullptr; EngineInfo::end_of_message_id keeps the stop it gives. An ids-in, ids-out run holds
+  // no vocabulary (2.8 MB for the release's 163,840 tokens, docs/streaming.md §1.11).
+  bool keep_tokenizer = true;
   // Positions the caller's session will hold (0 = not checked): refused before the weights when
   // its state alone would not fit in the memory available now. `context_name` names the setting
   // in that error ("--ctx / K3_MAXT").
@@ -65,6 +71,9 @@ struct EngineInfo {
   int64_t num_experts_per_token = 0;
   int64_t first_k_dense_replace = 0;
   std::vector<int64_t> eos_token_ids;
+  // The tokenizer's <|end_of_msg|> (docs/tokenizer.md §1.3), read before the weights whether or
+  // not the tokenizer is kept; empty without a tokenizer.
+  std::optional<int64_t> end_of_message_id;
   bool has_embedding = false;
   bool has_head = false;        // false: prefill returns no logits
   uint64_t resident_bytes = 0;  // weights held in memory

@@ -5,8 +5,9 @@
 // them: a buffer written once is zeroed once (by the kernel, on the fault) instead of twice, and
 // the untouched tail of a large one (a context's cache past the position reached) is never
 // resident. assign(n, value) and resize(n, value) still fill.
-// Blocks of kHugeBufferBytes and more come straight from mmap, 2 MiB-aligned and advised for
-// transparent huge pages (util/sys.h: advise_huge_pages), and go back to the system when freed.
+// Blocks of kHugeBufferBytes and more come straight from mmap, 2 MiB-aligned, their whole 2 MiB
+// pieces advised for transparent huge pages and the partial last piece kept in 4 KiB pages (so
+// only the bytes used of it are resident), and go back to the system when freed.
 // Thread-safety: as std::vector.
 #pragma once
 
