@@ -12,6 +12,9 @@
 #include <fstream>
 #include <thread>
 
+#include "io/model_files.h"
+#include "model/config.h"
+#include "model/state.h"
 #include "server/api.h"
 #include "synth_lib.h"
 #include "test_util.h"
@@ -225,6 +228,45 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   EXPECT_EQ(next.accepted.reuse, ReuseKind::live);
   EXPECT_EQ(next.done.cached_tokens, static_cast<int64_t>(p1.size()));
   EXPECT_EQ(next.content, run(cold, greedy(p3, 8)).content);
+}
+
+// A prompt's chunks grow its session's scratch to chunk rows of every stage: the service gives
+// them back once the prompt is in (the decode steps run one row) and when a cancel cuts the
+// prompt, so an idle session holds what a short prompt left, not a chunk's worth.
+TEST(Service, IdleSessionsHoldNoPromptScratch) {
+  EngineService service(small_chunks(options(0)));
+  wait_ready(service);
+  const k3::Engine& engine = *service.engine();
+  const k3::ModelFiles files(demo_dir());
+  const uint64_t row = k3::Workspace::row_bytes(
+      k3::parse_k3_config(files.config_root(), demo_dir() + "/config.json"));
+  // A short prompt and two decode steps: the session's one row, the decode batch's row and its
+  // logits.
+  run(service, greedy(encode(service, "Hi"), 3));
+  const uint64_t idle = engine.memory().activations;
+  std::string long_text;
+  for (int i = 0; i < 40; ++i) long_text += " and the river kept flowing past the old mill";
+  const auto long_prompt = encode(service, long_text);
+  ASSERT_GT(long_prompt.size(), 64u);
+  const Outcome whole = run(service, greedy(long_prompt, 3));
+  EXPECT_EQ(whole.done.completion_tokens, 3);
+  EXPECT_LT(engine.memory().activations, idle + 2 * row) << "after a whole prompt";
+
+  auto handle = service.submit(greedy(concat(long_prompt, long_prompt), 3));
+  ASSERT_TRUE(handle.ok());
+  ServiceEvent e;
+  bool saw_progress = false;
+  for (int i = 0; i < 600 && !saw_progress; ++i)
+    if ((*handle)->next(e, std::chrono::milliseconds(100)) &&
+        e.kind == ServiceEvent::Kind::progress)
+      saw_progress = true;
+  ASSERT_TRUE(saw_progress);
+  service.cancel(*handle);
+  EXPECT_EQ(collect(*handle).done.finish, k3::FinishReason::cancelled);
+  // The slot is released just after its last event: wait for the service to be idle.
+  for (int i = 0; i < 200 && service.stats().active > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_LT(engine.memory().activations, idle + 2 * row) << "after a cancelled prompt";
 }
 
 // ServiceRequest::keep (coli chat: the start and the end of the last user message): the kept
