@@ -224,6 +224,9 @@ int run_kernels(const KernelsArgs& a) {
   const k3::Isa isa = apply_common_options(a);
   const k3::KernelTable& k = k3::kernel_table(isa);
   print_machine(isa);
+  if (isa == k3::Isa::kAvx512)
+    std::printf("row prefetch:   %s (MXFP4 integer path, one row; kernels/isa.h)\n",
+                k3::row_prefetch_name(k3::row_prefetch_for_this_cpu()));
   const int threads = omp_get_max_threads();
   const CacheFact llc = last_level_cache();
   const uint64_t llc_bytes = llc.bytes ? llc.bytes : (uint64_t{32} << 20);

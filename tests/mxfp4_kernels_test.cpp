@@ -184,14 +184,19 @@ void expect_idot_identical(const Matrix& m, const std::vector<int8_t>& q,
   std::vector<float> want(n * ldy, sentinel());
   scalar().matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
                              want.data(), ldy, row_begin, row_end);
-  for (k3::Isa isa : k3::testing::twin_isas()) {
-    SCOPED_TRACE(isa_label(isa));
-    std::vector<float> got(n * ldy, sentinel());
-    k3::kernel_table(isa).matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(),
-                                            d.data(), n, got.data(), ldy, row_begin, row_end);
-    // Bit-identical everywhere, including the untouched sentinels outside [row_begin, row_end).
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
-  }
+  for (k3::Isa isa : k3::testing::twin_isas())
+    // Both ways of prefetching the next rows (kernels/isa.h: RowPrefetch), whichever this CPU
+    // would choose.
+    for (k3::RowPrefetch prefetch : {k3::RowPrefetch::kL2Half, k3::RowPrefetch::kL1Whole}) {
+      SCOPED_TRACE(std::string(isa_label(isa)) + ", row prefetch " +
+                   k3::row_prefetch_name(prefetch));
+      std::vector<float> got(n * ldy, sentinel());
+      k3::kernel_table(isa, prefetch)
+          .matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
+                             got.data(), ldy, row_begin, row_end);
+      // Bit-identical everywhere, including the untouched sentinels outside [row_begin, row_end).
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
   // The sentinel survives outside the range and nowhere inside it.
   for (size_t t = 0; t < n; ++t)
     for (size_t o = 0; o < ldy; ++o) {

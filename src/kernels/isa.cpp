@@ -22,6 +22,11 @@ namespace {
 const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar, scalar);
 const KernelTable kAvx2 = K3_TABLE(Isa::kAvx2, avx2, avx2);
 const KernelTable kAvx512 = K3_TABLE(Isa::kAvx512, avx512, avx2);
+const KernelTable kAvx512L1 = [] {
+  KernelTable t = K3_TABLE(Isa::kAvx512, avx512, avx2);
+  t.matmul_mxfp4_idot = impl::matmul_mxfp4_idot_avx512_l1;
+  return t;
+}();
 
 #undef K3_TABLE
 
@@ -81,7 +86,21 @@ size_t kda_chunk_scratch_floats(size_t bt, size_t dk) {
   return impl::kda_chunk_scratch(bt, dk);
 }
 
+RowPrefetch row_prefetch_for_this_cpu() {
+  static const RowPrefetch chosen =
+      __builtin_cpu_is("intel") ? RowPrefetch::kL2Half : RowPrefetch::kL1Whole;
+  return chosen;
+}
+
+const char* row_prefetch_name(RowPrefetch prefetch) {
+  return prefetch == RowPrefetch::kL1Whole ? "L1, whole rows" : "L2, half the rows";
+}
+
 const KernelTable& kernel_table(Isa isa) {
+  return kernel_table(isa, row_prefetch_for_this_cpu());
+}
+
+const KernelTable& kernel_table(Isa isa, RowPrefetch prefetch) {
   if (!isa_supported(isa))
     throw Error(std::string("this CPU cannot run the ") + isa_name(isa) + " kernels");
   switch (isa) {
@@ -90,7 +109,7 @@ const KernelTable& kernel_table(Isa isa) {
     case Isa::kAvx2:
       return kAvx2;
     case Isa::kAvx512:
-      return kAvx512;
+      return prefetch == RowPrefetch::kL1Whole ? kAvx512L1 : kAvx512;
   }
   return kScalar;
 }

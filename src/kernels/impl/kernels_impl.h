@@ -42,6 +42,11 @@ namespace k3::impl {
 K3_DECLARE_KERNELS(scalar)
 K3_DECLARE_KERNELS(avx2)
 K3_DECLARE_KERNELS(avx512)
+// The AVX-512 MXFP4 integer path with the one-row prefetch that Zen wants (kernels/isa.h,
+// RowPrefetch::kL1Whole); matmul_mxfp4_idot_avx512 has the one Intel wants.
+void matmul_mxfp4_idot_avx512_l1(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                                 size_t row_begin, size_t row_end);
 
 #undef K3_DECLARE_KERNELS
 

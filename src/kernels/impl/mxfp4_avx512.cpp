@@ -443,8 +443,17 @@ inline __m512 finish_quad(const __m512i dr[16], const float* d, const __m512* hs
   return a;
 }
 
-template <bool kFull>
+// How block_n1 prefetches the next block of rows (the two x86 families want opposite things;
+// results are the same bytes either way). Two paired-run series, 2 threads from DRAM:
+// - 2-core KVM Xeon (Sapphire Rapids class), probe 29-31 GB/s: both 128-byte lines of every row
+//   into L1 (T0) 18.9 GB/s, into L2 (T1) 20.5-21.6, one line per row into L2 (the even rows'
+//   pieces; the L2 streamer fetches the rest) 22.3-22.9;
+// - 2-core KVM EPYC (Zen 5 class), probe 69.5 GB/s: one line per row into L2 26.5-28.4 GB/s,
+//   both lines into L2 35.2-36.2, both into L1 39.4-41.2.
+// kL1Whole: both lines of every row into L1 (what Zen wants); otherwise one line per row into L2.
+template <bool kFull, bool kL1Whole>
 void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
+  constexpr _mm_hint kHint = kL1Whole ? _MM_HINT_T0 : _MM_HINT_T1;
   const __m512i table = _mm512_broadcast_i32x4(
       _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -475,20 +484,19 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
       const uint8_t* p = b.p + off;
 #pragma GCC unroll 16
       for (size_t i = 0; i < kRows; ++i) {
-        if (linear) {
+        if (linear && !kL1Whole) {
           // One prefetch per row: row i takes line i & 1 of the 128-byte piece of row i & ~1 in
           // the next block, so a step prefetches the even rows' pieces (half of what it reads)
-          // and the L2 streamer fetches the rest. Two per row (all of it) left the loads
-          // waiting longer: 2-core Xeon, 2 threads from DRAM, alternated runs, 20.5-21.6 ->
-          // 22.3-22.9 GB/s (a quarter: 19.2-19.6; the first half: 21.0-21.2; two per even row:
-          // 21.6-22.2; docs/streaming.md §1.7).
+          // and the L2 streamer fetches the rest. On the Xeon two per row (all of it) left the
+          // loads waiting longer (a quarter: 19.2-19.6 GB/s; the first half: 21.0-21.2; two per
+          // even row: 21.6-22.2; docs/streaming.md §1.7).
           _mm_prefetch(reinterpret_cast<const char*>(prefetch_at(b, off, 128, i & ~size_t{1}) +
                                                      64 * (i & 1)),
                        _MM_HINT_T1);
         } else {
           const uintptr_t pf = prefetch_at(b, off, 128, i);
-          _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(pf + 64), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(pf), kHint);
+          _mm_prefetch(reinterpret_cast<const char*>(pf + 64), kHint);
         }
         const __mmask16 m = kFull || i < b.nr ? 0xFFFF : 0;
         dr[i] = dot(_mm512_maskz_loadu_epi32(m, p + i * b.row_bytes), x0);
@@ -506,7 +514,7 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
       const uint8_t* p = b.p + off;
 #pragma GCC unroll 16
       for (size_t i = 0; i < kRows; ++i) {
-        _mm_prefetch(reinterpret_cast<const char*>(prefetch_at(b, off, 64, i)), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch_at(b, off, 64, i)), kHint);
         dr[i] = dot(_mm512_maskz_loadu_epi32(kFull || i < b.nr ? mask : 0, p + i * b.row_bytes),
                     qx[g0 / 4]);
       }
@@ -572,9 +580,10 @@ void quantize_q8_32_avx512(const float* x, size_t cols, int8_t* q, float* d) {
   }
 }
 
-void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size_t cols,
-                              const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
-                              size_t row_begin, size_t row_end) {
+template <bool kL1Whole>
+void idot_avx512_rows(const uint8_t* packed, const uint8_t* scales, size_t cols, const int8_t* Q8,
+                      const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
+                      size_t row_end) {
   if (row_begin >= row_end || n == 0) return;
   const size_t groups = cols / kMxfp4Group, row_bytes = cols / 2;
   if (groups == 0) {
@@ -610,9 +619,9 @@ void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size
                       gc};
         if (tn == 1) {
           if (nr == kRows)
-            block_n1<true>(b, q1, x.d, acc);
+            block_n1<true, kL1Whole>(b, q1, x.d, acc);
           else
-            block_n1<false>(b, q1, x.d, acc);
+            block_n1<false, kL1Whole>(b, q1, x.d, acc);
         } else if (tn <= static_cast<size_t>(kSubT))
           kBlockDirect[tn - 1](b, x, acc);
         else
@@ -622,6 +631,18 @@ void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size
       }
     }
   }
+}
+
+void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                              const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                              size_t row_begin, size_t row_end) {
+  idot_avx512_rows<false>(packed, scales, cols, Q8, D, n, Y, ldy, row_begin, row_end);
+}
+
+void matmul_mxfp4_idot_avx512_l1(const uint8_t* packed, const uint8_t* scales, size_t cols,
+                                 const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
+                                 size_t row_begin, size_t row_end) {
+  idot_avx512_rows<true>(packed, scales, cols, Q8, D, n, Y, ldy, row_begin, row_end);
 }
 
 }  // namespace k3::impl

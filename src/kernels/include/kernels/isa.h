@@ -122,7 +122,19 @@ struct KernelTable {
 // Floats of kda_head_chunk's scratch for sub-chunks of `bt` rows and heads of `dk` channels.
 size_t kda_chunk_scratch_floats(size_t bt, size_t dk);
 
-// The table of `isa`. REQUIRES isa_supported(isa) (throws k3::Error otherwise).
+// How the AVX-512 MXFP4 integer kernel prefetches the next block of weight rows with one
+// activation row (decode): Intel's cores stream fastest when it asks for one line per row into L2
+// and lets the L2 streamer fetch the rest, Zen's when it asks for every line into L1; each is
+// 1.2-1.5x slower with the other's (docs/streaming.md §1.7). The results are the same bytes.
+enum class RowPrefetch { kL2Half, kL1Whole };
+// kL2Half on Intel CPUs, kL1Whole on every other (AMD's Zen).
+RowPrefetch row_prefetch_for_this_cpu();
+const char* row_prefetch_name(RowPrefetch prefetch);
+
+// The table of `isa`, with this CPU's row prefetch. REQUIRES isa_supported(isa) (throws k3::Error
+// otherwise).
 const KernelTable& kernel_table(Isa isa);
+// The same with a chosen row prefetch (tests run both; k3_bench compares them).
+const KernelTable& kernel_table(Isa isa, RowPrefetch prefetch);
 
 }  // namespace k3
