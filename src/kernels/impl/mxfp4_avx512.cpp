@@ -580,6 +580,8 @@ void quantize_q8_32_avx512(const float* x, size_t cols, int8_t* q, float* d) {
   }
 }
 
+namespace {
+
 template <bool kL1Whole>
 void idot_avx512_rows(const uint8_t* packed, const uint8_t* scales, size_t cols, const int8_t* Q8,
                       const float* D, size_t n, float* Y, size_t ldy, size_t row_begin,
@@ -632,6 +634,8 @@ void idot_avx512_rows(const uint8_t* packed, const uint8_t* scales, size_t cols,
     }
   }
 }
+
+}  // namespace
 
 void matmul_mxfp4_idot_avx512(const uint8_t* packed, const uint8_t* scales, size_t cols,
                               const int8_t* Q8, const float* D, size_t n, float* Y, size_t ldy,
