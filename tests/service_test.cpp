@@ -116,6 +116,22 @@ Outcome run(EngineService& service, ServiceRequest request) {
   return collect(*handle);
 }
 
+// Text whose prompt takes dozens of prefill chunks of 8: there is time to cancel it midway.
+std::string many_chunks_of_text() {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += " and the river kept flowing past the old mill";
+  return text;
+}
+
+// Waits up to 60 s for a submitted request's first progress event: its prefill is under way.
+bool prefill_started(const auto& handle) {
+  ServiceEvent e;
+  for (int i = 0; i < 600; ++i)
+    if (handle->next(e, std::chrono::milliseconds(100)) && e.kind == ServiceEvent::Kind::progress)
+      return true;
+  return false;
+}
+
 std::vector<int64_t> concat(std::vector<int64_t> a, const std::vector<int64_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -198,18 +214,11 @@ TEST(Service, CancelledPrefillRollsBackToWhereItStarted) {
   wait_ready(cold);
   const auto p1 = encode(warm, "Once upon a time in a small village");
   run(warm, greedy(p1, 1));  // record == p1
-  std::string long_text;
-  for (int i = 0; i < 40; ++i) long_text += " and the river kept flowing past the old mill";
+  const std::string long_text = many_chunks_of_text();
   const auto p2 = concat(p1, encode(warm, long_text));
   auto handle = warm.submit(greedy(p2, 4));
   ASSERT_TRUE(handle.ok());
-  ServiceEvent e;
-  bool saw_progress = false;
-  for (int i = 0; i < 600 && !saw_progress; ++i)
-    if ((*handle)->next(e, std::chrono::milliseconds(100)) &&
-        e.kind == ServiceEvent::Kind::progress)
-      saw_progress = true;
-  ASSERT_TRUE(saw_progress);
+  ASSERT_TRUE(prefill_started(*handle));
   warm.cancel(*handle);
   const Outcome cancelled = collect(*handle);
   EXPECT_EQ(cancelled.done.finish, k3::FinishReason::cancelled);
@@ -244,8 +253,7 @@ TEST(Service, IdleSessionsHoldNoPromptScratch) {
   // logits.
   run(service, greedy(encode(service, "Hi"), 3));
   const uint64_t idle = engine.memory().activations;
-  std::string long_text;
-  for (int i = 0; i < 40; ++i) long_text += " and the river kept flowing past the old mill";
+  const std::string long_text = many_chunks_of_text();
   const auto long_prompt = encode(service, long_text);
   ASSERT_GT(long_prompt.size(), 64u);
   const Outcome whole = run(service, greedy(long_prompt, 3));
@@ -254,13 +262,7 @@ TEST(Service, IdleSessionsHoldNoPromptScratch) {
 
   auto handle = service.submit(greedy(concat(long_prompt, long_prompt), 3));
   ASSERT_TRUE(handle.ok());
-  ServiceEvent e;
-  bool saw_progress = false;
-  for (int i = 0; i < 600 && !saw_progress; ++i)
-    if ((*handle)->next(e, std::chrono::milliseconds(100)) &&
-        e.kind == ServiceEvent::Kind::progress)
-      saw_progress = true;
-  ASSERT_TRUE(saw_progress);
+  ASSERT_TRUE(prefill_started(*handle));
   service.cancel(*handle);
   EXPECT_EQ(collect(*handle).done.finish, k3::FinishReason::cancelled);
   // The slot is released just after its last event: wait for the service to be idle.
@@ -296,17 +298,10 @@ TEST(Service, KeptCheckpointsServeARegenerateAndACancelledPrefill) {
   EXPECT_EQ(again.content, run(cold, greedy(p1, 10)).content);
 
   run(warm, kept(p1, 1));  // one token, not fed back: the record is p1
-  std::string long_text;
-  for (int i = 0; i < 40; ++i) long_text += " and the river kept flowing past the old mill";
+  const std::string long_text = many_chunks_of_text();
   auto handle = warm.submit(kept(concat(p1, encode(warm, long_text)), 4));
   ASSERT_TRUE(handle.ok());
-  ServiceEvent e;
-  bool saw_progress = false;
-  for (int i = 0; i < 600 && !saw_progress; ++i)
-    if ((*handle)->next(e, std::chrono::milliseconds(100)) &&
-        e.kind == ServiceEvent::Kind::progress)
-      saw_progress = true;
-  ASSERT_TRUE(saw_progress);
+  ASSERT_TRUE(prefill_started(*handle));
   warm.cancel(*handle);
   EXPECT_EQ(collect(*handle).done.finish, k3::FinishReason::cancelled);
   EXPECT_EQ(warm.stats().fed_tokens, end_of_user) << "not rolled back to the kept checkpoint";
