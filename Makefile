@@ -85,7 +85,13 @@ asan: setup-test $(NODE_TEST_DEPS)
 	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test text_review_test \
 	  service_test serve_api_test serve_framing_test chunked_prefill_test read_queue_test expert_cache_test repack_test vk_block_test vk_mxfp4_test vk_tier_test coli kimi_k3 k3_options_md k3_synth k3_repack
 	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) \
-	  -R '^(Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|HttpFraming|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache|Repack|Container|VkBlock|VkMxfp4|VkDense|VkTier)' -E '^Chat.Tmux'
+	  -R '^(Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|HttpFraming|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache|Repack|Container)' -E '^Chat.Tmux'
+	@# On AMD Zen, lavapipe (Mesa's u_cpu_detect.c, get_cpu_topology) reallocs a 128-byte L3 mask
+	@# once and never frees it; the driver is unloaded before the leak check, so LeakSanitizer
+	@# cannot name it to suppress it. There the Vulkan tests run without the leak check (ASan and
+	@# UBSan still on); elsewhere with it.
+	@cd $(BUILD)-asan && if grep -q AuthenticAMD /proc/cpuinfo; then export LSAN_OPTIONS=detect_leaks=0; fi; \
+	  ctest --output-on-failure -j $(JOBS) -R '^(VkBlock|VkMxfp4|VkDense|VkTier)'
 
 # Benchmarks (timings, never assertions on them): kernel GB/s vs a DRAM probe, then decode tok/s
 # on a slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice; with the released
