@@ -45,8 +45,8 @@ void* allocate_buffer(size_t bytes) {
   // all 2 MiB of it resident however little of it the buffer uses (on the 4-layer slice, the dense
   // matrices' last pieces held 41.6 MB that no byte of a weight was in, docs/streaming.md §1.11);
   // the tail is refused huge pages explicitly, so THP "always" does not bring them back.
+  advise_huge_pages(reinterpret_cast<void*>(begin), bytes);
   const size_t whole = bytes / kHugePage * kHugePage;
-  if (whole > 0) ::madvise(reinterpret_cast<void*>(begin), whole, MADV_HUGEPAGE);
   if (length > whole)
     ::madvise(reinterpret_cast<void*>(begin + whole), length - whole, MADV_NOHUGEPAGE);
   return reinterpret_cast<void*>(begin);
