@@ -1,6 +1,11 @@
 # Two commands for a fresh Debian 12 machine: `make run` and `make test`.
-# No "Entering directory" lines from the build inside (cmake --build runs make again).
+# No "Entering directory" lines from a build inside (a build folder configured for make).
 MAKEFLAGS += --no-print-directory
+# A new build folder is configured for Ninja (scripts/setup.sh installs it): unlike CMake's
+# Makefiles, it compiles a target's files while the libraries it links are still being built, so
+# both cores stay busy down the module chain (docs/testing.md §6). A folder configured before keeps
+# the generator it has.
+generator = $(if $(wildcard $(1)/CMakeCache.txt),,-G Ninja)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
@@ -19,14 +24,14 @@ setup-test:
 # Everything: programs, tests and benchmarks.
 FULL_FLAGS := -DK3_BUILD_TESTS=ON -DK3_BUILD_BENCH=ON
 build: setup-test
-	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(FULL_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) $(call generator,$(BUILD)) $(CMAKE_FLAGS) $(FULL_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # kimi_k3, coli, k3_synth, k3_repack, k3_bench into $(PREFIX)/bin and the built-in model into
 # $(PREFIX)/share/kimi_k3/k3-mini (coli's default model once the source tree is gone).
 PREFIX ?= /usr/local
 install: setup
-	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(RUN_FLAGS) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake -S . -B $(BUILD) $(call generator,$(BUILD)) $(CMAKE_FLAGS) $(RUN_FLAGS) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) --target kimi_k3 coli k3_synth k3_repack $(if $(filter ON,$(BENCH_IN_CACHE)),k3_bench)
 	@cmake --install $(BUILD) >/dev/null
 	@echo "installed kimi_k3, coli, k3_synth, k3_repack, k3_bench in $(PREFIX)/bin; the built-in model in $(PREFIX)/share/kimi_k3/k3-mini"
@@ -42,13 +47,14 @@ $(DEMO)/config.json: | build
 # synthetic chats); it stops by itself at <|end_of_msg|> (--ngen is only a cap).
 # `make run` builds kimi_k3 alone. A fresh build folder is configured without the tests and
 # benchmarks (their packages are not installed by `make run`); one that `make build` / `make test`
-# configured keeps them. The build's own lines, less cmake's "Built target" list (all that an
-# up-to-date build prints); compile progress and errors still show, and the exit status is kept.
+# configured keeps them. The build's own lines, less make's "Built target" list or Ninja's "no work
+# to do" (all that an up-to-date build prints); compile progress and errors still show, and the
+# exit status is kept.
 BENCH_IN_CACHE = $(shell sed -n 's/^K3_BUILD_BENCH:BOOL=//p' $(BUILD)/CMakeCache.txt 2>/dev/null)
 RUN_FLAGS = $(if $(wildcard $(BUILD)/CMakeCache.txt),,-DK3_BUILD_TESTS=OFF -DK3_BUILD_BENCH=OFF)
 quiet-build: setup
-	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) $(RUN_FLAGS) >/dev/null
-	@{ cmake --build $(BUILD) -j $(JOBS) --target kimi_k3 2>&1; echo $$? > $(BUILD)/.build-rc; } | grep -v '\] Built target'; exit $$(cat $(BUILD)/.build-rc)
+	@cmake -S . -B $(BUILD) $(call generator,$(BUILD)) $(CMAKE_FLAGS) $(RUN_FLAGS) >/dev/null
+	@{ cmake --build $(BUILD) -j $(JOBS) --target kimi_k3 2>&1; echo $$? > $(BUILD)/.build-rc; } | grep -v -e '\] Built target' -e '^ninja: no work to do'; exit $$(cat $(BUILD)/.build-rc)
 
 run: quiet-build
 	@test -f $(MINI)/config.json || { echo "make run: $(MINI)/config.json is missing (the trained tiny K3 ships in the source tree)"; exit 1; }
@@ -80,7 +86,7 @@ test: build $(NODE_TEST_DEPS)
 # (the npm differential fuzz drives the sanitized coli too), and the Vulkan tier's host side on
 # lavapipe.
 asan: setup-test $(NODE_TEST_DEPS)
-	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
+	@cmake -S . -B $(BUILD)-asan $(call generator,$(BUILD)-asan) -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test \
 	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test text_review_test \
 	  service_test serve_api_test serve_framing_test chunked_prefill_test read_queue_test expert_cache_test repack_test vk_block_test vk_mxfp4_test vk_tier_test coli kimi_k3 k3_options_md k3_synth k3_repack

@@ -15,7 +15,7 @@
 #                             otherwise get runs matmuls ~4x slower) and jemalloc (training
 #                             re-faults GBs of freed pages per step with glibc's allocator)
 set -euo pipefail
-packages=(g++ cmake make pkg-config liburing-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+packages=(g++ cmake make ninja-build pkg-config liburing-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
           libreadline-dev glslc libvulkan-dev openmpi-bin libopenmpi-dev)
 test_packages=(libgtest-dev libgmock-dev libbenchmark-dev python3-numpy clang-format chromium tmux
                mesa-vulkan-drivers vulkan-tools vulkan-validationlayers libpcre2-dev nginx)
