@@ -71,9 +71,7 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
       for (auto& b : packed) b = static_cast<uint8_t>(rng());
       for (auto& b : scales) b = static_cast<uint8_t>(120 + rng() % 10);
       const k3::Mxfp4Matrix M{packed.data(), scales.data(), rows, cols};
-      const bool claimed = fmt < 4    ? k3::row_stable(kt, W)
-                           : fmt == 4 ? k3::mxfp4_exact_row_stable(kt)
-                                      : true;
+      const bool claimed = fmt < 4 ? k3::row_stable(kt, W) : true;
       for (size_t n : counts) {
         const std::vector<float> X = randn(n * cols, static_cast<uint32_t>(11 + n));
         std::vector<int8_t> q(n * cols);
@@ -85,7 +83,7 @@ TEST(ChunkKernels, BatchedRowsEqualOneRowCallsWhereClaimed) {
           if (fmt < 4)
             k3::matmul_chunk(compute, W, x, m, y);
           else if (fmt == 4)
-            k3::matmul_mxfp4_exact_chunk(compute, M, x, m, y);
+            k3::matmul_mxfp4_exact(kt, M, x, m, y);
           else
             k3::matmul_mxfp4_idot(kt, M, q.data() + t0 * cols, d.data() + t0 * cols / 32, m, y);
         };

@@ -368,16 +368,16 @@ TEST(Mxfp4IsaExact, LargeBatch) {
 
 TEST(Mxfp4IsaExact, WideRowsInSeveralActivationBlocks) {
   // 1025 groups (odd: a last group without a pair) of 32,800 columns: the AVX2 path permutes the
-  // activation rows in blocks of 8 at this width, so 19 rows take three blocks. Every ISA stays
-  // close to the reference, and where the path is row-stable (all but AVX-512:
-  // mxfp4_exact_row_stable in src/model/compute.cpp) each row's result is the bits it gets alone.
+  // activation rows in blocks of 8 at this width, so 19 rows take three blocks; AVX-512 decodes
+  // into a buffer for more than 4 rows and in registers for fewer. Every ISA stays close to the
+  // reference, and each row's result is the bits it gets alone (src/model/latent_moe.cpp calls
+  // the kernel once for a chunk's rows).
   std::mt19937 rng(307);
   const size_t rows = 3, cols = 32 * 1025, n = 19;
   const Matrix m = random_matrix(rows, cols, rng, false);
   const std::vector<float> x = random_acts(n, cols, rng, false);
   RecordProperty("worst_error_over_sum_abs", sci(expect_exact_close(m, x, n)));
   for (k3::Isa isa : k3::testing::twin_isas()) {
-    if (isa == k3::Isa::kAvx512) continue;
     SCOPED_TRACE(isa_label(isa));
     const k3::KernelTable& k = k3::kernel_table(isa);
     std::vector<float> all(n * rows), one(rows);
@@ -387,6 +387,34 @@ TEST(Mxfp4IsaExact, WideRowsInSeveralActivationBlocks) {
       k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data() + t * cols, 1,
                            one.data(), rows, 0, rows);
       EXPECT_EQ(std::memcmp(one.data(), all.data() + t * rows, rows * sizeof(float)), 0) << t;
+    }
+  }
+}
+
+TEST(Mxfp4IsaExact, EveryRowGetsItsOneRowBits) {
+  // Row counts on both sides of AVX-512's switch from register tiles (<= 4 rows) to a decoded
+  // buffer (8 rows per register tile, 64 per activation tile), and group counts that leave a last
+  // quad of 1, 2 or 3 groups (AVX-512 sums up to 4 groups of one row side by side).
+  std::mt19937 rng(308);
+  for (size_t rows : {1u, 17u, 33u}) {
+    for (size_t cols : {32u, 64u, 96u, 160u, 544u}) {
+      const Matrix m = random_matrix(rows, cols, rng, false);
+      for (size_t n : {2u, 3u, 4u, 5u, 8u, 9u, 70u}) {
+        const std::vector<float> x = random_acts(n, cols, rng, false);
+        for (k3::Isa isa : k3::testing::twin_isas()) {
+          SCOPED_TRACE(isa_label(isa) + " rows=" + std::to_string(rows) +
+                       " cols=" + std::to_string(cols) + " n=" + std::to_string(n));
+          const k3::KernelTable& k = k3::kernel_table(isa);
+          std::vector<float> all(n * rows), one(rows);
+          k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, all.data(),
+                               rows, 0, rows);
+          for (size_t t = 0; t < n; ++t) {
+            k.matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data() + t * cols, 1,
+                                 one.data(), rows, 0, rows);
+            EXPECT_EQ(std::memcmp(one.data(), all.data() + t * rows, rows * sizeof(float)), 0) << t;
+          }
+        }
+      }
     }
   }
 }

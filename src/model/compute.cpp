@@ -57,12 +57,6 @@ bool row_stable(const KernelTable& k, const WeightMatrix& W) {
   return W.format != WeightFormat::kInt4G64 || W.int8_activations || k.isa == Isa::kScalar;
 }
 
-bool mxfp4_exact_row_stable(const KernelTable& k) {
-  // AVX-512 switches from in-register decode (<= 4 rows) to a decoded buffer (more rows), which
-  // sums in another order; scalar and AVX2 (one weight row x up to 8 activation rows) do not.
-  return k.isa != Isa::kAvx512;
-}
-
 void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
                   float* Y) {
   if (compute.dense && compute.dense->dense_matmul(W, X, n, Y)) return;
@@ -78,16 +72,6 @@ void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X,
 void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X,
                  size_t n) {
   for (size_t j = 0; j < count; ++j) matmul_chunk(compute, *jobs[j].W, X, n, jobs[j].Y);
-}
-
-void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X,
-                              size_t n, float* Y) {
-  const KernelTable& kt = *compute.kernels;
-  if (mxfp4_exact_row_stable(kt)) {
-    matmul_mxfp4_exact(kt, W, X, n, Y);
-    return;
-  }
-  for (size_t t = 0; t < n; ++t) matmul_mxfp4_exact(kt, W, X + t * W.cols, 1, Y + t * W.rows);
 }
 
 }  // namespace k3

@@ -33,10 +33,11 @@ void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e
     }
     matmul_mxfp4_idot(kt, down_w, hq8, hd, m, down);
   } else {
-    matmul_mxfp4_exact_chunk(compute, gate_w, z, m, gate);
-    matmul_mxfp4_exact_chunk(compute, up_w, z, m, up);
+    // Row-stable on every ISA (tests/mxfp4_kernels_test.cpp), so m rows take one call.
+    matmul_mxfp4_exact(kt, gate_w, z, m, gate);
+    matmul_mxfp4_exact(kt, up_w, z, m, up);
     for (size_t i = 0; i < m * I; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
-    matmul_mxfp4_exact_chunk(compute, down_w, gate, m, down);
+    matmul_mxfp4_exact(kt, down_w, gate, m, down);
   }
 }
 

@@ -208,10 +208,15 @@ inline void decode_group_f32(const __m512i r[16], size_t gl, __m512* w) {
 }
 
 // Few activation rows (S <= kExactDirect): the whole row block with the accumulators in
-// registers; each column of weights is decoded once and used for the S rows. X: row 0 of the
-// tile, stride cols.
+// registers; each column of weights is decoded once and used for the S rows. Per (activation row,
+// group) the 32 products go into two FMA chains (even and odd columns), added at the end, as in
+// exact_unit: a row's result does not depend on how many rows share the call. kG groups of a quad
+// are summed side by side so that 2 * S * kG chains hide the FMA latency: with the two chains of
+// one group at a time the one-row kernel waited on it (0.30 core cycles per weight byte, 25 GB/s
+// over the 2 Zen 5 cores from DRAM; bench/kernels_bench.cpp).
 template <int S>
 void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
+  constexpr size_t kG = S == 1 ? 4 : S == 2 ? 2 : 1;  // divides 4: a step never leaves its quad
   const __m512 table = _mm512_loadu_ps(kE2M1);
   __m512 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
@@ -223,22 +228,38 @@ void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
     for (size_t q = 0; q * 4 < ug; ++q) {
       const size_t gq = std::min<size_t>(4, ug - q * 4);
       load_quad(b, u0 + q * 4, gq, r);
-      for (size_t gl = 0; gl < gq; ++gl) {
-        const float* xg = X + (u0 + q * 4 + gl) * kMxfp4Group;
-        __m512 ga[S][2];
-        for (int s = 0; s < S; ++s) ga[s][0] = ga[s][1] = _mm512_setzero_ps();
+      for (size_t g0 = 0; g0 < gq; g0 += kG) {
+        // Groups past gq (a last quad of fewer than 4) have zero weights and are not added; their
+        // activations are read from the quad's last group so that nothing past X is touched.
+        const float* xg[kG];
+        for (size_t k = 0; k < kG; ++k)
+          xg[k] = X + (u0 + q * 4 + std::min(g0 + k, gq - 1)) * kMxfp4Group;
+        __m512 ga[S][kG][2];
+        for (int s = 0; s < S; ++s)
+          for (size_t k = 0; k < kG; ++k) ga[s][k][0] = ga[s][k][1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
         for (size_t j = 0; j < 4; ++j) {
-          __m512i x = r[4 * gl + j];
-          for (size_t p = 0; p < 8; ++p) {
-            const __m512 w = _mm512_permutexvar_ps(x, table);
-            x = _mm512_srli_epi32(x, 4);
-            for (int s = 0; s < S; ++s)
-              ga[s][p & 1] =
-                  _mm512_fmadd_ps(w, _mm512_set1_ps(xg[s * cols + 8 * j + p]), ga[s][p & 1]);
+          __m512i x[kG];
+          for (size_t k = 0; k < kG; ++k) x[k] = r[4 * (g0 + k) + j];
+#pragma GCC unroll 4
+          for (size_t p = 0; p < 8; p += 2) {  // nibbles p, p + 1 of dword j = columns 8j + p, + 1
+#pragma GCC unroll 4
+            for (size_t k = 0; k < kG; ++k) {
+              const __m512 w0 = _mm512_permutexvar_ps(x[k], table);
+              const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(x[k], 4), table);
+              x[k] = _mm512_srli_epi32(x[k], 8);
+              for (int s = 0; s < S; ++s) {
+                const float* xc = xg[k] + s * cols + 8 * j + p;
+                ga[s][k][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xc[0]), ga[s][k][0]);
+                ga[s][k][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xc[1]), ga[s][k][1]);
+              }
+            }
           }
         }
-        for (int s = 0; s < S; ++s)
-          a[s] = _mm512_fmadd_ps(_mm512_add_ps(ga[s][0], ga[s][1]), hs[q * 4 + gl], a[s]);
+        for (size_t k = 0; k < kG && g0 + k < gq; ++k)
+          for (int s = 0; s < S; ++s)
+            a[s] =
+                _mm512_fmadd_ps(_mm512_add_ps(ga[s][k][0], ga[s][k][1]), hs[q * 4 + g0 + k], a[s]);
       }
     }
   }
@@ -246,21 +267,28 @@ void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
 }
 
 // acc[s] += groups [0, ug) of decoded f32 weights w ([g][32]) with row scales hs against
-// activation rows s < S (X: group 0 of row 0, stride cols).
+// activation rows s < S (X: group 0 of row 0, stride cols); per (row, group) the same two chains
+// as exact_direct.
 template <int S>
 void exact_unit(const __m512* w, const __m512* hs, size_t ug, const float* X, size_t cols,
                 float* acc) {
   __m512 a[S];
   for (int s = 0; s < S; ++s) a[s] = _mm512_load_ps(acc + s * kRows);
   for (size_t g = 0; g < ug; ++g) {
-    __m512 ga[S];
-    for (int s = 0; s < S; ++s) ga[s] = _mm512_setzero_ps();
-    for (size_t c = 0; c < kMxfp4Group; ++c) {
-      const __m512 wc = _mm512_load_ps(reinterpret_cast<const float*>(w + g * kMxfp4Group + c));
-      for (int s = 0; s < S; ++s)
-        ga[s] = _mm512_fmadd_ps(wc, _mm512_set1_ps(X[s * cols + g * kMxfp4Group + c]), ga[s]);
+    __m512 ga[S][2];
+    for (int s = 0; s < S; ++s) ga[s][0] = ga[s][1] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (size_t c = 0; c < kMxfp4Group; c += 2) {
+      const __m512 w0 = _mm512_load_ps(reinterpret_cast<const float*>(w + g * kMxfp4Group + c));
+      const __m512 w1 = _mm512_load_ps(reinterpret_cast<const float*>(w + g * kMxfp4Group + c + 1));
+      for (int s = 0; s < S; ++s) {
+        const float* xc = X + s * cols + g * kMxfp4Group + c;
+        ga[s][0] = _mm512_fmadd_ps(w0, _mm512_set1_ps(xc[0]), ga[s][0]);
+        ga[s][1] = _mm512_fmadd_ps(w1, _mm512_set1_ps(xc[1]), ga[s][1]);
+      }
     }
-    for (int s = 0; s < S; ++s) a[s] = _mm512_fmadd_ps(ga[s], hs[g], a[s]);
+    for (int s = 0; s < S; ++s)
+      a[s] = _mm512_fmadd_ps(_mm512_add_ps(ga[s][0], ga[s][1]), hs[g], a[s]);
   }
   for (int s = 0; s < S; ++s) _mm512_store_ps(acc + s * kRows, a[s]);
 }

@@ -89,9 +89,6 @@ struct Compute {
 //   Y[t] = W X[t] for t < n.  X: [n][W.cols], Y: [n][W.rows].
 void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
                   float* Y);
-//   Y[t] = W X[t] on the exact float MXFP4 path.  X: [n][W.cols], Y: [n][W.rows].
-void matmul_mxfp4_exact_chunk(const Compute& compute, const Mxfp4Matrix& W, const float* X,
-                              size_t n, float* Y);
 //   Y_j = W_j X for several matrices sharing X [n][cols] (jobs[j].Y: [n][W_j.rows]), each
 //   matrix's matmul_chunk. (One row through matmul_batch, one parallel region for all of them,
 //   measured no faster on decode: kept out, so n = 1 is no special path.)
@@ -99,7 +96,5 @@ void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, co
                  size_t n);
 // True when matmul(W, X, n) gives every row the bits of matmul(W, X[t], 1) on this kernel table.
 bool row_stable(const KernelTable& kernels, const WeightMatrix& W);
-// The same for the exact float MXFP4 kernel.
-bool mxfp4_exact_row_stable(const KernelTable& kernels);
 
 }  // namespace k3
