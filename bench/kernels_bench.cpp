@@ -5,7 +5,9 @@
 //       the probe) for the MXFP4 expert (idot and exact; 1/4/16/64 rows), int8 and int4-g64 on
 //       12288x7168 / 7168x12288 (1 and 64 rows; both also on int8 activations, int8_idot and
 //       int4_idot), and ggml's MXFP4 dot product as a peer when the npm package
-//       @node-llama-cpp/linux-x64 is installed under bench/node_modules.
+//       @node-llama-cpp/linux-x64 is installed under bench/node_modules. The one-row MXFP4
+//       kernels also run on one core with one expert in the LLC, and the targets say whether
+//       their instructions or the memory stalls bind them (with the instruction mix).
 #include <omp.h>
 
 #include <algorithm>
@@ -153,6 +155,33 @@ bool selected(const KernelsArgs& a, const std::string& prefix) {
   return false;
 }
 
+// The kernel variant of this run (print_targets).
+k3::Isa g_isa = k3::Isa::kScalar;
+
+// The vector instructions the one-row MXFP4 kernels spend per weight byte (counted from
+// src/kernels/impl/mxfp4_avx512.cpp and mxfp4_avx2.cpp), printed where they bind.
+const char* instruction_mix(k3::Isa isa, bool idot) {
+  switch (isa) {
+    case k3::Isa::kAvx512:
+      return idot ? "per 64 weight bytes of a row: 1 load, 1 prefetch, 2 vpandd + 1 vpsrlw, 2 "
+                    "vpshufb (e2m1 -> u8), 2 vpdpbusd; ~2.8 shuffles/adds and ~1.3 float ops "
+                    "(the 16-row sums and scales), ~0.5 for the scale bytes"
+                  : "per 64 weight bytes (16 rows x 8 columns): 8 vpermps (e2m1 -> f32), 8 "
+                    "vpsrld and 8 vfmadd231ps with a broadcast operand, plus 3 shuffles of the "
+                    "16x16 dword transpose; the three share vector pipes (~1 permute+shift+FMA "
+                    "per cycle measured on Zen 5: 0.125 cycles/byte before the rest)";
+    case k3::Isa::kAvx2:
+      return idot ? "per 128 weight bytes (8 rows x one group): 12 shuffles of the 8x8 dword "
+                    "transpose and 8 vpshufb (20 shuffles), 8 vpand + 4 vpsrld, 8 vpmaddubsw, 6 "
+                    "vpaddw, 2 vpmaddwd, ~8 int/float ops for the sum and scale"
+                  : "per 32 weight bytes of a row (two groups): 16 shuffles build the floats (4 "
+                    "vpshufb, 4 vpunpck*bw, 8 vpunpck*wd; at two per cycle 0.25 cycles/byte), 3 "
+                    "and/shift, 3 for the scales, 9 vmulps/vfmadd231ps per activation row";
+    default:
+      return "scalar code";
+  }
+}
+
 // The targets, checked against the figures of this run (informative, never a failure).
 void print_targets() {
   auto find = [](const std::string& name) -> const Result* {
@@ -183,6 +212,23 @@ void print_targets() {
   check("int8_idot_12288x7168_rows1", true, 0.7, ">= 0.70 x DRAM probe");
   check("int8_idot_7168x12288_rows1", true, 0.7, ">= 0.70 x DRAM probe");
   check("mxfp4_idot_rows1_vs_ggml", false, 2.0, ">= 2.00 x ggml");
+  // What binds the one-row MXFP4 kernels: the same kernel on one core with its expert in the LLC
+  // costs the instructions' cycles per byte; near the DRAM run's, the instructions bind.
+  for (const bool idot : {true, false}) {
+    const std::string path = idot ? "mxfp4_idot" : "mxfp4_exact";
+    const Result* dram = find(path + "_rows1_cycles_per_byte");
+    const Result* cache = find(path + "_rows1_in_cache_cycles_per_byte");
+    if (!dram || !cache) continue;
+    const double share = cache->value / dram->value;
+    const char* verdict = share >= 0.8   ? "its instructions"
+                          : share >= 0.5 ? "its instructions and memory stalls"
+                                         : "memory stalls";
+    std::printf(
+        "%s: %.3f cycles/byte on one core from the LLC = %.0f%% of the DRAM run's %.3f; bound by "
+        "%s\n",
+        path.c_str(), cache->value, 100.0 * share, dram->value, verdict);
+    if (share >= 0.5) std::printf("  the mix, %s\n", instruction_mix(g_isa, idot));
+  }
   for (const Result& r : g_results)
     if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
       check(r.name, false, 3.0, ">= 3.00 x rows1 per row");
@@ -222,6 +268,7 @@ void print_header(const char* title) {
 int run_kernels(const KernelsArgs& a) {
   const double t_start = k3::now_seconds();
   const k3::Isa isa = apply_common_options(a);
+  g_isa = isa;
   const k3::KernelTable& k = k3::kernel_table(isa);
   print_machine(isa);
   if (isa == k3::Isa::kAvx512)
@@ -334,6 +381,23 @@ int run_kernels(const KernelsArgs& a) {
         if (n > 1)
           add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
                      std::min(cpu1, t.cpu_share));
+      }
+      // One row on one core with one expert held in the LLC: the cycles per byte of the
+      // instructions alone, against which print_targets tells instructions from memory stalls.
+      if (1.5 * expert_bytes <= static_cast<double>(llc_bytes)) {
+        omp_set_num_threads(1);
+        auto call1 = [&] {
+          if (idot)
+            expert_idot(k, experts[0], scratch, 1);
+          else
+            expert_exact(k, experts[0], scratch, 1);
+        };
+        const Timing t = measure(a.seconds, 3, call1, call1);
+        print_row(path + "_rows1_in_cache", 1, expert_bytes, t, 0);
+        omp_set_num_threads(threads);
+      } else {
+        std::printf("%s_rows1_in_cache: skipped (one expert, %.2f MB, is over 2/3 of the LLC)\n",
+                    path.c_str(), expert_bytes / 1e6);
       }
     }
 

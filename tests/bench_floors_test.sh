@@ -2,7 +2,8 @@
 # `k3_bench decode` and `k3_bench stream` on the tiny fixture print their physical floors (issue 33
 # item 5): bytes from RAM per token and tok/s / the DRAM floor, the chunked prefill's FLOP/s / the
 # FMA peak, streamed s/token / the drive floor; `k3_bench kernels` (one small MXFP4 expert) prints
-# each kernel's cycles per weight byte beside its cpu share, and the core clock (item 4). Only that the figures are there and numeric:
+# each kernel's cycles per weight byte beside its cpu share, the core clock, and what binds the
+# one-row kernel (item 4). Only that the figures are there and numeric:
 # timings are never assertions. Usage: bench_floors_test.sh <k3_bench> <model_dir>
 set -u
 bench=$1 model=$2
@@ -39,6 +40,15 @@ check "$kernels" \
   "^RESULT mxfp4_idot_rows(1|4|16|64)_cycles_per_byte $num cyc/B" \
   "^RESULT dram_probe_cycles_per_byte $num cyc/B" \
   "^RESULT core_clock $num GHz"
+# What binds the one-row kernel: measured on one core from the LLC where one expert fits there.
+if grep -q "^mxfp4_idot_rows1_in_cache: skipped" <<<"$kernels"; then
+  check "$kernels" "^mxfp4_idot_rows1_in_cache: skipped \(one expert, $num MB, is over 2/3 of the LLC\)"
+else
+  check "$kernels" \
+    "^mxfp4_idot_rows1_in_cache +1 +$num +$num +$num +$num +$num +[0-9]+ +[0-9]+% +$num *$" \
+    "^mxfp4_idot: $num cycles/byte on one core from the LLC = [0-9]+% of the DRAM run's $num; bound by (its instructions|its instructions and memory stalls|memory stalls)$" \
+    "^RESULT mxfp4_idot_rows1_in_cache_cycles_per_byte $num cyc/B"
+fi
 [ $fail -eq 0 ] || {
   echo "--- decode:"; echo "$decode"; echo "--- stream:"; echo "$stream"
   echo "--- kernels:"; echo "$kernels"
