@@ -155,9 +155,6 @@ bool selected(const KernelsArgs& a, const std::string& prefix) {
   return false;
 }
 
-// The kernel variant of this run (print_targets).
-k3::Isa g_isa = k3::Isa::kScalar;
-
 // The vector instructions the one-row MXFP4 kernels spend per weight byte (counted from
 // src/kernels/impl/mxfp4_avx512.cpp and mxfp4_avx2.cpp), printed where they bind.
 const char* instruction_mix(k3::Isa isa, bool idot) {
@@ -182,8 +179,9 @@ const char* instruction_mix(k3::Isa isa, bool idot) {
   }
 }
 
-// The targets, checked against the figures of this run (informative, never a failure).
-void print_targets() {
+// The targets, checked against the figures of this run (informative, never a failure);
+// isa: the kernel variant of the run, for the instruction mix.
+void print_targets(k3::Isa isa) {
   auto find = [](const std::string& name) -> const Result* {
     for (const Result& r : g_results)
       if (r.name == name) return &r;
@@ -227,7 +225,7 @@ void print_targets() {
         "%s: %.3f cycles/byte on one core from the LLC = %.0f%% of the DRAM run's %.3f; bound by "
         "%s\n",
         path.c_str(), cache->value, 100.0 * share, dram->value, verdict);
-    if (share >= 0.5) std::printf("  the mix, %s\n", instruction_mix(g_isa, idot));
+    if (share >= 0.5) std::printf("  the mix, %s\n", instruction_mix(isa, idot));
   }
   for (const Result& r : g_results)
     if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
@@ -268,7 +266,6 @@ void print_header(const char* title) {
 int run_kernels(const KernelsArgs& a) {
   const double t_start = k3::now_seconds();
   const k3::Isa isa = apply_common_options(a);
-  g_isa = isa;
   const k3::KernelTable& k = k3::kernel_table(isa);
   print_machine(isa);
   if (isa == k3::Isa::kAvx512)
@@ -350,18 +347,18 @@ int run_kernels(const KernelsArgs& a) {
       print_header(
           ("MXFP4 expert, " + std::string(idot ? "idot (default path)" : "exact float path"))
               .c_str());
+      auto call = [&](const Expert& e, size_t n) {
+        if (idot)
+          expert_idot(k, e, scratch, n);
+        else
+          expert_exact(k, e, scratch, n);
+      };
       double gbs1 = 0, cpu1 = 1;
       for (const size_t n : row_counts) {
-        auto call = [&](const Expert& e) {
-          if (idot)
-            expert_idot(k, e, scratch, n);
-          else
-            expert_exact(k, e, scratch, n);
-        };
         const Timing t = measure(
-            a.seconds, 3, [&] { call(experts[0]); },
+            a.seconds, 3, [&] { call(experts[0], n); },
             [&] {
-              for (const Expert& e : experts) call(e);
+              for (const Expert& e : experts) call(e, n);
             });
         const double gbs = pass_bytes / t.best / 1e9;
         const std::string name = path + "_rows" + std::to_string(n);
@@ -386,12 +383,7 @@ int run_kernels(const KernelsArgs& a) {
       // instructions alone, against which print_targets tells instructions from memory stalls.
       if (1.5 * expert_bytes <= static_cast<double>(llc_bytes)) {
         omp_set_num_threads(1);
-        auto call1 = [&] {
-          if (idot)
-            expert_idot(k, experts[0], scratch, 1);
-          else
-            expert_exact(k, experts[0], scratch, 1);
-        };
+        auto call1 = [&] { call(experts[0], 1); };
         const Timing t = measure(a.seconds, 3, call1, call1);
         print_row(path + "_rows1_in_cache", 1, expert_bytes, t, 0);
         omp_set_num_threads(threads);
@@ -658,7 +650,7 @@ int run_kernels(const KernelsArgs& a) {
     std::printf("%-32s %8.2f %6.2f %4.0f%%\n", r.name.c_str(), r.value, r.ratio, 100.0 * r.cpu);
   }
 
-  print_targets();
+  print_targets(isa);
   print_results();
   std::printf("kernels: done in %.1f s (peak RSS %.2f GB)\n", k3::now_seconds() - t_start,
               static_cast<double>(k3::peak_rss_bytes()) / 1e9);

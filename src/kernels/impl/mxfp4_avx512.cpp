@@ -211,9 +211,9 @@ inline void decode_group_f32(const __m512i r[16], size_t gl, __m512* w) {
 // registers; each column of weights is decoded once and used for the S rows. Per (activation row,
 // group) the 32 products go into two FMA chains (even and odd columns), added at the end, as in
 // exact_unit: a row's result does not depend on how many rows share the call. kG groups of a quad
-// are summed side by side so that 2 * S * kG chains hide the FMA latency: with the two chains of
-// one group at a time the one-row kernel waited on it (0.30 core cycles per weight byte, 25 GB/s
-// over the 2 Zen 5 cores from DRAM; bench/kernels_bench.cpp).
+// are summed side by side (2 * S * kG FMA chains in flight instead of 2 * S): one row on one Zen 5
+// core from the L3, 4 alternated pairs, 12.9-17.2 -> 15.3-18.1 GB/s. What binds it is the mix of
+// permutes, shifts and FMAs (docs/streaming.md §1.7).
 template <int S>
 void exact_direct(const Block& b, const float* X, size_t cols, float* acc) {
   constexpr size_t kG = S == 1 ? 4 : S == 2 ? 2 : 1;  // divides 4: a step never leaves its quad
