@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# kimi_k3 is linked with apps/kimi_k3_hot.ld (the code a run executes, grouped; written by
+# scripts/hot_text.py), and the sections that script lists still make up at least 90 % of the
+# bytes it recorded. Less means functions it names were renamed or removed: their code is back in
+# `.text`, spread over windows a run maps (docs/streaming.md §1.11), and the script is due.
+# Usage: hot_text_test.sh <kimi_k3> <kimi_k3_hot.ld>
+set -u
+program=$1 script=$2
+want=$(sed -nE 's/^ +[0-9]+ sections, ([0-9]+) bytes\. \*\/$/\1/p' "$script")
+if [ -z "$want" ]; then
+  echo "$script: no 'N sections, B bytes. */' line in its header"; exit 1
+fi
+hex=$(readelf -SW "$program" | awk '$2 == ".text.k3_hot" { print $6 }')
+if [ -z "$hex" ]; then
+  echo "$program has no .text.k3_hot section: it was linked without $script (apps/CMakeLists.txt)"
+  exit 1
+fi
+have=$((16#$hex))
+echo "$program: .text.k3_hot holds $have bytes; $script recorded $want"
+if [ $((have * 10)) -lt $((want * 9)) ]; then
+  echo "under 90 %: functions it lists were renamed or removed; run scripts/hot_text.py --build" \
+       "<a Release build folder> and commit $script"
+  exit 1
+fi
