@@ -85,8 +85,13 @@ test: build $(NODE_TEST_DEPS)
 # Parsers, kernels and the text front end again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (the npm differential fuzz drives the sanitized coli too), and the Vulkan tier's host side on
 # lavapipe.
+# Debug info is line tables only (-g1): the sanitizers' reports keep every frame, inlined ones
+# included, with its file and line, and GCC no longer tracks the location of every variable
+# through -O1 code, which took two thirds of the SIMD kernels' compile (docs/testing.md §6).
+# `make asan ASAN_DEBUG_FLAGS=-g` builds it with full debug info.
+ASAN_DEBUG_FLAGS ?= -g1
 asan: setup-test $(NODE_TEST_DEPS)
-	@cmake -S . -B $(BUILD)-asan $(call generator,$(BUILD)-asan) -DCMAKE_BUILD_TYPE=Debug -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
+	@cmake -S . -B $(BUILD)-asan $(call generator,$(BUILD)-asan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$(ASAN_DEBUG_FLAGS)" -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS) --target safetensors_test kernels_test config_test options_test attention_kernels_test dense_kernels_test mxfp4_kernels_test \
 	  tokenizer_test pretokenizer_test chat_test chat_spec_test output_parser_test text_robustness_test text_review_test \
 	  service_test serve_api_test serve_framing_test chunked_prefill_test read_queue_test expert_cache_test repack_test vk_block_test vk_mxfp4_test vk_tier_test coli kimi_k3 k3_options_md k3_synth k3_repack
