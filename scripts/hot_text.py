@@ -20,8 +20,8 @@ build folder:
   3. the sections reached by any workload are written, grouped by the runs that reach them, to
      the output script, which apps/CMakeLists.txt passes to the linker (`INSERT BEFORE .text`:
      GNU ld keeps its default script). A name that no longer exists matches nothing; a function
-     the list lacks stays in
-     `.text`, where it costs a window again. Run this after changes to what a run calls:
+     the list lacks stays in `.text`, where it costs a window again. Run this after changes to
+     what a run calls:
        scripts/hot_text.py --build build   (then rebuild kimi_k3)
 
 Needs: a Release build folder configured for Ninja (`make build`), a C compiler, Linux with

@@ -25,7 +25,7 @@ fi
 have=$((16#$hex))
 echo "$program: .text.k3_hot holds $have bytes; $script recorded $want"
 if [ $((have * 10)) -lt $((want * 9)) ]; then
-  echo "under 90 %: functions it lists were renamed or removed; run scripts/hot_text.py --build" \
-       "<a Release build folder> and commit $script"
+  echo "under 90 %: functions it lists were renamed, moved or removed; run" \
+       "scripts/hot_text.py --build <a Release build folder> and commit $script"
   exit 1
 fi
