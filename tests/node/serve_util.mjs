@@ -31,9 +31,27 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// Temp folders live until the process exits: then every one goes when the run passed; when it
+// failed, only their demo models (regenerated on every run, ~170 MB each) go and the rest (server
+// logs, written files) stays for a look, its path printed.
+const tempDirs = [];
 export function makeTempDir(prefix) {
-  return fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  tempDirs.push(dir);
+  return dir;
 }
+process.on('exit', (code) => {
+  for (const dir of tempDirs) {
+    try {
+      if (code === 0) {
+        fs.rmSync(dir, { recursive: true, force: true });
+      } else if (fs.existsSync(dir)) {
+        fs.rmSync(path.join(dir, 'model'), { recursive: true, force: true });
+        console.error(`kept ${dir} (this run failed)`);
+      }
+    } catch { /* a folder still in use: leave it */ }
+  }
+});
 
 // Writes the random-weight demo model (real K3 tokenizer) with tools/k3_synth, found next to the
 // coli binary's build tree (<build>/apps/coli → <build>/tools/k3_synth).
