@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -380,12 +381,72 @@ double fma_peak_gflops(k3::Isa isa) {
 // ---------------------------------------------------------------------------------------------
 // Shared options
 
-void add_common_options(CLI::App* cmd, CommonOptions& o, bool with_isa) {
+Option& Option::show_default() {
+  option_->capture_default_str();
+  return *this;
+}
+
+Option& Option::default_text(const std::string& text) {
+  option_->default_str(text);
+  return *this;
+}
+
+template <class T>
+Option& Option::range(T lo, T hi) {
+  option_->check(CLI::Range(lo, hi));
+  return *this;
+}
+
+template Option& Option::range(int, int);
+template Option& Option::range(int64_t, int64_t);
+template Option& Option::range(double, double);
+
+Option& Option::one_of(const std::vector<std::string>& values) {
+  option_->check(CLI::IsMember(values));
+  return *this;
+}
+
+Option& Option::one_of(const std::vector<int64_t>& values) {
+  option_->check(CLI::IsMember(values));
+  return *this;
+}
+
+Option& Option::required() {
+  option_->required();
+  return *this;
+}
+
+Option& Option::list(char delimiter) {
+  option_->delimiter(delimiter);
+  return *this;
+}
+
+Command::Command(CLI::App& parent, const std::string& name, const std::string& description)
+    : app_(parent.add_subcommand(name, description)) {}
+
+template <class T>
+Option Command::option(const std::string& name, T& value, const std::string& help) {
+  return Option(app_->add_option(name, value, help));
+}
+
+template Option Command::option(const std::string&, std::string&, const std::string&);
+template Option Command::option(const std::string&, int&, const std::string&);
+template Option Command::option(const std::string&, int64_t&, const std::string&);
+template Option Command::option(const std::string&, size_t&, const std::string&);
+template Option Command::option(const std::string&, double&, const std::string&);
+template Option Command::option(const std::string&, std::vector<std::string>&, const std::string&);
+template Option Command::option(const std::string&, std::vector<int>&, const std::string&);
+template Option Command::option(const std::string&, std::vector<int64_t>&, const std::string&);
+template Option Command::option(const std::string&, std::vector<size_t>&, const std::string&);
+
+void Command::flag(const std::string& name, bool& value, const std::string& help) {
+  app_->add_flag(name, value, help);
+}
+
+void add_common_options(Command& cmd, CommonOptions& o, bool with_isa) {
   if (with_isa)
-    cmd->add_option("--isa", o.isa, "kernel variant: auto, scalar, avx2, avx512")
-        ->capture_default_str();
-  cmd->add_option("--threads", o.threads, "OpenMP threads (0 = OpenMP default)")
-      ->capture_default_str();
+    cmd.option("--isa", o.isa, "kernel variant: auto, scalar, avx2, avx512").show_default();
+  cmd.option("--threads", o.threads, "OpenMP threads (0 = OpenMP default)").show_default();
 }
 
 k3::Isa apply_common_options(const CommonOptions& o) {

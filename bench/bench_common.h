@@ -3,11 +3,13 @@
 // drive probes and the page cache, child processes, and the checkpoints written once and reused.
 // Each subcommand lives in its own bench/<name>_bench.cpp and registers itself with one
 // `Subcommand register_<name>(CLI::App&)`; bench/k3_bench.cpp holds main() and the table.
+// Only bench_common.cpp and k3_bench.cpp include CLI11: its header alone is ~5 s of -O3 compile
+// in every file that includes it (namespace-scope validator objects, code in each file), so the
+// subcommands declare their options through Command / Option below (docs/testing.md §6).
 #pragma once
 
 #include <omp.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -30,7 +32,46 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------------------------
 // Subcommands
 
-// One subcommand: its CLI11 node (options bound to its arguments) and what runs it once parsed.
+}  // namespace k3bench
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+namespace k3bench {
+
+// One option of a subcommand, for setting what --help shows and what the value may be.
+class Option {
+ public:
+  explicit Option(CLI::Option* option) : option_(option) {}
+  Option& show_default();                         // --help prints the bound value's default
+  Option& default_text(const std::string& text);  // --help prints this as the default
+  template <class T>
+  Option& range(T lo, T hi);  // lo <= value <= hi; T: int, int64_t or double
+  Option& one_of(const std::vector<std::string>& values);
+  Option& one_of(const std::vector<int64_t>& values);
+  Option& required();
+  Option& list(char delimiter);  // a vector option: "a,b,c" holds three values
+
+ private:
+  CLI::Option* option_;
+};
+
+// A subcommand's command line: options bound to its arguments.
+class Command {
+ public:
+  Command(CLI::App& parent, const std::string& name, const std::string& description);
+  // "--name" or a positional "name". T: std::string, int, int64_t, size_t, double, or a
+  // std::vector of one of them (bench_common.cpp instantiates these).
+  template <class T>
+  Option option(const std::string& name, T& value, const std::string& help);
+  void flag(const std::string& name, bool& value, const std::string& help);
+  CLI::App* app() const { return app_; }
+
+ private:
+  CLI::App* app_;
+};
+
+// One subcommand: its command line and what runs it once parsed.
 struct Subcommand {
   CLI::App* app = nullptr;
   std::function<int()> run;
@@ -44,7 +85,7 @@ struct CommonOptions {
 };
 
 // Registers --isa (when `with_isa`) and --threads on `cmd`, bound to `o`.
-void add_common_options(CLI::App* cmd, CommonOptions& o, bool with_isa = true);
+void add_common_options(Command& cmd, CommonOptions& o, bool with_isa = true);
 
 // Sets the OpenMP thread count from --threads and resolves --isa (throws k3::Error when the CPU
 // cannot run it).

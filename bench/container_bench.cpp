@@ -270,21 +270,18 @@ int run_container(const ContainerArgs& a) {
 
 Subcommand register_container(CLI::App& app) {
   auto a = std::make_shared<ContainerArgs>();
-  CLI::App* c = app.add_subcommand(
-      "container",
+  Command c(
+      app, "container",
       "repacked container vs snapshot: cold load time, repack GB/s vs the drive, expert reads");
-  c->add_option("--layers", a->layers, "slice layers")->capture_default_str();
-  c->add_option("--experts", a->experts, "slice routed experts")->capture_default_str();
-  c->add_option("--bits", a->bits, "K3_BITS / k3_repack --bits")
-      ->check(CLI::IsMember({4, 8}))
-      ->capture_default_str();
-  c->add_option("--tokens", a->tokens, "decode tokens per layout")->capture_default_str();
-  c->add_option("--expert-gb", a->expert_gb, "expert cache budget (GB)")->capture_default_str();
-  c->add_option("--probe-gb", a->probe_gb, "bytes dd reads for the drive rate (GB)")
-      ->capture_default_str();
-  c->add_option("--dir", a->dir, "slice directory")->default_str("<build>/bench-slice-container");
+  c.option("--layers", a->layers, "slice layers").show_default();
+  c.option("--experts", a->experts, "slice routed experts").show_default();
+  c.option("--bits", a->bits, "K3_BITS / k3_repack --bits").one_of({4, 8}).show_default();
+  c.option("--tokens", a->tokens, "decode tokens per layout").show_default();
+  c.option("--expert-gb", a->expert_gb, "expert cache budget (GB)").show_default();
+  c.option("--probe-gb", a->probe_gb, "bytes dd reads for the drive rate (GB)").show_default();
+  c.option("--dir", a->dir, "slice directory").default_text("<build>/bench-slice-container");
   add_common_options(c, *a);
-  return {c, [a] {
+  return {c.app(), [a] {
             if (a->layers < 2 || a->experts < 1 || a->tokens < 1)
               throw k3::Error("--layers must be >= 2; --experts, --tokens >= 1");
             return run_container(*a);

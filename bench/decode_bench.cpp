@@ -226,20 +226,19 @@ int run_decode(const DecodeArgs& a) {
 
 Subcommand register_decode(CLI::App& app) {
   auto a = std::make_shared<DecodeArgs>();
-  CLI::App* c = app.add_subcommand("decode", "decode tokens/s with every expert in memory");
-  c->add_option("model_dir", a->model_dir, "an existing checkpoint")
-      ->default_str("the cached slice");
-  c->add_option("--layers", a->layers, "slice layers")->capture_default_str();
-  c->add_option("--experts", a->experts, "slice routed experts")->capture_default_str();
-  c->add_option("--tokens", a->tokens, "tokens to decode")->capture_default_str();
-  c->add_option("--prefill", a->prefill, "prompt tokens before decoding")->capture_default_str();
-  c->add_option("--dir", a->dir, "cache directory of the slice checkpoint")
-      ->default_str("<build>/bench-slice");
-  c->add_option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
-      ->check(CLI::Range(0.01, 64.0))
-      ->capture_default_str();
+  Command c(app, "decode", "decode tokens/s with every expert in memory");
+  c.option("model_dir", a->model_dir, "an existing checkpoint").default_text("the cached slice");
+  c.option("--layers", a->layers, "slice layers").show_default();
+  c.option("--experts", a->experts, "slice routed experts").show_default();
+  c.option("--tokens", a->tokens, "tokens to decode").show_default();
+  c.option("--prefill", a->prefill, "prompt tokens before decoding").show_default();
+  c.option("--dir", a->dir, "cache directory of the slice checkpoint")
+      .default_text("<build>/bench-slice");
+  c.option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
+      .range(0.01, 64.0)
+      .show_default();
   add_common_options(c, *a);
-  return {c, [a] {
+  return {c.app(), [a] {
             if (a->layers < 1 || a->experts < 1 || a->tokens < 1)
               throw k3::Error("--layers, --experts, --tokens must be >= 1");
             return run_decode(*a);

@@ -21,14 +21,14 @@ Subcommand register_ep(CLI::App& app) {
     std::string delay = "0.1ms", rate = "10gbit";
   };
   auto a = std::make_shared<EpArgs>();
-  CLI::App* c = app.add_subcommand(
-      "ep",
+  Command c(
+      app, "ep",
       "--expert-parallel over 1, 2 and 3 ranks in network namespaces with shaped links (root; "
       "bench/ep_netns.sh, docs/scale-out.md §2.7)");
-  c->add_option("--delay", a->delay, "one-way link delay (tc netem, where the kernel has it)")
-      ->capture_default_str();
-  c->add_option("--rate", a->rate, "link rate (tc)")->capture_default_str();
-  return {c, [a] {
+  c.option("--delay", a->delay, "one-way link delay (tc netem, where the kernel has it)")
+      .show_default();
+  c.option("--rate", a->rate, "link rate (tc)").show_default();
+  return {c.app(), [a] {
             std::error_code ec;
             const fs::path build =
                 fs::read_symlink("/proc/self/exe", ec).parent_path().parent_path();

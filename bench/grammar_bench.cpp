@@ -115,13 +115,12 @@ int run_grammar_bench(const GrammarBenchArgs& args) {
 
 Subcommand register_grammar(CLI::App& app) {
   auto a = std::make_shared<GrammarBenchArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "grammar", "structured output: per-token mask cost on a set of schemas beside a decode step");
-  sub->add_option("--model", a->model_dir, "model directory (tokenizer and decode step)")
-      ->capture_default_str();
-  sub->add_option("--tokens", a->tokens, "masks per schema at most")->capture_default_str();
-  sub->add_option("--seed", a->seed, "token draw seed")->capture_default_str();
-  return {sub, [a] { return run_grammar_bench(*a); }};
+  Command sub(app, "grammar",
+              "structured output: per-token mask cost on a set of schemas beside a decode step");
+  sub.option("--model", a->model_dir, "model directory (tokenizer and decode step)").show_default();
+  sub.option("--tokens", a->tokens, "masks per schema at most").show_default();
+  sub.option("--seed", a->seed, "token draw seed").show_default();
+  return {sub.app(), [a] { return run_grammar_bench(*a); }};
 }
 
 }  // namespace k3bench

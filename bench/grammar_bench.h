@@ -2,8 +2,6 @@
 // (docs/structured_output.md §6), beside a decode step of the same model.
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include "bench_common.h"
 
 namespace k3bench {

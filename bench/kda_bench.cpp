@@ -295,16 +295,15 @@ int run_kda(const KdaArgs& a) {
 
 Subcommand register_kda(CLI::App& app) {
   auto a = std::make_shared<KdaArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "kda", "KDA recurrence: token by token vs the chunk (WY/UT) form, and its share of a layer");
-  sub->add_option("--config", a->config, "config.json whose KDA geometry is measured")
-      ->capture_default_str();
-  sub->add_option("--rows", a->rows, "chunk rows to measure")->delimiter(',');
-  sub->add_option("--layer-rows", a->layer_rows, "rows of the whole-layer part (0 = skip it)")
-      ->capture_default_str();
-  sub->add_option("--seconds", a->seconds, "timing seconds per figure")->capture_default_str();
+  Command sub(app, "kda",
+              "KDA recurrence: token by token vs the chunk (WY/UT) form, and its share of a layer");
+  sub.option("--config", a->config, "config.json whose KDA geometry is measured").show_default();
+  sub.option("--rows", a->rows, "chunk rows to measure").list(',');
+  sub.option("--layer-rows", a->layer_rows, "rows of the whole-layer part (0 = skip it)")
+      .show_default();
+  sub.option("--seconds", a->seconds, "timing seconds per figure").show_default();
   add_common_options(sub, *a);
-  return {sub, [a] { return run_kda(*a); }};
+  return {sub.app(), [a] { return run_kda(*a); }};
 }
 
 }  // namespace k3bench

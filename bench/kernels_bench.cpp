@@ -661,25 +661,22 @@ int run_kernels(const KernelsArgs& a) {
 
 Subcommand register_kernels(CLI::App& app) {
   auto a = std::make_shared<KernelsArgs>();
-  CLI::App* c =
-      app.add_subcommand("kernels", "DRAM probe + GB/s of MXFP4/int8/int4 kernels (+ ggml peer)");
+  Command c(app, "kernels", "DRAM probe + GB/s of MXFP4/int8/int4 kernels (+ ggml peer)");
   add_common_options(c, *a);
-  c->add_option("--seconds", a->seconds, "time spent per figure (best pass reported)")
-      ->capture_default_str();
-  c->add_option("--experts", a->experts,
-                "distinct MXFP4 experts rotated (0: 3x the LLC's bytes, at least 16)")
-      ->capture_default_str();
-  c->add_option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")
-      ->capture_default_str();
-  c->add_flag("--no-ggml", a->no_ggml, "skip the ggml peer");
-  c->add_option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
-      ->check(CLI::Range(0.01, 64.0))
-      ->capture_default_str();
-  c->add_option(
-       "--only", a->only,
-       "run only the figures whose names contain one of these (e.g. mxfp4_idot, int4, ggml)")
-      ->delimiter(',');
-  return {c, [a] { return run_kernels(*a); }};
+  c.option("--seconds", a->seconds, "time spent per figure (best pass reported)").show_default();
+  c.option("--experts", a->experts,
+           "distinct MXFP4 experts rotated (0: 3x the LLC's bytes, at least 16)")
+      .show_default();
+  c.option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")
+      .show_default();
+  c.flag("--no-ggml", a->no_ggml, "skip the ggml peer");
+  c.option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
+      .range(0.01, 64.0)
+      .show_default();
+  c.option("--only", a->only,
+           "run only the figures whose names contain one of these (e.g. mxfp4_idot, int4, ggml)")
+      .list(',');
+  return {c.app(), [a] { return run_kernels(*a); }};
 }
 
 }  // namespace k3bench

@@ -285,25 +285,22 @@ int run_load(const LoadArgs& a) {
 
 Subcommand register_load(CLI::App& app) {
   auto a = std::make_shared<LoadArgs>();
-  CLI::App* c = app.add_subcommand(
-      "load",
+  Command c(
+      app, "load",
       "kimi_k3's load in a child: s, GB/s, drive probe, user/sys, page faults, peak RSS, against "
       "max(bytes / drive, quantization / cores) and a --peer");
-  c->add_option("model_dir", a->model_dir, "the checkpoint")->default_str("assets/k3-mini");
-  c->add_option("--peer", a->peer, "a command (sh -c) whose load to compare, e.g. another engine")
-      ->default_str("none");
-  c->add_option("--peer-dir", a->peer_dir, "the peer's model files, dropped too by --cold")
-      ->default_str("none");
-  c->add_flag("--cold", a->cold,
-              "drop the files' page cache (posix_fadvise DONTNEED) before each run");
-  c->add_option("--runs", a->runs, "runs of each; the fastest is reported")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  c->add_option("--probe-gb", a->probe_gb, "at most this much read by the drive probe (GB)")
-      ->capture_default_str();
-  c->add_option("--kimi", a->kimi, "the kimi_k3 binary")->default_str("<build>/apps/kimi_k3");
+  c.option("model_dir", a->model_dir, "the checkpoint").default_text("assets/k3-mini");
+  c.option("--peer", a->peer, "a command (sh -c) whose load to compare, e.g. another engine")
+      .default_text("none");
+  c.option("--peer-dir", a->peer_dir, "the peer's model files, dropped too by --cold")
+      .default_text("none");
+  c.flag("--cold", a->cold, "drop the files' page cache (posix_fadvise DONTNEED) before each run");
+  c.option("--runs", a->runs, "runs of each; the fastest is reported").range(1, 100).show_default();
+  c.option("--probe-gb", a->probe_gb, "at most this much read by the drive probe (GB)")
+      .show_default();
+  c.option("--kimi", a->kimi, "the kimi_k3 binary").default_text("<build>/apps/kimi_k3");
   add_common_options(c, *a);
-  return {c, [a] { return run_load(*a); }};
+  return {c.app(), [a] { return run_load(*a); }};
 }
 
 }  // namespace k3bench

@@ -96,17 +96,16 @@ int run_quality(const QualityArgs& a) {
 
 Subcommand register_quality(CLI::App& app) {
   auto a = std::make_shared<QualityArgs>();
-  CLI::App* c = app.add_subcommand(
-      "quality", "held-out perplexity, KL and agreement vs exact for every precision setting");
-  c->add_option("--model", a->model_dir, "trained checkpoint")->capture_default_str();
-  c->add_option("--fixtures", a->fixtures, "held-out fixtures (heldout_text.u32, ...)")
-      ->capture_default_str();
-  c->add_option("--write-bounds", a->write_bounds,
-                "write the gate's bounds file (tests/data/k3-mini/quality_bounds.json)");
-  c->add_flag("--kda-chunked", a->kda_chunked,
-              "every row with K3_KDA_CHUNKED (the chunk form of the KDA recurrence in prefill)");
+  Command c(app, "quality",
+            "held-out perplexity, KL and agreement vs exact for every precision setting");
+  c.option("--model", a->model_dir, "trained checkpoint").show_default();
+  c.option("--fixtures", a->fixtures, "held-out fixtures (heldout_text.u32, ...)").show_default();
+  c.option("--write-bounds", a->write_bounds,
+           "write the gate's bounds file (tests/data/k3-mini/quality_bounds.json)");
+  c.flag("--kda-chunked", a->kda_chunked,
+         "every row with K3_KDA_CHUNKED (the chunk form of the KDA recurrence in prefill)");
   add_common_options(c, *a);
-  return {c, [a] { return run_quality(*a); }};
+  return {c.app(), [a] { return run_quality(*a); }};
 }
 
 }  // namespace k3bench

@@ -280,19 +280,18 @@ int run_routing(const RoutingArgs& a) {
 
 Subcommand register_routing(CLI::App& app) {
   auto a = std::make_shared<RoutingArgs>();
-  CLI::App* c = app.add_subcommand(
-      "routing", "per-layer expert reuse, prefill dedup and read-ahead recall on held-out text");
-  c->add_option("--model", a->model_dir, "the trained checkpoint (e.g. assets/k3-mini)")
-      ->required();
-  c->add_option("--ids", a->ids_path,
-                "held-out token ids, u32 little-endian (e.g. tests/data/k3-mini/heldout_text.u32)")
-      ->required();
-  c->add_option("--window", a->window, "tokens per independent sequence")->capture_default_str();
-  c->add_option("--contrast", a->contrast_dir,
-                "the random-weights demo checkpoint, written when missing")
-      ->default_str("<build>/demo-model");
+  Command c(app, "routing",
+            "per-layer expert reuse, prefill dedup and read-ahead recall on held-out text");
+  c.option("--model", a->model_dir, "the trained checkpoint (e.g. assets/k3-mini)").required();
+  c.option("--ids", a->ids_path,
+           "held-out token ids, u32 little-endian (e.g. tests/data/k3-mini/heldout_text.u32)")
+      .required();
+  c.option("--window", a->window, "tokens per independent sequence").show_default();
+  c.option("--contrast", a->contrast_dir,
+           "the random-weights demo checkpoint, written when missing")
+      .default_text("<build>/demo-model");
   add_common_options(c, *a);
-  return {c, [a] {
+  return {c.app(), [a] {
             if (a->window < 2) throw k3::Error("--window must be >= 2");
             return run_routing(*a);
           }};

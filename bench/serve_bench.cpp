@@ -167,16 +167,16 @@ int run_serve(const ServeArgs& a) {
 
 Subcommand register_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
-  CLI::App* c = app.add_subcommand(
-      "serve", "the service with N sessions: aggregate tok/s at 1,2,4,8 streams, TTFT beside 3");
-  c->add_option("model_dir", a->model_dir, "a checkpoint with its tokenizer")
-      ->default_str("the demo checkpoint");
-  c->add_option("--tokens", a->tokens, "generated tokens per stream")->capture_default_str();
-  c->add_option("--prompt", a->prompt, "prompt tokens per stream")->capture_default_str();
-  c->add_option("--concurrency", a->concurrency, "stream counts")->capture_default_str();
-  c->add_option("--expert-gb", a->expert_gb, "expert cache budget (GB)")->capture_default_str();
+  Command c(app, "serve",
+            "the service with N sessions: aggregate tok/s at 1,2,4,8 streams, TTFT beside 3");
+  c.option("model_dir", a->model_dir, "a checkpoint with its tokenizer")
+      .default_text("the demo checkpoint");
+  c.option("--tokens", a->tokens, "generated tokens per stream").show_default();
+  c.option("--prompt", a->prompt, "prompt tokens per stream").show_default();
+  c.option("--concurrency", a->concurrency, "stream counts").show_default();
+  c.option("--expert-gb", a->expert_gb, "expert cache budget (GB)").show_default();
   add_common_options(c, *a);
-  return {c, [a] {
+  return {c.app(), [a] {
             if (a->tokens < 1 || a->prompt < 1)
               throw k3::Error("--tokens and --prompt must be >= 1");
             return run_serve(*a);

@@ -207,24 +207,21 @@ int run_stream(const StreamArgs& a) {
 
 Subcommand register_stream(CLI::App& app) {
   auto a = std::make_shared<StreamArgs>();
-  CLI::App* c = app.add_subcommand(
-      "stream", "decode with experts streamed from disk vs the drive's O_DIRECT rate");
-  c->add_option("model_dir", a->model_dir, "an existing checkpoint")
-      ->default_str("a cached slice with many experts");
-  c->add_option("--layers", a->layers, "slice layers")->capture_default_str();
-  c->add_option("--experts", a->experts, "slice routed experts")->capture_default_str();
-  c->add_option("--tokens", a->tokens, "decode tokens per configuration")->capture_default_str();
-  c->add_option("--prefill", a->prefill, "prompt tokens (C = 32)")->capture_default_str();
-  c->add_option("--expert-gb", a->expert_gb, "expert cache budget (small: decode streams)")
-      ->capture_default_str();
-  c->add_option("--probe-gb", a->probe_gb, "bytes dd reads for the drive rate")
-      ->capture_default_str();
-  c->add_option("--dir", a->dir, "cache directory of the slice")
-      ->default_str("<build>/bench-slice-stream");
-  c->add_option("--io-engine", a->io_engine, "expert reads: auto, uring, threads")
-      ->capture_default_str();
+  Command c(app, "stream", "decode with experts streamed from disk vs the drive's O_DIRECT rate");
+  c.option("model_dir", a->model_dir, "an existing checkpoint")
+      .default_text("a cached slice with many experts");
+  c.option("--layers", a->layers, "slice layers").show_default();
+  c.option("--experts", a->experts, "slice routed experts").show_default();
+  c.option("--tokens", a->tokens, "decode tokens per configuration").show_default();
+  c.option("--prefill", a->prefill, "prompt tokens (C = 32)").show_default();
+  c.option("--expert-gb", a->expert_gb, "expert cache budget (small: decode streams)")
+      .show_default();
+  c.option("--probe-gb", a->probe_gb, "bytes dd reads for the drive rate").show_default();
+  c.option("--dir", a->dir, "cache directory of the slice")
+      .default_text("<build>/bench-slice-stream");
+  c.option("--io-engine", a->io_engine, "expert reads: auto, uring, threads").show_default();
   add_common_options(c, *a);
-  return {c, [a] {
+  return {c.app(), [a] {
             if (a->layers < 2 || a->experts < 1 || a->tokens < 1 || a->prefill < 1)
               throw k3::Error("--layers must be >= 2; --experts, --tokens, --prefill >= 1");
             return run_stream(*a);

@@ -194,24 +194,21 @@ int run_vulkan(const VulkanArgs& a) {
 
 Subcommand register_vulkan(CLI::App& app) {
   auto a = std::make_shared<VulkanArgs>();
-  CLI::App* c = app.add_subcommand(
-      "vulkan",
-      "the Vulkan expert tier: upload GB/s, expert-batch ms, prefill and decode with "
-      "and without it (lavapipe: not GPU speed)");
-  c->add_option("model_dir", a->model_dir, "an existing checkpoint")
-      ->default_str("a k3_synth preset");
-  c->add_option("--preset", a->preset, "k3_synth preset written when no MODEL_DIR")
-      ->check(CLI::IsMember({"tiny", "demo", "slice"}))
-      ->capture_default_str();
-  c->add_option("--layers", a->layers, "preset layers (-1: the preset's)")->capture_default_str();
-  c->add_option("--experts", a->experts, "preset routed experts (-1: the preset's)")
-      ->capture_default_str();
-  c->add_option("--tokens", a->tokens, "decode tokens per run")->capture_default_str();
-  c->add_option("--prefill", a->prefill, "prompt tokens per run")->capture_default_str();
-  c->add_option("--dir", a->dir, "cache directory of the preset checkpoint")
-      ->default_str("<build>/bench-vulkan-<preset>");
+  Command c(app, "vulkan",
+            "the Vulkan expert tier: upload GB/s, expert-batch ms, prefill and decode with "
+            "and without it (lavapipe: not GPU speed)");
+  c.option("model_dir", a->model_dir, "an existing checkpoint").default_text("a k3_synth preset");
+  c.option("--preset", a->preset, "k3_synth preset written when no MODEL_DIR")
+      .one_of({"tiny", "demo", "slice"})
+      .show_default();
+  c.option("--layers", a->layers, "preset layers (-1: the preset's)").show_default();
+  c.option("--experts", a->experts, "preset routed experts (-1: the preset's)").show_default();
+  c.option("--tokens", a->tokens, "decode tokens per run").show_default();
+  c.option("--prefill", a->prefill, "prompt tokens per run").show_default();
+  c.option("--dir", a->dir, "cache directory of the preset checkpoint")
+      .default_text("<build>/bench-vulkan-<preset>");
   add_common_options(c, *a, /*with_isa=*/false);  // the tier's numerics: K3_IDOT=0, best ISA
-  return {c, [a] {
+  return {c.app(), [a] {
             if (a->tokens < 1 || a->prefill < 1)
               throw k3::Error("--tokens, --prefill must be >= 1");
             return run_vulkan(*a);
