@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "json_sax.h"
@@ -141,11 +142,12 @@ ModelFiles::ModelFiles(const std::string& dir, std::vector<std::string> extra_di
   if (!fs::is_directory(dir)) throw Error(dir + ": not a model directory");
   const std::string config_path = (fs::path(dir) / "config.json").string();
   try {
-    config_root_ = nlohmann::json::parse(read_text_file(config_path));
+    config_root_ =
+        std::make_shared<const nlohmann::json>(nlohmann::json::parse(read_text_file(config_path)));
   } catch (const nlohmann::json::exception& e) {
     throw Error(config_path + ": not valid JSON: " + e.what());
   }
-  if (!config_root_.is_object()) throw Error(config_path + ": not a JSON object");
+  if (!config_root_->is_object()) throw Error(config_path + ": not a JSON object");
 
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
@@ -265,9 +267,9 @@ const LocatedTensor* ModelFiles::lookup(const std::string& full_name) const {
 }
 
 const nlohmann::json& ModelFiles::text_config() const {
-  const auto it = config_root_.find("text_config");
-  if (it != config_root_.end() && it->is_object()) return *it;
-  return config_root_;
+  const auto it = config_root_->find("text_config");
+  if (it != config_root_->end() && it->is_object()) return *it;
+  return *config_root_;
 }
 
 LocatedTensor ModelFiles::find(const std::string& name) const {

@@ -7,7 +7,7 @@
 
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -31,7 +31,7 @@ class ModelFiles {
 
   const std::string& dir() const { return dir_; }
   // The whole config.json and its text part (text_config, or the root when absent).
-  const nlohmann::json& config_root() const { return config_root_; }
+  const nlohmann::json& config_root() const { return *config_root_; }
   const nlohmann::json& text_config() const;
   // "language_model." for the real layout, "" for flat fixtures.
   const std::string& prefix() const { return prefix_; }
@@ -60,7 +60,9 @@ class ModelFiles {
   std::vector<std::string> extra_dirs_;
 
   std::string dir_;
-  nlohmann::json config_root_;
+  // Behind a pointer so that this header needs only json_fwd.hpp: json.hpp is ~2 s of compile in
+  // every file that includes it (docs/testing.md §6).
+  std::shared_ptr<const nlohmann::json> config_root_;
   std::string prefix_;
   std::vector<std::unique_ptr<SafetensorsShard>> shards_;
   // Every tensor of the opened shards (padding excepted), in name order after the constructor:
