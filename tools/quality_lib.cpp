@@ -15,7 +15,7 @@
 #include <sstream>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include "engine/sampler.h"
@@ -101,6 +101,57 @@ double sum2(__m128d v) {
 }
 #endif
 
+// Four lanes of exp_neg2 on AVX2 (no FMA: the same roundings lane for lane), for the loops
+// below: they add the two halves in the SSE2 loops' order, so that the sums, and every figure of
+// the gate, are bit-identical on every x86-64 (the exponentials are most of the measurement).
+__attribute__((target("avx2"))) __m256d exp_neg4(__m256d x) {
+  x = _mm256_max_pd(_mm256_set1_pd(kExpFloor), x);
+  const __m256d round = _mm256_set1_pd(kRound);
+  const __m256d t = _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(kLog2e)), round);
+  const __m256d k = _mm256_sub_pd(t, round);
+  const __m256d r = _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(kLn2Hi))),
+                                  _mm256_mul_pd(k, _mm256_set1_pd(kLn2Lo)));
+  __m256d p = _mm256_set1_pd(kTaylor[0]);
+  for (int i = 1; i < 14; ++i) p = _mm256_add_pd(_mm256_mul_pd(p, r), _mm256_set1_pd(kTaylor[i]));
+  const __m256i bits =
+      _mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(t), _mm256_set1_epi64x(1023)), 52);
+  return _mm256_mul_pd(p, _mm256_castsi256_pd(bits));
+}
+
+__attribute__((target("avx2"))) __m256d load4(const float* p) {
+  return _mm256_cvtps_pd(_mm_loadu_ps(p));
+}
+
+// acc += v[0..1], then acc += v[2..3]: the SSE2 loop's two steps.
+__attribute__((target("avx2"))) __m128d add_halves(__m128d acc, __m256d v) {
+  acc = _mm_add_pd(acc, _mm256_castpd256_pd128(v));
+  return _mm_add_pd(acc, _mm256_extractf128_pd(v, 1));
+}
+
+// The SSE2 loops' sums over [0, 4 * (n / 4)), four at a time.
+__attribute__((target("avx2"))) size_t lse_sum_avx2(const float* z, size_t n, float m,
+                                                    __m128d& acc) {
+  const __m256d mv = _mm256_set1_pd(m);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) acc = add_halves(acc, exp_neg4(_mm256_sub_pd(load4(z + i), mv)));
+  return i;
+}
+
+__attribute__((target("avx2"))) size_t kl_sums_avx2(const float* zp, double lse_p, const float* zq,
+                                                    size_t n, __m128d& w2, __m128d& m2) {
+  const __m256d lv = _mm256_set1_pd(lse_p);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256d a = load4(zp + i);
+    const __m256d p = exp_neg4(_mm256_sub_pd(a, lv));
+    w2 = add_halves(w2, _mm256_mul_pd(p, _mm256_sub_pd(a, load4(zq + i))));
+    m2 = add_halves(m2, p);
+  }
+  return i;
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
 // log(sum_i exp(z_i)) in double.
 double log_sum_exp(const float* z, size_t n) {
   float m = -std::numeric_limits<float>::infinity();
@@ -115,6 +166,7 @@ double log_sum_exp(const float* z, size_t n) {
 #if defined(__SSE2__)
   __m128d acc = _mm_setzero_pd();
   const __m128d mv = _mm_set1_pd(m);
+  if (kHasAvx2) i = lse_sum_avx2(z, n, m, acc);
   for (; i + 2 <= n; i += 2) acc = _mm_add_pd(acc, exp_neg2(_mm_sub_pd(load2(z + i), mv)));
   sum = sum2(acc);
 #endif
@@ -130,6 +182,7 @@ double kl_divergence(const float* zp, double lse_p, const float* zq, double lse_
 #if defined(__SSE2__)
   __m128d w2 = _mm_setzero_pd(), m2 = _mm_setzero_pd();
   const __m128d lv = _mm_set1_pd(lse_p);
+  if (kHasAvx2) i = kl_sums_avx2(zp, lse_p, zq, n, w2, m2);
   for (; i + 2 <= n; i += 2) {
     const __m128d a = load2(zp + i);
     const __m128d p = exp_neg2(_mm_sub_pd(a, lv));
@@ -265,14 +318,29 @@ Oracle load_oracle(const std::string& path, const std::vector<int64_t>& window0)
   return o;
 }
 
-// Greedy-decodes kGreedyTokens ids from `prompt`.
-std::vector<int64_t> greedy(const Engine& engine, const std::vector<int64_t>& prompt) {
-  Session session(engine, static_cast<int64_t>(prompt.size()) + kGreedyTokens);
-  std::vector<int64_t> out;
-  const std::vector<float>* logits = &session.prefill(prompt);
-  for (int64_t j = 0; j < kGreedyTokens; ++j) {
-    out.push_back(argmax(*logits));
-    if (j + 1 < kGreedyTokens) logits = &session.step(out.back());
+// Greedy-decodes kGreedyTokens ids from each prompt, the prompts side by side in one Batch: the
+// head and the dense matrices stream once per step for all of them, and each prompt's ids are
+// those of its own session decoded alone (engine/engine.h, Batch).
+std::vector<std::vector<int64_t>> greedy(const Engine& engine,
+                                         const std::vector<std::vector<int64_t>>& prompts) {
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<Session*> rows;
+  std::vector<std::vector<int64_t>> out(prompts.size());
+  std::vector<int64_t> next(prompts.size());
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    sessions.push_back(
+        std::make_unique<Session>(engine, static_cast<int64_t>(prompts[p].size()) + kGreedyTokens));
+    rows.push_back(sessions.back().get());
+    next[p] = argmax(sessions.back()->prefill(prompts[p]));
+    out[p].push_back(next[p]);
+  }
+  Batch batch(engine);
+  for (int64_t j = 1; j < kGreedyTokens; ++j) {
+    batch.step(rows, next);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      next[p] = argmax(rows[p]->logits());
+      out[p].push_back(next[p]);
+    }
   }
   return out;
 }
@@ -442,8 +510,7 @@ Reference::Reference(const std::string& model_dir, const Fixtures& fixtures,
     }
     logits_.push_back(std::move(all));
   }
-  for (const std::vector<int64_t>& prompt : fixtures.prompts)
-    greedy_.push_back(greedy(engine, prompt));
+  greedy_ = greedy(engine, fixtures.prompts);
   row_.setting = exact.name;
   row_.env = exact.env();
   row_.describe = engine.describe();
@@ -542,8 +609,9 @@ Row Reference::measure(const Setting& s, const std::string& model_dir) const {
   row.kl_mean = kl / n;
   row.top1 = static_cast<double>(top1) / n;
   double same = 0, first = 0;
+  const std::vector<std::vector<int64_t>> decoded = greedy(engine, fixtures_.prompts);
   for (size_t p = 0; p < fixtures_.prompts.size(); ++p) {
-    const std::vector<int64_t> got = greedy(engine, fixtures_.prompts[p]);
+    const std::vector<int64_t>& got = decoded[p];
     const std::vector<int64_t>& want = greedy_[p];
     int64_t equal = 0, diverge = kGreedyTokens;
     for (int64_t j = 0; j < kGreedyTokens; ++j) {
