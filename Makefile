@@ -78,7 +78,7 @@ test: build $(NODE_TEST_DEPS)
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 	@if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo; then \
 	  echo "== again with K3_ISA=avx2 (as on an AVX2-only machine): $(AVX2_SUITES), serve checks $(AVX2_SERVE_CHECKS)"; \
-	  cd $(BUILD) && K3_ISA=avx2 SERVE_TEST_ONLY='$(AVX2_SERVE_CHECKS)' ctest --output-on-failure --timeout 600 -R '$(AVX2_SUITES)'; \
+	  cd $(BUILD) && K3_ISA=avx2 SERVE_TEST_ONLY='$(AVX2_SERVE_CHECKS)' ctest --output-on-failure -j $(JOBS) --timeout 600 -R '$(AVX2_SUITES)'; \
 	fi
 	@$(MAKE) --no-print-directory asan
 
