@@ -173,11 +173,13 @@ await R.check('transport.framing_and_header_refusals', async () => {
   assert(big.status === 431 && /headers_too_large/.test(big.text), `20 KB header: ${show(big.text)}`);
   const many = await rawSocket(srv.port, [`GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n${'X-A: b\r\n'.repeat(4000)}\r\n`]);
   assert(many.status === 431, `32 KB of headers: ${show(many.text)}`);
-  // The body stops after 2 of 100 bytes: 408 once the read deadline (3 s here) passes.
-  const stalled = await rawSocket(srv.port, [post('Content-Length: 100\r\n', '{"')], { readTimeoutMs: 10_000 });
+  // The body stops after 2 of 100 bytes: 408 once the read deadline (3 s here) passes. A request
+  // head that never ends: 408, not a silent close. (Both connections wait out the deadline at once.)
+  const [stalled, head] = await Promise.all([
+    rawSocket(srv.port, [post('Content-Length: 100\r\n', '{"')], { readTimeoutMs: 10_000 }),
+    rawSocket(srv.port, ['GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n'], { readTimeoutMs: 10_000 }),
+  ]);
   assert(stalled.status === 408 && /request_timeout/.test(stalled.text), `stalled body: ${show(stalled.text)}`);
-  // A request head that never ends: 408, not a silent close.
-  const head = await rawSocket(srv.port, ['GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n'], { readTimeoutMs: 10_000 });
   assert(head.status === 408 && head.closed, `stalled head: ${show(head.text)}`);
 });
 
