@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -130,8 +131,10 @@ int64_t Sampler::sample_from(std::span<const float> logits) {
   // old and the new array together (k3-mini's chat run peaked 9 MB higher with top-p on).
   candidates_.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
+    // An id a grammar masked (-infinity) is never a candidate (its p would be 0): no exp for it,
+    // which under a grammar is most of the vocabulary.
+    if (logits[i] == -std::numeric_limits<float>::infinity()) continue;
     const double p = std::exp((static_cast<double>(logits[i]) - top) * inv_t);
-    // p > 0: an id a grammar masked (-infinity) is never a candidate.
     if (p > 0 && p >= options_.min_p)
       candidates_.push_back({p, logits[i], static_cast<int32_t>(i)});
   }
