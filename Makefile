@@ -70,8 +70,7 @@ $(NODE_TEST_DEPS): tests/node/package-lock.json | setup-test
 # checkpoints in the server, the terminal chat's reuse) run a second time with K3_ISA=avx2, which
 # the apps honour: the replies differ by ISA, and an AVX2-only CI machine must pass them too. The
 # ISA twin tests need no second pass: they run every variant the CPU has, and print the ones it
-# lacks. Cost of the second pass, from its checks' times: reuse + ckpt ~10 s, abort ~50 s, the
-# tmux chat ~20 s, demo model and servers ~10 s: ~1.5 min of the ~15 min budget on 2 cores.
+# lacks. The two suites run side by side: ~15 s on 2 cores (docs/testing.md §6).
 AVX2_SUITES := ^(Serve\.OpenAIClient|Chat\.Tmux)$$
 AVX2_SERVE_CHECKS := ^(reuse|ckpt|abort)\.
 test: build $(NODE_TEST_DEPS)

@@ -99,7 +99,6 @@ __m128d load2(const float* p) {
 double sum2(__m128d v) {
   return _mm_cvtsd_f64(v) + _mm_cvtsd_f64(_mm_unpackhi_pd(v, v));
 }
-#endif
 
 // Four lanes of exp_neg2 on AVX2 (no FMA: the same roundings lane for lane), for the loops
 // below: they add the two halves in the SSE2 loops' order, so that the sums, and every figure of
@@ -151,6 +150,7 @@ __attribute__((target("avx2"))) size_t kl_sums_avx2(const float* zp, double lse_
 }
 
 const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+#endif
 
 // log(sum_i exp(z_i)) in double.
 double log_sum_exp(const float* z, size_t n) {

@@ -32,8 +32,8 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Temp folders live until the process exits: then every one goes when the run passed; when it
-// failed, only their demo models (regenerated on every run, ~170 MB each) go and the rest (server
-// logs, written files) stays for a look, its path printed.
+// failed, each keeps everything but its `model` folder (the demo model, regenerated on every run,
+// ~170 MB), for a look at the logs and written files, and its path is printed.
 const tempDirs = [];
 export function makeTempDir(prefix) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));

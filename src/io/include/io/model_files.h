@@ -28,6 +28,9 @@ class ModelFiles {
   // several drives, each shard on exactly one; a name found earlier wins); config and tokenizer
   // are read from `dir` only. Throws k3::Error naming the file on any problem.
   explicit ModelFiles(const std::string& dir, std::vector<std::string> extra_dirs = {});
+  // Held in place (shards point into it); never copied or moved, so config_root_ is never null.
+  ModelFiles(const ModelFiles&) = delete;
+  ModelFiles& operator=(const ModelFiles&) = delete;
 
   const std::string& dir() const { return dir_; }
   // The whole config.json and its text part (text_config, or the root when absent).
