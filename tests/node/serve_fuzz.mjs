@@ -325,9 +325,8 @@ const ok = R.summary();
 const byStatus = {};
 for (const o of outcomes) byStatus[o.status] = (byStatus[o.status] ?? 0) + 1;
 console.log(`status histogram: ${JSON.stringify(byStatus)}`);
-fs.rmSync(modelDir, { recursive: true, force: true });   // 180 MB, regenerated on every run
-if (ok) fs.rmSync(tmp, { recursive: true, force: true });
-else {
+// serve_util removes tmp at exit when the run passed, and only its model when it failed.
+if (!ok) {
   if (srv) fs.writeFileSync(path.join(tmp, 'fuzz.log'), `${srv.out}\n--- stderr ---\n${srv.err}`);
   console.log(`(server log kept in ${tmp})`);
 }

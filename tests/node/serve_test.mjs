@@ -2000,9 +2000,8 @@ await check('model_dir.untouched', async () => {
 cancelTimeout();
 killAll();
 const ok = R.summary();
-fs.rmSync(modelDir, { recursive: true, force: true });   // 180 MB, regenerated on every run
-if (ok) fs.rmSync(tmp, { recursive: true, force: true });
-else {
+// serve_util removes tmp at exit when the run passed, and only its model when it failed.
+if (!ok) {
   for (const s of allServers) fs.writeFileSync(path.join(tmp, `${s.name}.log`), `${s.out}\n--- stderr ---\n${s.err}`);
   console.log(`(server logs kept in ${tmp})`);
 }

@@ -378,5 +378,4 @@ await R.check('transport.server_exits_cleanly', async () => {
 
 cancelTimeout();
 killAll();
-fs.rmSync(tmp, { recursive: true, force: true });
 process.exit(R.summary() ? 0 : 1);
