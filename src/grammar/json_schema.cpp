@@ -905,11 +905,11 @@ class Converter {
   // one): the names' trie, leaving it at any point.
   std::string other_key(const std::vector<std::string>& names) {
     if (names.empty()) return "string";
-    struct Node {
+    struct TrieNode {
       std::map<uint32_t, size_t> kids;
       bool end = false;
     };
-    std::vector<Node> trie(1);
+    std::vector<TrieNode> trie(1);
     for (const std::string& name : names) {
       size_t at = 0;
       for (size_t i = 0; i < name.size();) {

@@ -22,7 +22,7 @@ ApiError missing(const std::string& param) {
                    "'" + param + "' is required", param);
 }
 
-ApiError unsupported(const std::string& param, const std::string& why) {
+ApiError unsupported_content(const std::string& param, const std::string& why) {
   return api_error(400, "invalid_request_error", "unsupported_content_type", why, param);
 }
 
@@ -104,7 +104,7 @@ std::variant<json, ApiError> tool_result_content(const json& block, const std::s
     if (auto* e = std::get_if<ApiError>(&type)) return *e;
     const std::string& t = std::get<std::string>(type);
     if (is_document_block(t))
-      return unsupported(
+      return unsupported_content(
           part, "tool results of type '" + t + "' are not supported: this model reads text only");
     if (t != "text") return invalid_value(part + ".type", "unknown block type '" + t + "'");
     auto text = block_text((*it)[k], part, "text");
@@ -157,8 +157,8 @@ std::optional<ApiError> add_user(const json& content, const std::string& where,
                               {"name", name->second},
                               {"content", std::move(std::get<json>(result))}});
     } else if (is_document_block(t)) {
-      return unsupported(block, "content blocks of type '" + t +
-                                    "' are not supported: this model reads text only");
+      return unsupported_content(block, "content blocks of type '" + t +
+                                            "' are not supported: this model reads text only");
     } else {
       return invalid_value(block + ".type", "'" + t + "' blocks are not allowed in a user message");
     }
@@ -209,7 +209,7 @@ std::optional<ApiError> add_assistant(const json& content, const std::string& wh
                {"type", "function"},
                {"function", json{{"name", std::get<std::string>(name)}, {"arguments", *input}}}});
     } else if (is_document_block(t)) {
-      return unsupported(block, "content blocks of type '" + t + "' are not supported");
+      return unsupported_content(block, "content blocks of type '" + t + "' are not supported");
     } else {
       return invalid_value(block + ".type",
                            "'" + t + "' blocks are not allowed in an assistant message");

@@ -22,10 +22,6 @@ namespace {
 
 using Kind = json::value_t;
 
-ApiError unsupported_parameter(const std::string& param, const std::string& why) {
-  return api_error(400, "invalid_request_error", "unsupported_parameter", why, param);
-}
-
 // Nesting depth of a JSON text, counted outside strings, without parsing it (so a 100k-deep
 // body never reaches a recursive parser).
 bool depth_within(std::string_view body, int limit) {

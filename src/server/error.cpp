@@ -20,6 +20,11 @@ ApiError invalid_value(std::string param, std::string message) {
                    std::move(param));
 }
 
+ApiError unsupported_parameter(std::string param, std::string message) {
+  return api_error(400, "invalid_request_error", "unsupported_parameter", std::move(message),
+                   std::move(param));
+}
+
 ApiError http_status_error(int s) {
   const char* code = s == 404   ? "not_found"
                      : s == 405 ? "method_not_allowed"

@@ -25,12 +25,6 @@ int hex_value(char c) {
   return -1;
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 bool same_name(std::string_view a, std::string_view lower) {
   if (a.size() != lower.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
@@ -83,6 +77,12 @@ std::string field_line_error(std::string_view line) {
 
 }  // namespace
 
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
 RequestHead check_request_head(std::string_view head) {
   RequestHead h;
   auto refuse = [&h](std::string why, bool framing = false) {
@@ -114,7 +114,7 @@ RequestHead check_request_head(std::string_view head) {
     if (line.empty()) break;
     if (std::string error = field_line_error(line); !error.empty()) return refuse(std::move(error));
     const size_t colon = line.find(':');
-    const std::string_view name = line.substr(0, colon), value = trim(line.substr(colon + 1));
+    const std::string_view name = line.substr(0, colon), value = trim_ows(line.substr(colon + 1));
     if (same_name(name, "host")) {
       ++hosts;
     } else if (same_name(name, "content-length")) {
@@ -184,7 +184,7 @@ bool ChunkedDecoder::end_line() {
     size = size * 16 + static_cast<uint64_t>(hex_value(line[digits]));
   }
   // Extensions follow the size, whitespace allowed only before their ";" (BWS).
-  const std::string_view rest = trim(line.substr(digits));
+  const std::string_view rest = trim_ows(line.substr(digits));
   if (digits == 0 || (digits < line.size() && (rest.empty() || rest.front() != ';'))) {
     fail("the chunk size line " + quoted(line) + " is not hex digits (and extensions)");
     return false;

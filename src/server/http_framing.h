@@ -39,6 +39,10 @@ struct RequestHead {
 // HTTP/1.0.
 RequestHead check_request_head(std::string_view head);
 
+// `s` without the spaces and tabs around it (a field value's optional whitespace, OWS in
+// RFC 9110).
+std::string_view trim_ows(std::string_view s);
+
 // Decodes a chunked body (RFC 9112 section 7.1) pushed to it in pieces of any size, and stops at
 // its end, so bytes pipelined behind it stay unread. Strict: a chunk size is 1 to 16 hex digits,
 // optionally followed by extensions (";..."); every line ends with CRLF; chunk data is followed by

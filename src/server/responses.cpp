@@ -14,10 +14,6 @@ namespace {
 
 using Kind = json::value_t;
 
-ApiError unsupported(const std::string& param, const std::string& why) {
-  return api_error(400, "invalid_request_error", "unsupported_parameter", why, param);
-}
-
 ApiError unsupported_value(const std::string& param, const std::string& why) {
   return api_error(400, "invalid_request_error", "unsupported_value", why, param);
 }
@@ -198,9 +194,10 @@ std::optional<ApiError> add_item(const json& item, size_t i, json& messages) {
     return std::nullopt;
   }
   if (type == "item_reference")
-    return unsupported(at, "'" + at +
-                               "' is an item_reference: this server stores nothing; send the "
-                               "items themselves");
+    return unsupported_parameter(at,
+                                 "'" + at +
+                                     "' is an item_reference: this server stores nothing; send the "
+                                     "items themselves");
   return unsupported_value(at + ".type", "'" + at + ".type' '" + type +
                                              "' is not supported: input items are messages, "
                                              "function calls, their outputs and reasoning");
@@ -334,17 +331,19 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
 
   // Stored state: refused first, so a client that relies on it learns why at once.
   if (field("previous_response_id"))
-    return unsupported("previous_response_id",
-                       "'previous_response_id' needs stored responses; this server is stateless: "
-                       "send the whole conversation in 'input'");
+    return unsupported_parameter(
+        "previous_response_id",
+        "'previous_response_id' needs stored responses; this server is stateless: "
+        "send the whole conversation in 'input'");
   if (field("conversation"))
-    return unsupported("conversation",
-                       "'conversation' needs stored conversations; this server is stateless: "
-                       "send the whole conversation in 'input'");
+    return unsupported_parameter(
+        "conversation",
+        "'conversation' needs stored conversations; this server is stateless: "
+        "send the whole conversation in 'input'");
   if (field("prompt"))
-    return unsupported("prompt", "'prompt' (stored prompt templates) is not supported");
+    return unsupported_parameter("prompt", "'prompt' (stored prompt templates) is not supported");
   if (const json* v = field("background"); v && !(v->is_boolean() && !v->get<bool>()))
-    return unsupported("background", "'background' responses are not supported");
+    return unsupported_parameter("background", "'background' responses are not supported");
   if (const json* v = field("store"); v && !v->is_boolean())
     return invalid_value("store", "'store' must be a boolean");
 
@@ -450,7 +449,8 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
             {"json_schema",
              {{"name", f->value("name", std::string("response"))}, {"schema", (*f)["schema"]}}}};
       } else if (type != "text") {
-        return unsupported("text.format", "'text.format' must be text, json_object or json_schema");
+        return unsupported_parameter("text.format",
+                                     "'text.format' must be text, json_object or json_schema");
       }
       echo["text"] = json{{"format", *f}};
     }
@@ -461,15 +461,15 @@ std::variant<ResponsesRequest, ApiError> parse_responses_request(std::string_vie
                              "'truncation' must be 'disabled': a prompt longer than the context "
                              "is refused, never cut");
   if (const json* v = field("top_logprobs"); v && !(v->is_number() && v->get<double>() == 0))
-    return unsupported("top_logprobs", "'top_logprobs' is not supported");
+    return unsupported_parameter("top_logprobs", "'top_logprobs' is not supported");
   if (const json* v = field("include")) {
     if (!v->is_array()) return invalid_value("include", "'include' must be an array of strings");
     for (const json& x : *v) {
       if (!x.is_string()) return invalid_value("include", "'include' must be an array of strings");
       if (x == "message.output_text.logprobs")
-        return unsupported("include",
-                           "'include' of 'message.output_text.logprobs' (logprobs) "
-                           "is not supported");
+        return unsupported_parameter("include",
+                                     "'include' of 'message.output_text.logprobs' (logprobs) "
+                                     "is not supported");
     }
   }
   echo["metadata"] = json::object();

@@ -8,6 +8,8 @@
 #include <array>
 #include <cctype>
 
+#include "http_framing.h"
+
 namespace k3::server {
 namespace {
 
@@ -17,16 +19,10 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 }  // namespace
 
 bool is_loopback_host(std::string_view host) {
-  std::string h = lower(trim(host));
+  std::string h = lower(trim_ows(host));
   if (h == "localhost") return true;
   if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   in_addr v4{};
@@ -37,7 +33,7 @@ bool is_loopback_host(std::string_view host) {
 }
 
 std::string host_without_port(std::string_view host_header) {
-  std::string_view h = trim(host_header);
+  std::string_view h = trim_ows(host_header);
   if (!h.empty() && h.front() == '[') {
     const size_t close = h.find(']');
     return lower(close == std::string_view::npos ? h.substr(1) : h.substr(1, close - 1));
@@ -64,7 +60,7 @@ bool host_allowed(std::string_view host_header, const SecurityOptions& options) 
 }
 
 bool origin_allowed(std::string_view origin, const SecurityOptions& options) {
-  const std::string o = lower(trim(origin));
+  const std::string o = lower(trim_ows(origin));
   for (const std::string& allowed : options.cors_origins)
     if (allowed == "*" || lower(allowed) == o) return true;
   const std::string port = std::to_string(options.port);
@@ -74,11 +70,11 @@ bool origin_allowed(std::string_view origin, const SecurityOptions& options) {
 }
 
 std::string presented_key(std::string_view authorization, std::string_view x_api_key) {
-  std::string_view auth = trim(authorization);
+  std::string_view auth = trim_ows(authorization);
   if (auth.size() > 7 && lower(auth.substr(0, 7)) == "bearer ")
-    return std::string(trim(auth.substr(7)));
+    return std::string(trim_ows(auth.substr(7)));
   if (!auth.empty()) return {};  // another scheme counts as missing
-  return std::string(trim(x_api_key));
+  return std::string(trim_ows(x_api_key));
 }
 
 bool key_matches(std::string_view presented, const std::vector<std::string>& keys) {

@@ -30,6 +30,8 @@ ApiError api_error(int status, std::string type, std::string code, std::string m
                    std::optional<std::string> param = std::nullopt, int retry_after = 0);
 // 400 invalid_value naming the parameter.
 ApiError invalid_value(std::string param, std::string message);
+// 400 unsupported_parameter naming the parameter (a field the server does not implement).
+ApiError unsupported_parameter(std::string param, std::string message);
 // The error for a status the HTTP library set itself (unknown path on POST, bad request line,
 // URI or headers too long, ...): code from the status, a generic message.
 ApiError http_status_error(int status);
