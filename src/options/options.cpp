@@ -12,11 +12,6 @@
 #include "help_layout.h"
 #include "util/error.h"
 
-// The source tree this build came from (src/CMakeLists.txt): where the built-in model lives.
-#ifndef K3_SOURCE_DIR
-#error "K3_SOURCE_DIR must name the source tree (src/CMakeLists.txt sets it for options.cpp)"
-#endif
-
 namespace k3 {
 namespace {
 
@@ -866,18 +861,6 @@ std::map<std::string, std::string> environment_map(char** envp) {
     if (eq != std::string::npos) env[name_value.substr(0, eq)] = name_value.substr(eq + 1);
   }
   return env;
-}
-
-std::string builtin_model_dir() {
-  // The source tree's copy while it exists (a build), else the installed one (`make install`).
-  const std::string source = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(std::filesystem::path(source) / "config.json", ec))
-    return source;
-  const std::string installed = K3_INSTALLED_MODEL_DIR;
-  if (std::filesystem::is_regular_file(std::filesystem::path(installed) / "config.json", ec))
-    return installed;
-  return source;
 }
 
 std::string require_builtin_model(const std::string& dir) {
