@@ -24,9 +24,10 @@ build folder:
      what a run calls:
        scripts/hot_text.py --build build   (then rebuild kimi_k3)
 
-Needs: a Release build folder configured for Ninja (`make build`), a C compiler, Linux with
-/proc/self/pagemap readable, and a CPU with AVX2 (one workload runs K3_ISA=avx2). The probe is
-written into the build folder; K3_* and COLI_* variables are cleared for its runs.
+Needs: a Release build folder configured for Ninja with the default unity batches (`make
+build`), a C compiler, Linux with /proc/self/pagemap readable, and a CPU with AVX2 (one workload
+runs K3_ISA=avx2). The probe is written into the build folder; K3_* and COLI_* variables are
+cleared for its runs.
 """
 import argparse
 import os
@@ -161,6 +162,17 @@ def main():
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     model = os.path.abspath(args.model)
+    # The list names object files, and the default build's are unity batches (CMakeLists.txt,
+    # K3_UNITY_BUILD): a folder that compiles every file alone would write names it never matches.
+    cache = os.path.join(build, "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            unity = any(line.strip() == "K3_UNITY_BUILD:BOOL=ON" for line in f)
+    except OSError as e:
+        sys.exit(f"hot_text: {cache}: {e.strerror} (a configured build folder is needed)")
+    if not unity:
+        sys.exit(f"hot_text: {build} is not configured with K3_UNITY_BUILD=ON (the default), "
+                 "whose object files apps/kimi_k3_hot.ld names")
     cmd = link_command(build)
 
     def script_line(key):
