@@ -24,9 +24,9 @@
 
 namespace {
 
-using k3::testing::TempDir;
+using k3::testing::kTinyDir;
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::TempDir;
 
 std::vector<int64_t> ids_of(size_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -170,26 +170,26 @@ void check_all(const std::string& dir, const k3::LoadOptions& load, const std::s
 }
 
 TEST(BatchedDecode, FixtureExact) {
-  check_all(kFixture, k3::LoadOptions::exact(), "k3-tiny exact");
+  check_all(kTinyDir, k3::LoadOptions::exact(), "k3-tiny exact");
 }
 TEST(BatchedDecode, FixtureDefaultPrecision) {
-  check_all(kFixture, k3::LoadOptions{}, "k3-tiny defaults");
+  check_all(kTinyDir, k3::LoadOptions{}, "k3-tiny defaults");
 }
 TEST(BatchedDecode, FixtureAvx2) {
   if (!k3::isa_supported(k3::Isa::kAvx2)) GTEST_SKIP() << "this CPU has no AVX2";
   k3::LoadOptions load;
   load.isa = "avx2";
-  check_all(kFixture, load, "k3-tiny avx2");
+  check_all(kTinyDir, load, "k3-tiny avx2");
   load = k3::LoadOptions::exact();
   load.isa = "avx2";
-  check_all(kFixture, load, "k3-tiny avx2 exact");
+  check_all(kTinyDir, load, "k3-tiny avx2 exact");
 }
 // K3_KDA_CHUNKED: the prompts (chunks of 7) take the chunk form, and a batched step's rows, one
 // per sequence, keep the token recurrence: each still the bits of its sequence run alone.
 TEST(BatchedDecode, FixtureKdaChunked) {
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.kda_chunked = true;
-  check_all(kFixture, load, "k3-tiny exact kda_chunked");
+  check_all(kTinyDir, load, "k3-tiny exact kda_chunked");
 }
 
 // A synthetic checkpoint with many experts (tiny preset, 64 experts top-4): the rows of a step
@@ -228,7 +228,7 @@ TEST_F(BatchedSynth, SharedExpertsAreReadOncePerStep) {
 }
 
 TEST(BatchedDecode, OneSessionsCancelFlagLeavesTheOthersAndTheBatchFlagStopsTheStep) {
-  const k3::Engine engine(kFixture, k3::LoadOptions{});
+  const k3::Engine engine(kTinyDir, k3::LoadOptions{});
   const std::vector<int64_t> pa = {1, 2, 3}, pb = {4, 5, 6, 7, 8};
   k3::Session a(engine, 16), b(engine, 16), solo_a(engine, 16), solo_b(engine, 16);
   a.prefill(pa);
@@ -257,7 +257,7 @@ TEST(BatchedDecode, OneSessionsCancelFlagLeavesTheOthersAndTheBatchFlagStopsTheS
 }
 
 TEST(BatchedDecode, BadStepsAreRefusedBeforeAnyStateMoves) {
-  const k3::Engine engine(kFixture, k3::LoadOptions{});
+  const k3::Engine engine(kTinyDir, k3::LoadOptions{});
   const int64_t V = engine.info().vocab_size;
   k3::Session a(engine, 8), b(engine, 8), full(engine, 2);
   a.prefill(std::vector<int64_t>{1, 2});
@@ -274,7 +274,7 @@ TEST(BatchedDecode, BadStepsAreRefusedBeforeAnyStateMoves) {
   refused({&a, &b}, {1, V}, "outside the vocabulary");
   refused({&a, &a}, {1, 2}, "twice");
   refused({&a, &b, &full}, {1, 2, 3}, "context is full");
-  const k3::Engine other(kFixture, k3::LoadOptions{});
+  const k3::Engine other(kTinyDir, k3::LoadOptions{});
   k3::Session stranger(other, 8);
   refused({&a, &stranger}, {1, 2}, "another engine");
   // The sessions still decode as if nothing happened.

@@ -80,9 +80,9 @@ std::string show(const std::vector<Segment>& segs) {
   return out;
 }
 
-k3::Result<std::vector<Segment>> render(const std::string& messages,
-                                        const std::string& options = "{}",
-                                        const std::string& tools = "null") {
+k3::Result<std::vector<Segment>> render_request(const std::string& messages,
+                                                const std::string& options = "{}",
+                                                const std::string& tools = "null") {
   const std::string request =
       R"({"messages": )" + messages + R"(, "tools": )" + tools + R"(, "options": )" + options + "}";
   auto parsed = k3::text::parse_pyjson(request);
@@ -144,13 +144,13 @@ std::string format_schema(const std::string& compact_schema) {
 // Two calls answered in reverse order: the run is stable-sorted by call position, `tool` is set
 // from the matched call (overriding a stale explicit `tool`), and `index` is the rendered counter.
 TEST(ChatSpecToolOrder, RunIsSortedByCallPositionAndToolIsTheMatchedName) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"id": "a", "function": {"name": "fa", "arguments": {}}},
           {"id": "b", "function": {"name": "fb", "arguments": {}}}]},
       {"role": "tool", "tool_call_id": "b", "content": "B"},
       {"role": "tool", "tool_call_id": "a", "tool": "stale", "content": "A"}])",
-                        kPlain);
+                                kPlain);
   Want w;
   w.open("message", {{"role", "assistant"}}).open("response").close("response");
   w.open("tools").call_open("fa", 1).close("call").call_open("fb", 2).close("call").close("tools");
@@ -162,7 +162,7 @@ TEST(ChatSpecToolOrder, RunIsSortedByCallPositionAndToolIsTheMatchedName) {
 
 // Ids are compared as str(): str(1) = "1", str(True) = "True", str(2.0) = "2.0" on both sides.
 TEST(ChatSpecToolOrder, IdsAreComparedAsPythonStr) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"id": 1, "function": {"name": "f1", "arguments": {}}},
           {"id": true, "function": {"name": "f2", "arguments": {}}},
@@ -170,7 +170,7 @@ TEST(ChatSpecToolOrder, IdsAreComparedAsPythonStr) {
       {"role": "tool", "tool_call_id": "2.0", "content": "c3"},
       {"role": "tool", "tool_call_id": "True", "content": "c2"},
       {"role": "tool", "tool_call_id": "1", "content": "c1"}])",
-                        kPlain);
+                                kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
   const std::string tail =
@@ -187,13 +187,13 @@ TEST(ChatSpecToolOrder, IdsAreComparedAsPythonStr) {
 // `2.0` and `2` are different ids: str(2.0) = "2.0" != "2". The run is left unchanged and the
 // names come from call order (tool_calls[counter-1]).
 TEST(ChatSpecToolOrder, IntAndFloatIdsDoNotMatch) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"id": "x", "function": {"name": "f1", "arguments": {}}},
           {"id": 2.0, "function": {"name": "f2", "arguments": {}}}]},
       {"role": "tool", "tool_call_id": 2, "content": "second"},
       {"role": "tool", "tool_call_id": "x", "content": "first"}])",
-                        kPlain);
+                                kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
   EXPECT_NE(text.find("tool=\"f1\" index=\"1\"<|sep|>second"), std::string::npos) << text;
@@ -203,14 +203,14 @@ TEST(ChatSpecToolOrder, IntAndFloatIdsDoNotMatch) {
 // Two results for the same call share its position; the sort is stable, so they keep their order.
 // Their `tool` is set, so the counter running past the number of calls needs no lookup.
 TEST(ChatSpecToolOrder, SortIsStableForRepeatedIds) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"id": "a", "function": {"name": "fa", "arguments": {}}},
           {"id": "b", "function": {"name": "fb", "arguments": {}}}]},
       {"role": "tool", "tool_call_id": "b", "content": "B1"},
       {"role": "tool", "tool_call_id": "a", "content": "A"},
       {"role": "tool", "tool_call_id": "b", "content": "B2"}])",
-                        kPlain);
+                                kPlain);
   Want w;
   w.open("message", {{"role", "assistant"}}).open("response").close("response");
   w.open("tools").call_open("fa", 1).close("call").call_open("fb", 2).close("call").close("tools");
@@ -224,7 +224,7 @@ TEST(ChatSpecToolOrder, SortIsStableForRepeatedIds) {
 // An id-less call still advances the position, and the first occurrence of a duplicated id wins
 // (position and name).
 TEST(ChatSpecToolOrder, IdlessCallsAdvanceThePositionAndTheFirstDuplicateWins) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"function": {"name": "n1", "arguments": {}}},
           {"id": "y", "function": {"name": "n2", "arguments": {}}},
@@ -232,7 +232,7 @@ TEST(ChatSpecToolOrder, IdlessCallsAdvanceThePositionAndTheFirstDuplicateWins) {
           {"id": "y", "function": {"name": "n4", "arguments": {}}}]},
       {"role": "tool", "tool_call_id": "x", "content": "X"},
       {"role": "tool", "tool_call_id": "y", "content": "Y"}])",
-                        kPlain);
+                                kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
   // y → (position 2, n2), x → (position 3, n3): Y before X.
@@ -245,13 +245,13 @@ TEST(ChatSpecToolOrder, IdlessCallsAdvanceThePositionAndTheFirstDuplicateWins) {
 // All or nothing: one unmatched id leaves the whole run as it came, so `tool` is not set and
 // names are resolved by order.
 TEST(ChatSpecToolOrder, OneUnmatchedIdLeavesTheRunUntouched) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"id": "a", "function": {"name": "fa", "arguments": {}}},
           {"id": "b", "function": {"name": "fb", "arguments": {}}}]},
       {"role": "tool", "tool_call_id": "b", "content": "B"},
       {"role": "tool", "tool_call_id": "zz", "content": "Z"}])",
-                        kPlain);
+                                kPlain);
   Want w;
   w.open("message", {{"role", "assistant"}}).open("response").close("response");
   w.open("tools").call_open("fa", 1).close("call").call_open("fb", 2).close("call").close("tools");
@@ -264,14 +264,14 @@ TEST(ChatSpecToolOrder, OneUnmatchedIdLeavesTheRunUntouched) {
 // `id` is used only when `tool_call_id` is absent; the map survives a user message (it is only
 // rebuilt at assistant messages), a user message ends a run, and the counter keeps running.
 TEST(ChatSpecToolOrder, IdFallbackRunsEndAtOtherMessagesAndTheMapPersists) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"id": "a", "function": {"name": "fa", "arguments": {}}},
           {"id": "b", "function": {"name": "fb", "arguments": {}}}]},
       {"role": "tool", "id": "b", "content": "B"},
       {"role": "user", "content": "u"},
       {"role": "tool", "id": "a", "content": "A"}])",
-                        kPlain);
+                                kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
   EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"fb\" "
@@ -295,8 +295,8 @@ TEST(ChatSpecToolOrder, MapIsRebuiltAtEveryAssistantMessage) {
     return m;
   };
   // No name, no calls on the latest assistant: unresolvable (§6.3 "none → error").
-  EXPECT_FALSE(render(with(""), kPlain).ok());
-  const auto r = render(with(R"(, "name": "given")"), kPlain);
+  EXPECT_FALSE(render_request(with(""), kPlain).ok());
+  const auto r = render_request(with(R"(, "name": "given")"), kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   const std::string text = k3::text::join_segments(r.value());
   EXPECT_NE(text.find("<|open|>message role=\"tool\" tool=\"given\" index=\"1\"<|sep|>A"),
@@ -306,10 +306,10 @@ TEST(ChatSpecToolOrder, MapIsRebuiltAtEveryAssistantMessage) {
 
 // A matched call whose function name is null does not set `tool`; the message keeps its own.
 TEST(ChatSpecToolOrder, MatchedCallWithoutNameKeepsTheMessageName) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "function": {"name": null, "arguments": {}}}]},
       {"role": "tool", "tool_call_id": "a", "name": "given", "content": "A"}])",
-                        kPlain);
+                                kPlain);
   Want w;
   // The call itself renders tool=str(None) = "None".
   w.open("message", {{"role", "assistant"}}).open("response").close("response");
@@ -325,12 +325,12 @@ TEST(ChatSpecToolOrder, MatchedCallWithoutNameKeepsTheMessageName) {
 // comes from call order. A present empty-string `tool` is used as is: the attribute value is
 // empty and produces no segment.
 TEST(ChatSpecToolName, NullToolHidesNameAndEmptyToolGivesAnEmptyAttribute) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [
           {"function": {"name": "f1", "arguments": {}}}, {"function": {"name": "f2", "arguments": {}}}]},
       {"role": "tool", "tool": null, "name": "ignored", "content": "one"},
       {"role": "tool", "tool": "", "content": "two"}])",
-                        kPlain);
+                                kPlain);
   Want w;
   w.open("message", {{"role", "assistant"}}).open("response").close("response");
   w.open("tools").call_open("f1", 1).close("call").call_open("f2", 2).close("call").close("tools");
@@ -344,21 +344,21 @@ TEST(ChatSpecToolName, NullToolHidesNameAndEmptyToolGivesAnEmptyAttribute) {
 // A tool message before any assistant message counts from 1 and needs its own name; a counter
 // past the end of the calls is an error.
 TEST(ChatSpecToolName, CounterStartsAtOneAndRunningPastTheCallsIsAnError) {
-  const auto r = render(
+  const auto r = render_request(
       R"([{"role": "tool", "tool": "early", "content": "x"}, {"role": "tool", "name": 7, "content": "y"}])",
       kPlain);
   Want w;
   w.message({{"role", "tool"}, {"tool", "early"}, {"index", "1"}}, "x");
   w.message({{"role", "tool"}, {"tool", "7"}, {"index", "2"}}, "y");
   EXPECT_SEGMENTS(r, w);
-  EXPECT_FALSE(render(R"([
+  EXPECT_FALSE(render_request(R"([
       {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
       {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}])",
-                      kPlain)
+                              kPlain)
                    .ok());
   // An assistant message with an empty tool_calls list resolves nothing.
   EXPECT_FALSE(
-      render(
+      render_request(
           R"([{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "1"}])",
           kPlain)
           .ok());
@@ -388,10 +388,10 @@ Want& call_frame_close(Want& w) {
 // A dict is used as is: keys in insertion order, nested objects NOT key-sorted, non-string values
 // as json.dumps(ensure_ascii=False) with the default ", " / ": " separators.
 TEST(ChatSpecArguments, DictArgumentsKeepOrderAndUseDefaultSeparators) {
-  const auto r =
-      render(one_call(R"({"b": {"z": 1, "a": [1, "two", false, null, {}]}, "a": null, "t": true,
+  const auto r = render_request(
+      one_call(R"({"b": {"z": 1, "a": [1, "two", false, null, {}]}, "a": null, "t": true,
                                      "s": "", "": "v", "u": {"é": "中\u0001\u2028"}, "f": 2.50, "i": -0})"),
-             kPlain);
+      kPlain);
   Want w = call_frame_open();
   w.argument("b", "object", "{\"z\": 1, \"a\": [1, \"two\", false, null, {}]}");
   w.argument("a", "null", "null");
@@ -410,7 +410,7 @@ TEST(ChatSpecArguments, DictArgumentsKeepOrderAndUseDefaultSeparators) {
 // integers exact; leading/trailing JSON whitespace is fine.
 TEST(ChatSpecArguments, JsonStringArgumentsKeepPythonNumberSemantics) {
   // (One JSON string: the outer request JSON may not hold a raw newline inside it.)
-  const auto r = render(
+  const auto r = render_request(
       one_call(R"(" {\"n\": 1E5, \"m\": -0, \"k\": 1e400, \"j\": -1e-400, \"n\": 7, )"
                R"(\"big\": 123456789012345678901234567890, \"e\": 1e-7, \"x\": [1.0, 1e16]}\n")"),
       kPlain);
@@ -438,7 +438,7 @@ TEST(ChatSpecArguments, WhatJsonLoadsRejectsBecomesAJsonBlock) {
     Want w = call_frame_open();
     w.open("json", {{"type", "object"}}).T(raw).close("json");
     call_frame_close(w);
-    EXPECT_SEGMENTS(render(one_call(raw_json), kPlain), w);
+    EXPECT_SEGMENTS(render_request(one_call(raw_json), kPlain), w);
   }
 }
 
@@ -448,7 +448,7 @@ TEST(ChatSpecArguments, BlankStringsAreEmptyArguments) {
     SCOPED_TRACE(blank);
     Want w = call_frame_open();
     call_frame_close(w);
-    EXPECT_SEGMENTS(render(one_call(blank), kPlain), w);
+    EXPECT_SEGMENTS(render_request(one_call(blank), kPlain), w);
   }
 }
 
@@ -457,7 +457,7 @@ TEST(ChatSpecArguments, NonObjectJsonAndOtherTypesAreErrors) {
   for (const std::string bad :
        {R"("null")", R"("NaN")", R"("[]")", R"("2")", "5", "1.5", "false", R"(["a"])"}) {
     SCOPED_TRACE(bad);
-    EXPECT_FALSE(render(one_call(bad), kPlain).ok());
+    EXPECT_FALSE(render_request(one_call(bad), kPlain).ok());
   }
 }
 
@@ -465,7 +465,7 @@ TEST(ChatSpecArguments, NonObjectJsonAndOtherTypesAreErrors) {
 // when the arguments are not a raw block: `fn.pop("_xtml_json_block", None)`. So a caller key
 // of that name never turns a call into a json block.
 TEST(ChatSpecArguments, CallerSuppliedJsonBlockKeyIsDropped) {
-  const auto wrapped = render(
+  const auto wrapped = render_request(
       R"([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}, "_xtml_json_block": "raw"}}]}])",
       kPlain);
   Want w = call_frame_open();
@@ -473,7 +473,7 @@ TEST(ChatSpecArguments, CallerSuppliedJsonBlockKeyIsDropped) {
   call_frame_close(w);
   EXPECT_SEGMENTS(wrapped, w);
 
-  const auto flat = render(
+  const auto flat = render_request(
       R"([{"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": "{}", "_xtml_json_block": "raw"}]}])",
       kPlain);
   Want w2 = call_frame_open();
@@ -484,7 +484,7 @@ TEST(ChatSpecArguments, CallerSuppliedJsonBlockKeyIsDropped) {
 // A flat call (no `function`): name and arguments are read from the call itself; `str()` of a
 // non-string name; attribute escaping & → &amp; first, then " → &quot;.
 TEST(ChatSpecArguments, FlatCallsAndEscapedNamesAndKeys) {
-  const auto r = render(
+  const auto r = render_request(
       R"([{"role": "assistant", "content": "", "tool_calls": [
             {"name": "a&\"b", "arguments": "{\"k\\\"&\": \"&quot;\"}"},
             {"name": 1.0, "arguments": null}]}])",
@@ -510,38 +510,44 @@ TEST(ChatSpecArguments, ToolCallsOnNonAssistantMessagesAreOnlyNormalised) {
         R"([{"function": null, "arguments": "{}"}])"}) {
     SCOPED_TRACE(calls);
     EXPECT_SEGMENTS(
-        render(R"([{"role": "user", "content": "x", "tool_calls": )" + calls + "}]", kPlain), w);
+        render_request(R"([{"role": "user", "content": "x", "tool_calls": )" + calls + "}]",
+                       kPlain),
+        w);
   }
   Want s;
   s.message({{"role", "system"}}, "x");
-  EXPECT_SEGMENTS(render(R"([{"role": "system", "content": "x", "tool_calls": [5]}])", kPlain), s);
+  EXPECT_SEGMENTS(
+      render_request(R"([{"role": "system", "content": "x", "tool_calls": [5]}])", kPlain), s);
   Want t;
   t.message({{"role", "tool"}, {"tool", "t"}, {"index", "1"}}, "x");
   EXPECT_SEGMENTS(
-      render(R"([{"role": "tool", "tool": "t", "content": "x", "tool_calls": {"k": 1}}])", kPlain),
+      render_request(R"([{"role": "tool", "tool": "t", "content": "x", "tool_calls": {"k": 1}}])",
+                     kPlain),
       t);
   EXPECT_SEGMENTS(
-      render(R"([{"role": "developer", "content": "x", "tool_calls": [null]}])", kPlain), Want());
+      render_request(R"([{"role": "developer", "content": "x", "tool_calls": [null]}])", kPlain),
+      Want());
   // These still raise in Python: the arguments themselves are refused, or the value is not
   // iterable.
   EXPECT_FALSE(
-      render(
+      render_request(
           R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}])",
           kPlain)
           .ok());
   EXPECT_FALSE(
-      render(
+      render_request(
           R"([{"role": "user", "content": "x", "tool_calls": [{"function": null, "arguments": "[1]"}]}])",
           kPlain)
           .ok());
-  EXPECT_FALSE(render(R"([{"role": "user", "content": "x", "tool_calls": 5}])", kPlain).ok());
+  EXPECT_FALSE(
+      render_request(R"([{"role": "user", "content": "x", "tool_calls": 5}])", kPlain).ok());
 }
 
 // json.loads in CPython accepts nesting far deeper than 512 (the recursion limit is 1000 in
 // 3.11 and higher in later versions): 600 levels render as a typed argument, not an error.
 TEST(ChatSpecArguments, NestingWithinPythonsRecursionLimitIsAccepted) {
   const std::string deep = std::string(600, '[') + std::string(600, ']');
-  const auto r = render(one_call("\"{\\\"a\\\": " + deep + "}\""), kPlain);
+  const auto r = render_request(one_call("\"{\\\"a\\\": " + deep + "}\""), kPlain);
   ASSERT_TRUE(r.ok()) << r.status().message();
   std::string value;
   for (int i = 0; i < 600; ++i) value += '[';
@@ -569,42 +575,47 @@ constexpr const char* kThinkNoPrompt = R"({"add_generation_prompt": false})";
 TEST(ChatSpecThink, ReasoningFallbackIsPythonOr) {
   // `reasoning_content or reasoning`: a truthy whitespace-only reasoning_content wins over the
   // alias and then fails the strip test, so the channel stays empty.
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "  ", "reasoning": "alias")"),
-                         kThinkNoPrompt),
-                  think_turn(""));
+  EXPECT_SEGMENTS(
+      render_request(assistant_with(R"(, "reasoning_content": "  ", "reasoning": "alias")"),
+                     kThinkNoPrompt),
+      think_turn(""));
   // Falsy non-strings fall through: 0 or False → False, and str(False) = "False" is not blank.
-  EXPECT_SEGMENTS(
-      render(assistant_with(R"(, "reasoning_content": 0, "reasoning": false)"), kThinkNoPrompt),
-      think_turn("False"));
+  EXPECT_SEGMENTS(render_request(assistant_with(R"(, "reasoning_content": 0, "reasoning": false)"),
+                                 kThinkNoPrompt),
+                  think_turn("False"));
   // null or 0 → 0 → "0".
-  EXPECT_SEGMENTS(
-      render(assistant_with(R"(, "reasoning_content": null, "reasoning": 0)"), kThinkNoPrompt),
-      think_turn("0"));
+  EXPECT_SEGMENTS(render_request(assistant_with(R"(, "reasoning_content": null, "reasoning": 0)"),
+                                 kThinkNoPrompt),
+                  think_turn("0"));
   // Neither key: None → empty channel.
-  EXPECT_SEGMENTS(render(assistant_with(""), kThinkNoPrompt), think_turn(""));
+  EXPECT_SEGMENTS(render_request(assistant_with(""), kThinkNoPrompt), think_turn(""));
 }
 
 TEST(ChatSpecThink, StripTestUsesPythonWhitespaceButEmitsUnstripped) {
   EXPECT_SEGMENTS(
-      render(assistant_with(R"(, "reasoning_content": "\u3000\u001c\u2029\u0085\u00a0")"),
-             kThinkNoPrompt),
+      render_request(assistant_with(R"(, "reasoning_content": "\u3000\u001c\u2029\u0085\u00a0")"),
+                     kThinkNoPrompt),
       think_turn(""));
   // U+200B is not whitespace for str.strip().
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\u200b")"), kThinkNoPrompt),
-                  think_turn("\u200b"));
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": "\n r \u3000")"), kThinkNoPrompt),
-                  think_turn("\n r \u3000"));
+  EXPECT_SEGMENTS(
+      render_request(assistant_with(R"(, "reasoning_content": "\u200b")"), kThinkNoPrompt),
+      think_turn("\u200b"));
+  EXPECT_SEGMENTS(
+      render_request(assistant_with(R"(, "reasoning_content": "\n r \u3000")"), kThinkNoPrompt),
+      think_turn("\n r \u3000"));
   // A non-string reasoning is str()-ed.
-  EXPECT_SEGMENTS(render(assistant_with(R"(, "reasoning_content": ["a", 1.0])"), kThinkNoPrompt),
-                  think_turn("['a', 1.0]"));
+  EXPECT_SEGMENTS(
+      render_request(assistant_with(R"(, "reasoning_content": ["a", 1.0])"), kThinkNoPrompt),
+      think_turn("['a', 1.0]"));
 }
 
 // thinking=false: no think element in any turn, reasoning discarded, prompt opens `response`;
 // an effort (even an invalid one) is ignored.
 TEST(ChatSpecThink, ThinkingOffDropsEveryThinkElement) {
-  const auto r = render(R"([{"role": "assistant", "content": "a1", "reasoning_content": "r1"},
+  const auto r =
+      render_request(R"([{"role": "assistant", "content": "a1", "reasoning_content": "r1"},
                             {"role": "assistant", "content": "a2", "reasoning": "r2"}])",
-                        R"({"thinking": false, "thinking_effort": "medium"})");
+                     R"({"thinking": false, "thinking_effort": "medium"})");
   Want w;
   w.assistant_plain("a1").assistant_plain("a2");
   w.open("message", {{"role", "assistant"}}).open("response");
@@ -620,8 +631,8 @@ TEST(ChatSpecNames, NameOnlyWhenTruthyAndStrOfTheValue) {
     SCOPED_TRACE(falsy);
     Want w;
     w.message({{"role", "user"}}, "x");
-    EXPECT_SEGMENTS(render(R"([{"role": "user", "content": "x", "name": )" + falsy + "}]", kPlain),
-                    w);
+    EXPECT_SEGMENTS(
+        render_request(R"([{"role": "user", "content": "x", "name": )" + falsy + "}]", kPlain), w);
   }
   const std::vector<std::pair<std::string, std::string>> truthy = {
       {"1.0", "1.0"},
@@ -636,8 +647,8 @@ TEST(ChatSpecNames, NameOnlyWhenTruthyAndStrOfTheValue) {
     SCOPED_TRACE(json);
     Want w;
     w.message({{"role", "system"}, {"name", escaped}}, "x");
-    EXPECT_SEGMENTS(render(R"([{"role": "system", "content": "x", "name": )" + json + "}]", kPlain),
-                    w);
+    EXPECT_SEGMENTS(
+        render_request(R"([{"role": "system", "content": "x", "name": )" + json + "}]", kPlain), w);
   }
   Want a;
   a.open("message", {{"role", "assistant"}, {"name", "bot"}})
@@ -646,7 +657,8 @@ TEST(ChatSpecNames, NameOnlyWhenTruthyAndStrOfTheValue) {
       .close("response")
       .close("message")
       .eom();
-  EXPECT_SEGMENTS(render(R"([{"role": "assistant", "content": "x", "name": "bot"}])", kPlain), a);
+  EXPECT_SEGMENTS(
+      render_request(R"([{"role": "assistant", "content": "x", "name": "bot"}])", kPlain), a);
 }
 
 // str() of a list holding a string uses repr(), which escapes non-printable characters: format
@@ -656,8 +668,8 @@ TEST(ChatSpecNames, ReprEscapesEveryNonPrintableCodePoint) {
   Want w;
   w.message({{"role", "user"}, {"name", "['\\u0601', '\\u0378', '\\xad']"}}, "x");
   EXPECT_SEGMENTS(
-      render(R"([{"role": "user", "content": "x", "name": ["\u0601", "\u0378", "\u00ad"]}])",
-             kPlain),
+      render_request(
+          R"([{"role": "user", "content": "x", "name": ["\u0601", "\u0378", "\u00ad"]}])", kPlain),
       w);
 }
 
@@ -666,19 +678,19 @@ TEST(ChatSpecContent, EmptyShapesGiveNoBodySegment) {
     SCOPED_TRACE(empty);
     Want w;
     w.open("message", {{"role", "user"}}).close("message").eom();
-    EXPECT_SEGMENTS(render(R"([{"role": "user", "content": )" + empty + "}]", kPlain), w);
+    EXPECT_SEGMENTS(render_request(R"([{"role": "user", "content": )" + empty + "}]", kPlain), w);
   }
   Want w;
   w.open("message", {{"role", "user"}}).close("message").eom();
-  EXPECT_SEGMENTS(render(R"([{"role": "user"}])", kPlain), w);
+  EXPECT_SEGMENTS(render_request(R"([{"role": "user"}])", kPlain), w);
 }
 
 // One segment per non-image part, `part["text"]` str()-ed whatever the part type.
 TEST(ChatSpecContent, PartsAreStrOfTheirText) {
-  const auto r = render(R"([{"role": "tool", "tool": "t", "content": [
+  const auto r = render_request(R"([{"role": "tool", "tool": "t", "content": [
       {"type": "text", "text": null}, {"type": "input_text", "text": 5}, {"type": "x", "text": ""},
       {"type": "text", "text": [true]}, {"type": "text", "text": "<|open|>"}]}])",
-                        kPlain);
+                                kPlain);
   Want w;
   w.open("message", {{"role", "tool"}, {"tool", "t"}, {"index", "1"}});
   w.T("None").T("5").T("[True]").T("<|open|>");
@@ -690,7 +702,7 @@ TEST(ChatSpecContent, MalformedContentIsAnError) {
   for (const std::string bad : {"5", "true", R"({"a": 1})", R"(["text"])",
                                 R"([{"text": "no type"}])", R"([{"type": "text"}])"}) {
     SCOPED_TRACE(bad);
-    EXPECT_FALSE(render(R"([{"role": "user", "content": )" + bad + "}]", kPlain).ok());
+    EXPECT_FALSE(render_request(R"([{"role": "user", "content": )" + bad + "}]", kPlain).ok());
   }
 }
 
@@ -701,12 +713,12 @@ TEST(ChatSpecContent, MalformedContentIsAnError) {
 // name ignored). Empty `tools` leaves an ordinary system message; `tools` on other roles is
 // ignored.
 TEST(ChatSpecTools, MessageLevelTools) {
-  const auto r = render(R"([
+  const auto r = render_request(R"([
       {"role": "system", "content": "ignored", "name": "n", "tools": [{"z": {"b": 1, "a": 2}, "a": "é"}]},
       {"role": "system", "content": "plain", "tools": []},
       {"role": "user", "content": "u", "tools": [{"x": 1}]},
       {"role": "system", "content": "mapping", "tools": {"b": 1, "a": 0}}])",
-                        kPlain);
+                                kPlain);
   Want w;
   w.internal("tool-declare",
              kDynamicDeclare + "[{\"a\":\"é\",\"z\":{\"a\":2,\"b\":1}}]" + kJsonEnd);
@@ -719,9 +731,9 @@ TEST(ChatSpecTools, MessageLevelTools) {
 // COMPACT_JSON: keys sorted by code point at every depth, arrays in order, non-ASCII raw,
 // \" \\ \n \t \b \f escaped, other C0 as lowercase \u00xx, DEL and U+2028 raw, Python float repr.
 TEST(ChatSpecTools, CompactJsonOfTools) {
-  const auto r =
-      render("[]", kPlain,
-             R"([{"name": "é\"\\\n\t\b\f\u0001\u001f\u007f\u2028😀", "b": [{"y": 1.0, "x": 1e16}, 2],
+  const auto r = render_request(
+      "[]", kPlain,
+      R"([{"name": "é\"\\\n\t\b\f\u0001\u001f\u007f\u2028😀", "b": [{"y": 1.0, "x": 1e16}, 2],
                              "a": 100000000000000000000, "Z": -1e-5, "\u00e9": null, "\uffff": 0, "\ud83d\ude00": 0}])");
   Want w;
   w.internal("tool-declare",
@@ -738,7 +750,7 @@ TEST(ChatSpecTools, CompactJsonOfTools) {
 
 // Everything at once: declaration, effort, conversation, tool choice, response format, prompt.
 TEST(ChatSpecInternal, EmissionOrder) {
-  const auto r = render(
+  const auto r = render_request(
       R"([{"role": "user", "content": "q"}])",
       R"({"thinking_effort": "low", "tool_choice": "none", "response_format": {"type": "json_object"}})",
       R"([{"t": 1}])");
@@ -758,15 +770,17 @@ TEST(ChatSpecInternal, ToolChoiceOnlyRequiredAndNone) {
         R"(["none"])"}) {
     SCOPED_TRACE(other);
     EXPECT_SEGMENTS(
-        render("[]", R"({"thinking": false, "add_generation_prompt": false, "tool_choice": )" +
-                         other + "}"),
+        render_request(
+            "[]",
+            R"({"thinking": false, "add_generation_prompt": false, "tool_choice": )" + other + "}"),
         Want());
   }
   Want w;
   w.internal("tool-choice", kChoiceRequired);
   EXPECT_SEGMENTS(
-      render("[]",
-             R"({"thinking": false, "add_generation_prompt": false, "tool_choice": "required"})"),
+      render_request(
+          "[]",
+          R"({"thinking": false, "add_generation_prompt": false, "tool_choice": "required"})"),
       w);
 }
 
@@ -777,30 +791,33 @@ std::string with_format(const std::string& extra) {
 TEST(ChatSpecInternal, ResponseFormatStringsAndDicts) {
   Want object;
   object.internal("response-format", kFormatObject);
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": "json_object")")), object);
+  EXPECT_SEGMENTS(render_request("[]", with_format(R"("response_format": "json_object")")), object);
   // A bare "json_schema" string has no schema to extract: json.dumps(None) = "null".
   Want null_schema;
   null_schema.internal("response-format", format_schema("null"));
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": "json_schema")")), null_schema);
+  EXPECT_SEGMENTS(render_request("[]", with_format(R"("response_format": "json_schema")")),
+                  null_schema);
   // A dict without `type` is compared as a whole and matches nothing; other types nothing.
   EXPECT_SEGMENTS(
-      render("[]", with_format(R"("response_format": {"json_schema": {"schema": {}}})")), Want());
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "text"})")), Want());
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "JSON_OBJECT"})")),
+      render_request("[]", with_format(R"("response_format": {"json_schema": {"schema": {}}})")),
+      Want());
+  EXPECT_SEGMENTS(render_request("[]", with_format(R"("response_format": {"type": "text"})")),
                   Want());
+  EXPECT_SEGMENTS(
+      render_request("[]", with_format(R"("response_format": {"type": "JSON_OBJECT"})")), Want());
   // response_schema is not used for json_object.
   EXPECT_SEGMENTS(
-      render("[]",
-             with_format(
-                 R"("response_format": {"type": "json_object"}, "response_schema": {"a": 1})")),
+      render_request(
+          "[]", with_format(
+                    R"("response_format": {"type": "json_object"}, "response_schema": {"a": 1})")),
       object);
 }
 
 TEST(ChatSpecInternal, ResponseSchemaExtraction) {
   auto schema_of = [](const std::string& json_schema) {
-    return render("[]",
-                  with_format(R"("response_format": {"type": "json_schema", "json_schema": )" +
-                              json_schema + "}"));
+    return render_request(
+        "[]", with_format(R"("response_format": {"type": "json_schema", "json_schema": )" +
+                          json_schema + "}"));
   };
   auto want = [](const std::string& compact) {
     Want w;
@@ -821,13 +838,15 @@ TEST(ChatSpecInternal, ResponseSchemaExtraction) {
   EXPECT_SEGMENTS(schema_of(R"("str")"), want("\"str\""));
   EXPECT_SEGMENTS(schema_of(R"([{"b": 1, "a": 2}])"), want("[{\"a\":2,\"b\":1}]"));
   // No json_schema at all: null.
-  EXPECT_SEGMENTS(render("[]", with_format(R"("response_format": {"type": "json_schema"})")),
-                  want("null"));
+  EXPECT_SEGMENTS(
+      render_request("[]", with_format(R"("response_format": {"type": "json_schema"})")),
+      want("null"));
   // An explicit response_schema wins (deep-sorted).
   EXPECT_SEGMENTS(
-      render("[]",
-             with_format(
-                 R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
+      render_request(
+          "[]",
+          with_format(
+              R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
                                               "response_schema": {"z": {"b": 1, "a": 2}})")),
       want("{\"z\":{\"a\":2,\"b\":1}}"));
 }
@@ -839,9 +858,10 @@ TEST(ChatSpecInternal, ExplicitNullResponseSchemaIsNotReplacedByExtraction) {
   Want w;
   w.internal("response-format", format_schema("null"));
   EXPECT_SEGMENTS(
-      render("[]",
-             with_format(
-                 R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
+      render_request(
+          "[]",
+          with_format(
+              R"("response_format": {"type": "json_schema", "json_schema": {"schema": {"a": 1}}},
                                               "response_schema": null)")),
       w);
 }
@@ -853,18 +873,21 @@ TEST(ChatSpecInternal, ApplyChatTemplateEffortDefault) {
   w.internal("tool-declare", kStaticDeclare + "[1]" + kJsonEnd);
   w.internal("thinking-effort", effort_body("max"));
   EXPECT_SEGMENTS(
-      render("[]", R"({"entry": "apply_chat_template", "add_generation_prompt": false})", "[1]"),
+      render_request("[]", R"({"entry": "apply_chat_template", "add_generation_prompt": false})",
+                     "[1]"),
       w);
   EXPECT_SEGMENTS(
-      render(
+      render_request(
           "[]",
           R"({"entry": "apply_chat_template", "add_generation_prompt": false, "thinking_effort": null})"),
       Want());
   Want off;
   off.open("message", {{"role", "assistant"}}).open("response");
-  EXPECT_SEGMENTS(render("[]", R"({"entry": "apply_chat_template", "thinking": false})"), off);
+  EXPECT_SEGMENTS(render_request("[]", R"({"entry": "apply_chat_template", "thinking": false})"),
+                  off);
   EXPECT_FALSE(
-      render("[]", R"({"entry": "apply_chat_template", "thinking_effort": "medium"})").ok());
+      render_request("[]", R"({"entry": "apply_chat_template", "thinking_effort": "medium"})")
+          .ok());
 }
 
 // =================================================================================================
@@ -877,11 +900,11 @@ TEST(ChatSpecMessages, NonListMessagesAreIteratedAndSkipped) {
     SCOPED_TRACE(messages);
     Want w;
     w.open("message", {{"role", "assistant"}}).open("response");
-    EXPECT_SEGMENTS(render(messages, R"({"thinking": false})"), w);
+    EXPECT_SEGMENTS(render_request(messages, R"({"thinking": false})"), w);
   }
   // None and numbers are not iterable.
-  EXPECT_FALSE(render("null", kPlain).ok());
-  EXPECT_FALSE(render("5", kPlain).ok());
+  EXPECT_FALSE(render_request("null", kPlain).ok());
+  EXPECT_FALSE(render_request("5", kPlain).ok());
 }
 
 // normalize_conversation treats a list whose FIRST element is a list as a batch and normalises
@@ -889,12 +912,13 @@ TEST(ChatSpecMessages, NonListMessagesAreIteratedAndSkipped) {
 // as a non-dict), a later None/number raises (not iterable), and inner messages are normalised
 // (so bad arguments inside raise).
 TEST(ChatSpecMessages, FirstElementListTriggersBatchNormalisation) {
-  EXPECT_SEGMENTS(render(R"([[], {"role": "user", "content": "hi"}])", kPlain), Want());
-  EXPECT_SEGMENTS(render(R"([[{"role": "user", "content": "inner"}], "str"])", kPlain), Want());
-  EXPECT_FALSE(render(R"([[], 5])", kPlain).ok());
-  EXPECT_FALSE(render(R"([[], null])", kPlain).ok());
+  EXPECT_SEGMENTS(render_request(R"([[], {"role": "user", "content": "hi"}])", kPlain), Want());
+  EXPECT_SEGMENTS(render_request(R"([[{"role": "user", "content": "inner"}], "str"])", kPlain),
+                  Want());
+  EXPECT_FALSE(render_request(R"([[], 5])", kPlain).ok());
+  EXPECT_FALSE(render_request(R"([[], null])", kPlain).ok());
   EXPECT_FALSE(
-      render(
+      render_request(
           R"([[{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 5}}]}]])",
           kPlain)
           .ok());
@@ -904,12 +928,12 @@ TEST(ChatSpecMessages, UnknownRolesAndNonDictsAreSkippedButARoleIsRequired) {
   Want w;
   w.message({{"role", "user"}}, "kept");
   EXPECT_SEGMENTS(
-      render(
+      render_request(
           R"([{"role": "developer", "content": "d"}, 1, null, "s", true, {"role": "User", "content": "u"},
                             {"role": ["user"]}, {"role": "user", "content": "kept"}])",
           kPlain),
       w);
-  EXPECT_FALSE(render(R"([{"content": "no role"}])", kPlain).ok());
+  EXPECT_FALSE(render_request(R"([{"content": "no role"}])", kPlain).ok());
 }
 
 }  // namespace

@@ -16,8 +16,11 @@
 #include "text/prompt.h"
 #include "text/pyjson.h"
 #include "text/tokenizer.h"
+#include "text_fixtures.h"
 
 namespace {
+
+using k3::testing::kReleaseDir;
 
 using k3::Status;
 using k3::text::ChatOptions;
@@ -26,7 +29,6 @@ using k3::text::PyValue;
 using k3::text::Segment;
 
 const std::string kChatCases = std::string(K3_SOURCE_DIR) + "/tests/data/text/chat_cases.jsonl";
-const std::string kRelease = std::string(K3_SOURCE_DIR) + "/tests/data/k3-release";
 
 PyValue parse(std::string_view text) {
   auto r = k3::text::parse_pyjson(text);
@@ -113,7 +115,7 @@ TEST(ChatGolden, EveryCaseRendersTheGoldenSegments) {
 
 // Each segment encoded on its own (control segments with specials allowed), concatenated.
 TEST(ChatGolden, SegmentsEncodeToTheGoldenIds) {
-  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kRelease);
+  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kReleaseDir);
   for (const PyValue& c : load_cases()) {
     if (is_error_case(c)) continue;
     SCOPED_TRACE(c.find("name")->as_string());
@@ -162,7 +164,7 @@ TEST(ChatRender, ImagePartsAreThePlaceholder) {
   EXPECT_EQ(s[7], (Segment{"see", false}));
   EXPECT_EQ(s[8], (Segment{"<|kimi_image_placeholder|>", true}));
   EXPECT_EQ(s[9], (Segment{"<|kimi_image_placeholder|>", true}));
-  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kRelease);
+  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kReleaseDir);
   EXPECT_EQ(tokenizer.encode(s[8].text, true), tokenizer.encode(s[8].text, false));
 }
 

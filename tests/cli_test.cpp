@@ -34,12 +34,12 @@ using Result = k3::testing::CommandResult;
 using k3::testing::error_of;
 
 // Runs `env_prefix kimi_k3 args` with a clean environment, capturing stdout and stderr apart.
-Result run(const std::string& env_prefix, const std::string& args) {
+Result run_kimi_k3(const std::string& env_prefix, const std::string& args) {
   return k3::testing::run_split("env -i " + env_prefix + " " + kBinary + " " + args);
 }
 
 TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
-  const Result r = run(kExact, kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result r = run_kimi_k3(kExact, kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n");
   EXPECT_NE(r.err.find("load "), std::string::npos) << r.err;
@@ -54,8 +54,8 @@ TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
 }
 
 TEST(Cli, ModelFromEnvironmentAndSpaceSeparatedIds) {
-  const Result r = run(kExact + " COLI_MODEL=" + kFixture,
-                       "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
+  const Result r = run_kimi_k3(kExact + " COLI_MODEL=" + kFixture,
+                               "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "144 392 575\n");
 }
@@ -63,10 +63,11 @@ TEST(Cli, ModelFromEnvironmentAndSpaceSeparatedIds) {
 TEST(Cli, SamplingIsReproducibleFromTheSeed) {
   const std::string args =
       kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --top-k 50 --top-p 0.95 --seed 7";
-  const Result a = run("", args), b = run("", args);
+  const Result a = run_kimi_k3("", args), b = run_kimi_k3("", args);
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
-  const Result c = run("", kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --seed 8");
+  const Result c =
+      run_kimi_k3("", kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --seed 8");
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_NE(a.out, c.out) << "different seeds should give different samples at temperature 1.5";
 }
@@ -76,8 +77,8 @@ TEST(Cli, LogitsAndTraceFilesAreWritten) {
   fs::create_directories(dir);
   const std::string logits = (dir / "logits.f32").string(),
                     trace = (dir / "trace.safetensors").string();
-  const Result r = run(kExact + " K3_LOGITS=" + logits + " K3_TRACE=" + trace,
-                       kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result r = run_kimi_k3(kExact + " K3_LOGITS=" + logits + " K3_TRACE=" + trace,
+                               kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n") << "writing traces must not change any value";
   // The file holds the prefill logits [12][1024] (raw f32): at exact settings they are the
@@ -108,9 +109,9 @@ TEST(Cli, X0RowsPastTheTableAreAnError) {
     out.write(reinterpret_cast<const char*>(rows.data()),
               static_cast<std::streamsize>(rows.size() * 4));
   }
-  const Result ok = run("K3_X0=" + x0.string(), kFixture + " --ids 1,2 --ngen 1");
+  const Result ok = run_kimi_k3("K3_X0=" + x0.string(), kFixture + " --ids 1,2 --ngen 1");
   EXPECT_EQ(ok.status, 0) << ok.err;
-  const Result past = run("K3_X0=" + x0.string(), kFixture + " --ids 1,2,3 --ngen 1");
+  const Result past = run_kimi_k3("K3_X0=" + x0.string(), kFixture + " --ids 1,2,3 --ngen 1");
   EXPECT_NE(past.status, 0);
   EXPECT_NE(past.err.find("K3_X0"), std::string::npos) << past.err;
   fs::remove(x0);
@@ -134,25 +135,25 @@ TEST(Cli, RefusesUnsupportedAndUnknownSettings) {
       {"K3_LAYERS=9", "--ids 1 --ngen 1", "K3_LAYERS"},
   };
   for (const Case& c : cases) {
-    const Result r = run(c.env, kFixture + " " + c.args);
+    const Result r = run_kimi_k3(c.env, kFixture + " " + c.args);
     EXPECT_NE(r.status, 0) << c.env << " " << c.args;
     EXPECT_TRUE(r.out.empty()) << c.env << " " << c.args;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.env << " " << c.args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
   }
-  const Result missing = run("", "/nonexistent/model --ids 1");
+  const Result missing = run_kimi_k3("", "/nonexistent/model --ids 1");
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;
 }
 
 TEST(Cli, StatsShowTheSettingsAndTheStages) {
-  const Result defaults = run("", kFixture + " --ids " + kPrompt + " --ngen 2 --stats");
+  const Result defaults = run_kimi_k3("", kFixture + " --ids " + kPrompt + " --ngen 2 --stats");
   ASSERT_EQ(defaults.status, 0) << defaults.err;
   EXPECT_NE(defaults.err.find("bits 4/8/8 | idot 1"), std::string::npos) << defaults.err;
   for (const char* stage : {"kda", "mla", "router", "experts", "shared", "dense", "head"})
     EXPECT_NE(defaults.err.find(stage), std::string::npos) << stage << ": " << defaults.err;
-  const Result scalar =
-      run(kExact + " K3_ISA=scalar K3_STATS=1", kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result scalar = run_kimi_k3(kExact + " K3_ISA=scalar K3_STATS=1",
+                                    kFixture + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(scalar.status, 0) << scalar.err;
   EXPECT_EQ(scalar.out, kGoldenDecode + "\n");
   EXPECT_NE(scalar.err.find("isa scalar | bits 32/32/32 | idot 0"), std::string::npos)
@@ -160,7 +161,7 @@ TEST(Cli, StatsShowTheSettingsAndTheStages) {
 }
 
 TEST(Cli, HelpListsTheEnvironmentVariables) {
-  const Result r = run("", "--help");
+  const Result r = run_kimi_k3("", "--help");
   ASSERT_EQ(r.status, 0) << r.err;
   for (const char* name :
        {"K3_BITS", "K3_MLA_BITS", "K3_HEAD_BITS", "K3_IDOT", "K3_ISA", "K3_STATS", "COLI_CTX",
@@ -171,7 +172,7 @@ TEST(Cli, HelpListsTheEnvironmentVariables) {
 // ---- issue 27, first contact --------------------------------------------------------------
 
 const std::string kBin = K3_BINARY_DIR;
-const std::string kColi = kBin + "/apps/coli";
+const std::string kColiBinary = kBin + "/apps/coli";
 const std::string kSynth = kBin + "/tools/k3_synth";
 const std::string kRepack = kBin + "/tools/k3_repack";
 const std::string kBench = kBin + "/bench/k3_bench";
@@ -197,24 +198,24 @@ TEST(FirstContact, UnknownFlagsAndCommandsNameTheNearestOne) {
                      "kimi_k3: unknown option --temperature (did you mean --temp?)\n", 1);
   expect_usage_error(kBinary + " m x --ngen", "kimi_k3: --ngen needs a value", 1);
   // coli: the command, then each command's flags.
-  const Result serv = sh(kColi + " serv");
+  const Result serv = sh(kColiBinary + " serv");
   EXPECT_EQ(serv.status, 2);
   EXPECT_EQ(serv.err,
             "coli: unknown command 'serv' (did you mean 'serve'?)\n"
             "commands: serve, web, chat, tokenize, render (`coli --help` says what each does)\n");
-  expect_usage_error(kColi + " tokenise m",
+  expect_usage_error(kColiBinary + " tokenise m",
                      "coli: unknown command 'tokenise' (did you mean 'tokenize'?)");
-  expect_usage_error(kColi + " --prot 80", "coli: unknown option --prot");
-  expect_usage_error(kColi + " serve m --prot 80",
+  expect_usage_error(kColiBinary + " --prot 80", "coli: unknown option --prot");
+  expect_usage_error(kColiBinary + " serve m --prot 80",
                      "coli serve: unknown option --prot (did you mean --port?)");
-  expect_usage_error(kColi + " web m --prot 80",
+  expect_usage_error(kColiBinary + " web m --prot 80",
                      "coli web: unknown option --prot (did you mean --port?)");
-  expect_usage_error(kColi + " chat m --tmep 1",
+  expect_usage_error(kColiBinary + " chat m --tmep 1",
                      "coli chat: unknown option --tmep (did you mean --temp?)");
   expect_usage_error(
-      kColi + " tokenize m --allow-specal",
+      kColiBinary + " tokenize m --allow-specal",
       "coli tokenize: unknown option --allow-specal (did you mean --allow-special?)");
-  expect_usage_error(kColi + " render m --modle x",
+  expect_usage_error(kColiBinary + " render m --modle x",
                      "coli render: unknown option --modle (did you mean --model?)");
   // The tools.
   expect_usage_error(kSynth + " --preset tiny --ot x",
@@ -248,13 +249,14 @@ TEST(FirstContact, UnknownFlagsAndCommandsNameTheNearestOne) {
 
 // llama-cli's habits: -m DIR -p TEXT -n N (and -c -t -s), with --chat too.
 TEST(FirstContact, LlamaCliShortFlagsRun) {
-  const Result ids = run(kExact, "-m " + kFixture + " --ids " + kPrompt + " -n 8 -c 32 -t 1 -s 3");
+  const Result ids =
+      run_kimi_k3(kExact, "-m " + kFixture + " --ids " + kPrompt + " -n 8 -c 32 -t 1 -s 3");
   ASSERT_EQ(ids.status, 0) << ids.err;
   EXPECT_EQ(ids.out, kGoldenDecode + "\n");
   for (const std::string& args :
        {"-m " + kMini + " -p 'The man' -n 2", "-m " + kMini + " 'The man' -n 2",
         kMini + " -p 'The man' -n 2", "-m " + kMini + " --chat hi -n 2"}) {
-    const Result r = run("", args);
+    const Result r = run_kimi_k3("", args);
     EXPECT_EQ(r.status, 0) << args << ": " << r.err;
     EXPECT_HAS(r.err, "decode 1 tok");
   }
@@ -290,17 +292,17 @@ TEST(FirstContact, FirstArgumentThatIsNotAModelDirectory) {
        "kimi_k3: " + tmp.file("k3-mini") + " has config.json but no weights"},
   };
   for (const Case& c : cases) {
-    const Result r = run("", c.args);
+    const Result r = run_kimi_k3("", c.args);
     EXPECT_EQ(r.status, 1) << c.args;
     EXPECT_EQ(r.out, "");
     EXPECT_HAS(r.err, c.message);
     EXPECT_EQ(r.err.find("no prompt"), std::string::npos) << r.err;
   }
-  expect_usage_error(kColi + " serve " + tmp.file("k3-mni"),
+  expect_usage_error(kColiBinary + " serve " + tmp.file("k3-mni"),
                      "coli serve: " + tmp.file("k3-mni") + ": no such directory (did you mean " +
                          tmp.file("k3-mini") + "?)");
   expect_usage_error(
-      kColi + " chat " + kMini + "/config.json",
+      kColiBinary + " chat " + kMini + "/config.json",
       "coli chat: " + kMini + "/config.json is a file of the model directory " + kMini);
 }
 
@@ -317,11 +319,11 @@ TEST(FirstContact, HelpSpeaksOfItsOwnProgram) {
   EXPECT_HAS(kimi, "  -m, --model <text>");
   EXPECT_HAS(kimi, "  -n, --ngen <0..>");
   for (const char* command : {"serve", "web", "chat", "tokenize", "render"}) {
-    std::string help = help_of(kColi + " " + command);
+    std::string help = help_of(kColiBinary + " " + command);
     for (size_t at; (at = help.find("/kimi_k3")) != std::string::npos;) help.erase(at, 8);
     EXPECT_EQ(help.find("kimi_k3"), std::string::npos) << command << ":\n" << help;
   }
-  for (const std::string& help : {help_of(kColi), help_of(kColi + " serve")})
+  for (const std::string& help : {help_of(kColiBinary), help_of(kColiBinary + " serve")})
     for (const char* endpoint :
          {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models",
           "/health", "/metrics", "/tokenize", "/detokenize", "/slots"})

@@ -11,8 +11,11 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "test_util.h"
 
 namespace {
+
+using k3::testing::kTinyDir;
 
 std::atomic<bool> g_counting{false};
 std::atomic<uint64_t> g_allocations{0};
@@ -34,10 +37,8 @@ __attribute__((noinline)) void operator delete(void* p, size_t) noexcept {
 
 namespace {
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
-
 uint64_t allocations_of_steps(const k3::LoadOptions& load) {
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   k3::Session session(engine, 64);
   const std::vector<int64_t> prompt = {1, 5, 9, 14, 2, 7, 3, 11, 4};
   session.prefill(prompt);
@@ -60,7 +61,7 @@ TEST(DecodeStep, AllocatesNothingOnceWarm) {
 
 // A Batch of three sessions, then two (one left): warm with a step of three.
 uint64_t allocations_of_batched_steps(const k3::LoadOptions& load) {
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   const int64_t V = engine.info().vocab_size;
   k3::Session a(engine, 64), b(engine, 48), c(engine, 64);
   a.prefill(std::vector<int64_t>{1, 5, 9});

@@ -26,6 +26,9 @@
 
 namespace {
 
+using k3::testing::bits_of;
+using k3::testing::random_floats;
+
 // The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
 K3_TWIN_ISA_TESTS(DenseKernels)
 
@@ -50,19 +53,6 @@ const std::vector<size_t> kRows = {1, 3, 17, 67};
 const std::vector<size_t> kDenseCols = {1, 7, 64, 100, 131, 1000};
 const std::vector<size_t> kInt4Cols = {64, 128, 192, 1088};
 const std::vector<size_t> kNs = {1, 2, 3, 5, 8, 13, 64};
-
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 
 // A matrix quantised to `format` plus its dequantised weights in double.
 struct Case {

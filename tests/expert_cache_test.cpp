@@ -28,7 +28,7 @@ using k3::testing::TempDir;
 constexpr int64_t kExperts = 8;
 const k3::ExpertGeometry kGeometry{32, 32};  // 1632 bytes per expert
 
-uint8_t pattern(int64_t layer, int64_t expert, int tensor, uint64_t k) {
+uint8_t expert_byte(int64_t layer, int64_t expert, int tensor, uint64_t k) {
   return static_cast<uint8_t>((layer * 31 + expert * 7 + tensor * 3 + static_cast<int64_t>(k)) %
                               200);
 }
@@ -54,7 +54,7 @@ std::string write_shard(const std::string& path, const std::vector<int64_t>& lay
       for (int i = 0; i < 6; ++i)
         w.add(tensor_name(l, e, i), k3::DType::kU8, {static_cast<int64_t>(sizes[i])},
               [=](uint8_t* d, uint64_t, uint64_t n) {
-                for (uint64_t k = 0; k < n; ++k) d[k] = pattern(l, e, i, k);
+                for (uint64_t k = 0; k < n; ++k) d[k] = expert_byte(l, e, i, k);
               });
   w.write(path);
   return path;
@@ -129,11 +129,11 @@ CacheConfig quiet(std::vector<std::string>* notes = nullptr) {
 
 void expect_bytes(const k3::ExpertView& v, int64_t layer, int64_t expert) {
   for (uint64_t k = 0; k < kGeometry.gate_packed_bytes(); ++k)
-    ASSERT_EQ(v.gate_packed[k], pattern(layer, expert, 0, k));
+    ASSERT_EQ(v.gate_packed[k], expert_byte(layer, expert, 0, k));
   for (uint64_t k = 0; k < kGeometry.down_scale_bytes(); ++k)
-    ASSERT_EQ(v.down_scale[k], pattern(layer, expert, 3, k));
+    ASSERT_EQ(v.down_scale[k], expert_byte(layer, expert, 3, k));
   for (uint64_t k = 0; k < kGeometry.gate_scale_bytes(); ++k)
-    ASSERT_EQ(v.up_scale[k], pattern(layer, expert, 5, k));
+    ASSERT_EQ(v.up_scale[k], expert_byte(layer, expert, 5, k));
 }
 
 void touch(ExpertCache& cache, int64_t layer, std::vector<int64_t> ids,

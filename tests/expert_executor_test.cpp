@@ -18,10 +18,11 @@
 #include "model/latent_moe.h"
 #include "model/model.h"
 #include "model/state.h"
+#include "test_util.h"
 
 namespace {
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 
 // An executor in the shape of a device tier: it keeps a copy of every expert the CPU executor
 // offers, claims the groups whose expert it holds (those with an id of the chosen parity), and
@@ -148,8 +149,8 @@ class ExpertExecutorSeam : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ExpertExecutorSeam, AnyShareAnyOrderAnyFailureGivesTheCpuBits) {
   k3::LoadOptions load = GetParam() ? k3::LoadOptions::exact() : k3::LoadOptions{};
-  const k3::ModelFiles files(kFixture, {});
-  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kFixture + "/config.json");
+  const k3::ModelFiles files(kTinyDir, {});
+  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kTinyDir + "/config.json");
   k3::ModelSetup plain;
   plain.isa = k3::Isa::kScalar;
   const k3::Model cpu_only(files, config, load, plain);

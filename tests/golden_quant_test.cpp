@@ -27,11 +27,12 @@
 
 namespace {
 
+using k3::testing::kTinyDir;
+
 // The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
 K3_TWIN_ISA_TESTS(GoldenQuant)
 
 using k3::testing::Tensors;
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 struct Setting {
   std::string name;
@@ -58,14 +59,14 @@ double l2(const std::vector<float>& v) {
 class QuantGolden : public ::testing::TestWithParam<Setting> {};
 
 void check(const Setting& s, k3::Isa isa) {
-  const Tensors golden(kFixture + "/golden.safetensors");
+  const Tensors golden(kTinyDir + "/golden.safetensors");
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.isa = k3::isa_name(isa);
   load.bits = s.bits;
   load.mla_bits = s.mla_bits;
   load.head_bits = s.head_bits;
   load.idot = s.idot;
-  k3::Engine engine(kFixture, load);
+  k3::Engine engine(kTinyDir, load);
   const auto prompt = golden.i64("prompt_ids");
   const auto decode_ids = golden.i64("decode_ids");
   const size_t V = static_cast<size_t>(engine.info().vocab_size);
@@ -151,7 +152,7 @@ struct PathRun {
 
 PathRun run_path(k3::LoadOptions load, k3::Isa isa, const Tensors& golden) {
   load.isa = k3::isa_name(isa);
-  k3::Engine engine(kFixture, load);
+  k3::Engine engine(kTinyDir, load);
   const auto prompt = golden.i64("prompt_ids");
   const auto decode_ids = golden.i64("decode_ids");
   k3::Session session(engine, static_cast<int64_t>(prompt.size() + decode_ids.size()));
@@ -258,7 +259,7 @@ constexpr size_t kF32MinAgreement = 2;
 constexpr size_t kF32MinTop10 = 8;
 
 TEST(QuantDrift, DefaultsAgainstTheF32Path) {
-  const Tensors golden(kFixture + "/golden.safetensors");
+  const Tensors golden(kTinyDir + "/golden.safetensors");
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(k3::isa_name(isa));
     const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden),
@@ -287,7 +288,7 @@ constexpr size_t kFloatKernelsMinAgreement = 8;
 constexpr size_t kFloatKernelsMinTop10 = 13;
 
 TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
-  const Tensors golden(kFixture + "/golden.safetensors");
+  const Tensors golden(kTinyDir + "/golden.safetensors");
   k3::LoadOptions float_kernels;
   float_kernels.idot = false;
   for (k3::Isa isa : k3::testing::twin_isas()) {
@@ -317,7 +318,7 @@ TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
     GTEST_SKIP() << "no SIMD variant runs here (avx2: " << k3::testing::isa_left_out(k3::Isa::kAvx2)
                  << "; avx512: " << k3::testing::isa_left_out(k3::Isa::kAvx512)
                  << "): nothing to compare with the scalar twin";
-  const Tensors golden(kFixture + "/golden.safetensors");
+  const Tensors golden(kTinyDir + "/golden.safetensors");
   const PathRun scalar = run_path(k3::LoadOptions{}, k3::Isa::kScalar, golden);
   for (k3::Isa isa : simd) {
     SCOPED_TRACE(k3::isa_name(isa));

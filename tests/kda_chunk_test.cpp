@@ -19,6 +19,8 @@
 
 namespace {
 
+using k3::testing::kTinyDir;
+
 K3_TWIN_ISA_TESTS(KdaChunk)
 
 // Relative L2 error of the chunk form's outputs and final state against the token recurrence in
@@ -279,16 +281,16 @@ TEST(KdaChunk, TokenRecurrenceBaseline) {
 // ---------------------------------------------------------------------------------------------
 // The model with K3_KDA_CHUNKED (LoadOptions::kda_chunked) against without.
 
-struct Logits {
+struct RunLogits {
   std::vector<float> prefill;  // [T][vocab], every prompt position
   std::vector<float> decoded;  // 3 decode steps after the prompt
 };
 
-Logits run_model(const std::string& dir, k3::LoadOptions load, bool chunked,
-                 const std::vector<int64_t>& prompt, int64_t chunk) {
+RunLogits run_model(const std::string& dir, k3::LoadOptions load, bool chunked,
+                    const std::vector<int64_t>& prompt, int64_t chunk) {
   load.kda_chunked = chunked;
   const k3::Engine engine(dir, load);
-  Logits out;
+  RunLogits out;
   k3::Session s(engine, static_cast<int64_t>(prompt.size()) + 4);
   s.set_prefill_chunk(chunk);
   k3::PrefillHooks hooks;
@@ -301,11 +303,10 @@ Logits run_model(const std::string& dir, k3::LoadOptions load, bool chunked,
   return out;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-const std::string kTiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 const std::string kMini = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
 
 std::vector<int64_t> random_prompt(size_t n, uint32_t seed) {
@@ -330,10 +331,10 @@ std::vector<int64_t> heldout_prompt(size_t n) {
 TEST(KdaChunkModel, ChunkOfOneRowIsBitIdentical) {
   const auto prompt = random_prompt(40, 3);
   for (const k3::LoadOptions& load : {k3::LoadOptions::exact(), k3::LoadOptions{}}) {
-    const Logits off = run_model(kTiny, load, false, prompt, 1);
-    const Logits on = run_model(kTiny, load, true, prompt, 1);
-    EXPECT_TRUE(same_bits(off.prefill, on.prefill)) << "bits " << load.bits;
-    EXPECT_TRUE(same_bits(off.decoded, on.decoded)) << "bits " << load.bits;
+    const RunLogits off = run_model(kTinyDir, load, false, prompt, 1);
+    const RunLogits on = run_model(kTinyDir, load, true, prompt, 1);
+    EXPECT_TRUE(bitwise_equal(off.prefill, on.prefill)) << "bits " << load.bits;
+    EXPECT_TRUE(bitwise_equal(off.decoded, on.decoded)) << "bits " << load.bits;
   }
 }
 
@@ -376,15 +377,15 @@ LogitsDiff compare_logits(const std::vector<float>& want, const std::vector<floa
 // tie).
 TEST(KdaChunkModel, PrefillLogitsCloseToTheTokenRecurrence) {
   const auto prompt = heldout_prompt(150);
-  const Logits exact_off = run_model(kMini, k3::LoadOptions::exact(), false, prompt, 32);
+  const RunLogits exact_off = run_model(kMini, k3::LoadOptions::exact(), false, prompt, 32);
   const size_t vocab = exact_off.prefill.size() / prompt.size();
   for (const bool exact : {true, false}) {
     const k3::LoadOptions load = exact ? k3::LoadOptions::exact() : k3::LoadOptions{};
     const char* name = exact ? "exact" : "default";
-    const Logits off = exact ? exact_off : run_model(kMini, load, false, prompt, 32);
+    const RunLogits off = exact ? exact_off : run_model(kMini, load, false, prompt, 32);
     const double quant = compare_logits(exact_off.prefill, off.prefill, vocab).mean_rel;
     for (int64_t chunk : {32, 4096}) {
-      const Logits on = run_model(kMini, load, true, prompt, chunk);
+      const RunLogits on = run_model(kMini, load, true, prompt, chunk);
       const LogitsDiff pre = compare_logits(off.prefill, on.prefill, vocab);
       const LogitsDiff dec = compare_logits(off.decoded, on.decoded, vocab);
       std::printf(
@@ -394,7 +395,7 @@ TEST(KdaChunkModel, PrefillLogitsCloseToTheTokenRecurrence) {
           name, static_cast<long long>(chunk), pre.mean_rel, pre.worst_rel, pre.argmax_differ,
           pre.positions, quant, dec.mean_rel, dec.worst_rel, dec.argmax_differ, dec.positions);
       const std::string what = std::string(name) + " chunk " + std::to_string(chunk);
-      EXPECT_FALSE(same_bits(off.prefill, on.prefill)) << what << ": the option did nothing";
+      EXPECT_FALSE(bitwise_equal(off.prefill, on.prefill)) << what << ": the option did nothing";
       if (exact) {
         EXPECT_LT(pre.worst_rel, 1e-5) << what;
         EXPECT_LT(dec.worst_rel, 1e-5) << what;

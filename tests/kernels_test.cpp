@@ -14,8 +14,12 @@
 #include "kernels/isa.h"
 #include "kernels/mxfp4.h"
 #include "kernels/vec.h"
+#include "test_util.h"
 
 namespace {
+
+using k3::testing::bits_of;
+using k3::testing::random_floats;
 
 // The scalar twins through the kernel table, in the shapes these tests were written for.
 const k3::KernelTable& scalar() {
@@ -32,22 +36,10 @@ void matmul_f32(const float* W, size_t rows, size_t cols, const float* X, size_t
   scalar().matmul_f32(W, cols, X, n, Y, rows, 0, rows);
 }
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 float float_of(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
-}
-
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
 }
 
 const double kE2M1Ref[16] = {0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6};

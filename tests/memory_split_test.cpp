@@ -25,13 +25,15 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/state.h"
+#include "test_util.h"
 #include "util/sys.h"
 #include "util/uninit_vector.h"
 
 namespace {
 
+using k3::testing::kTinyDir;
+
 const std::string kMini = std::string(K3_SOURCE_DIR) + "/assets/k3-mini";
-const std::string kTiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 struct LoadFigures {
   uint64_t before = 0;    // resident bytes before the load
@@ -88,7 +90,7 @@ TEST(MemorySplit, LoadGrowsByTheResidentWeightsOnly) {
 }
 
 TEST(MemorySplit, PartsArePresentAddUpAndLeaveWithTheirSessions) {
-  const k3::Engine engine(kTiny, k3::LoadOptions{});
+  const k3::Engine engine(kTinyDir, k3::LoadOptions{});
   const k3::MemorySplit idle = engine.memory();
   ASSERT_TRUE(idle.process_known);
   EXPECT_EQ(idle.dense_weights, engine.info().resident_bytes);
@@ -130,9 +132,9 @@ TEST(MemorySplit, PartsArePresentAddUpAndLeaveWithTheirSessions) {
 // (decode steps, a later prompt that grows them again) is bit-identical to a session that kept
 // them.
 TEST(MemorySplit, PromptScratchIsGivenBackAndWhatFollowsIsUnchanged) {
-  const k3::Engine engine(kTiny, k3::LoadOptions{});
-  const k3::ModelFiles files(kTiny);
-  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kTiny + "/config.json");
+  const k3::Engine engine(kTinyDir, k3::LoadOptions{});
+  const k3::ModelFiles files(kTinyDir);
+  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kTinyDir + "/config.json");
   const std::vector<int64_t> prompt = {1, 5, 9, 14, 2, 7, 3, 11, 4};
   k3::Session released(engine, 64), kept(engine, 64);
   for (k3::Session* s : {&released, &kept}) {
@@ -156,9 +158,9 @@ TEST(MemorySplit, PromptScratchIsGivenBackAndWhatFollowsIsUnchanged) {
 // generate() gives a prompt's scratch back once the prompt is in, and when a cancel cuts it: the
 // session is left holding what one row needs, however long the chunk was.
 TEST(MemorySplit, GenerateGivesThePromptScratchBack) {
-  const k3::Engine engine(kTiny, k3::LoadOptions{});
-  const k3::ModelFiles files(kTiny);
-  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kTiny + "/config.json");
+  const k3::Engine engine(kTinyDir, k3::LoadOptions{});
+  const k3::ModelFiles files(kTinyDir);
+  const k3::K3Config config = k3::parse_k3_config(files.config_root(), kTinyDir + "/config.json");
   const uint64_t row = k3::Workspace::row_bytes(config);
   const std::vector<int64_t> prompt = {1, 5, 9, 14, 2, 7, 3, 11, 4};
   uint64_t one_row = 0;  // a session fed one token
@@ -240,7 +242,7 @@ TEST(MemorySplit, PhaseScratchSharesOneArena) {
 // touched: a 500,000-position session of k3-tiny (240 MB of MLA rows) costs next to nothing until
 // it is fed (the first huge page of each layer's buffers: 2 MiB each).
 TEST(MemorySplit, MlaCacheIsResidentOnlyForThePositionsFed) {
-  const k3::Engine engine(kTiny, k3::LoadOptions{});
+  const k3::Engine engine(kTinyDir, k3::LoadOptions{});
   const int64_t capacity = 500'000;
   const uint64_t before = k3::current_rss_bytes();
   k3::Session session(engine, capacity);

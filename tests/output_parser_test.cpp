@@ -15,23 +15,21 @@
 
 #include "text/tokenizer.h"
 #include "text/utf8.h"
+#include "text_fixtures.h"
 
 namespace k3::text {
 namespace {
 
+using k3::testing::release_tokenizer;
+
 using Kind = OutputEvent::Kind;
 
-const Tokenizer& release() {
-  static const Tokenizer tokenizer = Tokenizer::load("tests/data/k3-release");
-  return tokenizer;
-}
-
 int32_t special(std::string_view name) {
-  return release().special_id(name).value();
+  return release_tokenizer().special_id(name).value();
 }
 
 std::vector<int32_t> xtml(std::string_view text) {
-  return release().encode(text, /*allow_special=*/true);
+  return release_tokenizer().encode(text, /*allow_special=*/true);
 }
 
 // What one-by-one feeding produced, with every text delta checked to be non-empty, valid UTF-8.
@@ -44,7 +42,7 @@ struct Streamed {
 };
 
 Streamed stream(std::span<const int32_t> ids, bool starts_in_think) {
-  OutputParser parser(release(), starts_in_think);
+  OutputParser parser(release_tokenizer(), starts_in_think);
   Streamed out;
   for (int32_t id : ids) parser.push(id, out.events);
   parser.finish(out.events);
@@ -96,7 +94,7 @@ TEST(OutputParser, ReasoningThenResponse) {
   EXPECT_TRUE(out.saw_end);
   ASSERT_FALSE(out.events.empty());
   EXPECT_EQ(out.events.back().kind, Kind::end_of_message);
-  EXPECT_EQ(out.raw, release().decode(ids));
+  EXPECT_EQ(out.raw, release_tokenizer().decode(ids));
   // Reasoning comes strictly before content.
   bool seen_content = false;
   for (const OutputEvent& event : out.events) {
@@ -122,10 +120,12 @@ TEST(OutputParser, ThinkingOffStartsInResponse) {
 
 TEST(OutputParser, TagSpelledWithUnusualTokens) {
   // `think` and `response` written as two tokens each instead of their single ids.
-  std::vector<int32_t> ids = release().encode("Hmm", false);
-  const auto th = release().encode("th", false), ink = release().encode("ink", false);
-  const auto res = release().encode("res", false), ponse = release().encode("ponse", false);
-  ASSERT_NE(release().encode("think", false).size(), th.size() + ink.size());
+  std::vector<int32_t> ids = release_tokenizer().encode("Hmm", false);
+  const auto th = release_tokenizer().encode("th", false),
+             ink = release_tokenizer().encode("ink", false);
+  const auto res = release_tokenizer().encode("res", false),
+             ponse = release_tokenizer().encode("ponse", false);
+  ASSERT_NE(release_tokenizer().encode("think", false).size(), th.size() + ink.size());
   ids.push_back(special("<|close|>"));
   ids.insert(ids.end(), th.begin(), th.end());
   ids.insert(ids.end(), ink.begin(), ink.end());
@@ -134,7 +134,7 @@ TEST(OutputParser, TagSpelledWithUnusualTokens) {
   ids.insert(ids.end(), res.begin(), res.end());
   ids.insert(ids.end(), ponse.begin(), ponse.end());
   ids.push_back(special("<|sep|>"));
-  const auto ok = release().encode("ok", false);
+  const auto ok = release_tokenizer().encode("ok", false);
   ids.insert(ids.end(), ok.begin(), ok.end());
   const Streamed out = stream(ids, true);
   EXPECT_EQ(out.reasoning, "Hmm");
@@ -242,7 +242,7 @@ TEST(OutputParser, TwoCallsEachEmittedWhenItCloses) {
       first;
   const std::string tail = second + "<|close|>tools<|sep|>" + kEnd;
 
-  OutputParser parser(release(), true);
+  OutputParser parser(release_tokenizer(), true);
   std::vector<OutputEvent> events;
   for (int32_t id : xtml(head)) parser.push(id, events);
   ASSERT_FALSE(events.empty());
@@ -296,9 +296,9 @@ TEST(OutputParser, EmojiSplitAcrossTokensStreamsWholeCharacters) {
   // ` 👋🏽` = bytes 20 F0 9F 91 | 8B | F0 9F 8F | BD (docs/tokenizer.md §5): both code points
   // straddle tokens.
   const std::vector<int32_t> wave = {130732, 233, 92949, 121};
-  ASSERT_EQ(release().encode(" 👋🏽", false), wave);
+  ASSERT_EQ(release_tokenizer().encode(" 👋🏽", false), wave);
   for (bool think : {false, true}) {
-    OutputParser parser(release(), think);
+    OutputParser parser(release_tokenizer(), think);
     std::vector<std::string> deltas;
     std::string joined;
     for (int32_t id : wave) {
@@ -319,7 +319,7 @@ TEST(OutputParser, EmojiSplitAcrossTokensStreamsWholeCharacters) {
 }
 
 TEST(OutputParser, SpecialFlushesAnIncompleteCharacter) {
-  OutputParser parser(release(), false);
+  OutputParser parser(release_tokenizer(), false);
   std::vector<OutputEvent> events;
   parser.push(130732, events);  // ` ` + the first 3 bytes of 👋
   ASSERT_EQ(events.size(), 1u);
@@ -332,20 +332,20 @@ TEST(OutputParser, SpecialFlushesAnIncompleteCharacter) {
   for (int32_t id : xtml("response<|sep|>")) parser.push(id, events);
   parser.finish(events);
   const std::vector<int32_t> all = {130732, special("<|close|>"), 12092, special("<|sep|>")};
-  EXPECT_EQ(parser.raw_text(), release().decode(all));
+  EXPECT_EQ(parser.raw_text(), release_tokenizer().decode(all));
 }
 
 // ---- truncation --------------------------------------------------------------------------
 
 TEST(OutputParser, TruncatedInsideAHeader) {
-  OutputParser parser(release(), true);
+  OutputParser parser(release_tokenizer(), true);
   std::vector<OutputEvent> events;
   for (int32_t id : xtml("Thinking<|close|>thi")) parser.push(id, events);
   std::string before;
   for (const OutputEvent& event : events) before += event.text;
   EXPECT_EQ(before, "Thinking");  // the header is held until it ends
   parser.finish(events);
-  const ParsedOutput whole = parse_output(release(), xtml("Thinking<|close|>thi"), true);
+  const ParsedOutput whole = parse_output(release_tokenizer(), xtml("Thinking<|close|>thi"), true);
   EXPECT_EQ(whole.reasoning, "Thinking<|close|>thi");  // written out, not lost
   EXPECT_FALSE(whole.saw_end_of_message);
 
@@ -361,7 +361,7 @@ TEST(OutputParser, TruncatedInsideAnArgument) {
       "<|close|>response<|sep|><|open|>tools<|sep|>"
       "<|open|>call tool=\"f\" index=\"1\"<|sep|>";
   {
-    OutputParser parser(release(), false);
+    OutputParser parser(release_tokenizer(), false);
     std::vector<OutputEvent> events;
     parser.push(xtml(head + "<|open|>argument key=\"city\" type=\"string\"<|sep|>Par"), events);
     for (const OutputEvent& event : events) EXPECT_NE(event.kind, Kind::tool_call);
@@ -372,13 +372,14 @@ TEST(OutputParser, TruncatedInsideAnArgument) {
     EXPECT_EQ(events[0].call.name, "f");
     EXPECT_EQ(events[0].call.arguments_json, R"({"city":"Par"})");
   }
-  const ParsedOutput number = parse_output(
-      release(), xtml(head + "<|open|>argument key=\"n\" type=\"number\"<|sep|>12"), false);
+  const ParsedOutput number =
+      parse_output(release_tokenizer(),
+                   xtml(head + "<|open|>argument key=\"n\" type=\"number\"<|sep|>12"), false);
   ASSERT_EQ(number.tool_calls.size(), 1u);
   EXPECT_EQ(number.tool_calls[0].arguments_json, R"({"n":12})");
   const ParsedOutput object = parse_output(
-      release(), xtml(head + "<|open|>argument key=\"o\" type=\"object\"<|sep|>{\"a\": [1,"),
-      false);
+      release_tokenizer(),
+      xtml(head + "<|open|>argument key=\"o\" type=\"object\"<|sep|>{\"a\": [1,"), false);
   ASSERT_EQ(object.tool_calls.size(), 1u);
   EXPECT_EQ(object.tool_calls[0].arguments_json, R"({"o":"{\"a\": [1,"})");
 }
@@ -388,18 +389,19 @@ TEST(OutputParser, TruncatedInsideACall) {
       "<|close|>response<|sep|><|open|>tools<|sep|>"
       "<|open|>call tool=\"f\" index=\"1\"<|sep|>" +
       argument_text("city", "string", "Paris");
-  const ParsedOutput open = parse_output(release(), xtml(head), false);
+  const ParsedOutput open = parse_output(release_tokenizer(), xtml(head), false);
   ASSERT_EQ(open.tool_calls.size(), 1u);
   EXPECT_FALSE(open.tool_calls[0].complete);
   EXPECT_EQ(open.tool_calls[0].arguments_json, R"({"city":"Paris"})");
   // Closed call, truncated before `<|close|>tools`: emitted once, complete.
-  const ParsedOutput closed = parse_output(release(), xtml(head + "<|close|>call<|sep|>"), false);
+  const ParsedOutput closed =
+      parse_output(release_tokenizer(), xtml(head + "<|close|>call<|sep|>"), false);
   ASSERT_EQ(closed.tool_calls.size(), 1u);
   EXPECT_TRUE(closed.tool_calls[0].complete);
 }
 
 TEST(OutputParser, FinishIsFinal) {
-  OutputParser parser(release(), false);
+  OutputParser parser(release_tokenizer(), false);
   std::vector<OutputEvent> events;
   parser.push(xtml("abc"), events);
   parser.finish(events);
@@ -432,7 +434,7 @@ TEST(OutputParser, UnknownTagAndStraySepAreText) {
 
 TEST(OutputParser, HeaderThatNeverEndsBecomesText) {
   const std::string filler(3 * kMaxHeaderBytes, 'x');
-  OutputParser parser(release(), false);
+  OutputParser parser(release_tokenizer(), false);
   std::vector<OutputEvent> events;
   parser.push(xtml("<|open|>" + filler), events);
   std::string streamed;
@@ -479,7 +481,7 @@ TEST(OutputParser, NestedOpens) {
   EXPECT_EQ(calls.content, "");
   // An argument opened inside an unclosed argument ends the first one.
   const ParsedOutput arguments =
-      parse_output(release(),
+      parse_output(release_tokenizer(),
                    xtml("<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|>"
                         "<|open|>argument key=\"a\" type=\"string\"<|sep|>x"
                         "<|open|>argument key=\"b\" type=\"string\"<|sep|>y<|close|>call<|sep|>"),
@@ -589,14 +591,14 @@ TEST(OutputParser, OneByOneEqualsAllAtOnce) {
       "<|close|>tools<|sep|>" + kEnd;
   const auto ids = xtml(text);
   const Streamed streamed = stream(ids, true);
-  const ParsedOutput whole = parse_output(release(), ids, true);
+  const ParsedOutput whole = parse_output(release_tokenizer(), ids, true);
   expect_same(streamed, whole);
   EXPECT_EQ(whole.reasoning, "Let me see 👋🏽 — ok.");
   EXPECT_EQ(whole.content, "Calling 🌍 now.");
   EXPECT_EQ(whole.raw_text, text);
 
   // Pushed as one span, a channel's text comes as one merged event.
-  OutputParser parser(release(), true);
+  OutputParser parser(release_tokenizer(), true);
   std::vector<OutputEvent> events;
   parser.push(ids, events);
   parser.finish(events);
@@ -666,9 +668,10 @@ std::vector<int32_t> soup(uint32_t seed, size_t length, bool with_json_blocks) {
     } else if (what < 6) {
       ids.push_back(emoji[pick(emoji.size())]);
     } else if (what < 7) {
-      ids.push_back(release().base_vocab_size() + static_cast<int32_t>(pick(256)));
+      ids.push_back(release_tokenizer().base_vocab_size() + static_cast<int32_t>(pick(256)));
     } else {
-      ids.push_back(static_cast<int32_t>(pick(static_cast<size_t>(release().base_vocab_size()))));
+      ids.push_back(
+          static_cast<int32_t>(pick(static_cast<size_t>(release_tokenizer().base_vocab_size()))));
     }
   }
   if (!with_json_blocks) {  // random base ids could still spell `json`: drop that id
@@ -686,8 +689,8 @@ TEST(OutputParser, RandomIdSoupNeverBreaks) {
     for (bool think : {true, false}) {
       SCOPED_TRACE("seed " + std::to_string(seed) + (think ? " think" : " response"));
       const Streamed streamed = stream(ids, think);  // checks every delta is valid UTF-8
-      EXPECT_EQ(streamed.raw, release().decode(ids));
-      const ParsedOutput whole = parse_output(release(), ids, think);
+      EXPECT_EQ(streamed.raw, release_tokenizer().decode(ids));
+      const ParsedOutput whole = parse_output(release_tokenizer(), ids, think);
       expect_same(streamed, whole);
       const auto end_ids = std::count(ids.begin(), ids.end(), special("<|end_of_msg|>"));
       EXPECT_EQ(streamed.ends, end_ids);

@@ -63,7 +63,7 @@ std::vector<uint8_t> random_bytes(uint64_t n, uint64_t seed) {
   return v;
 }
 
-void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+void write_file_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   k3::write_file_atomic(path, {k3::ByteSpan{bytes.data(), bytes.size()}}, 0644, false);
 }
 
@@ -86,7 +86,7 @@ class ReadQueueTest : public ::testing::TestWithParam<Engine> {
     dir_ = tmpl;
     path_ = dir_ + "/data.bin";
     bytes_ = random_bytes(kFileBytes, 42);
-    write_bytes(path_, bytes_);
+    write_file_bytes(path_, bytes_);
   }
   static void TearDownTestSuite() {
     std::error_code ec;
@@ -260,7 +260,7 @@ TEST(FileMapping, CachedFractionFollowsThePageCache) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/data.bin";
   const std::vector<uint8_t> bytes = random_bytes(uint64_t{4} << 20, 3);
-  write_bytes(path, bytes);
+  write_file_bytes(path, bytes);
   const std::unique_ptr<k3::File> file = k3::open_posix_file(path);
   std::vector<uint8_t> sink(bytes.size());
   file->read_exact(sink.data(), sink.size(), 0, "all");
@@ -337,7 +337,7 @@ TEST_P(ReadQueueTest, FileTruncatedAfterOpenFailsWithoutHanging) {
   const std::string path =
       dir_ + "/truncated-" + std::to_string(static_cast<int>(GetParam())) + ".bin";
   const std::vector<uint8_t> bytes = random_bytes(uint64_t{1} << 20, 9);
-  write_bytes(path, bytes);
+  write_file_bytes(path, bytes);
   auto file = k3::open_posix_file(path);
   ASSERT_EQ(file->size(), bytes.size());
   ASSERT_EQ(::truncate(path.c_str(), 300000), 0);
@@ -670,7 +670,7 @@ TEST(ReadQueueAuto, PicksAWorkingEngine) {
   char tmpl[] = "/tmp/k3-read-queue-auto-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string path = std::string(tmpl) + "/f.bin";
-  write_bytes(path, bytes);
+  write_file_bytes(path, bytes);
   {
     auto file = k3::open_posix_file(path);
     std::vector<uint8_t> out(19999);

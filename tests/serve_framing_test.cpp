@@ -35,11 +35,11 @@ TEST(HttpFraming, WellFormedHeads) {
 }
 
 TEST(HttpFraming, MalformedHeadsAreRefused) {
-  struct Case {
+  struct HeadCase {
     std::string head;
     bool framing;
   };
-  const std::vector<Case> cases = {
+  const std::vector<HeadCase> cases = {
       {head("Host: a\r\nContent-Length: +82\r\n"), true},
       {head("Host: a\r\nContent-Length: -1\r\n"), true},
       {head("Host: a\r\nContent-Length: 5, 5\r\n"), true},
@@ -69,10 +69,10 @@ TEST(HttpFraming, MalformedHeadsAreRefused) {
       {"GET / HTTP/1.1\nHost: a\r\n\r\n", false},  // the request line ends with a bare LF
       {"GET / HTTP/1.1\r\nHost: a\r\n", false},    // no empty line
   };
-  for (const Case& c : cases) {
+  for (const HeadCase& c : cases) {
     const RequestHead h = check_request_head(c.head);
-    EXPECT_NE(h.error, "") << testing::PrintToString(c.head);
-    EXPECT_EQ(h.framing_error, c.framing) << testing::PrintToString(c.head) << " " << h.error;
+    EXPECT_NE(h.error, "") << ::testing::PrintToString(c.head);
+    EXPECT_EQ(h.framing_error, c.framing) << ::testing::PrintToString(c.head) << " " << h.error;
     for (char ch : h.error)  // the message goes into a JSON error: printable, quoted
       EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << h.error;
   }
@@ -138,8 +138,8 @@ TEST(HttpFraming, MalformedChunkedBodiesAreRefused) {
   for (size_t i = 0; i < bad.size(); ++i) {
     for (size_t step : {size_t{1}, size_t{4096}}) {
       const Decoded d = decode(bad[i], step);
-      EXPECT_FALSE(d.done) << i << " " << testing::PrintToString(bad[i]);
-      EXPECT_NE(d.error, "") << i << " " << testing::PrintToString(bad[i]);
+      EXPECT_FALSE(d.done) << i << " " << ::testing::PrintToString(bad[i]);
+      EXPECT_NE(d.error, "") << i << " " << ::testing::PrintToString(bad[i]);
     }
   }
   const Decoded cr = decode("5\r\nhe\rlo\r\n0\r\n\r\n", 1);  // a CR inside chunk data is data

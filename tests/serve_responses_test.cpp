@@ -16,7 +16,7 @@
 namespace k3::server {
 namespace {
 
-ResponsesRequest accepted(const std::string& body, const ApiConfig& config = ApiConfig{}) {
+ResponsesRequest accepted_response(const std::string& body, const ApiConfig& config = ApiConfig{}) {
   auto r = parse_responses_request(body, config);
   if (auto* e = std::get_if<ApiError>(&r)) {
     ADD_FAILURE() << "refused (" << e->code << ", " << e->param.value_or("-") << "): " << e->message
@@ -39,7 +39,7 @@ std::string dump(const text::PyValue& v) {
 
 // The Responses body renders the messages and tools the chat body has.
 void expect_same_turns(const std::string& responses_body, const std::string& chat_body) {
-  const ResponsesRequest r = accepted(responses_body);
+  const ResponsesRequest r = accepted_response(responses_body);
   const ChatRequest c = chat(chat_body);
   EXPECT_EQ(dump(r.chat.messages), dump(c.messages)) << responses_body;
   EXPECT_EQ(dump(r.chat.tools), dump(c.tools)) << responses_body;
@@ -105,7 +105,7 @@ TEST(ServeResponses, InputBecomesTheChatTurns) {
 }
 
 TEST(ServeResponses, SettingsMapToTheChatRequest) {
-  const ResponsesRequest plain = accepted(R"({"model":"kimi-k3","input":"x"})");
+  const ResponsesRequest plain = accepted_response(R"({"model":"kimi-k3","input":"x"})");
   EXPECT_TRUE(plain.chat.thinking);
   EXPECT_EQ(plain.chat.effort, "max");  // as chat: no effort given → max
   EXPECT_EQ(plain.chat.max_tokens, ApiConfig{}.max_tokens_ceiling);
@@ -114,15 +114,15 @@ TEST(ServeResponses, SettingsMapToTheChatRequest) {
   const std::pair<const char*, const char*> efforts[] = {
       {"minimal", "low"}, {"low", "low"}, {"medium", "high"}, {"high", "high"}, {"xhigh", "max"}};
   for (const auto& [given, effort] : efforts) {
-    const ResponsesRequest r = accepted(std::string(R"({"model":"kimi-k3","input":"x",)") +
-                                        R"("reasoning":{"effort":")" + given + R"("}})");
+    const ResponsesRequest r = accepted_response(std::string(R"({"model":"kimi-k3","input":"x",)") +
+                                                 R"("reasoning":{"effort":")" + given + R"("}})");
     EXPECT_TRUE(r.chat.thinking) << given;
     EXPECT_EQ(r.chat.effort, effort) << given;
     EXPECT_EQ(r.echo["reasoning"]["effort"], given);
   }
-  EXPECT_FALSE(
-      accepted(R"({"model":"kimi-k3","input":"x","reasoning":{"effort":"none"}})").chat.thinking);
-  const ResponsesRequest r = accepted(
+  EXPECT_FALSE(accepted_response(R"({"model":"kimi-k3","input":"x","reasoning":{"effort":"none"}})")
+                   .chat.thinking);
+  const ResponsesRequest r = accepted_response(
       R"({"model":"kimi-k3","input":"x","max_output_tokens":40,"temperature":0,"top_p":0.5,)"
       R"("stream":true,"store":true,"metadata":{"k":"v"},"include":["reasoning.encrypted_content"],)"
       R"("reasoning":{"effort":"low","summary":"auto"},"text":{"format":{"type":"text"}}})");
@@ -137,12 +137,12 @@ TEST(ServeResponses, SettingsMapToTheChatRequest) {
   // The ceiling still clamps.
   ApiConfig small;
   small.max_tokens_ceiling = 16;
-  EXPECT_EQ(
-      accepted(R"({"model":"kimi-k3","input":"x","max_output_tokens":400})", small).chat.max_tokens,
-      16);
+  EXPECT_EQ(accepted_response(R"({"model":"kimi-k3","input":"x","max_output_tokens":400})", small)
+                .chat.max_tokens,
+            16);
   // The tools as the response repeats them.
   const ResponsesRequest t =
-      accepted(R"({"model":"kimi-k3","input":"x","tools":[)" + std::string(kTool) + "]}");
+      accepted_response(R"({"model":"kimi-k3","input":"x","tools":[)" + std::string(kTool) + "]}");
   EXPECT_EQ(t.echo["tools"][0]["name"], "get_weather");
   EXPECT_EQ(t.echo["tools"][0]["strict"], true);
   EXPECT_EQ(t.echo["tool_choice"], "auto");
@@ -251,15 +251,15 @@ TEST(ServeResponses, UnimplementedChatFieldsAreRefused) {
     EXPECT_EQ(e.param.value_or(""), c.param) << c.body;
     EXPECT_NE(e.message.find(c.param), std::string::npos) << e.message;
   }
-  accepted(m + R"("n":1,"logit_bias":{},"response_format":{"type":"text"}})");
-  accepted(m + R"("tools":[)" + std::string(kTool) + R"(],"tool_choice":"required"})");
+  accepted_response(m + R"("n":1,"logit_bias":{},"response_format":{"type":"text"}})");
+  accepted_response(m + R"("tools":[)" + std::string(kTool) + R"(],"tool_choice":"required"})");
   // A reasoning item alone makes an assistant turn without content or calls: still accepted.
-  accepted(R"({"model":"kimi-k3","input":[{"role":"user","content":"a"},)"
-           R"({"type":"reasoning","summary":[{"type":"summary_text","text":"r"}]},)"
-           R"({"role":"user","content":"b"}]})");
+  accepted_response(R"({"model":"kimi-k3","input":[{"role":"user","content":"a"},)"
+                    R"({"type":"reasoning","summary":[{"type":"summary_text","text":"r"}]},)"
+                    R"({"role":"user","content":"b"}]})");
 }
 
-GenerationStats stats(FinishReason finish) {
+GenerationStats response_stats(FinishReason finish) {
   GenerationStats s;
   s.finish = finish;
   s.prompt_tokens = 30;
@@ -289,7 +289,7 @@ ServiceEvent call_event(int index) {
 ServiceEvent done_event(FinishReason finish) {
   ServiceEvent e;
   e.kind = ServiceEvent::Kind::done;
-  e.stats = stats(finish);
+  e.stats = response_stats(finish);
   return e;
 }
 
@@ -347,7 +347,8 @@ void expect_consistent(const Streamed& s, const json& non_streaming) {
 }
 
 TEST(ServeResponses, StreamOfReasoningAndText) {
-  const ResponsesRequest request = accepted(R"({"model":"kimi-k3","input":"x","stream":true})");
+  const ResponsesRequest request =
+      accepted_response(R"({"model":"kimi-k3","input":"x","stream":true})");
   const ResponseIds ids{"resp_0123456789abcdef0123456789abcdef", 1700000000};
   using K = ServiceEvent::Kind;
   const std::vector<ServiceEvent> events = {
@@ -409,7 +410,7 @@ TEST(ServeResponses, StreamOfReasoningAndText) {
 
 TEST(ServeResponses, StreamOfAFunctionCall) {
   const ResponsesRequest request =
-      accepted(R"({"model":"kimi-k3","input":"x","tools":[)" + std::string(kTool) + "]}");
+      accepted_response(R"({"model":"kimi-k3","input":"x","tools":[)" + std::string(kTool) + "]}");
   const ResponseIds ids = new_response_ids("resp_");
   using K = ServiceEvent::Kind;
   const std::vector<ServiceEvent> events = {text_event(K::content, "Checking."), call_event(0),
@@ -434,7 +435,7 @@ TEST(ServeResponses, StreamOfAFunctionCall) {
 
 TEST(ServeResponses, CutRepliesAreIncomplete) {
   const ResponsesRequest request =
-      accepted(R"({"model":"kimi-k3","input":"x","max_output_tokens":5})");
+      accepted_response(R"({"model":"kimi-k3","input":"x","max_output_tokens":5})");
   const ResponseIds ids = new_response_ids("resp_");
   using K = ServiceEvent::Kind;
   // Cut while thinking: the reasoning item is the incomplete one, no message.
@@ -461,7 +462,7 @@ TEST(ServeResponses, CutRepliesAreIncomplete) {
 }
 
 TEST(ServeResponses, EngineFailureEndsTheStreamWithResponseFailed) {
-  const ResponsesRequest request = accepted(R"({"model":"kimi-k3","input":"x"})");
+  const ResponsesRequest request = accepted_response(R"({"model":"kimi-k3","input":"x"})");
   ResponsesStream stream(request, new_response_ids("resp_"));
   const size_t opening = stream.start().size();
   const auto deltas = stream.on_event(text_event(ServiceEvent::Kind::content, "Hal"));

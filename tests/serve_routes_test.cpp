@@ -18,10 +18,6 @@ namespace k3::server {
 namespace {
 
 // One service for every test (a Router per test: the brake and the counters start empty).
-EngineService& shared_service() {
-  return testing::serve_demo_service();
-}
-
 ServerOptions server_options() {
   ServerOptions o;
   o.security.port = 8000;
@@ -57,7 +53,7 @@ void wait_ready(EngineService& service) {
 }
 
 TEST(ServeApi, RoutesRefuseAMissingOrWrongKey) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   Router router(service, server_options());
   for (const char* key : {static_cast<const char*>(nullptr), "sk-wrong"}) {
     const HttpResponse res = router.serve(request("GET", "/v1/models", "", key));
@@ -79,7 +75,7 @@ TEST(ServeApi, RoutesRefuseAMissingOrWrongKey) {
 }
 
 TEST(ServeApi, RoutesBrakeRepeatedKeyFailures) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   Router router(service, server_options());
   for (int i = 0; i < 20; ++i)
     expect_error(router.serve(request("GET", "/slots", "", "sk-guess")), 401, "invalid_api_key");
@@ -94,7 +90,7 @@ TEST(ServeApi, RoutesBrakeRepeatedKeyFailures) {
 }
 
 TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   Router router(service, server_options());
   expect_error(router.serve(request("GET", "/v1/nope")), 404, "not_found");
   expect_error(router.serve(request("POST", "/v1/nope", "{}")), 404, "not_found");
@@ -123,7 +119,7 @@ TEST(ServeApi, RoutesUnknownPathsAndWrongMethods) {
 }
 
 TEST(ServeApi, RoutesTokenizeThroughTheTable) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   Router router(service, server_options());
   wait_ready(service);
   const HttpResponse res =
@@ -146,7 +142,7 @@ TEST(ServeApi, RoutesTokenizeThroughTheTable) {
 }
 
 TEST(ServeApi, RoutesBodyLimit) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   Router router(service, server_options());
   const std::string big = R"({"content":")" + std::string(2000, 'a') + R"("})";
   // Refused on its Content-Length, before any body is read: the connection closes, what the
@@ -171,7 +167,7 @@ TEST(ServeApi, RoutesBodyLimit) {
 }
 
 TEST(ServeApi, RouteTableLabelsAndLogging) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   Router router(service, server_options());
   EXPECT_EQ(router.label("GET", "/v1/models/kimi-k3"), "/v1/models/{id}");
   EXPECT_EQ(router.label("HEAD", "/v1/models"), "/v1/models");
@@ -212,7 +208,7 @@ void expect_anthropic_error(const HttpResponse& res, int status, const std::stri
 }
 
 TEST(ServeApi, RoutesAnthropicMessages) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   wait_ready(service);
   Router router(service, server_options());
   const std::string body =
@@ -266,7 +262,7 @@ TEST(ServeApi, RoutesAnthropicMessages) {
 // Any model name is the served model (/v1/models/{name} answers the served id), /v1/models lists
 // the id and every alias; --strict-model makes other names a 404 naming what is served.
 TEST(ServeApi, ModelsListAliasesAndAnswerAnyNameUnlessStrict) {
-  EngineService& service = shared_service();
+  EngineService& service = testing::serve_demo_service();
   ServerOptions o = server_options();
   o.api.aliases = {"k3", "kimi"};
   Router loose(service, o);
@@ -300,7 +296,7 @@ TEST(ServeApi, ModelsListAliasesAndAnswerAnyNameUnlessStrict) {
 // The log line names the request's path (not the route's label), its bytes outside printable
 // ASCII percent-encoded so a path cannot forge a line.
 TEST(ServeApi, LogLineNamesThePath) {
-  Router router(shared_service(), server_options());
+  Router router(testing::serve_demo_service(), server_options());
   EXPECT_EQ(router.log_line("GET", "/favicon.ico", 404, "req-1"),
             "[http] req-1 GET /favicon.ico 404\n");
   EXPECT_EQ(router.log_line("GET", "/v1/models/gpt-4o", 200, "req-2"),

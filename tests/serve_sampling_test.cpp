@@ -18,19 +18,16 @@
 namespace k3::server {
 namespace {
 
-EngineService& shared_service() {
-  return testing::serve_demo_service();
-}
-
 Router& router() {
-  static Router r(shared_service(), [] {
+  static Router r(testing::serve_demo_service(), [] {
     ServerOptions o;
     o.security.port = 8000;
     return o;
   }());
-  for (int i = 0; i < 600 && !shared_service().engine(); ++i)
+  for (int i = 0; i < 600 && !testing::serve_demo_service().engine(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_NE(shared_service().engine(), nullptr) << shared_service().stats().load_error;
+  EXPECT_NE(testing::serve_demo_service().engine(), nullptr)
+      << testing::serve_demo_service().stats().load_error;
   return r;
 }
 
@@ -289,7 +286,7 @@ TEST(ServeSampling, ModelsCarryTheDescription) {
   EXPECT_FALSE(plain["data"][0]["meta"].contains("description")) << plain.dump();
   ServerOptions o;
   o.api.model_description = "k3-mini: a small model.";
-  Router described(shared_service(), o);
+  Router described(testing::serve_demo_service(), o);
   const HttpResponse res = described.serve(testing::demo_request("GET", "/v1/models"));
   ASSERT_EQ(res.status, 200) << res.body;
   EXPECT_EQ(json::parse(res.body)["data"][0]["meta"]["description"], "k3-mini: a small model.");

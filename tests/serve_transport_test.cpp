@@ -41,18 +41,14 @@ TEST(ServeTransport, NoHardCodedExtraOrigins) {
   EXPECT_TRUE(origin_allowed("http://localhost:5173", c));
 }
 
-EngineService& shared_service() {
-  return testing::serve_demo_service();
-}
-
-ServerOptions server_options() {
+ServerOptions transport_options() {
   ServerOptions o;
   o.security.port = 8000;
   o.security.api_keys = {"sk-test"};
   return o;
 }
 
-HttpRequest request(std::string method, std::string path, const char* key = "sk-test") {
+HttpRequest transport_request(std::string method, std::string path, const char* key = "sk-test") {
   HttpRequest r;
   r.method = std::move(method);
   r.path = path;
@@ -68,9 +64,9 @@ std::string code_of(const HttpResponse& res) {
 }
 
 TEST(ServeTransport, AmbiguousFramingIsRefused) {
-  Router router(shared_service(), server_options());
+  Router router(testing::serve_demo_service(), transport_options());
   auto post = [](Fields extra) {
-    HttpRequest r = request("POST", "/v1/chat/completions");
+    HttpRequest r = transport_request("POST", "/v1/chat/completions");
     r.headers.emplace_back("Content-Type", "application/json");
     for (auto& f : extra) r.headers.push_back(std::move(f));
     return r;
@@ -87,7 +83,7 @@ TEST(ServeTransport, AmbiguousFramingIsRefused) {
     EXPECT_TRUE(res.closes());
   }
   // A GET with both is just as ambiguous to a proxy.
-  HttpRequest get = request("GET", "/health", nullptr);
+  HttpRequest get = transport_request("GET", "/health", nullptr);
   get.headers.emplace_back("Content-Length", "0");
   get.headers.emplace_back("Transfer-Encoding", "chunked");
   EXPECT_EQ(router.serve(get).status, 400);
@@ -96,8 +92,8 @@ TEST(ServeTransport, AmbiguousFramingIsRefused) {
 // A wrong key is a guess: 20 within 60 s block that client's wrong keys; another local user (a
 // different uid on the same address) is another client.
 TEST(ServeTransport, AuthBrakeBlocksWrongKeysPerClient) {
-  Router router(shared_service(), server_options());
-  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  Router router(testing::serve_demo_service(), transport_options());
+  HttpRequest guess = transport_request("GET", "/slots", "sk-guess");
   guess.client = "127.0.0.1 uid 4242";
   for (int i = 0; i < 20; ++i) EXPECT_EQ(router.serve(guess).status, 401);
   const HttpResponse blocked = router.serve(guess);
@@ -112,12 +108,12 @@ TEST(ServeTransport, AuthBrakeBlocksWrongKeysPerClient) {
 // The right key is never refused by the brake: a guesser behind the same proxy (or on the same
 // machine) must not lock out the key's holders.
 TEST(ServeTransport, AuthBrakeNeverRefusesTheRightKey) {
-  Router router(shared_service(), server_options());
-  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  Router router(testing::serve_demo_service(), transport_options());
+  HttpRequest guess = transport_request("GET", "/slots", "sk-guess");
   guess.client = "10.1.2.3";
   for (int i = 0; i < 25; ++i) router.serve(guess);
   EXPECT_EQ(router.serve(guess).status, 429);
-  HttpRequest right = request("GET", "/slots");
+  HttpRequest right = transport_request("GET", "/slots");
   right.client = guess.client;
   EXPECT_EQ(router.serve(right).status, 200);
   EXPECT_EQ(router.serve(guess).status, 429);  // still blocked for wrong keys
@@ -125,25 +121,25 @@ TEST(ServeTransport, AuthBrakeNeverRefusesTheRightKey) {
 
 // A request without a key (a probe, a client not configured yet) is a 401, not a guess.
 TEST(ServeTransport, AuthBrakeDoesNotCountMissingKeys) {
-  Router router(shared_service(), server_options());
-  HttpRequest keyless = request("GET", "/slots", nullptr);
+  Router router(testing::serve_demo_service(), transport_options());
+  HttpRequest keyless = transport_request("GET", "/slots", nullptr);
   keyless.client = "10.1.2.4";
   for (int i = 0; i < 30; ++i) EXPECT_EQ(router.serve(keyless).status, 401) << i;
   HttpRequest other_scheme = keyless;  // a scheme other than Bearer presents no key either
   other_scheme.headers.emplace_back("Authorization", "Basic c2stdGVzdA==");
   EXPECT_EQ(router.serve(other_scheme).status, 401);
-  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  HttpRequest guess = transport_request("GET", "/slots", "sk-guess");
   guess.client = keyless.client;
   EXPECT_EQ(router.serve(guess).status, 401);  // not blocked
-  HttpRequest right = request("GET", "/slots");
+  HttpRequest right = transport_request("GET", "/slots");
   right.client = keyless.client;
   EXPECT_EQ(router.serve(right).status, 200);
 }
 
 // Any local process can send from any 127.x.y.z: the loopback addresses are one client.
 TEST(ServeTransport, AuthBrakeCountsLoopbackAsOneClient) {
-  Router router(shared_service(), server_options());
-  HttpRequest guess = request("GET", "/slots", "sk-guess");
+  Router router(testing::serve_demo_service(), transport_options());
+  HttpRequest guess = transport_request("GET", "/slots", "sk-guess");
   for (int i = 0; i < 20; ++i) {
     guess.client = "127.0." + std::to_string(i) + ".2 uid 4242";
     EXPECT_EQ(router.serve(guess).status, 401);

@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<float> logits_of(const std::string& dir, const std::vector<std::string>& extra) {
+std::vector<float> prompt_logits(const std::string& dir, const std::vector<std::string>& extra) {
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.extra_dirs = extra;
   const k3::Engine engine(dir, load);
@@ -47,19 +47,19 @@ TEST(SnapshotDirs, ASplitModelComputesLikeTheWholeOne) {
     if (i % 2 == 1)
       fs::rename(fs::path(main) / shards[i], fs::path(i % 4 == 1 ? second : third) / shards[i]);
 
-  const std::vector<float> expected = logits_of(whole, {});
-  const std::vector<float> split = logits_of(main, {second, third});
+  const std::vector<float> expected = prompt_logits(whole, {});
+  const std::vector<float> split = prompt_logits(main, {second, third});
   ASSERT_EQ(expected.size(), split.size());
   EXPECT_EQ(std::memcmp(expected.data(), split.data(), expected.size() * sizeof(float)), 0);
 
   // Without the extra directories the first moved shard is missing, and the error names it.
   try {
-    logits_of(main, {});
+    prompt_logits(main, {});
     FAIL() << "a split model loaded without K3_DIRS";
   } catch (const k3::Error& e) {
     EXPECT_NE(std::string(e.what()).find(shards[1]), std::string::npos) << e.what();
   }
-  EXPECT_THROW(logits_of(main, {second, root.path() + "/no-such-drive"}), k3::Error);
+  EXPECT_THROW(prompt_logits(main, {second, root.path() + "/no-such-drive"}), k3::Error);
 
   // A shard present in two places is read from the first (the model directory wins).
   fs::copy_file(fs::path(second) / shards[1], fs::path(main) / shards[1]);

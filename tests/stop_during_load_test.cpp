@@ -16,9 +16,10 @@
 
 namespace {
 
+using k3::testing::kTinyDir;
+
 const std::string kKimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
 const std::string kColi = std::string(K3_BINARY_DIR) + "/apps/coli";
-const std::string kTiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 using Result = k3::testing::CommandResult;
 
@@ -65,8 +66,9 @@ int status_line(const std::string& err) {
 }
 
 void expect_stopped_while_loading(const std::string& signal, int want_status) {
-  const Result r = sh(kSlowLoad + " " + kKimi + " " + kTiny + " --ids 1,2,3 --ngen 4 & pid=$!; " +
-                      wait_until_loading("pid") + stop_and_wait("pid", signal, 120));
+  const Result r =
+      sh(kSlowLoad + " " + kKimi + " " + kTinyDir + " --ids 1,2,3 --ngen 4 & pid=$!; " +
+         wait_until_loading("pid") + stop_and_wait("pid", signal, 120));
   EXPECT_EQ(status_line(r.err), want_status) << r.err;  // 124: still loading after 120 s
   EXPECT_NE(r.err.find("stopped while loading"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(signal), std::string::npos) << r.err;
@@ -88,7 +90,7 @@ TEST(StopDuringLoad, KimiIdsOnAPipeKeepTheIdsGeneratedBeforeSigterm) {
   const k3::testing::TempDir dir("stop-ids");
   const std::string fifo = dir.file("pipe"), out = dir.file("out");
   const Result r =
-      sh("mkfifo " + fifo + "; cat " + fifo + " > " + out + " & c=$!; " + kKimi + " " + kTiny +
+      sh("mkfifo " + fifo + "; cat " + fifo + " > " + out + " & c=$!; " + kKimi + " " + kTinyDir +
          " --ids 1,2,3 --ngen 200000 > " + fifo + " & k=$!; i=0; while [ ! -s " + out +
          " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; " +
          stop_and_wait("k", "TERM", 120) + "; wait $c");

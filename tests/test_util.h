@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,9 @@
       << "message: " << (msg) << "\nexpected it to contain: " << (sub)
 
 namespace k3::testing {
+
+// The tiny synthetic checkpoint with its goldens (tests/data/k3-tiny/README.md).
+inline const std::string kTinyDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
 
 // Read-only access to the tensors of one safetensors file.
 struct Tensors {
@@ -45,6 +51,21 @@ struct Tensors {
     return v;
   }
 };
+
+// The bit pattern of `f` (bit-identity checks).
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// `n` floats drawn from N(0, scale^2).
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 struct Closeness {
   double rel_l2 = 0;
@@ -202,7 +223,7 @@ void select_lavapipe();
 // "GoldenQuantTwinIsa.avx512 ... Skipped" in ctest's summary instead of passing its twin tests
 // silently short of a variant.
 #define K3_TWIN_ISA_TESTS(suite)                                                                 \
-  [[maybe_unused]] const bool k3_twin_isa_tests_defined = k3::testing::twin_isa_tests_defined(); \
+  [[maybe_unused]] const bool k3_twin_isa_tests_##suite = k3::testing::twin_isa_tests_defined(); \
   TEST(suite##TwinIsa, avx2) {                                                                   \
     k3::testing::check_twin_isa(k3::Isa::kAvx2);                                                 \
   }                                                                                              \

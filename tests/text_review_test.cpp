@@ -12,14 +12,12 @@
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
+#include "text_fixtures.h"
 
 namespace k3::text {
 namespace {
 
-const Tokenizer& release() {
-  static const Tokenizer tokenizer = Tokenizer::load("tests/data/k3-release");
-  return tokenizer;
-}
+using k3::testing::release_tokenizer;
 
 std::string base64(std::string_view bytes) {
   static const char kAlphabet[] =
@@ -106,15 +104,15 @@ TEST(TextReview, ConfigIdsOutsideTheSpecialRangeAreIgnored) {
 // PIN: Moonshot's encode() chunks first (400k / 25k) and only then lets tiktoken look for
 // specials inside each chunk, so a special spelling cut by the 25,000-run limit is ordinary text.
 TEST(TextReview, SpecialSpellingCutByThe25kRunIsOrdinaryText) {
-  const int32_t open = release().special_id("<|open|>").value();
+  const int32_t open = release_tokenizer().special_id("<|open|>").value();
   std::string text(24996, 'a');
   text += "<|open|>";  // "<|op" ends the 25,000 run, "en|>" starts the next chunk
-  const auto ids = release().encode(text, true);
+  const auto ids = release_tokenizer().encode(text, true);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), open), 0);
-  EXPECT_EQ(release().decode_bytes(ids), text);
+  EXPECT_EQ(release_tokenizer().decode_bytes(ids), text);
   // Moved by 8 it is whole inside the first chunk and becomes the control id.
   const std::string whole = std::string(24988, 'a') + "<|open|>";
-  const auto ids2 = release().encode(whole, true);
+  const auto ids2 = release_tokenizer().encode(whole, true);
   EXPECT_EQ(ids2.back(), open);
 }
 
@@ -126,17 +124,17 @@ TEST(TextReview, BpeAgreesAroundTheHeapThreshold) {
     for (int round = 0; round < 50; ++round) {
       std::string piece;
       while (piece.size() < length) {
-        const auto bytes = release().token_bytes(static_cast<int32_t>(rng() % 163584));
+        const auto bytes = release_tokenizer().token_bytes(static_cast<int32_t>(rng() % 163584));
         piece.append(bytes.substr(0, 1 + rng() % 3));
       }
       piece.resize(length);
       std::vector<int32_t> a, b, c;
-      release().bpe_piece(piece, Tokenizer::BpeAlgorithm::automatic, a);
-      release().bpe_piece(piece, Tokenizer::BpeAlgorithm::vector_scan, b);
-      release().bpe_piece(piece, Tokenizer::BpeAlgorithm::heap, c);
+      release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::automatic, a);
+      release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::vector_scan, b);
+      release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::heap, c);
       ASSERT_EQ(a, b) << length;
       ASSERT_EQ(a, c) << length;
-      ASSERT_EQ(release().decode_bytes(a), piece);
+      ASSERT_EQ(release_tokenizer().decode_bytes(a), piece);
     }
   }
 }
@@ -151,7 +149,8 @@ TEST(TextReview, BomBeforeATypedArgumentKeepsArgumentsValidJson) {
       "<|open|>argument key=\"n\" type=\"number\"<|sep|>\xEF\xBB\xBF"
       "1<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>"
       "<|close|>message<|sep|><|end_of_msg|>";
-  const ParsedOutput out = parse_output(release(), release().encode(text, true), false);
+  const ParsedOutput out =
+      parse_output(release_tokenizer(), release_tokenizer().encode(text, true), false);
   ASSERT_EQ(out.tool_calls.size(), 1u);
   EXPECT_EQ(out.tool_calls[0].arguments_json,
             "{\"n\":\"\xEF\xBB\xBF"
@@ -192,7 +191,7 @@ TEST(TextReview, ConcurrentEncodesAgreeWithSerial) {
     std::string s;
     const size_t n = 200 + rng() % 3000;
     while (s.size() < n) {
-      const auto bytes = release().token_bytes(static_cast<int32_t>(rng() % 163584));
+      const auto bytes = release_tokenizer().token_bytes(static_cast<int32_t>(rng() % 163584));
       s.append(bytes);
       if (rng() % 7 == 0) s += "<|open|>";
     }
@@ -200,13 +199,13 @@ TEST(TextReview, ConcurrentEncodesAgreeWithSerial) {
   }
   std::vector<std::vector<int32_t>> serial;
   for (size_t k = 0; k < texts.size(); ++k)
-    serial.push_back(release().encode(texts[k], k % 2 == 0));
+    serial.push_back(release_tokenizer().encode(texts[k], k % 2 == 0));
   std::vector<int> failures(texts.size(), 0);
   std::vector<std::thread> threads;
   for (size_t k = 0; k < texts.size(); ++k) {
     threads.emplace_back([&, k] {
       for (int round = 0; round < 50; ++round)
-        if (release().encode(texts[k], k % 2 == 0) != serial[k]) ++failures[k];
+        if (release_tokenizer().encode(texts[k], k % 2 == 0) != serial[k]) ++failures[k];
     });
   }
   for (auto& th : threads) th.join();

@@ -12,13 +12,14 @@
 #include "text/pyjson.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
+#include "text_fixtures.h"
 #include "util/error.h"
 
 namespace {
 
-using k3::text::PyValue;
+using k3::testing::kReleaseDir;
 
-const std::string kRelease = "tests/data/k3-release";
+using k3::text::PyValue;
 
 std::vector<std::string> chat_lines() {
   std::vector<std::string> lines;
@@ -133,8 +134,8 @@ TEST(TextRobustness, WrongTypesInEveryFieldAreStatusesNotCrashes) {
 }
 
 TEST(TextRobustness, MutatedVocabularyFilesAreErrorsNotCrashes) {
-  const std::string model = k3::read_text_file(kRelease + "/tiktoken.model").substr(0, 40000);
-  const std::string config = k3::read_text_file(kRelease + "/tokenizer_config.json");
+  const std::string model = k3::read_text_file(kReleaseDir + "/tiktoken.model").substr(0, 40000);
+  const std::string config = k3::read_text_file(kReleaseDir + "/tokenizer_config.json");
   std::mt19937 rng(99);
   int loaded = 0, refused = 0;
   for (int round = 0; round < 300; ++round) {
@@ -155,7 +156,7 @@ TEST(TextRobustness, MutatedVocabularyFilesAreErrorsNotCrashes) {
 }
 
 TEST(TextRobustness, RandomBytesEncodeAndDecodeBack) {
-  const auto tokenizer = k3::text::Tokenizer::load(kRelease);
+  const auto tokenizer = k3::text::Tokenizer::load(kReleaseDir);
   std::mt19937 rng(5);
   for (int round = 0; round < 3000; ++round) {
     std::string bytes(rng() % 64, '\0');

@@ -13,18 +13,15 @@
 #include "test_util.h"
 #include "text/pretokenizer.h"
 #include "text/utf8.h"
+#include "text_fixtures.h"
 
 namespace k3::text {
 namespace {
 
+using k3::testing::kReleaseDir;
+using k3::testing::release_tokenizer;
+
 using k3::testing::error_of;
-
-const std::string kRelease = "tests/data/k3-release";
-
-const Tokenizer& release() {
-  static const Tokenizer tokenizer = Tokenizer::load(kRelease);
-  return tokenizer;
-}
 
 struct TextCase {
   std::string name, text;
@@ -53,7 +50,7 @@ std::string with_ids(const std::vector<int32_t>& ids) {
 }
 
 TEST(Tokenizer, ReleaseVocabulary) {
-  const Tokenizer& t = release();
+  const Tokenizer& t = release_tokenizer();
   EXPECT_EQ(t.base_vocab_size(), 163584);
   EXPECT_EQ(t.vocab_size(), 163840);
   EXPECT_EQ(t.special_id("[BOS]"), 163584);
@@ -78,8 +75,8 @@ TEST(Tokenizer, EveryGoldenCaseInBothModes) {
   ASSERT_EQ(text_cases().size(), 262u);
   int failures = 0;
   for (const TextCase& c : text_cases()) {
-    const auto ids = release().encode(c.text, false);
-    const auto special = release().encode(c.text, true);
+    const auto ids = release_tokenizer().encode(c.text, false);
+    const auto special = release_tokenizer().encode(c.text, true);
     if (ids != c.ids) ++failures;
     if (special != c.ids_allow_special) ++failures;
     EXPECT_EQ(ids, c.ids) << c.name << " (ordinary)\n got  " << with_ids(ids) << "\n want "
@@ -93,27 +90,29 @@ TEST(Tokenizer, EveryGoldenCaseInBothModes) {
 
 TEST(Tokenizer, DecodeGivesTheTextBackAtEveryCut) {
   for (const TextCase& c : text_cases()) {
-    EXPECT_EQ(release().decode_bytes(c.ids), c.text) << c.name;
-    EXPECT_EQ(release().decode(c.ids_allow_special), c.text) << c.name;
+    EXPECT_EQ(release_tokenizer().decode_bytes(c.ids), c.text) << c.name;
+    EXPECT_EQ(release_tokenizer().decode(c.ids_allow_special), c.text) << c.name;
     if (c.ids.size() > 64) continue;
     for (size_t k = 0; k <= c.ids.size(); ++k) {
       const std::span<const int32_t> all(c.ids);
-      EXPECT_EQ(release().decode_bytes(all.first(k)) + release().decode_bytes(all.subspan(k)),
+      EXPECT_EQ(release_tokenizer().decode_bytes(all.first(k)) +
+                    release_tokenizer().decode_bytes(all.subspan(k)),
                 c.text)
           << c.name;
     }
   }
-  EXPECT_THROW(release().decode_bytes(std::vector<int32_t>{163840}), Error);
-  EXPECT_THROW(release().decode_bytes(std::vector<int32_t>{-1}), Error);
+  EXPECT_THROW(release_tokenizer().decode_bytes(std::vector<int32_t>{163840}), Error);
+  EXPECT_THROW(release_tokenizer().decode_bytes(std::vector<int32_t>{-1}), Error);
 }
 
 TEST(Tokenizer, UserTextNeverBecomesControlTokens) {
   // docs/tokenizer.md §3.2: " <|open|>" typed by a user.
-  EXPECT_EQ(release().encode(" <|open|>", false), (std::vector<int32_t>{22652, 4454, 91, 29}));
-  EXPECT_EQ(release().encode("<|open|>", true), (std::vector<int32_t>{163587}));
-  EXPECT_EQ(release().encode("a<|reserved_token_163592|>b", true),
+  EXPECT_EQ(release_tokenizer().encode(" <|open|>", false),
+            (std::vector<int32_t>{22652, 4454, 91, 29}));
+  EXPECT_EQ(release_tokenizer().encode("<|open|>", true), (std::vector<int32_t>{163587}));
+  EXPECT_EQ(release_tokenizer().encode("a<|reserved_token_163592|>b", true),
             (std::vector<int32_t>{64, 163592, 65}));
-  EXPECT_EQ(release().encode("", true), std::vector<int32_t>{});
+  EXPECT_EQ(release_tokenizer().encode("", true), std::vector<int32_t>{});
 }
 
 TEST(Tokenizer, HeapAndVectorScanBpeAgree) {
@@ -127,8 +126,8 @@ TEST(Tokenizer, HeapAndVectorScanBpeAgree) {
       const std::string_view piece = std::string_view(c.text).substr(p.begin, p.end - p.begin);
       a.clear();
       b.clear();
-      release().bpe_piece(piece, Tokenizer::BpeAlgorithm::vector_scan, a);
-      release().bpe_piece(piece, Tokenizer::BpeAlgorithm::heap, b);
+      release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::vector_scan, a);
+      release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::heap, b);
       ASSERT_EQ(a, b) << c.name;
     }
   }
@@ -137,15 +136,15 @@ TEST(Tokenizer, HeapAndVectorScanBpeAgree) {
     std::string piece;
     const size_t length = 2 + rng() % 400;
     while (piece.size() < length) {
-      const auto bytes = release().token_bytes(static_cast<int32_t>(rng() % 163584));
+      const auto bytes = release_tokenizer().token_bytes(static_cast<int32_t>(rng() % 163584));
       piece.append(bytes.substr(0, 1 + rng() % 3));
     }
     a.clear();
     b.clear();
-    release().bpe_piece(piece, Tokenizer::BpeAlgorithm::vector_scan, a);
-    release().bpe_piece(piece, Tokenizer::BpeAlgorithm::heap, b);
+    release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::vector_scan, a);
+    release_tokenizer().bpe_piece(piece, Tokenizer::BpeAlgorithm::heap, b);
     ASSERT_EQ(a, b) << "round " << round;
-    EXPECT_EQ(release().decode_bytes(a), piece);
+    EXPECT_EQ(release_tokenizer().decode_bytes(a), piece);
   }
 }
 
@@ -155,8 +154,8 @@ TEST(Tokenizer, LongPiecesStayNearLinear) {
   std::mt19937 rng(3);
   std::string word;
   for (int i = 0; i < 25000; ++i) word.push_back(static_cast<char>('a' + rng() % 26));
-  const auto ids = release().encode(word, false);
-  EXPECT_EQ(release().decode_bytes(ids), word);
+  const auto ids = release_tokenizer().encode(word, false);
+  EXPECT_EQ(release_tokenizer().decode_bytes(ids), word);
   EXPECT_GT(ids.size(), 3000u);
 }
 
@@ -165,12 +164,12 @@ TEST(Tokenizer, InvalidUtf8IsReplacedAndCounted) {
       std::string("ab\xFF") + "c\xE4\xBD" + "d";  // stray byte, truncated 3-byte
   size_t replaced = 0;
   std::vector<int32_t> ids;
-  release().encode(bad, false, ids, &replaced);
+  release_tokenizer().encode(bad, false, ids, &replaced);
   EXPECT_EQ(replaced, 2u);
-  EXPECT_EQ(ids, release().encode("ab\xEF\xBF\xBD"
-                                  "c\xEF\xBF\xBD"
-                                  "d",
-                                  false));
+  EXPECT_EQ(ids, release_tokenizer().encode("ab\xEF\xBF\xBD"
+                                            "c\xEF\xBF\xBD"
+                                            "d",
+                                            false));
 }
 
 TEST(Utf8, RepairUsesMaximalSubparts) {
@@ -193,7 +192,7 @@ TEST(Utf8, StreamDecoderNeverSplitsACharacter) {
   const std::vector<int32_t> ids = {130732, 233, 92949, 121};
   Utf8StreamDecoder decoder;
   std::vector<std::string> shown;
-  for (int32_t id : ids) shown.push_back(decoder.push(release().token_bytes(id)));
+  for (int32_t id : ids) shown.push_back(decoder.push(release_tokenizer().token_bytes(id)));
   shown.push_back(decoder.finish());
   EXPECT_EQ(shown, (std::vector<std::string>{" ", "\xF0\x9F\x91\x8B", "", "\xF0\x9F\x8F\xBD", ""}));
   EXPECT_EQ(decoder.pending(), 0u);
@@ -281,7 +280,7 @@ TEST(Tokenizer, MalformedFilesAreClearErrors) {
       error_of([] { Tokenizer::load("tests/data/no-such-dir"); }).find("tiktoken.model: missing"),
       std::string::npos);
   EXPECT_FALSE(Tokenizer::available("tests/data/k3-tiny"));
-  EXPECT_TRUE(Tokenizer::available(kRelease));
+  EXPECT_TRUE(Tokenizer::available(kReleaseDir));
 }
 
 }  // namespace

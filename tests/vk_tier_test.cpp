@@ -22,7 +22,7 @@
 
 namespace {
 
-const bool kOnLavapipe = (k3::testing::select_lavapipe(), true);
+const bool kTierOnLavapipe = (k3::testing::select_lavapipe(), true);
 
 using k3::testing::TempDir;
 using k3::testing::Tensors;
