@@ -31,7 +31,7 @@ K3_TWIN_ISA_TESTS(ChunkedPrefill)
 
 using k3::testing::TempDir;
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 
 std::vector<float> randn(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -232,17 +232,17 @@ k3::LoadOptions default_load() {
 }
 
 TEST(ChunkedPrefill, FixtureExact) {
-  check_model(kFixture, k3::LoadOptions::exact(), {12, 45}, "k3-tiny exact");
+  check_model(kTinyDir, k3::LoadOptions::exact(), {12, 45}, "k3-tiny exact");
 }
 TEST(ChunkedPrefill, FixtureDefaultPrecision) {
-  check_model(kFixture, default_load(), {12, 45}, "k3-tiny bits 4 idot 1");
+  check_model(kTinyDir, default_load(), {12, 45}, "k3-tiny bits 4 idot 1");
 }
 
 TEST(ChunkedPrefill, FixtureGoldenPromptTrace) {
   // The fixture's own prompt (12 ids) at C = 7: 7 + 5.
-  const k3::testing::Tensors golden(kFixture + "/golden.safetensors");
+  const k3::testing::Tensors golden(kTinyDir + "/golden.safetensors");
   const auto prompt = golden.i64("prompt_ids");
-  const k3::Engine engine(kFixture, k3::LoadOptions::exact());
+  const k3::Engine engine(kTinyDir, k3::LoadOptions::exact());
   expect_identical(run_prefill(engine, prompt, 1), run_prefill(engine, prompt, 7),
                    "golden prompt C=7");
 }
@@ -314,7 +314,7 @@ class InterruptAt : public k3::LayerObserver {
 };
 
 TEST(ChunkedPrefill, InterruptMidChunkStopsBetweenLayers) {
-  const k3::Engine engine(kFixture, default_load());
+  const k3::Engine engine(kTinyDir, default_load());
   const std::vector<int64_t> prompt = prompt_of(20, engine.info().vocab_size, 2);
   std::atomic<bool> flag{false};
   k3::Session s(engine, 64);
@@ -338,11 +338,11 @@ TEST(ChunkedPrefill, ChunkOptionDefaultsToAutoAndFlowsToSessions) {
   EXPECT_EQ(k3::LoadOptions{}.chunk, -1);  // K3_CHUNK=auto
   k3::LoadOptions load = default_load();
   load.chunk = 5;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   k3::Session s(engine, 8);
   EXPECT_EQ(s.prefill_chunk(), 5);
   // auto resolves at load to a power of two in [32, 4096].
-  const k3::Engine automatic(kFixture, default_load());
+  const k3::Engine automatic(kTinyDir, default_load());
   const int64_t chunk = k3::Session(automatic, 8).prefill_chunk();
   EXPECT_GE(chunk, 32);
   EXPECT_LE(chunk, 4096);

@@ -24,7 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kBinary = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 const std::string kPrompt = "768,399,86,450,308,688,16,162,288,540,404,506";
 const std::string kGoldenDecode = "144 392 575 751 157 575 392 193";
 // The settings the goldens are matched at (the defaults quantise).
@@ -39,7 +39,7 @@ Result run_kimi_k3(const std::string& env_prefix, const std::string& args) {
 }
 
 TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
-  const Result r = run_kimi_k3(kExact, kFixture + " --ids " + kPrompt + " --ngen 8");
+  const Result r = run_kimi_k3(kExact, kTinyDir + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n");
   EXPECT_NE(r.err.find("load "), std::string::npos) << r.err;
@@ -54,7 +54,7 @@ TEST(Cli, IdsModePrintsExactlyTheGeneratedIds) {
 }
 
 TEST(Cli, ModelFromEnvironmentAndSpaceSeparatedIds) {
-  const Result r = run_kimi_k3(kExact + " COLI_MODEL=" + kFixture,
+  const Result r = run_kimi_k3(kExact + " COLI_MODEL=" + kTinyDir,
                                "--ids '768 399 86 450 308 688 16 162 288 540 404 506' --ngen 3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "144 392 575\n");
@@ -62,12 +62,12 @@ TEST(Cli, ModelFromEnvironmentAndSpaceSeparatedIds) {
 
 TEST(Cli, SamplingIsReproducibleFromTheSeed) {
   const std::string args =
-      kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --top-k 50 --top-p 0.95 --seed 7";
+      kTinyDir + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --top-k 50 --top-p 0.95 --seed 7";
   const Result a = run_kimi_k3("", args), b = run_kimi_k3("", args);
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   const Result c =
-      run_kimi_k3("", kFixture + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --seed 8");
+      run_kimi_k3("", kTinyDir + " --ids " + kPrompt + " --ngen 8 --temp 1.5 --seed 8");
   ASSERT_EQ(c.status, 0) << c.err;
   EXPECT_NE(a.out, c.out) << "different seeds should give different samples at temperature 1.5";
 }
@@ -78,7 +78,7 @@ TEST(Cli, LogitsAndTraceFilesAreWritten) {
   const std::string logits = (dir / "logits.f32").string(),
                     trace = (dir / "trace.safetensors").string();
   const Result r = run_kimi_k3(kExact + " K3_LOGITS=" + logits + " K3_TRACE=" + trace,
-                               kFixture + " --ids " + kPrompt + " --ngen 8");
+                               kTinyDir + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, kGoldenDecode + "\n") << "writing traces must not change any value";
   // The file holds the prefill logits [12][1024] (raw f32): at exact settings they are the
@@ -88,7 +88,7 @@ TEST(Cli, LogitsAndTraceFilesAreWritten) {
   std::vector<float> got(bytes.size() / 4);
   std::memcpy(got.data(), bytes.data(), bytes.size());
   const std::vector<float> want =
-      k3::testing::Tensors(kFixture + "/golden.safetensors").f32("logits");
+      k3::testing::Tensors(kTinyDir + "/golden.safetensors").f32("logits");
   ASSERT_EQ(got.size(), want.size());
   const double rel = k3::testing::expect_close("K3_LOGITS", got.data(), want.data(), want.size());
   std::printf("K3_LOGITS against the golden logits: rel-L2 %.3g\n", rel);
@@ -109,9 +109,9 @@ TEST(Cli, X0RowsPastTheTableAreAnError) {
     out.write(reinterpret_cast<const char*>(rows.data()),
               static_cast<std::streamsize>(rows.size() * 4));
   }
-  const Result ok = run_kimi_k3("K3_X0=" + x0.string(), kFixture + " --ids 1,2 --ngen 1");
+  const Result ok = run_kimi_k3("K3_X0=" + x0.string(), kTinyDir + " --ids 1,2 --ngen 1");
   EXPECT_EQ(ok.status, 0) << ok.err;
-  const Result past = run_kimi_k3("K3_X0=" + x0.string(), kFixture + " --ids 1,2,3 --ngen 1");
+  const Result past = run_kimi_k3("K3_X0=" + x0.string(), kTinyDir + " --ids 1,2,3 --ngen 1");
   EXPECT_NE(past.status, 0);
   EXPECT_NE(past.err.find("K3_X0"), std::string::npos) << past.err;
   fs::remove(x0);
@@ -135,7 +135,7 @@ TEST(Cli, RefusesUnsupportedAndUnknownSettings) {
       {"K3_LAYERS=9", "--ids 1 --ngen 1", "K3_LAYERS"},
   };
   for (const Case& c : cases) {
-    const Result r = run_kimi_k3(c.env, kFixture + " " + c.args);
+    const Result r = run_kimi_k3(c.env, kTinyDir + " " + c.args);
     EXPECT_NE(r.status, 0) << c.env << " " << c.args;
     EXPECT_TRUE(r.out.empty()) << c.env << " " << c.args;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.env << " " << c.args << ": " << r.err;
@@ -147,13 +147,13 @@ TEST(Cli, RefusesUnsupportedAndUnknownSettings) {
 }
 
 TEST(Cli, StatsShowTheSettingsAndTheStages) {
-  const Result defaults = run_kimi_k3("", kFixture + " --ids " + kPrompt + " --ngen 2 --stats");
+  const Result defaults = run_kimi_k3("", kTinyDir + " --ids " + kPrompt + " --ngen 2 --stats");
   ASSERT_EQ(defaults.status, 0) << defaults.err;
   EXPECT_NE(defaults.err.find("bits 4/8/8 | idot 1"), std::string::npos) << defaults.err;
   for (const char* stage : {"kda", "mla", "router", "experts", "shared", "dense", "head"})
     EXPECT_NE(defaults.err.find(stage), std::string::npos) << stage << ": " << defaults.err;
   const Result scalar = run_kimi_k3(kExact + " K3_ISA=scalar K3_STATS=1",
-                                    kFixture + " --ids " + kPrompt + " --ngen 8");
+                                    kTinyDir + " --ids " + kPrompt + " --ngen 8");
   ASSERT_EQ(scalar.status, 0) << scalar.err;
   EXPECT_EQ(scalar.out, kGoldenDecode + "\n");
   EXPECT_NE(scalar.err.find("isa scalar | bits 32/32/32 | idot 0"), std::string::npos)
@@ -250,7 +250,7 @@ TEST(FirstContact, UnknownFlagsAndCommandsNameTheNearestOne) {
 // llama-cli's habits: -m DIR -p TEXT -n N (and -c -t -s), with --chat too.
 TEST(FirstContact, LlamaCliShortFlagsRun) {
   const Result ids =
-      run_kimi_k3(kExact, "-m " + kFixture + " --ids " + kPrompt + " -n 8 -c 32 -t 1 -s 3");
+      run_kimi_k3(kExact, "-m " + kTinyDir + " --ids " + kPrompt + " -n 8 -c 32 -t 1 -s 3");
   ASSERT_EQ(ids.status, 0) << ids.err;
   EXPECT_EQ(ids.out, kGoldenDecode + "\n");
   for (const std::string& args :

@@ -22,7 +22,7 @@ namespace {
 // The SIMD variants twin_isas() leaves out, as skipped tests (tests/test_util.h).
 K3_TWIN_ISA_TESTS(Golden)
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 
 double g_worst_rel = 0;  // measured, printed by the trace test
 std::string g_worst_name;
@@ -44,8 +44,8 @@ using k3::testing::Tensors;
 class GoldenTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    golden_ = new Tensors(kFixture + "/golden.safetensors");
-    engine_ = new k3::Engine(kFixture, k3::LoadOptions::exact());
+    golden_ = new Tensors(kTinyDir + "/golden.safetensors");
+    engine_ = new k3::Engine(kTinyDir, k3::LoadOptions::exact());
   }
   static void TearDownTestSuite() {
     delete engine_;
@@ -163,7 +163,7 @@ TEST_F(GoldenTest, EveryKernelVariantMatchesTheGolden) {
   for (k3::Isa isa : k3::testing::twin_isas()) {
     k3::LoadOptions load = k3::LoadOptions::exact();
     load.isa = k3::isa_name(isa);
-    k3::Engine engine(kFixture, load);
+    k3::Engine engine(kTinyDir, load);
     k3::Session session(engine, static_cast<int64_t>(prompt.size() + decode_ids.size()));
     std::vector<float> every;
     k3::PrefillHooks hooks;
@@ -182,7 +182,7 @@ TEST_F(GoldenTest, ExpertsInMemoryGiveIdenticalLogits) {
   const auto prompt = golden_->i64("prompt_ids");
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.experts_in_memory = true;
-  k3::Engine resident(kFixture, load);
+  k3::Engine resident(kTinyDir, load);
   EXPECT_GT(resident.info().resident_bytes, engine_->info().resident_bytes);
   k3::Session a(resident, static_cast<int64_t>(prompt.size())),
       b(*engine_, static_cast<int64_t>(prompt.size()));
@@ -216,7 +216,7 @@ TEST_F(GoldenTest, ResetGivesTheSameLogits) {
 TEST_F(GoldenTest, TruncatedStackRunsFewerLayers) {
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.layers = 3;
-  k3::Engine partial(kFixture, load);
+  k3::Engine partial(kTinyDir, load);
   EXPECT_EQ(partial.info().num_layers, 3);
   const auto prompt = golden_->i64("prompt_ids");
   k3::Session session(partial, static_cast<int64_t>(prompt.size()));

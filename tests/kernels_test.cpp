@@ -22,18 +22,16 @@ using k3::testing::bits_of;
 using k3::testing::random_floats;
 
 // The scalar twins through the kernel table, in the shapes these tests were written for.
-const k3::KernelTable& scalar() {
-  return k3::kernel_table(k3::Isa::kScalar);
-}
 void matvec_mxfp4_f32_exact(const uint8_t* packed, const uint8_t* scales, size_t rows, size_t cols,
                             const float* x, float* y) {
-  scalar().matmul_mxfp4_exact(packed, scales, cols, x, 1, y, rows, 0, rows);
+  k3::kernel_table(k3::Isa::kScalar)
+      .matmul_mxfp4_exact(packed, scales, cols, x, 1, y, rows, 0, rows);
 }
 void matvec_f32(const float* W, size_t rows, size_t cols, const float* x, float* y) {
-  scalar().matmul_f32(W, cols, x, 1, y, rows, 0, rows);
+  k3::kernel_table(k3::Isa::kScalar).matmul_f32(W, cols, x, 1, y, rows, 0, rows);
 }
 void matmul_f32(const float* W, size_t rows, size_t cols, const float* X, size_t n, float* Y) {
-  scalar().matmul_f32(W, cols, X, n, Y, rows, 0, rows);
+  k3::kernel_table(k3::Isa::kScalar).matmul_f32(W, cols, X, n, Y, rows, 0, rows);
 }
 
 float float_of(uint32_t u) {

@@ -118,10 +118,6 @@ std::string isa_label(k3::Isa isa) {
   return std::string("isa=") + k3::isa_name(isa);
 }
 
-const k3::KernelTable& scalar_table() {
-  return k3::kernel_table(k3::Isa::kScalar);
-}
-
 // A sentinel that no kernel produces (a NaN with a payload), to detect writes outside the range.
 float sentinel() {
   const uint32_t u = 0x7FA5A5A5u;
@@ -148,7 +144,7 @@ TEST(Mxfp4IsaQuant, BitIdenticalToScalar) {
       x[cols + 70] = std::numeric_limits<float>::infinity();
       x[2 * cols + 1] = -std::numeric_limits<float>::infinity();
     }
-    const Quantised want = quantise(scalar_table(), x, n, cols);
+    const Quantised want = quantise(k3::kernel_table(k3::Isa::kScalar), x, n, cols);
     for (k3::Isa isa : k3::testing::twin_isas()) {
       SCOPED_TRACE(isa_label(isa) + " cols=" + std::to_string(cols));
       const Quantised got = quantise(k3::kernel_table(isa), x, n, cols);
@@ -182,8 +178,9 @@ void expect_mxfp4_idot_identical(const Matrix& m, const std::vector<int8_t>& q,
                                  const std::vector<float>& d, size_t n, size_t row_begin,
                                  size_t row_end, size_t ldy) {
   std::vector<float> want(n * ldy, sentinel());
-  scalar_table().matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
-                                   want.data(), ldy, row_begin, row_end);
+  k3::kernel_table(k3::Isa::kScalar)
+      .matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
+                         want.data(), ldy, row_begin, row_end);
   for (k3::Isa isa : k3::testing::twin_isas())
     // Both ways of prefetching the next rows (kernels/isa.h: RowPrefetch), whichever this CPU
     // would choose.
@@ -216,7 +213,7 @@ TEST(Mxfp4IsaIdot, BitIdenticalToScalar) {
         SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                      " n=" + std::to_string(n));
         const std::vector<float> x = random_acts(n, cols, rng);
-        const Quantised a = quantise(scalar_table(), x, n, cols);
+        const Quantised a = quantise(k3::kernel_table(k3::Isa::kScalar), x, n, cols);
         expect_mxfp4_idot_identical(m, a.q, a.d, n, 0, rows, rows);
       }
     }
@@ -228,13 +225,15 @@ TEST(Mxfp4IsaIdot, LargeBatchAndLongRows) {
   std::mt19937 rng(203);
   {
     const Matrix m = random_matrix(19, 3584, rng);
-    const Quantised a = quantise(scalar_table(), random_acts(70, 3584, rng), 70, 3584);
+    const Quantised a =
+        quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(70, 3584, rng), 70, 3584);
     expect_mxfp4_idot_identical(m, a.q, a.d, 70, 0, 19, 19);
   }
   {
     const Matrix m = random_matrix(9, 9216, rng);
     for (size_t n : {1u, 4u}) {
-      const Quantised a = quantise(scalar_table(), random_acts(n, 9216, rng), n, 9216);
+      const Quantised a =
+          quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(n, 9216, rng), n, 9216);
       expect_mxfp4_idot_identical(m, a.q, a.d, n, 0, 9, 9);
     }
   }
@@ -261,7 +260,8 @@ TEST(Mxfp4IsaIdot, RowRangesTouchOnlyTheirRows) {
   const size_t rows = 67, cols = 3584, ldy = 70;
   const Matrix m = random_matrix(rows, cols, rng);
   for (size_t n : {1u, 5u, 13u}) {
-    const Quantised a = quantise(scalar_table(), random_acts(n, cols, rng), n, cols);
+    const Quantised a =
+        quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(n, cols, rng), n, cols);
     for (auto [b, e] : {std::pair<size_t, size_t>{5, 50}, {17, 18}, {0, 9}, {33, 67}, {40, 40}}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " range=" + std::to_string(b) + ".." +
                    std::to_string(e));
@@ -276,7 +276,8 @@ TEST(Mxfp4IsaIdot, Nan255AndZeroScales) {
   Matrix m = random_matrix(18, 96, rng, false);
   std::fill(m.scales.begin(), m.scales.begin() + 3, uint8_t{0});
   m.scales[3 * 5 + 1] = 255;  // row 5, group 1
-  const Quantised a = quantise(scalar_table(), random_acts(3, 96, rng, false), 3, 96);
+  const Quantised a =
+      quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(3, 96, rng, false), 3, 96);
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
     std::vector<float> y(3 * 18), e(3 * 18);
@@ -340,8 +341,9 @@ double expect_exact_close(const Matrix& m, const std::vector<float>& x, size_t n
   std::vector<double> ref, mag;
   double_reference(m, x, n, ref, mag);
   std::vector<float> want(n * m.rows);
-  scalar_table().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), m.cols, x.data(), n,
-                                    want.data(), m.rows, 0, m.rows);
+  k3::kernel_table(k3::Isa::kScalar)
+      .matmul_mxfp4_exact(m.packed.data(), m.scales.data(), m.cols, x.data(), n, want.data(),
+                          m.rows, 0, m.rows);
   double worst = 0;
   for (k3::Isa isa : k3::testing::twin_isas()) {
     SCOPED_TRACE(isa_label(isa));
@@ -496,8 +498,9 @@ TEST(Mxfp4IsaIdot, CloseToExactPath) {
   const Matrix m = random_matrix(rows, cols, rng, false);
   const std::vector<float> x = random_acts(n, cols, rng, false);
   std::vector<float> exact(n * rows);
-  scalar_table().matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n,
-                                    exact.data(), rows, 0, rows);
+  k3::kernel_table(k3::Isa::kScalar)
+      .matmul_mxfp4_exact(m.packed.data(), m.scales.data(), cols, x.data(), n, exact.data(), rows,
+                          0, rows);
   std::vector<double> w(rows * cols);  // the dequantised weights: E2M1[nibble] * 2^(scale - 127)
   for (size_t o = 0; o < rows; ++o)
     for (size_t i = 0; i < cols; ++i) {

@@ -43,7 +43,7 @@ using k3::testing::TempDir;
 
 const std::string kRepack = std::string(K3_BINARY_DIR) + "/tools/k3_repack";
 const std::string kKimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
-const std::string kTiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 const std::string kStrictNode = std::string(K3_SOURCE_DIR) + "/tests/node/safetensors_strict.mjs";
 const std::string kPrompt = "768,399,86,450,308,688,16,162,288,540,404,506";
 
@@ -136,7 +136,7 @@ class RepackLogits : public ::testing::TestWithParam<Case> {};
 // golden logits.
 TEST_P(RepackLogits, EqualTheLoadTimePathBitForBit) {
   const Case c = GetParam();
-  const std::string source = std::string(c.source) == "tiny" ? kTiny : synth_source();
+  const std::string source = std::string(c.source) == "tiny" ? kTinyDir : synth_source();
   TempDir tmp("repack-logits");
   const std::string box = tmp.file("box");
   const CommandResult r =
@@ -163,7 +163,7 @@ TEST_P(RepackLogits, EqualTheLoadTimePathBitForBit) {
     std::vector<float> got(exact.logits.size() / 4);
     std::memcpy(got.data(), exact.logits.data(), got.size() * 4);
     const std::vector<float> golden =
-        k3::testing::Tensors(kTiny + "/golden.safetensors").f32("logits");
+        k3::testing::Tensors(kTinyDir + "/golden.safetensors").f32("logits");
     ASSERT_EQ(got.size(), golden.size());
     k3::testing::expect_close("container logits vs golden", got.data(), golden.data(),
                               golden.size());
@@ -191,9 +191,9 @@ INSTANTIATE_TEST_SUITE_P(Container, RepackLogits,
 TEST(Repack, DowncastFollowsTheFormula) {
   TempDir tmp("repack-downcast");
   const std::string box = tmp.file("box");
-  ASSERT_EQ(repack(kTiny + " " + box + " --bits 8").status, 0);
-  const k3::ModelFiles hf(kTiny), container(box);
-  const k3::K3Config config = k3::parse_k3_config(hf.config_root(), kTiny);
+  ASSERT_EQ(repack(kTinyDir + " " + box + " --bits 8").status, 0);
+  const k3::ModelFiles hf(kTinyDir), container(box);
+  const k3::K3Config config = k3::parse_k3_config(hf.config_root(), kTinyDir);
   k3::LoadOptions want8;
   want8.bits = want8.mla_bits = want8.head_bits = 8;
   want8.bits_chosen = want8.mla_bits_chosen = want8.head_bits_chosen = true;
@@ -260,8 +260,8 @@ TEST(Repack, DowncastRowArithmetic) {
 TEST(Repack, ImpossibleWidthsAreNamedWithTheTensor) {
   TempDir tmp("repack-mix");
   const std::string int4 = tmp.file("int4"), int8 = tmp.file("int8");
-  ASSERT_EQ(repack(kTiny + " " + int4 + " --bits 4").status, 0);
-  ASSERT_EQ(repack(kTiny + " " + int8 + " --bits 8").status, 0);
+  ASSERT_EQ(repack(kTinyDir + " " + int4 + " --bits 4").status, 0);
+  ASSERT_EQ(repack(kTinyDir + " " + int8 + " --bits 8").status, 0);
   const ModelRun up = run_model(int4, "K3_BITS=8", tmp);
   EXPECT_NE(up.status, 0);
   EXPECT_HAS(up.err, "is stored as int4-g64 in this container; K3_BITS=8 cannot be made");
@@ -276,7 +276,7 @@ TEST(Repack, MmapMatchesTheCopyingPathAndRefusesConversions) {
   TempDir tmp("repack-mmap");
   for (const int bits : {8, 4}) {
     const std::string box = tmp.file("box" + std::to_string(bits));
-    ASSERT_EQ(repack(kTiny + " " + box + " --bits " + std::to_string(bits)).status, 0);
+    ASSERT_EQ(repack(kTinyDir + " " + box + " --bits " + std::to_string(bits)).status, 0);
     const ModelRun copy = run_model(box, "", tmp);
     const ModelRun mapped = run_model(box, "K3_MMAP=1", tmp);
     ASSERT_EQ(copy.status, 0) << copy.err;
@@ -288,7 +288,7 @@ TEST(Repack, MmapMatchesTheCopyingPathAndRefusesConversions) {
     const ModelRun stats = run_model(box, "K3_MMAP=1 K3_STATS=1", tmp);
     EXPECT_HAS(stats.err, "mapped ");
   }
-  const ModelRun hf = run_model(kTiny, "K3_MMAP=1", tmp);
+  const ModelRun hf = run_model(kTinyDir, "K3_MMAP=1", tmp);
   EXPECT_NE(hf.status, 0);
   EXPECT_HAS(hf.err, "K3_MMAP=1 cannot use it in place: it is stored as BF16");
   EXPECT_HAS(hf.err, "language_model.model.layers.0.");
@@ -362,7 +362,7 @@ TEST(LoadReads, DirectColdAndBufferedWarmGiveTheSameBytes) {
 TEST(Repack, UnknownFormatVersionIsRefused) {
   TempDir tmp("repack-version");
   const std::string box = tmp.file("box");
-  ASSERT_EQ(repack(kTiny + " " + box).status, 0);
+  ASSERT_EQ(repack(kTinyDir + " " + box).status, 0);
   const std::string shard = box + "/model-00003-of-000009.safetensors";
   std::string bytes = k3::read_text_file(shard);
   const size_t at = bytes.find("\"k3_container\":\"1\"");
@@ -438,36 +438,36 @@ TEST(Repack, KillNineFromOutsideThenRerun) {
 TEST(Repack, DisjointShardPassesAddUpToOnePass) {
   TempDir tmp("repack-shards");
   const std::string one = tmp.file("one"), two = tmp.file("two");
-  ASSERT_EQ(repack(kTiny + " " + one).status, 0);
-  const CommandResult first = repack(kTiny + " " + two + " --shards 1-4,9");
+  ASSERT_EQ(repack(kTinyDir + " " + one).status, 0);
+  const CommandResult first = repack(kTinyDir + " " + two + " --shards 1-4,9");
   ASSERT_EQ(first.status, 0) << first.err;
   EXPECT_HAS(first.out, "5 of 9 shards complete");
-  const CommandResult second = repack(kTiny + " " + two + " --shards 5-8");
+  const CommandResult second = repack(kTinyDir + " " + two + " --shards 5-8");
   ASSERT_EQ(second.status, 0) << second.err;
   EXPECT_HAS(second.out, "9 of 9 shards complete (4 written, 0 kept)");
   EXPECT_EQ(tree_sha(two), tree_sha(one));
   // A rerun keeps everything (checked by size + header), rewrites nothing.
-  const CommandResult again = repack(kTiny + " " + two);
+  const CommandResult again = repack(kTinyDir + " " + two);
   ASSERT_EQ(again.status, 0) << again.err;
   EXPECT_HAS(again.out, "(0 written, 9 kept)");
   // A shard cut short is not "complete": it is rewritten.
   const std::string cut = two + "/model-00004-of-000009.safetensors";
   fs::resize_file(cut, fs::file_size(cut) - 1);
-  const CommandResult fix = repack(kTiny + " " + two);
+  const CommandResult fix = repack(kTinyDir + " " + two);
   ASSERT_EQ(fix.status, 0) << fix.err;
   EXPECT_HAS(fix.out, "(1 written, 8 kept)");
   EXPECT_EQ(tree_sha(two), tree_sha(one));
   // Other settings into the same directory are refused, naming a shard.
-  const CommandResult other = repack(kTiny + " " + two + " --bits 4 --shards 1");
+  const CommandResult other = repack(kTinyDir + " " + two + " --bits 4 --shards 1");
   EXPECT_NE(other.status, 0);
   EXPECT_HAS(other.err, "written by a run with other settings");
-  EXPECT_NE(repack(kTiny + " " + tmp.file("x") + " --shards 10").status, 0);
+  EXPECT_NE(repack(kTinyDir + " " + tmp.file("x") + " --shards 10").status, 0);
 }
 
 // Copies k3-tiny's files into `dir` (optionally without the index).
 void copy_tiny(const std::string& dir, bool with_index) {
   fs::create_directories(dir);
-  for (const auto& e : fs::directory_iterator(kTiny)) {
+  for (const auto& e : fs::directory_iterator(kTinyDir)) {
     const std::string n = e.path().filename().string();
     if (!with_index && n == "model.safetensors.index.json") continue;
     if (n.starts_with("golden")) continue;
@@ -510,13 +510,13 @@ TEST(Repack, BadSourcesAreNamedAndPublishNothing) {
   }
   {  // a container as the source
     const std::string box = tmp.file("box");
-    ASSERT_EQ(repack(kTiny + " " + box).status, 0);
+    ASSERT_EQ(repack(kTinyDir + " " + box).status, 0);
     const CommandResult r = repack(box + " " + tmp.file("box2"));
     EXPECT_NE(r.status, 0);
     EXPECT_HAS(r.err, "is already a repacked container");
   }
   {  // an output directory that cannot be created is named
-    const CommandResult r = repack(kTiny + " /proc/k3_no_such_dir");
+    const CommandResult r = repack(kTinyDir + " /proc/k3_no_such_dir");
     EXPECT_NE(r.status, 0);
     EXPECT_HAS(r.err, "/proc/k3_no_such_dir");
   }
@@ -524,14 +524,14 @@ TEST(Repack, BadSourcesAreNamedAndPublishNothing) {
      // neither a half-written shard nor a temp file; shards finished before it stay valid
     const std::string out = tmp.file("full");
     const CommandResult r = k3::testing::run_split("bash -c \"trap '' XFSZ; ulimit -f 200; exec " +
-                                                   kRepack + " " + kTiny + " " + out + "\"");
+                                                   kRepack + " " + kTinyDir + " " + out + "\"");
     EXPECT_NE(r.status, 0);
     EXPECT_HAS(r.err, out + "/model-00009-of-000009.safetensors: write failed");
     EXPECT_FALSE(fs::exists(out + "/model-00009-of-000009.safetensors"));
     EXPECT_FALSE(fs::exists(out + "/model-00009-of-000009.safetensors.tmp"));
     for (const std::string& f : shards_in(out))
       EXPECT_NO_THROW(k3::SafetensorsShard(k3::open_posix_file(f))) << f;
-    const CommandResult rerun = repack(kTiny + " " + out);
+    const CommandResult rerun = repack(kTinyDir + " " + out);
     ASSERT_EQ(rerun.status, 0) << rerun.err;
     EXPECT_HAS(rerun.out, "(1 written, 8 kept)");
   }
@@ -544,10 +544,10 @@ TEST(Repack, ShardsPassStrictReadersAndRecordsAreAligned) {
   TempDir tmp("repack-layout");
   const std::string aligned = tmp.file("aligned"), packed = tmp.file("packed"), d1 = tmp.file("d1"),
                     d2 = tmp.file("d2");
-  ASSERT_EQ(repack(kTiny + " " + aligned).status, 0);
-  ASSERT_EQ(repack(kTiny + " " + packed + " --layout packed --bits 4").status, 0);
+  ASSERT_EQ(repack(kTinyDir + " " + aligned).status, 0);
+  ASSERT_EQ(repack(kTinyDir + " " + packed + " --layout packed --bits 4").status, 0);
   const CommandResult striped =
-      repack(kTiny + " " + tmp.file("striped") + " --stripe " + d1 + "," + d2);
+      repack(kTinyDir + " " + tmp.file("striped") + " --stripe " + d1 + "," + d2);
   ASSERT_EQ(striped.status, 0) << striped.err;
   std::string files;
   for (const std::string& dir : {aligned, packed, tmp.file("striped"), d1, d2})
@@ -563,7 +563,7 @@ TEST(Repack, ShardsPassStrictReadersAndRecordsAreAligned) {
   EXPECT_EQ(index["metadata"]["k3_container"], "1");
   EXPECT_EQ(index["metadata"]["k3_bits"], "8");
   EXPECT_EQ(index["metadata"]["k3_source_index_sha256"],
-            file_sha(kTiny + "/model.safetensors.index.json"));
+            file_sha(kTinyDir + "/model.safetensors.index.json"));
   for (const auto& [name, file] : index["weight_map"].items())
     EXPECT_FALSE(k3::is_padding_tensor(name)) << name;
 
@@ -601,7 +601,7 @@ TEST(Repack, ShardsPassStrictReadersAndRecordsAreAligned) {
   EXPECT_GT(checked, 50);
 
   // The striped container: expert e in stripe e % 2 + 1, found through K3_DIRS.
-  const ModelRun want = run_model(kTiny, env_bits(8), tmp);
+  const ModelRun want = run_model(kTinyDir, env_bits(8), tmp);
   const ModelRun got = run_model(tmp.file("striped"), "K3_DIRS=" + d1 + "," + d2, tmp);
   ASSERT_EQ(got.status, 0) << got.err;
   EXPECT_TRUE(got.logits == want.logits);
@@ -630,7 +630,7 @@ void rerecord(const std::string& path) {
 TEST(Repack, VerifyFullComparesEveryByteAndRewritesWhatFails) {
   TempDir tmp("repack-verify");
   const std::string box = tmp.file("box");
-  const CommandResult ok = repack(kTiny + " " + box + " --bits 4 --verify-full");
+  const CommandResult ok = repack(kTinyDir + " " + box + " --bits 4 --verify-full");
   ASSERT_EQ(ok.status, 0) << ok.err;
   EXPECT_HAS(ok.out, "tensors verified");
   const auto want = tree_sha(box);
@@ -649,10 +649,10 @@ TEST(Repack, VerifyFullComparesEveryByteAndRewritesWhatFails) {
       rerecord(t.shard->path());
     }
   }
-  const CommandResult kept = repack(kTiny + " " + box + " --bits 4");
+  const CommandResult kept = repack(kTinyDir + " " + box + " --bits 4");
   ASSERT_EQ(kept.status, 0) << kept.err;
   EXPECT_HAS(kept.out, "(0 written, 9 kept)") << "the records match the damaged files";
-  const CommandResult fixed = repack(kTiny + " " + box + " --bits 4 --verify-full");
+  const CommandResult fixed = repack(kTinyDir + " " + box + " --bits 4 --verify-full");
   EXPECT_EQ(fixed.status, 0) << fixed.err;
   for (const auto& [name, path] : tensors) EXPECT_HAS(fixed.err, path + ": verify: tensor " + name);
   EXPECT_HAS(fixed.err, "; rewritten");
@@ -703,7 +703,7 @@ TEST(Repack, RerunRewritesAShardDamagedInItsDataRegion) {
 TEST(Repack, APreparedTensorWithAnotherShapeIsRefused) {
   TempDir tmp("repack-shape");
   const std::string box = tmp.file("box");
-  ASSERT_EQ(repack(kTiny + " " + box + " --bits 8").status, 0);
+  ASSERT_EQ(repack(kTinyDir + " " + box + " --bits 8").status, 0);
   std::string path, name;
   {
     const k3::ModelFiles files(box);

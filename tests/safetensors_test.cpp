@@ -34,7 +34,7 @@ using k3::testing::TempDir;
 
 using k3::testing::error_of;
 
-const std::string kFixtureDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 const std::string kVisionShard = "model-00010-of-000010.safetensors";
 const std::string kPath = "mem/test-shard.safetensors";
 
@@ -566,7 +566,7 @@ TEST(SafetensorsReject, ReadErrorNamesTheTensor) {
 // A copy of the fixture directory.
 std::unique_ptr<TempDir> fixture_copy(const std::string& tag) {
   auto dir = std::make_unique<TempDir>(tag);
-  for (const auto& e : fs::directory_iterator(kFixtureDir))
+  for (const auto& e : fs::directory_iterator(kTinyDir))
     fs::copy_file(e.path(), fs::path(dir->path()) / e.path().filename());
   return dir;
 }
@@ -595,8 +595,8 @@ std::string shard_name(int n) {
 }
 
 TEST(SnapshotFixture, OpensTextShardsOnly) {
-  const k3::ModelFiles snap(kFixtureDir);
-  EXPECT_EQ(snap.dir(), kFixtureDir);
+  const k3::ModelFiles snap(kTinyDir);
+  EXPECT_EQ(snap.dir(), kTinyDir);
   EXPECT_EQ(snap.prefix(), "language_model.");
   EXPECT_TRUE(snap.config_root().contains("vision_config"));
   EXPECT_EQ(snap.text_config().at("hidden_size").get<int>(), 64);
@@ -610,7 +610,7 @@ TEST(SnapshotFixture, OpensTextShardsOnly) {
 }
 
 TEST(SnapshotFixture, FindAndReadTensors) {
-  const k3::ModelFiles snap(kFixtureDir);
+  const k3::ModelFiles snap(kTinyDir);
   const k3::LocatedTensor emb = snap.find("model.embed_tokens.weight");
   ASSERT_NE(emb.info, nullptr);
   ASSERT_NE(emb.shard, nullptr);
@@ -643,7 +643,7 @@ TEST(SnapshotFixture, FindAndReadTensors) {
 }
 
 TEST(SnapshotFixture, RequireReportsMismatches) {
-  const k3::ModelFiles snap(kFixtureDir);
+  const k3::ModelFiles snap(kTinyDir);
   const std::string name = "model.layers.0.self_attn.A_log";
   const std::string full = "language_model." + name;
 
@@ -837,7 +837,7 @@ TEST(SnapshotDamaged, BadIndexAndConfig) {
     write_bytes(dir->file("config.json"), "{oops");
     EXPECT_HAS(error_of([&] { k3::ModelFiles snap(dir->path()); }), "config.json");
   }
-  EXPECT_HAS(error_of([&] { k3::ModelFiles snap(kFixtureDir + "/does-not-exist"); }),
+  EXPECT_HAS(error_of([&] { k3::ModelFiles snap(kTinyDir + "/does-not-exist"); }),
              "does-not-exist");
 }
 
@@ -890,7 +890,7 @@ TEST(SnapshotDamaged, IndexEntriesAndWeightMapOfTheWrongType) {
   }
   // A tensor listed in a shard that does not hold it: the message names the one that does.
   const std::string norm = "language_model.model.norm.weight";
-  const std::string holder = read_json(std::string(kFixtureDir) + "/model.safetensors.index.json")
+  const std::string holder = read_json(std::string(kTinyDir) + "/model.safetensors.index.json")
                                  .at("weight_map")
                                  .at(norm)
                                  .get<std::string>();

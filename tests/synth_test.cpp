@@ -34,7 +34,7 @@ namespace {
 
 using k3::testing::TempDir;
 
-const std::string kFixtureDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 
 // A fresh directory under the build tree, removed at destruction.
 
@@ -255,8 +255,8 @@ TEST(SafetensorsWriter, PieceFillsArriveInOrderWithAndWithoutODirect) {
 
 TEST(SafetensorsWriter, PaddingMatchesEveryFixtureShard) {
   // Rebuilding each fixture shard's tensor table must reproduce its header bytes exactly.
-  for (const std::string& f : shard_files(kFixtureDir)) {
-    const std::string path = (fs::path(kFixtureDir) / f).string();
+  for (const std::string& f : shard_files(kTinyDir)) {
+    const std::string path = (fs::path(kTinyDir) / f).string();
     k3::SafetensorsShard shard(k3::open_posix_file(path));
     k3::SafetensorsWriter w;
     for (const auto& t : shard.tensors())
@@ -331,7 +331,7 @@ class SynthTiny : public ::testing::Test {
 TempDir* SynthTiny::dir_ = nullptr;
 
 TEST_F(SynthTiny, SameFilesAsFixture) {
-  EXPECT_EQ(shard_files(dir_->path()), shard_files(kFixtureDir));
+  EXPECT_EQ(shard_files(dir_->path()), shard_files(kTinyDir));
   EXPECT_EQ(shard_files(dir_->path()).size(), 10u);
   EXPECT_EQ(all_files(dir_->path()),
             (std::vector<std::string>{
@@ -345,7 +345,7 @@ TEST_F(SynthTiny, SameFilesAsFixture) {
 
 TEST_F(SynthTiny, OpensWithSnapshotAndMatchesFixtureTensors) {
   k3::ModelFiles synth(dir_->path());
-  k3::ModelFiles fixture(kFixtureDir);
+  k3::ModelFiles fixture(kTinyDir);
   EXPECT_EQ(synth.prefix(), "language_model.");
   // Same text tensors (ModelFiles never opens the vision shard), same dtypes and shapes.
   std::map<std::string, Described> a, b;
@@ -360,9 +360,9 @@ TEST_F(SynthTiny, OpensWithSnapshotAndMatchesFixtureTensors) {
 }
 
 TEST_F(SynthTiny, ShardOrderAndHeadersMatchFixture) {
-  for (const std::string& f : shard_files(kFixtureDir)) {
+  for (const std::string& f : shard_files(kTinyDir)) {
     const std::string mine = dir_->file(f);
-    const std::string theirs = (fs::path(kFixtureDir) / f).string();
+    const std::string theirs = (fs::path(kTinyDir) / f).string();
     // Tensor order per shard: F32, BF16, U8, by name; experts lexicographic.
     EXPECT_EQ(describe(mine), describe(theirs)) << f;
     // Headers byte-identical (offsets, compact JSON, padding) and the same file size.
@@ -391,7 +391,7 @@ TEST_F(SynthTiny, ShardOrderAndHeadersMatchFixture) {
 TEST_F(SynthTiny, IndexAndConfigsMatchFixture) {
   const auto index = nlohmann::json::parse(slurp(dir_->file("model.safetensors.index.json")));
   const auto fixture_index =
-      nlohmann::json::parse(slurp(kFixtureDir + "/model.safetensors.index.json"));
+      nlohmann::json::parse(slurp(kTinyDir + "/model.safetensors.index.json"));
   EXPECT_EQ(index["weight_map"], fixture_index["weight_map"]);
   uint64_t total = 0;
   for (const std::string& f : shard_files(dir_->path())) {
@@ -406,10 +406,10 @@ TEST_F(SynthTiny, IndexAndConfigsMatchFixture) {
   EXPECT_EQ(total, k3::synth::total_tensor_bytes(k3::synth::preset_spec("tiny")));
   // Same formatting as the fixture, so the whole files are identical.
   EXPECT_EQ(slurp(dir_->file("model.safetensors.index.json")),
-            slurp(kFixtureDir + "/model.safetensors.index.json"));
+            slurp(kTinyDir + "/model.safetensors.index.json"));
   EXPECT_EQ(slurp(dir_->file("generation_config.json")),
-            slurp(kFixtureDir + "/generation_config.json"));
-  EXPECT_EQ(slurp(dir_->file("config.json")), slurp(kFixtureDir + "/config.json"));
+            slurp(kTinyDir + "/generation_config.json"));
+  EXPECT_EQ(slurp(dir_->file("config.json")), slurp(kTinyDir + "/config.json"));
 
   const auto root = nlohmann::json::parse(slurp(dir_->file("config.json")));
   EXPECT_EQ(root["architectures"][0], "KimiK3ForConditionalGeneration");
@@ -417,7 +417,7 @@ TEST_F(SynthTiny, IndexAndConfigsMatchFixture) {
   EXPECT_TRUE(root.contains("vision_config"));
   const k3::K3Config c = k3::parse_k3_config(root, "synth config.json");
   const k3::K3Config f =
-      k3::parse_k3_config(nlohmann::json::parse(slurp(kFixtureDir + "/config.json")), "fixture");
+      k3::parse_k3_config(nlohmann::json::parse(slurp(kTinyDir + "/config.json")), "fixture");
   EXPECT_EQ(c.hidden_size, f.hidden_size);
   EXPECT_EQ(c.num_hidden_layers, f.num_hidden_layers);
   EXPECT_EQ(c.vocab_size, f.vocab_size);

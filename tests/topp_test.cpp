@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "test_util.h"
 
 namespace {
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 
 // The routing of every (layer, position), in feeding order.
 class RoutingLog : public k3::LayerObserver {
@@ -38,7 +39,7 @@ struct RoutedRun {
 RoutedRun run(double top_p, int64_t chunk) {
   k3::LoadOptions load = k3::LoadOptions::exact();
   load.expert_top_p = top_p;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   k3::Session session(engine, 64);
   session.set_prefill_chunk(chunk);
   std::vector<int64_t> prompt;

@@ -27,7 +27,7 @@ const bool kTierOnLavapipe = (k3::testing::select_lavapipe(), true);
 using k3::testing::TempDir;
 using k3::testing::Tensors;
 
-const std::string kFixture = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+using k3::testing::kTinyDir;
 
 struct Outcome {
   std::vector<float> prompt_logits;  // [T][vocab]
@@ -73,11 +73,11 @@ const k3::VkTier& tier_of(const k3::Engine& engine) {
 class VkTier : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    golden_ = new Tensors(kFixture + "/golden.safetensors");
+    golden_ = new Tensors(kTinyDir + "/golden.safetensors");
     const TempDir state("vk-tier-cpu");
     k3::LoadOptions load = k3::LoadOptions::exact();
     load.cache.state_dir = state.path();
-    const k3::Engine cpu(kFixture, load);
+    const k3::Engine cpu(kTinyDir, load);
     cpu_ = new Outcome(run(cpu, golden_->i64("prompt_ids"), 8, 32));
   }
   static void TearDownTestSuite() {
@@ -92,7 +92,7 @@ Outcome* VkTier::cpu_ = nullptr;
 
 TEST_F(VkTier, MatchesTheGoldensAndTheCpuTokensWithTheDeviceServing) {
   const TempDir state("vk-tier");
-  const k3::Engine engine(kFixture, tier_load(state, 1.0));
+  const k3::Engine engine(kTinyDir, tier_load(state, 1.0));
   const auto prompt = golden_->i64("prompt_ids");
   const auto want_prompt = golden_->f32("logits"), want_decode = golden_->f32("decode_logits");
   // The first run fills the tier as the CPU computes experts; the second finds them resident.
@@ -136,7 +136,7 @@ TEST_F(VkTier, TwoExpertBudgetStagedKeepsTwoAndTheTokens) {
   k3::LoadOptions load = tier_load(state, 2.5 * expert_bytes / 1e9);
   load.vulkan.staged = "1";  // uploads through the staging copy, as on a GPU without a BAR window
   load.vulkan.sync = true;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   const auto prompt = golden_->i64("prompt_ids");
   for (int pass = 0; pass < 2; ++pass) {
     const Outcome got = run(engine, prompt, 8, 1);
@@ -160,7 +160,7 @@ TEST_F(VkTier, WarmStartUploadsTheHistorysHottestExperts) {
   {
     k3::LoadOptions load = k3::LoadOptions::exact();
     load.cache.state_dir = state.path();
-    const k3::Engine cpu(kFixture, load);
+    const k3::Engine cpu(kTinyDir, load);
     run(cpu, prompt, 8, 32);
     EXPECT_EQ(cpu.describe_device(), "");  // no tier, no [VK] line
     const k3::Model& model = k3::internal::model(cpu);
@@ -170,7 +170,7 @@ TEST_F(VkTier, WarmStartUploadsTheHistorysHottestExperts) {
   // Budget 2: the two hottest (layer, expert) pairs of the history (the layer's count over its
   // hottest), before any token runs.
   const double expert_bytes = 3 * (64 * 32 / 2) + 3 * (64 * 32 / 32) * 4;
-  const k3::Engine engine(kFixture, tier_load(state, 2.5 * expert_bytes / 1e9));
+  const k3::Engine engine(kTinyDir, tier_load(state, 2.5 * expert_bytes / 1e9));
   const k3::VkTier& tier = tier_of(engine);
   EXPECT_EQ(tier.stats().uploads, 2u);
   EXPECT_EQ(tier.stats().residents, 2u);
@@ -196,12 +196,12 @@ TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
   const std::string kimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
   const std::string env = "K3_STATE_DIR=" + state.path() + " K3_IDOT=0 COLI_VULKAN=1 ";
   const k3::testing::CommandResult served = k3::testing::run_split(
-      env + "COLI_VK_TIER_GB=1 " + kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 6");
+      env + "COLI_VK_TIER_GB=1 " + kimi + " " + kTinyDir + " --ids 5,17,3,99 --ngen 6");
   ASSERT_EQ(served.status, 0) << served.err;
   EXPECT_NE(served.err.find("[VK] "), std::string::npos) << served.err;
   EXPECT_NE(served.err.find(" routed pairs on the device"), std::string::npos) << served.err;
   const k3::testing::CommandResult tiny = k3::testing::run_split(
-      env + "COLI_VK_TIER_GB=0.000001 " + kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
+      env + "COLI_VK_TIER_GB=0.000001 " + kimi + " " + kTinyDir + " --ids 5,17,3,99 --ngen 2");
   ASSERT_EQ(tiny.status, 0) << tiny.err;
   EXPECT_NE(tiny.err.find("no room for one expert"), std::string::npos) << tiny.err;
   EXPECT_NE(tiny.err.find("COLI_VK_TIER_GB"), std::string::npos) << tiny.err;
@@ -209,7 +209,7 @@ TEST_F(VkTier, RunSummaryHasTheVkLineAndATooSmallBudgetIsSaid) {
   // With the integer-dot CPU path the run says that the device's f32 numerics differ.
   const k3::testing::CommandResult idot =
       k3::testing::run_split("K3_STATE_DIR=" + state.path() + " COLI_VULKAN=1 COLI_VK_TIER_GB=1 " +
-                             kimi + " " + kFixture + " --ids 5,17,3,99 --ngen 2");
+                             kimi + " " + kTinyDir + " --ids 5,17,3,99 --ngen 2");
   ASSERT_EQ(idot.status, 0) << idot.err;
   EXPECT_NE(idot.err.find("tokens may drift from a CPU-only run"), std::string::npos) << idot.err;
 }
@@ -263,7 +263,7 @@ TEST_F(VkTier, RateLimitsPromotionsPerTokenAndCountsTheSkipped) {
   k3::LoadOptions load = tier_load(state, 1.0);
   load.vulkan.rate = 1;
   load.vulkan.sync = true;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   const auto prompt = golden_->i64("prompt_ids");
   std::vector<uint64_t> promotions;
   const Outcome got = run(engine, prompt, 8, 1, [&](size_t) {
@@ -287,7 +287,7 @@ TEST_F(VkTier, RefusedUploadsKeepTheBudgetAndLaterUploadsFillIt) {
   const TempDir state("vk-tier-refused");
   k3::LoadOptions load = tier_load(state, 4.5 * kExpertBytes / 1e9);
   load.vulkan.sync = true;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   const_cast<k3::VkTier&>(tier_of(engine)).refuse_uploads(3);
   const auto prompt = golden_->i64("prompt_ids");
   const Outcome got = run(engine, prompt, 8, 1);
@@ -310,7 +310,7 @@ TEST_F(VkTier, SyncModeGivesTheSameResidencyEveryRun) {
     k3::LoadOptions load = tier_load(state, 3.5 * kExpertBytes / 1e9);
     load.vulkan.sync = true;
     load.vulkan.rate = 2;
-    const k3::Engine engine(kFixture, load);
+    const k3::Engine engine(kTinyDir, load);
     if (r == 2) const_cast<k3::VkTier&>(tier_of(engine)).delay_uploads(20);
     const Outcome got =
         run(engine, prompt, 8, 1, [&](size_t) { runs[r].push_back(residents(engine)); });
@@ -330,7 +330,7 @@ TEST_F(VkTier, PromptChunksStreamColdExpertsWithoutPromotingThem) {
   k3::LoadOptions load = tier_load(state, 2.5 * kExpertBytes / 1e9);
   load.vulkan.prefill = "on";
   load.vulkan.sync = true;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   EXPECT_EQ(tier_of(engine).stream_rows(), 1u);
   const auto prompt = golden_->i64("prompt_ids");
   const auto want_prompt = golden_->f32("logits");
@@ -355,12 +355,12 @@ TEST_F(VkTier, PromptChunksStreamColdExpertsWithoutPromotingThem) {
   EXPECT_EQ(s.validation_errors, 0u);
   // On lavapipe (a CPU device) the automatic choice never streams.
   const TempDir state2("vk-tier-stream-auto");
-  const k3::Engine automatic(kFixture, tier_load(state2, 1.0));
+  const k3::Engine automatic(kTinyDir, tier_load(state2, 1.0));
   EXPECT_EQ(tier_of(automatic).stream_rows(), 0u);
   EXPECT_EQ(tier_of(automatic).stats().budget_source, "COLI_VK_TIER_GB");
   // Sized by nothing but the device: lavapipe lacks VK_EXT_memory_budget, so the heap.
   const TempDir state3("vk-tier-heap");
-  const k3::Engine by_heap(kFixture, tier_load(state3, 0));
+  const k3::Engine by_heap(kTinyDir, tier_load(state3, 0));
   EXPECT_EQ(tier_of(by_heap).stats().budget_source, "heap");
   EXPECT_NE(engine.describe_device().find("(COLI_VK_TIER_GB)"), std::string::npos);
   EXPECT_NE(by_heap.describe_device().find("(heap)"), std::string::npos);
@@ -394,7 +394,7 @@ TEST_F(VkTier, DenseMatricesOfPromptChunksRunOnTheDevice) {
   k3::LoadOptions load = tier_load(state, 1.0);
   load.vulkan.dense = "on";
   load.vulkan.dense_rows = 4;
-  const k3::Engine engine(kFixture, load);
+  const k3::Engine engine(kTinyDir, load);
   const auto prompt = golden_->i64("prompt_ids");
   const auto want_prompt = golden_->f32("logits"), want_decode = golden_->f32("decode_logits");
   const k3::VkTierStats loaded = tier_of(engine).stats();
@@ -429,7 +429,7 @@ TEST_F(VkTier, DenseMatricesOfPromptChunksRunOnTheDevice) {
     k3::LoadOptions fixed = load;
     fixed.cache.state_dir = state4.path();
     fixed.vulkan.rate = 0;
-    const k3::Engine still(kFixture, fixed);
+    const k3::Engine still(kTinyDir, fixed);
     std::vector<std::unique_ptr<k3::Session>> sessions;
     std::vector<k3::Session*> ptrs;
     std::vector<int64_t> ids;
@@ -467,12 +467,12 @@ TEST_F(VkTier, DenseMatricesOfPromptChunksRunOnTheDevice) {
               static_cast<unsigned long long>(s.dense_rows));
   // auto: lavapipe is no discrete GPU, so no dense matrix goes there.
   const TempDir state2("vk-tier-dense-auto");
-  const k3::Engine automatic(kFixture, tier_load(state2, 1.0));
+  const k3::Engine automatic(kTinyDir, tier_load(state2, 1.0));
   EXPECT_EQ(tier_of(automatic).stats().dense_matrices, 0u);
   EXPECT_EQ(automatic.describe_device().find(" | dense "), std::string::npos);
   // A device lost in a dense matmul: the CPU computes it, the tier turns off, the tokens stay.
   const TempDir state3("vk-tier-dense-lost");
-  const k3::Engine lost(kFixture, load);
+  const k3::Engine lost(kTinyDir, load);
   tier_of(lost).inject_device_loss();
   const Outcome after_loss = run(lost, prompt, 8, 32);
   EXPECT_EQ(after_loss.tokens, cpu_->tokens);
@@ -499,7 +499,7 @@ TEST(VkTierBudget, DenseBytesComeOutOfTheAutomaticSizes) {
 
 TEST_F(VkTier, LostDeviceTurnsTheTierOffAndKeepsTheTokens) {
   const TempDir state("vk-tier-lost");
-  const k3::Engine engine(kFixture, tier_load(state, 1.0));
+  const k3::Engine engine(kTinyDir, tier_load(state, 1.0));
   const auto prompt = golden_->i64("prompt_ids");
   run(engine, prompt, 8, 32);  // fills the tier
   const Outcome got = run(engine, prompt, 8, 32, [&](size_t j) {
