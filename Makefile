@@ -66,41 +66,23 @@ NODE_TEST_DEPS := tests/node/node_modules/.package-lock.json
 $(NODE_TEST_DEPS): tests/node/package-lock.json | setup-test
 	@npm ci --prefix tests/node --ignore-scripts --no-audit --no-fund >/dev/null
 
-# On an AVX-512 machine the suites whose outcome depends on the generated text (prefix reuse and
-# checkpoints in the server, the terminal chat's reuse) run a second time with K3_ISA=avx2, which
-# the apps honour: the replies differ by ISA, and an AVX2-only CI machine must pass them too. The
-# ISA twin tests need no second pass: they run every variant the CPU has, and print the ones it
-# lacks. The two suites run side by side: ~15 s on 2 cores (docs/testing.md §6).
-AVX2_SUITES := ^(Serve\.OpenAIClient|Chat\.Tmux)$$
-AVX2_SERVE_CHECKS := ^(reuse|ckpt|abort)\.
+# The Release tests, then the sanitizer build's (scripts/test_passes.sh): the sanitizer build
+# compiles beside the Release tests, in the cores' idle time (docs/testing.md §6). On an
+# AVX-512 machine the suites whose outcome depends on the generated text also run with
+# K3_ISA=avx2, as on an AVX2-only machine (tests/CMakeLists.txt registers those twins).
 test: build $(NODE_TEST_DEPS)
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
-	@if grep -qw avx512f /proc/cpuinfo && grep -qw avx2 /proc/cpuinfo; then \
-	  echo "== again with K3_ISA=avx2 (as on an AVX2-only machine): $(AVX2_SUITES), serve checks $(AVX2_SERVE_CHECKS)"; \
-	  cd $(BUILD) && K3_ISA=avx2 SERVE_TEST_ONLY='$(AVX2_SERVE_CHECKS)' ctest --output-on-failure -j $(JOBS) --timeout 600 -R '$(AVX2_SUITES)'; \
-	fi
-	@$(MAKE) --no-print-directory asan
+	@bash scripts/test_passes.sh test $(BUILD) $(JOBS) '$(ASAN_DEBUG_FLAGS)'
 
 # Parsers, kernels and the text front end again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (the npm differential fuzz drives the sanitized coli too), and the Vulkan tier's host side on
-# lavapipe.
+# lavapipe (scripts/test_passes.sh lists the suites).
 # Debug info is line tables only (-g1): the sanitizers' reports keep every frame, inlined ones
 # included, with its file and line, and GCC no longer tracks the location of every variable
 # through -O1 code, which took two thirds of the SIMD kernels' compile (docs/testing.md §6).
 # `make asan ASAN_DEBUG_FLAGS=-g` builds it with full debug info.
 ASAN_DEBUG_FLAGS ?= -g1
 asan: setup-test $(NODE_TEST_DEPS)
-	@cmake -S . -B $(BUILD)-asan $(call generator,$(BUILD)-asan) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="$(ASAN_DEBUG_FLAGS)" -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
-	@cmake --build $(BUILD)-asan -j $(JOBS) --target text_tests kernel_tests file_tests service_tests vk_tests \
-	  coli kimi_k3 k3_options_md k3_synth k3_repack
-	@cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) \
-	  -R '^(Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Pretokenize|ChunkText|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi|HttpFraming|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest|ReadQueue|ReadTicket|ExpertCache|Repack|Container)' -E '^Chat.Tmux'
-	@# On AMD Zen, lavapipe (Mesa's u_cpu_detect.c, get_cpu_topology) reallocs a 128-byte L3 mask
-	@# once and never frees it; the driver is unloaded before the leak check, so LeakSanitizer
-	@# cannot name it to suppress it. There the Vulkan tests run without the leak check (ASan and
-	@# UBSan still on); elsewhere with it.
-	@cd $(BUILD)-asan && if grep -q AuthenticAMD /proc/cpuinfo; then export LSAN_OPTIONS=detect_leaks=0; fi; \
-	  ctest --output-on-failure -j $(JOBS) -R '^(VkBlock|VkMxfp4|VkDense|VkTier)'
+	@bash scripts/test_passes.sh asan $(BUILD) $(JOBS) '$(ASAN_DEBUG_FLAGS)'
 
 # Benchmarks (timings, never assertions on them): kernel GB/s vs a DRAM probe, then decode tok/s
 # on a slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice; with the released
