@@ -66,11 +66,12 @@ NODE_TEST_DEPS := tests/node/node_modules/.package-lock.json
 $(NODE_TEST_DEPS): tests/node/package-lock.json | setup-test
 	@npm ci --prefix tests/node --ignore-scripts --no-audit --no-fund >/dev/null
 
-# The Release tests, then the sanitizer build's (scripts/test_passes.sh): the sanitizer build
-# compiles beside the Release tests, in the cores' idle time (docs/testing.md §6). On an
+# The Release build and its tests, then the sanitizer build's tests (scripts/test_passes.sh): the
+# sanitizer build compiles beside the other two, in the cores' idle time (docs/testing.md §6). On an
 # AVX-512 machine the suites whose outcome depends on the generated text also run with
 # K3_ISA=avx2, as on an AVX2-only machine (tests/CMakeLists.txt registers those twins).
-test: build $(NODE_TEST_DEPS)
+test: setup-test $(NODE_TEST_DEPS)
+	@cmake -S . -B $(BUILD) $(call generator,$(BUILD)) $(CMAKE_FLAGS) $(FULL_FLAGS) >/dev/null
 	@bash scripts/test_passes.sh test $(BUILD) $(JOBS) '$(ASAN_DEBUG_FLAGS)'
 
 # Parsers, kernels and the text front end again under AddressSanitizer + UndefinedBehaviorSanitizer

@@ -2,13 +2,13 @@
 # The test passes of `make test` and `make asan` (Makefile; docs/testing.md §6 has the timings).
 #
 #   scripts/test_passes.sh test BUILD JOBS ASAN_DEBUG_FLAGS
-#     the Release tests of BUILD (already built), while the sanitizer build of BUILD-asan compiles
-#     beside them in the cores' idle time, then the sanitized tests;
+#     the build of BUILD (configured by the Makefile) and its tests, while the sanitizer build of
+#     BUILD-asan compiles beside them in the cores' idle time, then the sanitized tests;
 #   scripts/test_passes.sh asan BUILD JOBS ASAN_DEBUG_FLAGS
 #     the sanitizer build, then the sanitized tests.
 #
 # Why beside: the Release tests leave ~15 % of two cores idle (processes starting, files synced,
-# servers waiting on their clients). The build runs under SCHED_IDLE (chrt --idle): it gets a core
+# servers waiting on their clients), the Release build ~5 % (links, its last long files). The build runs under SCHED_IDLE (chrt --idle): it gets a core
 # only when no test wants it, and a test that wakes takes the core back at once. At nice 19 instead
 # the tests took 40 s longer (their wake-ups waited for the compiler's time slice), at SCHED_IDLE
 # 5 s (docs/testing.md §6). Anything the tests or the build print on failure is shown; the build's
@@ -38,7 +38,8 @@ cmake -S . -B "$asan" "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug \
 
 if [ "$mode" = test ]; then
   log=$asan/build.log
-  echo "== the Release tests; beside them, in the idle time, the sanitizer build (its lines: $log)"
+  echo "== the Release build and tests; beside them, in the idle time, the sanitizer build (its" \
+    "lines: $log)"
   start=$SECONDS
   # Not in a session of its own: where the kernel groups tasks by session (autogroup), a group
   # gets its share whatever the policies of its tasks. Without SCHED_IDLE, nice 19.
@@ -51,7 +52,8 @@ if [ "$mode" = test ]; then
     kill -TERM "$builder" 2>/dev/null
   }
   trap 'stop_builder; exit 130' INT TERM
-  (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600)
+  cmake --build "$build" -j "$jobs" &&
+    (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   rc=$?
   if [ $rc -ne 0 ]; then
     stop_builder
