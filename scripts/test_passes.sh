@@ -41,17 +41,23 @@ if [ "$mode" = test ]; then
   echo "== the Release build and tests; beside them, in the idle time, the sanitizer build (its" \
     "lines: $log)"
   start=$SECONDS
-  # Not in a session of its own: where the kernel groups tasks by session (autogroup), a group
-  # gets its share whatever the policies of its tasks. Without SCHED_IDLE, nice 19.
+  # Without SCHED_IDLE, nice 19. In a process group of its own (set -m), so that stopping it
+  # reaches Ninja or make, which end their compilers; not in a session of its own: where the kernel
+  # groups tasks by session (autogroup), a group gets its share whatever its tasks' policies.
   idle=(chrt --idle 0)
   chrt --idle 0 true 2>/dev/null || idle=(nice -n 19)
+  set -m
   "${idle[@]}" cmake --build "$asan" -j "$jobs" --target "${targets[@]}" >"$log" 2>&1 &
   builder=$!
+  set +m
   stop_builder() {
-    pkill -TERM -P "$builder" 2>/dev/null  # Ninja (or make) ends its compilers
-    kill -TERM "$builder" 2>/dev/null
+    if jobs -rp | grep -qx "$builder"; then
+      kill -TERM -- "-$builder" 2>/dev/null
+      wait "$builder" 2>/dev/null
+    fi
   }
-  trap 'stop_builder; exit 130' INT TERM
+  trap 'stop_builder; exit 130' INT
+  trap 'stop_builder; exit 143' TERM
   cmake --build "$build" -j "$jobs" &&
     (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 600)
   rc=$?

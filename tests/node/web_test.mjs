@@ -96,7 +96,7 @@ async function startServer(extraArgs = [], { builtin = false, mockServer = mock 
     }
     command = coli;
     // --chunk 32: the first reply's 106-token prompt is read in four pieces, the hook's 30 ms pause
-    // after each (src/engine/service.cpp, prefill_piece), so its progress chunks reach the page
+    // between two (src/engine/service.cpp, prefill_piece), so its progress chunks reach the page
     // apart from its first token. In one piece, the one progress chunk and the first token often
     // arrived in one read: the bar was shown and hidden in one task, and never seen.
     args = ['web', '--model', modelDir, '--port', '0', '--token-delay-ms', '30', '--chunk', '32', ...extraArgs];
