@@ -72,7 +72,8 @@ $(NODE_TEST_DEPS): tests/node/package-lock.json | setup-test
 # K3_ISA=avx2, as on an AVX2-only machine (tests/CMakeLists.txt registers those twins).
 test: setup-test $(NODE_TEST_DEPS)
 	@cmake -S . -B $(BUILD) $(call generator,$(BUILD)) $(CMAKE_FLAGS) $(FULL_FLAGS) >/dev/null
-	@bash scripts/test_passes.sh test $(BUILD) $(JOBS) '$(ASAN_DEBUG_FLAGS)'
+	@$(CONFIGURE_ASAN)
+	@bash scripts/test_passes.sh test $(BUILD) $(JOBS)
 
 # Parsers, kernels and the text front end again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (the npm differential fuzz drives the sanitized coli too), and the Vulkan tier's host side on
@@ -82,8 +83,11 @@ test: setup-test $(NODE_TEST_DEPS)
 # through -O1 code, which took two thirds of the SIMD kernels' compile (docs/testing.md §6).
 # `make asan ASAN_DEBUG_FLAGS=-g` builds it with full debug info.
 ASAN_DEBUG_FLAGS ?= -g1
+CONFIGURE_ASAN = cmake -S . -B $(BUILD)-asan $(call generator,$(BUILD)-asan) -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="$(ASAN_DEBUG_FLAGS)" -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null
 asan: setup-test $(NODE_TEST_DEPS)
-	@bash scripts/test_passes.sh asan $(BUILD) $(JOBS) '$(ASAN_DEBUG_FLAGS)'
+	@$(CONFIGURE_ASAN)
+	@bash scripts/test_passes.sh asan $(BUILD) $(JOBS)
 
 # Benchmarks (timings, never assertions on them): kernel GB/s vs a DRAM probe, then decode tok/s
 # on a slice checkpoint (written once, ~9 GB, into $(BUILD)/bench-slice; with the released

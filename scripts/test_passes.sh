@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # The test passes of `make test` and `make asan` (Makefile; docs/testing.md §6 has the timings).
 #
-#   scripts/test_passes.sh test BUILD JOBS ASAN_DEBUG_FLAGS
-#     the build of BUILD (configured by the Makefile) and its tests, while the sanitizer build of
-#     BUILD-asan compiles beside them in the cores' idle time, then the sanitized tests;
-#   scripts/test_passes.sh asan BUILD JOBS ASAN_DEBUG_FLAGS
+#   scripts/test_passes.sh test BUILD JOBS
+#     the build of BUILD and its tests, while the sanitizer build of BUILD-asan compiles beside
+#     them in the cores' idle time, then the sanitized tests;
+#   scripts/test_passes.sh asan BUILD JOBS
 #     the sanitizer build, then the sanitized tests.
+# The Makefile configures both folders.
 #
 # Why beside: the Release tests leave ~15 % of two cores idle (processes starting, files synced,
-# servers waiting on their clients), the Release build ~5 % (links, its last long files). The build runs under SCHED_IDLE (chrt --idle): it gets a core
-# only when no test wants it, and a test that wakes takes the core back at once. At nice 19 instead
-# the tests took 40 s longer (their wake-ups waited for the compiler's time slice), at SCHED_IDLE
-# 5 s (docs/testing.md §6). Anything the tests or the build print on failure is shown; the build's
+# servers waiting on their clients), the Release build ~5 % (links, its last long files). The
+# build runs under SCHED_IDLE (chrt --idle): it gets a core only when no test wants it, and a
+# test that wakes takes the core back at once. At nice 19 instead the tests took 40 s longer
+# (their wake-ups waited for the compiler's time slice), at SCHED_IDLE 5 s (docs/testing.md §6). Anything the tests or the build print on failure is shown; the build's
 # own lines go to BUILD-asan/build.log.
 set -uo pipefail
-if [ $# -ne 4 ] || { [ "$1" != test ] && [ "$1" != asan ]; }; then
-  echo "usage: $0 test|asan BUILD JOBS ASAN_DEBUG_FLAGS" >&2
+if [ $# -ne 3 ] || { [ "$1" != test ] && [ "$1" != asan ]; }; then
+  echo "usage: $0 test|asan BUILD JOBS" >&2
   exit 2
 fi
-mode=$1 build=$2 jobs=$3 asan_debug=$4
+mode=$1 build=$2 jobs=$3
 asan=$build-asan
 
 # Parsers, kernels and the text front end under AddressSanitizer + UndefinedBehaviorSanitizer (the
@@ -29,12 +30,6 @@ suites='Safetensors|ModelFiles|Kernels|Mxfp4|Config|Options|Tokenizer|Utf8|Preto
 suites+='|UnicodeTables|Chat|PyJson|OutputParser|TextRobustness|TextReview|Service|ServeApi'
 suites+='|HttpFraming|Serve.Fuzz|ChunkKernels|ChunkedPrefill|ChunkedSynth|Engines/ReadQueueTest'
 suites+='|ReadQueue|ReadTicket|ExpertCache|Repack|Container|VkBlock|VkMxfp4|VkDense|VkTier'
-
-# A new folder is configured for Ninja (see the Makefile); one configured before keeps its generator.
-generator=()
-[ -f "$asan/CMakeCache.txt" ] || generator=(-G Ninja)
-cmake -S . -B "$asan" "${generator[@]}" -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="$asan_debug" -DK3_SANITIZE=ON -DK3_BUILD_BENCH=OFF >/dev/null || exit
 
 if [ "$mode" = test ]; then
   log=$asan/build.log
