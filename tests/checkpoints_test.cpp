@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using testing::error_of;
 
 const Engine& tiny_engine() {
-  static const Engine engine(std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny", LoadOptions{});
+  static const Engine engine(testing::kTinyDir, LoadOptions{});
   return engine;
 }
 

@@ -706,7 +706,7 @@ TEST_F(OptionsModelDir, SaysWhatTheFirstArgumentIs) {
   EXPECT_HAS(error("kimi_k3", {path("config-only"), "--dirs", path("empty")}), "(nor in --dirs)");
   EXPECT_EQ(error("kimi_k3", {path("config-only"), "--dirs", path("shards-elsewhere")}), "");
   EXPECT_EQ(error("kimi_k3", {path("k3-mini")}), "");
-  EXPECT_EQ(error("kimi_k3", {std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny"}), "");
+  EXPECT_EQ(error("kimi_k3", {k3::testing::kTinyDir}), "");
   // coli tokenize / render read only the tokenizer files.
   EXPECT_EQ(error("coli tokenize", {path("empty")}, k3::ModelNeeds::kTokenizer), "");
   EXPECT_HAS(error("coli render", {path("k3-mni")}, k3::ModelNeeds::kTokenizer),

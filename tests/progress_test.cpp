@@ -311,7 +311,7 @@ TEST(Progress, ObserverRisesAndReachesOneOnce) {
 TEST(Progress, LoadAdvancesByBytesWithinALayer) {
   std::vector<double> seen;
   EngineOptions o;
-  o.model_dir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+  o.model_dir = k3::testing::kTinyDir;
   o.load.layers = 1;
   o.on_progress = [&](double f) { seen.push_back(f); };
   Result<std::unique_ptr<Engine>> engine = Engine::load(o);

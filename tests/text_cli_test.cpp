@@ -16,6 +16,7 @@
 #include "synth_lib.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
+#include "text_fixtures.h"
 
 namespace {
 
@@ -23,7 +24,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 const std::string kColi = std::string(K3_BINARY_DIR) + "/apps/coli";
 const std::string kKimi = std::string(K3_BINARY_DIR) + "/apps/kimi_k3";
-const std::string kRelease = std::string(K3_SOURCE_DIR) + "/tests/data/k3-release";
+using k3::testing::kReleaseDir;
+using k3::testing::kTinyDir;
 const std::string kCases = std::string(K3_SOURCE_DIR) + "/tests/data/text/";
 
 using Result = k3::testing::CommandResult;
@@ -49,7 +51,7 @@ TEST(ColiTokenize, EveryGoldenCaseInBothModes) {
   const auto cases = read_jsonl(kCases + "tokenizer_cases.jsonl");
   for (const bool allow_special : {false, true}) {
     const Result r =
-        run(kColi + " tokenize " + kRelease + (allow_special ? " --allow-special" : ""),
+        run(kColi + " tokenize " + kReleaseDir + (allow_special ? " --allow-special" : ""),
             kCases + "tokenizer_cases.jsonl");
     ASSERT_EQ(r.status, 0) << r.err;
     const auto got = lines_of(r.out);
@@ -65,7 +67,7 @@ TEST(ColiTokenize, EveryGoldenCaseInBothModes) {
 
 TEST(ColiRender, EveryGoldenConversation) {
   const auto cases = read_jsonl(kCases + "chat_cases.jsonl");
-  const Result r = run(kColi + " render " + kRelease, kCases + "chat_cases.jsonl");
+  const Result r = run(kColi + " render " + kReleaseDir, kCases + "chat_cases.jsonl");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto got = lines_of(r.out);
   ASSERT_EQ(got.size(), cases.size());
@@ -93,7 +95,7 @@ TEST(ColiTokenize, BadLinesAreReportedAndTheRestIsRead) {
                        << "[1, 2]\n"
                        << "{\"text\": \"b\\u00e9\", \"id\": 12345678901234567890123}\n"
                        << "{\"text\": \"x\xff\"}\n";
-  const Result r = run(kColi + " tokenize " + kRelease, input);
+  const Result r = run(kColi + " tokenize " + kReleaseDir, input);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto got = lines_of(r.out);
   // One answer per input line, the blank one included (issue 16, defect 11).
@@ -109,8 +111,8 @@ TEST(ColiTokenize, BadLinesAreReportedAndTheRestIsRead) {
   EXPECT_TRUE(got[5].contains("ids"));
   EXPECT_NE(r.out.find("\"id\":12345678901234567890123"), std::string::npos);  // copied exactly
   // Invalid UTF-8 becomes U+FFFD before tokenizing.
-  const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(kRelease);
-  EXPECT_EQ(got[6]["ids"].get<std::vector<int32_t>>(), tokenizer.encode("x\xEF\xBF\xBD", false));
+  EXPECT_EQ(got[6]["ids"].get<std::vector<int32_t>>(),
+            k3::testing::release_tokenizer().encode("x\xEF\xBF\xBD", false));
 }
 
 // Issue 16, defect 11: answers line up with inputs (blank lines included) and every output line is
@@ -124,7 +126,7 @@ TEST(ColiTokenize, OneStrictJsonLinePerInputLine) {
                        << "   \n"
                        << "{\"text\": \"b\", \"big\": 1e999, \"small\": -1e999, \"n\": NaN}\n"
                        << "\n";
-  const Result r = run(kColi + " tokenize " + kRelease, input);
+  const Result r = run(kColi + " tokenize " + kReleaseDir, input);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out.find("Infinity"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("NaN"), std::string::npos) << r.out;
@@ -142,9 +144,9 @@ TEST(ColiTokenize, OneStrictJsonLinePerInputLine) {
 // Issue 16, defect 6: coli tokenize refuses damaged tokenizer files by name, like the engine.
 TEST(ColiTokenize, DamagedTokenizerFilesAreRefusedByName) {
   k3::testing::TempDir dir("coli-damaged");
-  const std::string model = k3::read_text_file(kRelease + "/tiktoken.model");
-  const std::string config = k3::read_text_file(kRelease + "/tokenizer_config.json");
-  fs::copy_file(kRelease + "/config.json", dir.file("config.json"));
+  const std::string model = k3::read_text_file(kReleaseDir + "/tiktoken.model");
+  const std::string config = k3::read_text_file(kReleaseDir + "/tokenizer_config.json");
+  fs::copy_file(kReleaseDir + "/config.json", dir.file("config.json"));
   const std::string input = dir.file("in.jsonl");
   std::ofstream(input) << "{\"text\": \"a\"}\n";
   // Cut at a line boundary: every remaining line is well formed.
@@ -178,7 +180,7 @@ TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
       << "\n"
       << R"({"messages": [{"role": "user", "content": "hi"}]})"
       << "\n";
-  const Result r = run(kColi + " render " + kRelease, input);
+  const Result r = run(kColi + " render " + kReleaseDir, input);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto got = lines_of(r.out);
   ASSERT_EQ(got.size(), 3u);
@@ -195,10 +197,10 @@ TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
   const Result missing = run(kColi + " tokenize /nonexistent");
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.err.find("/nonexistent: no such directory"), std::string::npos) << missing.err;
-  const Result unknown = run(kColi + " frobnicate " + kRelease);
+  const Result unknown = run(kColi + " frobnicate " + kReleaseDir);
   EXPECT_EQ(unknown.status, 2);
   EXPECT_NE(unknown.err.find("unknown command"), std::string::npos);
-  const Result via_env = run("COLI_MODEL=" + kRelease + " " + kColi + " tokenize", input);
+  const Result via_env = run("COLI_MODEL=" + kReleaseDir + " " + kColi + " tokenize", input);
   EXPECT_EQ(via_env.status, 0) << via_env.err;
 }
 
@@ -368,12 +370,11 @@ TEST(KimiText, CtrlCStopsGenerationKeepsTheReplyAndExits130) {
 }
 
 TEST(KimiText, SnapshotWithoutTokenizerRunsOnIdsOnly) {
-  const std::string tiny = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
-  const Result r = run(kKimi + " " + tiny + " 'hello' --ngen 1");
+  const Result r = run(kKimi + " " + kTinyDir + " 'hello' --ngen 1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("has no tiktoken.model"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--ids"), std::string::npos) << r.err;
-  const Result both = run(kKimi + " " + tiny + " 'hello' --chat 'q' --ngen 1");
+  const Result both = run(kKimi + " " + kTinyDir + " 'hello' --chat 'q' --ngen 1");
   EXPECT_EQ(both.status, 1);
   EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
 }
