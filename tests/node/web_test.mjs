@@ -713,22 +713,24 @@ async function run() {
   await page.click('#new-chat');
   const [defaultsRequest] = await Promise.all([
     page.waitForRequest((r) => new URL(r.url()).pathname === '/v1/chat/completions' && r.method() === 'POST', { timeout: 5000 }),
-    send(page, 'A conversation to delete'),
+    send(page, 'A conversation to delete (quartzfinch)'),
   ]);
   expect(samplingSent(defaultsRequest.postDataJSON()).length === 0,
          `after "Server defaults" the request still sends ${samplingSent(defaultsRequest.postDataJSON()).join(', ')}`);
   await watchReply(page, 'content');
   expect(await page.locator('#conversations .conv').count() === 2, 'the second conversation is not listed');
   await page.click('#toggle-sidebar').catch(() => {});
-  // Search matches titles and message text, every word, case-insensitively.
+  // Search matches titles and message text, every word, case-insensitively. The title query holds
+  // a word that no reply is likely to contain: the demo model's replies are random tokens of the
+  // real vocabulary, and one had held "to" and "_delete", so 'TO DELETE' found both chats.
   const search = async (q) => { await page.fill('#search', q); return page.locator('#conversations .conv-open').allTextContents(); };
-  const found = { title: await search('TO DELETE'), text: await search('3+3 edited'), none: await search('zzzz-no-such-word') };
+  const found = { title: await search('QUARTZFINCH delete'), text: await search('3+3 edited'), none: await search('zzzz-no-such-word') };
   const noneShown = await page.locator('#conversations-none').isVisible();
   await page.focus('#search');
   await page.keyboard.press('Escape');
   const cleared = await page.locator('#conversations .conv-open').allTextContents();
   log(`search: ${JSON.stringify(found)}; cleared by Escape: ${cleared.length}`);
-  expect(JSON.stringify(found.title) === '["A conversation to delete"]' && JSON.stringify(found.text) === '["Renamed chat"]' &&
+  expect(JSON.stringify(found.title) === '["A conversation to delete (quartzfinch)"]' && JSON.stringify(found.text) === '["Renamed chat"]' &&
          found.none.length === 0 && noneShown && cleared.length === 2, `search found ${JSON.stringify({ ...found, noneShown, cleared })}`);
   await page.locator('#conversations .conv.active .conv-delete').click();
   expect(await page.locator('#conversations .conv').count() === 1 && await page.locator('#thread .msg').count() === 0,
