@@ -6,13 +6,12 @@
 //   node bench/serve_transport_bench.mjs <path-to-coli> [connections=100000]
 import net from 'node:net';
 import path from 'node:path';
-import { Server, makeDemoModel, makeTempDir, killAll, sleep } from '../tests/node/serve_util.mjs';
+import { Server, demoModel, killAll, sleep } from '../tests/node/serve_util.mjs';
 
 const coli = path.resolve(process.argv[2]);
 const N = Number(process.argv[3] ?? 100000);
-const tmp = makeTempDir('coli-transport-bench-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+// The demo model of coli's build tree (built with the tests: tests/CMakeLists.txt).
+const modelDir = demoModel(coli);
 
 function exchange(port, text, { localPort = 0, timeoutMs = 3000 } = {}) {
   return new Promise((resolve) => {

@@ -13,7 +13,6 @@
 
 #include "engine/engine.h"
 #include "io/file.h"
-#include "synth_lib.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -23,24 +22,13 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 
-// The demo checkpoint: the real tokenizer and vocabulary, random weights, 6 layers.
-const std::string& demo_dir() {
-  static const testing::TempDir dir("load-checks-demo");
-  static const bool written = [] {
-    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
-    return true;
-  }();
-  (void)written;
-  return dir.path();
-}
-
 // A snapshot that shares the demo's files (symbolic links) except the tokenizer files, which the
 // test writes itself (empty `model` / `config`: that file is left out).
 struct Variant {
   testing::TempDir dir;
   explicit Variant(const std::string& tag, const std::string& model, const std::string& config)
       : dir(tag) {
-    for (const auto& e : fs::directory_iterator(demo_dir())) {
+    for (const auto& e : fs::directory_iterator(testing::kDemoDir)) {
       const std::string name = e.path().filename().string();
       if (name == "tiktoken.model" || name == "tokenizer_config.json") continue;
       fs::create_symlink(e.path(), fs::path(dir.path()) / name);
@@ -52,7 +40,7 @@ struct Variant {
 };
 
 std::string demo_file(const std::string& name) {
-  return read_text_file(demo_dir() + "/" + name);
+  return read_text_file(testing::kDemoDir + "/" + name);
 }
 
 // Engine options that count the load's progress reports (one per tensor read, or more).
@@ -113,14 +101,14 @@ TEST(LoadChecks, MissingTokenizerIsRefusedBeforeTheWeightsWhenTextIsNeeded) {
 
 TEST(LoadChecks, ContextThatCannotFitIsRefusedBeforeTheWeights) {
   int layers = 0;
-  EngineOptions o = counting(demo_dir(), layers);
+  EngineOptions o = counting(testing::kDemoDir, layers);
   o.context = int64_t{1} << 40;  // petabytes of MLA rows
   const std::string msg = error_of([&] { Engine e(o); });
   EXPECT_HAS(msg, "--ctx / K3_MAXT=1099511627776");
   EXPECT_HAS(msg, "memory available");
   EXPECT_EQ(layers, 0);
   // before_weights sees the tokenizer and can refuse too (kimi_k3: the prompt must fit).
-  EngineOptions p = counting(demo_dir(), layers);
+  EngineOptions p = counting(testing::kDemoDir, layers);
   bool saw_tokenizer = false;
   p.before_weights = [&](const EngineInfo& info, const text::Tokenizer* tokenizer) {
     saw_tokenizer = tokenizer != nullptr && info.vocab_size == 163840;
@@ -134,7 +122,7 @@ TEST(LoadChecks, ContextThatCannotFitIsRefusedBeforeTheWeights) {
 TEST(LoadChecks, CancelledLoadStopsBetweenTensorsAndReturnsAStatus) {
   std::atomic<bool> stop{false};
   int layers = 0;
-  EngineOptions o = counting(demo_dir(), layers);
+  EngineOptions o = counting(testing::kDemoDir, layers);
   o.cancel = &stop;
   o.on_progress = [&](double) {
     if (++layers == 2) stop.store(true);  // a signal arriving while the second tensor loads

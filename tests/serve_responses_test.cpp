@@ -10,7 +10,6 @@
 #include "engine/service.h"
 #include "server/responses.h"
 #include "server/routes.h"
-#include "synth_lib.h"
 #include "test_util.h"
 
 namespace k3::server {
@@ -481,12 +480,10 @@ TEST(ServeResponses, EngineFailureEndsTheStreamWithResponseFailed) {
 
 // POST /v1/responses through the route table, on a demo checkpoint (random weights).
 struct DemoServer {
-  testing::TempDir dir{"responses-demo"};
   std::unique_ptr<EngineService> service;
   DemoServer() {
-    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
     ServiceOptions o;
-    o.model_dir = dir.path();
+    o.model_dir = testing::kDemoDir;
     o.context = 512;
     o.ckpt_slots = 0;
     service = std::make_unique<EngineService>(o);

@@ -382,7 +382,7 @@ TEST(ServeApi, ADamagedExpertScaleIsA500NamingTheTensorAndHealthDegrades) {
   for (int64_t e = 0; e < 16; ++e) {  // every expert of layer 1: whatever the routing picks
     const std::string name = names::expert(1, e, names::kExpertTensors[1]);
     if (e == 0) {
-      shard = testing::poisoned_copy(testing::serve_demo_dir(), dir.path(), name, 0, "\xFF");
+      shard = testing::poisoned_copy(testing::kDemoDir, dir.path(), name, 0, "\xFF");
       continue;
     }
     const ModelFiles files(dir.path());

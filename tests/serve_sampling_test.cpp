@@ -300,7 +300,7 @@ TEST(ServeSampling, PropsDescribeTheServer) {
   ASSERT_EQ(res.status, 200) << res.body;
   const json p = json::parse(res.body);
   EXPECT_EQ(p["model_alias"], "kimi-k3");
-  EXPECT_EQ(p["model_path"], testing::serve_demo_dir());
+  EXPECT_EQ(p["model_path"], testing::kDemoDir);
   EXPECT_EQ(p["total_slots"], 1);
   EXPECT_EQ(p["default_generation_settings"]["n_ctx"], 256);
   const json& params = p["default_generation_settings"]["params"];

@@ -16,22 +16,11 @@
 #include "model/config.h"
 #include "model/state.h"
 #include "server/api.h"
-#include "synth_lib.h"
 #include "test_util.h"
 #include "util/sys.h"
 
 namespace k3 {
 namespace {
-
-const std::string& demo_dir() {
-  static const testing::TempDir dir("service-demo");
-  static const bool written = [] {
-    synth::write_checkpoint(synth::preset_spec("demo"), dir.path());
-    return true;
-  }();
-  (void)written;
-  return dir.path();
-}
 
 struct Outcome {
   GenerationStats accepted, done;
@@ -73,7 +62,7 @@ Outcome collect(const std::shared_ptr<RequestHandle>& handle) {
 
 ServiceOptions options(int slots, const std::string& dir = "") {
   ServiceOptions o;
-  o.model_dir = demo_dir();
+  o.model_dir = testing::kDemoDir;
   o.context = 1024;
   o.ckpt_slots = slots;
   o.ckpt_dir = dir;
@@ -246,9 +235,9 @@ TEST(Service, IdleSessionsHoldNoPromptScratch) {
   EngineService service(small_chunks(options(0)));
   wait_ready(service);
   const k3::Engine& engine = *service.engine();
-  const k3::ModelFiles files(demo_dir());
+  const k3::ModelFiles files(testing::kDemoDir);
   const uint64_t row = k3::Workspace::row_bytes(
-      k3::parse_k3_config(files.config_root(), demo_dir() + "/config.json"));
+      k3::parse_k3_config(files.config_root(), testing::kDemoDir + "/config.json"));
   // A short prompt and two decode steps: the session's one row, the decode batch's row and its
   // logits.
   run(service, greedy(encode(service, "Hi"), 3));

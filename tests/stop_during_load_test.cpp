@@ -11,7 +11,6 @@
 #include <string>
 
 #include "io/file.h"
-#include "synth_lib.h"
 #include "test_util.h"
 
 namespace {
@@ -25,16 +24,6 @@ using Result = k3::testing::CommandResult;
 
 // 8 layers x 30 s: a load that never ends within a test's timeout.
 const std::string kSlowLoad = "K3_LOAD_DELAY_MS=30000";
-
-const std::string& demo_dir() {
-  static const k3::testing::TempDir dir("stop-demo");
-  static const bool written = [] {
-    k3::synth::write_checkpoint(k3::synth::preset_spec("demo"), dir.path());
-    return true;
-  }();
-  (void)written;
-  return dir.path();
-}
 
 Result sh(const std::string& script) {
   return k3::testing::run_split("env -i PATH=/usr/bin:/bin sh -c '" + script + "'");
@@ -115,8 +104,8 @@ TEST(StopDuringLoad, KimiIdsOnAPipeKeepTheIdsGeneratedBeforeSigterm) {
 TEST(StopDuringLoad, ServeSigtermStopsTheLoad) {
   const k3::testing::TempDir dir("stop-serve");
   const std::string out = dir.file("out"), err = dir.file("err");
-  const Result r = sh(kSlowLoad + " " + kColi + " serve " + demo_dir() + " --port 0 > " + out +
-                      " 2> " + err + " & p=$!; i=0; while ! grep -q listening " + out +
+  const Result r = sh(kSlowLoad + " " + kColi + " serve " + k3::testing::kDemoDir + " --port 0 > " +
+                      out + " 2> " + err + " & p=$!; i=0; while ! grep -q listening " + out +
                       " && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; " +
                       wait_until_loading("p") + stop_and_wait("p", "TERM", 120));
   const std::string log = k3::read_text_file(err);

@@ -27,6 +27,10 @@ namespace k3::testing {
 
 // The tiny synthetic checkpoint with its goldens (tests/data/k3-tiny/README.md).
 inline const std::string kTinyDir = std::string(K3_SOURCE_DIR) + "/tests/data/k3-tiny";
+// The k3_synth "demo" checkpoint (random weights, the real vocabulary and tokenizer), written once
+// a build (tests/CMakeLists.txt, k3_test_demo_model). Shared by every test process: read it, never
+// write into it (copy it first, as poisoned_copy() does).
+inline const std::string kDemoDir = K3_TEST_DEMO_DIR;
 
 // Read-only access to the tensors of one safetensors file.
 struct Tensors {

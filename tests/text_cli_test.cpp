@@ -13,7 +13,6 @@
 #include <sstream>
 
 #include "io/file.h"
-#include "synth_lib.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
 #include "text_fixtures.h"
@@ -206,15 +205,6 @@ TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
 
 // A demo checkpoint (real vocabulary and tokenizer files, random weights), made once per test
 // process (ctest runs tests in parallel processes; ~1 s, removed at exit).
-const std::string& demo_dir() {
-  static const k3::testing::TempDir dir("text-cli-demo");
-  static const std::string path = [] {
-    k3::synth::write_checkpoint(k3::synth::preset_spec("demo"), dir.path());
-    return dir.path();
-  }();
-  return path;
-}
-
 std::vector<int64_t> prompt_ids_of(const std::string& err) {
   const size_t at = err.find("prompt ids:");
   EXPECT_NE(at, std::string::npos) << err;
@@ -227,7 +217,7 @@ std::vector<int64_t> prompt_ids_of(const std::string& err) {
 }
 
 TEST(KimiText, ChatPromptIsTheRenderedConversation) {
-  const std::string demo = demo_dir();
+  const std::string demo = k3::testing::kDemoDir;
   k3::testing::TempDir dir("kimi-chat");
   const std::string request = dir.file("req.jsonl");
   std::ofstream(request)
@@ -270,7 +260,7 @@ TEST(KimiText, ChatPromptIsTheRenderedConversation) {
 }
 
 TEST(KimiText, PlainCompletionStreamsTheDecodedIds) {
-  const std::string demo = demo_dir();
+  const std::string demo = k3::testing::kDemoDir;
   const k3::text::Tokenizer tokenizer = k3::text::Tokenizer::load(demo);
   const std::string prompt = "Once upon a time, <|open|> 東京";
   const auto prompt_ids = tokenizer.encode(prompt, false);
@@ -306,7 +296,7 @@ TEST(KimiText, PlainCompletionStreamsTheDecodedIds) {
 }
 
 TEST(KimiText, ChatReplyIsDemultiplexed) {
-  const std::string demo = demo_dir();
+  const std::string demo = k3::testing::kDemoDir;
   const Result r = run(kKimi + " " + demo + " --chat 'Hi' --labels --ngen 6 --temp 1 --seed 5");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out.rfind("[think] ", 0), 0u) << r.out;  // thinking on: the reply starts in think
@@ -319,7 +309,7 @@ TEST(KimiText, ChatReplyIsDemultiplexed) {
 }
 
 TEST(KimiText, JsonlOutputIsOneEventPerLine) {
-  const std::string demo = demo_dir();
+  const std::string demo = k3::testing::kDemoDir;
   const Result r = run(kKimi + " " + demo + " --chat 'Hi' --ngen 6 --output jsonl --prompt-ids");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto events = lines_of(r.out);  // every line parses as JSON
@@ -348,7 +338,7 @@ TEST(KimiText, JsonlOutputIsOneEventPerLine) {
 }
 
 TEST(KimiText, CtrlCStopsGenerationKeepsTheReplyAndExits130) {
-  const std::string demo = demo_dir();
+  const std::string demo = k3::testing::kDemoDir;
   // A long run, interrupted once: it stops between tokens, prints what it has and the summary.
   // (Greedy on the demo weights, this prompt's first 3,000 tokens hold no stop id, so the run is
   // still generating when the signal comes.)

@@ -13,8 +13,8 @@
 import crypto from 'node:crypto';
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir,
-  postJson, request, show, sse,
+  MODEL_ID, Runner, Server, assert, demoModel, eq, globalTimeout, killAll, postJson, request, show,
+  sse,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -38,9 +38,7 @@ const ONLY = process.env.SERVE_TEST_ONLY ? new RegExp(process.env.SERVE_TEST_ONL
 const R = new Runner('anthropic_test');
 const check = (name, fn) => (ONLY && !ONLY.test(name) ? Promise.resolve() : R.check(name, fn));
 
-const tmp = makeTempDir('coli-anthropic-test-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 const KEY = 'sk-ant-test-' + crypto.randomBytes(12).toString('hex');
 
 // Anthropic clients send x-api-key; the harness's raw requests do too.

@@ -11,8 +11,7 @@
 // checks wait on events and counters, never on elapsed time.
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir,
-  request, show,
+  MODEL_ID, Runner, Server, assert, demoModel, eq, globalTimeout, killAll, request, show,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -32,9 +31,7 @@ try {
 
 const cancelTimeout = globalTimeout(Number(process.env.SERVE_TEST_TIMEOUT_S ?? 240) * 1000, 'parallel_test');
 const R = new Runner('parallel_test');
-const tmp = makeTempDir('coli-parallel-test-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 
 const client = (s) => new OpenAI({ apiKey: 'sk-local-dummy', baseURL: `${s.url}/v1`, maxRetries: 0, timeout: 120_000 });
 const OFF = { chat_template_kwargs: { enable_thinking: false } };

@@ -14,7 +14,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
-  MODEL_ID, Runner, Server, assert, chat, eq, globalTimeout, killAll, makeDemoModel, makeTempDir,
+  MODEL_ID, Runner, Server, assert, chat, demoModel, eq, globalTimeout, killAll, makeTempDir,
   request, show,
 } from './serve_util.mjs';
 
@@ -35,7 +35,7 @@ const template = path.resolve(here, '..', '..', 'deploy', 'nginx', 'k3-replicas.
 const cancelTimeout = globalTimeout(Number(process.env.REPLICAS_TEST_TIMEOUT_S ?? 150) * 1000, 'replicas_test');
 const R = new Runner('replicas_test');
 const tmp = makeTempDir('k3-replicas-test-');
-const modelDir = makeDemoModel(coli, path.join(tmp, 'model'));
+const modelDir = demoModel(coli);
 
 // ---- the replicas and nginx -----------------------------------------------------------------
 

@@ -15,8 +15,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
-  MODEL_ID, Runner, Server, assert, chat, eq, expectError, globalTimeout, killAll, makeDemoModel,
-  makeTempDir, postJson, request, show, sse,
+  MODEL_ID, Runner, Server, assert, chat, demoModel, eq, expectError, globalTimeout, killAll,
+  postJson, request, show, sse,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -51,9 +51,7 @@ const ONLY = process.env.RESPONSES_TEST_ONLY ? new RegExp(process.env.RESPONSES_
 const R = new Runner('responses_test');
 const check = (name, fn) => (ONLY && !ONLY.test(name) ? Promise.resolve() : R.check(name, fn));
 
-const tmp = makeTempDir('coli-responses-test-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 
 const servers = [];
 async function startServer(name, flags = []) {

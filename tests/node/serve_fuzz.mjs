@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { mulberry32 } from './kimi_k3.mjs';
 import {
-  MODEL_ID, Runner, Server, assert, globalTimeout, killAll, makeDemoModel, makeTempDir, request, show,
+  MODEL_ID, Runner, Server, assert, demoModel, globalTimeout, killAll, makeTempDir, request, show,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -259,12 +259,11 @@ if (process.env.SERVE_FUZZ_LIST) {   // print the corpus (name, bytes, first 120
 
 const R = new Runner('serve_fuzz');
 const tmp = makeTempDir('coli-serve-fuzz-');
-const modelDir = path.join(tmp, 'model');
+const modelDir = demoModel(coli);
 let srv = null;
 const outcomes = [];   // {name, status, error?, envelope?}
 
 await R.check('fuzz.server_starts', async () => {
-  makeDemoModel(coli, modelDir);
   srv = await new Server(coli, modelDir, 'fuzz', []).start();
 });
 

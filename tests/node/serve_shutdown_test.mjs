@@ -12,7 +12,8 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import {
-  Runner, Server, assert, eq, expectError, globalTimeout, killAll, makeDemoModel, makeTempDir, request, show, sse,
+  Runner, Server, assert, demoModel, eq, expectError, globalTimeout, killAll, makeTempDir, request,
+  show, sse,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -26,8 +27,7 @@ const cancelTimeout = globalTimeout(Number(process.env.SERVE_TEST_TIMEOUT_S ?? 1
 
 const R = new Runner('serve_shutdown');
 const tmp = makeTempDir('coli-serve-shutdown-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 
 // OpenAI's finish_reason enum (the chat completion chunk schema).
 const FINISH_REASONS = ['stop', 'length', 'tool_calls', 'content_filter', 'function_call'];

@@ -18,7 +18,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
-  MODEL_ID, Runner, Server, assert, chat, eq, expectError, globalTimeout, killAll, makeDemoModel,
+  MODEL_ID, Runner, Server, assert, chat, demoModel, eq, expectError, globalTimeout, killAll,
   makeTempDir, postJson, rawSocket, request, show, sleep, sse,
 } from './serve_util.mjs';
 
@@ -45,8 +45,7 @@ const R = new Runner('serve_test');
 const check = (name, fn) => (ONLY && !ONLY.test(name) ? Promise.resolve() : R.check(name, fn));
 
 const tmp = makeTempDir('coli-serve-test-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 const listing = (dir) => fs.readdirSync(dir).sort().map((f) => {
   const st = fs.statSync(path.join(dir, f));
   return `${f}:${st.size}:${st.mtimeMs}`;

@@ -17,7 +17,8 @@ import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir, rawSocket, request, show, sleep,
+  MODEL_ID, Runner, Server, assert, demoModel, eq, globalTimeout, killAll, makeTempDir, rawSocket,
+  request, show, sleep,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -31,8 +32,7 @@ const CONNECTIONS = Number(process.env.SERVE_TRANSPORT_CONNECTIONS ?? 20000);
 
 const R = new Runner('serve_transport');
 const tmp = makeTempDir('coli-serve-transport-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 
 // One HTTP exchange on a socket from `localPort` (0: any). Resolves {status, ms, error}.
 function exchange(port, text, { localPort = 0, timeoutMs = 10_000 } = {}) {

@@ -53,13 +53,13 @@ process.on('exit', (code) => {
   }
 });
 
-// Writes the random-weight demo model (real K3 tokenizer) with tools/k3_synth, found next to the
-// coli binary's build tree (<build>/apps/coli → <build>/tools/k3_synth).
-export function makeDemoModel(coli, dir) {
-  const synth = path.resolve(path.dirname(coli), '..', 'tools', 'k3_synth');
-  if (!fs.existsSync(synth)) throw new Error(`k3_synth not found at ${synth} (build the k3_synth target)`);
-  const r = spawnSync(synth, ['--preset', 'demo', '--out', dir], { encoding: 'utf8', timeout: 120_000 });
-  if (r.status !== 0) throw new Error(`k3_synth failed (status ${r.status}): ${r.stderr}${r.stdout}`);
+// The random-weight demo model (real K3 tokenizer) that the build writes once for every test
+// (tests/CMakeLists.txt, k3_test_demo_model), found next to the coli binary's build tree
+// (<build>/apps/coli → <build>/tests/demo-model). Shared: read it, never write into it.
+export function demoModel(coli) {
+  const dir = path.resolve(path.dirname(coli), '..', 'tests', 'demo-model');
+  if (!fs.existsSync(path.join(dir, 'config.json')))
+    throw new Error(`the demo model is missing at ${dir} (build the k3_test_demo_model target)`);
   return dir;
 }
 

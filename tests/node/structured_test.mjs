@@ -13,8 +13,7 @@
 // far above the longest instance) fails the check.
 import path from 'node:path';
 import {
-  MODEL_ID, Runner, Server, assert, eq, globalTimeout, killAll, makeDemoModel, makeTempDir,
-  postJson, request, show,
+  MODEL_ID, Runner, Server, assert, demoModel, eq, globalTimeout, killAll, postJson, request, show,
 } from './serve_util.mjs';
 
 const coliArg = process.argv[2];
@@ -41,9 +40,7 @@ const ONLY = process.env.SERVE_TEST_ONLY ? new RegExp(process.env.SERVE_TEST_ONL
 const R = new Runner('structured_test');
 const check = (name, fn) => (ONLY && !ONLY.test(name) ? Promise.resolve() : R.check(name, fn));
 
-const tmp = makeTempDir('coli-structured-test-');
-const modelDir = path.join(tmp, 'model');
-makeDemoModel(coli, modelDir);
+const modelDir = demoModel(coli);
 const srv = new Server(coli, modelDir, 'main', []);
 await srv.start({});
 const openai = new OpenAI({ apiKey: 'sk-local', baseURL: `${srv.url}/v1`, maxRetries: 0, timeout: 120_000 });

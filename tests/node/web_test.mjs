@@ -28,7 +28,7 @@
 // page of its own. On failure every open page is saved as <screenshot>-failure-N.png and the paths
 // are printed. Exit status 1 with a reason on failure; everything is over in 240 s.
 import { chromium } from 'playwright-core';
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -85,14 +85,11 @@ async function startServer(extraArgs = [], { builtin = false, mockServer = mock 
     args = ['web', '--port', '0', '--token-delay-ms', '30', ...extraArgs];
   } else {
     if (!modelDir) {
-      const synth = path.join(path.dirname(path.resolve(coli)), '..', 'tools', 'k3_synth');
+      // The demo model the build writes for the tests (tests/CMakeLists.txt, k3_test_demo_model).
+      modelDir = path.join(path.dirname(path.resolve(coli)), '..', 'tests', 'demo-model');
       expect(fs.existsSync(coli), `no coli binary at ${coli}`);
-      expect(fs.existsSync(synth), `no k3_synth at ${synth} (expected next to coli: <dir of coli>/../tools/k3_synth)`);
-      modelDir = fs.mkdtempSync(path.join(os.tmpdir(), 'k3-web-model-'));
-      tempDirs.push(modelDir);
-      const t = Date.now();
-      execFileSync(synth, ['--preset', 'demo', '--out', modelDir], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 60_000 });
-      log(`demo model written in ${((Date.now() - t) / 1000).toFixed(1)} s`);
+      expect(fs.existsSync(path.join(modelDir, 'config.json')),
+             `no demo model at ${modelDir} (build the k3_test_demo_model target)`);
     }
     command = coli;
     // --chunk 32: the first reply's 106-token prompt is read in four pieces, the hook's 30 ms pause
