@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -282,6 +284,98 @@ TEST(BatchedDecode, BadStepsAreRefusedBeforeAnyStateMoves) {
   k3::Session solo(engine, 8);
   solo.prefill(std::vector<int64_t>{1, 2});
   EXPECT_TRUE(same_bits(a.logits(), solo.step(6)));
+}
+
+// The logits of a restricted feed against the full head's: the bits of every id in a block of 16
+// holding an allowed one, -infinity elsewhere.
+void expect_restricted(const std::vector<float>& full, const std::vector<float>& got,
+                       const std::vector<uint64_t>& allowed, const std::string& what) {
+  ASSERT_EQ(full.size(), got.size()) << what;
+  const auto is_allowed = [&](size_t id) { return (allowed[id / 64] >> (id % 64)) & 1; };
+  size_t kept = 0;
+  for (size_t id = 0; id < full.size(); ++id) {
+    bool near = false;
+    for (size_t j = id / 16 * 16; j < id / 16 * 16 + 16 && j < full.size(); ++j)
+      near = near || is_allowed(j);
+    if (near) {
+      ++kept;
+      ASSERT_EQ(k3::testing::bits_of(got[id]), k3::testing::bits_of(full[id]))
+          << what << ": id " << id;
+    } else {
+      ASSERT_EQ(got[id], -std::numeric_limits<float>::infinity()) << what << ": id " << id;
+    }
+  }
+  EXPECT_LT(kept, full.size() / 2) << what;
+}
+
+std::vector<uint64_t> mask_of(std::initializer_list<size_t> ids, size_t vocab) {
+  std::vector<uint64_t> mask((vocab + 63) / 64, 0);
+  for (size_t id : ids) mask[id / 64] |= uint64_t{1} << (id % 64);
+  return mask;
+}
+
+// Session::restrict_next_logits (a grammar's allowed ids, src/engine/service.cpp): the allowed
+// ids' logits keep the full head's bits for one feed; a Batch step restricts its head when every
+// session asked (to the union of their ids), else computes the whole head; a mask covering most
+// of the vocabulary computes the whole head; reset() drops a pending restriction. Every head
+// format (f32; int8 and int4 on float and on int8 activations, int4 on float activations taking
+// per-row-count code on AVX2 / AVX-512) and the AVX2 kernels.
+TEST(BatchedDecode, RestrictedLogitsKeepTheFullHeadsBitsOnTheAllowedIds) {
+  struct Head {
+    const char* name;
+    int bits;
+    bool idot;
+    const char* isa;
+  };
+  for (const Head& h : {Head{"f32", 32, false, "auto"}, Head{"int8", 8, false, "auto"},
+                        Head{"int8 idot", 8, true, "auto"}, Head{"int4", 4, false, "auto"},
+                        Head{"int4 idot", 4, true, "auto"}, Head{"int4 avx2", 4, false, "avx2"}}) {
+    if (std::string(h.isa) == "avx2" && !k3::isa_supported(k3::Isa::kAvx2)) continue;
+    k3::LoadOptions load;
+    load.head_bits = h.bits;
+    load.head_bits_chosen = true;
+    load.idot = h.idot;
+    load.isa = h.isa;
+    const k3::Engine engine(kTinyDir, load);
+    const size_t V = static_cast<size_t>(engine.info().vocab_size);
+    const std::vector<uint64_t> allowed = mask_of({3, 17, 18, 500, V - 1}, V);
+    const std::vector<uint64_t> other = mask_of({40, 41, 900}, V);
+    std::vector<uint64_t> both = allowed;
+    for (size_t w = 0; w < both.size(); ++w) both[w] |= other[w];
+    const std::vector<int64_t> prompt = ids_of(9, static_cast<int64_t>(V), 7);
+    const std::vector<int64_t> prompt2 = ids_of(4, static_cast<int64_t>(V), 8);
+
+    k3::Session solo(engine, 32), part(engine, 32);
+    solo.prefill(prompt);
+    part.prefill(prompt);
+    part.restrict_next_logits(allowed);
+    expect_restricted(solo.step(42), part.step(42), allowed, std::string(h.name) + " step");
+    EXPECT_TRUE(same_bits(solo.step(43), part.step(43))) << h.name << ": one feed only";
+    part.restrict_next_logits(std::vector<uint64_t>((V + 63) / 64, ~uint64_t{0}));
+    EXPECT_TRUE(same_bits(solo.step(44), part.step(44))) << h.name << ": every id allowed";
+
+    k3::Session a(engine, 32), b(engine, 32), solo_b(engine, 32);
+    a.prefill(prompt);
+    b.prefill(prompt2);
+    solo.reset();
+    solo.prefill(prompt);
+    solo_b.prefill(prompt2);
+    k3::Batch batch(engine);
+    a.restrict_next_logits(allowed);
+    b.restrict_next_logits(other);
+    batch.step(std::vector<k3::Session*>{&a, &b}, std::vector<int64_t>{42, 43});
+    expect_restricted(solo.step(42), a.logits(), both, std::string(h.name) + " batch row 0");
+    expect_restricted(solo_b.step(43), b.logits(), both, std::string(h.name) + " batch row 1");
+    a.restrict_next_logits(allowed);  // b did not ask: the whole head for both
+    batch.step(std::vector<k3::Session*>{&a, &b}, std::vector<int64_t>{44, 45});
+    EXPECT_TRUE(same_bits(solo.step(44), a.logits())) << h.name;
+    EXPECT_TRUE(same_bits(solo_b.step(45), b.logits())) << h.name;
+
+    k3::Session fresh(engine, 32);
+    part.restrict_next_logits(allowed);
+    part.reset();
+    EXPECT_TRUE(same_bits(fresh.prefill(prompt), part.prefill(prompt))) << h.name << ": reset";
+  }
 }
 
 }  // namespace

@@ -271,6 +271,55 @@ TEST(KernelsDenseMatmul, ThreadedEqualsSingleCallExactly) {
   omp_set_num_threads(saved);
 }
 
+// k3::matmul_row_ranges (the grammar-constrained head) writes exactly the rows of its ranges, each
+// bit-identical to k3::matmul's, whatever the thread count; float and integer-dot activations.
+TEST(KernelsDenseMatmul, RowRangesEqualTheFullMatmulOnTheirRows) {
+  std::mt19937 rng(7);
+  const int saved = omp_get_max_threads();
+  const std::vector<k3::RowRange> ranges = {{0, 1}, {5, 21}, {64, 65}, {100, 301}};
+  for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kInt8Row, WeightFormat::kInt4G64}) {
+    const size_t rows = 301, cols = format == WeightFormat::kInt4G64 ? 1088 : 1024;
+    Case c = make_case(format, rows, cols, rng);
+    for (bool idot : {false, true}) {
+      if (idot && format == WeightFormat::kF32) continue;
+      c.m.int8_activations = idot;
+      for (size_t n : {1, 3}) {
+        const std::vector<float> X = random_floats(n * cols, rng);
+        for (Isa isa : k3::testing::twin_isas()) {
+          const KernelTable& k = k3::kernel_table(isa);
+          std::vector<float> full(n * rows, kSentinel);
+          k3::matmul(k, c.m, X.data(), n, full.data());
+          for (int threads : {1, 2, 3}) {
+            omp_set_num_threads(threads);
+            std::vector<float> y(n * rows, kSentinel);
+            k3::matmul_row_ranges(k, c.m, X.data(), n, ranges, y.data());
+            for (size_t t = 0; t < n; ++t)
+              for (size_t o = 0; o < rows; ++o) {
+                const bool in = std::any_of(ranges.begin(), ranges.end(), [&](const auto& r) {
+                  return o >= r.begin && o < r.end;
+                });
+                const float want = in ? full[t * rows + o] : kSentinel;
+                ASSERT_EQ(bits_of(y[t * rows + o]), bits_of(want))
+                    << k3::isa_name(isa) << " " << k3::weight_format_name(format)
+                    << " idot=" << idot << " n=" << n << " threads=" << threads << " row " << o;
+              }
+          }
+          omp_set_num_threads(saved);
+        }
+      }
+    }
+  }
+  std::vector<float> y(301, kSentinel);
+  const Case c = make_case(WeightFormat::kF32, 301, 64, rng);
+  const std::vector<float> x = random_floats(64, rng);
+  const std::vector<k3::RowRange> outside = {{300, 302}};
+  EXPECT_HAS(k3::testing::error_of([&] {
+               k3::matmul_row_ranges(k3::kernel_table(Isa::kScalar), c.m, x.data(), 1, outside,
+                                     y.data());
+             }),
+             "rows [300, 302) outside the matrix's 301");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Quantisers (docs/quant_formats.md §3–4).
 

@@ -730,6 +730,53 @@ TEST(ServiceParallel, LogprobsWhileBatchedEqualSolo) {
   EXPECT_GE(widest, 2) << "the two requests never shared a decode step";
 }
 
+// Under a grammar each decode step's head computes only the ids the grammar allows
+// (Session::restrict_next_logits); asking for log-probabilities turns that off. The same seeded
+// requests at temperature 1 draw the same tokens either way, alone and two in a batch, whose head
+// is restricted to the union of both masks.
+TEST(ServiceParallel, GrammarAnswersAreTheSameWithTheHeadRestricted) {
+  ServiceOptions o = parallel_options(2, 0);
+  o.token_delay_ms = 2;
+  EngineService batched(o);
+  EngineService solo(options(0));
+  wait_ready(batched);
+  wait_ready(solo);
+  auto constrained = [&](const std::string& text, const std::string& gbnf, uint64_t seed,
+                         int top_logprobs) {
+    ServiceRequest r = greedy(encode(solo, text), 40);
+    r.sampling.temperature = 1.0;
+    r.sampling.seed = seed;
+    r.top_logprobs = top_logprobs;
+    ConstraintSpec spec;
+    spec.gbnf = gbnf;
+    spec.raw = true;
+    r.constraint = spec;
+    return r;
+  };
+  const std::string numbers = R"(root ::= "[" [0-9]+ ("," " "? [0-9]+)* "]")";
+  const std::string words = R"(root ::= ("yes" | "no" | "maybe") (" " [a-z]+)* ".")";
+  for (int top_logprobs : {-1, 0}) {
+    SCOPED_TRACE(top_logprobs);
+    const ServiceRequest a = constrained("Numbers:", numbers, 7, top_logprobs);
+    const ServiceRequest b = constrained("Answer:", words, 8, top_logprobs);
+    const Outcome alone_a = run(solo, a), alone_b = run(solo, b);
+    const Outcome free_a = run(solo, constrained("Numbers:", numbers, 7, 0));
+    const Outcome free_b = run(solo, constrained("Answer:", words, 8, 0));
+    EXPECT_EQ(alone_a.content, free_a.content);
+    EXPECT_EQ(alone_b.content, free_b.content);
+    EXPECT_GT(alone_a.done.grammar_masks, 10u);
+    EXPECT_EQ(alone_a.content.front(), '[');
+    auto ha = batched.submit(a);
+    auto hb = batched.submit(b);
+    ASSERT_TRUE(ha.ok() && hb.ok());
+    const Outcome together_a = collect(*ha), together_b = collect(*hb);
+    EXPECT_EQ(together_a.content, alone_a.content);
+    EXPECT_EQ(together_b.content, alone_b.content);
+    EXPECT_GE(std::max(together_a.done.batch_max, together_b.done.batch_max), 2)
+        << "the two requests never shared a decode step";
+  }
+}
+
 // A request cancelled while it decodes in a batch ends at once (finish cancelled); the others of
 // the batch go on and still equal their solo runs.
 TEST(ServiceParallel, CancelWhileBatchedLeavesTheOthersIntact) {

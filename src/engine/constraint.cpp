@@ -122,6 +122,16 @@ void OutputConstraint::mask(std::span<float> logits) {
   ++m.masks;
 }
 
+const std::vector<uint64_t>* OutputConstraint::allowed_next() {
+  Impl& m = *impl_;
+  if (m.broken || !m.active) return nullptr;
+  // Built here (and counted in mask_seconds), then reused by mask() for the same state.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<uint64_t>& allowed = m.matcher.allowed();
+  m.mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return &allowed;
+}
+
 void OutputConstraint::accept(int64_t id) {
   Impl& m = *impl_;
   if (m.broken) return;

@@ -441,6 +441,41 @@ void Session::Impl::input_row(int64_t id, size_t pos, float* row) {
   }
 }
 
+namespace {
+
+// The vocabulary ranges holding the ids set in `allowed` (bit id % 64 of word id / 64), in
+// blocks of 16 ids, adjacent blocks merged, into `ranges`. False, and no ranges, when they cover
+// more than half of the vocabulary: the whole head costs about as much then.
+bool allowed_ranges(std::span<const uint64_t> allowed, size_t vocab,
+                    std::vector<RowRange>& ranges) {
+  constexpr size_t kBlock = 16;
+  ranges.clear();
+  size_t covered = 0;
+  for (size_t w = 0; w < allowed.size() && w * 64 < vocab; ++w) {
+    for (size_t b = 0; b < 64 / kBlock; ++b) {
+      if (((allowed[w] >> (b * kBlock)) & ((uint64_t{1} << kBlock) - 1)) == 0) continue;
+      const size_t begin = w * 64 + b * kBlock, end = std::min(begin + kBlock, vocab);
+      if (begin >= end) continue;
+      if (!ranges.empty() && ranges.back().end == begin)
+        ranges.back().end = end;
+      else
+        ranges.push_back({begin, end});
+      covered += end - begin;
+    }
+  }
+  if (covered * 2 > vocab) {
+    ranges.clear();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Session::restrict_next_logits(std::span<const uint64_t> allowed) {
+  impl_->next_allowed.assign(allowed.begin(), allowed.end());
+}
+
 void Session::Impl::feed_chunk(std::span<const int64_t> ids, ForwardObserver* observer) {
   const size_t D = static_cast<size_t>(engine.config.hidden_size);
   const size_t n = ids.size();
@@ -459,6 +494,9 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids,
   const Model& model = *s.engine.model;
   const size_t V = static_cast<size_t>(s.engine.config.vocab_size);
   const size_t D = static_cast<size_t>(s.engine.config.hidden_size);
+  // restrict_next_logits() lasts this feed, whatever happens in it (both keep their capacity).
+  s.feed_allowed.swap(s.next_allowed);
+  s.next_allowed.clear();
   if (s.state.position + static_cast<int64_t>(ids.size()) > s.state.capacity)
     throw Error("prompt of " + std::to_string(ids.size()) +
                 " tokens does not fit: " + std::to_string(s.state.position) + " of " +
@@ -486,7 +524,8 @@ const std::vector<float>& Session::prefill(std::span<const int64_t> ids,
       model.head_rows(s.state.work, s.state.stats, hidden, n, all.data() + at);
       std::copy_n(all.data() + at + (n - 1) * V, V, s.logits.data());
     } else {
-      model.head(s.state, hidden + (n - 1) * D, s.logits.data());
+      const bool only = !s.feed_allowed.empty() && allowed_ranges(s.feed_allowed, V, s.head_ranges);
+      model.head(s.state, hidden + (n - 1) * D, s.logits.data(), only ? &s.head_ranges : nullptr);
     }
   }
   s.account();
@@ -533,6 +572,17 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
     throw Error("batched step: " + std::to_string(n) + " sessions but " +
                 std::to_string(ids.size()) + " token ids (one id per session)");
   if (n == 0) return;
+  // The union of the sessions' restrict_next_logits(), when every session asked for one; each
+  // lasts this step, whatever happens in it.
+  b.allowed.assign(b.allowed.size(), 0);
+  bool restricted = true;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<uint64_t>& allowed = sessions[i]->impl_->next_allowed;
+    restricted = restricted && !allowed.empty();
+    if (b.allowed.size() < allowed.size()) b.allowed.resize(allowed.size(), 0);
+    for (size_t w = 0; w < allowed.size(); ++w) b.allowed[w] |= allowed[w];
+    allowed.clear();
+  }
   b.states.resize(n);
   for (size_t i = 0; i < n; ++i) {
     Session::Impl& s = *sessions[i]->impl_;
@@ -553,8 +603,10 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
   model.forward_batch(b.states, b.work, b.stats, b.interrupt, b.x0.data(), b.hidden.data());
   const bool head = model.has_head();
   if (head) {
+    const bool only = restricted && allowed_ranges(b.allowed, V, b.head_ranges);
     b.logits.resize(n * V);
-    model.head_rows(b.work, b.stats, b.hidden.data(), n, b.logits.data());
+    model.head_rows(b.work, b.stats, b.hidden.data(), n, b.logits.data(),
+                    only ? &b.head_ranges : nullptr);
   }
   for (size_t i = 0; i < n; ++i) {
     Session::Impl& s = *sessions[i]->impl_;
@@ -693,6 +745,7 @@ void Session::reset() {
   impl_->state.reset();
   impl_->state.stats.reset();
   impl_->tokens.clear();
+  impl_->next_allowed.clear();
   impl_->account();
 }
 

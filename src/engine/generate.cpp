@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "engine/constraint.h"
 #include "util/error.h"
 #include "util/sys.h"
 
@@ -98,6 +99,11 @@ GenerateResult generate(Session& session, std::span<const int64_t> ids, Sampler&
       result.finish = FinishReason::cancelled;
       break;
     }
+    // Under a grammar the step's head computes only the ids it allows next (the sampler masks
+    // the rest anyway), unless a hook reads every logit or a scripted token may leave it.
+    if (!hooks.on_logits && settings.scripted.empty() && sampler.constraint())
+      if (const std::vector<uint64_t>* allowed = sampler.constraint()->allowed_next())
+        session.restrict_next_logits(*allowed);
     logits = session.step(id);
     ++result.decode_steps;
   }

@@ -861,6 +861,13 @@ bool EngineService::round() {
     if (!s || !s->job || !s->job->decoding) continue;
     int64_t next = 0;
     if (sample(*s, next)) {
+      // Under a grammar the step's head computes only the ids the grammar allows next (the
+      // sampler masks the rest anyway), unless log-probabilities, which need every logit, are
+      // asked for, or a scripted token may leave the grammar.
+      Slot::Job& job = *s->job;
+      if (job.constraint && job.req.top_logprobs < 0 && options_.scripted_tokens.empty())
+        if (const std::vector<uint64_t>* allowed = job.constraint->allowed_next())
+          s->session->restrict_next_logits(*allowed);
       rows.push_back(s->session.get());
       ids.push_back(next);
       fed.push_back(s.get());

@@ -73,6 +73,51 @@ void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t 
   });
 }
 
+void matmul_row_ranges(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n,
+                       std::span<const RowRange> ranges, float* Y) {
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  size_t total = 0;
+  for (const RowRange& r : ranges) {
+    if (r.begin > r.end || r.end > rows)
+      throw Error("matmul_row_ranges: rows [" + std::to_string(r.begin) + ", " +
+                  std::to_string(r.end) + ") outside the matrix's " + std::to_string(rows));
+    total += r.end - r.begin;
+  }
+  if (W.int8_activations && W.format == WeightFormat::kInt8Row && cols % 32 != 0)
+    throw Error("matmul_row_ranges: " + std::to_string(cols) +
+                " columns is not a multiple of 32 (quantize_q8_32 has no tail)");
+  const Q8Rows q = W.int8_activations ? quantized_rows(k, X, n, cols) : Q8Rows{};
+  // [begin, end) of the ranges' rows laid end to end -> each range's piece of it.
+  split_rows(total, total * cols * n, [&](size_t begin, size_t end) {
+    size_t base = 0;
+    for (size_t i = 0; i < ranges.size() && base < end; ++i) {
+      const size_t length = ranges[i].end - ranges[i].begin;
+      const size_t lo = std::max(begin, base), hi = std::min(end, base + length);
+      if (lo < hi) {
+        const size_t b = ranges[i].begin + (lo - base), e = ranges[i].begin + (hi - base);
+        switch (W.format) {
+          case WeightFormat::kF32:
+            k.matmul_f32(W.f32_data(), cols, X, n, Y, rows, b, e);
+            break;
+          case WeightFormat::kInt8Row:
+            if (W.int8_activations)
+              k.matmul_int8_idot(W.q8_data(), W.scale_data(), cols, q.q8, q.d, n, Y, rows, b, e);
+            else
+              k.matmul_int8(W.q8_data(), W.scale_data(), cols, X, n, Y, rows, b, e);
+            break;
+          case WeightFormat::kInt4G64:
+            if (W.int8_activations)
+              k.matmul_int4_idot(W.q4_data(), W.scale_data(), cols, q.q8, q.d, n, Y, rows, b, e);
+            else
+              k.matmul_int4(W.q4_data(), W.scale_data(), cols, X, n, Y, rows, b, e);
+            break;
+        }
+      }
+      base += length;
+    }
+  });
+}
+
 void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, const float* x) {
   size_t total_rows = 0, work = 0;
   bool any_int8_activations = false;

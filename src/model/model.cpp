@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "experts/expert_cache.h"
 #include "kernels/vec.h"
@@ -275,16 +276,21 @@ NextMoe Model::next_moe(int64_t layer) const {
   return {};
 }
 
-void Model::head(ModelState& state, const float* final_hidden, float* logits) const {
+void Model::head(ModelState& state, const float* final_hidden, float* logits,
+                 const std::vector<RowRange>* only) const {
   StageTimer timer(state.stats, Stage::kHead);
   const size_t D = static_cast<size_t>(config_.hidden_size);
   float* normed = state.work.head_normed.data();  // [hidden]
   rmsnorm(final_hidden, weights_.final_norm.data(), D, config_.rms_norm_eps, normed);
+  if (only && !compute_.dense) {
+    head_ranges(normed, 1, *only, logits);
+    return;
+  }
   matmul(*compute_.kernels, *weights_.lm_head, normed, 1, logits);
 }
 
 void Model::head_rows(Workspace& ws, StageStats& stats, const float* final_hidden, size_t n,
-                      float* logits) const {
+                      float* logits, const std::vector<RowRange>* only) const {
   StageTimer timer(stats, Stage::kHead);
   const size_t D = static_cast<size_t>(config_.hidden_size);
   ws.reserve(config_, n);
@@ -292,7 +298,27 @@ void Model::head_rows(Workspace& ws, StageStats& stats, const float* final_hidde
   for (size_t t = 0; t < n; ++t)
     rmsnorm(final_hidden + t * D, weights_.final_norm.data(), D, config_.rms_norm_eps,
             normed + t * D);
+  if (only && !compute_.dense) {
+    head_ranges(normed, n, *only, logits);
+    return;
+  }
   matmul_chunk(compute_, *weights_.lm_head, normed, n, logits);
+}
+
+// The head's rows in `only`, -infinity elsewhere, for n normed rows [n][hidden] -> [n][vocab]: as
+// matmul_chunk (one call of n rows where the format's rows do not depend on n, else a row at a
+// time), so each logit is bit-identical to the full head's.
+void Model::head_ranges(const float* normed, size_t n, const std::vector<RowRange>& only,
+                        float* logits) const {
+  const WeightMatrix& W = *weights_.lm_head;
+  const KernelTable& kt = *compute_.kernels;
+  const size_t V = static_cast<size_t>(W.rows), D = static_cast<size_t>(W.cols);
+  std::fill_n(logits, n * V, -std::numeric_limits<float>::infinity());
+  if (row_stable(kt, W)) {
+    matmul_row_ranges(kt, W, normed, n, only, logits);
+    return;
+  }
+  for (size_t t = 0; t < n; ++t) matmul_row_ranges(kt, W, normed + t * D, 1, only, logits + t * V);
 }
 
 }  // namespace k3

@@ -42,6 +42,10 @@ class OutputConstraint {
 
   // Sets the logits of the ids not allowed next to -infinity.
   void mask(std::span<float> logits);
+  // The ids mask() will allow next (bit id % 64 of word id / 64), for
+  // Session::restrict_next_logits; nullptr while the constraint is not active (the think channel
+  // is free) or broken. Valid until the next accept().
+  const std::vector<uint64_t>* allowed_next();
   // The id the generation went on with.
   void accept(int64_t id);
   bool active() const;    // the constrained part has begun

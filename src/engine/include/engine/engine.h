@@ -291,6 +291,15 @@ class Session {
   const std::vector<float>& step(int64_t id);
   // The logits of the last token fed (by prefill, step or a Batch step); empty before any.
   const std::vector<float>& logits() const;
+  // The next prefill, step or Batch step computes only the logits the caller can use: those of
+  // the ids set in `allowed` (bit id % 64 of word id / 64, a grammar's mask:
+  // engine/constraint.h), each bit-identical to the full head's, and -infinity for the others
+  // (an id in a block of 16 with an allowed one may keep its value). A grammar's next token
+  // rarely has more than a few hundred choices among 163,840 ids, so the head reads a few
+  // percent of its rows. A Batch step restricts its head when every session of the step has
+  // asked. Lasts one feed; the logits of a prefill's other positions (all_logits) are always
+  // whole.
+  void restrict_next_logits(std::span<const uint64_t> allowed);
   SessionStats stats() const;
 
   int64_t position() const;

@@ -47,6 +47,7 @@ class Sampler {
   // Ids `constraint` does not allow are never drawn, and accept() advances it (not owned;
   // nullptr = none). engine/constraint.h.
   void set_constraint(OutputConstraint* constraint) { constraint_ = constraint; }
+  OutputConstraint* constraint() const { return constraint_; }
   // True when a penalty is on (the logits sample() sees are then a penalised copy).
   bool penalised() const { return penalised_; }
   // The penalties applied to `logits` in place (what sample() does to its copy).

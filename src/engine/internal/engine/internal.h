@@ -46,7 +46,12 @@ struct Session::Impl {
   const Engine::Impl& engine;
   ModelState state;
   std::vector<int64_t> tokens;
-  std::vector<float> logits;                  // [vocab]
+  std::vector<float> logits;  // [vocab]
+  // restrict_next_logits(): the ids whose logits the next feed computes ([vocab / 64] words);
+  // empty = all of them.
+  std::vector<uint64_t> next_allowed;
+  std::vector<uint64_t> feed_allowed;         // next_allowed, taken by the feed running now
+  std::vector<RowRange> head_ranges;          // the head's rows for them
   std::vector<float> x0;                      // [rows][hidden], optional
   int64_t chunk = 1;                          // tokens per prefill chunk
   std::vector<float> chunk_x0, chunk_hidden;  // [chunk][hidden] input rows and final hidden rows
@@ -62,6 +67,8 @@ struct Batch::Impl {
   std::vector<ModelState*> states;               // [sessions]
   std::vector<float> x0, hidden;                 // [sessions][hidden] input and final hidden rows
   std::vector<float> logits;                     // [sessions][vocab]
+  std::vector<uint64_t> allowed;                 // the step's sessions' restrictions, or'ed
+  std::vector<RowRange> head_ranges;             // the head's rows for them
   int64_t accounted_activations = 0;             // what account() added to the engine's figures
   void account();
   ~Impl();

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/isa.h"
 #include "kernels/quant.h"
@@ -15,6 +16,19 @@ namespace k3 {
 // flagged int8_activations (K3_IDOT) quantises X with quantize_q8_32 and takes its integer-dot
 // kernel; the scratch for that is per thread and reused (no allocation once warm).
 void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y);
+
+// Output rows [begin, end) of a matrix.
+struct RowRange {
+  size_t begin = 0;
+  size_t end = 0;
+};
+// matmul() on some output rows only: Y[t][o] for o in one of `ranges` (sorted, disjoint, within
+// W.rows), each bit-identical to matmul()'s Y[t][o] (every kernel's row does not depend on which
+// rows it is computed with: tests/dense_kernels_test.cpp); the other rows of Y are not written.
+// One OpenMP region, the ranges' rows split across the threads together. (The grammar-constrained
+// head: src/engine/engine.cpp, Session::restrict_next_logits.)
+void matmul_row_ranges(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n,
+                       std::span<const RowRange> ranges, float* Y);
 
 // Several matrices applied to the same single activation row in one parallel region (the rows
 // of all jobs are split across the threads together): one fork/join instead of one per matrix.
