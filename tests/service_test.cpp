@@ -626,16 +626,29 @@ GenerationStats accepted(const std::shared_ptr<RequestHandle>& handle) {
   return {};
 }
 
+// A service of `parallel` sessions that decode in batches, `token_delay_ms` apart (so that the
+// replies overlap however the threads are scheduled), and one that runs each request alone; both
+// loaded.
+struct BatchedAndSolo {
+  BatchedAndSolo(int parallel, int token_delay_ms)
+      : batched([&] {
+          ServiceOptions o = parallel_options(parallel, 0);
+          o.token_delay_ms = token_delay_ms;
+          return o;
+        }()),
+        solo(options(0)) {
+    wait_ready(batched);
+    wait_ready(solo);
+  }
+  EngineService batched, solo;
+};
+
 // Four requests at once on four sessions: each answer (greedy, seeded sampling with penalties,
 // logprobs, a stop string) equals the same request run alone, and the decode steps did batch
 // them (a request saw a step of more than one session).
 TEST(ServiceParallel, ConcurrentAnswersEqualTheirSoloRuns) {
-  ServiceOptions o = parallel_options(4, 0);
-  o.token_delay_ms = 2;  // keeps the four replies overlapping however the threads are scheduled
-  EngineService batched(o);
-  EngineService solo(options(0));
-  wait_ready(batched);
-  wait_ready(solo);
+  BatchedAndSolo services(4, 2);
+  auto& [batched, solo] = services;
   std::vector<ServiceRequest> requests;
   requests.push_back(greedy(encode(solo, "The history of the printing press begins in"), 20));
   requests.push_back(greedy(encode(solo, "Rivers:"), 14));  // ends early
@@ -692,12 +705,8 @@ TEST(ServiceParallel, ConcurrentAnswersEqualTheirSoloRuns) {
 
 // Logprobs of a batched request equal those of its solo run, token for token.
 TEST(ServiceParallel, LogprobsWhileBatchedEqualSolo) {
-  ServiceOptions o = parallel_options(2, 0);
-  o.token_delay_ms = 2;
-  EngineService batched(o);
-  EngineService solo(options(0));
-  wait_ready(batched);
-  wait_ready(solo);
+  BatchedAndSolo services(2, 2);
+  auto& [batched, solo] = services;
   auto with_logprobs = [&](const std::string& text) {
     ServiceRequest r = greedy(encode(solo, text), 12);
     r.top_logprobs = 2;
@@ -735,12 +744,8 @@ TEST(ServiceParallel, LogprobsWhileBatchedEqualSolo) {
 // requests at temperature 1 draw the same tokens either way, alone and two in a batch, whose head
 // is restricted to the union of both masks.
 TEST(ServiceParallel, GrammarAnswersAreTheSameWithTheHeadRestricted) {
-  ServiceOptions o = parallel_options(2, 0);
-  o.token_delay_ms = 2;
-  EngineService batched(o);
-  EngineService solo(options(0));
-  wait_ready(batched);
-  wait_ready(solo);
+  BatchedAndSolo services(2, 2);
+  auto& [batched, solo] = services;
   auto constrained = [&](const std::string& text, const std::string& gbnf, uint64_t seed,
                          int top_logprobs) {
     ServiceRequest r = greedy(encode(solo, text), 40);
@@ -780,12 +785,8 @@ TEST(ServiceParallel, GrammarAnswersAreTheSameWithTheHeadRestricted) {
 // A request cancelled while it decodes in a batch ends at once (finish cancelled); the others of
 // the batch go on and still equal their solo runs.
 TEST(ServiceParallel, CancelWhileBatchedLeavesTheOthersIntact) {
-  ServiceOptions o = parallel_options(3, 0);
-  o.token_delay_ms = 5;
-  EngineService batched(o);
-  EngineService solo(options(0));
-  wait_ready(batched);
-  wait_ready(solo);
+  BatchedAndSolo services(3, 5);
+  auto& [batched, solo] = services;
   const ServiceRequest a = greedy(encode(solo, "Count the stars:"), 24);
   const ServiceRequest b = greedy(encode(solo, "A recipe for bread"), 24);
   const ServiceRequest c = greedy(encode(solo, "Twelve months of the year"), 60);

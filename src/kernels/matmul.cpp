@@ -46,6 +46,30 @@ Q8Rows quantized_rows(const KernelTable& k, const float* X, size_t n, size_t col
   return {q8.data(), d.data()};
 }
 
+// One table call: Y[t][o] = (W X[t])[o] for t < n, o in [begin, end), Y's rows `rows` apart; an
+// int8_activations matrix reads the quantised X (q), the others X itself.
+void table_rows(const KernelTable& k, const WeightMatrix& W, const float* X, const Q8Rows& q,
+                size_t n, float* Y, size_t begin, size_t end) {
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  switch (W.format) {
+    case WeightFormat::kF32:
+      k.matmul_f32(W.f32_data(), cols, X, n, Y, rows, begin, end);
+      break;
+    case WeightFormat::kInt8Row:
+      if (W.int8_activations)
+        k.matmul_int8_idot(W.q8_data(), W.scale_data(), cols, q.q8, q.d, n, Y, rows, begin, end);
+      else
+        k.matmul_int8(W.q8_data(), W.scale_data(), cols, X, n, Y, rows, begin, end);
+      break;
+    case WeightFormat::kInt4G64:
+      if (W.int8_activations)
+        k.matmul_int4_idot(W.q4_data(), W.scale_data(), cols, q.q8, q.d, n, Y, rows, begin, end);
+      else
+        k.matmul_int4(W.q4_data(), W.scale_data(), cols, X, n, Y, rows, begin, end);
+      break;
+  }
+}
+
 }  // namespace
 
 void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y) {
@@ -58,19 +82,8 @@ void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t 
       matmul_int4_idot(k, W, q.q8, q.d, n, Y);
     return;
   }
-  split_rows(rows, rows * cols * n, [&](size_t begin, size_t end) {
-    switch (W.format) {
-      case WeightFormat::kF32:
-        k.matmul_f32(W.f32_data(), cols, X, n, Y, rows, begin, end);
-        break;
-      case WeightFormat::kInt8Row:
-        k.matmul_int8(W.q8_data(), W.scale_data(), cols, X, n, Y, rows, begin, end);
-        break;
-      case WeightFormat::kInt4G64:
-        k.matmul_int4(W.q4_data(), W.scale_data(), cols, X, n, Y, rows, begin, end);
-        break;
-    }
-  });
+  split_rows(rows, rows * cols * n,
+             [&](size_t begin, size_t end) { table_rows(k, W, X, Q8Rows{}, n, Y, begin, end); });
 }
 
 void matmul_row_ranges(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n,
@@ -93,26 +106,8 @@ void matmul_row_ranges(const KernelTable& k, const WeightMatrix& W, const float*
     for (size_t i = 0; i < ranges.size() && base < end; ++i) {
       const size_t length = ranges[i].end - ranges[i].begin;
       const size_t lo = std::max(begin, base), hi = std::min(end, base + length);
-      if (lo < hi) {
-        const size_t b = ranges[i].begin + (lo - base), e = ranges[i].begin + (hi - base);
-        switch (W.format) {
-          case WeightFormat::kF32:
-            k.matmul_f32(W.f32_data(), cols, X, n, Y, rows, b, e);
-            break;
-          case WeightFormat::kInt8Row:
-            if (W.int8_activations)
-              k.matmul_int8_idot(W.q8_data(), W.scale_data(), cols, q.q8, q.d, n, Y, rows, b, e);
-            else
-              k.matmul_int8(W.q8_data(), W.scale_data(), cols, X, n, Y, rows, b, e);
-            break;
-          case WeightFormat::kInt4G64:
-            if (W.int8_activations)
-              k.matmul_int4_idot(W.q4_data(), W.scale_data(), cols, q.q8, q.d, n, Y, rows, b, e);
-            else
-              k.matmul_int4(W.q4_data(), W.scale_data(), cols, X, n, Y, rows, b, e);
-            break;
-        }
-      }
+      if (lo < hi)
+        table_rows(k, W, X, q, n, Y, ranges[i].begin + (lo - base), ranges[i].begin + (hi - base));
       base += length;
     }
   });
@@ -134,30 +129,9 @@ void matmul_batch(const KernelTable& k, const MatmulJob* jobs, size_t count, con
     size_t base = 0;
     for (size_t j = 0; j < count && base < end; ++j) {
       const WeightMatrix& W = *jobs[j].W;
-      const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+      const size_t rows = static_cast<size_t>(W.rows);
       const size_t lo = std::max(begin, base), hi = std::min(end, base + rows);
-      if (lo < hi) {
-        const size_t b = lo - base, e = hi - base;
-        switch (W.format) {
-          case WeightFormat::kF32:
-            k.matmul_f32(W.f32_data(), cols, x, 1, jobs[j].Y, rows, b, e);
-            break;
-          case WeightFormat::kInt8Row:
-            if (W.int8_activations)
-              k.matmul_int8_idot(W.q8_data(), W.scale_data(), cols, q.q8, q.d, 1, jobs[j].Y, rows,
-                                 b, e);
-            else
-              k.matmul_int8(W.q8_data(), W.scale_data(), cols, x, 1, jobs[j].Y, rows, b, e);
-            break;
-          case WeightFormat::kInt4G64:
-            if (W.int8_activations)
-              k.matmul_int4_idot(W.q4_data(), W.scale_data(), cols, q.q8, q.d, 1, jobs[j].Y, rows,
-                                 b, e);
-            else
-              k.matmul_int4(W.q4_data(), W.scale_data(), cols, x, 1, jobs[j].Y, rows, b, e);
-            break;
-        }
-      }
+      if (lo < hi) table_rows(k, W, x, q, 1, jobs[j].Y, lo - base, hi - base);
       base += rows;
     }
   });
