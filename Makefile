@@ -9,7 +9,7 @@ generator = $(if $(wildcard $(1)/CMakeCache.txt),,-G Ninja)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
-DEMO := $(BUILD)/demo-model
+DEMO := $(BUILD)/tests/demo-model
 
 .PHONY: setup setup-test build run test bench asan clean format format-check train train-test train-export install quiet-build
 
@@ -38,10 +38,11 @@ install: setup
 
 # The trained tiny K3 (tools/train/, committed): the model of `make run` and coli's default.
 MINI := assets/k3-mini
-# The random-weights demo checkpoint (real vocabulary and tokenizer) is made once and cached; only
-# the routing benchmark uses it, as the contrast to trained routers.
+# The random-weights demo checkpoint (real vocabulary and tokenizer) that the build writes for the
+# tests (tests/CMakeLists.txt, k3_test_demo_model); the routing benchmark uses it as the contrast
+# to trained routers.
 $(DEMO)/config.json: | build
-	@$(BUILD)/tools/k3_synth --preset demo --out $(DEMO)
+	@cmake --build $(BUILD) --target k3_test_demo_model
 
 # One chat turn, thinking on, in the model's training distribution (tools/train/README.md: the
 # synthetic chats); it stops by itself at <|end_of_msg|> (--ngen is only a cap).

@@ -203,8 +203,6 @@ TEST(ColiRender, ErrorsAreLinesAndUsageIsChecked) {
   EXPECT_EQ(via_env.status, 0) << via_env.err;
 }
 
-// A demo checkpoint (real vocabulary and tokenizer files, random weights), made once per test
-// process (ctest runs tests in parallel processes; ~1 s, removed at exit).
 std::vector<int64_t> prompt_ids_of(const std::string& err) {
   const size_t at = err.find("prompt ids:");
   EXPECT_NE(at, std::string::npos) << err;

@@ -568,10 +568,6 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
   const size_t n = sessions.size();
   const size_t D = static_cast<size_t>(b.engine.config.hidden_size);
   const size_t V = static_cast<size_t>(b.engine.config.vocab_size);
-  if (ids.size() != n)
-    throw Error("batched step: " + std::to_string(n) + " sessions but " +
-                std::to_string(ids.size()) + " token ids (one id per session)");
-  if (n == 0) return;
   // The union of the sessions' restrict_next_logits(), when every session asked for one; each
   // lasts this step, whatever happens in it.
   b.allowed.assign(b.allowed.size(), 0);
@@ -583,6 +579,10 @@ void Batch::step(std::span<Session* const> sessions, std::span<const int64_t> id
     for (size_t w = 0; w < allowed.size(); ++w) b.allowed[w] |= allowed[w];
     allowed.clear();
   }
+  if (ids.size() != n)
+    throw Error("batched step: " + std::to_string(n) + " sessions but " +
+                std::to_string(ids.size()) + " token ids (one id per session)");
+  if (n == 0) return;
   b.states.resize(n);
   for (size_t i = 0; i < n; ++i) {
     Session::Impl& s = *sessions[i]->impl_;

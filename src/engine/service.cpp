@@ -861,13 +861,6 @@ bool EngineService::round() {
     if (!s || !s->job || !s->job->decoding) continue;
     int64_t next = 0;
     if (sample(*s, next)) {
-      // Under a grammar the step's head computes only the ids the grammar allows next (the
-      // sampler masks the rest anyway), unless log-probabilities, which need every logit, are
-      // asked for, or a scripted token may leave the grammar.
-      Slot::Job& job = *s->job;
-      if (job.constraint && job.req.top_logprobs < 0 && options_.scripted_tokens.empty())
-        if (const std::vector<uint64_t>* allowed = job.constraint->allowed_next())
-          s->session->restrict_next_logits(*allowed);
       rows.push_back(s->session.get());
       ids.push_back(next);
       fed.push_back(s.get());
@@ -892,6 +885,18 @@ bool EngineService::round() {
   }
   if (!rows.empty()) {
     ran = true;
+    // Under a grammar a row's head computes only the ids the grammar allows next (the sampler
+    // masks the rest anyway), unless log-probabilities, which need every logit, are asked for, or
+    // a scripted token may leave the grammar. Set here, for the rows this step feeds: a
+    // restriction set on a row that leaves the step would reach that session's next feed.
+    for (Slot* s : fed) {
+      Slot::Job& job = *s->job;
+      if (job.constraint && job.req.top_logprobs < 0 && options_.scripted_tokens.empty())
+        if (const std::vector<uint64_t>* allowed = job.constraint->allowed_next()) {
+          s->session->restrict_next_logits(*allowed);
+          ++job.stats.restricted_heads;
+        }
+    }
     try {
       batch_->step(rows, ids);
     } catch (const std::exception& e) {

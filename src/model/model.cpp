@@ -282,7 +282,7 @@ void Model::head(ModelState& state, const float* final_hidden, float* logits,
   const size_t D = static_cast<size_t>(config_.hidden_size);
   float* normed = state.work.head_normed.data();  // [hidden]
   rmsnorm(final_hidden, weights_.final_norm.data(), D, config_.rms_norm_eps, normed);
-  if (only && !compute_.dense) {
+  if (only) {
     head_ranges(normed, 1, *only, logits);
     return;
   }
@@ -298,11 +298,14 @@ void Model::head_rows(Workspace& ws, StageStats& stats, const float* final_hidde
   for (size_t t = 0; t < n; ++t)
     rmsnorm(final_hidden + t * D, weights_.final_norm.data(), D, config_.rms_norm_eps,
             normed + t * D);
-  if (only && !compute_.dense) {
-    head_ranges(normed, n, *only, logits);
+  if (!only) {
+    matmul_chunk(compute_, *weights_.lm_head, normed, n, logits);
     return;
   }
-  matmul_chunk(compute_, *weights_.lm_head, normed, n, logits);
+  // As matmul_chunk: the dense executor (the Vulkan tier) first, where it takes n rows (the whole
+  // head then, as unrestricted), else the CPU on `only`.
+  if (compute_.dense && compute_.dense->dense_matmul(*weights_.lm_head, normed, n, logits)) return;
+  head_ranges(normed, n, *only, logits);
 }
 
 // The head's rows in `only`, -infinity elsewhere, for n normed rows [n][hidden] -> [n][vocab]: as

@@ -5,8 +5,8 @@
 //   node tests/node/serve_test.mjs <path-to-coli>
 //   (ctest: Serve.OpenAIClient; `make test` installs tests/node/node_modules)
 //
-// It writes a random-weight demo model with the real K3 tokenizer (<build>/tools/k3_synth
-// --preset demo), starts several servers with different flags on ephemeral ports, and prints
+// It runs on the build's random-weight demo model with the real K3 tokenizer
+// (<build>/tests/demo-model, k3_synth --preset demo), starts several servers with different flags on ephemeral ports, and prints
 // PASS/FAIL per named check plus a summary; exit status 1 on any failure. Generated text is noise
 // but deterministic at temperature 0, so outputs are compared between requests and servers (a
 // fresh `--ckpt 0` server gives the "cold" answer). Environment: SERVE_TEST_TIMEOUT_S (default

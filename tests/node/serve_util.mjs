@@ -3,7 +3,7 @@
 // an SSE reader that checks framing and UTF-8 byte by byte, and a small check runner.
 //
 // Nothing here knows the server's code: everything follows docs/serving.md §3 and §4.
-import { spawn, spawnSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
@@ -32,8 +32,7 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Temp folders live until the process exits: then every one goes when the run passed; when it
-// failed, each keeps everything but its `model` folder (the demo model, regenerated on every run,
-// ~170 MB), for a look at the logs and written files, and its path is printed.
+// failed, each is kept, for a look at the logs and written files, and its path is printed.
 const tempDirs = [];
 export function makeTempDir(prefix) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
@@ -46,7 +45,6 @@ process.on('exit', (code) => {
       if (code === 0) {
         fs.rmSync(dir, { recursive: true, force: true });
       } else if (fs.existsSync(dir)) {
-        fs.rmSync(path.join(dir, 'model'), { recursive: true, force: true });
         console.error(`kept ${dir} (this run failed)`);
       }
     } catch { /* a folder still in use: leave it */ }

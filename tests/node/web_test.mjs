@@ -4,7 +4,7 @@
 //   node tests/node/web_test.mjs <path-to-coli> <screenshot.png>
 //   node tests/node/web_test.mjs --mock <screenshot.png>      (tests/node/web_mock_server.mjs)
 //
-// Creates the demo model with <dir of coli>/../tools/k3_synth, starts `coli web --port 0
+// Runs on the build's demo model (<dir of coli>/../tests/demo-model), starts `coli web --port 0
 // --token-delay-ms 30`, waits for /health 200, then drives the page: a reply with thinking on
 // (streamed reasoning in its own block), one with thinking off (streamed content; the history
 // sent back carries the first reply's content and reasoning_content exactly as streamed), an

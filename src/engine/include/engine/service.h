@@ -113,6 +113,10 @@ struct GenerationStats {
   // The grammar's masks of this request (ServiceRequest::constraint) and their time.
   uint64_t grammar_masks = 0;
   double grammar_ms = 0;
+  // Its decode steps that asked for a head of the grammar's allowed ids only
+  // (Session::restrict_next_logits; the engine computes the whole head where they cover over half
+  // of the vocabulary).
+  uint64_t restricted_heads = 0;
   int session = -1;       // the session (0..parallel-1) that ran it
   int64_t batch_max = 0;  // the most sessions of a decode step it was part of
   double batch_mean = 0;  // the mean sessions per decode step it was part of (0: no step)

@@ -127,22 +127,22 @@ class Model {
 
   // logits[vocab] = lm_head RMSNorm(final_hidden, model.norm). With `only` (sorted, disjoint
   // vocabulary ranges: a grammar's allowed ids, engine/engine.cpp), the logits of those ranges,
-  // each bit-identical to the full head's, and -infinity elsewhere; the full head where a dense
-  // executor (the Vulkan tier) holds lm_head. REQUIRES has_head().
+  // each bit-identical to the full head's, and -infinity elsewhere. REQUIRES has_head().
   void head(ModelState& state, const float* final_hidden, float* logits,
             const std::vector<RowRange>* only = nullptr) const;
   // The head on n rows at once (lm_head streams once): logits [n][vocab], each row bit-identical
-  // to head() of that row; `only` as for head(), for every row. Scratch: work.normed (grown to n
-  // rows). REQUIRES has_head().
+  // to head() of that row; `only` as for head(), for every row, unless the dense executor (the
+  // Vulkan tier) takes the n rows: then the whole head. Scratch: work.normed (grown to n rows).
+  // REQUIRES has_head().
   void head_rows(Workspace& work, StageStats& stats, const float* final_hidden, size_t n,
                  float* logits, const std::vector<RowRange>* only = nullptr) const;
 
  private:
-  // The layer walk of forward() and forward_batch() over the n rows of work.sequence_rows, with
-  // `compute` (forward(): the dense executor for prompt chunks; forward_batch(): none).
-  // head() and head_rows() on the vocabulary ranges `only`.
+  // head() and head_rows() on the vocabulary ranges `only` (normed [n][hidden]).
   void head_ranges(const float* normed, size_t n, const std::vector<RowRange>& only,
                    float* logits) const;
+  // The layer walk of forward() and forward_batch() over the n rows of work.sequence_rows, with
+  // `compute` (forward(): the dense executor for prompt chunks; forward_batch(): none).
   void forward_rows(const Compute& compute, Workspace& work, StageStats& stats,
                     const std::atomic<bool>* interrupt, const float* x0, size_t n,
                     float* final_hidden, ForwardObserver* observer) const;
