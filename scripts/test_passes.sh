@@ -12,8 +12,9 @@
 # servers waiting on their clients), the Release build ~5 % (links, its last long files). The
 # build runs under SCHED_IDLE (chrt --idle): it gets a core only when no test wants it, and a
 # test that wakes takes the core back at once. At nice 19 instead the tests took 40 s longer
-# (their wake-ups waited for the compiler's time slice), at SCHED_IDLE 5 s (docs/testing.md §6). Anything the tests or the build print on failure is shown; the build's
-# own lines go to BUILD-asan/build.log.
+# (their wake-ups waited for the compiler's time slice), at SCHED_IDLE 5 s (docs/testing.md §6).
+# Anything the tests or the build print on failure is shown; the build's own lines go to
+# BUILD-asan/build.log.
 set -uo pipefail
 if [ $# -ne 3 ] || { [ "$1" != test ] && [ "$1" != asan ]; }; then
   echo "usage: $0 test|asan BUILD JOBS" >&2

@@ -73,17 +73,8 @@ void table_rows(const KernelTable& k, const WeightMatrix& W, const float* X, con
 }  // namespace
 
 void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y) {
-  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
-  if (W.int8_activations) {
-    const Q8Rows q = quantized_rows(k, X, n, cols);
-    if (W.format == WeightFormat::kInt8Row)
-      matmul_int8_idot(k, W, q.q8, q.d, n, Y);
-    else
-      matmul_int4_idot(k, W, q.q8, q.d, n, Y);
-    return;
-  }
-  split_rows(rows, rows * cols * n,
-             [&](size_t begin, size_t end) { table_rows(k, W, X, Q8Rows{}, n, Y, begin, end); });
+  const RowRange all{0, static_cast<size_t>(W.rows)};
+  matmul_row_ranges(k, W, X, n, {&all, 1}, Y);
 }
 
 void matmul_row_ranges(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n,
@@ -97,8 +88,8 @@ void matmul_row_ranges(const KernelTable& k, const WeightMatrix& W, const float*
     total += r.end - r.begin;
   }
   if (W.int8_activations && W.format == WeightFormat::kInt8Row && cols % 32 != 0)
-    throw Error("matmul_row_ranges: " + std::to_string(cols) +
-                " columns is not a multiple of 32 (quantize_q8_32 has no tail)");
+    throw Error("matmul: an int8 matrix on int8 activations needs a multiple of 32 columns, not " +
+                std::to_string(cols) + " (quantize_q8_32 has no tail)");
   const Q8Rows q = W.int8_activations ? quantized_rows(k, X, n, cols) : Q8Rows{};
   // [begin, end) of the ranges' rows laid end to end -> each range's piece of it.
   split_rows(total, total * cols * n, [&](size_t begin, size_t end) {

@@ -57,16 +57,19 @@ bool row_stable(const KernelTable& k, const WeightMatrix& W) {
   return W.format != WeightFormat::kInt4G64 || W.int8_activations || k.isa == Isa::kScalar;
 }
 
-void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
-                  float* Y) {
+void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y,
+                  const std::vector<RowRange>* only) {
   if (compute.dense && compute.dense->dense_matmul(W, X, n, Y)) return;
   const KernelTable& kt = *compute.kernels;
+  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
+  const RowRange all{0, rows};
+  const std::span<const RowRange> ranges =
+      only ? std::span<const RowRange>(*only) : std::span<const RowRange>(&all, 1);
   if (row_stable(kt, W)) {
-    matmul(kt, W, X, n, Y);
+    matmul_row_ranges(kt, W, X, n, ranges, Y);
     return;
   }
-  const size_t rows = static_cast<size_t>(W.rows), cols = static_cast<size_t>(W.cols);
-  for (size_t t = 0; t < n; ++t) matmul(kt, W, X + t * cols, 1, Y + t * rows);
+  for (size_t t = 0; t < n; ++t) matmul_row_ranges(kt, W, X + t * cols, 1, ranges, Y + t * rows);
 }
 
 void matmul_jobs(const Compute& compute, const MatmulJob* jobs, size_t count, const float* X,

@@ -282,11 +282,13 @@ void Model::head(ModelState& state, const float* final_hidden, float* logits,
   const size_t D = static_cast<size_t>(config_.hidden_size);
   float* normed = state.work.head_normed.data();  // [hidden]
   rmsnorm(final_hidden, weights_.final_norm.data(), D, config_.rms_norm_eps, normed);
-  if (only) {
-    head_ranges(normed, 1, *only, logits);
+  const WeightMatrix& W = *weights_.lm_head;
+  if (!only) {
+    matmul(*compute_.kernels, W, normed, 1, logits);
     return;
   }
-  matmul(*compute_.kernels, *weights_.lm_head, normed, 1, logits);
+  std::fill_n(logits, static_cast<size_t>(W.rows), -std::numeric_limits<float>::infinity());
+  matmul_row_ranges(*compute_.kernels, W, normed, 1, *only, logits);
 }
 
 void Model::head_rows(Workspace& ws, StageStats& stats, const float* final_hidden, size_t n,
@@ -298,30 +300,10 @@ void Model::head_rows(Workspace& ws, StageStats& stats, const float* final_hidde
   for (size_t t = 0; t < n; ++t)
     rmsnorm(final_hidden + t * D, weights_.final_norm.data(), D, config_.rms_norm_eps,
             normed + t * D);
-  if (!only) {
-    matmul_chunk(compute_, *weights_.lm_head, normed, n, logits);
-    return;
-  }
-  // As matmul_chunk: the dense executor (the Vulkan tier) first, where it takes n rows (the whole
-  // head then, as unrestricted), else the CPU on `only`.
-  if (compute_.dense && compute_.dense->dense_matmul(*weights_.lm_head, normed, n, logits)) return;
-  head_ranges(normed, n, *only, logits);
-}
-
-// The head's rows in `only`, -infinity elsewhere, for n normed rows [n][hidden] -> [n][vocab]: as
-// matmul_chunk (one call of n rows where the format's rows do not depend on n, else a row at a
-// time), so each logit is bit-identical to the full head's.
-void Model::head_ranges(const float* normed, size_t n, const std::vector<RowRange>& only,
-                        float* logits) const {
-  const WeightMatrix& W = *weights_.lm_head;
-  const KernelTable& kt = *compute_.kernels;
-  const size_t V = static_cast<size_t>(W.rows), D = static_cast<size_t>(W.cols);
-  std::fill_n(logits, n * V, -std::numeric_limits<float>::infinity());
-  if (row_stable(kt, W)) {
-    matmul_row_ranges(kt, W, normed, n, only, logits);
-    return;
-  }
-  for (size_t t = 0; t < n; ++t) matmul_row_ranges(kt, W, normed + t * D, 1, only, logits + t * V);
+  if (only)
+    std::fill_n(logits, n * static_cast<size_t>(weights_.lm_head->rows),
+                -std::numeric_limits<float>::infinity());
+  matmul_chunk(compute_, *weights_.lm_head, normed, n, logits, only);
 }
 
 }  // namespace k3

@@ -14,7 +14,8 @@ namespace k3 {
 
 // Y[t][o] = (W X[t])[o] for t < n.  X: [n][W.cols], Y: [n][W.rows]. An int4 or int8 matrix
 // flagged int8_activations (K3_IDOT) quantises X with quantize_q8_32 and takes its integer-dot
-// kernel; the scratch for that is per thread and reused (no allocation once warm).
+// kernel; the scratch for that is per thread and reused (no allocation once warm). (It is
+// matmul_row_ranges on every row.)
 void matmul(const KernelTable& k, const WeightMatrix& W, const float* X, size_t n, float* Y);
 
 // Output rows [begin, end) of a matrix.

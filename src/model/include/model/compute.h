@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
@@ -86,9 +87,10 @@ struct Compute {
 // that row alone (what a pass of one row computes): the many-row kernel is used
 // where its per-row result does not depend on the number of rows (see row_stable below and
 // chunked_prefill_test), the rows are looped otherwise.
-//   Y[t] = W X[t] for t < n.  X: [n][W.cols], Y: [n][W.rows].
-void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n,
-                  float* Y);
+//   Y[t] = W X[t] for t < n.  X: [n][W.cols], Y: [n][W.rows]. With `only`, the rows of those
+//   ranges of Y only (matmul_row_ranges), unless the dense executor takes the n rows: then all.
+void matmul_chunk(const Compute& compute, const WeightMatrix& W, const float* X, size_t n, float* Y,
+                  const std::vector<RowRange>* only = nullptr);
 //   Y_j = W_j X for several matrices sharing X [n][cols] (jobs[j].Y: [n][W_j.rows]), each
 //   matrix's matmul_chunk. (One row through matmul_batch, one parallel region for all of them,
 //   measured no faster on decode: kept out, so n = 1 is no special path.)

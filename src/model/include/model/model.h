@@ -138,9 +138,6 @@ class Model {
                  float* logits, const std::vector<RowRange>* only = nullptr) const;
 
  private:
-  // head() and head_rows() on the vocabulary ranges `only` (normed [n][hidden]).
-  void head_ranges(const float* normed, size_t n, const std::vector<RowRange>& only,
-                   float* logits) const;
   // The layer walk of forward() and forward_batch() over the n rows of work.sequence_rows, with
   // `compute` (forward(): the dense executor for prompt chunks; forward_batch(): none).
   void forward_rows(const Compute& compute, Workspace& work, StageStats& stats,
