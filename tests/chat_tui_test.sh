@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # tests/chat_tui_test.sh — `coli chat` driven through tmux (docs/serving.md §3.4).
 #
-#   tests/chat_tui_test.sh <coli> <k3_synth>
+#   tests/chat_tui_test.sh <coli> <demo-model>
 #
-# Makes a demo model (random weights, the real tokenizer), starts `coli chat` in detached tmux
-# panes on a private tmux server, and types at them. Session A (thinking on, --effort none):
-# /help lists every command; /set and /show (a bad value names the value and the range); a reply
-# stopped with Ctrl-C ("[interrupted]", the prompt comes back) and /retry, which reuses a kept
-# checkpoint (cached > 0); /think off, whose next reply still reuses the first question; a
-# follow-up (cached > 0); /undo and /edit, which resume at the start of the last question;
-# /save and /load round-trip the conversation and the settings, and a missing, damaged or wrong
-# file is an error naming the file and the line or field; Ctrl-C at an empty prompt (the hint);
-# /new (the next footer shows cached 0); /exit (exit status 0). Session B (--ctx 400, no --ngen):
-# /stats gives a reply budget within what the context leaves, and the 90 % context notice
-# appears once per crossing. Replies are capped by --ngen, then by /set max_tokens.
+# On the build's demo checkpoint (<build>/tests/demo-model: random weights, the real tokenizer;
+# read-only here), starts `coli chat` in detached tmux panes on a private tmux server, and types at
+# them. Session A (thinking on, --effort none): /help lists every command; /set and /show (a bad
+# value names the value and the range); a reply stopped with Ctrl-C ("[interrupted]", the prompt
+# comes back) and /retry, which reuses a kept checkpoint (cached > 0); /think off, whose next reply
+# still reuses the first question; a follow-up (cached > 0); /undo and /edit, which resume at the
+# start of the last question; /save and /load round-trip the conversation and the settings, and a
+# missing, damaged or wrong file is an error naming the file and the line or field; Ctrl-C at an
+# empty prompt (the hint); /new (the next footer shows cached 0); /exit (exit status 0). Session B
+# (--ctx 400, no --ngen): /stats gives a reply budget within what the context leaves, and the 90 %
+# context notice appears once per crossing. Replies are capped by --ngen, then by /set max_tokens.
 # Nothing asserted depends on the generated text (it differs by ISA: K3_ISA=avx2 runs the same):
 # where a reply may end before Ctrl-C, another question is asked.
 # Every wait polls capture-pane every 0.2 s and gives up after CHAT_TEST_TIMEOUT seconds
@@ -23,11 +23,11 @@
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
-  echo "usage: $0 <coli> <k3_synth>" >&2
+  echo "usage: $0 <coli> <demo-model>" >&2
   exit 2
 fi
 coli=$(readlink -f "$1")
-synth=$(readlink -f "$2")
+model=$(readlink -f "$2")
 timeout_s=${CHAT_TEST_TIMEOUT:-90}
 keep_going=${CHAT_TEST_KEEP_GOING:-0}
 ((keep_going)) && set +e
@@ -157,16 +157,15 @@ finish() {
   ok "/exit ended $sess (exit status 0)"
 }
 
-"$synth" --preset demo --out "$tmp/model" >/dev/null 2>"$tmp/synth.log" || {
-  cat "$tmp/synth.log" >&2
-  fail "k3_synth could not make the demo model"
+[[ -f "$model/config.json" ]] || {
+  fail "the demo model is missing at $model (build the k3_test_demo_model target)"
   exit 1
 }
 
 # ---- Session A ------------------------------------------------------------------------------
 # Thinking on (with random weights a thinking reply never leaves the reasoning channel, which
 # streams like any reply), --effort none: no effort message leads the prompt (see /think below).
-start A --model "$tmp/model" --token-delay-ms 30 --ngen 32 --temp 0 --effort none
+start A --model "$model" --token-delay-ms 30 --ngen 32 --temp 0 --effort none
 wait_for "the model to load and the prompt" prompt_with "loaded "
 ok "loaded, prompt shown"
 
@@ -339,7 +338,7 @@ ok "/new: $(last_footer)"
 finish
 
 # ---- Session B: a small context, no --ngen --------------------------------------------------
-start B --model "$tmp/model" --ctx 400 --no-think --temp 0
+start B --model "$model" --ctx 400 --no-think --temp 0
 wait_for "the model to load and the prompt" prompt_with "loaded "
 
 # /stats: the reply budget is what the context leaves (max_tokens is 16384 here), and says so.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/expert_parallel_test.sh — `mpirun -np N kimi_k3 … --expert-parallel` (docs/scale-out.md §2).
 #
-#   tests/expert_parallel_test.sh <kimi_k3> <k3_synth> <coli>
+#   tests/expert_parallel_test.sh <kimi_k3> <k3_synth> <coli> <demo-model>
 #
 # On tests/data/k3-tiny (16 experts) and a synthetic tiny-dims checkpoint with 64 experts, with a
 # 40-token prompt and 8 greedy tokens: the prefill logits (--logits) and the tokens (--ids) of 2
@@ -12,21 +12,22 @@
 # longer shard, stops the start-up with an error naming the rank and the file; a worker killed
 # with SIGKILL mid-decode is reported by rank 0, naming the rank, within --ep-timeout (3 s), and
 # the job ends (no hang).
-# Through `coli serve` on the demo model: one streamed greedy chat request gives one node's text
-# with 2 and 3 ranks, SIGTERM to rank 0 ends every rank (exit 143) after the per-rank counters;
-# with its worker killed, a
-# request fails (500) naming the rank, later ones fail at once, and /health says degraded.
+# Through `coli serve` on the build's demo checkpoint (<build>/tests/demo-model, read-only here):
+# one streamed greedy chat request gives one node's text with 2 and 3 ranks, SIGTERM to rank 0
+# ends every rank (exit 143) after the per-rank counters; with its worker killed, a request fails
+# (500) naming the rank, later ones fail at once, and /health says degraded.
 # Ranks run on loopback with --oversubscribe; Open MPI's run-as-root variables are set here only
 # (CI runs as root). Every wait is bounded (EP_TEST_TIMEOUT seconds per run, default 60).
 set -euo pipefail
 
-if [[ $# -ne 3 ]]; then
-  echo "usage: $0 <kimi_k3> <k3_synth> <coli>" >&2
+if [[ $# -ne 4 ]]; then
+  echo "usage: $0 <kimi_k3> <k3_synth> <coli> <demo-model>" >&2
   exit 2
 fi
 kimi=$(readlink -f "$1")
 synth=$(readlink -f "$2")
 coli=$(readlink -f "$3")
+demo=$(readlink -f "$4")
 here=$(cd "$(dirname "$0")" && pwd)
 limit=${EP_TEST_TIMEOUT:-60}
 if ! command -v mpirun >/dev/null; then
@@ -202,7 +203,10 @@ else
 fi
 
 # coli serve: one streamed greedy request, one node vs 2 and 3 ranks; then SIGTERM to rank 0.
-"$synth" --preset demo --out "$tmp/demo" >/dev/null
+[[ -f "$demo/config.json" ]] || {
+  echo "FAIL: the demo model is missing at $demo (build the k3_test_demo_model target)"
+  exit 1
+}
 wait_for() {  # <file> <pattern>: bounded
   for _ in $(seq $((limit * 10))); do
     grep -q "$1" "$2" 2>/dev/null && return 0
@@ -232,9 +236,9 @@ serve_reply() {  # <name> <ranks>: starts the server, asks, SIGTERMs rank 0; set
   local name=$1 n=$2 out="$tmp/$1.out" err="$tmp/$1.err" job
   reply=""
   if ((n == 1)); then
-    "$coli" serve --model "$tmp/demo" --port 0 >"$out" 2>"$err" &
+    "$coli" serve --model "$demo" --port 0 >"$out" 2>"$err" &
   else
-    mpirun -np "$n" --oversubscribe "$coli" serve --model "$tmp/demo" --port 0 --expert-parallel \
+    mpirun -np "$n" --oversubscribe "$coli" serve --model "$demo" --port 0 --expert-parallel \
       >"$out" 2>"$err" &
   fi
   job=$!
@@ -326,7 +330,7 @@ fi
 # --ep-timeout, later ones at once, /health says degraded; SIGTERM to rank 0 still ends the job.
 out="$tmp/servekill.out"
 err="$tmp/servekill.err"
-mpirun --enable-recovery -np 2 --oversubscribe "$coli" serve --model "$tmp/demo" --port 0 \
+mpirun --enable-recovery -np 2 --oversubscribe "$coli" serve --model "$demo" --port 0 \
   --expert-parallel --ep-timeout 3 >"$out" 2>"$err" &
 job=$!
 pids+=("$job")
