@@ -22,6 +22,7 @@
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 #include "kernels/quant.h"
+#include "kernels/vec.h"
 #include "test_util.h"
 
 namespace {
@@ -318,6 +319,51 @@ TEST(KernelsDenseMatmul, RowRangesEqualTheFullMatmulOnTheirRows) {
                                      y.data());
              }),
              "rows [300, 302) outside the matrix's 301");
+}
+
+// situ_glu: element by element the scalar SiTU (kernels/vec.h), each 32-group then quantised by
+// the table's quantize_q8_32, whatever the thread count; sizes below and above its one-thread
+// threshold (128 elements), and a partial last group.
+TEST(KernelsDenseMatmul, SituGluEqualsTheScalarLoopOnEveryThreadCount) {
+  std::mt19937 rng(8);
+  const int saved = omp_get_max_threads();
+  for (const size_t count : {size_t{32}, size_t{1000}, size_t{3072}, size_t{2 * 3072 + 32}}) {
+    std::vector<float> gate = random_floats(count, rng), up = random_floats(count, rng);
+    for (float& g : gate) g *= 8.0f;  // past the tanh knee of beta = 4
+    for (float& u : up) u *= 40.0f;
+    std::vector<float> want(count);
+    for (size_t i = 0; i < count; ++i) want[i] = k3::situ(gate[i], up[i], 4.0f, 25.0f);
+    const bool whole = count % 32 == 0;  // 1000: a partial last group, SiTU only
+    for (Isa isa : k3::testing::twin_isas()) {
+      const KernelTable& k = k3::kernel_table(isa);
+      std::vector<int8_t> want_q(count), q(count);
+      std::vector<float> want_d(count / 32), d(count / 32);
+      if (whole) k3::quantize_q8_32(k, want.data(), 1, count, want_q.data(), want_d.data());
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        std::vector<float> g = gate;
+        k3::situ_glu(k, g.data(), up.data(), count, 4.0f, 25.0f);
+        ASSERT_EQ(std::memcmp(g.data(), want.data(), count * sizeof(float)), 0)
+            << k3::isa_name(isa) << " count=" << count << " threads=" << threads;
+        if (!whole) continue;
+        g = gate;
+        k3::situ_glu(k, g.data(), up.data(), count, 4.0f, 25.0f, q.data(), d.data());
+        ASSERT_EQ(std::memcmp(g.data(), want.data(), count * sizeof(float)), 0);
+        ASSERT_EQ(q, want_q) << k3::isa_name(isa) << " count=" << count << " " << threads;
+        ASSERT_EQ(std::memcmp(d.data(), want_d.data(), d.size() * sizeof(float)), 0);
+      }
+      omp_set_num_threads(saved);
+    }
+  }
+  // The quantisation needs whole 32-groups.
+  std::vector<float> g = random_floats(40, rng), u = random_floats(40, rng);
+  std::vector<int8_t> q(64);
+  std::vector<float> d(2);
+  EXPECT_HAS(k3::testing::error_of([&] {
+               k3::situ_glu(k3::kernel_table(Isa::kScalar), g.data(), u.data(), 40, 4.0f, 25.0f,
+                            q.data(), d.data());
+             }),
+             "40 elements are not whole 32-groups");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,5 @@
 #include "model/dense_mlp.h"
 
-#include "kernels/vec.h"
-
 namespace k3 {
 
 void situ_mlp_forward(const K3Config& c, const Compute& compute, const Matrix& gate,
@@ -19,7 +17,7 @@ void situ_down(const K3Config& c, const Compute& compute, const Matrix& down, fl
   const float beta = static_cast<float>(c.activation_situ_beta);
   const float beta_linear = static_cast<float>(c.activation_situ_linear_beta);
   const size_t inner = static_cast<size_t>(down.cols);
-  for (size_t i = 0; i < n * inner; ++i) G[i] = situ(G[i], U[i], beta, beta_linear);
+  situ_glu(*compute.kernels, G, U, n * inner, beta, beta_linear);
   matmul_chunk(compute, down, G, n, out);
 }
 

@@ -26,17 +26,13 @@ void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e
     matmul_mxfp4_idot(kt, gate_w, zq8, zd, m, gate);
     matmul_mxfp4_idot(kt, up_w, zq8, zd, m, up);
     // SiTU fused with the down projection's activation quantisation, one 32-group at a time.
-    for (size_t g = 0; g < m * I / 32; ++g) {
-      for (size_t i = g * 32; i < g * 32 + 32; ++i)
-        gate[i] = situ(gate[i], up[i], beta, beta_linear);
-      kt.quantize_q8_32(gate + g * 32, 32, hq8 + g * 32, hd + g);
-    }
+    situ_glu(kt, gate, up, m * I, beta, beta_linear, hq8, hd);
     matmul_mxfp4_idot(kt, down_w, hq8, hd, m, down);
   } else {
     // Row-stable on every ISA (tests/mxfp4_kernels_test.cpp), so m rows take one call.
     matmul_mxfp4_exact(kt, gate_w, z, m, gate);
     matmul_mxfp4_exact(kt, up_w, z, m, up);
-    for (size_t i = 0; i < m * I; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+    situ_glu(kt, gate, up, m * I, beta, beta_linear);
     matmul_mxfp4_exact(kt, down_w, gate, m, down);
   }
 }
