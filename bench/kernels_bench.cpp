@@ -617,6 +617,46 @@ int run_kernels(const KernelsArgs& a) {
     }
   }
 
+  // SiTU-GLU (KernelTable::situ_glu): one thread, 3,072 x 32 elements (an expert's gate and up
+  // for a chunk of 32 rows, in the L2), on every ISA this CPU runs, against the scalar twin and
+  // glibc's tanhf / expf (the SiTU of src/kernels/include/kernels/vec.h before its own exp and
+  // tanh).
+  if (selected(a, "situ")) {
+    std::printf("\n== SiTU-GLU, one thread, 98,304 elements\n");
+    const size_t count = 3072 * 32;
+    std::vector<float> gate(count), up(count), work(count);
+    fill_floats(gate.data(), count, 31);
+    fill_floats(up.data(), count, 32);
+    for (float& g : gate) g *= 8.0f;
+    for (float& u : up) u *= 40.0f;
+    omp_set_num_threads(1);
+    auto time_rows = [&](const auto& fn) {
+      const Timing t = measure(0.5, 5, fn, fn);
+      return t.best / static_cast<double>(count) * 1e9;
+    };
+    const double libm = time_rows([&] {
+      for (size_t i = 0; i < count; ++i)
+        work[i] = 4.0f * std::tanh(gate[i] / 4.0f) / (1.0f + std::exp(-gate[i])) *
+                  (25.0f * std::tanh(up[i] / 25.0f));
+    });
+    double scalar_ns = 0;
+    for (const k3::Isa each : {k3::Isa::kScalar, k3::Isa::kAvx2, k3::Isa::kAvx512}) {
+      if (!k3::isa_supported(each)) continue;
+      const k3::KernelTable& t = k3::kernel_table(each);
+      const double ns = time_rows([&] {
+        std::copy(gate.begin(), gate.end(), work.begin());
+        t.situ_glu(work.data(), up.data(), count, 4.0f, 25.0f);
+      });
+      if (each == k3::Isa::kScalar) scalar_ns = ns;
+      const std::string name = std::string("situ_") + k3::isa_name(each);
+      std::printf(
+          "%-14s %6.2f ns/element: x%.1f the scalar twin, x%.1f glibc's tanhf/expf (%.2f)\n",
+          name.c_str(), ns, scalar_ns / ns, libm / ns, libm);
+      add_result(name, ns, "ns/element", libm / ns, 1.0);
+    }
+    omp_set_num_threads(threads);
+  }
+
   run_probe("end");
 
   // The reference: the highest probe of the run.

@@ -309,9 +309,17 @@ TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
   }
 }
 
-// The defaults on every SIMD variant against the scalar twin, every layer: the integer dots are
-// bit-identical by contract and the float kernels differ in summation order only (measured
-// <= 7e-7 everywhere, argmax 20/20), so a broken SIMD kernel shows in the layer it enters.
+// The defaults on every SIMD variant against the scalar twin, every layer: the integer dots and
+// SiTU are bit-identical by contract and the float kernels differ in summation order only
+// (~1e-7), so a broken SIMD kernel shows in the layer it enters. One thing moves a layer further
+// without any kernel being wrong: a ~1e-7 difference can flip the rounding of a q8 activation
+// sitting at a half (up to ~2.5e-5 of the elements at 1e-7, so about one flip is expected over this
+// fixture's ~50,000 quantised values), and a flipped q8 value moves its matrix's output by
+// ~1e-3. Measured: <= 2.3e-7 through layer 5 on every ISA, then a flip in layer 6's MLA
+// attention (2.1e-3; layer 7 1.0e-2, logits 5.4e-3, argmax 20/20). The check: every site within
+// 1e-5 up to the first that is not; that one not before layer 4, so that the dense MLP (layer
+// 0), KDA (0-2), the routed experts (1-3) and MLA (3) are all compared strictly first; from there
+// within 0.05 (a flip's scale with margin), and the logits' argmax equal everywhere.
 TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
   const std::vector<k3::Isa> simd = k3::testing::simd_isas();
   if (simd.empty())
@@ -324,10 +332,17 @@ TEST(QuantDrift, SimdDefaultsEqualTheScalarTwin) {
     SCOPED_TRACE(k3::isa_name(isa));
     const Drift d = drift(run_path(k3::LoadOptions{}, isa, golden), scalar,
                           std::string("defaults, ") + k3::isa_name(isa) + " vs scalar");
+    bool flipped = false;
     for (size_t l = 0; l < d.layers.size(); ++l)
-      for (size_t k = 0; k < 3; ++k)
-        EXPECT_LE(d.layers[l][k], 1e-5) << "layer." << l << "." << kSites[k];
-    EXPECT_LE(d.logits, 1e-5);
+      for (size_t k = 0; k < 3; ++k) {
+        if (!flipped && d.layers[l][k] > 1e-5) {
+          flipped = true;
+          EXPECT_GE(l, 4u) << "layer." << l << "." << kSites[k] << " is the first site over 1e-5 ("
+                           << d.layers[l][k] << "): a SIMD kernel differs from its scalar twin";
+        }
+        EXPECT_LE(d.layers[l][k], flipped ? 0.05 : 1e-5) << "layer." << l << "." << kSites[k];
+      }
+    EXPECT_LE(d.logits, flipped ? 0.05 : 1e-5);
     EXPECT_EQ(d.agree, d.positions);
   }
 }

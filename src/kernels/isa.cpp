@@ -16,7 +16,8 @@ namespace {
         impl::matmul_mxfp4_idot_##suffix, impl::matmul_int4_idot_##suffix,                        \
         impl::matmul_int8_idot_##suffix, impl::kda_head_step_##suffix,                            \
         impl::kda_head_chunk_##suffix, impl::mla_head_attend_##suffix,                            \
-        impl::quantize_int8_row_##quant, impl::quantize_int4_g64_row_##quant                      \
+        impl::quantize_int8_row_##quant, impl::quantize_int4_g64_row_##quant,                     \
+        impl::situ_glu_##suffix                                                                   \
   }
 
 const KernelTable kScalar = K3_TABLE(Isa::kScalar, scalar, scalar);

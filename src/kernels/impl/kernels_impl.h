@@ -1,5 +1,6 @@
 // kernels/impl/kernels_impl.h — the per-ISA kernel functions behind KernelTable (kernels/isa.h).
-// Internal to kernels/: dense_<isa>.cpp and mxfp4_<isa>.cpp implement them; isa.cpp assembles
+// Internal to kernels/: dense_<isa>.cpp, mxfp4_<isa>.cpp, attention_<isa>.cpp and situ_<isa>.cpp
+// implement them; isa.cpp assembles
 // the tables. The AVX2 and AVX-512 files are compiled with their own -m flags and are only
 // called after a run-time CPU check.
 #pragma once
@@ -37,7 +38,8 @@ namespace k3::impl {
                                 float scale, float* scores, float* lat);                           \
   void kda_head_chunk_##suffix(float* S, const float* q, const float* k, const float* v,           \
                                const float* a, size_t ld, const float* beta, size_t ldb, size_t n, \
-                               size_t dk, size_t bt, float* scratch, float* o);
+                               size_t dk, size_t bt, float* scratch, float* o);                    \
+  void situ_glu_##suffix(float* gate, const float* up, size_t n, float beta, float beta_linear);
 
 K3_DECLARE_KERNELS(scalar)
 K3_DECLARE_KERNELS(avx2)

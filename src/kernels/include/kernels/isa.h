@@ -117,6 +117,10 @@ struct KernelTable {
   // half to even, NaN levels 0.
   void (*quantize_int8_row)(const float* w, size_t cols, int8_t* q, float* scale);
   void (*quantize_int4_g64_row)(const float* w, size_t cols, uint8_t* packed, float* scales);
+
+  // SiTU-GLU in place over n elements: gate[i] = situ(gate[i], up[i], beta, beta_linear), the
+  // scalar definition of kernels/vec.h bit for bit on every ISA.
+  void (*situ_glu)(float* gate, const float* up, size_t n, float beta, float beta_linear);
 };
 
 // Floats of kda_head_chunk's scratch for sub-chunks of `bt` rows and heads of `dk` channels.

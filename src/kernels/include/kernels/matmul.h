@@ -79,9 +79,9 @@ void quantize_q8_32(const KernelTable& k, const float* X, size_t n, size_t cols,
                     float* D);
 
 // The SiTU-GLU of an MLP's gate and up rows, in place: gate[i] = situ(gate[i], up[i], beta,
-// beta_linear) (kernels/vec.h) for i < count; with Q8 given, each 32-group of the result is then
-// quantised for the down projection's integer path (quantize_q8_32: Q8 [count], D [count / 32];
-// count % 32 == 0, else k3::Error). Three scalar transcendentals an element (~20 ns): the 32-groups
+// beta_linear) (kernels/vec.h, bit for bit: KernelTable::situ_glu) for i < count; with Q8 given,
+// each 32-group of the result is then quantised for the down projection's integer path
+// (quantize_q8_32: Q8 [count], D [count / 32]; count % 32 == 0, else k3::Error). The 32-groups
 // are split across the threads in contiguous blocks, and every element and group is computed as
 // one thread computes it, so the result does not depend on the thread count.
 void situ_glu(const KernelTable& k, float* gate, const float* up, size_t count, float beta,
