@@ -331,8 +331,9 @@ std::vector<uint32_t> situ_bits(const std::vector<float>& v) {
 
 // situ_glu: element by element the scalar SiTU of kernels/vec.h on every ISA (the SIMD rows and
 // their scalar tails, special values included), each 32-group then quantised by the table's
-// quantize_q8_32, whatever the thread count; sizes below and above its one-thread threshold
-// (2,048 elements), and a partial last group.
+// quantize_q8_32, whatever the thread count; three pairs of betas; sizes below and above its
+// one-thread threshold (16,384 elements on the SIMD tables, 128 on the scalar one), and a partial
+// last group.
 TEST(KernelsDenseMatmul, SituGluEqualsTheScalarLoopOnEveryThreadCount) {
   std::mt19937 rng(8);
   const int saved = omp_get_max_threads();
@@ -340,39 +341,43 @@ TEST(KernelsDenseMatmul, SituGluEqualsTheScalarLoopOnEveryThreadCount) {
   const float specials[] = {0.0f,     -0.0f,   inf,     -inf,     NAN,    2.5f,   -2.5f,  2.4999f,
                             -2.4999f, 15.624f, 15.626f, -15.626f, 90.0f,  -90.0f, 400.0f, -400.0f,
                             1e-30f,   -1e-30f, 3e38f,   -3e38f,   1e-40f, 36.0f,  -36.0f, 1.0f};
-  for (const size_t count : {size_t{32}, size_t{1000}, size_t{3072}, size_t{2 * 3072 + 32}}) {
-    std::vector<float> gate = random_floats(count, rng), up = random_floats(count, rng);
-    for (float& g : gate) g *= 8.0f;  // past the tanh knee of beta = 4
-    for (float& u : up) u *= 40.0f;
-    // Specials on both inputs, at positions that land in SIMD rows and in the tails.
-    for (size_t j = 0; j < std::size(specials) && j < count; ++j) {
-      gate[(j * 37) % count] = specials[j];
-      up[(j * 53 + 5) % count] = specials[std::size(specials) - 1 - j];
-    }
-    std::vector<float> want(count);
-    for (size_t i = 0; i < count; ++i) want[i] = k3::situ(gate[i], up[i], 4.0f, 25.0f);
-    const bool whole = count % 32 == 0;  // 1000: a partial last group, SiTU only
-    for (Isa isa : k3::testing::twin_isas()) {
-      const KernelTable& k = k3::kernel_table(isa);
-      std::vector<int8_t> want_q(count), q(count);
-      std::vector<float> want_d(count / 32), d(count / 32);
-      if (whole) k3::quantize_q8_32(k, want.data(), 1, count, want_q.data(), want_d.data());
-      for (int threads : {1, 2, 3}) {
-        omp_set_num_threads(threads);
-        std::vector<float> g = gate;
-        k3::situ_glu(k, g.data(), up.data(), count, 4.0f, 25.0f);
-        ASSERT_EQ(situ_bits(g), situ_bits(want))
-            << k3::isa_name(isa) << " count=" << count << " threads=" << threads;
-        if (!whole) continue;
-        g = gate;
-        k3::situ_glu(k, g.data(), up.data(), count, 4.0f, 25.0f, q.data(), d.data());
-        ASSERT_EQ(situ_bits(g), situ_bits(want));
-        ASSERT_EQ(q, want_q) << k3::isa_name(isa) << " count=" << count << " " << threads;
-        ASSERT_EQ(std::memcmp(d.data(), want_d.data(), d.size() * sizeof(float)), 0);
+  struct Betas {
+    float beta, beta_linear;
+  };
+  for (const Betas b : {Betas{4.0f, 25.0f}, Betas{1.0f, 0.5f}, Betas{1e3f, 3.0f}})
+    for (const size_t count : {size_t{32}, size_t{1000}, size_t{3072}, size_t{6 * 3072 + 32}}) {
+      std::vector<float> gate = random_floats(count, rng), up = random_floats(count, rng);
+      for (float& g : gate) g *= 8.0f;  // past the tanh knee of beta = 4
+      for (float& u : up) u *= 40.0f;
+      // Specials on both inputs, at positions that land in SIMD rows and in the tails.
+      for (size_t j = 0; j < std::size(specials) && j < count; ++j) {
+        gate[(j * 37) % count] = specials[j];
+        up[(j * 53 + 5) % count] = specials[std::size(specials) - 1 - j];
       }
-      omp_set_num_threads(saved);
+      std::vector<float> want(count);
+      for (size_t i = 0; i < count; ++i) want[i] = k3::situ(gate[i], up[i], b.beta, b.beta_linear);
+      const bool whole = count % 32 == 0;  // 1000: a partial last group, SiTU only
+      for (Isa isa : k3::testing::twin_isas()) {
+        const KernelTable& k = k3::kernel_table(isa);
+        std::vector<int8_t> want_q(count), q(count);
+        std::vector<float> want_d(count / 32), d(count / 32);
+        if (whole) k3::quantize_q8_32(k, want.data(), 1, count, want_q.data(), want_d.data());
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> g = gate;
+          k3::situ_glu(k, g.data(), up.data(), count, b.beta, b.beta_linear);
+          ASSERT_EQ(situ_bits(g), situ_bits(want)) << k3::isa_name(isa) << " count=" << count
+                                                   << " threads=" << threads << " beta=" << b.beta;
+          if (!whole) continue;
+          g = gate;
+          k3::situ_glu(k, g.data(), up.data(), count, b.beta, b.beta_linear, q.data(), d.data());
+          ASSERT_EQ(situ_bits(g), situ_bits(want));
+          ASSERT_EQ(q, want_q) << k3::isa_name(isa) << " count=" << count << " " << threads;
+          ASSERT_EQ(std::memcmp(d.data(), want_d.data(), d.size() * sizeof(float)), 0);
+        }
+        omp_set_num_threads(saved);
+      }
     }
-  }
   // The quantisation needs whole 32-groups.
   std::vector<float> g = random_floats(40, rng), u = random_floats(40, rng);
   std::vector<int8_t> q(64);

@@ -315,7 +315,7 @@ TEST(QuantDrift, DefaultsAgainstTheFloatKernelsOnTheSameWeights) {
 // without any kernel being wrong: a ~1e-7 difference can flip the rounding of a q8 activation
 // sitting at a half (up to ~2.5e-5 of the elements at 1e-7, so about one flip is expected over this
 // fixture's ~50,000 quantised values), and a flipped q8 value moves its matrix's output by
-// ~1e-3. Measured: <= 2.3e-7 through layer 5 on every ISA, then a flip in layer 6's MLA
+// ~1e-3. Measured: <= 2.5e-7 through layer 5 on every ISA, then a flip in layer 6's MLA
 // attention (2.1e-3; layer 7 1.0e-2, logits 5.4e-3, argmax 20/20). The check: every site within
 // 1e-5 up to the first that is not; that one not before layer 4, so that the dense MLP (layer
 // 0), KDA (0-2), the routed experts (1-3) and MLA (3) are all compared strictly first; from there

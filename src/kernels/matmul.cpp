@@ -245,10 +245,12 @@ void situ_glu(const KernelTable& k, float* gate, const float* up, size_t count, 
     throw Error("situ_glu: " + std::to_string(count) +
                 " elements are not whole 32-groups for the int8 quantisation");
   const size_t groups = (count + 31) / 32;
-  // A SiTU element costs about as much as 16 weight multiply-adds of split_rows' measure (~1 ns
-  // on AVX-512, 20 scalar): one thread below 2,048 elements, where a fork/join costs about as
-  // much as it saves.
-  split_rows(groups, count * 16, [&](size_t begin, size_t end) {
+  // split_rows' measure in weight multiply-adds: a SiTU element costs about 2 of them on AVX2 /
+  // AVX-512 (1.2-2.4 ns) and 256 in the scalar twin (~28 ns), so one thread below 16,384
+  // elements (~20 us on AVX-512) or 128 scalar ones: a decode step's 3,072 (~4 us) are not worth
+  // a fork/join.
+  const size_t cost = k.isa == Isa::kScalar ? 256 : 2;
+  split_rows(groups, count * cost, [&](size_t begin, size_t end) {
     const size_t lo = begin * 32, hi = std::min(count, end * 32);
     k.situ_glu(gate + lo, up + lo, hi - lo, beta, beta_linear);
     if (Q8 != nullptr) k.quantize_q8_32(gate + lo, hi - lo, Q8 + lo, D + begin);

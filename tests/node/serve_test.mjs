@@ -79,9 +79,9 @@ const ck3Srv = lazy('ckpt3', ['--ckpt', '3']);
 const coldSrv = lazy('cold', ['--ckpt', '0']);
 // One session (--parallel 1) where the checks are about one generation at a time and its queue;
 // tests/node/parallel_test.mjs covers several sessions.
-// --chunk 32: a prompt is prefilled in pieces of 32 ids with the 30 ms test delay after each, so
-// a ~400-token prefill lasts over 0.36 s however fast the machine computes it (the chunk does not
-// change the logits).
+// --chunk 32: a prompt is prefilled in pieces of 32 ids with the 30 ms test delay after each but
+// the last, so a ~400-token prefill lasts over 0.36 s however fast the machine computes it (the
+// chunk does not change the logits).
 const slowSrv = lazy('slow', ['--parallel', '1', '--token-delay-ms', '30', '--ckpt', '2', '--chunk', '32']);
 const queueSrv = lazy('queue1', ['--parallel', '1', '--max-queue', '1', '--token-delay-ms', '40']);
 const qtimeoutSrv = lazy('qtimeout', ['--parallel', '1', '--queue-timeout', '1', '--token-delay-ms', '40']);
@@ -1147,7 +1147,7 @@ await check('abort.then_same_prompt_equals_cold', async () => {
 // A disconnect during the prefill: the client leaves as soon as the role chunk arrives (it is
 // sent when the request is admitted, before the prefill of this ~400-token prompt starts; the
 // server looks for a gone client every 100 ms, and the slow server's prefill of it takes over
-// 0.36 s: 13 pieces of 32 ids with 30 ms after each; in one piece it once ended first). The
+// 0.36 s: 13 pieces of 32 ids, 30 ms after each but the last; in one piece it once ended first). The
 // server counts the cancellation in the prefill phase (/metrics k3_cancelled_total, not in
 // decode, which would mean the prefill had ended first), and the same prompt afterwards gets the
 // cold answer.

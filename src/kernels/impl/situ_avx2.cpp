@@ -1,12 +1,12 @@
 // kernels/impl/situ_avx2.cpp — SiTU-GLU over a row, 8 lanes at a time: kernels/vec.h's situ()
 // (situ_exp, situ_tanh) with the same f32 operations in the same order on every lane, both tanh
-// branches computed and blended, NaN lanes given back as situ() gives them; the tail (n % 8) is
-// situ() itself. Bit for bit equal to the scalar twin (tests/dense_kernels_test.cpp). Compiled
-// with -mavx2 -mfma (and -ffp-contract=off, as every file: no multiply-add is fused); called only
-// after a run-time CPU check (isa.cpp).
+// branches computed and blended, NaN lanes given back as situ() gives them; the tail (n % 8) goes
+// to the scalar twin's file (situ_scalar.cpp), so that no copy of vec.h's inline functions is
+// compiled here with this file's -m flags. Bit for bit equal to the scalar twin
+// (tests/dense_kernels_test.cpp). Compiled with -mavx2 -mfma (and -ffp-contract=off, as every file:
+// no multiply-add is fused); called only after a run-time CPU check (isa.cpp).
 #include <immintrin.h>
 
-#include "kernels/vec.h"
 #include "kernels_impl.h"
 
 namespace k3::impl {
@@ -72,7 +72,7 @@ void situ_glu_avx2(float* gate, const float* up, size_t n, float beta, float bet
     const __m256 right = _mm256_mul_ps(vbl, tanh8(_mm256_div_ps(u, vbl), sign));
     _mm256_storeu_ps(gate + i, _mm256_mul_ps(left, right));
   }
-  for (; i < n; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+  situ_glu_scalar(gate + i, up + i, n - i, beta, beta_linear);
 }
 
 }  // namespace k3::impl

@@ -1,17 +1,18 @@
 // kernels/impl/situ_avx512.cpp — SiTU-GLU over a row, 16 lanes at a time: kernels/vec.h's situ()
 // (situ_exp, situ_tanh) with the same f32 operations in the same order on every lane, both tanh
-// branches computed and blended, NaN lanes given back as situ() gives them; the tail (n % 16) is
-// situ() itself. Bit for bit equal to the scalar twin (tests/dense_kernels_test.cpp). Compiled
-// with the AVX-512 flags; called only after a run-time CPU check (isa.cpp).
-// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
-// uninitialised (a known false positive); the headers are included with that warning off.
+// branches computed and blended, NaN lanes given back as situ() gives them; the tail (n % 16) goes
+// to the scalar twin's file (situ_scalar.cpp), so that no copy of vec.h's inline functions is
+// compiled here with this file's -m flags. Bit for bit equal to the scalar twin
+// (tests/dense_kernels_test.cpp). Compiled with the AVX-512 flags; called only after a run-time CPU
+// check (isa.cpp). GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic
+// headers as uninitialised (a known false positive); the headers are included with that warning
+// off.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
-#include "kernels/vec.h"
 #include "kernels_impl.h"
 
 namespace k3::impl {
@@ -78,7 +79,7 @@ void situ_glu_avx512(float* gate, const float* up, size_t n, float beta, float b
     const __m512 right = _mm512_mul_ps(vbl, tanh16(_mm512_div_ps(u, vbl)));
     _mm512_storeu_ps(gate + i, _mm512_mul_ps(left, right));
   }
-  for (; i < n; ++i) gate[i] = situ(gate[i], up[i], beta, beta_linear);
+  situ_glu_scalar(gate + i, up + i, n - i, beta, beta_linear);
 }
 
 }  // namespace k3::impl

@@ -17,7 +17,7 @@ inline float silu(float x) {
 // The exp and tanh of SiTU, in plain f32 multiplies, adds, divides and compares (no FMA, no libm),
 // so that the AVX2 and AVX-512 SiTU kernels (KernelTable::situ_glu, kernels/impl/situ_*.cpp)
 // reproduce them bit for bit on every lane; ~1-2 ulp from the correctly rounded values
-// (tests/dense_kernels_test.cpp checks against double precision). NaN comes back as the NaN it
+// (tests/kernels_test.cpp checks against double precision). NaN comes back as the NaN it
 // was given.
 //
 // situ_exp: e^x = 2^n e^r, x clamped to [-87, 88] (so 2^n and the result stay normal floats:
