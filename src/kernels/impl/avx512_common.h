@@ -4,7 +4,7 @@
 // its own copy.
 #pragma once
 
-#include <immintrin.h>
+#include "avx512_intrin.h"
 
 namespace k3::impl {
 namespace {

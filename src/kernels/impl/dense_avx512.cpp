@@ -21,13 +21,6 @@
 // Column tails use masked loads. Results of the float kernels match the scalar twins up to
 // summation order (int4 also rounds s_g * (k - 8) to f32 before multiplying); a row's result
 // does not depend on the row range it is computed in.
-//
-// GCC 12's _mm512_undefined_* self-initialise and trip -W(maybe-)uninitialized once inlined
-// (GCC PR 105593, fixed in 13); the warning is about the header, not this code.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -36,6 +29,7 @@
 #include <vector>
 
 #include "avx512_common.h"
+#include "avx512_intrin.h"
 #include "kernels_impl.h"
 #include "x86_common.h"
 

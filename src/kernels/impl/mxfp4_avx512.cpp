@@ -25,19 +25,12 @@
 // With few activation rows (<= 8 integer, <= 4 exact) each group is decoded straight into
 // registers and applied to every row; with more, 4..16 groups are decoded into a buffer and
 // applied to up to 64 activation rows 8 at a time: each weight is decoded once per 64 rows.
-// GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic headers as
-// uninitialised (a known false positive); the headers are included with that warning off.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "avx512_common.h"
+#include "avx512_intrin.h"
 #include "kernels/mxfp4.h"
 #include "kernels_impl.h"
 #include "mxfp4_common.h"

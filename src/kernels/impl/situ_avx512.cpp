@@ -4,15 +4,8 @@
 // to the scalar twin's file (situ_scalar.cpp), so that no copy of vec.h's inline functions is
 // compiled here with this file's -m flags. Bit for bit equal to the scalar twin
 // (tests/dense_kernels_test.cpp). Compiled with the AVX-512 flags; called only after a run-time CPU
-// check (isa.cpp). GCC 12 reports its own _mm512_undefined_*() placeholders inside the intrinsic
-// headers as uninitialised (a known false positive); the headers are included with that warning
-// off.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
-
+// check (isa.cpp).
+#include "avx512_intrin.h"
 #include "kernels_impl.h"
 
 namespace k3::impl {
