@@ -3,7 +3,7 @@
 # item 5): bytes from RAM per token and tok/s / the DRAM floor, the chunked prefill's FLOP/s / the
 # FMA peak, streamed s/token / the drive floor; `k3_bench kernels` (one small MXFP4 expert) prints
 # each kernel's cycles per weight byte beside its cpu share, the core clock, and what binds the
-# one-row kernel (item 4). Only that the figures are there and numeric:
+# one-row kernel (item 4), and SiTU's ns per element. Only that the figures are there and numeric:
 # timings are never assertions. Usage: bench_floors_test.sh <k3_bench> <model_dir>
 set -u
 bench=$1 model=$2
@@ -49,8 +49,15 @@ else
     "^mxfp4_idot: $num cycles/byte on one core from the LLC = [0-9]+% of the DRAM run's $num; bound by (its instructions|its instructions and memory stalls|memory stalls)$" \
     "^RESULT mxfp4_idot_rows1_in_cache_cycles_per_byte $num cyc/B"
 fi
+# SiTU per element on every ISA the CPU runs (the scalar twin always).
+situ=$("$bench" kernels --only situ --seconds 0.01 --no-ggml --dram-gib 0.0625 2>&1) \
+  || { echo "$situ"; exit 1; }
+check "$situ" \
+  "^== SiTU-GLU, one thread, 98,304 elements$" \
+  "^situ_scalar +$num ns/element: x$num the scalar twin, x$num glibc's tanhf/expf \($num\)$" \
+  "^RESULT situ_scalar $num ns/element ratio=$num$"
 [ $fail -eq 0 ] || {
   echo "--- decode:"; echo "$decode"; echo "--- stream:"; echo "$stream"
-  echo "--- kernels:"; echo "$kernels"
+  echo "--- kernels:"; echo "$kernels"; echo "--- situ:"; echo "$situ"
 }
 exit $fail

@@ -25,7 +25,8 @@ void apply_expert(const K3Config& c, const Compute& compute, const ExpertView& e
   if (compute.idot) {
     matmul_mxfp4_idot(kt, gate_w, zq8, zd, m, gate);
     matmul_mxfp4_idot(kt, up_w, zq8, zd, m, up);
-    // SiTU fused with the down projection's activation quantisation, one 32-group at a time.
+    // SiTU, then the down projection's activation quantisation (situ_glu: the 32-groups split
+    // across the threads).
     situ_glu(kt, gate, up, m * I, beta, beta_linear, hq8, hd);
     matmul_mxfp4_idot(kt, down_w, hq8, hd, m, down);
   } else {
