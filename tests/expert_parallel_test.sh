@@ -173,10 +173,17 @@ else
 fi
 
 # A worker killed mid-decode. --enable-recovery keeps mpirun from ending the job itself, so rank 0
-# must notice (without it mpirun ends every rank at once, which cannot hang either).
+# must notice (without it mpirun ends every rank at once, which cannot hang either). On a copy of
+# k3-tiny without its eos_token_id: greedy from 1,2,3 the fixture writes its eos after 177 ids,
+# and the decode must still be running when the worker dies.
+cp -r "$here/data/k3-tiny" "$tmp/tiny-no-eos"
+sed -i 's/"eos_token_id": 770/"eos_token_id": null/' "$tmp/tiny-no-eos/config.json"
+if grep -q '"eos_token_id": 770' "$tmp/tiny-no-eos/config.json"; then
+  fail "kill: the copy of k3-tiny still has its eos_token_id"
+fi
 err="$tmp/kill.err"
 ids="$tmp/kill.ids"
-timeout "$limit" mpirun --enable-recovery -np 2 --oversubscribe "$kimi" "$here/data/k3-tiny" \
+timeout "$limit" mpirun --enable-recovery -np 2 --oversubscribe "$kimi" "$tmp/tiny-no-eos" \
   --ids 1,2,3 --ngen 50000 --ctx 50010 --ep-timeout 3 --expert-parallel >"$ids" 2>"$err" &
 job=$!
 pids+=("$job")

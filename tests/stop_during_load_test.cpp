@@ -7,6 +7,7 @@
 // timing assertion. The --ids run checks what a pipe holds when SIGTERM arrives mid-generation.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <sstream>
 #include <string>
 
@@ -74,12 +75,21 @@ TEST(StopDuringLoad, KimiCtrlCStopsTheLoad) {
 }
 
 // SIGTERM in the middle of a long --ids generation: the pipe holds every id written before it,
-// one line, ended by the newline of the orderly finish.
+// one line, ended by the newline of the orderly finish. On a copy of k3-tiny without its
+// eos_token_id, so that the generation cannot end by itself before the signal (greedy from
+// 1,2,3 the fixture writes its eos after 177 ids, ~60 ms).
 TEST(StopDuringLoad, KimiIdsOnAPipeKeepTheIdsGeneratedBeforeSigterm) {
   const k3::testing::TempDir dir("stop-ids");
-  const std::string fifo = dir.file("pipe"), out = dir.file("out");
+  const std::string fifo = dir.file("pipe"), out = dir.file("out"), model = dir.file("model");
+  std::filesystem::copy(kTinyDir, model, std::filesystem::copy_options::recursive);
+  std::string config = k3::read_text_file(model + "/config.json");
+  const std::string eos = "\"eos_token_id\": 770";
+  ASSERT_NE(config.find(eos), std::string::npos) << "k3-tiny's config.json changed";
+  for (size_t at; (at = config.find(eos)) != std::string::npos;)
+    config.replace(at, eos.size(), "\"eos_token_id\": null");
+  k3::write_file_atomic(model + "/config.json", config.data(), config.size());
   const Result r =
-      sh("mkfifo " + fifo + "; cat " + fifo + " > " + out + " & c=$!; " + kKimi + " " + kTinyDir +
+      sh("mkfifo " + fifo + "; cat " + fifo + " > " + out + " & c=$!; " + kKimi + " " + model +
          " --ids 1,2,3 --ngen 200000 > " + fifo + " & k=$!; i=0; while [ ! -s " + out +
          " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; " +
          stop_and_wait("k", "TERM", 120) + "; wait $c");
