@@ -1,8 +1,7 @@
 // kernels/impl/kernels_impl.h — the per-ISA kernel functions behind KernelTable (kernels/isa.h).
 // Internal to kernels/: dense_<isa>.cpp, mxfp4_<isa>.cpp, attention_<isa>.cpp and situ_<isa>.cpp
-// implement them; isa.cpp assembles
-// the tables. The AVX2 and AVX-512 files are compiled with their own -m flags and are only
-// called after a run-time CPU check.
+// implement them; isa.cpp assembles the tables. The AVX2 and AVX-512 files are compiled with their
+// own -m flags and are only called after a run-time CPU check.
 #pragma once
 
 #include <cstddef>
