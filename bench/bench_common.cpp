@@ -236,32 +236,50 @@ double sum_range(const float* p, size_t n) {
   return s;
 }
 
-// GB/s of the best pass; *cpu_share as in Timing.
-double dram_probe(size_t bytes, int passes, double* cpu_share) {
-  const size_t n = bytes / sizeof(float);
-  const size_t block = 1 << 14;  // floats per scheduling block (64 KiB)
-  const size_t blocks = n / block;
-  std::unique_ptr<float[], decltype(&std::free)> a(
-      static_cast<float*>(std::aligned_alloc(64, blocks * block * sizeof(float))), &std::free);
-  if (a == nullptr) throw std::bad_alloc();
-  float* p = a.get();
+DramProbe::DramProbe(size_t bytes) : blocks_(bytes / sizeof(float) / kBlock) {
+  float* p = static_cast<float*>(std::aligned_alloc(64, blocks_ * kBlock * sizeof(float)));
+  if (p == nullptr) throw std::bad_alloc();
+  array_.reset(p);
 #pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < blocks; ++b)  // first touch by the thread that will read it
-    for (size_t i = 0; i < block; ++i) p[b * block + i] = static_cast<float>((b + i) & 7);
+  for (size_t b = 0; b < blocks_; ++b)  // first touch by the thread that will read it
+    for (size_t i = 0; i < kBlock; ++i) p[b * kBlock + i] = static_cast<float>((b + i) & 7);
+}
+
+double DramProbe::run(int passes, double* cpu_share) {
+  const float* p = array_.get();
   double best = 1e30, checksum = 0;
   const double wall0 = k3::now_seconds(), cpu0 = process_cpu_seconds();
   for (int pass = 0; pass < passes; ++pass) {
     double total = 0;
     const double t0 = k3::now_seconds();
 #pragma omp parallel for schedule(static) reduction(+ : total)
-    for (size_t b = 0; b < blocks; ++b) total += sum_range(p + b * block, block);
+    for (size_t b = 0; b < blocks_; ++b) total += sum_range(p + b * kBlock, kBlock);
     best = std::min(best, k3::now_seconds() - t0);
     checksum += total;
   }
   *cpu_share =
       (process_cpu_seconds() - cpu0) / ((k3::now_seconds() - wall0) * omp_get_max_threads());
   if (checksum == -1) std::printf("(checksum)\n");  // keeps the sums alive
-  return static_cast<double>(blocks * block * sizeof(float)) / best / 1e9;
+  return static_cast<double>(blocks_ * kBlock * sizeof(float)) / best / 1e9;
+}
+
+double DramProbe::window(size_t bytes) {
+  const size_t want = std::max<size_t>(1, bytes / sizeof(float) / kBlock);
+  const size_t n = std::min(want, blocks_);
+  if (next_ + n > blocks_) next_ = 0;
+  const float* p = array_.get() + next_ * kBlock;
+  next_ += n;
+  double total = 0;
+  const double t0 = k3::now_seconds();
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (size_t b = 0; b < n; ++b) total += sum_range(p + b * kBlock, kBlock);
+  const double seconds = k3::now_seconds() - t0;
+  if (total == -1) std::printf("(checksum)\n");  // keeps the sum alive
+  return static_cast<double>(n * kBlock * sizeof(float)) / seconds / 1e9;
+}
+
+double dram_probe(size_t bytes, int passes, double* cpu_share) {
+  return DramProbe(bytes).run(passes, cpu_share);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -179,6 +181,26 @@ Timing measure(double seconds, int min_passes, Warm&& warm, Pass&& pass) {
 // DRAM probe: threaded sum of a >= 1 GiB float array, best of `passes`; GB/s of the best pass,
 // *cpu_share as in Timing.
 double dram_probe(size_t bytes, int passes, double* cpu_share);
+
+// The same probe with its array allocated and first-touched once, for probes repeated between a
+// kernel's passes (the paired ratios of bench/kernels_bench.cpp).
+class DramProbe {
+ public:
+  explicit DramProbe(size_t bytes);
+  double run(int passes, double* cpu_share);  // GB/s of the best pass
+  // GB/s of one pass over the next `bytes` of the array (at most all of it), the windows taken
+  // in turn, wrapping: a window is re-read only after the rest of the array.
+  double window(size_t bytes);
+
+ private:
+  static constexpr size_t kBlock = size_t{1} << 14;  // floats per scheduling block (64 KiB)
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> array_;
+  size_t blocks_;
+  size_t next_ = 0;  // first block of the next window
+};
 
 // ---------------------------------------------------------------------------------------------
 // Compute probes

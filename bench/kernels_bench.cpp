@@ -7,12 +7,16 @@
 //       int4_idot), and ggml's MXFP4 dot product as a peer when the npm package
 //       @node-llama-cpp/linux-x64 is installed under bench/node_modules. The one-row MXFP4
 //       kernels also run on one core with one expert in the LLC, and the targets say whether
-//       their instructions or the memory stalls bind them (with the instruction mix).
+//       their instructions or the memory stalls bind them (with the instruction mix). Each
+//       one-row figure with a target also gets a ratio paired pass by pass with the probe
+//       (pair_with_probe below), and the MXFP4 integer kernel runs on dense-shaped matrices too.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -144,6 +148,7 @@ struct KernelsArgs : CommonOptions {
   std::string ggml_dir = K3_BENCH_SOURCE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins";
   bool no_ggml = false;
   double dram_gib = 1;            // the DRAM probe's array
+  int pair_passes = 61;           // kernel/probe pass pairs of each paired ratio (0: none)
   std::vector<std::string> only;  // figure-name substrings; empty = everything
 };
 
@@ -153,6 +158,54 @@ bool selected(const KernelsArgs& a, const std::string& prefix) {
   for (const std::string& o : a.only)
     if (prefix.find(o) != std::string::npos || o.find(prefix) != std::string::npos) return true;
   return false;
+}
+
+// Paired ratios. The host's memory bandwidth moves with its other tenants within one run (probes
+// of 27 to 54 GB/s in one run on the 2-core KVM EPYC, and 15 to 54 GB/s between probe passes of a
+// few milliseconds), so the run's highest probe charges a kernel for the contention it met. Each
+// one-row figure with a target is therefore measured again pass by pass, the kernel's passes
+// alternating with probe passes over as many bytes of the probe's array (a window not read for
+// the rest of the array, so from DRAM): a kernel pass's ratio is its GB/s over the mean of the
+// probe passes just before and after it, and the median pass gives the paired ratio. Both
+// ratios are printed.
+struct Paired {
+  std::string name;
+  double median = 0;
+};
+std::vector<Paired> g_paired;
+
+template <typename Pass>
+void pair_with_probe(const KernelsArgs& a, DramProbe& probe, const std::string& name, double bytes,
+                     Pass&& pass) {
+  if (a.pair_passes <= 0) return;
+  pass();  // warm-up
+  std::vector<double> ratios, probes;
+  const double wall0 = k3::now_seconds(), cpu0 = process_cpu_seconds();
+  probes.push_back(probe.window(static_cast<size_t>(bytes)));
+  for (int r = 0; r < a.pair_passes; ++r) {
+    const double t0 = k3::now_seconds();
+    pass();
+    const double kernel = bytes / (k3::now_seconds() - t0) / 1e9;
+    probes.push_back(probe.window(static_cast<size_t>(bytes)));
+    ratios.push_back(kernel / (0.5 * (probes[probes.size() - 2] + probes.back())));
+  }
+  const double cpu =
+      (process_cpu_seconds() - cpu0) / ((k3::now_seconds() - wall0) * omp_get_max_threads());
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double m = median(ratios);
+  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+  const auto [plo, phi] = std::minmax_element(probes.begin(), probes.end());
+  std::printf(
+      "%s paired with the probe, %d passes: GB/s / the mean of the probe passes beside it: median "
+      "%.2f (%.2f "
+      "to %.2f; probe passes %.1f to %.1f GB/s, median %.1f; cpu %.0f%%)\n",
+      name.c_str(), a.pair_passes, m, *lo, *hi, *plo, *phi, median(probes), 100.0 * cpu);
+  std::fflush(stdout);
+  g_paired.push_back({name, m});
+  add_result(name + "_paired", m, "x", m, cpu);
 }
 
 // The vector instructions the one-row MXFP4 kernels spend per weight byte (counted from
@@ -187,14 +240,24 @@ void print_targets(k3::Isa isa) {
       if (r.name == name) return &r;
     return nullptr;
   };
-  std::printf("\n== targets (informative; timings are not test assertions)\n");
+  std::printf(
+      "\n== targets (informative; timings are not test assertions; a ratio to the DRAM probe is "
+      "judged on the paired ratio where there is one, the ratio to the run's highest probe "
+      "beside it)\n");
   auto check = [&](const std::string& name, bool use_ratio, double want, const char* what) {
     const Result* r = find(name);
     if (!r) return;
-    const double v = use_ratio ? r->ratio : r->value;
-    char note[64] = "";
+    double v = use_ratio ? r->ratio : r->value;
+    char note[96] = "";
     if (r->cpu < 0.9)
       std::snprintf(note, sizeof note, "  (contended: cpu %.0f%%, not meaningful)", 100.0 * r->cpu);
+    if (use_ratio)
+      for (const Paired& p : g_paired)
+        if (p.name == name) {
+          std::snprintf(note + std::strlen(note), sizeof note - std::strlen(note),
+                        "  (paired; x the highest probe %.2f)", v);
+          v = p.median;
+        }
     std::printf("%-44s %-26s %7.2f  %s%s\n", name.c_str(), what, v, v >= want ? "met" : "MISSED",
                 note);
   };
@@ -284,9 +347,10 @@ int run_kernels(const KernelsArgs& a) {
     double gbs, cpu;
   };
   std::vector<Probe> probes;
+  DramProbe probe(probe_bytes);  // also the paired ratios' probe
   auto run_probe = [&](const char* name) {
     double cpu = 0;
-    const double gbs = dram_probe(probe_bytes, 5, &cpu);
+    const double gbs = probe.run(5, &cpu);
     probes.push_back({name, gbs, cpu});
     std::printf(
         "\n== DRAM read probe (%s): sum of a %.2f GiB float array, %d threads, best of 5 passes: "
@@ -375,6 +439,10 @@ int run_kernels(const KernelsArgs& a) {
         print_row(name, n, pass_bytes, t, per_row);
         if (n == 1) cpu1 = t.cpu_share;
         add_bandwidth(name, gbs, t.cpu_share);
+        if (n == 1)
+          pair_with_probe(a, probe, name, pass_bytes, [&] {
+            for (const Expert& e : experts) call(e, 1);
+          });
         if (n > 1)
           add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
                      std::min(cpu1, t.cpu_share));
@@ -391,6 +459,29 @@ int run_kernels(const KernelsArgs& a) {
         std::printf("%s_rows1_in_cache: skipped (one expert, %.2f MB, is over 2/3 of the LLC)\n",
                     path.c_str(), expert_bytes / 1e6);
       }
+    }
+
+    // The same kernel on four dense-shaped matrices (12288 x 7168: rows twice as long as an
+    // expert's, one call per 94 MB instead of per 5.5 MB): what the expert's shape costs.
+    if (selected(a, "mxfp4_idot_12288x7168")) {
+      std::vector<Mx> big;
+      double big_bytes = 0;
+      for (int m = 0; m < 4; ++m) {
+        big.push_back(random_mx(12288, 7168, 9000 + static_cast<uint64_t>(m)));
+        big_bytes += static_cast<double>(big.back().bytes());
+      }
+      std::vector<float> x(7168), d(7168 / 32), y(12288);
+      std::vector<int8_t> q(7168);
+      fill_floats(x.data(), x.size(), 778);
+      k3::quantize_q8_32(k, x.data(), 1, x.size(), q.data(), d.data());
+      auto pass = [&] {
+        for (const Mx& m : big) k3::matmul_mxfp4_idot(k, m.view(), q.data(), d.data(), 1, y.data());
+      };
+      print_header("MXFP4 12288x7168 (dense shape), idot, 4 distinct matrices rotated");
+      const Timing t = measure(a.seconds, 3, pass, pass);
+      print_row("mxfp4_idot_12288x7168_rows1", 1, big_bytes, t, 0);
+      add_bandwidth("mxfp4_idot_12288x7168_rows1", big_bytes / t.best / 1e9, t.cpu_share);
+      pair_with_probe(a, probe, "mxfp4_idot_12288x7168_rows1", big_bytes, pass);
     }
 
     // ggml peer on the same experts.
@@ -543,7 +634,9 @@ int run_kernels(const KernelsArgs& a) {
       // One figure of a 1-row / 64-row series (1 row first): GB/s, and for 64 rows the per-row
       // ratio to the series' 1-row figure.
       double gbs1 = 0, cpu1 = 1;
-      auto report = [&](const std::string& name_base, size_t n, const Timing& t) {
+      // pass1: one pass of the series at one row, for the paired ratio.
+      auto report = [&](const std::string& name_base, size_t n, const Timing& t,
+                        const std::function<void()>& pass1) {
         const double gbs = bytes / t.best / 1e9;
         const std::string name = name_base + "_rows" + std::to_string(n);
         double per_row = 0;
@@ -557,6 +650,7 @@ int run_kernels(const KernelsArgs& a) {
         if (n > 1)
           add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
                      std::min(cpu1, t.cpu_share));
+        if (n == 1) pair_with_probe(a, probe, name, bytes, pass1);
       };
       if (sel_plain) {
         std::snprintf(title, sizeof title,
@@ -566,12 +660,12 @@ int run_kernels(const KernelsArgs& a) {
                       count, bytes / 1e6);
         print_header(title);
         for (const size_t n : {size_t{1}, size_t{64}}) {
+          auto pass = [&] {
+            for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
+          };
           const Timing t = measure(
-              a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); },
-              [&] {
-                for (const k3::WeightMatrix& W : mats) k3::matmul(k, W, X.data(), n, Y.data());
-              });
-          report(base, n, t);
+              a.seconds, 3, [&] { k3::matmul(k, mats[0], X.data(), n, Y.data()); }, pass);
+          report(base, n, t, pass);
         }
       }
       if (sel_idot) {
@@ -596,17 +690,18 @@ int run_kernels(const KernelsArgs& a) {
             k3::matmul_int4_idot(k, W, Q8.data(), D.data(), n, Y.data());
         };
         for (const size_t n : {size_t{1}, size_t{64}}) {
+          auto pass = [&] {
+            k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
+            for (const k3::WeightMatrix& W : mats) idot(W, n);
+          };
           const Timing t = measure(
               a.seconds, 3,
               [&] {
                 k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
                 idot(mats[0], n);
               },
-              [&] {
-                k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data());
-                for (const k3::WeightMatrix& W : mats) idot(W, n);
-              });
-          report(idot_base, n, t);
+              pass);
+          report(idot_base, n, t, pass);
           const Timing q = measure(
               0.2, 3, [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); },
               [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); });
@@ -713,6 +808,11 @@ Subcommand register_kernels(CLI::App& app) {
   c.flag("--no-ggml", a->no_ggml, "skip the ggml peer");
   c.option("--dram-gib", a->dram_gib, "the DRAM probe's array (GiB; well above the LLC)")
       .range(0.01, 64.0)
+      .show_default();
+  c.option("--pair-passes", a->pair_passes,
+           "kernel passes of each one-row target figure, each followed by a DRAM probe pass of "
+           "its bytes (the paired ratio; 0: none)")
+      .range(0, 1000)
       .show_default();
   c.option("--only", a->only,
            "run only the figures whose names contain one of these (e.g. mxfp4_idot, int4, ggml)")

@@ -3,8 +3,9 @@
 # item 5): bytes from RAM per token and tok/s / the DRAM floor, the chunked prefill's FLOP/s / the
 # FMA peak, streamed s/token / the drive floor; `k3_bench kernels` (one small MXFP4 expert) prints
 # each kernel's cycles per weight byte beside its cpu share, the core clock, and what binds the
-# one-row kernel (item 4), and SiTU's ns per element. Only that the figures are there and numeric:
-# timings are never assertions. Usage: bench_floors_test.sh <k3_bench> <model_dir>
+# one-row kernel (item 4) and its ratio paired pass by pass with the probe, and SiTU's ns per
+# element. Only that the figures are there and numeric: timings are never assertions.
+# Usage: bench_floors_test.sh <k3_bench> <model_dir>
 set -u
 bench=$1 model=$2
 num='[0-9]+(\.[0-9]+)?'
@@ -30,8 +31,8 @@ check "$stream" \
   "^drive: O_DIRECT, 8 x 4 MiB in flight, the shards read whole: $num GB/s" \
   "^  pipe: $num MB/token from the drive / $num GB/s = $num s/token floor; measured $num.x" \
   "^RESULT stream_(wait_all|pipe|pipe_prefetch)_vs_drive_floor $num x ratio=$num$"
-kernels=$("$bench" kernels --only mxfp4_idot --experts 1 --seconds 0.01 --no-ggml \
-          --dram-gib 0.0625 2>&1) || { echo "$kernels"; exit 1; }
+kernels=$("$bench" kernels --only mxfp4_idot_rows --experts 1 --seconds 0.01 --no-ggml \
+          --dram-gib 0.0625 --pair-passes 3 2>&1) || { echo "$kernels"; exit 1; }
 check "$kernels" \
   "^core clock: $num GHz with [0-9]+ threads busy .*; TSC $num GHz\)" \
   "^figure +rows +MB/pass +best ms +med ms +GB/s +med +passes +cpu +cyc/B +per-row$" \
@@ -39,7 +40,10 @@ check "$kernels" \
   "^DRAM reference in core cycles per byte: $num" \
   "^RESULT mxfp4_idot_rows(1|4|16|64)_cycles_per_byte $num cyc/B" \
   "^RESULT dram_probe_cycles_per_byte $num cyc/B" \
-  "^RESULT core_clock $num GHz"
+  "^RESULT core_clock $num GHz" \
+  "^mxfp4_idot_rows1 paired with the probe, 3 passes: GB/s / the mean of the probe passes beside it: median $num \($num to $num; probe passes $num to $num GB/s, median $num; cpu [0-9]+%\)$" \
+  "^mxfp4_idot_rows1 +>= 0.80 x DRAM probe +$num  (met|MISSED)  \(paired; x the highest probe $num\)" \
+  "^RESULT mxfp4_idot_rows1_paired $num x ratio=$num$"
 # What binds the one-row kernel: measured on one core from the LLC where one expert fits there.
 if grep -q "^mxfp4_idot_rows1_in_cache: skipped" <<<"$kernels"; then
   check "$kernels" "^mxfp4_idot_rows1_in_cache: skipped \(one expert, $num MB, is over 2/3 of the LLC\)"
