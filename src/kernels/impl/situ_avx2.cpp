@@ -7,10 +7,15 @@
 // no multiply-add is fused); called only after a run-time CPU check (isa.cpp).
 #include <immintrin.h>
 
+#include <iterator>
+
+#include "kernels/situ_poly.h"
 #include "kernels_impl.h"
 
 namespace k3::impl {
 namespace {
+
+using namespace situ_poly;
 
 inline __m256 set(float v) {
   return _mm256_set1_ps(v);
@@ -18,19 +23,16 @@ inline __m256 set(float v) {
 
 // situ_exp on 8 lanes (NaN lanes: whatever; the callers blend them).
 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, set(-87.0f));
-  x = _mm256_min_ps(x, set(88.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, set(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, set(0.693359375f)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(n, set(-2.12194440e-4f)));
+  x = _mm256_max_ps(x, set(kExpMin));
+  x = _mm256_min_ps(x, set(kExpMax));
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, set(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, set(kLn2High)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, set(kLn2Low)));
   const __m256 z = _mm256_mul_ps(r, r);
-  __m256 p = set(1.9875691500e-4f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), set(1.3981999507e-3f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), set(8.3334519073e-3f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), set(4.1665795894e-2f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), set(1.6666665459e-1f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), set(5.0000001201e-1f));
+  __m256 p = set(kExpPoly[0]);
+  for (size_t k = 1; k < std::size(kExpPoly); ++k)
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), set(kExpPoly[k]));
   p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), set(1.0f));
   const __m256i bits =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
@@ -42,18 +44,16 @@ inline __m256 tanh8(__m256 x, __m256 sign) {
   const __m256 ax = _mm256_andnot_ps(sign, x);
   // |x| < 0.625: the odd polynomial.
   const __m256 z = _mm256_mul_ps(x, x);
-  __m256 p = set(-5.70498872745e-3f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, z), set(2.06390887954e-2f));
-  p = _mm256_sub_ps(_mm256_mul_ps(p, z), set(5.37397155531e-2f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, z), set(1.33314422036e-1f));
-  p = _mm256_sub_ps(_mm256_mul_ps(p, z), set(3.33332819422e-1f));
+  __m256 p = set(kTanhPoly[0]);
+  for (size_t k = 1; k < std::size(kTanhPoly); ++k)
+    p = _mm256_add_ps(_mm256_mul_ps(p, z), set(kTanhPoly[k]));
   const __m256 small = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, z), x), x);
   // Above: sign(x) (1 - e) / (1 + e).
   const __m256 e = exp8(_mm256_mul_ps(set(-2.0f), ax));
   const __m256 t = _mm256_div_ps(_mm256_sub_ps(set(1.0f), e), _mm256_add_ps(set(1.0f), e));
   const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
   const __m256 large = _mm256_xor_ps(t, _mm256_and_ps(negative, sign));
-  const __m256 out = _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, set(0.625f), _CMP_LT_OQ));
+  const __m256 out = _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, set(kTanhSmall), _CMP_LT_OQ));
   return _mm256_blendv_ps(out, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 

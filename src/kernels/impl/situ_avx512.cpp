@@ -5,27 +5,29 @@
 // compiled here with this file's -m flags. Bit for bit equal to the scalar twin
 // (tests/dense_kernels_test.cpp). Compiled with the AVX-512 flags; called only after a run-time CPU
 // check (isa.cpp).
+#include <iterator>
+
 #include "avx512_intrin.h"
+#include "kernels/situ_poly.h"
 #include "kernels_impl.h"
 
 namespace k3::impl {
 namespace {
 
+using namespace situ_poly;
+
 // situ_exp on 16 lanes (NaN lanes: whatever; the callers blend them).
 inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpMin));
+  x = _mm512_min_ps(x, _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2High)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Low)));
   const __m512 z = _mm512_mul_ps(r, r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (size_t k = 1; k < std::size(kExpPoly); ++k)
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(kExpPoly[k]));
   p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, z), r), _mm512_set1_ps(1.0f));
   const __m512i bits =
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
@@ -38,11 +40,9 @@ inline __m512 tanh16(__m512 x) {
   const __m512 ax = _mm512_andnot_ps(sign, x);
   // |x| < 0.625: the odd polynomial.
   const __m512 z = _mm512_mul_ps(x, x);
-  __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
-  p = _mm512_add_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(2.06390887954e-2f));
-  p = _mm512_sub_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(5.37397155531e-2f));
-  p = _mm512_add_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(1.33314422036e-1f));
-  p = _mm512_sub_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(3.33332819422e-1f));
+  __m512 p = _mm512_set1_ps(kTanhPoly[0]);
+  for (size_t k = 1; k < std::size(kTanhPoly); ++k)
+    p = _mm512_add_ps(_mm512_mul_ps(p, z), _mm512_set1_ps(kTanhPoly[k]));
   const __m512 small = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, z), x), x);
   // Above: sign(x) (1 - e) / (1 + e).
   const __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), ax));
@@ -50,7 +50,7 @@ inline __m512 tanh16(__m512 x) {
   const __m512 t = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
   const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
   const __m512 large = _mm512_mask_xor_ps(t, negative, t, sign);
-  __m512 out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ),
+  __m512 out = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, _mm512_set1_ps(kTanhSmall), _CMP_LT_OQ),
                                     large, small);
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), out, x);
 }

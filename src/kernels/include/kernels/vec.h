@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/situ_poly.h"
+
 namespace k3 {
 
 inline float sigmoid(float x) {
@@ -20,23 +22,19 @@ inline float silu(float x) {
 // (tests/kernels_test.cpp checks against double precision). NaN comes back as the NaN it
 // was given.
 //
-// situ_exp: e^x = 2^n e^r, x clamped to [-87, 88] (so 2^n and the result stay normal floats:
-// e^-87 = 1.6e-38, e^88 = 1.7e38), n = round(x / ln 2), r = x - n ln 2 in two parts (the first
-// with 9 bits, so n * it is exact), e^r by Cephes' degree-7 expf polynomial on |r| <= ln(2) / 2.
+// situ_exp: e^x = 2^n e^r, n = round(x / ln 2), e^r by Cephes' degree-7 expf polynomial
+// (kernels/situ_poly.h has the numbers and the steps).
 inline float situ_exp(float x) {
+  using namespace situ_poly;
   if (x != x) return x;
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
+  x = x < kExpMin ? kExpMin : x;
+  x = x > kExpMax ? kExpMax : x;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = x - n * kLn2High;
+  r = r - n * kLn2Low;
   const float z = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  float p = kExpPoly[0];
+  for (size_t k = 1; k < sizeof(kExpPoly) / sizeof(kExpPoly[0]); ++k) p = p * r + kExpPoly[k];
   p = p * z + r + 1.0f;
   const int exponent_bits = (static_cast<int>(n) + 127) << 23;
   float scale;
@@ -48,15 +46,13 @@ inline float situ_exp(float x) {
 // sign(x) (1 - e) / (1 + e) with e = situ_exp(-2|x|) (no overflow; 1 - e >= 0.71 loses nothing
 // to cancellation; saturates at +-1).
 inline float situ_tanh(float x) {
+  using namespace situ_poly;
   if (x != x) return x;
   const float ax = x < 0.0f ? -x : x;
-  if (ax < 0.625f) {
+  if (ax < kTanhSmall) {
     const float z = x * x;
-    float p = -5.70498872745e-3f;
-    p = p * z + 2.06390887954e-2f;
-    p = p * z - 5.37397155531e-2f;
-    p = p * z + 1.33314422036e-1f;
-    p = p * z - 3.33332819422e-1f;
+    float p = kTanhPoly[0];
+    for (size_t k = 1; k < sizeof(kTanhPoly) / sizeof(kTanhPoly[0]); ++k) p = p * z + kTanhPoly[k];
     return p * z * x + x;
   }
   const float e = situ_exp(-2.0f * ax);
