@@ -115,11 +115,8 @@ int run_grammar_bench(const GrammarBenchArgs& args) {
       for (size_t id = 0; id < vocab; ++id)
         if (logits[id] == 0.0f) allowed.push_back(static_cast<int64_t>(id));
       if (allowed.empty()) throw k3::Error(std::string(s.name) + ": no token allowed");
-      size_t blocks = 0;  // blocks of 16 ids holding an allowed one (allowed is sorted)
-      for (size_t i = 0; i < allowed.size(); ++i)
-        blocks += i == 0 || allowed[i] / 16 != allowed[i - 1] / 16;
-      // Over half of the vocabulary: the whole head (engine.cpp, allowed_ranges).
-      rows.push_back(blocks * 32 > vocab ? 1.0 : static_cast<double>(blocks * 16) / vocab);
+      const std::vector<uint64_t>* bits = c.allowed_next();
+      rows.push_back(bits ? k3::restricted_head_share(*bits, vocab) : 1.0);
       c.accept(allowed[rng() % allowed.size()]);
     }
     double mean = 0;

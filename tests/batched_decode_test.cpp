@@ -378,4 +378,22 @@ TEST(BatchedDecode, RestrictedLogitsKeepTheFullHeadsBitsOnTheAllowedIds) {
   }
 }
 
+// What share of the head a restricted step computes: whole blocks of 16 ids, adjacent blocks
+// counted once, the last block cut at the vocabulary's end, the whole head past half of it.
+TEST(BatchedDecode, RestrictedHeadShareCountsBlocksOf16) {
+  const size_t V = 1000;  // 62.5 blocks
+  EXPECT_EQ(k3::restricted_head_share(mask_of({3}, V), V), 16.0 / 1000);
+  EXPECT_EQ(k3::restricted_head_share(mask_of({3, 15, 16, 500}, V), V), 48.0 / 1000);
+  EXPECT_EQ(k3::restricted_head_share(mask_of({999}, V), V), 8.0 / 1000);  // block 992..999
+  EXPECT_EQ(k3::restricted_head_share(mask_of({0, 16, 32}, V), V), 48.0 / 1000);
+  auto every_16th = [&](size_t blocks) {  // one id in each of the first `blocks` blocks
+    std::vector<uint64_t> mask((V + 63) / 64, 0);
+    for (size_t id = 0; id < 16 * blocks; id += 16) mask[id / 64] |= uint64_t{1} << (id % 64);
+    return mask;
+  };
+  EXPECT_EQ(k3::restricted_head_share(every_16th(31), V), 496.0 / 1000);
+  EXPECT_EQ(k3::restricted_head_share(every_16th(32), V), 1.0);  // 512 rows: over half
+  EXPECT_EQ(k3::restricted_head_share(std::vector<uint64_t>(16, 0), V), 0.0);
+}
+
 }  // namespace

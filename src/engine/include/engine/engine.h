@@ -168,6 +168,11 @@ struct MemorySplit {
 // I/O 0.0 MB; anon 3.83 GB, file-backed 7.5 MB": the split for a summary line.
 std::string describe_memory(const MemorySplit& split);
 
+// The share of the head's rows a step restricted to `allowed` (as Session::restrict_next_logits
+// takes it) computes over a vocabulary of `vocab` ids: the blocks of 16 ids holding an allowed
+// one, or 1 where those cover over half of the vocabulary (the whole head is computed then).
+double restricted_head_share(std::span<const uint64_t> allowed, size_t vocab);
+
 class Engine {
  public:
   // Opens the model directory and loads the resident weights. Throws k3::Error; a load stopped
@@ -299,6 +304,7 @@ class Session {
   // percent of its rows. A Batch step restricts its head when every session of the step has
   // asked. Lasts one feed; the logits of a prefill's other positions (all_logits) are always
   // whole.
+  // (restricted_head_share says what share of the head's rows such a step computes.)
   void restrict_next_logits(std::span<const uint64_t> allowed);
   SessionStats stats() const;
 
