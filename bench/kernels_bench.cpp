@@ -232,6 +232,14 @@ const char* instruction_mix(k3::Isa isa, bool idot) {
   }
 }
 
+// The core clock of this run (core_clock_ghz, bench/bench_common.h), for cycles per byte.
+double g_clock_ghz = 0;
+
+// DRAM bandwidth per core of a real workstation (300 GB/s over 32 cores): the memory's cycles per
+// byte there, against which a kernel's own cycles per byte (from the LLC) tell whether it would be
+// memory-bound on such a machine.
+constexpr double kWorkstationCoreGbs = 300.0 / 32.0;
+
 // The targets, checked against the figures of this run (informative, never a failure);
 // isa: the kernel variant of the run, for the instruction mix.
 void print_targets(k3::Isa isa) {
@@ -289,14 +297,20 @@ void print_targets(k3::Isa isa) {
         "%s\n",
         path.c_str(), cache->value, 100.0 * share, dram->value, verdict);
     if (share >= 0.5) std::printf("  the mix, %s\n", instruction_mix(isa, idot));
+    // What transfers: a workstation core's share of DRAM (~300 GB/s over 32 cores) at this clock.
+    const double floor = g_clock_ghz / kWorkstationCoreGbs;
+    std::printf(
+        "  on a workstation core with %.1f GB/s of DRAM (300 GB/s / 32 cores) at %.2f GHz the "
+        "memory takes %.3f cycles/byte: the instructions' %.3f are %.0f%% of it (%s there)\n",
+        kWorkstationCoreGbs, g_clock_ghz, floor, cache->value, 100.0 * cache->value / floor,
+        cache->value < floor ? "memory-bound" : "instruction-bound");
+    add_result(path + "_rows1_vs_workstation_core", cache->value / floor, "x",
+               cache->value / floor);
   }
   for (const Result& r : g_results)
     if (r.name.find("rows64_per_row_vs_rows1") != std::string::npos)
       check(r.name, false, 3.0, ">= 3.00 x rows1 per row");
 }
-
-// The core clock of this run (core_clock_ghz, bench/bench_common.h), for cycles per byte.
-double g_clock_ghz = 0;
 
 // Core cycles per weight byte of the best pass: its CPU seconds (wall x threads x the cpu share
 // of the series, so cycles other processes took do not count) x the clock / bytes. Stalls on

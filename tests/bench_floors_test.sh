@@ -51,7 +51,9 @@ else
   check "$kernels" \
     "^mxfp4_idot_rows1_in_cache +1 +$num +$num +$num +$num +$num +[0-9]+ +[0-9]+% +$num *$" \
     "^mxfp4_idot: $num cycles/byte on one core from the LLC = [0-9]+% of the DRAM run's $num; bound by (its instructions|its instructions and memory stalls|memory stalls)$" \
-    "^RESULT mxfp4_idot_rows1_in_cache_cycles_per_byte $num cyc/B"
+    "^RESULT mxfp4_idot_rows1_in_cache_cycles_per_byte $num cyc/B" \
+    "^  on a workstation core with $num GB/s of DRAM \(300 GB/s / 32 cores\) at $num GHz the memory takes $num cycles/byte: the instructions' $num are [0-9]+% of it \((memory|instruction)-bound there\)$" \
+    "^RESULT mxfp4_idot_rows1_vs_workstation_core $num x ratio=$num$"
 fi
 # SiTU per element on every ISA the CPU runs (the scalar twin always).
 situ=$("$bench" kernels --only situ --seconds 0.01 --no-ggml --dram-gib 0.0625 2>&1) \
