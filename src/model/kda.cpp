@@ -10,21 +10,42 @@
 namespace k3 {
 namespace {
 
-// y = SiLU(sum_j taps[c][j] * s_{t-K+1+j}[c]); shifts `window` (oldest first) by one token.
-void conv_silu(const std::vector<float>& taps, std::vector<float>& window, float* stream,
-               size_t channels, size_t width) {
+// Channel c of one row: y = SiLU(sum_j taps[c][j] * s_{t-K+1+j}[c]); shifts channel c of
+// `window` ([K - 1][channels], oldest first) by one token.
+inline void conv_silu_channel(const float* taps, float* window, float* stream, size_t c,
+                              size_t channels, size_t width) {
   const size_t history = width - 1;
-  for (size_t c = 0; c < channels; ++c) {
-    const float* tap = taps.data() + c * width;
-    float y = 0.0f;
-    for (size_t j = 0; j < history; ++j) y += tap[j] * window[j * channels + c];
-    y += tap[history] * stream[c];
-    if (history > 0) {
-      for (size_t j = 0; j + 1 < history; ++j)
-        window[j * channels + c] = window[(j + 1) * channels + c];
-      window[(history - 1) * channels + c] = stream[c];
+  const float* tap = taps + c * width;
+  float y = 0.0f;
+  for (size_t j = 0; j < history; ++j) y += tap[j] * window[j * channels + c];
+  y += tap[history] * stream[c];
+  if (history > 0) {
+    for (size_t j = 0; j + 1 < history; ++j)
+      window[j * channels + c] = window[(j + 1) * channels + c];
+    window[(history - 1) * channels + c] = stream[c];
+  }
+  stream[c] = silu(y);
+}
+
+// Below this many channel steps (rows x 3 x channels) the short convolutions run on one thread.
+constexpr size_t kConvParallelSteps = 4096;
+
+// The q, k and v short convolutions of m consecutive rows of one sequence (row t's projections
+// at t * P, overwritten): each channel's window advances row by row, so every value is the one
+// the token-by-token order gives; the channels (independent) are split across the threads (on
+// one thread the SiLUs' expf were ~6 % of a chunk-32 prefill's samples while the other thread
+// waited).
+void conv_silu_rows(const KdaWeights& w, KdaState& state, size_t m, float* q, float* k, float* v,
+                    size_t P, size_t K) {
+  const int64_t channels = static_cast<int64_t>(P);
+#pragma omp parallel for schedule(static) if (3 * m * P >= kConvParallelSteps)
+  for (int64_t cc = 0; cc < channels; ++cc) {
+    const size_t c = static_cast<size_t>(cc);
+    for (size_t t = 0; t < m; ++t) {
+      conv_silu_channel(w.q_conv.data(), state.q_window.data(), q + t * P, c, P, K);
+      conv_silu_channel(w.k_conv.data(), state.k_window.data(), k + t * P, c, P, K);
+      conv_silu_channel(w.v_conv.data(), state.v_window.data(), v + t * P, c, P, K);
     }
-    stream[c] = silu(y);
   }
 }
 
@@ -51,19 +72,14 @@ inline void finish_head(const K3Config& config, const KdaWeights& w, size_t h, s
   for (size_t j = 0; j < dk; ++j) oh[j] *= sigmoid(gate_out[h * dk + j]);
 }
 
-// The sequential part of one token: conv windows and the recurrence advance by one token. q, k, v,
-// gate_out, decay: [P] (projections of this token; q, k, v, decay overwritten), beta: [H] logits;
-// o: [P] gated, normed head outputs.
+// The sequential part of one token after its short convolutions (conv_silu_rows): the recurrence
+// advances by one token. q, k, v (convolved), gate_out, decay: [P] (projections of this token; q,
+// k, decay overwritten), beta: [H] logits; o: [P] gated, normed head outputs.
 void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& w, KdaState& state,
                Workspace& ws, float* q, float* k, float* v, const float* gate_out, float* decay,
                const float* beta, float* o) {
-  const size_t P = static_cast<size_t>(config.kda_projection_size());
   const size_t H = static_cast<size_t>(config.kda_num_heads);
   const size_t dk = static_cast<size_t>(config.kda_head_dim);
-  const size_t K = static_cast<size_t>(config.short_conv_kernel_size);
-  conv_silu(w.q_conv, state.q_window, q, P, K);
-  conv_silu(w.k_conv, state.k_window, k, P, K);
-  conv_silu(w.v_conv, state.v_window, v, P, K);
 
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const float lower_bound = static_cast<float>(config.gate_lower_bound);
@@ -85,8 +101,8 @@ void kda_token(const K3Config& config, const KernelTable& kt, const KdaWeights& 
 }
 
 // kda_token over m consecutive rows of one sequence with the recurrence in the chunk form
-// (KernelTable::kda_head_chunk, sub-chunks of kKdaSubChunk rows): the conv windows still advance
-// row by row; then the same normalisation and decay of every row and head, one chunk call per
+// (KernelTable::kda_head_chunk, sub-chunks of kKdaSubChunk rows), after their short convolutions
+// (conv_silu_rows): the same normalisation and decay of every row and head, one chunk call per
 // head over all m rows, and the same output norm and gate of every row and head. Row t's buffers
 // at t * P (beta: t * H, overwritten with its sigmoid).
 void kda_rows_chunked(const K3Config& config, const KernelTable& kt, const KdaWeights& w,
@@ -95,12 +111,6 @@ void kda_rows_chunked(const K3Config& config, const KernelTable& kt, const KdaWe
   const size_t P = static_cast<size_t>(config.kda_projection_size());
   const size_t H = static_cast<size_t>(config.kda_num_heads);
   const size_t dk = static_cast<size_t>(config.kda_head_dim);
-  const size_t K = static_cast<size_t>(config.short_conv_kernel_size);
-  for (size_t t = 0; t < m; ++t) {
-    conv_silu(w.q_conv, state.q_window, q + t * P, P, K);
-    conv_silu(w.k_conv, state.k_window, k + t * P, P, K);
-    conv_silu(w.v_conv, state.v_window, v + t * P, P, K);
-  }
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const float lower_bound = static_cast<float>(config.gate_lower_bound);
   const size_t scratch = kda_chunk_scratch_floats(kKdaSubChunk, dk);
@@ -148,11 +158,20 @@ void kda_forward(const K3Config& config, const Compute& compute, const KdaWeight
       {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, ws.kda_beta.data()}};
   matmul_jobs(compute, jobs, std::size(jobs), X, n);
   matmul_chunk(compute, w.f_b_proj, ws.kda_decay_low.data(), n, ws.kda_decay.data());
-  // Conv windows and recurrence, one row at a time in order (each on its sequence's state).
+  // Short convolutions of each run of one sequence's rows, then the recurrence, one row at a time
+  // in order (each on its sequence's state).
   // K3_KDA_CHUNKED: a run of two or more consecutive rows of one sequence (a prompt chunk) goes
   // through the chunk form instead; single rows (decode, a batched decode step's rows) keep the
   // token recurrence. Its decay factors need every step's decay >= e^-5 (kernels/isa.h).
   const bool chunked = compute.kda_chunked && config.gate_lower_bound >= -5.0;
+  const size_t K = static_cast<size_t>(config.short_conv_kernel_size);
+  for (size_t t = 0; t < n;) {
+    size_t run = t + 1;  // the rows of one sequence from t (their short convolutions together)
+    while (run < n && rows[run].state == rows[t].state) ++run;
+    conv_silu_rows(w, rows[t].state->kda[layer], run - t, ws.kda_q.data() + t * P,
+                   ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, P, K);
+    t = run;
+  }
   for (size_t t = 0; t < n;) {
     size_t end = t + 1;
     if (chunked)
