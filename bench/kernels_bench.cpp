@@ -160,17 +160,17 @@ bool selected(const KernelsArgs& a, const std::string& prefix) {
   return false;
 }
 
-// Paired ratios. The host's memory bandwidth moves with its other tenants within one run (probes
-// of 27 to 54 GB/s in one run on the 2-core KVM EPYC, and 15 to 54 GB/s between probe passes of a
-// few milliseconds), so the run's highest probe charges a kernel for the contention it met. Each
-// one-row figure with a target is therefore measured again pass by pass, the kernel's passes
-// alternating with probe passes over as many bytes of the probe's array (a window not read for
-// the rest of the array, so from DRAM): a kernel pass's ratio is its GB/s over the mean of the
-// probe passes just before and after it, and the median pass gives the paired ratio. Both
-// ratios are printed.
+// Paired ratios. The host's memory bandwidth moves with its other tenants within one run (on the
+// 2-core KVM EPYC, probe passes a few milliseconds apart read 9 to 55 GB/s), so the run's highest
+// probe charges a kernel for the contention it met. Each one-row figure with a target is therefore
+// measured again pass by pass, the kernel's passes alternating with probe passes over as many bytes
+// of the probe's array (a window not read for the rest of the array, so from DRAM): a kernel pass's
+// ratio is its GB/s over the mean of the probe passes just before and after it, and the median pass
+// gives the paired ratio. Both ratios are printed.
 struct Paired {
   std::string name;
   double median = 0;
+  double cpu = 1;  // the paired passes' cpu share
 };
 std::vector<Paired> g_paired;
 
@@ -204,7 +204,7 @@ void pair_with_probe(const KernelsArgs& a, DramProbe& probe, const std::string& 
       "to %.2f; probe passes %.1f to %.1f GB/s, median %.1f; cpu %.0f%%)\n",
       name.c_str(), a.pair_passes, m, *lo, *hi, *plo, *phi, median(probes), 100.0 * cpu);
   std::fflush(stdout);
-  g_paired.push_back({name, m});
+  g_paired.push_back({name, m, cpu});
   add_result(name + "_paired", m, "x", m, cpu);
 }
 
@@ -255,17 +255,19 @@ void print_targets(k3::Isa isa) {
   auto check = [&](const std::string& name, bool use_ratio, double want, const char* what) {
     const Result* r = find(name);
     if (!r) return;
-    double v = use_ratio ? r->ratio : r->value;
-    char note[96] = "";
-    if (r->cpu < 0.9)
-      std::snprintf(note, sizeof note, "  (contended: cpu %.0f%%, not meaningful)", 100.0 * r->cpu);
-    if (use_ratio)
-      for (const Paired& p : g_paired)
-        if (p.name == name) {
-          std::snprintf(note + std::strlen(note), sizeof note - std::strlen(note),
-                        "  (paired; x the highest probe %.2f)", v);
-          v = p.median;
-        }
+    double v = use_ratio ? r->ratio : r->value, cpu = r->cpu;
+    char note[128] = "";
+    const Paired* paired = nullptr;
+    for (const Paired& p : g_paired)
+      if (use_ratio && p.name == name) paired = &p;
+    if (paired) {
+      std::snprintf(note, sizeof note, "  (paired; x the highest probe %.2f)", v);
+      v = paired->median;
+      cpu = paired->cpu;
+    }
+    if (cpu < 0.9)
+      std::snprintf(note + std::strlen(note), sizeof note - std::strlen(note),
+                    "  (contended: cpu %.0f%%, not meaningful)", 100.0 * cpu);
     std::printf("%-44s %-26s %7.2f  %s%s\n", name.c_str(), what, v, v >= want ? "met" : "MISSED",
                 note);
   };
@@ -475,12 +477,16 @@ int run_kernels(const KernelsArgs& a) {
       }
     }
 
-    // The same kernel on four dense-shaped matrices (12288 x 7168: rows twice as long as an
-    // expert's, one call per 94 MB instead of per 5.5 MB): what the expert's shape costs.
+    // The same kernel on dense-shaped matrices (12288 x 7168, 46.8 MB each with the scales: rows
+    // twice as long as an expert's, one call per matrix instead of per 5.85 MB), as many as cover
+    // 3x the LLC (at least 4): what the expert's shape costs.
     if (selected(a, "mxfp4_idot_12288x7168")) {
       std::vector<Mx> big;
       double big_bytes = 0;
-      for (int m = 0; m < 4; ++m) {
+      const double one = 12288.0 * 7168.0 * (0.5 + 1.0 / 32.0);
+      const int count =
+          std::max(4, static_cast<int>(std::ceil(3.0 * static_cast<double>(llc_bytes) / one)));
+      for (int m = 0; m < count; ++m) {
         big.push_back(random_mx(12288, 7168, 9000 + static_cast<uint64_t>(m)));
         big_bytes += static_cast<double>(big.back().bytes());
       }
@@ -491,7 +497,9 @@ int run_kernels(const KernelsArgs& a) {
       auto pass = [&] {
         for (const Mx& m : big) k3::matmul_mxfp4_idot(k, m.view(), q.data(), d.data(), 1, y.data());
       };
-      print_header("MXFP4 12288x7168 (dense shape), idot, 4 distinct matrices rotated");
+      print_header(("MXFP4 12288x7168 (dense shape), idot, " + std::to_string(count) +
+                    " distinct matrices rotated")
+                       .c_str());
       const Timing t = measure(a.seconds, 3, pass, pass);
       print_row("mxfp4_idot_12288x7168_rows1", 1, big_bytes, t, 0);
       add_bandwidth("mxfp4_idot_12288x7168_rows1", big_bytes / t.best / 1e9, t.cpu_share);

@@ -393,7 +393,14 @@ TEST(BatchedDecode, RestrictedHeadShareCountsBlocksOf16) {
   };
   EXPECT_EQ(k3::restricted_head_share(every_16th(31), V), 496.0 / 1000);
   EXPECT_EQ(k3::restricted_head_share(every_16th(32), V), 1.0);  // 512 rows: over half
-  EXPECT_EQ(k3::restricted_head_share(std::vector<uint64_t>(16, 0), V), 0.0);
+  EXPECT_EQ(k3::restricted_head_share(std::vector<uint64_t>(16, 0), V), 0.0);  // none allowed
+  EXPECT_EQ(k3::restricted_head_share({}, V), 1.0);  // an empty mask restricts nothing
+  EXPECT_EQ(k3::restricted_head_share(std::vector<uint64_t>(1, 1), V), 16.0 / 1000);  // short
+  std::vector<uint64_t> past = mask_of({5}, V);  // ids 1008..1023: a block past the vocabulary
+  past.back() |= ~uint64_t{0} << (1008 % 64);
+  EXPECT_EQ(k3::restricted_head_share(past, V), 16.0 / 1000);
+  past.back() |= ~uint64_t{0} << (1000 % 64);  // ids 1000..1007: in block 992..1007, 8 rows inside
+  EXPECT_EQ(k3::restricted_head_share(past, V), 24.0 / 1000);
 }
 
 }  // namespace

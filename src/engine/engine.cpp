@@ -474,7 +474,8 @@ bool allowed_ranges(std::span<const uint64_t> allowed, size_t vocab,
 
 double restricted_head_share(std::span<const uint64_t> allowed, size_t vocab) {
   std::vector<RowRange> ranges;
-  if (vocab == 0 || !allowed_ranges(allowed, vocab, ranges)) return 1.0;
+  // An empty mask restricts nothing (Session::restrict_next_logits): the whole head.
+  if (allowed.empty() || vocab == 0 || !allowed_ranges(allowed, vocab, ranges)) return 1.0;
   size_t rows = 0;
   for (const RowRange& r : ranges) rows += r.end - r.begin;
   return static_cast<double>(rows) / static_cast<double>(vocab);

@@ -170,7 +170,9 @@ std::string describe_memory(const MemorySplit& split);
 
 // The share of the head's rows a step restricted to `allowed` (as Session::restrict_next_logits
 // takes it) computes over a vocabulary of `vocab` ids: the blocks of 16 ids holding an allowed
-// one, or 1 where those cover over half of the vocabulary (the whole head is computed then).
+// one, or 1 where those cover over half of the vocabulary or the mask is empty (the whole head is
+// computed then). A bit past the vocabulary counts only for its block's ids inside it; a mask
+// shorter than the vocabulary's words allows none of the ids past its end.
 double restricted_head_share(std::span<const uint64_t> allowed, size_t vocab);
 
 class Engine {
