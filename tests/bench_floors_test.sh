@@ -31,8 +31,10 @@ check "$stream" \
   "^drive: O_DIRECT, 8 x 4 MiB in flight, the shards read whole: $num GB/s" \
   "^  pipe: $num MB/token from the drive / $num GB/s = $num s/token floor; measured $num.x" \
   "^RESULT stream_(wait_all|pipe|pipe_prefetch)_vs_drive_floor $num x ratio=$num$"
-kernels=$("$bench" kernels --only mxfp4_idot_rows --experts 1 --seconds 0.01 --no-ggml \
-          --dram-gib 0.0625 --pair-passes 3 2>&1) || { echo "$kernels"; exit 1; }
+# `k3_bench kernels` kept short: one expert, 10 ms a figure, 3 paired passes, a 64 MiB probe.
+short_kernels() { "$bench" kernels --experts 1 --seconds 0.01 --no-ggml --dram-gib 0.0625 \
+                  --pair-passes 3 "$@" 2>&1; }
+kernels=$(short_kernels --only mxfp4_idot_rows) || { echo "$kernels"; exit 1; }
 check "$kernels" \
   "^core clock: $num GHz with [0-9]+ threads busy .*; TSC $num GHz\)" \
   "^figure +rows +MB/pass +best ms +med ms +GB/s +med +passes +cpu +cyc/B +per-row$" \
@@ -45,8 +47,7 @@ check "$kernels" \
   "^mxfp4_idot_rows1 +>= 0.80 x DRAM probe +$num  (met|MISSED)  \(paired; x the highest probe $num\)(  \(contended: cpu [0-9]+%, not meaningful\))?$" \
   "^RESULT mxfp4_idot_rows1_paired $num x ratio=$num$"
 # The same kernel on dense-shaped matrices (at least four of 47 MB), paired with the probe too.
-dense=$("$bench" kernels --only mxfp4_idot_12288x7168 --experts 1 --seconds 0.01 --no-ggml \
-        --dram-gib 0.0625 --pair-passes 3 2>&1) || { echo "$dense"; exit 1; }
+dense=$(short_kernels --only mxfp4_idot_12288x7168) || { echo "$dense"; exit 1; }
 check "$dense" \
   "^== MXFP4 12288x7168 \(dense shape\), idot, [0-9]+ distinct matrices rotated$" \
   "^mxfp4_idot_12288x7168_rows1 +1 +$num +$num +$num +$num +$num +[0-9]+ +[0-9]+% +$num *$" \
