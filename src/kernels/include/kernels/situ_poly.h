@@ -1,7 +1,7 @@
 // kernels/situ_poly.h — the numbers of SiTU's own exp and tanh (kernels/vec.h's situ_exp and
 // situ_tanh), in one place for the scalar functions and the SIMD kernels that equal them bit for
-// bit (kernels/impl/situ_avx2.cpp, situ_avx512.cpp). Constants only: no code, so a file compiled
-// with other -m flags may include it.
+// bit (kernels/impl/situ_simd.h, for situ_avx2.cpp and situ_avx512.cpp). Constants only: no
+// code, so a file compiled with other -m flags may include it.
 //
 // exp: x clamped to [kExpMin, kExpMax] (2^n and the result stay normal floats), n = round(x *
 // kLog2e), r = x - n * kLn2High - n * kLn2Low (kLn2High has 9 significant bits, so n * it is
