@@ -187,7 +187,7 @@ double dram_probe(size_t bytes, int passes, double* cpu_share);
 class DramProbe {
  public:
   explicit DramProbe(size_t bytes);
-  double run(int passes, double* cpu_share);  // GB/s of the best pass
+  double run(int passes, double* cpu_share);  // GB/s of the best pass over the whole array
   // GB/s of one pass over the next `bytes` of the array (at most all of it), the windows taken
   // in turn, wrapping: a window is re-read only after the rest of the array.
   double window(size_t bytes);

@@ -200,8 +200,7 @@ void pair_with_probe(const KernelsArgs& a, DramProbe& probe, const std::string& 
   const auto [plo, phi] = std::minmax_element(probes.begin(), probes.end());
   std::printf(
       "%s paired with the probe, %d passes: GB/s / the mean of the probe passes beside it: median "
-      "%.2f (%.2f "
-      "to %.2f; probe passes %.1f to %.1f GB/s, median %.1f; cpu %.0f%%)\n",
+      "%.2f (%.2f to %.2f; probe passes %.1f to %.1f GB/s, median %.1f; cpu %.0f%%)\n",
       name.c_str(), a.pair_passes, m, *lo, *hi, *plo, *phi, median(probes), 100.0 * cpu);
   std::fflush(stdout);
   g_paired.push_back({name, m, cpu});
