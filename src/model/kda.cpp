@@ -158,33 +158,30 @@ void kda_forward(const K3Config& config, const Compute& compute, const KdaWeight
       {&w.f_a_proj, ws.kda_decay_low.data()}, {&w.b_proj, ws.kda_beta.data()}};
   matmul_jobs(compute, jobs, std::size(jobs), X, n);
   matmul_chunk(compute, w.f_b_proj, ws.kda_decay_low.data(), n, ws.kda_decay.data());
-  // Short convolutions of each run of one sequence's rows, then the recurrence, one row at a time
-  // in order (each on its sequence's state).
-  // K3_KDA_CHUNKED: a run of two or more consecutive rows of one sequence (a prompt chunk) goes
-  // through the chunk form instead; single rows (decode, a batched decode step's rows) keep the
-  // token recurrence. Its decay factors need every step's decay >= e^-5 (kernels/isa.h).
+  // Each run of one sequence's consecutive rows: their short convolutions together, then the
+  // recurrence one row at a time in order (on the sequence's state). K3_KDA_CHUNKED: a run of two
+  // or more rows (a prompt chunk) goes through the chunk form instead; single rows (decode, a
+  // batched decode step's rows) keep the token recurrence. Its decay factors need every step's
+  // decay >= e^-5 (kernels/isa.h).
   const bool chunked = compute.kda_chunked && config.gate_lower_bound >= -5.0;
   const size_t K = static_cast<size_t>(config.short_conv_kernel_size);
   for (size_t t = 0; t < n;) {
-    size_t run = t + 1;  // the rows of one sequence from t (their short convolutions together)
-    while (run < n && rows[run].state == rows[t].state) ++run;
-    conv_silu_rows(w, rows[t].state->kda[layer], run - t, ws.kda_q.data() + t * P,
-                   ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, P, K);
-    t = run;
-  }
-  for (size_t t = 0; t < n;) {
     size_t end = t + 1;
-    if (chunked)
-      while (end < n && rows[end].state == rows[t].state) ++end;
-    if (end - t >= 2)
-      kda_rows_chunked(config, kt, w, rows[t].state->kda[layer], ws, end - t,
-                       ws.kda_q.data() + t * P, ws.kda_k.data() + t * P, ws.kda_v.data() + t * P,
-                       ws.kda_gate.data() + t * P, ws.kda_decay.data() + t * P,
-                       ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
-    else
-      kda_token(config, kt, w, rows[t].state->kda[layer], ws, ws.kda_q.data() + t * P,
-                ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P,
-                ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H, ws.kda_out.data() + t * P);
+    while (end < n && rows[end].state == rows[t].state) ++end;
+    KdaState& state = rows[t].state->kda[layer];
+    conv_silu_rows(w, state, end - t, ws.kda_q.data() + t * P, ws.kda_k.data() + t * P,
+                   ws.kda_v.data() + t * P, P, K);
+    if (chunked && end - t >= 2) {
+      kda_rows_chunked(config, kt, w, state, ws, end - t, ws.kda_q.data() + t * P,
+                       ws.kda_k.data() + t * P, ws.kda_v.data() + t * P, ws.kda_gate.data() + t * P,
+                       ws.kda_decay.data() + t * P, ws.kda_beta.data() + t * H,
+                       ws.kda_out.data() + t * P);
+    } else {
+      for (size_t r = t; r < end; ++r)
+        kda_token(config, kt, w, state, ws, ws.kda_q.data() + r * P, ws.kda_k.data() + r * P,
+                  ws.kda_v.data() + r * P, ws.kda_gate.data() + r * P, ws.kda_decay.data() + r * P,
+                  ws.kda_beta.data() + r * H, ws.kda_out.data() + r * P);
+    }
     t = end;
   }
   matmul_chunk(compute, w.o_proj, ws.kda_out.data(), n, out);
