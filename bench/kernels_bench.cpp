@@ -38,27 +38,65 @@ namespace {
 constexpr size_t kInter = 3072;   // moe_intermediate_size
 constexpr size_t kLatent = 3584;  // routed_expert_hidden_size
 
+// A view of one MXFP4 matrix inside a buffer.
 struct Mx {
-  std::vector<uint8_t> packed, scales;
+  const uint8_t* packed = nullptr;  // [rows][cols / 2]
+  const uint8_t* scales = nullptr;  // [rows][cols / 32]
   size_t rows = 0, cols = 0;
-  k3::Mxfp4Matrix view() const { return {packed.data(), scales.data(), rows, cols}; }
-  size_t bytes() const { return packed.size() + scales.size(); }
+  k3::Mxfp4Matrix view() const { return {packed, scales, rows, cols}; }
+  size_t bytes() const { return rows * cols / 2 + rows * cols / 32; }
 };
 
-Mx random_mx(size_t rows, size_t cols, uint64_t seed) {
-  Mx m;
-  m.rows = rows;
-  m.cols = cols;
-  m.packed.resize(rows * cols / 2);
-  m.scales.resize(rows * cols / 32);
-  fill_bytes(m.packed.data(), m.packed.size(), seed, 0, 255);
-  fill_bytes(m.scales.data(), m.scales.size(), seed + 1, 120, 130);
-  return m;
+// Matrices laid back to back, each packed block followed by its scales, in one buffer from
+// std::aligned_alloc(4096) (as the engine's expert slots, src/io/read_queue.cpp
+// allocate_direct_buffer) starting `offset` bytes past its 4 KiB boundary: 0 is an expert of the
+// container's aligned layout; a snapshot's expert starts wherever its file offset falls, a
+// multiple of 8 (the safetensors header is padded to 8 bytes).
+struct MxBuffer {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t[], Free> storage;
+  std::vector<Mx> mats;
+  size_t bytes() const {
+    size_t n = 0;
+    for (const Mx& m : mats) n += m.bytes();
+    return n;
+  }
+};
+
+// shapes: (rows, cols) per matrix; random bytes from `seed`, scale bytes in [120, 130].
+MxBuffer random_mx(const std::vector<std::pair<size_t, size_t>>& shapes, uint64_t seed,
+                   size_t offset) {
+  size_t total = offset;
+  for (const auto& [rows, cols] : shapes) total += rows * cols / 2 + rows * cols / 32;
+  MxBuffer b;
+  b.storage.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, (total + 4095) / 4096 * 4096)));
+  if (!b.storage) throw std::bad_alloc();
+  uint8_t* at = b.storage.get() + offset;
+  for (const auto& [rows, cols] : shapes) {
+    Mx m;
+    m.rows = rows;
+    m.cols = cols;
+    uint8_t* packed = at;
+    uint8_t* scales = packed + rows * cols / 2;
+    fill_bytes(packed, rows * cols / 2, seed, 0, 255);
+    fill_bytes(scales, rows * cols / 32, seed + 1, 120, 130);
+    m.packed = packed;
+    m.scales = scales;
+    at = scales + rows * cols / 32;
+    seed += 3;
+    b.mats.push_back(m);
+  }
+  return b;
 }
 
 struct Expert {
+  MxBuffer buffer;
   Mx gate, up, down;  // gate/up [3072][3584], down [3584][3072]
-  size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
+  explicit Expert(MxBuffer b)
+      : buffer(std::move(b)), gate(buffer.mats[0]), up(buffer.mats[1]), down(buffer.mats[2]) {}
+  size_t bytes() const { return buffer.bytes(); }
 };
 
 // Activations and scratch for up to 64 rows.
@@ -145,6 +183,7 @@ double rel_l2(const float* a, const float* b, size_t n) {
 struct KernelsArgs : CommonOptions {
   double seconds = 1.5;
   int experts = 0;  // 0: enough for 3x the LLC's bytes, at least 16
+  int offset = 0;   // where the MXFP4 matrices start past a 4 KiB boundary (MxBuffer)
   std::string ggml_dir = K3_BENCH_SOURCE_DIR "/node_modules/@node-llama-cpp/linux-x64/bins";
   bool no_ggml = false;
   double dram_gib = 1;            // the DRAM probe's array
@@ -394,10 +433,10 @@ int run_kernels(const KernelsArgs& a) {
   if (selected(a, "mxfp4_idot") || selected(a, "mxfp4_exact") || selected(a, "ggml_mxfp4")) {
     // MXFP4 experts. The rotation covers 3x the LLC (a 480 MiB L3 held all 16 experts, 17.5 MB
     // each, of an earlier fixed count), so a pass reads DRAM, not cache.
-    const auto make_expert = [](int e) {
+    const auto make_expert = [&a](int e) {
       const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
-      return Expert{random_mx(kInter, kLatent, seed), random_mx(kInter, kLatent, seed + 3),
-                    random_mx(kLatent, kInter, seed + 6)};
+      return Expert(
+          random_mx({{kInter, kLatent}, {kInter, kLatent}, {kLatent, kInter}}, seed, a.offset));
     };
     std::vector<Expert> experts;
     experts.push_back(make_expert(0));
@@ -423,9 +462,11 @@ int run_kernels(const KernelsArgs& a) {
     for (const bool idot : {true, false}) {
       const std::string path = idot ? "mxfp4_idot" : "mxfp4_exact";
       if (!selected(a, path)) continue;
-      print_header(
-          ("MXFP4 expert, " + std::string(idot ? "idot (default path)" : "exact float path"))
-              .c_str());
+      print_header(("MXFP4 expert, " +
+                    std::string(idot ? "idot (default path)" : "exact float path") + ", " +
+                    std::to_string(E) + " distinct experts rotated, each starting " +
+                    std::to_string(a.offset) + " bytes past a 4 KiB boundary")
+                       .c_str());
       auto call = [&](const Expert& e, size_t n) {
         if (idot)
           expert_idot(k, e, scratch, n);
@@ -480,13 +521,13 @@ int run_kernels(const KernelsArgs& a) {
     // twice as long as an expert's, one call per matrix instead of per 5.85 MB), as many as cover
     // 3x the LLC (at least 4): what the expert's shape costs.
     if (selected(a, "mxfp4_idot_12288x7168")) {
-      std::vector<Mx> big;
+      std::vector<MxBuffer> big;
       double big_bytes = 0;
       const double one = 12288.0 * 7168.0 * (0.5 + 1.0 / 32.0);
       const int count =
           std::max(4, static_cast<int>(std::ceil(3.0 * static_cast<double>(llc_bytes) / one)));
       for (int m = 0; m < count; ++m) {
-        big.push_back(random_mx(12288, 7168, 9000 + static_cast<uint64_t>(m)));
+        big.push_back(random_mx({{12288, 7168}}, 9000 + static_cast<uint64_t>(m), a.offset));
         big_bytes += static_cast<double>(big.back().bytes());
       }
       std::vector<float> x(7168), d(7168 / 32), y(12288);
@@ -494,10 +535,12 @@ int run_kernels(const KernelsArgs& a) {
       fill_floats(x.data(), x.size(), 778);
       k3::quantize_q8_32(k, x.data(), 1, x.size(), q.data(), d.data());
       auto pass = [&] {
-        for (const Mx& m : big) k3::matmul_mxfp4_idot(k, m.view(), q.data(), d.data(), 1, y.data());
+        for (const MxBuffer& m : big)
+          k3::matmul_mxfp4_idot(k, m.mats[0].view(), q.data(), d.data(), 1, y.data());
       };
       print_header(("MXFP4 12288x7168 (dense shape), idot, " + std::to_string(count) +
-                    " distinct matrices rotated")
+                    " distinct matrices rotated, each starting " + std::to_string(a.offset) +
+                    " bytes past a 4 KiB boundary")
                        .c_str());
       const Timing t = measure(a.seconds, 3, pass, pass);
       print_row("mxfp4_idot_12288x7168_rows1", 1, big_bytes, t, 0);
@@ -526,16 +569,15 @@ int run_kernels(const KernelsArgs& a) {
         const size_t check_rows = 4;
         if (g.dequantize_row_mxfp4) {
           for (int attempt = 0; attempt < 2; ++attempt) {
-            std::vector<uint8_t> blocks = k3bench::repack_mxfp4_for_ggml(
-                g0.packed.data(), g0.scales.data(), check_rows, g0.cols, offset);
+            std::vector<uint8_t> blocks =
+                k3bench::repack_mxfp4_for_ggml(g0.packed, g0.scales, check_rows, g0.cols, offset);
             std::vector<float> deq(check_rows * g0.cols);
             g.dequantize_row_mxfp4(blocks.data(), deq.data(), static_cast<int64_t>(deq.size()));
             size_t mismatches = 0;
             double ratio = 0;
             for (size_t o = 0; o < check_rows; ++o)
               for (size_t i = 0; i < g0.cols; ++i) {
-                const float ours =
-                    k3::mxfp4_weight(g0.packed.data(), g0.scales.data(), g0.cols, o, i);
+                const float ours = k3::mxfp4_weight(g0.packed, g0.scales, g0.cols, o, i);
                 const float theirs = deq[o * g0.cols + i];
                 if (ours != theirs) {
                   if (mismatches == 0 && ours != 0) ratio = theirs / ours;
@@ -565,12 +607,12 @@ int run_kernels(const KernelsArgs& a) {
           std::vector<GgmlExpert> gx(experts.size());
           for (size_t e = 0; e < experts.size(); ++e) {
             const Expert& x = experts[e];
-            gx[e].gate = k3bench::repack_mxfp4_for_ggml(x.gate.packed.data(), x.gate.scales.data(),
-                                                        kInter, kLatent, offset);
-            gx[e].up = k3bench::repack_mxfp4_for_ggml(x.up.packed.data(), x.up.scales.data(),
-                                                      kInter, kLatent, offset);
-            gx[e].down = k3bench::repack_mxfp4_for_ggml(x.down.packed.data(), x.down.scales.data(),
-                                                        kLatent, kInter, offset);
+            gx[e].gate = k3bench::repack_mxfp4_for_ggml(x.gate.packed, x.gate.scales, kInter,
+                                                        kLatent, offset);
+            gx[e].up =
+                k3bench::repack_mxfp4_for_ggml(x.up.packed, x.up.scales, kInter, kLatent, offset);
+            gx[e].down = k3bench::repack_mxfp4_for_ggml(x.down.packed, x.down.scales, kLatent,
+                                                        kInter, offset);
           }
           std::vector<uint8_t> q8x(kLatent / 32 * k3bench::kGgmlQ8Block),
               q8h(kInter / 32 * k3bench::kGgmlQ8Block);
@@ -823,6 +865,11 @@ Subcommand register_kernels(CLI::App& app) {
   c.option("--seconds", a->seconds, "time spent per figure (best pass reported)").show_default();
   c.option("--experts", a->experts,
            "distinct MXFP4 experts rotated (0: 3x the LLC's bytes, at least 16)")
+      .show_default();
+  c.option("--offset", a->offset,
+           "bytes past a 4 KiB boundary where each MXFP4 expert's bytes start: 0 as in the "
+           "container's aligned layout, a multiple of 8 as a snapshot's")
+      .range(0, 4095)
       .show_default();
   c.option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")
       .show_default();
