@@ -174,13 +174,13 @@ TEST(Mxfp4IsaQuant, DocumentedValues) {
 // ---------------------------------------------------------------------------------------------
 // Integer-dot path
 
-void expect_mxfp4_idot_identical(const Matrix& m, const std::vector<int8_t>& q,
+void expect_mxfp4_idot_identical(const k3::Mxfp4Matrix& m, const std::vector<int8_t>& q,
                                  const std::vector<float>& d, size_t n, size_t row_begin,
                                  size_t row_end, size_t ldy) {
   std::vector<float> want(n * ldy, sentinel());
   k3::kernel_table(k3::Isa::kScalar)
-      .matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
-                         want.data(), ldy, row_begin, row_end);
+      .matmul_mxfp4_idot(m.packed, m.scales, m.cols, q.data(), d.data(), n, want.data(), ldy,
+                         row_begin, row_end);
   for (k3::Isa isa : k3::testing::twin_isas())
     // Both ways of prefetching the next rows (kernels/isa.h: RowPrefetch), whichever this CPU
     // would choose.
@@ -189,8 +189,8 @@ void expect_mxfp4_idot_identical(const Matrix& m, const std::vector<int8_t>& q,
                    k3::row_prefetch_name(prefetch));
       std::vector<float> got(n * ldy, sentinel());
       k3::kernel_table(isa, prefetch)
-          .matmul_mxfp4_idot(m.packed.data(), m.scales.data(), m.cols, q.data(), d.data(), n,
-                             got.data(), ldy, row_begin, row_end);
+          .matmul_mxfp4_idot(m.packed, m.scales, m.cols, q.data(), d.data(), n, got.data(), ldy,
+                             row_begin, row_end);
       // Bit-identical everywhere, including the untouched sentinels outside [row_begin, row_end).
       EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
     }
@@ -214,8 +214,43 @@ TEST(Mxfp4IsaIdot, BitIdenticalToScalar) {
                      " n=" + std::to_string(n));
         const std::vector<float> x = random_acts(n, cols, rng);
         const Quantised a = quantise(k3::kernel_table(k3::Isa::kScalar), x, n, cols);
-        expect_mxfp4_idot_identical(m, a.q, a.d, n, 0, rows, rows);
+        expect_mxfp4_idot_identical(m.view(), a.q, a.d, n, 0, rows, rows);
       }
+    }
+  }
+}
+
+// A copy of `m` whose packed bytes and scales each start `offset` bytes past a 64-byte boundary
+// (an expert read from a snapshot starts wherever its file offset falls, a multiple of 8; the
+// container's start on 4 KiB boundaries).
+struct Placed {
+  std::vector<uint8_t> packed_storage, scales_storage;
+  k3::Mxfp4Matrix view;
+  Placed(const Matrix& m, size_t offset)
+      : packed_storage(m.packed.size() + 128), scales_storage(m.scales.size() + 128) {
+    auto place = [offset](std::vector<uint8_t>& storage, const std::vector<uint8_t>& bytes) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(storage.data());
+      uint8_t* p = storage.data() + (64 - at % 64) % 64 + offset;
+      std::memcpy(p, bytes.data(), bytes.size());
+      return p;
+    };
+    view = {place(packed_storage, m.packed), place(scales_storage, m.scales), m.rows, m.cols};
+  }
+};
+
+TEST(Mxfp4IsaIdot, AnyBaseAlignment) {
+  // Every 4-byte offset from a cache line, one and several activation rows: the same bits as the
+  // scalar twin (the one-row kernel reads 128 bytes of each row at a time).
+  std::mt19937 rng(207);
+  const size_t rows = 35, cols = 3584;
+  const Matrix m = random_matrix(rows, cols, rng);
+  for (size_t n : {1u, 3u, 9u}) {
+    const Quantised a =
+        quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(n, cols, rng), n, cols);
+    for (size_t offset = 0; offset < 64; offset += 4) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " offset=" + std::to_string(offset));
+      const Placed placed(m, offset);
+      expect_mxfp4_idot_identical(placed.view, a.q, a.d, n, 0, rows, rows);
     }
   }
 }
@@ -227,14 +262,14 @@ TEST(Mxfp4IsaIdot, LargeBatchAndLongRows) {
     const Matrix m = random_matrix(19, 3584, rng);
     const Quantised a =
         quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(70, 3584, rng), 70, 3584);
-    expect_mxfp4_idot_identical(m, a.q, a.d, 70, 0, 19, 19);
+    expect_mxfp4_idot_identical(m.view(), a.q, a.d, 70, 0, 19, 19);
   }
   {
     const Matrix m = random_matrix(9, 9216, rng);
     for (size_t n : {1u, 4u}) {
       const Quantised a =
           quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(n, 9216, rng), n, 9216);
-      expect_mxfp4_idot_identical(m, a.q, a.d, n, 0, 9, 9);
+      expect_mxfp4_idot_identical(m.view(), a.q, a.d, n, 0, 9, 9);
     }
   }
 }
@@ -252,7 +287,7 @@ TEST(Mxfp4IsaIdot, AnyInt8Activations) {
   for (size_t i = 0; i < 64; ++i) q[i] = -128;  // extreme groups
   for (size_t i = 64; i < 96; ++i) q[i] = 127;
   for (auto& v : d) v = dd(rng);
-  expect_mxfp4_idot_identical(m, q, d, n, 0, rows, rows);
+  expect_mxfp4_idot_identical(m.view(), q, d, n, 0, rows, rows);
 }
 
 TEST(Mxfp4IsaIdot, RowRangesTouchOnlyTheirRows) {
@@ -265,7 +300,7 @@ TEST(Mxfp4IsaIdot, RowRangesTouchOnlyTheirRows) {
     for (auto [b, e] : {std::pair<size_t, size_t>{5, 50}, {17, 18}, {0, 9}, {33, 67}, {40, 40}}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " range=" + std::to_string(b) + ".." +
                    std::to_string(e));
-      expect_mxfp4_idot_identical(m, a.q, a.d, n, b, e, ldy);
+      expect_mxfp4_idot_identical(m.view(), a.q, a.d, n, b, e, ldy);
     }
   }
 }
@@ -410,6 +445,34 @@ TEST(Mxfp4IsaExact, EveryRowGetsItsOneRowBits) {
         SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                      " n=" + std::to_string(n));
         expect_exact_rows_stable(m, random_acts(n, cols, rng, false), n);
+      }
+    }
+  }
+}
+
+TEST(Mxfp4IsaExact, AnyBaseAlignment) {
+  // Each ISA gives the same bits at every 4-byte offset from a cache line as at the line's start.
+  std::mt19937 rng(309);
+  const size_t rows = 35, cols = 3584;
+  const Matrix m = random_matrix(rows, cols, rng, false);
+  std::vector<k3::Isa> isas = k3::testing::twin_isas();
+  isas.push_back(k3::Isa::kScalar);
+  for (size_t n : {1u, 5u}) {
+    const std::vector<float> x = random_acts(n, cols, rng, false);
+    for (k3::Isa isa : isas) {
+      const k3::KernelTable& k = k3::kernel_table(isa);
+      std::vector<float> want(n * rows);
+      const Placed aligned(m, 0);
+      k.matmul_mxfp4_exact(aligned.view.packed, aligned.view.scales, cols, x.data(), n, want.data(),
+                           rows, 0, rows);
+      for (size_t offset = 4; offset < 64; offset += 4) {
+        SCOPED_TRACE(isa_label(isa) + " n=" + std::to_string(n) +
+                     " offset=" + std::to_string(offset));
+        const Placed placed(m, offset);
+        std::vector<float> got(n * rows, sentinel());
+        k.matmul_mxfp4_exact(placed.view.packed, placed.view.scales, cols, x.data(), n, got.data(),
+                             rows, 0, rows);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
       }
     }
   }
