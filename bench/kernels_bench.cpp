@@ -15,10 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_common.h"
@@ -50,8 +53,8 @@ struct Mx {
 // Matrices laid back to back, each packed block followed by its scales, in one buffer from
 // std::aligned_alloc(4096) (as the engine's expert slots, src/io/read_queue.cpp
 // allocate_direct_buffer) starting `offset` bytes past its 4 KiB boundary: 0 is an expert of the
-// container's aligned layout; a snapshot's expert starts wherever its file offset falls, a
-// multiple of 8 (the safetensors header is padded to 8 bytes).
+// container's aligned layout; a snapshot's expert read with O_DIRECT starts wherever its file
+// offset falls, a multiple of 8 (the safetensors header is padded to 8 bytes).
 struct MxBuffer {
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
@@ -91,11 +94,13 @@ MxBuffer random_mx(const std::vector<std::pair<size_t, size_t>>& shapes, uint64_
   return b;
 }
 
+// In the order of the engine's slot (src/experts/expert_store.cpp ExpertStore::view): gate,
+// down, up.
 struct Expert {
   MxBuffer buffer;
   Mx gate, up, down;  // gate/up [3072][3584], down [3584][3072]
   explicit Expert(MxBuffer b)
-      : buffer(std::move(b)), gate(buffer.mats[0]), up(buffer.mats[1]), down(buffer.mats[2]) {}
+      : buffer(std::move(b)), gate(buffer.mats[0]), up(buffer.mats[2]), down(buffer.mats[1]) {}
   size_t bytes() const { return buffer.bytes(); }
 };
 
@@ -436,7 +441,7 @@ int run_kernels(const KernelsArgs& a) {
     const auto make_expert = [&a](int e) {
       const uint64_t seed = 1000 + 10 * static_cast<uint64_t>(e);
       return Expert(
-          random_mx({{kInter, kLatent}, {kInter, kLatent}, {kLatent, kInter}}, seed, a.offset));
+          random_mx({{kInter, kLatent}, {kLatent, kInter}, {kInter, kLatent}}, seed, a.offset));
     };
     std::vector<Expert> experts;
     experts.push_back(make_expert(0));
@@ -462,11 +467,10 @@ int run_kernels(const KernelsArgs& a) {
     for (const bool idot : {true, false}) {
       const std::string path = idot ? "mxfp4_idot" : "mxfp4_exact";
       if (!selected(a, path)) continue;
-      print_header(("MXFP4 expert, " +
-                    std::string(idot ? "idot (default path)" : "exact float path") + ", " +
-                    std::to_string(E) + " distinct experts rotated, each starting " +
-                    std::to_string(a.offset) + " bytes past a 4 KiB boundary")
-                       .c_str());
+      print_header(
+          ("MXFP4 expert, " + std::string(idot ? "idot (default path)" : "exact float path") +
+           ", each expert starting " + std::to_string(a.offset) + " bytes past a 4 KiB boundary")
+              .c_str());
       auto call = [&](const Expert& e, size_t n) {
         if (idot)
           expert_idot(k, e, scratch, n);
@@ -867,8 +871,8 @@ Subcommand register_kernels(CLI::App& app) {
            "distinct MXFP4 experts rotated (0: 3x the LLC's bytes, at least 16)")
       .show_default();
   c.option("--offset", a->offset,
-           "bytes past a 4 KiB boundary where each MXFP4 expert's bytes start: 0 as in the "
-           "container's aligned layout, a multiple of 8 as a snapshot's")
+           "bytes past a 4 KiB boundary where each MXFP4 expert (and each 12288x7168 matrix) "
+           "starts: 0 as in the container's aligned layout, a multiple of 8 as a snapshot's")
       .range(0, 4095)
       .show_default();
   c.option("--ggml-dir", a->ggml_dir, "where to look for the ggml libraries (recursively)")

@@ -239,14 +239,30 @@ struct Placed {
 };
 
 TEST(Mxfp4IsaIdot, AnyBaseAlignment) {
-  // Every 4-byte offset from a cache line, one and several activation rows: the same bits as the
-  // scalar twin (the one-row kernel reads 128 bytes of each row at a time).
+  // Every byte offset from a cache line: the same bits as the scalar twin. One activation row reads
+  // 128 bytes of each row at a time, as whole lines put together when the rows start 4k bytes
+  // past one (kernels/impl/mxfp4_avx512.cpp); the shapes cover rows of whole lines (3584 cols),
+  // rows that are not (608: every row starts elsewhere in its line), a last quad of 4 groups
+  // (3712) and rows longer than one 256-group chunk (9216), whole and partial blocks of 16 rows,
+  // and a row range that starts inside the matrix.
   std::mt19937 rng(207);
-  const size_t rows = 35, cols = 3584;
-  const Matrix m = random_matrix(rows, cols, rng);
-  for (size_t n : {1u, 3u, 9u}) {
+  const size_t rows = 35;
+  for (size_t cols : {608u, 3584u, 3712u, 9216u}) {
+    const Matrix m = random_matrix(rows, cols, rng);
     const Quantised a =
-        quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(n, cols, rng), n, cols);
+        quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(1, cols, rng), 1, cols);
+    for (size_t offset = 0; offset < 64; ++offset) {
+      SCOPED_TRACE("cols=" + std::to_string(cols) + " offset=" + std::to_string(offset));
+      const Placed placed(m, offset);
+      expect_mxfp4_idot_identical(placed.view, a.q, a.d, 1, 0, rows, rows);
+      expect_mxfp4_idot_identical(placed.view, a.q, a.d, 1, 3, 35, rows);
+    }
+  }
+  // Several activation rows take the other kernels.
+  const Matrix m = random_matrix(rows, 3584, rng);
+  for (size_t n : {3u, 9u}) {
+    const Quantised a =
+        quantise(k3::kernel_table(k3::Isa::kScalar), random_acts(n, 3584, rng), n, 3584);
     for (size_t offset = 0; offset < 64; offset += 4) {
       SCOPED_TRACE("n=" + std::to_string(n) + " offset=" + std::to_string(offset));
       const Placed placed(m, offset);
@@ -451,7 +467,7 @@ TEST(Mxfp4IsaExact, EveryRowGetsItsOneRowBits) {
 }
 
 TEST(Mxfp4IsaExact, AnyBaseAlignment) {
-  // Each ISA gives the same bits at every 4-byte offset from a cache line as at the line's start.
+  // Each ISA gives the same bits at every byte offset from a cache line as at the line's start.
   std::mt19937 rng(309);
   const size_t rows = 35, cols = 3584;
   const Matrix m = random_matrix(rows, cols, rng, false);
@@ -465,7 +481,7 @@ TEST(Mxfp4IsaExact, AnyBaseAlignment) {
       const Placed aligned(m, 0);
       k.matmul_mxfp4_exact(aligned.view.packed, aligned.view.scales, cols, x.data(), n, want.data(),
                            rows, 0, rows);
-      for (size_t offset = 4; offset < 64; offset += 4) {
+      for (size_t offset = 1; offset < 64; ++offset) {
         SCOPED_TRACE(isa_label(isa) + " n=" + std::to_string(n) +
                      " offset=" + std::to_string(offset));
         const Placed placed(m, offset);

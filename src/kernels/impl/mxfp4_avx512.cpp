@@ -431,12 +431,13 @@ struct Quad1 {
   __m512i ql, qh, qo;
 };
 
-// The 64-byte line at `line` (64-aligned). It may hold bytes before or after the matrix, inside
-// the same line and so the same page: never a fault, and those lanes are permuted away. Outside
-// AddressSanitizer's view for that reason (it would call the bytes outside the allocation a
-// heap overflow); in a build without it the attribute does nothing and this inlines.
-__attribute__((no_sanitize_address)) inline __m512i load_line(const uint8_t* line) {
-  return _mm512_load_si512(line);
+// The 64-byte line at address `line` (64-aligned; an integer, as it may lie up to 63 bytes before
+// or after the matrix). Those bytes share a line, so a page, with bytes of the matrix: never a
+// fault, and their lanes are permuted away. Outside AddressSanitizer's view for that reason (it
+// would call them a heap overflow); in a build without it the attribute does nothing and this
+// inlines.
+__attribute__((no_sanitize_address)) inline __m512i load_line(uintptr_t line) {
+  return _mm512_load_si512(reinterpret_cast<const void*>(line));
 }
 
 // Lays out the prepared activations (tn = 1) of the chunk's gc groups as quads.
@@ -481,10 +482,10 @@ inline __m512 finish_quad(const __m512i dr[16], const float* d, const __m512* hs
 //   both lines into L2 35.2-36.2, both into L1 39.4-41.2.
 // kL1Whole: both lines of every row into L1 (what Zen wants); otherwise one line per row into L2.
 //
-// kRealign: the rows start `mis` bytes past a cache line (a snapshot's expert starts wherever its
-// file offset falls, a multiple of 8; the container's aligned layout puts it on a 4 KiB
-// boundary), the same in every row (row_bytes % 64 == 0), mis % 4 == 0. Each row's 128 bytes are
-// then read as the three whole lines they touch and put together with two dword permutes,
+// kRealign: the rows start `mis` bytes past a cache line (a snapshot's expert read with O_DIRECT
+// starts wherever its file offset falls, a multiple of 8; the container's aligned layout puts it
+// on a 4 KiB boundary), the same in every row (row_bytes % 64 == 0), mis % 4 == 0. Each row's 128
+// bytes are then read as the three whole lines they touch and put together with two dword permutes,
 // instead of two loads that each straddle two lines. On the 2-core Zen 5, 2 threads from DRAM,
 // paired medians of 300 passes: 1.07-1.19x the straddling loads at every offset tried (4 to 56),
 // about the speed of rows on a line boundary.
@@ -502,11 +503,12 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
   __m512 a = _mm512_load_ps(acc);
   prefetch_next_scales(b);
   const bool linear = b.chunk_bytes == b.row_bytes;  // the block is one run of 16 rows
-  const size_t mis = reinterpret_cast<uintptr_t>(b.p) % 64;
-  // Lane j of permutex2var(line k, shift, line k + 1) = dword j + mis / 4 of the two lines.
-  const __m512i shift =
-      _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                       _mm512_set1_epi32(static_cast<int>(mis / 4)));
+  // kRealign: lane j of permutex2var(line k, shift, line k + 1) = dword j + mis / 4 of the two.
+  const size_t mis = kRealign ? reinterpret_cast<uintptr_t>(b.p) % 64 : 0;
+  const __m512i shift = kRealign ? _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                                      10, 11, 12, 13, 14, 15),
+                                                    _mm512_set1_epi32(static_cast<int>(mis / 4)))
+                                 : _mm512_setzero_si512();
   alignas(64) __m512 hs[kUnit];
   alignas(64) __m512i d2[kRows];
   for (size_t u0 = 0; u0 < b.gc; u0 += kUnit) {
@@ -541,7 +543,7 @@ void block_n1(const Block& b, const Quad1* qx, const float* d, float* acc) {
           _mm_prefetch(reinterpret_cast<const char*>(pf + 64), kHint);
         }
         if constexpr (kRealign) {
-          const uint8_t* line = p + i * b.row_bytes - mis;
+          const uintptr_t line = reinterpret_cast<uintptr_t>(p) + i * b.row_bytes - mis;
           const __m512i l1 = load_line(line + 64);
           dr[i] = dot(_mm512_permutex2var_epi32(load_line(line), shift, l1), x0);
           d2[i] = dot(_mm512_permutex2var_epi32(l1, shift, load_line(line + 128)), x1);
