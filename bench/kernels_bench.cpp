@@ -15,17 +15,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bench_common.h"
 #include "ggml_peer.h"
+#include "io/read_queue.h"
 #include "kernels/isa.h"
 #include "kernels/matmul.h"
 #include "kernels/mxfp4.h"
@@ -50,14 +49,14 @@ struct Mx {
   size_t bytes() const { return rows * cols / 2 + rows * cols / 32; }
 };
 
-// Matrices laid back to back, each packed block followed by its scales, in one buffer from
-// std::aligned_alloc(4096) (as the engine's expert slots, src/io/read_queue.cpp
-// allocate_direct_buffer) starting `offset` bytes past its 4 KiB boundary: 0 is an expert of the
-// container's aligned layout; a snapshot's expert read with O_DIRECT starts wherever its file
-// offset falls, a multiple of 8 (the safetensors header is padded to 8 bytes).
+// Matrices laid back to back, each packed block followed by its scales, in one buffer from the
+// allocator of the engine's expert slots (k3::allocate_direct_buffer, io/read_queue.h: 4 KiB
+// aligned) starting `offset` bytes past its 4 KiB boundary: 0 is an expert of the container's
+// aligned layout; a snapshot's expert read with O_DIRECT starts wherever its file offset falls, a
+// multiple of 8 (the safetensors header is padded to 8 bytes).
 struct MxBuffer {
   struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
+    void operator()(uint8_t* p) const { k3::free_direct_buffer(p); }
   };
   std::unique_ptr<uint8_t[], Free> storage;
   std::vector<Mx> mats;
@@ -74,8 +73,7 @@ MxBuffer random_mx(const std::vector<std::pair<size_t, size_t>>& shapes, uint64_
   size_t total = offset;
   for (const auto& [rows, cols] : shapes) total += rows * cols / 2 + rows * cols / 32;
   MxBuffer b;
-  b.storage.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, (total + 4095) / 4096 * 4096)));
-  if (!b.storage) throw std::bad_alloc();
+  b.storage.reset(k3::allocate_direct_buffer(total));
   uint8_t* at = b.storage.get() + offset;
   for (const auto& [rows, cols] : shapes) {
     Mx m;
