@@ -8,7 +8,7 @@
 
 namespace k3 {
 
-// Peak resident set size of this process in bytes (getrusage).
+// Peak resident set size of this process in bytes (getrusage; never below current_rss_bytes()).
 uint64_t peak_rss_bytes();
 
 // Resident set size now (/proc/self/statm; 0 when it cannot be read).
