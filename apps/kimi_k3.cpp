@@ -461,11 +461,11 @@ int run(int argc, char** argv) {
   // anonymous memory.
   const std::string memory = " (" + k3::describe_memory(engine.memory()) + ")";
   std::fprintf(stderr,
-               "load %.2f s (%.2f GB/s resident) | prefill %zu tok %.1f tok/s | decode %lld tok "
+               "load %.3f s (%.2f GB/s read) | prefill %zu tok %.1f tok/s | decode %lld tok "
                "%.1f tok/s | %s | threads %d | peak RSS %.1f MB%s | %s%s\n",
                engine.load_seconds(),
                engine.load_seconds() > 0
-                   ? static_cast<double>(config.resident_bytes) / 1e9 / engine.load_seconds()
+                   ? static_cast<double>(config.load_file_bytes) / 1e9 / engine.load_seconds()
                    : 0.0,
                prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
                static_cast<long long>(result.decode_steps),

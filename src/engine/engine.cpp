@@ -136,6 +136,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
   info.has_embedding = m.model->has_embedding();
   info.has_head = m.model->has_head();
   info.resident_bytes = m.model->resident_bytes();
+  info.load_file_bytes = m.model->load_file_bytes();
   info.tensor_prefix = m.files->prefix();
   m.load_seconds = now_seconds() - start;
   // The load's transients (the tokenizer file's text, the shard headers, the loader threads'

@@ -75,8 +75,9 @@ struct EngineInfo {
   // not the tokenizer is kept; empty without a tokenizer.
   std::optional<int64_t> end_of_message_id;
   bool has_embedding = false;
-  bool has_head = false;        // false: prefill returns no logits
-  uint64_t resident_bytes = 0;  // weights held in memory
+  bool has_head = false;         // false: prefill returns no logits
+  uint64_t resident_bytes = 0;   // weights held in memory
+  uint64_t load_file_bytes = 0;  // bytes of the files the load read (or mapped), as stored
   // One session's state at EngineOptions::context positions (MLA rows, scores, KDA state, the
   // token record); 0 when no context was given.
   uint64_t session_bytes = 0;

@@ -82,6 +82,8 @@ class Model {
   VkTier* vk_tier() { return vk_tier_.get(); }
   // Bytes of resident weights (dense matrices in their RAM formats and vectors).
   uint64_t resident_bytes() const;
+  // Bytes of the model's files read (or mapped) by the load: every resident tensor as stored.
+  uint64_t load_file_bytes() const { return weights_.file_bytes; }
   // Bytes of dense matrices used in place from file mappings (K3_MMAP=1; 0 otherwise).
   uint64_t mapped_bytes() const;
   // The repacked container's record (present false for a Hugging Face snapshot).

@@ -101,6 +101,7 @@ struct ModelWeights {
   std::vector<float> final_norm;             // [hidden]
   std::vector<float> output_res_query;       // [hidden]
   std::unique_ptr<ExpertStore> experts;
+  uint64_t file_bytes = 0;  // bytes of the files read or mapped at load (routed experts aside)
 };
 
 // The width each class of dense matrix is loaded at: the requested one, except that a repacked
