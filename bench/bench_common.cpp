@@ -356,6 +356,41 @@ __attribute__((target("avx2,fma"))) double fma_loop_avx2() {
   }
   return sum;
 }
+
+// The integer kernels' multiply-add (K3_IDOT=1): vpdpbusd on AVX-512 VNNI, 64 u8 x s8 products a
+// zmm; 12 independent accumulators.
+__attribute__((target("avx512f,avx512vnni"))) double dot_loop_avx512() {
+  __m512i a[12];
+  const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(-5);
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+  for (int64_t it = 0; it < kFmaIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
+  alignas(64) int32_t lanes[16];
+  int64_t sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm512_store_si512(lanes, a[i]);
+    for (int32_t v : lanes) sum += v;
+  }
+  return static_cast<double>(sum);
+}
+
+// AVX2 without VNNI: vpmaddubsw (32 u8 x s8 products, pair sums in int16) and vpmaddwd widening
+// them, as the AVX2 integer kernels do (src/kernels/impl/mxfp4_avx2.cpp), added in int32.
+__attribute__((target("avx2"))) double dot_loop_avx2() {
+  __m256i a[12];
+  const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(-5), ones = _mm256_set1_epi16(1);
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_epi32(i);
+  for (int64_t it = 0; it < kFmaIters; ++it)
+    for (int i = 0; i < 12; ++i)
+      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+  alignas(32) int32_t lanes[8];
+  int64_t sum = 0;
+  for (int i = 0; i < 12; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a[i]);
+    for (int32_t v : lanes) sum += v;
+  }
+  return static_cast<double>(sum);
+}
 #endif
 
 double fma_loop_scalar() {
@@ -386,6 +421,28 @@ double fma_peak_gflops(k3::Isa isa) {
   if (keep == -1) std::printf("(checksum)\n");  // keeps the loops alive
   const double flops = 2.0 * lanes * 12.0 * static_cast<double>(kFmaIters) * omp_get_max_threads();
   return flops / dt / 1e9;
+}
+
+double int8_dot_peak_gops(k3::Isa isa) {
+#if defined(__x86_64__)
+  int macs = 0;  // u8 x s8 products per loop instruction group
+  double (*loop)() = nullptr;
+  if (isa == k3::Isa::kAvx512) macs = 64, loop = dot_loop_avx512;
+  if (isa == k3::Isa::kAvx2) macs = 32, loop = dot_loop_avx2;
+  if (loop == nullptr) return 0;
+  double keep = 0;
+  loop();  // warm-up, as fma_peak_gflops
+  const double t0 = k3::now_seconds();
+#pragma omp parallel reduction(+ : keep)
+  keep += loop();
+  const double dt = k3::now_seconds() - t0;
+  if (keep == -1) std::printf("(checksum)\n");
+  const double ops = 2.0 * macs * 12.0 * static_cast<double>(kFmaIters) * omp_get_max_threads();
+  return ops / dt / 1e9;
+#else
+  (void)isa;
+  return 0;
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -648,8 +705,9 @@ double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint
   return dt > 0 ? static_cast<double>(bytes) / 1e9 / dt : 0;
 }
 
-// A prompt of real text (README.md through the release tokenizer), or a fixed id pattern when
-// the tokenizer is not beside the binary's source tree.
+// A prompt of real text (README.md, then docs/*.md in name order as far as needed, through the
+// release tokenizer), or a fixed id pattern when the tokenizer is not beside the binary's source
+// tree.
 std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* what) {
   std::error_code ec;
   const fs::path root =
@@ -657,11 +715,22 @@ std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* wha
   std::vector<int64_t> ids;
   try {
     const k3::text::Tokenizer tok = k3::text::Tokenizer::load(root / "tests/data/k3-release");
-    std::ifstream in(root / "README.md");
-    const std::string text{std::istreambuf_iterator<char>(in), {}};
-    for (int32_t id : tok.encode(text, false))
-      if (static_cast<int64_t>(ids.size()) < n && id < vocab) ids.push_back(id);
-    *what = "README.md, release tokenizer";
+    std::vector<fs::path> texts = {root / "README.md"};
+    std::vector<fs::path> docs;
+    for (const auto& e : fs::directory_iterator(root / "docs", ec))
+      if (e.path().extension() == ".md") docs.push_back(e.path());
+    std::sort(docs.begin(), docs.end());
+    texts.insert(texts.end(), docs.begin(), docs.end());
+    size_t used = 0;
+    for (; used < texts.size() && static_cast<int64_t>(ids.size()) < n; ++used) {
+      std::ifstream in(texts[used]);
+      const std::string text{std::istreambuf_iterator<char>(in), {}};
+      for (int32_t id : tok.encode(text, false))
+        if (static_cast<int64_t>(ids.size()) < n && id < vocab) ids.push_back(id);
+    }
+    *what = used <= 1
+                ? "README.md, release tokenizer"
+                : "README.md and " + std::to_string(used - 1) + " of docs/*.md, release tokenizer";
   } catch (const std::exception&) {
   }
   if (static_cast<int64_t>(ids.size()) < n) {

@@ -217,6 +217,10 @@ double core_clock_ghz(double* tsc_ghz);
 // fused multiply-adds (12 accumulators, enough to cover 2 ports x 4-5 cycles of latency), 2
 // flops per lane per FMA: 32 per instruction on AVX-512, 16 on AVX2, 2 for scalar.
 double fma_peak_gflops(k3::Isa isa);
+// The integer dot-product peak of `isa` in GOP/s (2 per u8 x s8 product) over every OpenMP
+// thread, for the kernels K3_IDOT=1 runs: vpdpbusd (64 products) on AVX-512 VNNI; vpmaddubsw +
+// vpmaddwd + vpaddd (32) on AVX2; 0 for scalar code.
+double int8_dot_peak_gops(k3::Isa isa);
 
 // ---------------------------------------------------------------------------------------------
 // Checkpoints written once and reused
@@ -248,8 +252,8 @@ double drive_write_rate_dd(const std::string& dir, double probe_gb, uint64_t blo
 // available), `depth` requests of `request_bytes` in flight, sequential over the largest shards.
 double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint64_t request_bytes,
                         std::string* engine);
-// A prompt of real text (README.md through the release tokenizer), or a fixed id pattern when
-// the tokenizer is not beside the binary's source tree.
+// A prompt of real text (README.md, then docs/*.md as far as needed, through the release
+// tokenizer), or a fixed id pattern when the tokenizer is not beside the binary's source tree.
 std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* what);
 // Drops the page cache of every regular file in `dir` (posix_fadvise DONTNEED), so the next read
 // comes from the drive (or whatever cache sits below the page cache).

@@ -103,11 +103,19 @@ int run_decode(const DecodeArgs& a) {
   const double dram = dram_probe(
       static_cast<size_t>(a.dram_gib * static_cast<double>(size_t{1} << 30)), 5, &dram_cpu);
   const double fma = fma_peak_gflops(isa);
+  // With integer dots (K3_IDOT=1, the default) the experts and the int4 / int8 matrices multiply
+  // int8 activations by vpdpbusd (or vpmaddubsw): that peak is their roof, not the f32 FMA's.
+  const bool idot = k3::internal::model(engine).load_options().idot;
+  const double dot = idot ? int8_dot_peak_gops(isa) : 0;
   std::printf(
-      "floors: DRAM read probe %.2f GB/s (cpu %.0f%%), FMA peak %.1f GFLOP/s (%s, %d threads)\n",
-      dram, 100 * dram_cpu, fma, k3::isa_name(isa), omp_get_max_threads());
+      "floors: DRAM read probe %.2f GB/s (cpu %.0f%%), FMA peak %.1f GFLOP/s%s (%s, %d threads)\n",
+      dram, 100 * dram_cpu, fma,
+      dot > 0 ? (", int8 dot peak " + std::to_string(static_cast<int64_t>(dot)) + " GOP/s").c_str()
+              : "",
+      k3::isa_name(isa), omp_get_max_threads());
   add_result(name + "_dram_probe", dram, "GB/s", 1.0, dram_cpu);
   add_result(name + "_fma_peak", fma, "GFLOP/s", std::nan(""));
+  if (dot > 0) add_result(name + "_int8_dot_peak", dot, "GOP/s", std::nan(""));
   const TokenCost cost = token_cost(dir, c, engine.info().num_layers);
   double reads_per_token[2] = {0, 0};
   for (int k = 0; k < 2; ++k) {
@@ -140,6 +148,12 @@ int run_decode(const DecodeArgs& a) {
           gflops, gflops / fma, static_cast<long long>(std::min<int64_t>(P, 32)),
           P < 32 ? "; give --prefill >= 32 for full chunks" : "");
       add_result(name + "_prefill_C32_gflops", gflops, "GFLOP/s", gflops / fma);
+      if (dot > 0) {
+        std::printf(
+            "  = %.3fx the int8 dot peak, the roof of the integer kernels it runs (K3_IDOT=1)\n",
+            gflops / dot);
+        add_result(name + "_prefill_C32_vs_int8_dot_peak", gflops / dot, "x", gflops / dot);
+      }
     }
   }
   if (reads_per_token[1] > 0)

@@ -3,6 +3,8 @@
 // a state met for the first time walks the vocabulary's trie; a state met again copies its mask.
 #include "grammar_bench.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,7 +21,7 @@
 namespace k3bench {
 namespace {
 
-struct GrammarBenchArgs {
+struct GrammarBenchArgs : CommonOptions {
   std::string model_dir = "assets/k3-mini";  // its tokenizer, and its decode step for scale
   int64_t tokens = 300;                      // masks per schema at most
   uint64_t seed = 1;
@@ -51,9 +53,13 @@ double percentile(std::vector<double> v, double p) {
 }
 
 int run_grammar_bench(const GrammarBenchArgs& args) {
-  const k3::Engine engine(args.model_dir, k3::LoadOptions{});
+  const k3::Isa isa = apply_common_options(args);
+  k3::LoadOptions load;
+  load.isa = args.isa;
+  const k3::Engine engine(args.model_dir, load);
   const size_t vocab = static_cast<size_t>(engine.info().vocab_size);
-  std::printf("== machine\ncpu: %s\n", k3::cpu_model_name().c_str());
+  std::printf("== machine\ncpu: %s\nisa: %s, %d threads\n", k3::cpu_model_name().c_str(),
+              k3::isa_name(isa), omp_get_max_threads());
   std::printf("model: %s (vocabulary %zu)\n", args.model_dir.c_str(), vocab);
 
   // The decode step this cost is added to: 32 tokens of one session, median.
@@ -146,6 +152,7 @@ Subcommand register_grammar(CLI::App& app) {
   sub.option("--model", a->model_dir, "model directory (tokenizer and decode step)").show_default();
   sub.option("--tokens", a->tokens, "masks per schema at most").show_default();
   sub.option("--seed", a->seed, "token draw seed").show_default();
+  add_common_options(sub, *a);
   return {sub.app(), [a] { return run_grammar_bench(*a); }};
 }
 

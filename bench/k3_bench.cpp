@@ -8,13 +8,18 @@
 //       12288x7168 / 7168x12288 (1 and 64 rows; both also on int8 activations, int8_idot and
 //       int4_idot), and ggml's MXFP4 dot product as a peer when the npm package
 //       @node-llama-cpp/linux-x64 is installed under bench/node_modules.
-//   k3_bench decode [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
-//       Decode tokens/s with every expert in memory, with the per-stage breakdown, and prefill
-//       tokens/s token at a time (K3_CHUNK=1) vs chunked (32) with the expert dedup factor. Without
-//       MODEL_DIR a `k3_synth --preset slice` checkpoint is written once into DIR and reused.
+//   k3_bench decode [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--prefill P]
+//                   [--dram-gib G] [--dir DIR]
+//       Decode tokens/s with every expert in memory, with the per-stage breakdown, against the
+//       DRAM floor (bytes read from RAM per token), and prefill tokens/s token at a time
+//       (K3_CHUNK=1) vs chunked (32) with the expert dedup factor and the chunked FLOP/s against
+//       the FMA and int8 dot-product peaks. Without MODEL_DIR a `k3_synth --preset slice`
+//       checkpoint is written once into DIR and reused.
 //   k3_bench stream [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
-//       Decode with routed experts streamed from disk, against the drive's O_DIRECT rate, with and
-//       without the pipe and the read-ahead (K3_PREFETCH) and its recall.
+//                   [--chunks 32,128,512,2048] [--chunk-prompt P]
+//       Decode with routed experts streamed from disk, against the drive's O_DIRECT rate and the
+//       drive floor, with and without the pipe and the read-ahead (K3_PREFETCH) and its recall;
+//       with --chunks, one prompt's disk bytes and time per token at each chunk size.
 //   k3_bench serve [MODEL_DIR] [--tokens T] [--prompt P] [--concurrency 1,2,4,8]
 //       The engine service with N sessions (coli serve --parallel): aggregate generated tok/s at
 //       each number of concurrent streams (ratio to the first), routed-expert MB read per token
@@ -38,11 +43,12 @@
 //   k3_bench container [--layers N] [--experts E] [--bits 4|8] [--tokens T] [--dir DIR]
 //       The repacked container against its snapshot on a slice: drive rates, repack GB/s, cold
 //       and warm load of each layout, bytes per streamed expert read (docs/container.md §7).
-//   k3_bench grammar [--model DIR] [--tokens T] [--seed S]
+//   k3_bench grammar [--model DIR] [--tokens T] [--seed S] [--isa I] [--threads N]
 //       The structured-output mask's per-token cost beside a decode step (bench/grammar_bench.h).
 //   k3_bench ep [--delay D] [--rate R]
 //       --expert-parallel over 1, 2 and 3 ranks in network namespaces (root; bench/ep_netns.sh).
-//   k3_bench load [MODEL_DIR] [--peer 'COMMAND'] [--cold] [--runs N]
+//   k3_bench load [MODEL_DIR] [--peer 'COMMAND'] [--peer-dir DIR] [--cold] [--runs N]
+//                 [--probe-gb G] [--kimi PATH]
 //       kimi_k3's load of MODEL_DIR in a child (wait4: its own user/sys seconds, page faults, peak
 //       RSS): load s, GB/s of the resident weights, the drive's O_DIRECT rate over the files, and
 //       `RESULT load <s> s ratio=R` with R = max(bytes / drive, quantization work / cores) / load
@@ -65,8 +71,8 @@
 //
 // Every figure is also printed as one machine-readable line:
 //   RESULT <name> <value> <unit> ratio=<r>
-// ratio is GB/s / DRAM probe for bandwidth figures, the figure itself for "x" figures and nan
-// where there is no reference (decode).
+// ratio is GB/s / DRAM probe for bandwidth figures, the figure itself for "x" figures, the figure
+// against its floor where one is named, and nan where there is no reference (tok/s, s/token).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>

@@ -298,7 +298,7 @@ Subcommand register_kda(CLI::App& app) {
   Command sub(app, "kda",
               "KDA recurrence: token by token vs the chunk (WY/UT) form, and its share of a layer");
   sub.option("--config", a->config, "config.json whose KDA geometry is measured").show_default();
-  sub.option("--rows", a->rows, "chunk rows to measure").list(',');
+  sub.option("--rows", a->rows, "chunk rows to measure").list(',').default_text("32,128,512,2048");
   sub.option("--layer-rows", a->layer_rows, "rows of the whole-layer part (0 = skip it)")
       .show_default();
   sub.option("--seconds", a->seconds, "timing seconds per figure").show_default();

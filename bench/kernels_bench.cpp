@@ -249,28 +249,58 @@ void pair_with_probe(const KernelsArgs& a, DramProbe& probe, const std::string& 
   add_result(name + "_paired", m, "x", m, cpu);
 }
 
-// The vector instructions the one-row MXFP4 kernels spend per weight byte (counted from
-// src/kernels/impl/mxfp4_avx512.cpp and mxfp4_avx2.cpp), printed where they bind.
-const char* instruction_mix(k3::Isa isa, bool idot) {
+// The one-row kernels whose binding resource print_targets names.
+enum class Mix { kMxfp4Idot, kMxfp4Exact, kInt8Idot, kInt4Idot };
+
+// The vector instructions a one-row kernel spends per weight byte (counted from
+// src/kernels/impl/mxfp4_avx512.cpp, mxfp4_avx2.cpp, dense_avx512.cpp and dense_avx2.cpp),
+// printed where they bind. "The 16-row sums": sum_rows16 (src/kernels/impl/avx512_common.h), 44
+// unpacks, adds and 128-bit shuffles per 16 rows, 2.75 per 64 bytes of a row.
+const char* instruction_mix(k3::Isa isa, Mix kernel) {
   switch (isa) {
     case k3::Isa::kAvx512:
-      return idot ? "per 64 weight bytes of a row: 1 load, 1 prefetch, 2 vpandd + 1 vpsrlw, 2 "
-                    "vpshufb (e2m1 -> u8), 2 vpdpbusd; ~2.8 shuffles/adds and ~1.3 float ops "
-                    "(the 16-row sums and scales), ~0.5 for the scale bytes"
-                  : "per 64 weight bytes (16 rows x 8 columns): 8 vpermps (e2m1 -> f32), 8 "
-                    "vpsrld and 8 vfmadd231ps with a broadcast operand, plus 3 shuffles of the "
-                    "16x16 dword transpose; the three share vector pipes (~1 permute+shift+FMA "
-                    "per cycle measured on Zen 5: 0.125 cycles/byte before the rest)";
+      switch (kernel) {
+        case Mix::kMxfp4Idot:
+          return "per 64 weight bytes of a row: 1 load, 1 prefetch, 2 vpandd + 1 vpsrlw, 2 vpshufb "
+                 "(e2m1 -> u8), 2 vpdpbusd; ~2.8 shuffles/adds and ~1.3 float ops (the 16-row "
+                 "sums and scales), ~0.5 for the scale bytes";
+        case Mix::kMxfp4Exact:
+          return "per 64 weight bytes (16 rows x 8 columns): 8 vpermps (e2m1 -> f32), 8 vpsrld "
+                 "and 8 vfmadd231ps with a broadcast operand, plus 3 shuffles of the 16x16 dword "
+                 "transpose; the three share vector pipes (~1 permute+shift+FMA per cycle "
+                 "measured on Zen 5: 0.125 cycles/byte before the rest)";
+        case Mix::kInt8Idot:
+          return "per 64 weight bytes of a row (two groups): 1 load, 1 prefetch, 1 vpxord (to "
+                 "u8), 1 vpdpbusd; 2.75 for the 16-row sums, ~0.6 float ops per group step";
+        case Mix::kInt4Idot:
+          return "per 64 weight bytes of a row: 1 load, 1 prefetch, 2 vpandd + 1 vpsrlw "
+                 "(nibbles), 2 vpdpbusd; 2.75 for the 16-row sums, ~1.3 float ops and scales";
+      }
+      break;
     case k3::Isa::kAvx2:
-      return idot ? "per 128 weight bytes (8 rows x one group): 12 shuffles of the 8x8 dword "
-                    "transpose and 8 vpshufb (20 shuffles), 8 vpand + 4 vpsrld, 8 vpmaddubsw, 6 "
-                    "vpaddw, 2 vpmaddwd, ~8 int/float ops for the sum and scale"
-                  : "per 32 weight bytes of a row (two groups): 16 shuffles build the floats (4 "
-                    "vpshufb, 4 vpunpck*bw, 8 vpunpck*wd; at two per cycle 0.25 cycles/byte), 3 "
-                    "and/shift, 3 for the scales, 9 vmulps/vfmadd231ps per activation row";
+      switch (kernel) {
+        case Mix::kMxfp4Idot:
+          return "per 128 weight bytes (8 rows x one group): 12 shuffles of the 8x8 dword "
+                 "transpose and 8 vpshufb (20 shuffles), 8 vpand + 4 vpsrld, 8 vpmaddubsw, 6 "
+                 "vpaddw, 2 vpmaddwd, ~8 int/float ops for the sum and scale";
+        case Mix::kMxfp4Exact:
+          return "per 32 weight bytes of a row (two groups): 16 shuffles build the floats (4 "
+                 "vpshufb, 4 vpunpck*bw, 8 vpunpck*wd; at two per cycle 0.25 cycles/byte), 3 "
+                 "and/shift, 3 for the scales, 9 vmulps/vfmadd231ps per activation row";
+        case Mix::kInt8Idot:
+          return "per 256 weight bytes (8 rows x one group; no VNNI, no one-row special case): "
+                 "24 shuffles of the 8x8 dword transpose, 8 vpabsb, 8 x (vpsignb, vpmaddubsw, "
+                 "vpmaddwd, vpaddd) against broadcast activation dwords, ~6 float ops";
+        case Mix::kInt4Idot:
+          return "per 32 weight bytes of a row (one group): 1 load, 2 vpand + 1 vpsrlw "
+                 "(nibbles), 2 vpmaddubsw, 1 vpaddw, 1 vpmaddwd; ~2.5 for the 8-row sums and "
+                 "~1.3 float ops per row-group";
+      }
+      break;
     default:
-      return "scalar code";
+      break;
   }
+  return "scalar code";
 }
 
 // The core clock of this run (core_clock_ghz, bench/bench_common.h), for cycles per byte.
@@ -324,10 +354,15 @@ void print_targets(k3::Isa isa) {
   check("int8_idot_12288x7168_rows1", true, 0.7, ">= 0.70 x DRAM probe");
   check("int8_idot_7168x12288_rows1", true, 0.7, ">= 0.70 x DRAM probe");
   check("mxfp4_idot_rows1_vs_ggml", false, 2.0, ">= 2.00 x ggml");
-  // What binds the one-row MXFP4 kernels: the same kernel on one core with its expert in the LLC
+  // What binds the one-row kernels: the same kernel on one core with its weights in the LLC
   // costs the instructions' cycles per byte; near the DRAM run's, the instructions bind.
-  for (const bool idot : {true, false}) {
-    const std::string path = idot ? "mxfp4_idot" : "mxfp4_exact";
+  std::vector<std::pair<std::string, Mix>> paths = {{"mxfp4_idot", Mix::kMxfp4Idot},
+                                                    {"mxfp4_exact", Mix::kMxfp4Exact}};
+  for (const char* dims : {"12288x7168", "7168x12288"}) {
+    paths.emplace_back(std::string("int8_idot_") + dims, Mix::kInt8Idot);
+    paths.emplace_back(std::string("int4_idot_") + dims, Mix::kInt4Idot);
+  }
+  for (const auto& [path, mix] : paths) {
     const Result* dram = find(path + "_rows1_cycles_per_byte");
     const Result* cache = find(path + "_rows1_in_cache_cycles_per_byte");
     if (!dram || !cache) continue;
@@ -339,7 +374,7 @@ void print_targets(k3::Isa isa) {
         "%s: %.3f cycles/byte on one core from the LLC = %.0f%% of the DRAM run's %.3f; bound by "
         "%s\n",
         path.c_str(), cache->value, 100.0 * share, dram->value, verdict);
-    if (share >= 0.5) std::printf("  the mix, %s\n", instruction_mix(isa, idot));
+    if (share >= 0.5) std::printf("  the mix, %s\n", instruction_mix(isa, mix));
     // What transfers: a workstation core's share of DRAM (~300 GB/s over 32 cores) at this clock.
     const double floor = g_clock_ghz / kWorkstationCoreGbs;
     std::printf(
@@ -772,6 +807,27 @@ int run_kernels(const KernelsArgs& a) {
               [&] { k3::quantize_q8_32(k, X.data(), n, cols, Q8.data(), D.data()); });
           std::printf("  (quantize_q8_32 of %zu rows: %.3f ms, %.2f%% of the best pass)\n", n,
                       q.best * 1e3, 100.0 * q.best / t.best);
+        }
+        // One row on one core with a matrix of the same width and format held in the LLC (as
+        // many rows as fit half of it, a multiple of 16): the instructions' cycles per byte,
+        // against which print_targets tells instructions from memory stalls.
+        const double row_bytes = one / static_cast<double>(sh.rows);
+        const int64_t small_rows = std::min<int64_t>(
+            sh.rows,
+            static_cast<int64_t>(0.5 * static_cast<double>(llc_bytes) / row_bytes / 16.0) * 16);
+        if (small_rows >= 16) {
+          k3::WeightMatrix S;
+          S.rows = small_rows;
+          S.cols = sh.cols;
+          S.f32.resize(static_cast<size_t>(small_rows * sh.cols));
+          fill_floats(S.f32.data(), S.f32.size(), 6000 + static_cast<uint64_t>(bits));
+          k3::quantize_matrix(S, bits, k3::kernel_table(k3::best_isa()));
+          k3::quantize_q8_32(k, X.data(), 1, cols, Q8.data(), D.data());
+          omp_set_num_threads(1);
+          auto call1 = [&] { idot(S, 1); };
+          const Timing t = measure(a.seconds, 3, call1, call1);
+          print_row(idot_base + "_rows1_in_cache", 1, static_cast<double>(S.bytes()), t, 0);
+          omp_set_num_threads(threads);
         }
       }
     }

@@ -17,12 +17,12 @@
 //       cache is not controlled). Then
 //         RESULT load <s> s ratio=R,  R = floor / measured,
 //         floor = max(resident bytes / drive probe, quantization work / cores)
-//       Quantization work is estimated in process: the largest resident float matrix (at most
-//       16 Mi elements of it), widened from BF16 into memory already touched and quantized to the
-//       run's dense width (the "bits B/" of kimi_k3's --stats line; the head's and MLA's widths
-//       are not told apart) on one thread, best of 3, per element, times every resident float
-//       matrix's elements. It leaves out what a load does besides widening and quantizing
-//       (parsing, norms, the tokenizer, first touch of memory).
+//       Quantization work is estimated in process: the largest resident float matrix but the head
+//       (at most 16 Mi elements of it), widened from BF16 into memory already touched and
+//       quantized to the run's dense width (the B of kimi_k3's "bits B/M/H"; MLA's width M is
+//       not told apart) on one thread, best of 3, per element, times those matrices' elements;
+//       plus the head the same way at its width H. It leaves out what a load does besides
+//       widening and quantizing (parsing, norms, the tokenizer, first touch of memory).
 #include <omp.h>
 
 #include <algorithm>
@@ -57,8 +57,10 @@ struct Weights {
   uint64_t resident_bytes = 0, expert_bytes = 0;
   int64_t resident_tensors = 0;
   uint64_t float_elements = 0;  // elements of resident float matrices (the quantizer's input)
-  std::string largest;          // the largest resident float matrix
+  std::string largest;          // the largest resident float matrix but the head
   int64_t rows = 0, cols = 0;
+  uint64_t head_elements = 0;  // lm_head's, when it is a float matrix (quantized at the head width)
+  int64_t head_rows = 0, head_cols = 0;
   std::vector<fs::path> files;
 };
 
@@ -81,7 +83,11 @@ Weights read_weights(const std::string& dir) {
           t.dtype == k3::DType::kBF16 || t.dtype == k3::DType::kF16 || t.dtype == k3::DType::kF32;
       if (is_float && t.shape.size() == 2 && t.shape[0] >= 64 && t.shape[1] >= 64) {
         w.float_elements += t.numel();
-        if (t.shape[0] * t.shape[1] > w.rows * w.cols) {
+        if (t.name.ends_with("lm_head.weight")) {
+          w.head_elements = t.numel();
+          w.head_rows = t.shape[0];
+          w.head_cols = t.shape[1];
+        } else if (t.shape[0] * t.shape[1] > w.rows * w.cols) {
           w.rows = t.shape[0];
           w.cols = t.shape[1];
           w.largest = t.name;
@@ -185,7 +191,7 @@ int run_load(const LoadArgs& a) {
   std::printf("ours: %s\n", command.c_str());
   ChildRun best;
   double best_load = 1e30;
-  int bits = 8;
+  int bits = 8, head_bits = 8;
   for (int i = 0; i < a.runs; ++i) {
     if (a.cold) drop_pages(dir);
     const ChildRun r = run_child(argv);
@@ -196,6 +202,8 @@ int run_load(const LoadArgs& a) {
                       last_lines(r.output, 6));
     if (const double b = find_number(r.output, R"(\bbits ([0-9]+)/)"); !std::isnan(b))
       bits = static_cast<int>(b);
+    if (const double b = find_number(r.output, R"(\bbits [0-9]+/[0-9]+/([0-9]+))"); !std::isnan(b))
+      head_bits = static_cast<int>(b);
     std::printf("run %d: load %.3f s = %.3f GB/s of the resident weights' file bytes\n", i + 1,
                 load, static_cast<double>(w.resident_bytes) / 1e9 / load);
     print_child("  kimi_k3", r);
@@ -203,22 +211,37 @@ int run_load(const LoadArgs& a) {
   }
 
   // The floor.
-  int64_t used_rows = 0;
+  int64_t used_rows = 0, head_used_rows = 0;
+  const uint64_t dense_elements = w.float_elements - w.head_elements;
   const double per_element =
-      w.float_elements ? quantize_seconds_per_element(w.rows, w.cols, bits, isa, &used_rows) : 0;
-  const double work = per_element * static_cast<double>(w.float_elements);
+      dense_elements ? quantize_seconds_per_element(w.rows, w.cols, bits, isa, &used_rows) : 0;
+  const double per_head_element =
+      w.head_elements
+          ? quantize_seconds_per_element(w.head_rows, w.head_cols, head_bits, isa, &head_used_rows)
+          : 0;
+  const double work = per_element * static_cast<double>(dense_elements) +
+                      per_head_element * static_cast<double>(w.head_elements);
   const double read_floor = drive > 0 ? static_cast<double>(w.resident_bytes) / 1e9 / drive : 0.0;
   const double work_floor = work / cores;
   const double floor_s = std::max(read_floor, work_floor);
-  if (w.float_elements)
+  if (dense_elements)
     std::printf(
         "quantization work: %s (%lld x %lld, %lld rows timed) widened from BF16 and quantized to "
-        "%d bits on 1 thread: %.2f ns/element x %.1f M elements of resident float matrices = "
-        "%.3f core-s\n",
+        "%d bits on 1 thread: %.2f ns/element x %.1f M elements of resident float matrices but "
+        "the head = %.3f core-s\n",
         w.largest.c_str(), static_cast<long long>(w.rows), static_cast<long long>(w.cols),
         static_cast<long long>(used_rows), bits, per_element * 1e9,
-        static_cast<double>(w.float_elements) / 1e6, work);
-  else
+        static_cast<double>(dense_elements) / 1e6,
+        per_element * static_cast<double>(dense_elements));
+  if (w.head_elements)
+    std::printf(
+        "  the head (%lld x %lld, %lld rows timed) at its width, %d bits: %.2f ns/element x %.1f "
+        "M elements = %.3f core-s; %.3f core-s in all\n",
+        static_cast<long long>(w.head_rows), static_cast<long long>(w.head_cols),
+        static_cast<long long>(head_used_rows), head_bits, per_head_element * 1e9,
+        static_cast<double>(w.head_elements) / 1e6,
+        per_head_element * static_cast<double>(w.head_elements), work);
+  if (!w.float_elements)
     std::printf("quantization work: none (no resident float matrices: a prepared container)\n");
   std::printf(
       "floor: max(bytes / drive = %.3f s, work / %d cores = %.3f s) = %.3f s; best load %.3f s "

@@ -1,13 +1,17 @@
 // bench/stream_bench.cpp — `k3_bench stream` (benchmarks, not tests).
 //
 //   k3_bench stream [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
+//                   [--chunks 32,128,512,2048] [--chunk-prompt P]
 //       Decode with routed experts streamed from disk, against the drive's O_DIRECT rate, with and
-//       without the pipe and the read-ahead (K3_PREFETCH) and its recall.
+//       without the pipe and the read-ahead (K3_PREFETCH) and its recall; with --chunks, the
+//       prefill of one P-token prompt of real text at each chunk size: ms/token, disk MB/token,
+//       expert reads per token and per chunk, and whether the logits equal the first size's.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,7 +40,80 @@ struct StreamArgs : CommonOptions {
   double probe_gb = 3;    // bytes dd reads for the drive rate
   std::string dir;
   std::string io_engine = "auto";
+  std::vector<int64_t> chunks;  // the prefill sweep's chunk sizes (empty: no sweep)
+  int64_t chunk_prompt = 0;     // its prompt tokens (0: the largest chunk)
 };
+
+// The prefill of one prompt at each chunk size, the cache emptied before each (docs/streaming.md
+// §1.8): a chunk reads each distinct expert of its rows once, so the disk bytes per prompt token
+// fall as the chunk grows, to one read of the layer's union per chunk. The logits are those of
+// C = 1 at every size (tests/chunked_prefill_test.cpp); here they are compared with the first
+// size's, bit for bit.
+void chunk_sweep(const StreamArgs& a, k3::Engine& engine, double best_drive) {
+  k3::ExpertCache& cache = k3::internal::model(engine).experts();
+  const k3::K3Config& c = k3::internal::config(engine);
+  const int64_t moe_layers =
+      engine.info().num_layers - std::min(engine.info().num_layers, c.first_k_dense_replace);
+  const int64_t P =
+      a.chunk_prompt > 0 ? a.chunk_prompt : *std::max_element(a.chunks.begin(), a.chunks.end());
+  std::string what;
+  const std::vector<int64_t> prompt = realistic_prompt(P, c.vocab_size, &what);
+  std::printf(
+      "\n== prefill of %lld tokens (%s) at each chunk size, routed experts from the drive (cache "
+      "emptied before each, %lld slots/layer, pipe on, read-ahead off)\n",
+      static_cast<long long>(P), what.c_str(), static_cast<long long>(cache.slots_per_layer()));
+  std::printf("%6s %9s %9s %10s %12s %11s %9s %7s %s\n", "C", "s", "ms/token", "MB/token",
+              "exp/token", "exp/chunk", "x layer", "x drive", "logits");
+  cache.set_pipe(true);
+  cache.set_prefetch(false);
+  std::vector<float> first;
+  double first_gb = 0;
+  for (const int64_t C : a.chunks) {
+    cache.clear();
+    const k3::ExpertCacheStats s0 = cache.stats();
+    k3::Session s(engine, P + 2);
+    s.set_prefill_chunk(C);
+    const double t0 = k3::now_seconds();
+    const std::vector<float> logits = s.prefill(prompt);
+    const double dt = k3::now_seconds() - t0;
+    const k3::ExpertCacheStats s1 = cache.stats();
+    const double gb = static_cast<double>(s1.drive_bytes - s0.drive_bytes) / 1e9;
+    const double reads = static_cast<double>(s.stats().expert_reads);  // experts applied
+    const double chunks = static_cast<double>((P + C - 1) / C);
+    // Distinct experts applied per chunk and MoE layer (a chunk reads each at most once, from the
+    // drive unless the cache still holds it), as a share of the layer's experts.
+    const double per_chunk = reads / chunks / static_cast<double>(std::max<int64_t>(1, moe_layers));
+    const double cover = per_chunk / static_cast<double>(std::max<int64_t>(1, c.num_experts));
+    // The prefill's time against reading its expert bytes at the run's best drive probe.
+    const double vs_drive = best_drive > 0 && gb > 0 ? dt / (gb / best_drive) : std::nan("");
+    const char* same = "(reference)";
+    if (first.empty()) {
+      first = logits;
+      first_gb = gb;
+    } else {
+      same = logits.size() == first.size() &&
+                     std::memcmp(logits.data(), first.data(), first.size() * sizeof(float)) == 0
+                 ? "identical"
+                 : "DIFFER";
+    }
+    const double Pd = static_cast<double>(P);
+    std::printf("%6lld %9.2f %9.3f %10.3f %12.1f %11.1f %8.1f%% %7.2f %s\n",
+                static_cast<long long>(C), dt, 1e3 * dt / Pd, 1e3 * gb / Pd, reads / Pd, per_chunk,
+                100 * cover, vs_drive, same);
+    const std::string n = "stream_prefill_C" + std::to_string(C);
+    add_result(n, 1e3 * dt / Pd, "ms/token", std::nan(""));
+    add_result(n + "_disk_mb_per_token", 1e3 * gb / Pd, "MB/token",
+               first_gb > 0 ? gb / first_gb : std::nan(""));
+    add_result(n + "_layer_cover", cover, "fraction", cover);
+  }
+  std::printf(
+      "(MB/token: read from the drive; exp/token: routed experts applied per token; exp/chunk: "
+      "distinct experts applied per chunk and MoE layer, each read at most once; x layer: of the "
+      "layer's %lld experts; x drive: the prefill's time / its expert bytes at %.3f GB/s; MB/token "
+      "ratio: x the "
+      "first size's)\n",
+      static_cast<long long>(c.num_experts), best_drive);
+}
 
 int run_stream(const StreamArgs& a) {
   const k3::Isa isa = apply_common_options(a);
@@ -198,6 +275,7 @@ int run_stream(const StreamArgs& a) {
       "against the drive (s/token / (expert bytes from the drive per token / the best drive "
       "probe)):\n");
   for (const std::string& line : floor_lines) std::printf("  %s\n", line.c_str());
+  if (!a.chunks.empty()) chunk_sweep(a, engine, std::max({drive, deep, whole}));
   std::printf("peak RSS: %.2f GB\n", static_cast<double>(k3::peak_rss_bytes()) / 1e9);
   print_results();
   return 0;
@@ -220,10 +298,20 @@ Subcommand register_stream(CLI::App& app) {
   c.option("--dir", a->dir, "cache directory of the slice")
       .default_text("<build>/bench-slice-stream");
   c.option("--io-engine", a->io_engine, "expert reads: auto, uring, threads").show_default();
+  c.option("--chunks", a->chunks,
+           "prefill one prompt at each of these chunk sizes (1..4096), e.g. 32,128,512,2048")
+      .list(',')
+      .default_text("none");
+  c.option("--chunk-prompt", a->chunk_prompt, "prompt tokens of the --chunks sweep")
+      .default_text("the largest chunk");
   add_common_options(c, *a);
   return {c.app(), [a] {
             if (a->layers < 2 || a->experts < 1 || a->tokens < 1 || a->prefill < 1)
               throw k3::Error("--layers must be >= 2; --experts, --tokens, --prefill >= 1");
+            for (const int64_t C : a->chunks)
+              if (C < 1 || C > 4096)
+                throw k3::Error("--chunks: " + std::to_string(C) + " is not in 1..4096");
+            if (a->chunk_prompt < 0) throw k3::Error("--chunk-prompt must be >= 0");
             return run_stream(*a);
           }};
 }
