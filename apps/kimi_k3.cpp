@@ -459,15 +459,24 @@ int run(int argc, char** argv) {
   // Resident memory by use (dense weights, experts, session state, scratch, I/O) and by backing:
   // with K3_MMAP=1 the dense weights show up as file-backed (clean page cache), not as private
   // anonymous memory.
-  const std::string memory = " (" + k3::describe_memory(engine.memory()) + ")";
+  const k3::MemorySplit split = engine.memory();
+  const std::string memory = " (" + k3::describe_memory(split) + ")";
+  // The load's read rate: the files' bytes it read (matrices used in place from a K3_MMAP=1
+  // mapping are not read at load; they are counted apart).
+  const uint64_t mapped = std::min(config.load_file_bytes, split.mapped_weights);
+  char mapped_note[48] = "";
+  if (mapped > 0)
+    std::snprintf(mapped_note, sizeof mapped_note, ", %.2f GB mapped",
+                  static_cast<double>(mapped) / 1e9);
   std::fprintf(stderr,
-               "load %.3f s (%.2f GB/s read) | prefill %zu tok %.1f tok/s | decode %lld tok "
+               "load %.3f s (%.2f GB/s read%s) | prefill %zu tok %.1f tok/s | decode %lld tok "
                "%.1f tok/s | %s | threads %d | peak RSS %.1f MB%s | %s%s\n",
                engine.load_seconds(),
-               engine.load_seconds() > 0
-                   ? static_cast<double>(config.load_file_bytes) / 1e9 / engine.load_seconds()
-                   : 0.0,
-               prompt.size(), prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
+               engine.load_seconds() > 0 ? static_cast<double>(config.load_file_bytes - mapped) /
+                                               1e9 / engine.load_seconds()
+                                         : 0.0,
+               mapped_note, prompt.size(),
+               prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0,
                static_cast<long long>(result.decode_steps),
                decode_s > 0 ? static_cast<double>(result.decode_steps) / decode_s : 0.0,
                k3::finish_reason_name(result.finish), omp_get_max_threads(),

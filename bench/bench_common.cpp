@@ -375,14 +375,16 @@ __attribute__((target("avx512f,avx512vnni"))) double dot_loop_avx512() {
 }
 
 // AVX2 without VNNI: vpmaddubsw (32 u8 x s8 products, pair sums in int16) and vpmaddwd widening
-// them, as the AVX2 integer kernels do (src/kernels/impl/mxfp4_avx2.cpp), added in int32.
+// them, as the AVX2 integer kernels do (src/kernels/impl/mxfp4_avx2.cpp), added in int32. The
+// accumulator is also the signed operand, so that nothing can be hoisted out of the loop (the
+// values wrap; only the time counts).
 __attribute__((target("avx2"))) double dot_loop_avx2() {
   __m256i a[12];
-  const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(-5), ones = _mm256_set1_epi16(1);
+  const __m256i w = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
   for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_epi32(i);
   for (int64_t it = 0; it < kFmaIters; ++it)
     for (int i = 0; i < 12; ++i)
-      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+      a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a[i]), ones));
   alignas(32) int32_t lanes[8];
   int64_t sum = 0;
   for (int i = 0; i < 12; ++i) {
@@ -734,9 +736,11 @@ std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* wha
   } catch (const std::exception&) {
   }
   if (static_cast<int64_t>(ids.size()) < n) {
+    *what = ids.empty() ? "fixed id pattern (no tokenizer found)"
+                        : "fixed id pattern (README.md and docs/*.md give only " +
+                              std::to_string(ids.size()) + " tokens)";
     ids.clear();
     for (int64_t i = 0; i < n; ++i) ids.push_back(1 + (i * 7919) % (vocab - 1));
-    *what = "fixed id pattern (no tokenizer found)";
   }
   return ids;
 }

@@ -253,7 +253,8 @@ double drive_write_rate_dd(const std::string& dir, double probe_gb, uint64_t blo
 double drive_rate_queue(const std::string& dir, double probe_gb, int depth, uint64_t request_bytes,
                         std::string* engine);
 // A prompt of real text (README.md, then docs/*.md as far as needed, through the release
-// tokenizer), or a fixed id pattern when the tokenizer is not beside the binary's source tree.
+// tokenizer), or a fixed id pattern when the tokenizer is not beside the binary's source tree or
+// the texts hold fewer than n tokens (`what` says which).
 std::vector<int64_t> realistic_prompt(int64_t n, int64_t vocab, std::string* what);
 // Drops the page cache of every regular file in `dir` (posix_fadvise DONTNEED), so the next read
 // comes from the drive (or whatever cache sits below the page cache).

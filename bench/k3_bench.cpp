@@ -16,7 +16,7 @@
 //       the FMA and int8 dot-product peaks. Without MODEL_DIR a `k3_synth --preset slice`
 //       checkpoint is written once into DIR and reused.
 //   k3_bench stream [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
-//                   [--chunks 32,128,512,2048] [--chunk-prompt P]
+//                   [--chunks C1,C2,...] [--chunk-prompt P]
 //       Decode with routed experts streamed from disk, against the drive's O_DIRECT rate and the
 //       drive floor, with and without the pipe and the read-ahead (K3_PREFETCH) and its recall;
 //       with --chunks, one prompt's disk bytes and time per token at each chunk size.

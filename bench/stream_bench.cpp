@@ -1,7 +1,7 @@
 // bench/stream_bench.cpp — `k3_bench stream` (benchmarks, not tests).
 //
 //   k3_bench stream [MODEL_DIR] [--layers N] [--experts E] [--tokens T] [--dir DIR]
-//                   [--chunks 32,128,512,2048] [--chunk-prompt P]
+//                   [--chunks C1,C2,...] [--chunk-prompt P]
 //       Decode with routed experts streamed from disk, against the drive's O_DIRECT rate, with and
 //       without the pipe and the read-ahead (K3_PREFETCH) and its recall; with --chunks, the
 //       prefill of one P-token prompt of real text at each chunk size: ms/token, disk MB/token,
@@ -308,10 +308,17 @@ Subcommand register_stream(CLI::App& app) {
   return {c.app(), [a] {
             if (a->layers < 2 || a->experts < 1 || a->tokens < 1 || a->prefill < 1)
               throw k3::Error("--layers must be >= 2; --experts, --tokens, --prefill >= 1");
-            for (const int64_t C : a->chunks)
+            for (size_t i = 0; i < a->chunks.size(); ++i) {
+              const int64_t C = a->chunks[i];
               if (C < 1 || C > 4096)
                 throw k3::Error("--chunks: " + std::to_string(C) + " is not in 1..4096");
+              if (std::find(a->chunks.begin(), a->chunks.begin() + static_cast<ptrdiff_t>(i), C) !=
+                  a->chunks.begin() + static_cast<ptrdiff_t>(i))
+                throw k3::Error("--chunks: " + std::to_string(C) + " is given twice");
+            }
             if (a->chunk_prompt < 0) throw k3::Error("--chunk-prompt must be >= 0");
+            if (a->chunk_prompt > 0 && a->chunks.empty())
+              throw k3::Error("--chunk-prompt needs --chunks (the sizes to prefill it at)");
             return run_stream(*a);
           }};
 }

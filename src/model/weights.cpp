@@ -95,9 +95,9 @@ uint64_t planned_bytes(const ModelFiles& s, int64_t num_layers) {
 // the next ones are in flight. Each thread's scratch is its ring of block buffers (and one f32
 // widening), so a load holds no staging copy of a tensor, however large.
 // Blocks in flight over all threads: each thread keeps 64 / threads of its own queued, 2..8, so
-// 64 from 8 threads up and 16 (8 MiB) with 2. On the 2-core EPYC, up to 32 a thread (32 MiB, as
-// much as the drive probe keeps in flight) loaded the 4-layer slice cold in 7.1-7.9 s against
-// 6.9-8.0 s (alternated, 3 each): the drive was not waiting on the queue.
+// 64 from 8 to 32 threads (2 a thread beyond) and 16 (8 MiB) with 2. On the 2-core EPYC, up to 32 a
+// thread (32 MiB, as much as the drive probe keeps in flight) loaded the 4-layer slice cold
+// in 7.1-7.9 s against 6.9-8.0 s (alternated, 3 each): the drive was not waiting on the queue.
 constexpr int kLoadQueueDepth = 64;
 // The block size: 512 KiB, smaller for a small load so that the rings stay a small part of its
 // memory: 1/1024 of the bytes loaded, at least 64 KiB.
