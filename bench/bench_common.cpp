@@ -326,6 +326,17 @@ namespace {
 
 constexpr int64_t kFmaIters = 20'000'000;
 
+// The sum of every lane of a register loop's accumulators (a checksum that keeps the loop alive),
+// read through memory so that no vector instruction of the loop's ISA is needed here.
+template <class Lane, class Vector, size_t N>
+double sum_lanes(const Vector (&accumulators)[N]) {
+  Lane lanes[N * sizeof(Vector) / sizeof(Lane)];
+  std::memcpy(lanes, accumulators, sizeof(accumulators));
+  double sum = 0;
+  for (const Lane v : lanes) sum += static_cast<double>(v);
+  return sum;
+}
+
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) double fma_loop_avx512() {
   __m512 a[12];
@@ -333,13 +344,7 @@ __attribute__((target("avx512f"))) double fma_loop_avx512() {
   for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(static_cast<float>(i));
   for (int64_t it = 0; it < kFmaIters; ++it)
     for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  alignas(64) float lanes[16];
-  float sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm512_store_ps(lanes, a[i]);
-    for (float v : lanes) sum += v;
-  }
-  return sum;
+  return sum_lanes<float>(a);
 }
 
 __attribute__((target("avx2,fma"))) double fma_loop_avx2() {
@@ -348,13 +353,7 @@ __attribute__((target("avx2,fma"))) double fma_loop_avx2() {
   for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(static_cast<float>(i));
   for (int64_t it = 0; it < kFmaIters; ++it)
     for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
-  alignas(32) float lanes[8];
-  float sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm256_store_ps(lanes, a[i]);
-    for (float v : lanes) sum += v;
-  }
-  return sum;
+  return sum_lanes<float>(a);
 }
 
 // The integer kernels' multiply-add (K3_IDOT=1): vpdpbusd on AVX-512 VNNI, 64 u8 x s8 products a
@@ -365,13 +364,7 @@ __attribute__((target("avx512f,avx512vnni"))) double dot_loop_avx512() {
   for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
   for (int64_t it = 0; it < kFmaIters; ++it)
     for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], w, x);
-  alignas(64) int32_t lanes[16];
-  int64_t sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm512_store_si512(lanes, a[i]);
-    for (int32_t v : lanes) sum += v;
-  }
-  return static_cast<double>(sum);
+  return sum_lanes<int32_t>(a);
 }
 
 // AVX2 without VNNI: vpmaddubsw (32 u8 x s8 products, pair sums in int16) and vpmaddwd widening
@@ -385,13 +378,7 @@ __attribute__((target("avx2"))) double dot_loop_avx2() {
   for (int64_t it = 0; it < kFmaIters; ++it)
     for (int i = 0; i < 12; ++i)
       a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, a[i]), ones));
-  alignas(32) int32_t lanes[8];
-  int64_t sum = 0;
-  for (int i = 0; i < 12; ++i) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a[i]);
-    for (int32_t v : lanes) sum += v;
-  }
-  return static_cast<double>(sum);
+  return sum_lanes<int32_t>(a);
 }
 #endif
 
