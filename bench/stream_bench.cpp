@@ -5,7 +5,8 @@
 //       Decode with routed experts streamed from disk, against the drive's O_DIRECT rate, with and
 //       without the pipe and the read-ahead (K3_PREFETCH) and its recall; with --chunks, the
 //       prefill of one P-token prompt of real text at each chunk size: ms/token, disk MB/token,
-//       expert reads per token and per chunk, and whether the logits equal the first size's.
+//       experts applied per token, distinct experts per chunk, and whether the logits equal the
+//       first size's.
 #include <omp.h>
 
 #include <algorithm>
@@ -109,9 +110,8 @@ void chunk_sweep(const StreamArgs& a, k3::Engine& engine, double best_drive) {
   std::printf(
       "(MB/token: read from the drive; exp/token: routed experts applied per token; exp/chunk: "
       "distinct experts applied per chunk and MoE layer, each read at most once; x layer: of the "
-      "layer's %lld experts; x drive: the prefill's time / its expert bytes at %.3f GB/s; MB/token "
-      "ratio: x the "
-      "first size's)\n",
+      "layer's %lld experts; x drive: the prefill's time / its expert bytes at %.3f GB/s; RESULT "
+      "MB/token ratio: x the first size's)\n",
       static_cast<long long>(c.num_experts), best_drive);
 }
 
