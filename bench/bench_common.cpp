@@ -392,15 +392,9 @@ double fma_loop_scalar() {
   return sum;
 }
 
-}  // namespace
-
-double fma_peak_gflops(k3::Isa isa) {
-  int lanes = 1;
-  double (*loop)() = fma_loop_scalar;
-#if defined(__x86_64__)
-  if (isa == k3::Isa::kAvx512) lanes = 16, loop = fma_loop_avx512;
-  if (isa == k3::Isa::kAvx2) lanes = 8, loop = fma_loop_avx2;
-#endif
+// G-operations per second of a register loop above on every OpenMP thread: 2 per product, `lanes`
+// products per accumulator step, 12 accumulators x kFmaIters steps per call.
+double register_loop_rate(double (*loop)(), int lanes) {
   double keep = 0;
   loop();  // warm-up: the wide units power up and the clock settles
   const double t0 = k3::now_seconds();
@@ -408,30 +402,28 @@ double fma_peak_gflops(k3::Isa isa) {
   keep += loop();
   const double dt = k3::now_seconds() - t0;
   if (keep == -1) std::printf("(checksum)\n");  // keeps the loops alive
-  const double flops = 2.0 * lanes * 12.0 * static_cast<double>(kFmaIters) * omp_get_max_threads();
-  return flops / dt / 1e9;
+  const double ops = 2.0 * lanes * 12.0 * static_cast<double>(kFmaIters) * omp_get_max_threads();
+  return ops / dt / 1e9;
+}
+
+}  // namespace
+
+double fma_peak_gflops(k3::Isa isa) {
+#if defined(__x86_64__)
+  if (isa == k3::Isa::kAvx512) return register_loop_rate(fma_loop_avx512, 16);
+  if (isa == k3::Isa::kAvx2) return register_loop_rate(fma_loop_avx2, 8);
+#endif
+  return register_loop_rate(fma_loop_scalar, 1);
 }
 
 double int8_dot_peak_gops(k3::Isa isa) {
 #if defined(__x86_64__)
-  int macs = 0;  // u8 x s8 products per loop instruction group
-  double (*loop)() = nullptr;
-  if (isa == k3::Isa::kAvx512) macs = 64, loop = dot_loop_avx512;
-  if (isa == k3::Isa::kAvx2) macs = 32, loop = dot_loop_avx2;
-  if (loop == nullptr) return 0;
-  double keep = 0;
-  loop();  // warm-up, as fma_peak_gflops
-  const double t0 = k3::now_seconds();
-#pragma omp parallel reduction(+ : keep)
-  keep += loop();
-  const double dt = k3::now_seconds() - t0;
-  if (keep == -1) std::printf("(checksum)\n");
-  const double ops = 2.0 * macs * 12.0 * static_cast<double>(kFmaIters) * omp_get_max_threads();
-  return ops / dt / 1e9;
-#else
+  // u8 x s8 products per accumulator step.
+  if (isa == k3::Isa::kAvx512) return register_loop_rate(dot_loop_avx512, 64);
+  if (isa == k3::Isa::kAvx2) return register_loop_rate(dot_loop_avx2, 32);
+#endif
   (void)isa;
   return 0;
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------

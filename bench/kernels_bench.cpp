@@ -429,6 +429,16 @@ int run_kernels(const KernelsArgs& a) {
   const int threads = omp_get_max_threads();
   const CacheFact llc = last_level_cache();
   const uint64_t llc_bytes = llc.bytes ? llc.bytes : (uint64_t{32} << 20);
+  // `<path>_rows1_in_cache`: `call` (one activation row over `bytes` of weights held in the LLC)
+  // on one core: the cycles per byte of the instructions alone, against which print_targets tells
+  // instructions from memory stalls.
+  const auto one_core_in_cache = [&](const std::string& path, double bytes,
+                                     const std::function<void()>& call) {
+    omp_set_num_threads(1);
+    const Timing t = measure(a.seconds, 3, call, call);
+    print_row(path + "_rows1_in_cache", 1, bytes, t, 0);
+    omp_set_num_threads(threads);
+  };
 
   // DRAM probes: at the start, after the MXFP4 figures and at the end. The host's memory
   // bandwidth moves with its other tenants (32 to 53 GB/s seen here with our cores idle), so the
@@ -540,14 +550,9 @@ int run_kernels(const KernelsArgs& a) {
           add_result(name + "_per_row_vs_rows1", per_row, "x", per_row,
                      std::min(cpu1, t.cpu_share));
       }
-      // One row on one core with one expert held in the LLC: the cycles per byte of the
-      // instructions alone, against which print_targets tells instructions from memory stalls.
+      // One row on one core with one expert held in the LLC.
       if (1.5 * expert_bytes <= static_cast<double>(llc_bytes)) {
-        omp_set_num_threads(1);
-        auto call1 = [&] { call(experts[0], 1); };
-        const Timing t = measure(a.seconds, 3, call1, call1);
-        print_row(path + "_rows1_in_cache", 1, expert_bytes, t, 0);
-        omp_set_num_threads(threads);
+        one_core_in_cache(path, expert_bytes, [&] { call(experts[0], 1); });
       } else {
         std::printf("%s_rows1_in_cache: skipped (one expert, %.2f MB, is over 2/3 of the LLC)\n",
                     path.c_str(), expert_bytes / 1e6);
@@ -809,8 +814,7 @@ int run_kernels(const KernelsArgs& a) {
                       q.best * 1e3, 100.0 * q.best / t.best);
         }
         // One row on one core with a matrix of the same width and format held in the LLC (as
-        // many rows as fit half of it, a multiple of 16): the instructions' cycles per byte,
-        // against which print_targets tells instructions from memory stalls.
+        // many rows as fit half of it, a multiple of 16).
         const double row_bytes = one / static_cast<double>(sh.rows);
         const int64_t small_rows = std::min<int64_t>(
             sh.rows,
@@ -823,11 +827,7 @@ int run_kernels(const KernelsArgs& a) {
           fill_floats(S.f32.data(), S.f32.size(), 6000 + static_cast<uint64_t>(bits));
           k3::quantize_matrix(S, bits, k3::kernel_table(k3::best_isa()));
           k3::quantize_q8_32(k, X.data(), 1, cols, Q8.data(), D.data());
-          omp_set_num_threads(1);
-          auto call1 = [&] { idot(S, 1); };
-          const Timing t = measure(a.seconds, 3, call1, call1);
-          print_row(idot_base + "_rows1_in_cache", 1, static_cast<double>(S.bytes()), t, 0);
-          omp_set_num_threads(threads);
+          one_core_in_cache(idot_base, static_cast<double>(S.bytes()), [&] { idot(S, 1); });
         }
       }
     }

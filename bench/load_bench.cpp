@@ -235,8 +235,10 @@ int run_load(const LoadArgs& a) {
         per_element * static_cast<double>(dense_elements));
   if (w.head_elements)
     std::printf(
-        "  the head (%lld x %lld, %lld rows timed) at its width, %d bits: %.2f ns/element x %.1f "
+        "%s (%lld x %lld, %lld rows timed) at its width, %d bits: %.2f ns/element x %.1f "
         "M elements = %.3f core-s; %.3f core-s in all\n",
+        // Alone (a container whose other matrices are prepared) it opens the figure.
+        dense_elements ? "  the head" : "quantization work: the head, widened from BF16",
         static_cast<long long>(w.head_rows), static_cast<long long>(w.head_cols),
         static_cast<long long>(head_used_rows), head_bits, per_head_element * 1e9,
         static_cast<double>(w.head_elements) / 1e6,
